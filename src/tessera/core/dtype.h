@@ -1,0 +1,38 @@
+// tessera/core/dtype.h — element types and the 16-bit float conversions used on the host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+
+enum class DType : uint8_t { F32, BF16, F16, I32, U16, U8 };
+
+size_t dtype_size(DType t);
+// The names used by safetensors ("F32", "BF16", ...).
+std::string_view dtype_name(DType t);
+// Parses a safetensors dtype name; throws Error for one tessera does not hold.
+DType dtype_from_name(std::string_view name);
+
+// bf16: the top 16 bits of an f32, rounded to nearest even. NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE binary16, round to nearest even, with subnormals, infinities and NaN.
+uint16_t f32_to_f16(float f);
+float f16_to_f32(uint16_t h);
+
+}  // namespace tessera

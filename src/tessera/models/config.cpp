@@ -1,0 +1,214 @@
+#include "tessera/models/config.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+void ModelConfig::validate() const {
+  TS_CHECK(vocab > 0, "config: vocab must be positive, got ", vocab);
+  TS_CHECK(d_model > 0, "config: d_model must be positive, got ", d_model);
+  TS_CHECK(n_layers > 0, "config: n_layers must be positive, got ", n_layers);
+  TS_CHECK(n_heads > 0, "config: n_heads must be positive, got ", n_heads);
+  TS_CHECK(d_model % n_heads == 0, "config: d_model ", d_model, " is not divisible by n_heads ", n_heads);
+  TS_CHECK(positions != PositionKind::Rope || head_dim() % 2 == 0, "config: rope needs an even head dim, got ",
+           head_dim());
+  TS_CHECK(positions != PositionKind::Sinusoidal || d_model % 2 == 0, "config: sinusoidal positions need an even d_model, got ", d_model);
+  TS_CHECK(d_ff > 0, "config: d_ff must be positive, got ", d_ff);
+  TS_CHECK(max_seq > 0, "config: max_seq must be positive, got ", max_seq);
+  TS_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
+  TS_CHECK(padding_id >= -1 && padding_id < vocab, "config: padding_id ", padding_id, " is outside [-1, vocab)");
+  TS_CHECK(norm_eps > 0, "config: norm_eps must be positive");
+}
+
+int64_t ModelConfig::num_params() const {
+  const int64_t C = d_model, V = vocab;
+  const int64_t norm_params = (norm == NormKind::LayerNorm && bias) ? 2 * C : C;
+  int64_t layer = 2 * norm_params;
+  layer += 3 * C * C + (bias ? 3 * C : 0);                      // qkv
+  layer += C * C + (bias ? C : 0);                              // attention output projection
+  layer += static_cast<int64_t>(d_ff_in()) * C + (bias ? d_ff_in() : 0);  // fc
+  layer += static_cast<int64_t>(d_ff) * C + (bias ? C : 0);     // fc projection
+  int64_t total = V * C + n_layers * layer + norm_params;
+  if (positions == PositionKind::Learned) total += static_cast<int64_t>(max_seq) * C;
+  if (!tied) total += V * C;
+  return total;
+}
+
+bool ModelConfig::is_gpt2_compatible() const {
+  return norm == NormKind::LayerNorm && mlp == Activation::Gelu && positions == PositionKind::Learned && bias &&
+         tied && emb_scale == 1.0f && padding_id == -1;
+}
+
+bool ModelConfig::is_llama_compatible() const {
+  return norm == NormKind::RmsNorm && mlp == Activation::Swiglu && positions == PositionKind::Rope && !bias &&
+         emb_scale == 1.0f && padding_id == -1;
+}
+
+namespace {
+ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_heads) {
+  ModelConfig c;
+  c.preset = name;
+  c.vocab = 10000;
+  c.d_model = d_model;
+  c.d_ff = d_ff;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.max_seq = 1024;
+  c.norm = NormKind::RmsNorm;
+  c.mlp = Activation::Swiglu;
+  c.positions = PositionKind::Rope;
+  c.bias = false;
+  c.tied = false;
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "gpt2-124m", "cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-2.7b"};
+}
+
+ModelConfig model_preset(std::string_view name) {
+  if (name == "tiny") {
+    // Byte-level GPT-2-style model that learns English-looking text in a couple of CPU minutes.
+    ModelConfig c;
+    c.preset = "tiny";
+    c.vocab = 256;
+    c.d_model = 128;
+    c.n_layers = 4;
+    c.n_heads = 4;
+    c.d_ff = 512;
+    c.max_seq = 128;
+    c.dropout = 0.0f;
+    return c;
+  }
+  if (name == "gpt2-124m") {
+    ModelConfig c;
+    c.preset = "gpt2-124m";
+    c.vocab = 50257;
+    c.d_model = 768;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.d_ff = 3072;
+    c.max_seq = 1024;
+    c.dropout = 0.1f;
+    return c;
+  }
+  // CS336 assignment 2 model sizes, d_ff = 4 d_model as the assignment's table gives it.
+  if (name == "cs336-small") return cs336("cs336-small", 768, 3072, 12, 12);
+  if (name == "cs336-medium") return cs336("cs336-medium", 1024, 4096, 24, 16);
+  if (name == "cs336-large") return cs336("cs336-large", 1280, 5120, 36, 20);
+  if (name == "cs336-xl") return cs336("cs336-xl", 1600, 6400, 48, 25);
+  if (name == "cs336-2.7b") return cs336("cs336-2.7b", 2560, 10240, 32, 32);
+  std::string known;
+  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  TS_THROW("unknown preset '", name, "' (known: ", known, ")");
+}
+
+std::string norm_kind_name(NormKind k) { return k == NormKind::LayerNorm ? "layernorm" : "rmsnorm"; }
+std::string position_kind_name(PositionKind k) {
+  switch (k) {
+    case PositionKind::Learned: return "learned";
+    case PositionKind::Rope: return "rope";
+    case PositionKind::Sinusoidal: return "sinusoidal";
+  }
+  return "?";
+}
+
+namespace {
+int parse_int(std::string_view field, std::string_view v) {
+  int out = 0;
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  TS_CHECK(ec == std::errc() && ptr == v.data() + v.size(), "config: ", field, " expects an integer, got '", v, "'");
+  return out;
+}
+float parse_float(std::string_view field, std::string_view v) {
+  std::string s(v);
+  char* end = nullptr;
+  const float out = std::strtof(s.c_str(), &end);
+  TS_CHECK(!s.empty() && end == s.c_str() + s.size(), "config: ", field, " expects a number, got '", v, "'");
+  return out;
+}
+bool parse_bool(std::string_view field, std::string_view v) {
+  if (v == "true" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "off" || v == "0") return false;
+  TS_THROW("config: ", field, " expects true/false, got '", v, "'");
+}
+}  // namespace
+
+std::vector<std::string> model_config_fields() {
+  return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_seq", "norm", "mlp", "positions",
+          "bias",  "tied",    "dropout",  "emb_scale", "padding_id", "norm_eps", "rope_theta"};
+}
+
+void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
+  if (f == "vocab") c.vocab = parse_int(f, v);
+  else if (f == "d_model") c.d_model = parse_int(f, v);
+  else if (f == "n_layers") c.n_layers = parse_int(f, v);
+  else if (f == "n_heads") c.n_heads = parse_int(f, v);
+  else if (f == "d_ff") c.d_ff = parse_int(f, v);
+  else if (f == "max_seq") c.max_seq = parse_int(f, v);
+  else if (f == "norm") {
+    if (v == "layernorm") c.norm = NormKind::LayerNorm;
+    else if (v == "rmsnorm") c.norm = NormKind::RmsNorm;
+    else TS_THROW("config: norm must be layernorm or rmsnorm, got '", v, "'");
+  } else if (f == "mlp") c.mlp = activation_from_name(v);
+  else if (f == "positions") {
+    if (v == "learned") c.positions = PositionKind::Learned;
+    else if (v == "rope") c.positions = PositionKind::Rope;
+    else if (v == "sinusoidal") c.positions = PositionKind::Sinusoidal;
+    else TS_THROW("config: positions must be learned, rope or sinusoidal, got '", v, "'");
+  } else if (f == "bias") c.bias = parse_bool(f, v);
+  else if (f == "tied") c.tied = parse_bool(f, v);
+  else if (f == "dropout") c.dropout = parse_float(f, v);
+  else if (f == "emb_scale") c.emb_scale = parse_float(f, v);
+  else if (f == "padding_id") c.padding_id = parse_int(f, v);
+  else if (f == "norm_eps") c.norm_eps = parse_float(f, v);
+  else if (f == "rope_theta") c.rope_theta = parse_float(f, v);
+  else TS_THROW("config: unknown field '", f, "'");
+  c.preset = "custom";
+}
+
+nlohmann::json model_config_to_json(const ModelConfig& c) {
+  return {{"vocab", c.vocab},         {"d_model", c.d_model},
+          {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
+          {"d_ff", c.d_ff},           {"max_seq", c.max_seq},
+          {"norm", norm_kind_name(c.norm)}, {"mlp", std::string(activation_name(c.mlp))},
+          {"positions", position_kind_name(c.positions)}, {"bias", c.bias},
+          {"tied", c.tied},           {"dropout", c.dropout},
+          {"emb_scale", c.emb_scale}, {"padding_id", c.padding_id},
+          {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
+          {"preset", c.preset}};
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& j) {
+  TS_CHECK(j.is_object(), "config: expected a JSON object");
+  ModelConfig c;
+  try {
+    c.vocab = j.at("vocab").get<int>();
+    c.d_model = j.at("d_model").get<int>();
+    c.n_layers = j.at("n_layers").get<int>();
+    c.n_heads = j.at("n_heads").get<int>();
+    c.d_ff = j.at("d_ff").get<int>();
+    c.max_seq = j.at("max_seq").get<int>();
+    model_config_set(c, "norm", j.at("norm").get<std::string>());
+    model_config_set(c, "mlp", j.at("mlp").get<std::string>());
+    model_config_set(c, "positions", j.at("positions").get<std::string>());
+    c.bias = j.at("bias").get<bool>();
+    c.tied = j.at("tied").get<bool>();
+    c.dropout = j.at("dropout").get<float>();
+    c.emb_scale = j.at("emb_scale").get<float>();
+    c.padding_id = j.at("padding_id").get<int>();
+    c.norm_eps = j.at("norm_eps").get<float>();
+    c.rope_theta = j.at("rope_theta").get<float>();
+    c.preset = j.value("preset", std::string("custom"));
+  } catch (const nlohmann::json::exception& e) {
+    TS_THROW("config: malformed model config (", e.what(), ")");
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace tessera

@@ -1,0 +1,59 @@
+// tessera/models/config.h — ModelConfig, the one description of a decoder-only transformer, and presets.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tessera/ops/activation/activation.h"
+
+namespace tessera {
+
+enum class NormKind { LayerNorm, RmsNorm };
+enum class PositionKind { Learned, Rope, Sinusoidal };
+
+struct ModelConfig {
+  std::string preset = "custom";
+  int vocab = 256;
+  int d_model = 128;
+  int n_layers = 2;
+  int n_heads = 4;
+  int d_ff = 512;
+  int max_seq = 128;
+  NormKind norm = NormKind::LayerNorm;
+  Activation mlp = Activation::Gelu;
+  PositionKind positions = PositionKind::Learned;
+  bool bias = true;
+  bool tied = true;
+  float dropout = 0.0f;
+  float emb_scale = 1.0f;
+  int padding_id = -1;  // -1: none
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+
+  int head_dim() const { return d_model / n_heads; }
+  // Width of the first MLP matrix's output: d_ff, or 2 d_ff for SwiGLU ([gate | up]).
+  int d_ff_in() const { return mlp == Activation::Swiglu ? 2 * d_ff : d_ff; }
+  // Throws Error with a one-line reason for an impossible config.
+  void validate() const;
+  int64_t num_params() const;
+  // Matches Hugging Face GPT2LMHeadModel / LlamaForCausalLM exactly, so checkpoints use their names.
+  bool is_gpt2_compatible() const;
+  bool is_llama_compatible() const;
+};
+
+ModelConfig model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+// Sets one field from its command-line text, e.g. ("d_model", "256"), ("norm", "rmsnorm"), ("tied", "false").
+void model_config_set(ModelConfig& cfg, std::string_view field, std::string_view value);
+std::vector<std::string> model_config_fields();
+
+std::string norm_kind_name(NormKind k);
+std::string position_kind_name(PositionKind k);
+
+nlohmann::json model_config_to_json(const ModelConfig& cfg);
+ModelConfig model_config_from_json(const nlohmann::json& j);
+
+}  // namespace tessera

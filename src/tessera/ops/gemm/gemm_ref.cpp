@@ -1,0 +1,86 @@
+#include "tessera/ops/gemm/gemm.h"
+
+#include <vector>
+
+#ifdef TESSERA_WITH_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace tessera {
+
+template <typename T>
+void gemm_loop_ref(const GemmParams& p, T* c, const T* a, const T* b, const T* bias) {
+  std::vector<double> row(p.N);
+  for (int m = 0; m < p.M; ++m) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int k = 0; k < p.K; ++k) {
+      const double av = p.trans_a ? a[static_cast<long>(k) * p.M + m] : a[static_cast<long>(m) * p.K + k];
+      if (av == 0) continue;
+      if (p.trans_b) {
+        for (int n = 0; n < p.N; ++n) row[n] += av * b[static_cast<long>(n) * p.K + k];
+      } else {
+        const T* br = b + static_cast<long>(k) * p.N;
+        for (int n = 0; n < p.N; ++n) row[n] += av * br[n];
+      }
+    }
+    T* cr = c + static_cast<long>(m) * p.N;
+    for (int n = 0; n < p.N; ++n) {
+      const double prev = p.beta == 0 ? 0.0 : p.beta * static_cast<double>(cr[n]);
+      cr[n] = static_cast<T>(p.alpha * row[n] + prev + (bias ? bias[n] : T(0)));
+    }
+  }
+}
+
+namespace {
+template <typename T>
+void add_bias(const GemmParams& p, T* c, const T* bias) {
+  if (!bias) return;
+  for (long m = 0; m < p.M; ++m)
+    for (int n = 0; n < p.N; ++n) c[m * p.N + n] += bias[n];
+}
+}  // namespace
+
+template <>
+void gemm_ref<float>(const GemmParams& p, float* c, const float* a, const float* b, const float* bias) {
+#ifdef TESSERA_WITH_OPENBLAS
+  if (p.M == 0 || p.N == 0) return;
+  cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, p.M, p.N,
+              p.K, p.alpha, a, p.trans_a ? p.M : p.K, b, p.trans_b ? p.K : p.N, p.beta, c, p.N);
+  add_bias(p, c, bias);
+#else
+  gemm_loop_ref(p, c, a, b, bias);
+#endif
+}
+
+template <>
+void gemm_ref<double>(const GemmParams& p, double* c, const double* a, const double* b, const double* bias) {
+#ifdef TESSERA_WITH_OPENBLAS
+  if (p.M == 0 || p.N == 0) return;
+  cblas_dgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, p.M, p.N,
+              p.K, p.alpha, a, p.trans_a ? p.M : p.K, b, p.trans_b ? p.K : p.N, p.beta, c, p.N);
+  add_bias(p, c, bias);
+#else
+  gemm_loop_ref(p, c, a, b, bias);
+#endif
+}
+
+bool gemm_uses_blas() {
+#ifdef TESSERA_WITH_OPENBLAS
+  return true;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void bias_grad_ref(int M, int N, T* d_bias, const T* d_c) {
+  for (long m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) d_bias[n] += d_c[m * N + n];
+}
+
+template void gemm_loop_ref<float>(const GemmParams&, float*, const float*, const float*, const float*);
+template void gemm_loop_ref<double>(const GemmParams&, double*, const double*, const double*, const double*);
+template void bias_grad_ref<float>(int, int, float*, const float*);
+template void bias_grad_ref<double>(int, int, double*, const double*);
+
+}  // namespace tessera

@@ -1,0 +1,146 @@
+#include <cmath>
+#include <set>
+
+#include "tessera/core/arena.h"
+#include "tessera/core/context.h"
+#include "tessera/core/dtype.h"
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+#include "tessera/core/tensor.h"
+#include "test_util.h"
+
+namespace tessera {
+
+// Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
+TEST(Philox, KnownAnswers) {
+  Philox4 r = philox4x32_10({{0, 0, 0, 0}}, 0, 0);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+  r = philox4x32_10({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  EXPECT_EQ(r.v[0], 0x408f276du);
+  EXPECT_EQ(r.v[1], 0x41c83b0eu);
+  EXPECT_EQ(r.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(r.v[3], 0x6d5451fdu);
+  r = philox4x32_10({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(r.v[0], 0xd16cfe09u);
+  EXPECT_EQ(r.v[1], 0x94fdccebu);
+  EXPECT_EQ(r.v[2], 0x5001e420u);
+  EXPECT_EQ(r.v[3], 0x24126ea1u);
+}
+
+TEST(Philox, UniformAndKeepRate) {
+  const uint64_t seed = test::test_seed();
+  double sum = 0;
+  int kept = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const float u = philox_uniform(seed, 3, i);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+    kept += philox_keep(seed, 4, i, 0.25f);
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.005);
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.75, 0.005);
+  // Streams are independent draws: stream 3 and 4 differ.
+  int same = 0;
+  for (int i = 0; i < 1000; ++i) same += philox_u32(seed, 3, i) == philox_u32(seed, 4, i);
+  EXPECT_LT(same, 3);
+}
+
+TEST(Philox, NormalMoments) {
+  double s = 0, s2 = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const double x = philox_normal(test::test_seed(), 1, i);
+    s += x;
+    s2 += x * x;
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.02);
+  EXPECT_NEAR(s2 / n, 1.0, 0.02);
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::F32), 4u);
+  EXPECT_EQ(dtype_size(DType::BF16), 2u);
+  EXPECT_EQ(dtype_size(DType::U8), 1u);
+  EXPECT_EQ(dtype_from_name("BF16"), DType::BF16);
+  EXPECT_THROW(dtype_from_name("F64"), Error);
+}
+
+TEST(DType, Bf16RoundTrip) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+  // 1 + 2^-8 is halfway between two bf16 values: ties to even (1.0).
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  std::mt19937_64 rng(test::test_seed());
+  for (float x : test::randn<float>(1000, rng, 100.0)) EXPECT_NEAR(bf16_to_f32(f32_to_bf16(x)), x, std::fabs(x) / 256);
+}
+
+TEST(DType, F16RoundTrip) {
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f)), 1.0f);
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                      // overflow to inf
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));    // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+  for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive half round-trips exactly
+    ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << h;
+}
+
+TEST(Tensor, ShapeAndStrides) {
+  float buf[24];
+  Tensor t(buf, DType::F32, {2, 3, 4});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.stride(0), 12);
+  EXPECT_EQ(t.stride(-1), 1);
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.shape_str(), "(2, 3, 4)");
+  EXPECT_TRUE(t.device().is_cpu());
+}
+
+TEST(Arena, CarvesAlignedAndTracksPeak) {
+  Arena a(4096);
+  void* p1 = a.allocate(10);
+  const size_t m = a.mark();
+  void* p2 = a.allocate(300);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p1) % Arena::kAlign, 0u);
+  EXPECT_EQ(static_cast<char*>(p2) - static_cast<char*>(p1), 256);
+  EXPECT_EQ(a.peak(), 256u + 512u);
+  a.reset_to(m);
+  a.allocate(100);
+  EXPECT_EQ(a.used(), 512u);
+  EXPECT_EQ(a.peak(), 768u);  // the peak remembers the released block
+  EXPECT_THROW(a.allocate(1 << 20), Error);
+}
+
+TEST(Arena, MeasuringCountsWithoutMemory) {
+  Arena a = Arena::measuring();
+  a.allocate(1);
+  a.allocate(257);
+  EXPECT_EQ(a.peak(), 768u);
+}
+
+TEST(Error, CarriesLocationAndMessage) {
+  try {
+    TS_CHECK(1 == 2, "value ", 42, " is wrong");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "value 42 is wrong");
+    EXPECT_GT(e.line(), 0);
+  }
+}
+
+TEST(Context, CpuIsAlwaysThere) {
+  Context ctx = Context::best_available();
+  EXPECT_TRUE(ctx.device().is_cpu());
+  const GpuInfo info = probe_gpu();
+  EXPECT_EQ(info.available, info.count > 0);
+}
+
+}  // namespace tessera

@@ -1,0 +1,276 @@
+// Every op's backward against fp64 central differences, on awkward shapes with fresh random inputs.
+#include "tessera/core/philox.h"
+#include "tessera/ops/activation/activation.h"
+#include "tessera/ops/attention/attention.h"
+#include "tessera/ops/embedding/embedding.h"
+#include "tessera/ops/loss/cross_entropy.h"
+#include "tessera/ops/norm/norm.h"
+#include "tessera/ops/residual/residual.h"
+#include "tessera/core/error.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using test::fd_rel_error;
+using test::kFdTolF64;
+using test::randn;
+using test::weighted_sum;
+
+class OpsFd : public ::testing::Test {
+ protected:
+  std::mt19937_64 rng{test::test_seed()};
+  void SetUp() override { RecordProperty("seed", std::to_string(test::test_seed())); }
+};
+
+TEST_F(OpsFd, Embedding) {
+  for (float dropout : {0.0f, 0.3f}) {
+    const EmbeddingParams p{.B = 2, .T = 5, .C = 7, .V = 11, .max_seq = 9, .pos_offset = 2, .scale = 1.7f,
+                            .padding_id = 3, .dropout = dropout, .seed = 99, .stream = 5};
+    auto wte = randn<double>(p.V * p.C, rng), wpe = randn<double>(p.max_seq * p.C, rng);
+    auto tokens = test::randint(p.B * p.T, p.V, rng);
+    for (auto& t : tokens) t = t == 3 ? 2 : t;
+    tokens[4] = 3;  // exactly one padding token
+    const auto w = randn<double>(p.B * p.T * p.C, rng);
+    auto loss = [&] {
+      std::vector<double> out(w.size());
+      embedding_forward_ref(p, out.data(), tokens.data(), wte.data(), wpe.data());
+      return weighted_sum(out, w);
+    };
+    std::vector<double> d_wte(wte.size(), 0.0), d_wpe(wpe.size(), 0.0);
+    embedding_backward_ref(p, d_wte.data(), d_wpe.data(), w.data(), tokens.data());
+    EXPECT_LT(fd_rel_error(loss, wte, d_wte), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, wpe, d_wpe), kFdTolF64);
+    for (int c = 0; c < p.C; ++c) EXPECT_EQ(d_wte[3 * p.C + c], 0.0);  // padding row gets no gradient
+
+    auto out = test::poisoned<double>(w.size());
+    embedding_forward_ref(p, out.data(), tokens.data(), wte.data(), wpe.data());
+    for (int c = 0; c < p.C; ++c) EXPECT_EQ(out[4 * p.C + c], 0.0);  // padding gives zeros
+    int zeros = 0;
+    for (double v : out) {
+      ASSERT_FALSE(std::isnan(v));
+      zeros += v == 0.0;
+    }
+    if (dropout == 0) EXPECT_EQ(zeros, p.C);
+    else EXPECT_GT(zeros, p.C);
+  }
+}
+
+TEST_F(OpsFd, EmbeddingRejectsBadTokens) {
+  const EmbeddingParams p{.B = 1, .T = 3, .C = 4, .V = 5, .max_seq = 3};
+  std::vector<double> wte(20), out(12);
+  std::vector<int32_t> tokens{0, 5, 1};
+  EXPECT_THROW(embedding_forward_ref<double>(p, out.data(), tokens.data(), wte.data(), nullptr), Error);
+  tokens = {0, -1, 1};
+  EXPECT_THROW(embedding_forward_ref<double>(p, out.data(), tokens.data(), wte.data(), nullptr), Error);
+}
+
+TEST_F(OpsFd, LayerNorm) {
+  for (bool with_bias : {true, false}) {
+    const NormParams p{.N = 5, .C = 13, .eps = 1e-5f};
+    auto x = randn<double>(p.N * p.C, rng), wt = randn<double>(p.C, rng), b = randn<double>(p.C, rng);
+    const auto w = randn<double>(p.N * p.C, rng);
+    std::vector<double> mean(p.N), rstd(p.N);
+    auto loss = [&] {
+      std::vector<double> out(w.size());
+      layernorm_forward_ref(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(), with_bias ? b.data() : nullptr);
+      return weighted_sum(out, w);
+    };
+    loss();
+    std::vector<double> dx(x.size(), 0.0), dw(p.C, 0.0), db(p.C, 0.0);
+    layernorm_backward_ref(p, dx.data(), dw.data(), with_bias ? db.data() : nullptr, w.data(), x.data(), wt.data(),
+                           mean.data(), rstd.data());
+    EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, wt, dw), kFdTolF64);
+    if (with_bias) EXPECT_LT(fd_rel_error(loss, b, db), kFdTolF64);
+  }
+}
+
+TEST_F(OpsFd, LayerNormStatistics) {
+  const NormParams p{.N = 3, .C = 1000, .eps = 1e-5f};
+  auto x = randn<float>(p.N * p.C, rng, 3.0);
+  for (auto& v : x) v += 100.0f;  // a large mean: one-pass variance formulas lose digits here
+  std::vector<float> out = test::poisoned<float>(x.size()), mean(p.N), rstd(p.N), wt(p.C, 1.0f);
+  layernorm_forward_ref<float>(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(), nullptr);
+  for (int n = 0; n < p.N; ++n) {
+    double s = 0, s2 = 0;
+    for (int c = 0; c < p.C; ++c) {
+      s += out[n * p.C + c];
+      s2 += static_cast<double>(out[n * p.C + c]) * out[n * p.C + c];
+    }
+    EXPECT_NEAR(s / p.C, 0.0, 1e-5);
+    EXPECT_NEAR(s2 / p.C, 1.0, 1e-3);
+  }
+}
+
+TEST_F(OpsFd, RmsNorm) {
+  const NormParams p{.N = 4, .C = 17, .eps = 1e-6f};
+  auto x = randn<double>(p.N * p.C, rng), wt = randn<double>(p.C, rng);
+  const auto w = randn<double>(p.N * p.C, rng);
+  std::vector<double> rstd(p.N);
+  auto loss = [&] {
+    std::vector<double> out(w.size());
+    rmsnorm_forward_ref(p, out.data(), rstd.data(), x.data(), wt.data());
+    return weighted_sum(out, w);
+  };
+  loss();
+  std::vector<double> dx(x.size(), 0.0), dw(p.C, 0.0);
+  rmsnorm_backward_ref(p, dx.data(), dw.data(), w.data(), x.data(), wt.data(), rstd.data());
+  EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
+  EXPECT_LT(fd_rel_error(loss, wt, dw), kFdTolF64);
+}
+
+TEST_F(OpsFd, Attention) {
+  struct Shape { int B, T, H, Dh; bool causal; };
+  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{1, 1, 2, 4, true}, Shape{2, 6, 2, 3, false}}) {
+    const AttentionParams p{.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal};
+    const int C = s.H * s.Dh;
+    auto qkv = randn<double>(s.B * s.T * 3 * C, rng);
+    const auto w = randn<double>(s.B * s.T * C, rng);
+    std::vector<double> out(w.size()), lse(s.B * s.H * s.T);
+    auto loss = [&] {
+      attention_forward_ref(p, out.data(), lse.data(), qkv.data());
+      return weighted_sum(out, w);
+    };
+    loss();
+    std::vector<double> dqkv = test::poisoned<double>(qkv.size());
+    attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
+    EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << s.B << " T=" << s.T;
+  }
+}
+
+// The forward against the textbook formula with an explicit score matrix.
+TEST_F(OpsFd, AttentionForwardMatchesExplicitSoftmax) {
+  const int B = 1, T = 9, H = 2, Dh = 4, C = H * Dh;
+  auto qkv = randn<double>(B * T * 3 * C, rng);
+  std::vector<double> out(B * T * C), lse(B * H * T);
+  attention_forward_ref<double>({.B = B, .T = T, .H = H, .Dh = Dh}, out.data(), lse.data(), qkv.data());
+  for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < T; ++i) {
+      std::vector<double> s(i + 1);
+      double z = 0;
+      for (int j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int d = 0; d < Dh; ++d) dot += qkv[i * 3 * C + h * Dh + d] * qkv[j * 3 * C + C + h * Dh + d];
+        s[j] = std::exp(dot / std::sqrt(4.0));
+        z += s[j];
+      }
+      EXPECT_NEAR(lse[h * T + i], std::log(z), 1e-12);
+      for (int d = 0; d < Dh; ++d) {
+        double o = 0;
+        for (int j = 0; j <= i; ++j) o += s[j] / z * qkv[j * 3 * C + 2 * C + h * Dh + d];
+        EXPECT_NEAR(out[i * C + h * Dh + d], o, 1e-12);
+      }
+    }
+  }
+}
+
+TEST_F(OpsFd, Rope) {
+  const RopeParams p{.B = 2, .T = 5, .H = 3, .Dh = 6, .theta = 10000.0f, .pos_offset = 1};
+  const int C = p.H * p.Dh;
+  auto qkv = randn<double>(p.B * p.T * 3 * C, rng);
+  const auto w = randn<double>(qkv.size(), rng);
+  auto loss = [&] {
+    std::vector<double> y = qkv;
+    rope_forward_ref(p, y.data());
+    return weighted_sum(y, w);
+  };
+  std::vector<double> d = w;
+  rope_backward_ref(p, d.data());
+  EXPECT_LT(fd_rel_error(loss, qkv, d), kFdTolF64);
+  // v is untouched, and a rotation keeps the norm of every head.
+  std::vector<double> y = qkv;
+  rope_forward_ref(p, y.data());
+  for (int r = 0; r < p.B * p.T; ++r)
+    for (int c = 2 * C; c < 3 * C; ++c) EXPECT_EQ(y[r * 3 * C + c], qkv[r * 3 * C + c]);
+  EXPECT_NEAR(weighted_sum(y, y), weighted_sum(qkv, qkv), 1e-9);
+}
+
+TEST_F(OpsFd, Activations) {
+  for (Activation kind : {Activation::Gelu, Activation::Relu, Activation::Swiglu}) {
+    for (bool with_bias : {true, false}) {
+      const ActivationParams p{.N = 3, .d_ff = 7, .kind = kind};
+      const int in_w = kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;
+      auto in = randn<double>(p.N * in_w, rng), bias = randn<double>(in_w, rng);
+      const auto w = randn<double>(p.N * p.d_ff, rng);
+      auto loss = [&] {
+        std::vector<double> out(w.size());
+        activation_forward_ref(p, out.data(), in.data(), with_bias ? bias.data() : nullptr);
+        return weighted_sum(out, w);
+      };
+      std::vector<double> d_in = test::poisoned<double>(in.size()), d_b(in_w, 0.0);
+      activation_backward_ref(p, d_in.data(), with_bias ? d_b.data() : nullptr, w.data(), in.data(),
+                              with_bias ? bias.data() : nullptr);
+      EXPECT_LT(fd_rel_error(loss, in, d_in), kFdTolF64) << activation_name(kind);
+      if (with_bias) EXPECT_LT(fd_rel_error(loss, bias, d_b), kFdTolF64) << activation_name(kind);
+    }
+  }
+}
+
+TEST_F(OpsFd, GeluMatchesTanhFormula) {
+  std::vector<double> x{-3.0, -0.5, 0.0, 0.7, 2.0}, y(5);
+  activation_forward_ref<double>({.N = 1, .d_ff = 5, .kind = Activation::Gelu}, y.data(), x.data(), nullptr);
+  // Values of 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) computed independently.
+  const double expect[] = {-0.0036373920817729943, -0.15428599017485606, 0.0, 0.5305701347051167,
+                           1.954597694087775};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], expect[i], 1e-12);
+}
+
+TEST_F(OpsFd, ResidualWithDropout) {
+  for (float dropout : {0.0f, 0.4f}) {
+    const ResidualParams p{.N = 6, .C = 5, .dropout = dropout, .seed = 7, .stream = 11};
+    auto res = randn<double>(p.N * p.C, rng), x = randn<double>(p.N * p.C, rng), b = randn<double>(p.C, rng);
+    const auto w = randn<double>(p.N * p.C, rng);
+    auto loss = [&] {
+      std::vector<double> out(w.size());
+      residual_forward_ref(p, out.data(), res.data(), x.data(), b.data());
+      return weighted_sum(out, w);
+    };
+    std::vector<double> dx = test::poisoned<double>(x.size()), db(p.C, 0.0);
+    residual_backward_ref(p, dx.data(), db.data(), w.data());
+    EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, b, db), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, res, w), kFdTolF64);  // d_residual = d_out
+  }
+}
+
+TEST_F(OpsFd, CrossEntropyLabelSmoothingAndIgnore) {
+  const CrossEntropyParams p{.N = 6, .V = 9, .label_smoothing = 0.1f, .ignore_index = -100};
+  auto logits = randn<double>(p.N * p.V, rng, 2.0);
+  auto targets = test::randint(p.N, p.V, rng);
+  targets[2] = -100;
+  std::vector<double> losses(p.N), lse(p.N);
+  long count = 0;
+  auto loss = [&] {
+    count = cross_entropy_forward_ref(p, losses.data(), lse.data(), logits.data(), targets.data());
+    double s = 0;
+    for (double l : losses) s += l;
+    return s / count;
+  };
+  const double mean = loss();
+  EXPECT_EQ(count, 5);
+  std::vector<double> d = test::poisoned<double>(logits.size());
+  cross_entropy_backward_ref(p, d.data(), logits.data(), lse.data(), targets.data(), 1.0 / count);
+  EXPECT_LT(fd_rel_error(loss, logits, d), kFdTolF64);
+  // Value: -Σ_j p_j log q_j with p = (1 - eps) onehot + eps / V, computed from the definition.
+  double expect = 0;
+  for (int n = 0; n < p.N; ++n) {
+    if (targets[n] == -100) continue;
+    double z = 0;
+    for (int j = 0; j < p.V; ++j) z += std::exp(logits[n * p.V + j]);
+    for (int j = 0; j < p.V; ++j) {
+      const double eps = p.label_smoothing;
+      const double pj = (j == targets[n] ? 1.0 - eps : 0.0) + eps / p.V;
+      expect -= pj * std::log(std::exp(logits[n * p.V + j]) / z);
+    }
+  }
+  EXPECT_NEAR(mean, expect / count, 1e-12);
+  for (int j = 0; j < p.V; ++j) EXPECT_EQ(d[2 * p.V + j], 0.0);
+  // Each counted row of q - p sums to zero.
+  double row = 0;
+  for (int j = 0; j < p.V; ++j) row += d[j];
+  EXPECT_NEAR(row, 0.0, 1e-15);
+}
+
+}  // namespace
+}  // namespace tessera

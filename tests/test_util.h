@@ -1,0 +1,85 @@
+// Shared helpers for tests: seeded random fills and a finite-difference gradient check in fp64.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace tessera::test {
+
+// Fresh inputs each run unless TESSERA_TEST_SEED pins them; the seed is printed on failure.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* s = std::getenv("TESSERA_TEST_SEED")) return static_cast<uint64_t>(std::stoull(s));
+    return static_cast<uint64_t>(std::random_device{}());
+  }();
+  return seed;
+}
+
+template <typename T>
+std::vector<T> randn(size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(d(rng));
+  return v;
+}
+
+inline std::vector<int32_t> randint(size_t n, int hi, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> d(0, hi - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+template <typename T>
+std::vector<T> poisoned(size_t n) {
+  return std::vector<T>(n, std::numeric_limits<T>::quiet_NaN());
+}
+
+// ||a - b|| / max(||b||, tiny): the relative error of a whole tensor.
+template <typename A, typename B>
+double rel_error(const std::vector<A>& a, const std::vector<B>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Central differences of `loss` w.r.t. each element of x (in place, restored), compared with `analytic`.
+// Returns the relative error over the whole gradient.
+inline double fd_rel_error(const std::function<double()>& loss, std::vector<double>& x,
+                           const std::vector<double>& analytic, double h = 1e-6) {
+  std::vector<double> numeric(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const double lp = loss();
+    x[i] = keep - h;
+    const double lm = loss();
+    x[i] = keep;
+    numeric[i] = (lp - lm) / (2 * h);
+  }
+  return rel_error(analytic, numeric);
+}
+
+// Σ w ⊙ y: a scalar whose gradient w.r.t. y is w, used to drive backward passes with a random d_out.
+inline double weighted_sum(const std::vector<double>& y, const std::vector<double>& w) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += y[i] * w[i];
+  return s;
+}
+
+// Per-dtype tolerances, in one place.
+constexpr double kFdTolF64 = 1e-6;     // finite differences in fp64 with h = 1e-6
+constexpr double kRefTolF32 = 1e-5;    // fp32 path against an fp64 or independent reference
+
+}  // namespace tessera::test
