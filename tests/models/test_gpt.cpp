@@ -1,0 +1,154 @@
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/models/config.h"
+#include "tessera/models/gpt.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+ModelConfig tiny_gpt2() {
+  ModelConfig c;
+  c.vocab = 11;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.d_ff = 12;
+  c.max_seq = 8;
+  return c;
+}
+
+ModelConfig tiny_llama() {
+  ModelConfig c = tiny_gpt2();
+  c.norm = NormKind::RmsNorm;
+  c.mlp = Activation::Swiglu;
+  c.positions = PositionKind::Rope;
+  c.bias = false;
+  c.tied = false;
+  return c;
+}
+
+// Whole-model gradient of the mean loss against central differences, in fp64, over every parameter.
+void check_model_gradient(const ModelConfig& cfg, float label_smoothing) {
+  GptT<double> model(cfg);
+  model.init_weights(test::test_seed());
+  // Larger weights than the init so every path carries signal.
+  for (size_t i = 0; i < model.params().size(); ++i) model.params().data()[i] *= 5.0;
+  std::mt19937_64 rng(test::test_seed());
+  const int B = 2, T = 5;
+  auto tokens = test::randint(B * T, cfg.vocab, rng);
+  auto targets = test::randint(B * T, cfg.vocab, rng);
+  if (cfg.padding_id >= 0) {
+    tokens[3] = cfg.padding_id;
+    targets[7] = cfg.padding_id;
+  }
+  const uint64_t dropout_seed = 1234;
+  auto loss = [&] {
+    RngState rs{dropout_seed, 0};  // the same dropout masks in every evaluation
+    return model.forward(tokens.data(), targets.data(), B, T,
+                         {.training = true, .label_smoothing = label_smoothing, .rng = &rs});
+  };
+  loss();
+  model.zero_grad();
+  model.backward(1.0);
+  std::vector<double> analytic(model.params().grad(), model.params().grad() + model.params().size());
+  std::vector<double> x(model.params().data(), model.params().data() + model.params().size());
+  // fd_rel_error perturbs a copy; write it through to the model before each evaluation.
+  auto loss_of_x = [&] {
+    std::copy(x.begin(), x.end(), model.params().data());
+    return loss();
+  };
+  const double err = test::fd_rel_error(loss_of_x, x, analytic);
+  EXPECT_LT(err, test::kFdTolF64);
+  // And per segment, so a failure names the tensor.
+  for (const auto& seg : model.params().segments()) {
+    std::vector<double> a(analytic.begin() + seg.offset, analytic.begin() + seg.offset + seg.numel);
+    double norm = 0;
+    for (double v : a) norm += v * v;
+    EXPECT_GT(norm, 0.0) << seg.name << " got no gradient";
+  }
+}
+
+TEST(GptGradient, Gpt2Style) { check_model_gradient(tiny_gpt2(), 0.0f); }
+
+TEST(GptGradient, LlamaStyle) { check_model_gradient(tiny_llama(), 0.1f); }
+
+TEST(GptGradient, SinusoidalReluPaddingScaleDropout) {
+  ModelConfig c = tiny_gpt2();
+  c.positions = PositionKind::Sinusoidal;
+  c.mlp = Activation::Relu;
+  c.padding_id = 0;
+  c.emb_scale = 2.8f;
+  c.dropout = 0.2f;
+  c.tied = false;
+  c.bias = false;
+  check_model_gradient(c, 0.05f);
+}
+
+TEST(GptConfig, PresetParameterCounts) {
+  EXPECT_EQ(model_preset("gpt2-124m").num_params(), 124439808);  // Hugging Face gpt2
+  EXPECT_EQ(model_preset("cs336-small").num_params(), 128625408);
+  auto near = [](int64_t n, double target) { return std::abs(static_cast<double>(n) - target) < 0.05e6; };
+  EXPECT_TRUE(near(model_preset("cs336-medium").num_params(), 423.2e6));
+  EXPECT_TRUE(near(model_preset("cs336-large").num_params(), 969.4e6));
+  EXPECT_TRUE(near(model_preset("cs336-xl").num_params(), 1998.0e6) ||
+              std::abs(model_preset("cs336-xl").num_params() - 1998e6) < 0.5e6);
+  EXPECT_TRUE(std::abs(model_preset("cs336-2.7b").num_params() - 3407e6) < 0.5e6);
+  for (const auto& name : model_preset_names()) EXPECT_NO_THROW(model_preset(name).validate()) << name;
+  EXPECT_TRUE(model_preset("gpt2-124m").is_gpt2_compatible());
+  EXPECT_TRUE(model_preset("cs336-small").is_llama_compatible());
+  // The model's segment table adds up to the formula.
+  GptT<float> m(tiny_llama());
+  EXPECT_EQ(static_cast<int64_t>(m.params().size()), tiny_llama().num_params());
+}
+
+TEST(GptConfig, RejectsImpossibleConfigs) {
+  ModelConfig c = tiny_gpt2();
+  c.n_heads = 3;
+  EXPECT_THROW(c.validate(), Error);
+  EXPECT_THROW(model_preset("nope"), Error);
+  EXPECT_THROW(model_config_set(c, "norm", "batchnorm"), Error);
+  EXPECT_THROW(model_config_set(c, "d_model", "12x"), Error);
+  EXPECT_THROW(model_config_set(c, "colour", "1"), Error);
+  GptT<float> m(tiny_gpt2());
+  std::vector<int32_t> tokens(9, 1);
+  EXPECT_THROW(m.forward(tokens.data(), nullptr, 1, 9, {}), Error);  // T > max_seq
+  tokens[2] = 11;
+  EXPECT_THROW(m.forward(tokens.data(), nullptr, 1, 8, {}), Error);  // token id >= vocab
+}
+
+TEST(GptConfig, JsonRoundTrip) {
+  ModelConfig c = tiny_llama();
+  c.dropout = 0.25f;
+  const ModelConfig d = model_config_from_json(model_config_to_json(c));
+  EXPECT_EQ(d.num_params(), c.num_params());
+  EXPECT_EQ(d.norm, NormKind::RmsNorm);
+  EXPECT_EQ(d.positions, PositionKind::Rope);
+  EXPECT_FALSE(d.tied);
+  EXPECT_EQ(d.dropout, 0.25f);
+}
+
+// Causality: changing a later token leaves earlier logits unchanged.
+TEST(Gpt, IsCausal) {
+  GptT<double> m(tiny_llama());
+  m.init_weights(3);
+  std::vector<int32_t> a{1, 2, 3, 4, 5}, b{1, 2, 3, 9, 5};
+  m.forward(a.data(), nullptr, 1, 5, {});
+  std::vector<double> la(m.logits(), m.logits() + 5 * 11);
+  m.forward(b.data(), nullptr, 1, 5, {});
+  for (int i = 0; i < 3 * 11; ++i) EXPECT_EQ(la[i], m.logits()[i]);
+  EXPECT_NE(la[3 * 11], m.logits()[3 * 11]);
+}
+
+TEST(Gpt, ActivationPlanIsReportedAndReused) {
+  const size_t bytes = GptT<float>::activation_bytes(tiny_gpt2(), 2, 8);
+  EXPECT_GT(bytes, 0u);
+  GptT<float> m(tiny_gpt2());
+  std::vector<int32_t> t(16, 1);
+  m.forward(t.data(), t.data(), 2, 8, {});
+  EXPECT_EQ(m.activation_peak(), bytes);
+}
+
+}  // namespace
+}  // namespace tessera
