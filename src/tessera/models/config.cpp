@@ -80,7 +80,7 @@ ModelConfig model_preset(std::string_view name) {
     c.n_layers = 4;
     c.n_heads = 4;
     c.d_ff = 512;
-    c.max_seq = 128;
+    c.max_seq = 64;
     c.dropout = 0.0f;
     return c;
   }

@@ -1,0 +1,11 @@
+// tessera/cli/commands.h — the subcommands of the `tessera` binary.
+#pragma once
+
+namespace tessera::cli {
+
+int cmd_train(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_prepare(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+
+}  // namespace tessera::cli

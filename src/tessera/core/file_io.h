@@ -1,0 +1,24 @@
+// tessera/core/file_io.h — whole-file reads and atomic writes (temp file, fsync, rename).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+// Reads a whole file; throws Error "<what>: cannot read <path>: <reason>" when missing or unreadable.
+std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what = "file");
+std::string read_file_text(const std::string& path, const char* what = "file");
+
+// Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then
+// renamed over `path`, so a reader sees the old file or the new one, never a half-written one.
+// `write` receives the open FILE* of the temporary file.
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+void write_file_atomic(const std::string& path, const void* data, size_t size);
+void write_file_atomic(const std::string& path, const std::string& text);
+
+// Creates `dir` (and parents) if needed and checks that a file can be created in it.
+void ensure_writable_dir(const std::string& dir);
+
+}  // namespace tessera

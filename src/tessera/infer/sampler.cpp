@@ -1,0 +1,62 @@
+#include "tessera/infer/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
+
+namespace tessera {
+
+void sampler_check(const SamplerParams& p) {
+  TS_CHECK(std::isfinite(p.temperature), "--temperature must be a number");
+  TS_CHECK(p.top_k >= 0, "--top-k must be >= 0, got ", p.top_k);
+  TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);
+}
+
+int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_t draw) {
+  if (p.temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+  std::vector<int> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  // Most likely first; ties by id so the order is deterministic.
+  std::sort(idx.begin(), idx.end(), [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+  std::vector<double> prob(keep);
+  const double mx = logits[idx[0]];
+  double z = 0;
+  for (int i = 0; i < keep; ++i) z += prob[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+  if (p.top_p < 1) {
+    double cum = 0;
+    int k = 0;
+    while (k < keep) {
+      cum += prob[k++] / z;
+      if (cum >= p.top_p) break;
+    }
+    keep = k;
+    z = 0;
+    for (int i = 0; i < keep; ++i) z += prob[i];
+  }
+  const double u = philox_uniform(p.seed, 0, draw) * z;
+  double cum = 0;
+  for (int i = 0; i < keep; ++i) {
+    cum += prob[i];
+    if (u < cum) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p) {
+  sampler_check(p);
+  TS_CHECK(!tokens.empty(), "generate: the prompt is empty");
+  const int V = model.config().vocab, max_seq = model.config().max_seq;
+  for (int i = 0; i < max_new; ++i) {
+    const int T = std::min<int>(static_cast<int>(tokens.size()), max_seq);
+    const int32_t* ctx = tokens.data() + tokens.size() - T;
+    model.forward(ctx, nullptr, 1, T, {});
+    tokens.push_back(sample_token(p, model.logits() + static_cast<size_t>(T - 1) * V, V, i));
+  }
+  return tokens;
+}
+
+}  // namespace tessera

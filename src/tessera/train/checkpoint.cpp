@@ -1,0 +1,257 @@
+#include "tessera/train/checkpoint.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/train/safetensors.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+CheckpointNaming checkpoint_naming(const ModelConfig& cfg) {
+  if (cfg.is_gpt2_compatible()) return CheckpointNaming::Gpt2;
+  if (cfg.is_llama_compatible()) return CheckpointNaming::Llama;
+  return CheckpointNaming::Tessera;
+}
+
+namespace {
+const char* naming_name(CheckpointNaming n) {
+  switch (n) {
+    case CheckpointNaming::Gpt2: return "gpt2";
+    case CheckpointNaming::Llama: return "llama";
+    case CheckpointNaming::Tessera: return "tessera";
+  }
+  return "?";
+}
+
+// Maps tessera's per-layer suffix to the Hugging Face name(s).
+void add_layer_tensor(std::vector<ExportTensor>& out, CheckpointNaming naming, const ModelConfig& cfg, int seg,
+                      const std::string& layer, const std::string& suffix, int64_t rows, int64_t cols) {
+  const bool vec = cols == 1;
+  auto one = [&](const std::string& name, bool transpose) {
+    out.push_back({name, seg, 0, rows, cols, transpose && !vec});
+  };
+  if (naming == CheckpointNaming::Gpt2) {
+    const std::string p = "transformer.h." + layer + ".";
+    if (suffix == "ln1.w") one(p + "ln_1.weight", false);
+    else if (suffix == "ln1.b") one(p + "ln_1.bias", false);
+    else if (suffix == "ln2.w") one(p + "ln_2.weight", false);
+    else if (suffix == "ln2.b") one(p + "ln_2.bias", false);
+    else if (suffix == "qkv.w") one(p + "attn.c_attn.weight", true);
+    else if (suffix == "qkv.b") one(p + "attn.c_attn.bias", false);
+    else if (suffix == "proj.w") one(p + "attn.c_proj.weight", true);
+    else if (suffix == "proj.b") one(p + "attn.c_proj.bias", false);
+    else if (suffix == "fc.w") one(p + "mlp.c_fc.weight", true);
+    else if (suffix == "fc.b") one(p + "mlp.c_fc.bias", false);
+    else if (suffix == "fcp.w") one(p + "mlp.c_proj.weight", true);
+    else if (suffix == "fcp.b") one(p + "mlp.c_proj.bias", false);
+    else TS_THROW("internal: no GPT-2 name for ", suffix);
+    return;
+  }
+  const std::string p = "model.layers." + layer + ".";
+  const int64_t C = cfg.d_model, F = cfg.d_ff;
+  if (suffix == "ln1.w") one(p + "input_layernorm.weight", false);
+  else if (suffix == "ln2.w") one(p + "post_attention_layernorm.weight", false);
+  else if (suffix == "qkv.w") {
+    out.push_back({p + "self_attn.q_proj.weight", seg, 0, C, cols, false});
+    out.push_back({p + "self_attn.k_proj.weight", seg, C, C, cols, false});
+    out.push_back({p + "self_attn.v_proj.weight", seg, 2 * C, C, cols, false});
+  } else if (suffix == "proj.w") one(p + "self_attn.o_proj.weight", false);
+  else if (suffix == "fc.w") {
+    out.push_back({p + "mlp.gate_proj.weight", seg, 0, F, cols, false});
+    out.push_back({p + "mlp.up_proj.weight", seg, F, F, cols, false});
+  } else if (suffix == "fcp.w") one(p + "mlp.down_proj.weight", false);
+  else TS_THROW("internal: no Llama name for ", suffix);
+}
+}  // namespace
+
+std::vector<ExportTensor> checkpoint_layout(const Gpt& model) {
+  const ModelConfig& cfg = model.config();
+  const CheckpointNaming naming = checkpoint_naming(cfg);
+  const auto& segs = model.params().segments();
+  std::vector<ExportTensor> out;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const auto& shape = model.params().shape(s);
+    const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+    const std::string& name = segs[s].name;
+    const int seg = static_cast<int>(s);
+    if (naming == CheckpointNaming::Tessera) {
+      out.push_back({name, seg, 0, rows, cols, false});
+      continue;
+    }
+    const bool gpt2 = naming == CheckpointNaming::Gpt2;
+    if (name == "wte") out.push_back({gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", seg, 0, rows, cols, false});
+    else if (name == "wpe") out.push_back({"transformer.wpe.weight", seg, 0, rows, cols, false});
+    else if (name == "lnf.w") out.push_back({gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", seg, 0, rows, 1, false});
+    else if (name == "lnf.b") out.push_back({"transformer.ln_f.bias", seg, 0, rows, 1, false});
+    else if (name == "lm_head") out.push_back({"lm_head.weight", seg, 0, rows, cols, false});
+    else {
+      // "h.<layer>.<suffix>"
+      const size_t dot = name.find('.', 2);
+      add_layer_tensor(out, naming, cfg, seg, name.substr(2, dot - 2), name.substr(dot + 1), rows, cols);
+    }
+  }
+  return out;
+}
+
+namespace {
+json hf_config(const ModelConfig& c, CheckpointNaming naming) {
+  if (naming == CheckpointNaming::Gpt2) {
+    return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab},
+            {"n_positions", c.max_seq}, {"n_ctx", c.max_seq}, {"n_embd", c.d_model}, {"n_layer", c.n_layers},
+            {"n_head", c.n_heads}, {"n_inner", c.d_ff}, {"activation_function", "gelu_new"},
+            {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", 0.0},
+            {"layer_norm_epsilon", c.norm_eps}, {"initializer_range", 0.02}, {"tie_word_embeddings", true},
+            {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
+  }
+  if (naming == CheckpointNaming::Llama) {
+    return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
+            {"hidden_size", c.d_model}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
+            {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_heads}, {"head_dim", c.head_dim()},
+            {"max_position_embeddings", c.max_seq}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+            {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied}, {"attention_bias", false},
+            {"mlp_bias", false}, {"attention_dropout", 0.0}, {"bos_token_id", 0}, {"eos_token_id", c.vocab - 1},
+            {"torch_dtype", "float32"}};
+  }
+  json j = model_config_to_json(c);
+  j["model_type"] = "tessera";
+  return j;
+}
+
+void write_model_files(const std::string& dir, const Gpt& model) {
+  SafetensorsWriter w;
+  const float* base = model.params().data();
+  std::vector<float> buf;
+  for (const ExportTensor& t : checkpoint_layout(model)) {
+    const ParamSegment& seg = model.params().segments()[t.segment];
+    const float* src = base + seg.offset + t.row_begin * t.cols;
+    const bool vec = model.params().shape(t.segment).size() == 1;
+    if (t.transpose) {
+      buf.resize(t.rows * t.cols);
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t c = 0; c < t.cols; ++c) buf[c * t.rows + r] = src[r * t.cols + c];
+      w.add(t.name, DType::F32, {t.cols, t.rows}, buf.data());
+    } else if (vec) {
+      w.add(t.name, DType::F32, {t.rows}, src);
+    } else {
+      w.add(t.name, DType::F32, {t.rows, t.cols}, src);
+    }
+  }
+  w.set_metadata("format", "pt");
+  w.set_metadata("tessera_config", model_config_to_json(model.config()).dump());
+  w.set_metadata("tessera_naming", naming_name(checkpoint_naming(model.config())));
+  w.write(dir + "/model.safetensors");
+  write_file_atomic(dir + "/config.json", hf_config(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
+}
+
+std::string model_file(const std::string& path) {
+  if (fs::is_directory(path)) return (fs::path(path) / "model.safetensors").string();
+  return path;
+}
+}  // namespace
+
+void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state) {
+  const fs::path target = fs::path(dir).lexically_normal();
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  ensure_writable_dir(parent.string());
+  const fs::path tmp = parent / (target.filename().string() + ".tmp");
+  const fs::path old = parent / (target.filename().string() + ".old");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  TS_CHECK(!ec, "cannot create checkpoint directory ", tmp.string(), ": ", ec.message());
+  write_model_files(tmp.string(), model);
+  if (state) {
+    SafetensorsWriter w;
+    const int64_t n = static_cast<int64_t>(model.params().size());
+    TS_CHECK(static_cast<int64_t>(state->adam_m.size()) == n && static_cast<int64_t>(state->adam_v.size()) == n,
+             "internal: optimizer state does not match the model");
+    w.add("adam.m", DType::F32, {n}, state->adam_m.data());
+    w.add("adam.v", DType::F32, {n}, state->adam_v.data());
+    w.set_metadata("format", "pt");
+    w.set_metadata("step", std::to_string(state->step));
+    w.set_metadata("rng_seed", std::to_string(state->rng.seed));
+    w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
+    w.set_metadata("data_pos", std::to_string(state->data_pos));
+    w.set_metadata("options", state->options_json);
+    w.write((tmp / "optimizer.safetensors").string());
+  }
+  // Swap the finished directory into place; the previous checkpoint is removed only after.
+  fs::remove_all(old, ec);
+  if (fs::exists(target)) {
+    fs::rename(target, old, ec);
+    TS_CHECK(!ec, "cannot replace checkpoint ", target.string(), ": ", ec.message());
+  }
+  fs::rename(tmp, target, ec);
+  TS_CHECK(!ec, "cannot move checkpoint into ", target.string(), ": ", ec.message());
+  fs::remove_all(old, ec);
+}
+
+ModelConfig load_checkpoint_config(const std::string& path) {
+  const std::string file = model_file(path);
+  const SafetensorsFile st = SafetensorsFile::load(file);
+  json j;
+  try {
+    j = json::parse(st.meta("tessera_config"));
+  } catch (const json::exception&) {
+    TS_THROW("checkpoint ", file, ": tessera_config metadata is not valid JSON");
+  }
+  return model_config_from_json(j);
+}
+
+void load_checkpoint_weights(const std::string& path, Gpt& model) {
+  const std::string file = model_file(path);
+  const SafetensorsFile st = SafetensorsFile::load(file);
+  const auto layout = checkpoint_layout(model);
+  TS_CHECK(st.names().size() == layout.size(), "checkpoint ", file, ": has ", st.names().size(),
+           " tensors, the model expects ", layout.size());
+  std::vector<float> buf;
+  for (const ExportTensor& t : layout) {
+    TS_CHECK(st.has(t.name), "checkpoint ", file, ": missing tensor ", t.name);
+    const ParamSegment& seg = model.params().segments()[t.segment];
+    float* dst = model.params().data() + seg.offset + t.row_begin * t.cols;
+    const bool vec = model.params().shape(t.segment).size() == 1;
+    if (t.transpose) {
+      buf.resize(t.rows * t.cols);
+      st.read_f32(t.name, {t.cols, t.rows}, buf.data());
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t c = 0; c < t.cols; ++c) dst[r * t.cols + c] = buf[c * t.rows + r];
+    } else {
+      st.read_f32(t.name, vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols}, dst);
+    }
+  }
+}
+
+std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path) {
+  auto model = std::make_unique<Gpt>(load_checkpoint_config(path));
+  load_checkpoint_weights(path, *model);
+  return model;
+}
+
+TrainState load_train_state(const std::string& dir, const Gpt& model) {
+  const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
+  TS_CHECK(fs::exists(file), "checkpoint ", dir, " has no optimizer state (", file, " is missing)");
+  const SafetensorsFile st = SafetensorsFile::load(file);
+  TrainState s;
+  const int64_t n = static_cast<int64_t>(model.params().size());
+  s.adam_m.resize(n);
+  s.adam_v.resize(n);
+  st.read_f32("adam.m", {n}, s.adam_m.data());
+  st.read_f32("adam.v", {n}, s.adam_v.data());
+  try {
+    s.step = std::stoll(st.meta("step"));
+    s.rng.seed = std::stoull(st.meta("rng_seed"));
+    s.rng.next_stream = std::stoull(st.meta("rng_next_stream"));
+    s.data_pos = std::stoull(st.meta("data_pos"));
+  } catch (const std::logic_error&) {
+    TS_THROW("checkpoint ", file, ": malformed training state metadata");
+  }
+  s.options_json = st.meta("options");
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,57 @@
+// tessera/train/checkpoint.h — model and training checkpoints in safetensors.
+//
+// A checkpoint is a directory:
+//   model.safetensors   the parameters. Where the config matches GPT2LMHeadModel or LlamaForCausalLM the tensors
+//                       carry Hugging Face's names and layouts (GPT-2's Conv1D weights transposed to (in, out),
+//                       Llama's q/k/v and gate/up split out of tessera's fused matrices), metadata "format": "pt"
+//                       and the tessera config, so `transformers` loads the directory as it is.
+//   config.json         the Hugging Face config (GPT-2 / Llama), or tessera's own config otherwise.
+//   optimizer.safetensors  (training checkpoints) Adam moments m and v, and in metadata the step, the RNG state,
+//                       the data position and the training options, so a resumed run continues exactly.
+// The directory is written as <dir>.tmp and renamed into place: a reader sees a whole checkpoint or none.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/core/philox.h"
+#include "tessera/models/gpt.h"
+
+namespace tessera {
+
+enum class CheckpointNaming { Gpt2, Llama, Tessera };
+
+CheckpointNaming checkpoint_naming(const ModelConfig& cfg);
+
+// One exported tensor: rows [row_begin, row_begin + rows) of a model segment viewed as (segment rows, cols),
+// optionally transposed.
+struct ExportTensor {
+  std::string name;
+  int segment = 0;
+  int64_t row_begin = 0, rows = 0, cols = 0;
+  bool transpose = false;
+};
+std::vector<ExportTensor> checkpoint_layout(const Gpt& model);
+
+struct TrainState {
+  int64_t step = 0;
+  RngState rng;
+  uint64_t data_pos = 0;
+  std::string options_json;          // the training options, for resuming with the same run
+  std::vector<float> adam_m, adam_v;
+};
+
+// Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
+void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state);
+
+// Reads the model config stored in a checkpoint directory (or a model.safetensors path).
+ModelConfig load_checkpoint_config(const std::string& path);
+// Loads parameters into a model built from load_checkpoint_config. Every tensor must be present with the
+// expected shape, and no unknown tensor may be there.
+void load_checkpoint_weights(const std::string& path, Gpt& model);
+std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path);
+// Loads the training state; fails if the checkpoint has none or it does not fit the model.
+TrainState load_train_state(const std::string& dir, const Gpt& model);
+
+}  // namespace tessera

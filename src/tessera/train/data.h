@@ -1,0 +1,50 @@
+// tessera/train/data.h — token shards in llm.c's format, byte-level text ingestion, and the batch stream.
+//
+// Shard: a header of 256 int32 (magic 20240520, version 1, token count, then zeros), then count uint16 tokens.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardVersion = 1;
+constexpr int kShardHeaderInts = 256;
+
+// Reads and validates a shard: missing file, short header, bad magic or version, and a size that does not
+// match the token count are one-line errors naming the file. Token ids >= vocab are rejected when vocab > 0.
+std::vector<uint16_t> read_shard(const std::string& path, int vocab = 0);
+// Writes a shard atomically.
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+// The byte-level tokenizer: one token per byte, vocab 256.
+constexpr int kByteVocab = 256;
+std::vector<uint16_t> byte_encode(const std::string& text);
+std::string byte_decode(const std::vector<int32_t>& tokens);
+
+// `tessera prepare`: splits text into train and val (the last val_fraction, at least one block) and writes
+// <out>/train_000000.bin and <out>/val_000000.bin. Returns the token counts {train, val}.
+std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
+
+// Lists the shards of a split in `data`, which is a directory (its <split>_*.bin files, sorted) or one file.
+std::vector<std::string> find_shards(const std::string& data, const std::string& split);
+
+// Consecutive (B, T) batches over the concatenated shards. Batch k takes B*T + 1 tokens starting at the
+// position, inputs are tokens[0 .. B*T), targets tokens[1 .. B*T]; the position then advances by B*T and
+// wraps to 0 when the next batch would run past the end. The position is the resumable data state.
+class TokenStream {
+ public:
+  TokenStream(const std::vector<std::string>& shards, int vocab);
+  void next_batch(int B, int T, int32_t* inputs, int32_t* targets);
+  uint64_t position() const { return pos_; }
+  void set_position(uint64_t pos);
+  size_t size() const { return tokens_.size(); }
+
+ private:
+  std::vector<uint16_t> tokens_;
+  uint64_t pos_ = 0;
+  std::string name_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,25 @@
+// tessera/train/progress.h — a one-line progress bar on stderr (a line every 5% when stderr is not a TTY).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total, int64_t start, bool enabled);
+  // `fields` is shown after the bar, e.g. "loss 2.31 | 41.2k tok/s".
+  void update(int64_t done, const std::string& fields);
+  void finish();
+
+ private:
+  int64_t total_, start_;
+  bool enabled_, tty_;
+  int64_t last_printed_ = -1;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace tessera

@@ -1,0 +1,141 @@
+#include "tessera/train/safetensors.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+
+namespace tessera {
+
+using json = nlohmann::json;
+
+namespace {
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + ")";
+}
+}  // namespace
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data) {
+  TS_CHECK(!entries_.count(name), "safetensors: duplicate tensor name ", name);
+  SafetensorsEntry e;
+  e.dtype = dtype;
+  e.shape = std::move(shape);
+  const size_t bytes = static_cast<size_t>(e.numel()) * dtype_size(dtype);
+  e.begin = data_.size();
+  e.end = e.begin + bytes;
+  const auto* p = static_cast<const uint8_t*>(data);
+  data_.insert(data_.end(), p, p + bytes);
+  entries_[name] = e;
+  order_.push_back(name);
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  json header = json::object();
+  for (const auto& name : order_) {
+    const auto& e = entries_.at(name);
+    header[name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  }
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8 != 0) text.push_back(' ');  // keeps the data section 8-byte aligned
+  const uint64_t n = text.size();
+  write_file_atomic(path, [&](std::FILE* f) {
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+    bool ok = std::fwrite(len, 1, 8, f) == 8;
+    ok = ok && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    ok = ok && (data_.empty() || std::fwrite(data_.data(), 1, data_.size(), f) == data_.size());
+    TS_CHECK(ok, "cannot write ", path);
+  });
+}
+
+SafetensorsFile SafetensorsFile::load(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  f.data_ = read_file_bytes(path, "safetensors");
+  const size_t size = f.data_.size();
+  TS_CHECK(size >= 8, "safetensors: ", path, ": file is truncated (", size, " bytes)");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(f.data_[i]) << (8 * i);
+  TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size);
+  f.data_offset_ = 8 + n;
+  const size_t data_size = size - f.data_offset_;
+  json header;
+  try {
+    header = json::parse(f.data_.begin() + 8, f.data_.begin() + 8 + n);
+  } catch (const json::exception&) {
+    TS_THROW("safetensors: ", path, ": header is not valid JSON");
+  }
+  TS_CHECK(header.is_object(), "safetensors: ", path, ": header is not a JSON object");
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) f.metadata_[m.key()] = m.value().get<std::string>();
+        continue;
+      }
+      const json& v = it.value();
+      SafetensorsEntry e;
+      e.dtype = dtype_from_name(v.at("dtype").get<std::string>());
+      e.shape = v.at("shape").get<std::vector<int64_t>>();
+      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+      TS_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, "safetensors: ", path, ": tensor ",
+               it.key(), " has data offsets outside the file");
+      for (int64_t s : e.shape) TS_CHECK(s >= 0, "safetensors: ", path, ": tensor ", it.key(), " has a negative dim");
+      e.begin = off[0];
+      e.end = off[1];
+      TS_CHECK(e.end - e.begin == static_cast<size_t>(e.numel()) * dtype_size(e.dtype), "safetensors: ", path,
+               ": tensor ", it.key(), " has ", e.end - e.begin, " bytes for shape ", shape_str(e.shape));
+      f.entries_[it.key()] = e;
+    }
+  } catch (const json::exception& ex) {
+    TS_THROW("safetensors: ", path, ": malformed header (", ex.what(), ")");
+  } catch (const Error& ex) {
+    const std::string msg = ex.what();
+    if (msg.rfind("safetensors:", 0) == 0) throw;
+    TS_THROW("safetensors: ", path, ": ", msg);
+  }
+  return f;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  TS_CHECK(it != entries_.end(), "safetensors: ", path_, ": missing tensor ", name);
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : entries_) out.push_back(k);
+  return out;
+}
+
+const std::string& SafetensorsFile::meta(const std::string& key) const {
+  auto it = metadata_.find(key);
+  TS_CHECK(it != metadata_.end(), "safetensors: ", path_, ": missing metadata '", key, "'");
+  return it->second;
+}
+
+void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
+  const SafetensorsEntry& e = entry(name);
+  TS_CHECK(e.shape == shape, "safetensors: ", path_, ": tensor ", name, " has shape ", shape_str(e.shape),
+           ", the model expects ", shape_str(shape));
+  const uint8_t* src = data(name);
+  const int64_t n = e.numel();
+  switch (e.dtype) {
+    case DType::F32: std::memcpy(dst, src, n * 4); break;
+    case DType::BF16:
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = e.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      break;
+    default: TS_THROW("safetensors: ", path_, ": tensor ", name, " has dtype ", dtype_name(e.dtype), ", expected a float");
+  }
+}
+
+}  // namespace tessera

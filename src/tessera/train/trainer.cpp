@@ -1,0 +1,220 @@
+#include "tessera/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
+#include "tessera/ops/optim/adamw.h"
+#include "tessera/train/checkpoint.h"
+#include "tessera/train/data.h"
+#include "tessera/train/progress.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json train_options_to_json(const TrainOptions& o) {
+  return {{"model", model_config_to_json(o.model)}, {"data", o.data}, {"batch", o.batch}, {"seq", o.seq},
+          {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
+          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"grad_clip", o.grad_clip},
+          {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
+          {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"steps", o.steps}};
+}
+
+void train_options_from_json(const json& j, TrainOptions& o) {
+  try {
+    o.model = model_config_from_json(j.at("model"));
+    o.data = j.at("data").get<std::string>();
+    o.batch = j.at("batch").get<int>();
+    o.seq = j.at("seq").get<int>();
+    o.accum = j.at("accum").get<int>();
+    o.lr = j.at("lr").get<float>();
+    o.min_lr_ratio = j.at("min_lr_ratio").get<float>();
+    o.warmup = j.at("warmup").get<int>();
+    o.weight_decay = j.at("weight_decay").get<float>();
+    o.beta1 = j.at("beta1").get<float>();
+    o.beta2 = j.at("beta2").get<float>();
+    o.grad_clip = j.at("grad_clip").get<float>();
+    o.label_smoothing = j.at("label_smoothing").get<float>();
+    o.seed = j.at("seed").get<uint64_t>();
+    o.val_every = j.at("val_every").get<int>();
+    o.val_batches = j.at("val_batches").get<int>();
+    o.ckpt_every = j.at("ckpt_every").get<int>();
+  } catch (const json::exception& e) {
+    TS_THROW("checkpoint: malformed training options (", e.what(), ")");
+  }
+}
+
+float lr_at(int64_t step, int64_t total, const TrainOptions& o) {
+  if (o.warmup > 0 && step <= o.warmup) return o.lr * static_cast<float>(step) / static_cast<float>(o.warmup);
+  const double span = std::max<int64_t>(1, total - o.warmup);
+  const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (o.lr - min_lr));
+}
+
+namespace {
+
+void validate(const TrainOptions& o) {
+  o.model.validate();
+  TS_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  TS_CHECK(o.batch > 0, "--batch must be positive, got ", o.batch);
+  TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
+  TS_CHECK(o.seq <= o.model.max_seq, "--seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
+  TS_CHECK(o.accum > 0, "--accum must be positive, got ", o.accum);
+  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr must be a positive number");
+  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1)");
+  TS_CHECK(o.val_batches > 0, "--val-batches must be positive");
+}
+
+// Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
+void trim_metrics(const std::string& path, int64_t keep_step) {
+  std::string kept;
+  if (keep_step > 0 && fs::exists(path)) {
+    std::istringstream in(read_file_text(path, "metrics"));
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        if (json::parse(line).at("step").get<int64_t>() <= keep_step) kept += line + "\n";
+      } catch (const json::exception&) {
+        // a torn last line from an interrupted run: dropped
+      }
+    }
+  }
+  write_file_atomic(path, kept);
+}
+
+double evaluate(Gpt& model, TokenStream& val, int B, int T, int batches) {
+  val.set_position(0);
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    val.next_batch(B, T, x.data(), y.data());
+    sum += model.forward(x.data(), y.data(), B, T, {});
+  }
+  return sum / batches;
+}
+
+}  // namespace
+
+TrainResult train(TrainOptions o) {
+  TrainState state;
+  const bool resuming = !o.resume.empty();
+  if (resuming) {
+    TS_CHECK(fs::is_directory(o.resume), "--resume: ", o.resume, " is not a checkpoint directory");
+    const ModelConfig cfg = load_checkpoint_config(o.resume);
+    const int steps = o.steps;
+    const std::string out = o.out, resume = o.resume;
+    const bool progress = o.progress;
+    Gpt probe(cfg);
+    state = load_train_state(o.resume, probe);
+    json saved;
+    try {
+      saved = json::parse(state.options_json);
+    } catch (const json::exception&) {
+      TS_THROW("checkpoint ", o.resume, ": training options are not valid JSON");
+    }
+    train_options_from_json(saved, o);
+    o.steps = steps;
+    o.out = out;
+    o.resume = resume;
+    o.progress = progress;
+    TS_CHECK(state.step < o.steps, "--resume: the checkpoint is at step ", state.step, ", nothing to do for --steps ",
+             o.steps);
+  }
+  if (o.seq == 0) o.seq = o.model.max_seq;
+  validate(o);
+  ensure_writable_dir(o.out);
+
+  Gpt model(o.model);
+  TokenStream train_data(find_shards(o.data, "train"), o.model.vocab);
+  std::unique_ptr<TokenStream> val_data;
+  if (fs::is_directory(o.data)) val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
+  const size_t need = static_cast<size_t>(o.batch) * o.seq + 1;
+  TS_CHECK(train_data.size() >= need, "data ", o.data, ": the train split holds ", train_data.size(),
+           " tokens, fewer than batch x seq + 1 = ", need);
+  int val_B = o.batch;
+  if (val_data && val_data->size() < need) {
+    val_B = static_cast<int>((val_data->size() - 1) / o.seq);
+    if (val_B == 0) val_data.reset();  // too small to evaluate at this sequence length
+  }
+
+  const size_t n = model.params().size();
+  if (resuming) {
+    load_checkpoint_weights(o.resume, model);
+    train_data.set_position(state.data_pos);
+  } else {
+    model.init_weights(o.seed);
+    state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
+    state.adam_m.assign(n, 0.0f);
+    state.adam_v.assign(n, 0.0f);
+  }
+  state.options_json = train_options_to_json(o).dump();
+  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
+  const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
+  trim_metrics(metrics_path, resuming ? state.step : 0);
+  std::FILE* metrics = std::fopen(metrics_path.c_str(), "ab");
+  TS_CHECK(metrics, "cannot write ", metrics_path);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{metrics};
+
+  std::vector<int32_t> x(static_cast<size_t>(o.batch) * o.seq), y(x.size());
+  TrainResult result;
+  ProgressBar bar(o.steps, state.step, o.progress);
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int64_t step = state.step + 1; step <= o.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float lr = lr_at(step, o.steps, o);
+    model.zero_grad();
+    double loss = 0;
+    for (int micro = 0; micro < o.accum; ++micro) {
+      train_data.next_batch(o.batch, o.seq, x.data(), y.data());
+      const double l = model.forward(x.data(), y.data(), o.batch, o.seq,
+                                     {.training = true, .label_smoothing = o.label_smoothing, .rng = &state.rng});
+      TS_CHECK(std::isfinite(l), "training diverged: loss is ", l, " at step ", step, " (try a lower --lr)");
+      model.backward(1.0 / o.accum);
+      loss += l / o.accum;
+    }
+    const double norm = clip_grad_norm_ref(model.params().grad(), n, o.grad_clip);
+    adamw_update_ref({.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .step = step},
+                     model.params().segments(), model.params().data(), model.params().grad(), state.adam_m.data(),
+                     state.adam_v.data());
+    state.step = step;
+    state.data_pos = train_data.position();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tps = static_cast<double>(o.batch) * o.seq * o.accum / std::max(dt, 1e-9);
+
+    nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
+    const bool last = step == o.steps;
+    if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
+      result.last_val_loss = evaluate(model, *val_data, val_B, o.seq, o.val_batches);
+      rec["val_loss"] = result.last_val_loss;
+    }
+    const std::string line = rec.dump() + "\n";
+    TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
+             "cannot write ", metrics_path);
+    if ((o.ckpt_every > 0 && step % o.ckpt_every == 0) || last) save_checkpoint(ckpt_dir, model, &state);
+
+    if (result.steps == 0) result.first_loss = loss;
+    result.steps++;
+    result.last_loss = loss;
+    char fields[160];
+    std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
+    bar.update(step, fields);
+  }
+  bar.finish();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  result.checkpoint = ckpt_dir;
+  return result;
+}
+
+}  // namespace tessera
