@@ -85,7 +85,7 @@ int cmd_train(int argc, char** argv) {
       {"data", "DIR|FILE", "token shards (default: the bundled corpus, prepared into OUT/data)"},
       {"out", "DIR", "output directory for metrics.jsonl and checkpoint/ (default runs/tiny)"},
       {"resume", "DIR", "continue from a training checkpoint directory"},
-      {"steps", "N", "optimizer steps in total (default 600)"},
+      {"steps", "N", "optimizer steps in total (default 600; with --resume, the saved run's)"},
       {"batch", "N", "sequences per micro-batch (default 8)"},
       {"seq", "N", "tokens per sequence (default: the model's max_seq)"},
       {"accum", "N", "micro-batches per step, gradient accumulation (default 1)"},
@@ -99,6 +99,7 @@ int cmd_train(int argc, char** argv) {
       {"val-every", "N", "validation loss every N steps (default 100)"},
       {"val-batches", "N", "batches per validation (default 4)"},
       {"ckpt-every", "N", "checkpoint every N steps (default: at the end only)"},
+      {"stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)"},
       {"sample-tokens", "N", "tokens to sample after training (default 300, 0 = none)"},
       {"prompt", "TEXT", "prompt for that sample (default \"The \")"},
       {"no-progress", "", "no progress bar"},
@@ -123,7 +124,9 @@ int cmd_train(int argc, char** argv) {
       TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint records the run's settings)");
   }
   o.out = a.str("out", "runs/tiny");
-  o.steps = a.integer("steps", o.steps);
+  o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
+  o.stop_after = a.integer("stop-after", 0);
+  TS_CHECK(o.stop_after >= 0, "--stop-after must be >= 0");
   o.batch = a.integer("batch", o.batch);
   o.seq = a.integer("seq", 0);
   o.accum = a.integer("accum", o.accum);
@@ -154,11 +157,11 @@ int cmd_train(int argc, char** argv) {
     }
   }
   const GpuInfo gpu = probe_gpu();
-  std::printf("training %s (%s params) on the CPU%s for %d steps -> %s\n",
-              o.resume.empty() ? o.model.preset.c_str() : ("checkpoint " + o.resume).c_str(),
-              o.resume.empty() ? human_count(static_cast<double>(o.model.num_params())).c_str() : "saved",
-              gpu.available ? (" (GPU " + gpu.name + " found; CUDA kernels are not built yet)").c_str() : "", o.steps,
-              o.out.c_str());
+  const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(o.model.num_params())) + " params)"
+                                            : "from checkpoint " + o.resume;
+  const std::string steps = o.steps > 0 ? std::to_string(o.steps) + " steps" : "the saved run's steps";
+  std::printf("training %s on the CPU for %s -> %s\n", what.c_str(), steps.c_str(), o.out.c_str());
+  if (gpu.available) std::printf("(GPU %s found; the CUDA kernels come with the CUDA backend)\n", gpu.name.c_str());
   std::fflush(stdout);
   const TrainResult r = train(o);
   std::printf("done: %lld steps in %.1fs, loss %.4f -> %.4f", static_cast<long long>(r.steps), r.seconds, r.first_loss,

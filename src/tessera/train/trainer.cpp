@@ -47,6 +47,7 @@ void train_options_from_json(const json& j, TrainOptions& o) {
     o.val_every = j.at("val_every").get<int>();
     o.val_batches = j.at("val_batches").get<int>();
     o.ckpt_every = j.at("ckpt_every").get<int>();
+    o.steps = j.at("steps").get<int>();
   } catch (const json::exception& e) {
     TS_THROW("checkpoint: malformed training options (", e.what(), ")");
   }
@@ -110,7 +111,7 @@ TrainResult train(TrainOptions o) {
   if (resuming) {
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", o.resume, " is not a checkpoint directory");
     const ModelConfig cfg = load_checkpoint_config(o.resume);
-    const int steps = o.steps;
+    const int steps = o.steps, stop_after = o.stop_after;
     const std::string out = o.out, resume = o.resume;
     const bool progress = o.progress;
     Gpt probe(cfg);
@@ -122,7 +123,9 @@ TrainResult train(TrainOptions o) {
       TS_THROW("checkpoint ", o.resume, ": training options are not valid JSON");
     }
     train_options_from_json(saved, o);
-    o.steps = steps;
+    // The schedule spans the saved run's steps unless the caller extends it.
+    if (steps > 0) o.steps = steps;
+    o.stop_after = stop_after;
     o.out = out;
     o.resume = resume;
     o.progress = progress;
@@ -194,7 +197,7 @@ TrainResult train(TrainOptions o) {
     const double tps = static_cast<double>(o.batch) * o.seq * o.accum / std::max(dt, 1e-9);
 
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
-    const bool last = step == o.steps;
+    const bool last = step == o.steps || step == o.stop_after;
     if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
       result.last_val_loss = evaluate(model, *val_data, val_B, o.seq, o.val_batches);
       rec["val_loss"] = result.last_val_loss;
@@ -210,6 +213,7 @@ TrainResult train(TrainOptions o) {
     char fields[160];
     std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
     bar.update(step, fields);
+    if (step == o.stop_after) break;
   }
   bar.finish();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

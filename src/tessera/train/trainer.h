@@ -31,11 +31,12 @@ struct TrainOptions {
   int val_every = 100;         // 0: only at the end
   int val_batches = 4;
   int ckpt_every = 0;          // 0: only at the end
+  int stop_after = 0;          // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
   bool progress = true;
 };
 
 nlohmann::json train_options_to_json(const TrainOptions& o);
-// Fills the options saved in a checkpoint (everything but out, resume, steps and progress).
+// Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress).
 void train_options_from_json(const nlohmann::json& j, TrainOptions& o);
 
 // Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then a cosine
