@@ -1,5 +1,6 @@
 // Shared helpers for tests: seeded random fills and a finite-difference gradient check in fp64.
 #pragma once
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,5 @@
 // The tessera binary end to end: each bad input is one line on stderr, exit code 2, and no partial file.
+#include <algorithm>
 #include <sys/wait.h>
 
 #include <array>

@@ -2,6 +2,7 @@
 // model, the initial weights (Hugging Face names), a batch, tessera's logits and loss, every parameter gradient,
 // and the weights after 3 AdamW steps (with gradient clipping and label smoothing).
 //   usage: tessera_oracle_dump OUT_DIR
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>

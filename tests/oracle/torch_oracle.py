@@ -13,12 +13,11 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 TOL = 1e-5
-DTYPES = {"F32": np.float32, "I32": np.int32, "F16": np.float16}
+DTYPES = {"F32": torch.float32, "I32": torch.int32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def load_safetensors(path):
@@ -31,8 +30,9 @@ def load_safetensors(path):
     out = {}
     for name, e in header.items():
         b, end = e["data_offsets"]
-        arr = np.frombuffer(data[base + b:base + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-        out[name] = torch.from_numpy(arr.copy())
+        raw = bytearray(data[base + b:base + end])
+        t = torch.frombuffer(raw, dtype=DTYPES[e["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"]).clone()
     return out, meta
 
 

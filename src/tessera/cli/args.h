@@ -1,6 +1,7 @@
 // tessera/cli/args.h — a small command-line parser: `--name value`, `--name=value` and bare `--switch`.
 // Unknown flags and missing values are errors (exit code 2), never ignored.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>

@@ -1,5 +1,6 @@
 #include "tessera/models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 

@@ -4,6 +4,7 @@
 // space is what lets one optimizer call update every parameter, lets data-parallel training all-reduce the
 // gradients in place, and lets ZeRO-1 shard by ranges.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,5 +1,6 @@
 #include "tessera/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

@@ -37,6 +37,7 @@ template <typename T>
 void activation_forward_ref(const ActivationParams& p, T* out, const T* in, const T* bias) {
   const int F = p.d_ff;
   if (p.kind == Activation::Swiglu) {
+#pragma omp parallel for schedule(static)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       for (int f = 0; f < F; ++f) {
@@ -47,6 +48,7 @@ void activation_forward_ref(const ActivationParams& p, T* out, const T* in, cons
     }
     return;
   }
+#pragma omp parallel for schedule(static)
   for (long n = 0; n < p.N; ++n) {
     for (int f = 0; f < F; ++f) {
       const double u = in[n * F + f] + (bias ? bias[f] : T(0));
@@ -59,7 +61,9 @@ template <typename T>
 void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, const T* d_out, const T* in,
                              const T* bias) {
   const int F = p.d_ff;
+  const int in_w = p.kind == Activation::Swiglu ? 2 * F : F;
   if (p.kind == Activation::Swiglu) {
+#pragma omp parallel for schedule(static)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       T* dr = d_in + n * 2L * F;
@@ -72,23 +76,22 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
         const double du = dy * g * s;
         dr[f] = static_cast<T>(dg);
         dr[F + f] = static_cast<T>(du);
-        if (d_bias) {
-          d_bias[f] += static_cast<T>(dg);
-          d_bias[F + f] += static_cast<T>(du);
-        }
       }
     }
-    return;
-  }
-  for (long n = 0; n < p.N; ++n) {
-    for (int f = 0; f < F; ++f) {
-      const double u = in[n * F + f] + (bias ? bias[f] : T(0));
-      const double grad = p.kind == Activation::Gelu ? gelu_grad(u) : (u > 0 ? 1.0 : 0.0);
-      const double d = d_out[n * F + f] * grad;
-      d_in[n * F + f] = static_cast<T>(d);
-      if (d_bias) d_bias[f] += static_cast<T>(d);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < p.N; ++n) {
+      for (int f = 0; f < F; ++f) {
+        const double u = in[n * F + f] + (bias ? bias[f] : T(0));
+        const double grad = p.kind == Activation::Gelu ? gelu_grad(u) : (u > 0 ? 1.0 : 0.0);
+        d_in[n * F + f] = static_cast<T>(d_out[n * F + f] * grad);
+      }
     }
   }
+  // d_bias: column sums of d_in, in row order (serial, so the sum does not depend on the thread count).
+  if (d_bias)
+    for (long n = 0; n < p.N; ++n)
+      for (int f = 0; f < in_w; ++f) d_bias[f] += d_in[n * in_w + f];
 }
 
 template void activation_forward_ref<float>(const ActivationParams&, float*, const float*, const float*);

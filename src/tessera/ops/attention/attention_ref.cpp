@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -11,9 +12,12 @@ void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qk
   const int C = p.H * p.Dh;
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
-  std::vector<double> s(p.T), acc(p.Dh);
-  for (int b = 0; b < p.B; ++b) {
-    for (int h = 0; h < p.H; ++h) {
+  // Each (batch, head) pair is independent: one per OpenMP iteration.
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < p.B * p.H; ++bh) {
+    std::vector<double> s(p.T), acc(p.Dh);
+    const int b = bh / p.H, h = bh % p.H;
+    {
       const T* q_base = qkv + static_cast<long>(b) * p.T * row3 + static_cast<long>(h) * p.Dh;
       const T* k_base = q_base + C;
       const T* v_base = q_base + 2 * C;
@@ -51,11 +55,16 @@ void attention_backward_ref(const AttentionParams& p, T* d_qkv, const T* d_out, 
   const int C = p.H * p.Dh;
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
-  for (long n = 0; n < static_cast<long>(p.B) * p.T * row3; ++n) d_qkv[n] = T(0);
-  std::vector<double> dq(p.Dh);
-  for (int b = 0; b < p.B; ++b) {
-    for (int h = 0; h < p.H; ++h) {
+  // Each (batch, head) pair reads and writes only its own slices of qkv and d_qkv: one per OpenMP iteration.
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < p.B * p.H; ++bh) {
+    std::vector<double> dq(p.Dh);
+    const int b = bh / p.H, h = bh % p.H;
+    {
       const long base = static_cast<long>(b) * p.T * row3 + static_cast<long>(h) * p.Dh;
+      for (int t = 0; t < p.T; ++t)
+        for (int part = 0; part < 3; ++part)
+          for (int d = 0; d < p.Dh; ++d) d_qkv[base + t * row3 + part * C + d] = T(0);
       for (int i = 0; i < p.T; ++i) {
         const T* q = qkv + base + i * row3;
         const long o_off = (static_cast<long>(b) * p.T + i) * C + static_cast<long>(h) * p.Dh;

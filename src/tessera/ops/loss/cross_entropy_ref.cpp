@@ -10,6 +10,13 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
                                const int32_t* targets) {
   long count = 0;
   for (long n = 0; n < p.N; ++n) {
+    const int32_t y = targets[n];
+    TS_CHECK(y == p.ignore_index || (y >= 0 && y < p.V), "cross_entropy: target ", y, " at row ", n,
+             " is outside the vocab [0, ", p.V, ")");
+    count += y != p.ignore_index;
+  }
+#pragma omp parallel for schedule(static)
+  for (long n = 0; n < p.N; ++n) {
     const T* z = logits + n * p.V;
     double mx = z[0];
     for (int j = 1; j < p.V; ++j) mx = z[j] > mx ? z[j] : mx;
@@ -25,10 +32,8 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
       losses[n] = T(0);
       continue;
     }
-    TS_CHECK(y >= 0 && y < p.V, "cross_entropy: target ", y, " at row ", n, " is outside the vocab [0, ", p.V, ")");
     const double eps = p.label_smoothing;
     losses[n] = static_cast<T>(l - (1.0 - eps) * z[y] - eps / p.V * zsum);
-    ++count;
   }
   return count;
 }
@@ -37,6 +42,7 @@ template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss) {
   const double eps = p.label_smoothing;
+#pragma omp parallel for schedule(static)
   for (long n = 0; n < p.N; ++n) {
     T* d = d_logits + n * p.V;
     const int32_t y = targets[n];
