@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "tessera/core/arena.h"
@@ -10,6 +11,16 @@
 #include "test_util.h"
 
 namespace tessera {
+
+// Prints the seed of this run's random inputs once, so a failure can be repeated with TESSERA_TEST_SEED.
+class SeedEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::printf("random inputs seeded with %llu (set TESSERA_TEST_SEED to repeat)\n",
+                static_cast<unsigned long long>(test::test_seed()));
+  }
+};
+const auto* const kSeedEnvironment = ::testing::AddGlobalTestEnvironment(new SeedEnvironment);
 
 // Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
 TEST(Philox, KnownAnswers) {

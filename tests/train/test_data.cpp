@@ -77,6 +77,15 @@ TEST(Shards, PrepareSplitsText) {
   EXPECT_EQ(n_val, 5u);
   const auto val = read_shard((d / "val_000000.bin").string());
   EXPECT_EQ(byte_decode(std::vector<int32_t>(val.begin(), val.end())), "ssera");
+  // A longer text: every 10th KiB block is val.
+  std::string text;
+  for (int i = 0; i < 25 * 1024; ++i) text.push_back(static_cast<char>('a' + (i / 1024) % 26));
+  const auto [tr, va] = prepare_text(text, d.string(), 0.1);
+  EXPECT_EQ(va, 2u * 1024u);  // blocks 9 and 19
+  const auto v = read_shard((d / "val_000000.bin").string());
+  EXPECT_EQ(v.front(), 'a' + 9);
+  EXPECT_EQ(v.back(), 'a' + 19);
+  EXPECT_EQ(tr, 23u * 1024u);
   fs::remove_all(d);
 }
 

@@ -85,7 +85,7 @@ int cmd_train(int argc, char** argv) {
       {"data", "DIR|FILE", "token shards (default: the bundled corpus, prepared into OUT/data)"},
       {"out", "DIR", "output directory for metrics.jsonl and checkpoint/ (default runs/tiny)"},
       {"resume", "DIR", "continue from a training checkpoint directory"},
-      {"steps", "N", "optimizer steps in total (default 600; with --resume, the saved run's)"},
+      {"steps", "N", "optimizer steps in total (default 1000; with --resume, the saved run's)"},
       {"batch", "N", "sequences per micro-batch (default 8)"},
       {"seq", "N", "tokens per sequence (default: the model's max_seq)"},
       {"accum", "N", "micro-batches per step, gradient accumulation (default 1)"},
@@ -173,8 +173,8 @@ int cmd_train(int argc, char** argv) {
     if (model->config().vocab >= kByteVocab) {
       const std::string prompt = a.str("prompt", "The ");
       const auto out = generate(*model, encode_prompt(prompt, model->config().vocab), sample_tokens,
-                                {.temperature = 0.8f, .top_k = 40, .seed = o.seed});
-      std::printf("\nsample (temperature 0.8, top-k 40):\n%s\n", byte_decode(out).c_str());
+                                {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
+      std::printf("\nsample (temperature 0.7, top-k 40):\n%s\n", byte_decode(out).c_str());
     }
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "tessera/train/data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -69,8 +70,21 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   ensure_writable_dir(out_dir);
   const std::vector<uint16_t> all = byte_encode(text);
-  size_t n_val = std::max<size_t>(1, static_cast<size_t>(all.size() * val_fraction));
-  const std::vector<uint16_t> train(all.begin(), all.end() - n_val), val(all.end() - n_val, all.end());
+  // Every period-th block of kBlock bytes goes to val, so val samples the whole text rather than its end.
+  // A text too short for that holds out its last val_fraction instead.
+  constexpr size_t kBlock = 1024;
+  const size_t period = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / val_fraction)));
+  std::vector<uint16_t> train, val;
+  if (all.size() >= period * kBlock) {
+    for (size_t b = 0; b * kBlock < all.size(); ++b) {
+      auto first = all.begin() + b * kBlock, last = all.begin() + std::min(all.size(), (b + 1) * kBlock);
+      (b % period == period - 1 ? val : train).insert(b % period == period - 1 ? val.end() : train.end(), first, last);
+    }
+  } else {
+    const size_t n_val = std::max<size_t>(1, static_cast<size_t>(all.size() * val_fraction));
+    train.assign(all.begin(), all.end() - n_val);
+    val.assign(all.end() - n_val, all.end());
+  }
   write_shard((fs::path(out_dir) / "train_000000.bin").string(), train);
   write_shard((fs::path(out_dir) / "val_000000.bin").string(), val);
   return {train.size(), val.size()};

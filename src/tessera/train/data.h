@@ -23,7 +23,8 @@ constexpr int kByteVocab = 256;
 std::vector<uint16_t> byte_encode(const std::string& text);
 std::string byte_decode(const std::vector<int32_t>& tokens);
 
-// `tessera prepare`: splits text into train and val (the last val_fraction, at least one block) and writes
+// `tessera prepare`: splits text into train and val (every (1/val_fraction)-th 1 KiB block goes to val; a text
+// shorter than that many blocks holds out its last val_fraction) and writes
 // <out>/train_000000.bin and <out>/val_000000.bin. Returns the token counts {train, val}.
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
 

@@ -16,7 +16,7 @@ struct TrainOptions {
   std::string data;            // a directory of train_*/val_* shards, or one shard file
   std::string out = "runs/tiny";
   std::string resume;          // a checkpoint directory to continue from
-  int steps = 600;
+  int steps = 1000;
   int batch = 8;
   int seq = 0;                 // 0: the model's max_seq
   int accum = 1;               // micro-batches per optimizer step
