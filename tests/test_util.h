@@ -3,13 +3,19 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "tessera/core/error.h"
+#include "tessera/models/config.h"
 
 namespace tessera::test {
 
@@ -77,6 +83,37 @@ inline double weighted_sum(const std::vector<double>& y, const std::vector<doubl
   double s = 0;
   for (size_t i = 0; i < y.size(); ++i) s += y[i] * w[i];
   return s;
+}
+
+// A small GPT-2-style config for tests (learned positions, LayerNorm, GELU, biases, tied embeddings).
+inline ModelConfig small_config(int vocab, int d_model, int n_layers, int n_heads, int d_ff, int max_seq) {
+  ModelConfig c;
+  c.vocab = vocab;
+  c.d_model = d_model;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.d_ff = d_ff;
+  c.max_seq = max_seq;
+  return c;
+}
+
+// A fresh, empty directory under the system temp dir, unique to this process and `name`.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// The message of the tessera::Error that f throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Per-dtype tolerances, in one place.

@@ -10,25 +10,10 @@ namespace tessera {
 namespace {
 
 ModelConfig tiny_gpt2() {
-  ModelConfig c;
-  c.vocab = 11;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.d_ff = 12;
-  c.max_seq = 8;
-  return c;
+  return test::small_config(/*vocab=*/11, /*d_model=*/8, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/12, /*max_seq=*/8);
 }
 
-ModelConfig tiny_llama() {
-  ModelConfig c = tiny_gpt2();
-  c.norm = NormKind::RmsNorm;
-  c.mlp = Activation::Swiglu;
-  c.positions = PositionKind::Rope;
-  c.bias = false;
-  c.tied = false;
-  return c;
-}
+ModelConfig tiny_llama() { return llama_style(tiny_gpt2()); }
 
 // Whole-model gradient of the mean loss against central differences, in fp64, over every parameter.
 void check_model_gradient(const ModelConfig& cfg, float label_smoothing) {

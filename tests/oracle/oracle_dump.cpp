@@ -87,12 +87,7 @@ int main(int argc, char** argv) {
     gpt2.n_heads = 2;
     gpt2.d_ff = 40;
     gpt2.max_seq = 12;
-    ModelConfig llama = gpt2;
-    llama.norm = NormKind::RmsNorm;
-    llama.mlp = Activation::Swiglu;
-    llama.positions = PositionKind::Rope;
-    llama.bias = false;
-    llama.tied = false;
+    ModelConfig llama = llama_style(gpt2);
     llama.d_ff = 24;
     llama.norm_eps = 1e-6f;
     dump(std::string(argv[1]) + "/gpt2", gpt2, 11);

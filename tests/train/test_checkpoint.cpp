@@ -15,39 +15,13 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("tessera_ckpt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using test::error_of;
+using test::temp_dir;
 
 ModelConfig small(bool llama) {
-  ModelConfig c;
-  c.vocab = 256;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.d_ff = 24;
-  c.max_seq = 16;
-  if (llama) {
-    c.norm = NormKind::RmsNorm;
-    c.mlp = Activation::Swiglu;
-    c.positions = PositionKind::Rope;
-    c.bias = false;
-    c.tied = false;
-  }
-  return c;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  const ModelConfig c = test::small_config(/*vocab=*/256, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/24,
+                                           /*max_seq=*/16);
+  return llama ? llama_style(c) : c;
 }
 
 TEST(Checkpoint, RoundTripEveryNaming) {

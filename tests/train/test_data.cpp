@@ -9,22 +9,8 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::temp_dir;
 
 // Shards written by an independent Python script (tests/tools/write_shards.py).
 TEST(Shards, ReadsFilesWrittenIndependently) {

@@ -47,6 +47,15 @@ bool ModelConfig::is_llama_compatible() const {
          emb_scale == 1.0f && padding_id == -1;
 }
 
+ModelConfig llama_style(ModelConfig c) {
+  c.norm = NormKind::RmsNorm;
+  c.mlp = Activation::Swiglu;
+  c.positions = PositionKind::Rope;
+  c.bias = false;
+  c.tied = false;
+  return c;
+}
+
 namespace {
 ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_heads) {
   ModelConfig c;
@@ -57,12 +66,7 @@ ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_h
   c.n_layers = n_layers;
   c.n_heads = n_heads;
   c.max_seq = 1024;
-  c.norm = NormKind::RmsNorm;
-  c.mlp = Activation::Swiglu;
-  c.positions = PositionKind::Rope;
-  c.bias = false;
-  c.tied = false;
-  return c;
+  return llama_style(c);
 }
 }  // namespace
 

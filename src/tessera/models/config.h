@@ -44,6 +44,9 @@ struct ModelConfig {
   bool is_llama_compatible() const;
 };
 
+// Switches a config to the Llama family: RMSNorm, SwiGLU, RoPE, no biases, untied embeddings.
+ModelConfig llama_style(ModelConfig c);
+
 ModelConfig model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 // Sets one field from its command-line text, e.g. ("d_model", "256"), ("norm", "rmsnorm"), ("tied", "false").
