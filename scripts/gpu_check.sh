@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 # The image's torch and transformers live in the python3 on PATH, not necessarily /usr/bin/python3.
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DPython3_EXECUTABLE="$(command -v python3)" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+# Two OpenMP threads per test: eight tests at once share the 16 cores without oversubscribing them.
+export OMP_NUM_THREADS=2
 ctest --test-dir build-gpu --output-on-failure -j8 >"$OUT/ctest.log" 2>&1
 rc=$?
 tail -25 "$OUT/ctest.log"

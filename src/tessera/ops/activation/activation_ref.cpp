@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "tessera/core/parallel.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/activation/activation.h"
 
@@ -37,7 +38,7 @@ template <typename T>
 void activation_forward_ref(const ActivationParams& p, T* out, const T* in, const T* bias) {
   const int F = p.d_ff;
   if (p.kind == Activation::Swiglu) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       for (int f = 0; f < F; ++f) {
@@ -48,7 +49,7 @@ void activation_forward_ref(const ActivationParams& p, T* out, const T* in, cons
     }
     return;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     for (int f = 0; f < F; ++f) {
       const double u = in[n * F + f] + (bias ? bias[f] : T(0));
@@ -63,7 +64,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
   const int F = p.d_ff;
   const int in_w = p.kind == Activation::Swiglu ? 2 * F : F;
   if (p.kind == Activation::Swiglu) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       T* dr = d_in + n * 2L * F;
@@ -79,7 +80,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
       }
     }
   } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       for (int f = 0; f < F; ++f) {
         const double u = in[n * F + f] + (bias ? bias[f] : T(0));

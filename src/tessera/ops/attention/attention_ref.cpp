@@ -3,6 +3,7 @@
 #include <limits>
 #include <vector>
 
+#include "tessera/core/parallel.h"
 #include "tessera/ops/attention/attention.h"
 
 namespace tessera {
@@ -13,7 +14,7 @@ void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qk
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
   // Each (batch, head) pair is independent: one per OpenMP iteration.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.B) * p.H * p.T * p.T * p.Dh >= kParallelMinWork)
   for (int bh = 0; bh < p.B * p.H; ++bh) {
     std::vector<double> s(p.T), acc(p.Dh);
     const int b = bh / p.H, h = bh % p.H;
@@ -56,7 +57,7 @@ void attention_backward_ref(const AttentionParams& p, T* d_qkv, const T* d_out, 
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
   // Each (batch, head) pair reads and writes only its own slices of qkv and d_qkv: one per OpenMP iteration.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.B) * p.H * p.T * p.T * p.Dh >= kParallelMinWork)
   for (int bh = 0; bh < p.B * p.H; ++bh) {
     std::vector<double> dq(p.Dh);
     const int b = bh / p.H, h = bh % p.H;

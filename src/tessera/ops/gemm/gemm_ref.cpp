@@ -1,3 +1,4 @@
+#include "tessera/core/parallel.h"
 #include "tessera/ops/gemm/gemm.h"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
   (void)single;
   const int threads = omp_get_max_threads();
   const long work = static_cast<long>(p.M) * p.N * p.K;
-  const int blocks = (work < (1L << 18) || p.M < 2 * threads) ? 1 : threads;
+  const int blocks = (work < 4 * kParallelMinWork || p.M < 2 * threads) ? 1 : threads;
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int blk = 0; blk < blocks; ++blk) {
     const int m0 = static_cast<int>(static_cast<long>(p.M) * blk / blocks);

@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "tessera/core/parallel.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/loss/cross_entropy.h"
 
@@ -15,7 +16,7 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
              " is outside the vocab [0, ", p.V, ")");
     count += y != p.ignore_index;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     const T* z = logits + n * p.V;
     double mx = z[0];
@@ -42,7 +43,7 @@ template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss) {
   const double eps = p.label_smoothing;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     T* d = d_logits + n * p.V;
     const int32_t y = targets[n];
