@@ -108,15 +108,15 @@ double evaluate(Gpt& model, TokenStream& val, int B, int T, int batches) {
 
 TrainResult train(TrainOptions o) {
   TrainState state;
+  std::unique_ptr<Gpt> model;
   const bool resuming = !o.resume.empty();
   if (resuming) {
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", o.resume, " is not a checkpoint directory");
-    const ModelConfig cfg = load_checkpoint_config(o.resume);
     const int steps = o.steps, stop_after = o.stop_after;
     const std::string out = o.out, resume = o.resume;
     const bool progress = o.progress;
-    Gpt probe(cfg);
-    state = load_train_state(o.resume, probe);
+    model = load_checkpoint_model(o.resume);
+    state = load_train_state(o.resume, *model);
     json saved;
     try {
       saved = json::parse(state.options_json);
@@ -136,8 +136,10 @@ TrainResult train(TrainOptions o) {
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
   ensure_writable_dir(o.out);
+  if (!model) model = std::make_unique<Gpt>(o.model);
+  TS_CHECK(model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
+           ": its model and its saved training options disagree");
 
-  Gpt model(o.model);
   TokenStream train_data(find_shards(o.data, "train"), o.model.vocab);
   std::unique_ptr<TokenStream> val_data;
   if (fs::is_directory(o.data)) val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
@@ -150,12 +152,11 @@ TrainResult train(TrainOptions o) {
     if (val_B == 0) val_data.reset();  // too small to evaluate at this sequence length
   }
 
-  const size_t n = model.params().size();
+  const size_t n = model->params().size();
   if (resuming) {
-    load_checkpoint_weights(o.resume, model);
     train_data.set_position(state.data_pos);
   } else {
-    model.init_weights(o.seed);
+    model->init_weights(o.seed);
     state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
     state.adam_m.assign(n, 0.0f);
     state.adam_v.assign(n, 0.0f);
@@ -178,19 +179,19 @@ TrainResult train(TrainOptions o) {
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
-    model.zero_grad();
+    model->zero_grad();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       train_data.next_batch(o.batch, o.seq, x.data(), y.data());
-      const double l = model.forward(x.data(), y.data(), o.batch, o.seq,
+      const double l = model->forward(x.data(), y.data(), o.batch, o.seq,
                                      {.training = true, .label_smoothing = o.label_smoothing, .rng = &state.rng});
       TS_CHECK(std::isfinite(l), "training diverged: loss is ", l, " at step ", step, " (try a lower --lr)");
-      model.backward(1.0 / o.accum);
+      model->backward(1.0 / o.accum);
       loss += l / o.accum;
     }
-    const double norm = clip_grad_norm_ref(model.params().grad(), n, o.grad_clip);
+    const double norm = clip_grad_norm_ref(model->params().grad(), n, o.grad_clip);
     adamw_update_ref({.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .step = step},
-                     model.params().segments(), model.params().data(), model.params().grad(), state.adam_m.data(),
+                     model->params().segments(), model->params().data(), model->params().grad(), state.adam_m.data(),
                      state.adam_v.data());
     state.step = step;
     state.data_pos = train_data.position();
@@ -200,13 +201,13 @@ TrainResult train(TrainOptions o) {
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
     const bool last = step == o.steps || step == o.stop_after;
     if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
-      result.last_val_loss = evaluate(model, *val_data, val_B, o.seq, o.val_batches);
+      result.last_val_loss = evaluate(*model, *val_data, val_B, o.seq, o.val_batches);
       rec["val_loss"] = result.last_val_loss;
     }
     const std::string line = rec.dump() + "\n";
     TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
              "cannot write ", metrics_path);
-    if ((o.ckpt_every > 0 && step % o.ckpt_every == 0) || last) save_checkpoint(ckpt_dir, model, &state);
+    if ((o.ckpt_every > 0 && step % o.ckpt_every == 0) || last) save_checkpoint(ckpt_dir, *model, &state);
 
     if (result.steps == 0) result.first_loss = loss;
     result.steps++;
