@@ -137,6 +137,12 @@ TEST_F(Cli, UnwritableOutput) {
                "cannot create output directory");
 }
 
+TEST_F(Cli, ModelTooLargeForMemory) {
+  // About 43B parameters: 16 bytes each for f32 training is far beyond any test machine.
+  expect_error(run(train_args(data_with("good_train_000000.bin"), dir / "o") + " --preset cs336-2.7b --n-layers 400"),
+               "out of memory: training this model needs", dir / "o");
+}
+
 TEST_F(Cli, HelpOnEveryCommand) {
   for (const char* c : {"", "train", "generate", "prepare", "info"}) {
     const CliRun r = run(std::string(c) + " --help");

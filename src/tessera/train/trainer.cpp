@@ -10,6 +10,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/memory.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
 #include "tessera/train/checkpoint.h"
@@ -136,7 +137,12 @@ TrainResult train(TrainOptions o) {
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
   ensure_writable_dir(o.out);
-  if (!model) model = std::make_unique<Gpt>(o.model);
+  if (!model) {
+    // f32 params, grads, AdamW m and v, and the planned activations.
+    const size_t need = 16 * static_cast<size_t>(o.model.num_params()) + Gpt::activation_bytes(o.model, o.batch, o.seq);
+    check_host_memory(need, "training this model");
+    model = std::make_unique<Gpt>(o.model);
+  }
   TS_CHECK(model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
            ": its model and its saved training options disagree");
 

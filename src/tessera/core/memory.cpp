@@ -1,0 +1,30 @@
+#include "tessera/core/memory.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+size_t available_host_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "MemAvailable: %zu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+void check_host_memory(size_t bytes, const char* what) {
+  const size_t avail = available_host_memory();
+  if (avail == 0) return;  // unknown: let the allocation decide
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  TS_CHECK(bytes <= avail, "out of memory: ", what, " needs ", bytes / kGiB, " GiB, ", avail / kGiB,
+           " GiB available (try a smaller model, --batch or --seq)");
+}
+
+}  // namespace tessera
