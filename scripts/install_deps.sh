@@ -14,5 +14,14 @@ fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "install_deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# A mirror hiccup should not fail a whole CI run: try each step up to three times.
+for attempt in 1 2 3; do
+  $SUDO apt-get update -qq && break
+  [ "$attempt" -eq 3 ] && exit 1
+  sleep 10
+done
+for attempt in 1 2 3; do
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null && break
+  [ "$attempt" -eq 3 ] && exit 1
+  sleep 10
+done
