@@ -163,19 +163,17 @@ int cmd_train(int argc, char** argv) {
   std::printf("training %s on the CPU for %s -> %s\n", what.c_str(), steps.c_str(), o.out.c_str());
   if (gpu.available) std::printf("(GPU %s found; the CUDA kernels come with the CUDA backend)\n", gpu.name.c_str());
   std::fflush(stdout);
-  const TrainResult r = train(o);
+  TrainResult r = train(o);
   std::printf("done: %lld steps in %.1fs, loss %.4f -> %.4f", static_cast<long long>(r.steps), r.seconds, r.first_loss,
               r.last_loss);
   if (r.last_val_loss > 0) std::printf(", val loss %.4f", r.last_val_loss);
   std::printf("\ncheckpoint: %s\nmetrics:    %s/metrics.jsonl\n", r.checkpoint.c_str(), o.out.c_str());
-  if (sample_tokens > 0) {
-    auto model = load_checkpoint_model(r.checkpoint);
-    if (model->config().vocab >= kByteVocab) {
-      const std::string prompt = a.str("prompt", "The ");
-      const auto out = generate(*model, encode_prompt(prompt, model->config().vocab), sample_tokens,
-                                {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
-      std::printf("\nsample (temperature 0.7, top-k 40):\n%s\n", byte_decode(out).c_str());
-    }
+  // Sample from the model still in memory (it equals the checkpoint just written) rather than reloading it.
+  if (sample_tokens > 0 && r.model->config().vocab >= kByteVocab) {
+    const std::string prompt = a.str("prompt", "The ");
+    const auto out = generate(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
+                              {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
+    std::printf("\nsample (temperature 0.7, top-k 40):\n%s\n", byte_decode(out).c_str());
   }
   return 0;
 }

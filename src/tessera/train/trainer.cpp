@@ -226,6 +226,7 @@ TrainResult train(TrainOptions o) {
   bar.finish();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.checkpoint = ckpt_dir;
+  result.model = std::move(model);
   return result;
 }
 

@@ -3,11 +3,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "tessera/models/config.h"
+#include "tessera/models/gpt.h"
 
 namespace tessera {
 
@@ -48,6 +49,7 @@ struct TrainResult {
   double last_loss = 0, last_val_loss = 0, first_loss = 0;
   double seconds = 0;
   std::string checkpoint;
+  std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`
 };
 
 // Runs training to o.steps (continuing from o.resume when set). Writes <out>/metrics.jsonl and
