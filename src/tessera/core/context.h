@@ -1,8 +1,14 @@
-// tessera/core/context.h — what an op needs to run: the device, and on a GPU its properties.
-// No globals: every op receives the Context it runs under.
+// tessera/core/context.h — what an op needs to run: the device and, on a GPU, its stream, cuBLASLt handle and
+// workspace, and its properties. No globals: every op receives the Context it runs under.
+//
+// A CPU Context is free to make. A CUDA Context selects its device, creates a non-blocking stream, a cuBLASLt
+// handle with a 32 MiB workspace, and reads the device properties; all are released by its destructor (RAII).
 #pragma once
+#include <cstddef>
+#include <memory>
 #include <string>
 
+#include "tessera/core/stream.h"
 #include "tessera/core/tensor.h"
 
 namespace tessera {
@@ -14,21 +20,52 @@ struct GpuInfo {
   int sm_major = 0, sm_minor = 0;
   int sm_count = 0;
   size_t memory_bytes = 0;
+  size_t l2_bytes = 0;
+  size_t smem_per_block_optin = 0;  // the most dynamic shared memory one block may ask for
 };
 
 // Probes the CUDA runtime. Returns available=false when tessera was built without CUDA, when no driver is
 // loaded or when no device is visible: a machine without a GPU is a normal case, not an error.
 GpuInfo probe_gpu();
 
+// True when tessera was compiled with the CUDA backend (whether or not a GPU is visible).
+bool built_with_cuda();
+
 class Context {
  public:
-  explicit Context(Device device = Device::cpu()) : device_(device) {}
+  // CUDA: throws Error when tessera was built without CUDA or the device is not visible.
+  explicit Context(Device device = Device::cpu());
+  ~Context();
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
   Device device() const { return device_; }
+  bool is_cuda() const { return device_.kind == DeviceKind::Cuda; }
+
   // The best device here: the first GPU if one is visible and the CUDA backend was built, else the CPU.
   static Context best_available();
+  // Parses "cpu", "cuda" or "cuda:N" (the --device flag) into a Context, with a one-line error otherwise.
+  static Context from_name(const std::string& name);
+
+  // CUDA only (Error on a CPU Context).
+  Stream stream() const;
+  void* cublaslt() const;             // cublasLtHandle_t
+  void* gemm_workspace() const;       // device memory for cuBLASLt
+  size_t gemm_workspace_bytes() const;
+  const GpuInfo& gpu() const;
+  // Device scratch of at least `bytes`, owned by the Context and reused by every op that needs temporary
+  // memory (partial sums of deterministic reductions). Grows by reallocating, which synchronizes the device:
+  // callers that capture CUDA graphs reserve it first. Ops running on one stream may share it, one at a time.
+  void* scratch(size_t bytes);
+  // Waits for all work queued on the stream (a no-op on the CPU).
+  void synchronize() const;
 
  private:
+  struct Cuda;
   Device device_;
+  std::unique_ptr<Cuda> cuda_;
 };
 
 }  // namespace tessera

@@ -14,6 +14,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::U16: return 2;
     case DType::U8: return 1;
+    case DType::F64: return 8;
   }
   TS_THROW("unknown dtype");
 }
@@ -26,12 +27,13 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::U16: return "U16";
     case DType::U8: return "U8";
+    case DType::F64: return "F64";
   }
   TS_THROW("unknown dtype");
 }
 
 DType dtype_from_name(std::string_view name) {
-  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::U16, DType::U8}) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::U16, DType::U8, DType::F64}) {
     if (dtype_name(t) == name) return t;
   }
   TS_THROW("unsupported dtype '", name, "'");

@@ -22,9 +22,12 @@ struct Device {
   std::string str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
 };
 
+// A view over memory it does not own. Strides are in elements. Contiguous views come from the shape alone; a
+// strided view describes, for example, Q, K and V inside the fused qkv buffer of shape (B, T, 3, H, Dh) with no
+// copy: q = Tensor::strided(qkv, dtype, {B, T, H, Dh}, {T*3*C, 3*C, Dh, 1}), k at qkv + C, v at qkv + 2*C.
 class Tensor {
  public:
-  static constexpr int kMaxDims = 4;
+  static constexpr int kMaxDims = 5;
 
   Tensor() = default;
   // A contiguous row-major view of `shape` over `data`.
@@ -45,6 +48,31 @@ class Tensor {
     t.set_contiguous_strides();
     return t;
   }
+
+  // A view with explicit strides (elements), for slices of a larger buffer.
+  static Tensor strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                        std::initializer_list<int64_t> strides, Device device = Device::cpu()) {
+    TS_CHECK(shape.size() == strides.size(), "tensor: ", shape.size(), " sizes but ", strides.size(), " strides");
+    Tensor t = from_shape(data, dtype, shape, device);
+    int i = 0;
+    for (int64_t s : strides) t.strides_[i++] = s;
+    return t;
+  }
+  // The same memory viewed with another shape (must be contiguous and hold the same number of elements).
+  Tensor reshape(std::initializer_list<int64_t> shape) const {
+    TS_CHECK(is_contiguous(), "tensor: cannot reshape a strided view ", shape_str());
+    Tensor t = from_shape(data_, dtype_, shape, device_);
+    TS_CHECK(t.numel() == numel(), "tensor: cannot view ", shape_str(), " as ", t.shape_str());
+    return t;
+  }
+  // Element `offset` onwards, as a contiguous (n) view.
+  Tensor slice1d(int64_t offset, int64_t n) const {
+    TS_CHECK(is_contiguous() && offset >= 0 && offset + n <= numel(), "tensor: slice [", offset, ", ", offset + n,
+             ") out of ", shape_str());
+    return Tensor(static_cast<char*>(data_) + offset * static_cast<int64_t>(dtype_size(dtype_)), dtype_, {n}, device_);
+  }
+  bool defined() const { return data_ != nullptr; }
+  bool is_cuda() const { return device_.kind == DeviceKind::Cuda; }
 
   void* data() const { return data_; }
   template <typename T>

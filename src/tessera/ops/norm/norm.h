@@ -6,6 +6,10 @@
 // Backward: d_x is ACCUMULATED (the norm input is the residual stream, whose gradient already holds the skip
 // path), d_w and d_b are accumulated; b / d_b may be null (no bias).
 #pragma once
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -25,5 +29,39 @@ void rmsnorm_forward_ref(const NormParams& p, T* out, T* rstd, const T* x, const
 template <typename T>
 void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, const T* x, const T* w,
                           const T* rstd);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (norm.cpp): route to the reference or the CUDA kernels by device and dtype. ----
+// x, out, d_x, d_out: (N, C) in the compute dtype; w, b, d_w, d_b: (C) compute dtype (b / d_b may be undefined
+// Tensors: no bias); mean, rstd: (N) f32 (f64 for an f64 computation).
+namespace tessera {
+
+bool norm_supports(const NormParams& p, DType dtype, Device device, std::string* why = nullptr);
+
+void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& x, const Tensor& w, const Tensor& b, Context& ctx);
+void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_b,
+                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, Context& ctx);
+void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                     Context& ctx);
+void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
+                      const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx);
+
+// ---- CUDA launchers (norm.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
+// Forward: one warp per row, one pass (Σx and Σx² together, the LightSeq formulation), 16-byte loads when C is a
+// multiple of the vector width. Backward: one block per group of rows, one block-level reduction per row for
+// the two sums that d_x needs; d_w / d_b are summed per block in registers, then reduced over blocks in a fixed
+// order (deterministic, no atomics) and added to d_w / d_b. Needs C <= kNormMaxC.
+constexpr int kNormMaxC = 4096;
+void layernorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
+                            const void* w, const void* b, Context& ctx);
+void layernorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b, const void* d_out,
+                             const void* x, const void* w, const float* mean, const float* rstd, Context& ctx);
+void rmsnorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* rstd, const void* x, const void* w,
+                          Context& ctx);
+void rmsnorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, const void* d_out, const void* x,
+                           const void* w, const float* rstd, Context& ctx);
 
 }  // namespace tessera

@@ -1,0 +1,100 @@
+// tessera/core/cuda_util.cuh — device helpers shared by every CUDA kernel (CUDA sources only).
+//
+// Numerics: 16-bit values live only in memory; kernels convert to f32 on load (to_f32) and back on store
+// (from_f32, round to nearest even), and keep every sum in f32 registers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/cuda_check.h"
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// kVec elements of T in one 16-byte access.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kVec = 16 / sizeof(T);
+  T v[kVec];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_cast<const Pack<T>*>(p); }
+template <typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread. `smem` holds at least 32 floats. One __syncthreads pair;
+// blockDim.x must be a multiple of 32. The order is fixed, so the result is deterministic.
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < warps ? smem[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < warps ? smem[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// The CUDA element type of a tessera float DType.
+template <DType D>
+struct CudaType;
+template <>
+struct CudaType<DType::F32> { using type = float; };
+template <>
+struct CudaType<DType::BF16> { using type = __nv_bfloat16; };
+template <>
+struct CudaType<DType::F16> { using type = __half; };
+
+// Calls f(T{}) with T the CUDA type of dtype (f32, bf16 or f16); any other dtype is an error naming `op`.
+template <typename F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(__nv_bfloat16{}); return;
+    case DType::F16: f(__half{}); return;
+    default: TS_THROW(op, ": no CUDA kernel for dtype ", dtype_name(dtype));
+  }
+}
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// True when p is 16-byte aligned (vectorized paths check this before taking the fast route).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace tessera::cuda

@@ -1,0 +1,126 @@
+// Tensor-level LayerNorm / RMSNorm: checks, then the reference (CPU) or the CUDA kernels.
+#include "tessera/ops/dispatch.h"
+#include "tessera/ops/norm/norm.h"
+
+namespace tessera {
+
+bool norm_supports(const NormParams& p, DType dtype, Device device, std::string* why) {
+  if (!supports_dtype(dtype, device, why)) return false;
+  if (p.N < 0 || p.C <= 0) {
+    if (why) *why = "needs N >= 0 and C > 0";
+    return false;
+  }
+  if (!device.is_cpu() && p.C > kNormMaxC) {
+    if (why) *why = "the CUDA kernels take C up to " + std::to_string(kNormMaxC) + ", got " + std::to_string(p.C);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+void check_norm(const char* op, const NormParams& p, const Tensor& x, const Context& ctx) {
+  std::string why;
+  require_supported(norm_supports(p, x.dtype(), ctx.device(), &why), op, why);
+}
+}  // namespace
+
+void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& x, const Tensor& w, const Tensor& b, Context& ctx) {
+  constexpr const char* op = "layernorm_forward";
+  check_norm(op, p, x, ctx);
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(x, op, "x", dt, NC, ctx);
+  expect(out, op, "out", dt, NC, ctx);
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(b, op, "b", dt, p.C, ctx, /*optional=*/true);
+  expect(mean, op, "mean", st, p.N, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    layernorm_forward_cuda(p, dt, out.data(), mean.as<float>(), rstd.as<float>(), x.data(), w.data(), b.data(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    layernorm_forward_ref<T>(p, out.as<T>(), mean.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>(), b.as<T>());
+  });
+}
+
+void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_b,
+                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, Context& ctx) {
+  constexpr const char* op = "layernorm_backward";
+  check_norm(op, p, x, ctx);
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(x, op, "x", dt, NC, ctx);
+  expect(d_out, op, "d_out", dt, NC, ctx);
+  expect(d_x, op, "d_x", dt, NC, ctx);
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(d_w, op, "d_w", dt, p.C, ctx);
+  expect(d_b, op, "d_b", dt, p.C, ctx, /*optional=*/true);
+  expect(mean, op, "mean", st, p.N, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    layernorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
+                            mean.as<float>(), rstd.as<float>(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    layernorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_b.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(),
+                              mean.as<T>(), rstd.as<T>());
+  });
+}
+
+void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                     Context& ctx) {
+  constexpr const char* op = "rmsnorm_forward";
+  check_norm(op, p, x, ctx);
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(x, op, "x", dt, NC, ctx);
+  expect(out, op, "out", dt, NC, ctx);
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    rmsnorm_forward_cuda(p, dt, out.data(), rstd.as<float>(), x.data(), w.data(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    rmsnorm_forward_ref<T>(p, out.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>());
+  });
+}
+
+void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
+                      const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx) {
+  constexpr const char* op = "rmsnorm_backward";
+  check_norm(op, p, x, ctx);
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(x, op, "x", dt, NC, ctx);
+  expect(d_out, op, "d_out", dt, NC, ctx);
+  expect(d_x, op, "d_x", dt, NC, ctx);
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(d_w, op, "d_w", dt, p.C, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    rmsnorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.as<float>(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    rmsnorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(), rstd.as<T>());
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,106 @@
+// LayerNorm / RMSNorm: the CUDA kernels against the f64 reference, through the Tensor-level entries.
+#include "cuda_test_util.h"
+#include "tessera/ops/norm/norm.h"
+
+namespace tessera::test {
+namespace {
+
+struct NormShape {
+  int N, C;
+};
+// Odd widths (not multiples of the 8-wide vector), one row, and the GPT-2 / cs336 widths.
+constexpr NormShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {37, 1600}, {130, 2560}, {5, 4096}};
+
+void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ctx, std::mt19937_64& rng) {
+  const int N = s.N, C = s.C;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const NormParams p{.N = N, .C = C, .eps = 1e-5f};
+  // A common offset per row checks that the one-pass variance does not cancel.
+  std::vector<double> x = randn<double>(NC, rng, 1.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) x[static_cast<size_t>(n) * C + c] += 3.0 * (n % 3);
+  x = rounded(dt, x);
+  const auto w = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto b = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0));
+  const auto d_x0 = rounded(dt, randn<double>(NC, rng, 1.0));   // accumulated into: prefilled
+  const auto d_w0 = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto d_b0 = rounded(dt, randn<double>(C, rng, 1.0));
+
+  std::vector<double> out(NC), mean(N), rstd(N), d_x = d_x0, d_w = d_w0, d_b = d_b0;
+  if (layernorm) {
+    layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias ? b.data() : nullptr);
+    layernorm_backward_ref<double>(p, d_x.data(), d_w.data(), bias ? d_b.data() : nullptr, d_out.data(), x.data(),
+                                   w.data(), mean.data(), rstd.data());
+  } else {
+    rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), x.data(), w.data());
+    rmsnorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.data());
+  }
+
+  DeviceArena dev(ctx);
+  const Tensor tx = dev.upload(dt, x), tw = dev.upload(dt, w), tb = bias ? dev.upload(dt, b) : Tensor();
+  const Tensor tout = dev.poisoned(dt, NC), tmean = dev.poisoned(DType::F32, N), trstd = dev.poisoned(DType::F32, N);
+  const Tensor tdo = dev.upload(dt, d_out), tdx = dev.upload(dt, d_x0), tdw = dev.upload(dt, d_w0);
+  const Tensor tdb = bias ? dev.upload(dt, d_b0) : Tensor();
+  if (layernorm) {
+    layernorm_forward(p, tout, tmean, trstd, tx, tw, tb, ctx);
+    layernorm_backward(p, tdx, tdw, tdb, tdo, tx, tw, tmean, trstd, ctx);
+  } else {
+    rmsnorm_forward(p, tout, trstd, tx, tw, ctx);
+    rmsnorm_backward(p, tdx, tdw, tdo, tx, tw, trstd, ctx);
+  }
+  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + (bias ? "+bias" : "") + " N=" +
+                           std::to_string(N) + " C=" + std::to_string(C);
+  expect_close(dev.download(tout), out, dt, what + " out");
+  if (layernorm) expect_close(dev.download(tmean), mean, DType::F32, what + " mean", 10.0);
+  expect_close(dev.download(trstd), rstd, DType::F32, what + " rstd", 10.0);
+  // d_x and d_w sum many terms; allow the f32 case a little more for the reduction order.
+  expect_close(dev.download(tdx), d_x, dt, what + " d_x", 2.0);
+  expect_close(dev.download(tdw), d_w, dt, what + " d_w", 2.0);
+  if (bias) expect_close(dev.download(tdb), d_b, dt, what + " d_b", 2.0);
+}
+
+TEST(CudaNorm, MatchesReferenceOnAwkwardShapes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (NormShape s : kShapes) {
+      run_norm_case(/*layernorm=*/true, /*bias=*/true, dt, s, ctx, rng);
+      run_norm_case(/*layernorm=*/true, /*bias=*/false, dt, s, ctx, rng);
+      run_norm_case(/*layernorm=*/false, /*bias=*/false, dt, s, ctx, rng);
+    }
+}
+
+TEST(CudaNorm, BackwardIsDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const NormParams p{.N = 4096, .C = 768};
+  const size_t NC = static_cast<size_t>(p.N) * p.C;
+  DeviceArena dev(ctx);
+  const auto x = randn<double>(NC, rng), w = randn<double>(p.C, rng), d_out = randn<double>(NC, rng);
+  const Tensor tx = dev.upload(DType::BF16, x), tw = dev.upload(DType::BF16, w), tdo = dev.upload(DType::BF16, d_out);
+  const Tensor tout = dev.alloc(DType::BF16, NC), tm = dev.alloc(DType::F32, p.N), tr = dev.alloc(DType::F32, p.N);
+  layernorm_forward(p, tout, tm, tr, tx, tw, tw, ctx);
+  std::vector<double> first;
+  for (int run = 0; run < 3; ++run) {
+    const Tensor tdx = dev.alloc(DType::BF16, NC), tdw = dev.alloc(DType::BF16, p.C), tdb = dev.alloc(DType::BF16, p.C);
+    fill_bytes(tdx, 0, ctx);
+    fill_bytes(tdw, 0, ctx);
+    fill_bytes(tdb, 0, ctx);
+    layernorm_backward(p, tdx, tdw, tdb, tdo, tx, tw, tm, tr, ctx);
+    const auto got = dev.download(tdw);
+    if (run == 0) first = got;
+    else ASSERT_EQ(got, first) << "d_w differs between identical runs";
+  }
+}
+
+TEST(CudaNorm, RejectsWidthBeyondKernelLimit) {
+  std::string why;
+  EXPECT_FALSE(norm_supports({.N = 1, .C = kNormMaxC + 1}, DType::BF16, Device::cuda(0), &why));
+  EXPECT_NE(why.find("C up to"), std::string::npos) << why;
+  EXPECT_FALSE(norm_supports({.N = 1, .C = 8}, DType::BF16, Device::cpu(), &why));
+  EXPECT_TRUE(norm_supports({.N = 1, .C = 8}, DType::F64, Device::cpu(), &why));
+}
+
+}  // namespace
+}  // namespace tessera::test
