@@ -78,7 +78,9 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::BF16), 2u);
   EXPECT_EQ(dtype_size(DType::U8), 1u);
   EXPECT_EQ(dtype_from_name("BF16"), DType::BF16);
-  EXPECT_THROW(dtype_from_name("F64"), Error);
+  EXPECT_EQ(dtype_size(DType::F64), 8u);
+  EXPECT_EQ(dtype_from_name("F64"), DType::F64);
+  EXPECT_THROW(dtype_from_name("F8_E4M3"), Error);
 }
 
 TEST(DType, Bf16RoundTrip) {
