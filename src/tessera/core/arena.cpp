@@ -4,14 +4,8 @@
 
 namespace tessera {
 
-void Arena::FreeDeleter::operator()(void* p) const { std::free(p); }
-
-Arena::Arena(size_t capacity_bytes) : capacity_(align_up(capacity_bytes)) {
-  if (capacity_ > 0) {
-    void* p = std::aligned_alloc(kAlign, capacity_);
-    TS_CHECK(p != nullptr, "out of memory: could not allocate an arena of ", capacity_, " bytes");
-    base_.reset(p);
-  }
+Arena::Arena(size_t capacity_bytes, Device device) : device_(device), capacity_(align_up(capacity_bytes)) {
+  if (capacity_ > 0) base_ = Buffer(capacity_, device, "activations");
 }
 
 Arena Arena::measuring() {
@@ -31,7 +25,7 @@ void* Arena::allocate(size_t bytes) {
   }
   TS_CHECK(offset_ + need <= capacity_, "arena exhausted: asked for ", need, " bytes with ", capacity_ - offset_,
            " of ", capacity_, " left");
-  void* p = static_cast<char*>(base_.get()) + offset_;
+  void* p = static_cast<char*>(base_.data()) + offset_;
   offset_ += need;
   if (offset_ > peak_) peak_ = offset_;
   return p;

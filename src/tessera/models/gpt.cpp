@@ -1,9 +1,9 @@
 #include "tessera/models/gpt.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
@@ -15,9 +15,22 @@
 
 namespace tessera {
 
-template <typename Real>
-GptT<Real>::GptT(const ModelConfig& cfg) : cfg_(cfg) {
+Gpt::Gpt(const ModelConfig& cfg, Context& ctx, DType dtype)
+    : cfg_(cfg), ctx_(&ctx), dtype_(dtype), params_(ctx.device(), dtype) {
+  build();
+}
+
+Gpt::Gpt(const ModelConfig& cfg, DType dtype)
+    : cfg_(cfg), owned_ctx_(std::make_unique<Context>(Device::cpu())), ctx_(owned_ctx_.get()), dtype_(dtype),
+      params_(Device::cpu(), dtype) {
+  build();
+}
+
+Gpt::~Gpt() = default;
+
+void Gpt::build() {
   cfg_.validate();
+  TS_CHECK(dtype_is_float(dtype_), "model dtype must be a float type, got ", dtype_name(dtype_));
   const int64_t C = cfg_.d_model, V = cfg_.vocab, F = cfg_.d_ff, Fin = cfg_.d_ff_in();
   const bool ln_bias = cfg_.norm == NormKind::LayerNorm && cfg_.bias;
   wte_ = params_.add("wte", {V, C}, true);
@@ -42,131 +55,180 @@ GptT<Real>::GptT(const ModelConfig& cfg) : cfg_(cfg) {
   lnf_w_ = params_.add("lnf.w", {C}, false);
   lnf_b_ = ln_bias ? params_.add("lnf.b", {C}, false) : kNoParam;
   if (!cfg_.tied) lm_head_ = params_.add("lm_head", {V, C}, true);
-  params_.finalize();
-  TS_CHECK(static_cast<int64_t>(params_.size()) == cfg_.num_params(), "internal: parameter count mismatch");
+  params_.finalize(*ctx_);
+  TS_CHECK(static_cast<int64_t>(params_.num_params()) == cfg_.num_params(), "internal: parameter count mismatch");
 
   if (cfg_.positions == PositionKind::Sinusoidal) {
-    // PE[pos, 2i] = sin(pos / 10000^(2i/C)), PE[pos, 2i+1] = cos(pos / 10000^(2i/C))
-    sinusoid_.resize(static_cast<size_t>(cfg_.max_seq) * C);
+    // PE[pos, 2i] = sin(pos / 10000^(2i/C)), PE[pos, 2i+1] = cos(pos / 10000^(2i/C)), made on the host in f64.
+    std::vector<double> table(static_cast<size_t>(cfg_.max_seq) * C, 0.0);
     for (int pos = 0; pos < cfg_.max_seq; ++pos) {
       for (int64_t i = 0; i < C / 2; ++i) {
         const double a = pos / std::pow(10000.0, 2.0 * i / C);
-        sinusoid_[pos * C + 2 * i] = static_cast<Real>(std::sin(a));
-        sinusoid_[pos * C + 2 * i + 1] = static_cast<Real>(std::cos(a));
+        table[pos * C + 2 * i] = std::sin(a);
+        table[pos * C + 2 * i + 1] = std::cos(a);
       }
     }
+    const size_t es = dtype_size(dtype_);
+    std::vector<unsigned char> raw(table.size() * es);
+    for (size_t i = 0; i < table.size(); ++i) {
+      const double v = table[i];
+      switch (dtype_) {
+        case DType::F64: std::memcpy(&raw[i * 8], &v, 8); break;
+        case DType::F32: {
+          const float f = static_cast<float>(v);
+          std::memcpy(&raw[i * 4], &f, 4);
+          break;
+        }
+        default: {
+          const uint16_t h = dtype_ == DType::BF16 ? f32_to_bf16(static_cast<float>(v)) : f32_to_f16(static_cast<float>(v));
+          std::memcpy(&raw[i * 2], &h, 2);
+        }
+      }
+    }
+    sinusoid_ = Buffer(raw.size(), ctx_->device(), "the sinusoid table");
+    copy_bytes(sinusoid_.data(), ctx_->device(), raw.data(), Device::cpu(), raw.size(), *ctx_);
+    ctx_->synchronize();
   }
 }
 
-template <typename Real>
-void GptT<Real>::init_weights(uint64_t seed) {
+void Gpt::init_weights(uint64_t seed) {
   const double resid_std = 0.02 / std::sqrt(2.0 * cfg_.n_layers);
   const auto& segs = params_.segments();
+  std::vector<float> w(params_.size(), 0.0f);
   for (size_t s = 0; s < segs.size(); ++s) {
     const ParamSegment& seg = segs[s];
-    Real* w = params_.data() + seg.offset;
     const bool is_gain = seg.name.ends_with("ln1.w") || seg.name.ends_with("ln2.w") || seg.name == "lnf.w";
     const bool is_bias = seg.name.ends_with(".b");
     const bool is_resid = seg.name.ends_with("proj.w") || seg.name.ends_with("fcp.w");
     for (size_t i = 0; i < seg.numel; ++i) {
-      if (is_gain) w[i] = Real(1);
-      else if (is_bias) w[i] = Real(0);
-      else w[i] = static_cast<Real>((is_resid ? resid_std : 0.02) * philox_normal(seed, s, i));
+      float& x = w[seg.offset + i];
+      if (is_gain) x = 1.0f;
+      else if (is_bias) x = 0.0f;
+      else x = static_cast<float>((is_resid ? resid_std : 0.02) * philox_normal(seed, s, i));
     }
   }
+  params_.write_f32(w, *ctx_);
 }
 
-template <typename Real>
-void GptT<Real>::plan(const ModelConfig& cfg, int B, int T, Arena& a, Acts& acts) {
-  const size_t N = static_cast<size_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
-  const size_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
-  auto buf = [&](size_t n) { return a.allocate_n<Real>(n); };
-  acts.tokens = a.allocate_n<int32_t>(N);
-  acts.targets = a.allocate_n<int32_t>(N);
-  acts.res.assign(cfg.n_layers + 1, nullptr);
+void Gpt::plan(const ModelConfig& cfg, DType dt, int B, int T, Arena& a, Acts& acts) {
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
+  const int64_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
+  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;
+  auto buf = [&](int64_t rows, int64_t cols) { return a.allocate_tensor(dt, {rows, cols}); };
+  auto stat = [&](int64_t n) { return a.allocate_tensor(st, {n}); };
+  acts.tokens = a.allocate_tensor(DType::I32, {N});
+  acts.targets = a.allocate_tensor(DType::I32, {N});
+  acts.loss = stat(1);
+  acts.count = a.allocate_tensor(DType::I32, {1});
+  acts.res.assign(cfg.n_layers + 1, Tensor());
   acts.layers.assign(cfg.n_layers, LayerActs{});
-  acts.res[0] = buf(N * C);
+  acts.res[0] = buf(N, C);
   for (int l = 0; l < cfg.n_layers; ++l) {
     LayerActs& L = acts.layers[l];
-    L.ln1 = buf(N * C);
-    L.ln1_mean = buf(N);
-    L.ln1_rstd = buf(N);
-    L.qkv = buf(N * 3 * C);
-    L.att = buf(N * C);
-    L.lse = buf(N * H);
-    L.mid = buf(N * C);
-    L.ln2 = buf(N * C);
-    L.ln2_mean = buf(N);
-    L.ln2_rstd = buf(N);
-    L.fc_pre = buf(N * Fin);
-    L.fc_act = buf(N * F);
-    acts.res[l + 1] = buf(N * C);
+    L.ln1 = buf(N, C);
+    L.ln1_mean = stat(N);
+    L.ln1_rstd = stat(N);
+    L.qkv = buf(N, 3 * C);
+    L.att = buf(N, C);
+    L.lse = stat(N * H);
+    L.mid = buf(N, C);
+    L.ln2 = buf(N, C);
+    L.ln2_mean = stat(N);
+    L.ln2_rstd = stat(N);
+    L.fc_pre = buf(N, Fin);
+    L.fc_act = buf(N, F);
+    acts.res[l + 1] = buf(N, C);
   }
-  acts.lnf = buf(N * C);
-  acts.lnf_mean = buf(N);
-  acts.lnf_rstd = buf(N);
-  acts.logits = buf(N * V);  // the cross-entropy backward overwrites it with d_logits
-  acts.losses = buf(N);
-  acts.ce_lse = buf(N);
-  acts.tmp = buf(N * C);
+  acts.lnf = buf(N, C);
+  acts.lnf_mean = stat(N);
+  acts.lnf_rstd = stat(N);
+  acts.logits = buf(N, V);  // the cross-entropy backward overwrites it with d_logits
+  acts.losses = stat(N);
+  acts.ce_lse = stat(N);
+  acts.tmp = buf(N, C);
   // Gradient buffers, shared by all layers: each holds one layer's gradient at a time.
-  acts.d_res = buf(N * C);
-  acts.d_tmp = buf(N * C);
-  acts.d_ln = buf(N * C);
-  acts.d_att = buf(N * C);
-  acts.d_qkv = buf(N * 3 * C);
-  acts.d_fc_act = buf(N * F);
-  acts.d_fc_pre = buf(N * Fin);
+  acts.d_res = buf(N, C);
+  acts.d_tmp = buf(N, C);
+  acts.d_ln = buf(N, C);
+  acts.d_att = buf(N, C);
+  acts.d_qkv = buf(N, 3 * C);
+  acts.d_fc_act = buf(N, F);
+  acts.d_fc_pre = buf(N, Fin);
 }
 
-template <typename Real>
-size_t GptT<Real>::activation_bytes(const ModelConfig& cfg, int B, int T) {
+size_t Gpt::activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype) {
   Arena a = Arena::measuring();
   Acts acts;
-  plan(cfg, B, T, a, acts);
+  plan(cfg, dtype, B, T, a, acts);
   return a.peak();
 }
 
-template <typename Real>
-void GptT<Real>::ensure_plan(int B, int T) {
-  if (B == planned_B_ && T == planned_T_) return;
-  arena_ = Arena(activation_bytes(cfg_, B, T));
-  plan(cfg_, B, T, arena_, acts_);
-  planned_B_ = B;
-  planned_T_ = T;
+void Gpt::reserve(int B, int T) {
+  TS_CHECK(B > 0 && T > 0, "batch and sequence must be positive, got B=", B, " T=", T);
+  TS_CHECK(T <= cfg_.max_seq, "sequence length ", T, " exceeds max_seq ", cfg_.max_seq);
+  const int64_t N = static_cast<int64_t>(B) * T;
+  if (N <= planned_N_) return;
+  arena_ = Arena();  // free the old plan before allocating the new one
+  arena_ = Arena(activation_bytes(cfg_, B, T, dtype_), ctx_->device());
+  plan(cfg_, dtype_, B, T, arena_, acts_);
+  planned_N_ = N;
+  loss_ = acts_.loss;
+  ++plans_made_;
 }
 
-template <typename Real>
-void GptT<Real>::norm_forward(int N, Real* out, Real* mean, Real* rstd, const Real* x, size_t w, size_t b) {
-  const NormParams p{.N = N, .C = cfg_.d_model, .eps = cfg_.norm_eps};
+Tensor Gpt::rows(const Tensor& t, int64_t n, int64_t cols) const {
+  return Tensor::from_shape(t.data(), t.dtype(), std::initializer_list<int64_t>{n, cols}, t.device());
+}
+
+Tensor Gpt::tokens_buffer(int B, int T) {
+  reserve(B, T);
+  return acts_.tokens.slice1d(0, static_cast<int64_t>(B) * T);
+}
+
+Tensor Gpt::targets_buffer(int B, int T) {
+  reserve(B, T);
+  return acts_.targets.slice1d(0, static_cast<int64_t>(B) * T);
+}
+
+void Gpt::norm_forward(int N, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, size_t w,
+                       size_t b) {
+  const NormParams np{.N = N, .C = cfg_.d_model, .eps = cfg_.norm_eps};
+  const int64_t C = cfg_.d_model;
   if (cfg_.norm == NormKind::LayerNorm)
-    layernorm_forward_ref(p, out, mean, rstd, x, params_.data_at(w), params_.data_at(b));
+    layernorm_forward(np, out, mean.slice1d(0, N), rstd.slice1d(0, N), x, p(w, C), p(b, C), *ctx_);
   else
-    rmsnorm_forward_ref(p, out, rstd, x, params_.data_at(w));
+    rmsnorm_forward(np, out, rstd.slice1d(0, N), x, p(w, C), *ctx_);
 }
 
-template <typename Real>
-void GptT<Real>::norm_backward(int N, Real* d_x, const Real* d_out, const Real* x, size_t w, size_t b,
-                               const Real* mean, const Real* rstd) {
-  const NormParams p{.N = N, .C = cfg_.d_model, .eps = cfg_.norm_eps};
+void Gpt::norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
+                        const Tensor& mean, const Tensor& rstd) {
+  const NormParams np{.N = N, .C = cfg_.d_model, .eps = cfg_.norm_eps};
+  const int64_t C = cfg_.d_model;
   if (cfg_.norm == NormKind::LayerNorm)
-    layernorm_backward_ref(p, d_x, params_.grad_at(w), params_.grad_at(b), d_out, x, params_.data_at(w), mean,
-                           rstd);
+    layernorm_backward(np, d_x, g(w, C), g(b, C), d_out, x, p(w, C), mean.slice1d(0, N), rstd.slice1d(0, N), *ctx_);
   else
-    rmsnorm_backward_ref(p, d_x, params_.grad_at(w), d_out, x, params_.data_at(w), rstd);
+    rmsnorm_backward(np, d_x, g(w, C), d_out, x, p(w, C), rstd.slice1d(0, N), *ctx_);
 }
 
-template <typename Real>
-double GptT<Real>::forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
-  TS_CHECK(B > 0 && T > 0, "forward: batch and sequence must be positive, got B=", B, " T=", T);
-  TS_CHECK(T <= cfg_.max_seq, "forward: sequence length ", T, " exceeds max_seq ", cfg_.max_seq);
-  ensure_plan(B, T);
+double Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
+  reserve(B, T);
+  const int64_t N = static_cast<int64_t>(B) * T;
+  // Bad token ids are caught here on the host, before they reach a kernel as out-of-range rows.
+  embedding_check({.B = B, .T = T, .C = cfg_.d_model, .V = cfg_.vocab, .max_seq = cfg_.max_seq,
+                   .padding_id = cfg_.padding_id},
+                  tokens, cfg_.positions == PositionKind::Learned);
+  copy_bytes(acts_.tokens.data(), ctx_->device(), tokens, Device::cpu(), N * sizeof(int32_t), *ctx_);
+  if (targets) copy_bytes(acts_.targets.data(), ctx_->device(), targets, Device::cpu(), N * sizeof(int32_t), *ctx_);
+  forward_device(B, T, targets != nullptr, opt);
+  return targets ? read_loss() : 0.0;
+}
+
+void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& opt) {
+  reserve(B, T);
   B_ = B;
   T_ = T;
   const int N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  std::memcpy(acts_.tokens, tokens, sizeof(int32_t) * N);
-  has_targets_ = targets != nullptr;
-  if (targets) std::memcpy(acts_.targets, targets, sizeof(int32_t) * N);
+  has_targets_ = with_targets;
 
   const bool dropout_on = opt.training && cfg_.dropout > 0;
   TS_CHECK(!dropout_on || opt.rng, "forward: training with dropout needs an RNG state");
@@ -176,10 +238,12 @@ double GptT<Real>::forward(const int32_t* tokens, const int32_t* targets, int B,
   const EmbeddingParams ep{.B = B, .T = T, .C = C, .V = V, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
                            .padding_id = cfg_.padding_id, .dropout = dropout_p_, .seed = dropout_seed_,
                            .stream = acts_.stream_emb};
-  const Real* pos_table = cfg_.positions == PositionKind::Learned      ? params_.data_at(wpe_)
-                          : cfg_.positions == PositionKind::Sinusoidal ? sinusoid_.data()
-                                                                       : nullptr;
-  embedding_forward_ref(ep, acts_.res[0], acts_.tokens, params_.data_at(wte_), pos_table);
+  const Tensor pos_table = cfg_.positions == PositionKind::Learned ? p(wpe_, static_cast<int64_t>(cfg_.max_seq) * C)
+                           : cfg_.positions == PositionKind::Sinusoidal
+                               ? sinusoid_.view(dtype_, {static_cast<int64_t>(cfg_.max_seq) * C})
+                               : Tensor();
+  embedding_forward(ep, rows(acts_.res[0], N, C), acts_.tokens.slice1d(0, N), p(wte_, int64_t{V} * C), pos_table,
+                    *ctx_);
 
   for (int l = 0; l < cfg_.n_layers; ++l) {
     if (dropout_on) {
@@ -189,113 +253,155 @@ double GptT<Real>::forward(const int32_t* tokens, const int32_t* targets, int B,
     layer_forward(l, B, T);
   }
 
-  norm_forward(N, acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.res[cfg_.n_layers], lnf_w_, lnf_b_);
-  const Real* w_lm = params_.data_at(cfg_.tied ? wte_ : lm_head_);
-  gemm_ref<Real>({.M = N, .N = V, .K = C, .trans_b = true}, acts_.logits, acts_.lnf, w_lm, nullptr);
+  norm_forward(N, rows(acts_.lnf, N, C), acts_.lnf_mean, acts_.lnf_rstd, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_,
+               lnf_b_);
+  const size_t lm = cfg_.tied ? wte_ : lm_head_;
+  gemm({.M = N, .N = V, .K = C, .trans_b = true}, rows(acts_.logits, N, V), rows(acts_.lnf, N, C),
+       p(lm, int64_t{V} * C), Tensor(), *ctx_);
 
-  if (!targets) return 0.0;
+  if (!with_targets) return;
   label_smoothing_ = opt.label_smoothing;
-  const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = opt.label_smoothing,
-                              .ignore_index = cfg_.padding_id};
-  count_ = cross_entropy_forward_ref(cp, acts_.losses, acts_.ce_lse, acts_.logits, acts_.targets);
-  if (count_ == 0) return 0.0;
-  double sum = 0;
-  for (int n = 0; n < N; ++n) sum += acts_.losses[n];
-  return sum / static_cast<double>(count_);
+  const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = opt.label_smoothing, .ignore_index = cfg_.padding_id};
+  cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, V),
+                        acts_.targets.slice1d(0, N), *ctx_);
+  // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
+  cross_entropy_mean(cp, acts_.loss, acts_.count, acts_.losses.slice1d(0, N), acts_.targets.slice1d(0, N), *ctx_);
 }
 
-template <typename Real>
-void GptT<Real>::layer_forward(int l, int B, int T) {
-  const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, Fin = cfg_.d_ff_in();
+double Gpt::read_loss() const {
+  if (dtype_ == DType::F64) {
+    double v = 0;
+    copy_bytes(&v, Device::cpu(), loss_.data(), loss_.device(), sizeof v, *ctx_);
+    return v;
+  }
+  float v = 0;
+  copy_bytes(&v, Device::cpu(), loss_.data(), loss_.device(), sizeof v, *ctx_);
+  return v;
+}
+
+Tensor Gpt::logits() const {
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  return rows(acts_.logits, N, cfg_.vocab);
+}
+
+std::vector<float> Gpt::read_logits_row(int row) const {
+  TS_CHECK(row >= 0 && row < B_ * T_, "internal: logits row ", row, " of ", B_ * T_);
+  const int64_t V = cfg_.vocab;
+  const size_t es = dtype_size(dtype_);
+  std::vector<unsigned char> raw(static_cast<size_t>(V) * es);
+  copy_bytes(raw.data(), Device::cpu(), static_cast<const char*>(acts_.logits.data()) + row * V * es, ctx_->device(),
+             raw.size(), *ctx_);
+  std::vector<float> out(static_cast<size_t>(V));
+  for (int64_t j = 0; j < V; ++j) {
+    switch (dtype_) {
+      case DType::F64: {
+        double d;
+        std::memcpy(&d, &raw[j * 8], 8);
+        out[j] = static_cast<float>(d);
+        break;
+      }
+      case DType::F32: std::memcpy(&out[j], &raw[j * 4], 4); break;
+      default: {
+        uint16_t h;
+        std::memcpy(&h, &raw[j * 2], 2);
+        out[j] = dtype_ == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+  }
+  return out;
+}
+
+void Gpt::layer_forward(int l, int B, int T) {
+  const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, Fin = cfg_.d_ff_in(), H = cfg_.n_heads;
   const LayerOffsets& o = layers_[l];
   LayerActs& A = acts_.layers[l];
-  const Real* x = acts_.res[l];
+  const Tensor x = rows(acts_.res[l], N, C), ln1 = rows(A.ln1, N, C), qkv = rows(A.qkv, N, 3 * C);
+  const Tensor att = rows(A.att, N, C), mid = rows(A.mid, N, C), ln2 = rows(A.ln2, N, C), tmp = rows(acts_.tmp, N, C);
+  const Tensor fc_pre = rows(A.fc_pre, N, Fin), fc_act = rows(A.fc_act, N, F);
+  const int64_t CC = int64_t{C} * C;
 
-  norm_forward(N, A.ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
-  gemm_ref<Real>({.M = N, .N = 3 * C, .K = C, .trans_b = true}, A.qkv, A.ln1, params_.data_at(o.qkv_w),
-                 params_.data_at(o.qkv_b));
+  norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
+  gemm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C), *ctx_);
   if (cfg_.positions == PositionKind::Rope)
-    rope_forward_ref<Real>({.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta},
-                           A.qkv);
-  attention_forward_ref<Real>({.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim()}, A.att, A.lse, A.qkv);
-  gemm_ref<Real>({.M = N, .N = C, .K = C, .trans_b = true}, acts_.tmp, A.att, params_.data_at(o.proj_w), nullptr);
-  residual_forward_ref<Real>({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn},
-                             A.mid, x, acts_.tmp, params_.data_at(o.proj_b));
+    rope_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, qkv, *ctx_);
+  attention_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
+  gemm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor(), *ctx_);
+  residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid, x, tmp,
+                   p(o.proj_b, C), *ctx_);
 
-  norm_forward(N, A.ln2, A.ln2_mean, A.ln2_rstd, A.mid, o.ln2_w, o.ln2_b);
-  gemm_ref<Real>({.M = N, .N = Fin, .K = C, .trans_b = true}, A.fc_pre, A.ln2, params_.data_at(o.fc_w), nullptr);
-  activation_forward_ref<Real>({.N = N, .d_ff = F, .kind = cfg_.mlp}, A.fc_act, A.fc_pre, params_.data_at(o.fc_b));
-  gemm_ref<Real>({.M = N, .N = C, .K = F, .trans_b = true}, acts_.tmp, A.fc_act, params_.data_at(o.fcp_w), nullptr);
-  residual_forward_ref<Real>({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
-                             acts_.res[l + 1], A.mid, acts_.tmp, params_.data_at(o.fcp_b));
+  norm_forward(N, ln2, A.ln2_mean, A.ln2_rstd, mid, o.ln2_w, o.ln2_b);
+  gemm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor(), *ctx_);
+  activation_forward({.N = N, .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, p(o.fc_b, Fin), *ctx_);
+  gemm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor(), *ctx_);
+  residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
+                   rows(acts_.res[l + 1], N, C), mid, tmp, p(o.fcp_b, C), *ctx_);
 }
 
-template <typename Real>
-void GptT<Real>::backward(double loss_scale) {
+void Gpt::backward(double loss_scale) {
   TS_CHECK(has_targets_, "backward: needs a forward with targets first");
   has_targets_ = false;  // the logits are consumed below
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  if (count_ == 0) return;
   const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = label_smoothing_, .ignore_index = cfg_.padding_id};
-  Real* d_logits = acts_.logits;  // in place: each element of the gradient needs only its own logit and lse
-  cross_entropy_backward_ref(cp, d_logits, acts_.logits, acts_.ce_lse, acts_.targets,
-                             loss_scale / static_cast<double>(count_));
+  const Tensor logits = rows(acts_.logits, N, V), lnf = rows(acts_.lnf, N, C), d_ln = rows(acts_.d_ln, N, C);
+  const Tensor d_res = rows(acts_.d_res, N, C);
+  // In place: each element of the gradient needs only its own logit and the row's lse. The scale is
+  // loss_scale / count, with the count read on the device (an all-ignored batch gives zero gradients).
+  cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), acts_.count,
+                         loss_scale, *ctx_);
 
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
-  gemm_ref<Real>({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, params_.grad_at(lm), d_logits, acts_.lnf,
-                 nullptr);
-  gemm_ref<Real>({.M = N, .N = C, .K = V}, acts_.d_ln, d_logits, params_.data_at(lm), nullptr);
-  std::fill(acts_.d_res, acts_.d_res + static_cast<size_t>(N) * C, Real(0));
-  norm_backward(N, acts_.d_res, acts_.d_ln, acts_.res[cfg_.n_layers], lnf_w_, lnf_b_, acts_.lnf_mean,
-                acts_.lnf_rstd);
+  gemm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(lm, int64_t{V} * C), logits, lnf, Tensor(), *ctx_);
+  gemm({.M = N, .N = C, .K = V}, d_ln, logits, p(lm, int64_t{V} * C), Tensor(), *ctx_);
+  fill_bytes(d_res, 0, *ctx_);
+  norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);
 
   for (int l = cfg_.n_layers - 1; l >= 0; --l) layer_backward(l, B, T);
 
   const EmbeddingParams ep{.B = B, .T = T, .C = C, .V = V, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
                            .padding_id = cfg_.padding_id, .dropout = dropout_p_, .seed = dropout_seed_,
                            .stream = acts_.stream_emb};
-  embedding_backward_ref(ep, params_.grad_at(wte_), params_.grad_at(wpe_), acts_.d_res, acts_.tokens);
+  embedding_backward(ep, g(wte_, int64_t{V} * C), g(wpe_, int64_t{cfg_.max_seq} * C), d_res, acts_.tokens.slice1d(0, N),
+                     *ctx_);
 }
 
-template <typename Real>
-void GptT<Real>::layer_backward(int l, int B, int T) {
-  const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, Fin = cfg_.d_ff_in();
+void Gpt::layer_backward(int l, int B, int T) {
+  const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, Fin = cfg_.d_ff_in(), H = cfg_.n_heads;
   const LayerOffsets& o = layers_[l];
   LayerActs& A = acts_.layers[l];
-  Real* d_res = acts_.d_res;  // d of this layer's output; becomes d of its input
+  const int64_t CC = int64_t{C} * C;
+  const Tensor d_res = rows(acts_.d_res, N, C);  // d of this layer's output; becomes d of its input
+  const Tensor d_tmp = rows(acts_.d_tmp, N, C), d_ln = rows(acts_.d_ln, N, C), d_att = rows(acts_.d_att, N, C);
+  const Tensor d_qkv = rows(acts_.d_qkv, N, 3 * C), d_fc_act = rows(acts_.d_fc_act, N, F);
+  const Tensor d_fc_pre = rows(acts_.d_fc_pre, N, Fin);
+  const Tensor fc_act = rows(A.fc_act, N, F), fc_pre = rows(A.fc_pre, N, Fin), ln2 = rows(A.ln2, N, C);
+  const Tensor mid = rows(A.mid, N, C), att = rows(A.att, N, C), qkv = rows(A.qkv, N, 3 * C), ln1 = rows(A.ln1, N, C);
 
   // x' = mid + Drop(fc_act W2ᵀ + b2): d_mid = d_res (skip path, kept in place), d_tmp = d of the projection.
-  residual_backward_ref<Real>({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
-                              acts_.d_tmp, params_.grad_at(o.fcp_b), d_res);
-  gemm_ref<Real>({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, params_.grad_at(o.fcp_w), acts_.d_tmp,
-                 A.fc_act, nullptr);
-  gemm_ref<Real>({.M = N, .N = F, .K = C}, acts_.d_fc_act, acts_.d_tmp, params_.data_at(o.fcp_w), nullptr);
-  activation_backward_ref<Real>({.N = N, .d_ff = F, .kind = cfg_.mlp}, acts_.d_fc_pre, params_.grad_at(o.fc_b),
-                                acts_.d_fc_act, A.fc_pre, params_.data_at(o.fc_b));
-  gemm_ref<Real>({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, params_.grad_at(o.fc_w), acts_.d_fc_pre,
-                 A.ln2, nullptr);
-  gemm_ref<Real>({.M = N, .N = C, .K = Fin}, acts_.d_ln, acts_.d_fc_pre, params_.data_at(o.fc_w), nullptr);
-  norm_backward(N, d_res, acts_.d_ln, A.mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd);
+  residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp}, d_tmp,
+                    g(o.fcp_b, C), d_res, *ctx_);
+  gemm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor(),
+       *ctx_);
+  gemm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor(), *ctx_);
+  activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, Fin), d_fc_act, fc_pre,
+                      p(o.fc_b, Fin), *ctx_);
+  gemm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor(),
+       *ctx_);
+  gemm({.M = N, .N = C, .K = Fin}, d_ln, d_fc_pre, p(o.fc_w, int64_t{Fin} * C), Tensor(), *ctx_);
+  norm_backward(N, d_res, d_ln, mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd);
 
   // mid = x + Drop(att Woᵀ + bo)
-  residual_backward_ref<Real>({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn},
-                              acts_.d_tmp, params_.grad_at(o.proj_b), d_res);
-  gemm_ref<Real>({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, params_.grad_at(o.proj_w), acts_.d_tmp,
-                 A.att, nullptr);
-  gemm_ref<Real>({.M = N, .N = C, .K = C}, acts_.d_att, acts_.d_tmp, params_.data_at(o.proj_w), nullptr);
-  attention_backward_ref<Real>({.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim()}, acts_.d_qkv, acts_.d_att,
-                               A.qkv, A.att, A.lse);
+  residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, d_tmp,
+                    g(o.proj_b, C), d_res, *ctx_);
+  gemm({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.proj_w, CC), d_tmp, att, Tensor(), *ctx_);
+  gemm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor(), *ctx_);
+  attention_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, d_qkv, d_att, qkv, att,
+                     A.lse.slice1d(0, int64_t{N} * H), *ctx_);
   if (cfg_.positions == PositionKind::Rope)
-    rope_backward_ref<Real>({.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta},
-                            acts_.d_qkv);
-  gemm_ref<Real>({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, params_.grad_at(o.qkv_w), acts_.d_qkv,
-                 A.ln1, nullptr);
-  if (o.qkv_b != kNoParam) bias_grad_ref(N, 3 * C, params_.grad_at(o.qkv_b), acts_.d_qkv);
-  gemm_ref<Real>({.M = N, .N = C, .K = 3 * C}, acts_.d_ln, acts_.d_qkv, params_.data_at(o.qkv_w), nullptr);
-  norm_backward(N, d_res, acts_.d_ln, acts_.res[l], o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
+    rope_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, d_qkv, *ctx_);
+  gemm({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.qkv_w, 3 * CC), d_qkv, ln1, Tensor(), *ctx_);
+  if (o.qkv_b != kNoParam) bias_grad({.M = N, .N = 3 * C}, g(o.qkv_b, 3 * C), d_qkv, *ctx_);
+  gemm({.M = N, .N = C, .K = 3 * C}, d_ln, d_qkv, p(o.qkv_w, 3 * CC), Tensor(), *ctx_);
+  norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
 }
-
-template class GptT<float>;
-template class GptT<double>;
 
 }  // namespace tessera

@@ -4,16 +4,23 @@
 // then a final norm and logits = Norm_f(x) W_lmᵀ (W_lm = wte when tied). Shapes: tokens (B, T), residual
 // stream (B*T, C), qkv (B*T, 3C), logits (B*T, V).
 //
-// Parameters live in one ParamBuffer (names below); activations in one Arena planned per (B, T): what the
-// backward needs is kept per layer, temporaries and gradient buffers are shared across layers, and the
-// logits buffer is overwritten in place by its gradient.
+// The model runs on a Context: its parameters (one ParamBuffer) and activations (one Arena planned per (B, T))
+// live on the context's device, and every op goes through the Tensor-level entries, which send the work to the
+// CPU reference or to the CUDA kernels. The compute dtype is f32 or f64 on the CPU (f64 for gradient checks by
+// finite differences) and f32, bf16 or f16 on a GPU; statistics (mean, rstd, lse) and the loss are f32 (f64 in
+// an f64 model). The host reads the model only through explicit copies: read_loss(), read_logits_row(), and
+// ParamBuffer::read_f32() for checkpoints.
 //
-// Real is float for training and double for gradient checks by finite differences.
+// Activations: what the backward needs is kept per layer, temporaries and gradient buffers are shared across
+// layers, and the logits buffer is overwritten in place by its gradient. A plan for (B, T) serves any smaller
+// B*T (every buffer is sized by B*T), so generation reserves once and does not re-plan per token.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tessera/core/arena.h"
+#include "tessera/core/context.h"
 #include "tessera/core/philox.h"
 #include "tessera/models/config.h"
 #include "tessera/nn/param_buffer.h"
@@ -26,78 +33,109 @@ struct ForwardOptions {
   RngState* rng = nullptr;      // dropout streams are taken from here when training with dropout > 0
 };
 
-template <typename Real>
-class GptT {
+class Gpt {
  public:
-  explicit GptT(const ModelConfig& cfg);
+  // A model on ctx's device computing in `dtype`. The context must outlive the model.
+  Gpt(const ModelConfig& cfg, Context& ctx, DType dtype = DType::F32);
+  // A CPU model with a context of its own (the reference engine and tests).
+  explicit Gpt(const ModelConfig& cfg, DType dtype = DType::F32);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
-  ParamBuffer<Real>& params() { return params_; }
-  const ParamBuffer<Real>& params() const { return params_; }
+  Context& context() const { return *ctx_; }
+  DType dtype() const { return dtype_; }
+  ParamBuffer& params() { return params_; }
+  const ParamBuffer& params() const { return params_; }
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2 n_layers), zero biases, unit norm gains. Each tensor draws its own Philox stream of `seed`.
   void init_weights(uint64_t seed);
 
-  // Runs the model on tokens (B*T). With targets (B*T) it also computes the cross-entropy and returns the
-  // mean loss over non-ignored targets (padding_id is ignored); without, returns 0.
+  // Plans the activations for up to B*T tokens (a smaller B*T reuses the plan).
+  void reserve(int B, int T);
+  // The model's input buffers, (B*T) int32 on its device, for a caller that copies a batch in itself.
+  Tensor tokens_buffer(int B, int T);
+  Tensor targets_buffer(int B, int T);
+
+  // Runs the model on the tokens (and targets) already in tokens_buffer / targets_buffer. With targets it
+  // computes the mean cross-entropy over non-ignored targets (padding_id is ignored) into loss(), on the device.
+  void forward_device(int B, int T, bool with_targets, const ForwardOptions& opt);
+  // Host convenience: copies tokens (B*T) and targets (or null) in, runs forward_device and, with targets,
+  // returns the mean loss (one explicit device-to-host copy); without, returns 0.
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
+  // The mean loss of the last forward with targets: a device scalar in the stat dtype.
+  Tensor loss() const { return loss_; }
+  double read_loss() const;
+
   // Accumulates into params().grad() the gradient of loss_scale * (mean loss of the last forward).
   // Needs a forward with targets just before. Overwrites the logits.
   void backward(double loss_scale = 1.0);
-  void zero_grad() { params_.zero_grad(); }
+  void zero_grad() { params_.zero_grad(*ctx_); }
 
-  // Logits of the last forward: (B*T, V).
-  const Real* logits() const { return acts_.logits; }
+  // Logits of the last forward: (B*T, V) in the compute dtype, on the device.
+  Tensor logits() const;
+  // Row `row` of the logits as f32 on the host (sampling).
+  std::vector<float> read_logits_row(int row) const;
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
-  // Bytes of the activation plan for (B, T), and the arena's peak so far.
-  static size_t activation_bytes(const ModelConfig& cfg, int B, int T);
+  // Bytes of the activation plan for (B, T), and how many plans this model has made (generation must not
+  // re-plan per token).
+  static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32);
   size_t activation_peak() const { return arena_.peak(); }
+  int plans_made() const { return plans_made_; }
 
  private:
   struct LayerOffsets {
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
   };
   struct LayerActs {
-    Real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc_pre, *fc_act;
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;
     uint64_t stream_attn = 0, stream_mlp = 0;
   };
   struct Acts {
-    std::vector<Real*> res;  // L + 1 residual stream states
+    std::vector<Tensor> res;  // L + 1 residual stream states
     std::vector<LayerActs> layers;
-    Real *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *ce_lse, *tmp;
-    Real *d_res, *d_tmp, *d_ln, *d_att, *d_qkv, *d_fc_act, *d_fc_pre;
-    int32_t *tokens, *targets;
+    Tensor lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, loss, count, tmp;
+    Tensor d_res, d_tmp, d_ln, d_att, d_qkv, d_fc_act, d_fc_pre;
+    Tensor tokens, targets;
     uint64_t stream_emb = 0;
   };
 
-  static void plan(const ModelConfig& cfg, int B, int T, Arena& arena, Acts& acts);
-  void ensure_plan(int B, int T);
-  void norm_forward(int N, Real* out, Real* mean, Real* rstd, const Real* x, size_t w, size_t b);
-  void norm_backward(int N, Real* d_x, const Real* d_out, const Real* x, size_t w, size_t b, const Real* mean,
-                     const Real* rstd);
+  void build();
+  static void plan(const ModelConfig& cfg, DType dtype, int B, int T, Arena& arena, Acts& acts);
+  // The first N rows of an (N_planned, cols) activation.
+  Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
+  Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
+  Tensor g(size_t offset, int64_t numel) const { return params_.grad_at(offset, numel); }
+  void norm_forward(int N, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, size_t w,
+                    size_t b);
+  void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
+                     const Tensor& mean, const Tensor& rstd);
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
 
   ModelConfig cfg_;
-  ParamBuffer<Real> params_;
+  std::unique_ptr<Context> owned_ctx_;
+  Context* ctx_;
+  DType dtype_;
+  ParamBuffer params_;
   size_t wte_ = kNoParam, wpe_ = kNoParam, lnf_w_ = kNoParam, lnf_b_ = kNoParam, lm_head_ = kNoParam;
   std::vector<LayerOffsets> layers_;
-  std::vector<Real> sinusoid_;  // (max_seq, C) table for sinusoidal positions
+  Buffer sinusoid_;  // (max_seq, C) table for sinusoidal positions, in the compute dtype
 
   Arena arena_;
   Acts acts_;
+  Tensor loss_;
   int B_ = 0, T_ = 0;
-  int planned_B_ = 0, planned_T_ = 0;
-  long count_ = 0;              // targets counted by the last forward
+  int64_t planned_N_ = 0;
+  int plans_made_ = 0;
   uint64_t dropout_seed_ = 0;   // dropout of the last forward (0 probability when off)
   float dropout_p_ = 0.0f;
   float label_smoothing_ = 0;
   bool has_targets_ = false;
 };
-
-using Gpt = GptT<float>;
 
 }  // namespace tessera

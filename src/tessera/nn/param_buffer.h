@@ -1,62 +1,78 @@
-// tessera/nn/param_buffer.h — every parameter of a model in one contiguous buffer, gradients in a second.
+// tessera/nn/param_buffer.h — every parameter of a model in one contiguous buffer, gradients in a second, and
+// for 16-bit models f32 master weights in a third, on the model's device.
 //
-// A segment table gives each tensor its name, shape, offset and whether weight decay applies. One contiguous
-// space is what lets one optimizer call update every parameter, lets data-parallel training all-reduce the
-// gradients in place, and lets ZeRO-1 shard by ranges.
+// A segment table gives each tensor its name, shape, offset and whether weight decay applies. Every segment
+// starts at a multiple of kSegmentAlign elements (16-byte aligned in every dtype, 64 bytes for f32), so kernels
+// may use 16-byte accesses on any segment; the padding between segments is zero in data, grad and moments and
+// stays zero under AdamW. One contiguous space is what lets one optimizer launch update every parameter, lets
+// data-parallel training all-reduce the gradients in place, and lets ZeRO-1 shard by ranges.
 #pragma once
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "tessera/core/buffer.h"
+#include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/optim/adamw.h"
 
 namespace tessera {
 
 constexpr size_t kNoParam = static_cast<size_t>(-1);
+constexpr size_t kSegmentAlign = 16;  // elements
 
-template <typename Real>
 class ParamBuffer {
  public:
-  // Reserves a segment; returns its offset. Call finalize() once all are added.
-  size_t add(const std::string& name, std::vector<int64_t> shape, bool decay) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    ParamSegment seg{name, total_, static_cast<size_t>(n), decay};
-    segments_.push_back(seg);
-    shapes_.push_back(std::move(shape));
-    total_ += static_cast<size_t>(n);
-    return seg.offset;
-  }
-  void finalize() {
-    data_.assign(total_, Real(0));
-    grad_.assign(total_, Real(0));
-  }
+  // dtype: the compute dtype of parameters and gradients (f32, bf16, f16 on a GPU; f32 or f64 on the CPU).
+  explicit ParamBuffer(Device device = Device::cpu(), DType dtype = DType::F32) : device_(device), dtype_(dtype) {}
 
-  size_t size() const { return total_; }
-  Real* data() { return data_.data(); }
-  const Real* data() const { return data_.data(); }
-  Real* grad() { return grad_.data(); }
-  const Real* grad() const { return grad_.data(); }
-  Real* data_at(size_t off) { return off == kNoParam ? nullptr : data_.data() + off; }
-  Real* grad_at(size_t off) { return off == kNoParam ? nullptr : grad_.data() + off; }
-  void zero_grad() { std::fill(grad_.begin(), grad_.end(), Real(0)); }
+  // Reserves a segment; returns its offset. Call finalize() once all are added.
+  size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  // Allocates the buffers, zero-filled (a CPU or CUDA context).
+  void finalize(Context& ctx);
+
+  size_t size() const { return total_; }            // elements, padding included
+  size_t num_params() const { return num_params_; }  // elements of the segments alone
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  bool has_master() const { return master_.data() != nullptr; }
+
+  // Flat views over the whole buffers; master() is undefined for f32/f64 models (the data is its own master).
+  Tensor data() const { return data_.view(dtype_, {static_cast<int64_t>(total_)}); }
+  Tensor grad() const { return grad_.view(dtype_, {static_cast<int64_t>(total_)}); }
+  Tensor master() const { return has_master() ? master_.view(DType::F32, {static_cast<int64_t>(total_)}) : Tensor(); }
+  // The segment at `offset` (numel elements), or an undefined Tensor for kNoParam.
+  Tensor data_at(size_t offset, int64_t numel) const;
+  Tensor grad_at(size_t offset, int64_t numel) const;
+
+  // Host pointers of a CPU model in its dtype (reference code and tests); an error on a GPU or a 16-bit model.
+  template <typename T>
+  T* host_data() const { return static_cast<T*>(host_ptr(data_, sizeof(T))); }
+  template <typename T>
+  T* host_grad() const { return static_cast<T*>(host_ptr(grad_, sizeof(T))); }
+
+  void zero_grad(Context& ctx) const { fill_bytes(grad(), 0, ctx); }
+  // All parameters as f32 on the host (the master weights when there are any), padding included.
+  std::vector<float> read_f32(Context& ctx) const;
+  // Sets all parameters from f32 host values (size() of them): the master weights when there are any, and the
+  // compute-dtype copy (rounded to nearest even).
+  void write_f32(const std::vector<float>& values, Context& ctx);
+  // The gradients as f32 on the host (for tests, metrics and the CPU optimizer path).
+  std::vector<float> read_grad_f32(Context& ctx) const;
 
   const std::vector<ParamSegment>& segments() const { return segments_; }
   const std::vector<int64_t>& shape(size_t i) const { return shapes_[i]; }
   // Index of the segment called `name`, or -1.
-  int find(const std::string& name) const {
-    for (size_t i = 0; i < segments_.size(); ++i)
-      if (segments_[i].name == name) return static_cast<int>(i);
-    return -1;
-  }
+  int find(const std::string& name) const;
 
  private:
+  void* host_ptr(const Buffer& b, size_t elem) const;
+  Device device_;
+  DType dtype_;
   std::vector<ParamSegment> segments_;
   std::vector<std::vector<int64_t>> shapes_;
-  std::vector<Real> data_, grad_;
-  size_t total_ = 0;
+  Buffer data_, grad_, master_;
+  size_t total_ = 0, num_params_ = 0;
 };
 
 }  // namespace tessera
