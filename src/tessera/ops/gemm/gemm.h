@@ -4,8 +4,16 @@
 // with trans_b, (N, K). C: (M, N). bias: (N) or null, added after the product.
 // A Linear layer y = x Wᵀ + b with W stored (out, in) is gemm({M=rows, N=out, K=in, trans_b=true}).
 // The CPU path calls OpenBLAS when the build found it, otherwise a plain loop (gemm_loop_ref, always built
-// so the two can be compared).
+// so the two can be compared). The CUDA path calls cuBLASLt (gemm_cuda.cu).
+//
+// Strided batch (Tensor-level entry only; the _ref functions do one product): with batch > 1, product i reads
+// A + i*stride_a, B + i*stride_b and writes C + i*stride_c (strides in elements); the bias is shared by all.
 #pragma once
+#include <cstdint>
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -13,6 +21,12 @@ struct GemmParams {
   int M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
+  // CUDA, f32 only: true runs TF32 tensor cores (inputs rounded to 10 mantissa bits, fp32 accumulation,
+  // relative error ~1e-3); false runs exact fp32 (CUBLAS_COMPUTE_32F), which follows the CPU reference to
+  // accumulation order. Ignored on the CPU and for bf16 / f16 (always fp32 accumulation).
+  bool allow_tf32 = true;
+  int batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 template <typename T>
@@ -24,5 +38,34 @@ bool gemm_uses_blas();
 // Column sums: d_bias[n] += Σ_m d_c[m, n], the bias gradient of a Linear layer. d_c: (M, N).
 template <typename T>
 void bias_grad_ref(int M, int N, T* d_bias, const T* d_c);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (gemm.cpp): route to the reference or to cuBLASLt by device and dtype. ----
+// a, b, c, bias (optional: an undefined Tensor) and d_bias, d_c are contiguous, in the compute dtype. With
+// batch == 1 they hold exactly M*K, K*N, M*N and N elements; with batch > 1, a, b and c hold at least
+// (batch-1)*stride + one matrix. c must not overlap a, b or bias.
+namespace tessera {
+
+struct BiasGradParams {
+  int M = 0, N = 0;
+};
+
+bool gemm_supports(const GemmParams& p, DType dtype, Device device, std::string* why = nullptr);
+void gemm(const GemmParams& p, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, Context& ctx);
+// d_bias[n] += Σ_m d_c[m, n]  (ACCUMULATED, as bias_grad_ref).
+void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c, Context& ctx);
+
+// ---- CUDA launchers (gemm_cuda.cu), on ctx's stream. Pointers are device memory in `dtype`. ----
+// gemm_cuda: one cublasLtMatmul. Row-major C (M, N) is column-major Cᵀ (N, M), so cuBLASLt computes
+// Cᵀ = op(B)ᵀ op(A)ᵀ with B's memory as its "A" and A's memory as its "B"; the bias becomes cuBLASLt's
+// per-row bias (CUBLASLT_EPILOGUE_BIAS, added in fp32 before the output is rounded). bf16 / f16: fp32
+// accumulation (CUBLAS_COMPUTE_32F). f32: CUBLAS_COMPUTE_32F_FAST_TF32 or CUBLAS_COMPUTE_32F (allow_tf32).
+// Uses ctx's cuBLASLt handle and its 32 MiB workspace; nothing is cached between calls.
+// bias_grad_cuda: column sums in fp32, rows split into fixed chunks (partials in ctx.scratch), chunks summed
+// in a fixed order: deterministic, no atomics.
+void gemm_cuda(const GemmParams& p, DType dtype, void* c, const void* a, const void* b, const void* bias,
+               Context& ctx);
+void bias_grad_cuda(const BiasGradParams& p, DType dtype, void* d_bias, const void* d_c, Context& ctx);
 
 }  // namespace tessera

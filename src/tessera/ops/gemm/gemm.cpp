@@ -1,0 +1,94 @@
+// Tensor-level GEMM and bias gradient: checks, then the reference (CPU) or cuBLASLt (CUDA).
+#include "tessera/ops/dispatch.h"
+#include "tessera/ops/gemm/gemm.h"
+
+namespace tessera {
+
+bool gemm_supports(const GemmParams& p, DType dtype, Device device, std::string* why) {
+  if (!supports_dtype(dtype, device, why)) return false;
+  if (p.M < 0 || p.N < 0 || p.K < 0) {
+    if (why) *why = "needs M, N, K >= 0";
+    return false;
+  }
+  if (p.batch < 1) {
+    if (why) *why = "needs batch >= 1, got " + std::to_string(p.batch);
+    return false;
+  }
+  if (p.batch > 1 && (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0)) {
+    if (why) *why = "needs non-negative batch strides";
+    return false;
+  }
+  if (p.batch > 1 && p.stride_c < static_cast<int64_t>(p.M) * p.N) {
+    if (why) *why = "batched outputs overlap: stride_c " + std::to_string(p.stride_c) + " < M*N";
+    return false;
+  }
+  // The K == 0 / bias fallback kernel puts the batch on gridDim.y.
+  if (!device.is_cpu() && p.batch > 65535) {
+    if (why) *why = "the CUDA path takes batch up to 65535, got " + std::to_string(p.batch);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// A matrix argument: the batch-1 contract of expect(), or, batched, contiguous memory covering every product.
+void expect_matrix(const Tensor& t, const char* op, const char* name, DType dt, int64_t size, int batch,
+                   int64_t stride, const Context& ctx) {
+  if (batch == 1) {
+    expect(t, op, name, dt, size, ctx);
+    return;
+  }
+  expect(t, op, name, dt, t.numel(), ctx);
+  const int64_t extent = (batch - 1) * stride + size;
+  TS_CHECK(t.numel() >= extent, op, ": ", name, " has ", t.numel(), " elements ", t.shape_str(), ", but ", batch,
+           " products with stride ", stride, " need ", extent);
+}
+
+}  // namespace
+
+void gemm(const GemmParams& p, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias, Context& ctx) {
+  constexpr const char* op = "gemm";
+  const DType dt = a.defined() ? a.dtype() : c.dtype();
+  std::string why;
+  require_supported(gemm_supports(p, dt, ctx.device(), &why), op, why);
+  const int64_t M = p.M, N = p.N, K = p.K;
+  expect_matrix(a, op, "a", dt, M * K, p.batch, p.stride_a, ctx);
+  expect_matrix(b, op, "b", dt, K * N, p.batch, p.stride_b, ctx);
+  expect_matrix(c, op, "c", dt, M * N, p.batch, p.stride_c, ctx);
+  expect(bias, op, "bias", dt, N, ctx, /*optional=*/true);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    gemm_cuda(p, dt, c.data(), a.data(), b.data(), bias.data(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    for (int i = 0; i < p.batch; ++i)
+      gemm_ref<T>(p, c.as<T>() + i * p.stride_c, a.as<T>() + i * p.stride_a, b.as<T>() + i * p.stride_b,
+                  bias.as<T>());
+  });
+}
+
+void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c, Context& ctx) {
+  constexpr const char* op = "bias_grad";
+  const DType dt = d_c.dtype();
+  std::string why;
+  require_supported(supports_dtype(dt, ctx.device(), &why), op, why);
+  TS_CHECK(p.M >= 0 && p.N >= 0, op, ": needs M, N >= 0");
+  expect(d_c, op, "d_c", dt, static_cast<int64_t>(p.M) * p.N, ctx);
+  expect(d_bias, op, "d_bias", dt, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    bias_grad_cuda(p, dt, d_bias.data(), d_c.data(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    bias_grad_ref<T>(p.M, p.N, d_bias.as<T>(), d_c.as<T>());
+  });
+}
+
+}  // namespace tessera
