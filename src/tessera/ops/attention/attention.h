@@ -6,6 +6,10 @@
 // Backward (FlashAttention-2 form, P recomputed from lse): D_i = dO_i · O_i,  dS = P ∘ (dO Vᵀ - D),
 //   dQ = dS K / sqrt(Dh),  dK = dSᵀ Q / sqrt(Dh),  dV = Pᵀ dO.   d_qkv is overwritten.
 #pragma once
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -34,5 +38,40 @@ template <typename T>
 void rope_forward_ref(const RopeParams& p, T* qkv);
 template <typename T>
 void rope_backward_ref(const RopeParams& p, T* d_qkv);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (attention.cpp): route to the reference or the CUDA kernels by device and dtype. ----
+// qkv, d_qkv: (B*T, 3C); out, d_out: (B*T, C), all in the compute dtype; lse: (B, H, T) f32 (f64 for an f64
+// computation). attention_backward OVERWRITES d_qkv (every element of it). rope_forward / rope_backward rotate
+// qkv / d_qkv IN PLACE (the q and k parts; the v part is left as it is).
+namespace tessera {
+
+bool attention_supports(const AttentionParams& p, DType dtype, Device device, std::string* why = nullptr);
+bool rope_supports(const RopeParams& p, DType dtype, Device device, std::string* why = nullptr);
+
+void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                       Context& ctx);
+void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, Context& ctx);
+void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx);
+void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
+
+// ---- CUDA launchers (attention.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
+// Forward: one block of 256 threads per (query tile of 64 rows, head, batch); K/V tiles of 64 rows in shared
+// memory, online softmax (running max and sum in f32 registers), the T x T matrix never stored; lse saved.
+// Backward: D = rowsum(d_out * out) (f32, in ctx.scratch: B*H*T floats), then one kernel per query tile for
+// dQ and one per key tile for dK and dV, recomputing P = exp(S - lse) tile by tile (no atomics, deterministic).
+// Q, K and V are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64,
+// 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
+constexpr int kAttentionMaxDh = 128;
+void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
+                            Context& ctx);
+void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
+                             const void* qkv, const void* out, const float* lse, Context& ctx);
+// One thread per (row, rotation pair i), cos/sin of pos * theta^(-2i/Dh) in f64 (as the reference; positions in
+// the thousands would lose 1e-4 of the angle in f32), applied to every q and k head of the row.
+void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx);
+void rope_backward_cuda(const RopeParams& p, DType dtype, void* d_qkv, Context& ctx);
 
 }  // namespace tessera
