@@ -47,7 +47,7 @@ bool adamw_supports(DType dtype, bool master, Device device, std::string* why) {
 }
 
 size_t adamw_scratch_bytes(const Context& ctx) {
-  return ctx.is_cuda() ? 2 * static_cast<size_t>(ctx.gpu().sm_count) * sizeof(float) : 0;
+  return ctx.is_cuda() ? 8 * static_cast<size_t>(ctx.gpu().sm_count) * sizeof(float) : 0;
 }
 
 void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,

@@ -108,13 +108,16 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t t0 = t * kAdamTile, i0 = t0 + threadIdx.x * kAdamPer;
     if (i0 >= end) continue;
+    // The loads go out before the segment search (they do not depend on it; the buffers hold >= end elements).
+    const bool full = vec && i0 + kAdamPer <= end;
+    float g[kAdamPer];
+    if (full) load_group(grads + i0, g);
     const int s_tile = segment_ending_after(segs, 0, nseg, t0);
     const ElementGroup grp = locate_group(segs, nseg, s_tile, i0);
-    if (grp.whole && vec) {
-      float g[kAdamPer];
-      load_group(grads + i0, g);
+    if (full) {
 #pragma unroll
-      for (int e = 0; e < kAdamPer; ++e) acc += g[e] * g[e];
+      for (int e = 0; e < kAdamPer; ++e)
+        if (grp.in >> e & 1u) acc += g[e] * g[e];  // a select, so a gap's garbage (even NaN) never enters
     } else {
 #pragma unroll
       for (int e = 0; e < kAdamPer; ++e)
@@ -156,16 +159,20 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t t0 = t * kAdamTile, i0 = t0 + threadIdx.x * kAdamPer;
     if (i0 >= end) continue;
-    const int s_tile = segment_ending_after(segs, 0, nseg, t0);
-    const ElementGroup grp = locate_group(segs, nseg, s_tile, i0);
-    const bool fast = grp.whole && vec;
+    // The loads go out before the segment search (they do not depend on it; the buffers hold >= end elements).
+    // A group straddling a gap loads the gap too, but stores only its in-segment elements.
+    const bool full = vec && i0 + kAdamPer <= end;
     float g[kAdamPer], w[kAdamPer], mm[kAdamPer], vv[kAdamPer];
-    if (fast) {
+    if (full) {
       load_group(grads + i0, g);
       load_group(master + i0, w);
       load_group(m + i0, mm);
       load_group(v + i0, vv);
-    } else {
+    }
+    const int s_tile = segment_ending_after(segs, 0, nseg, t0);
+    const ElementGroup grp = locate_group(segs, nseg, s_tile, i0);
+    const bool fast = full && grp.whole;
+    if (!full) {
 #pragma unroll
       for (int e = 0; e < kAdamPer; ++e) {
         g[e] = w[e] = mm[e] = vv[e] = 0.0f;
@@ -204,7 +211,8 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
   }
 }
 
-int norm_partials_grid(const Context& ctx) { return 2 * ctx.gpu().sm_count; }
+// 8 blocks of 256 threads per SM: full occupancy, enough loads in flight to stream the gradients.
+int norm_partials_grid(const Context& ctx) { return 8 * ctx.gpu().sm_count; }
 
 }  // namespace
 
