@@ -10,6 +10,10 @@
 // d_loss = 1 / count.
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -25,5 +29,50 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
 template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (cross_entropy.cpp): route to the reference or the CUDA kernels by device and dtype. ----
+// logits, d_logits: (N, V) in the compute dtype; targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
+// computation), whatever the compute dtype. The count of counted rows lives on the device (no host round trip):
+// cross_entropy_loss_sum writes it, and cross_entropy_backward can read it to form the mean loss's gradient.
+namespace tessera {
+
+bool cross_entropy_supports(const CrossEntropyParams& p, DType dtype, Device device, std::string* why = nullptr);
+
+// losses[n], lse[n] as cross_entropy_forward_ref writes them (0 loss for an ignored row; lse for every row).
+// On CUDA a target outside [0, V) that is not ignore_index gives a NaN loss (the reference throws instead).
+void cross_entropy_forward(const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                           const Tensor& targets, Context& ctx);
+
+// sum_mean: (2) in the stat dtype, {Σ_n losses[n], Σ_n losses[n] / count} (mean 0 when count is 0);
+// count: (1) i32, the number of rows whose target is not ignore_index (what cross_entropy_forward_ref returns).
+// Summed in a fixed order (deterministic), in f64. The host reads the mean loss with one 4-byte copy of
+// sum_mean[1] (sum_mean.slice1d(1, 1)). count may be undefined.
+void cross_entropy_loss_sum(const CrossEntropyParams& p, const Tensor& sum_mean, const Tensor& count,
+                            const Tensor& losses, const Tensor& targets, Context& ctx);
+
+// d_logits[n] = (softmax(logits[n]) - p_smoothed) * scale; 0 for an ignored row. d_logits may alias logits (the
+// model's in-place case: each gradient element needs only its own logit and the row's lse; nothing else is
+// stored). scale = d_loss when count is undefined, else d_loss / max(count[0], 1) read on the device — pass the
+// count tensor cross_entropy_loss_sum wrote and d_loss = loss_scale for the gradient of loss_scale * mean loss.
+void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits, const Tensor& logits,
+                            const Tensor& lse, const Tensor& targets, double d_loss, const Tensor& count,
+                            Context& ctx);
+
+// ---- CUDA launchers (cross_entropy.cu), on ctx's stream; pointers are device memory in `dtype` unless typed. ----
+// Forward: one block per row, one pass over the vocabulary with an online max and sum (plus Σ logits for the
+// smoothing term); 16-byte loads over the row's aligned body, scalar loads for the unaligned head and the tail
+// (rows of V = 50257 bf16 start at every 2-byte offset). Backward: one block per row, the same head/body/tail
+// split, each element read once and written once (in place when d_logits == logits).
+void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
+                                const void* logits, const int32_t* targets, Context& ctx);
+// One block, fixed order: sum_mean[0] = Σ losses, sum_mean[1] = mean; count[0] = counted rows (count may be null).
+void cross_entropy_loss_sum_cuda(const CrossEntropyParams& p, float* sum_mean, int32_t* count, const float* losses,
+                                 const int32_t* targets, Context& ctx);
+// count may be null (scale = d_loss).
+void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void* d_logits, const void* logits,
+                                 const float* lse, const int32_t* targets, float d_loss, const int32_t* count,
+                                 Context& ctx);
 
 }  // namespace tessera

@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/buffer.h"
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
+
 namespace tessera {
 
 struct ParamSegment {
@@ -27,6 +31,9 @@ struct AdamWParams {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
   int64_t step = 1;
+  // Clip the gradients to this global L2 norm first (torch.nn.utils.clip_grad_norm_); <= 0: no clipping. Read by
+  // the Tensor-level adamw_step only; adamw_update_ref ignores it (call clip_grad_norm_ref before it).
+  float max_grad_norm = 0.0f;
 };
 
 // params, grads: numel of the whole table; m, v: f32 moments of the same length.
@@ -38,5 +45,69 @@ double grad_norm_ref(const float* grads, size_t n);
 // Scales grads by max_norm / (norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_);
 // returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm_ref(float* grads, size_t n, double max_norm);
+
+}  // namespace tessera
+
+// ---- Tensor-level optimizer step (adamw.cpp) and its CUDA launchers (adamw.cu). ----
+namespace tessera {
+
+// One segment as the CUDA kernels read it: elements [begin, end) of the flat buffers, decay 1 or 0.
+struct AdamWSegmentRecord {
+  int64_t begin = 0, end = 0;
+  int32_t decay = 0, unused = 0;
+};
+
+// The segment table, checked, sorted by offset (empty segments dropped), and on the CUDA context's device a copy
+// in device memory that the kernels search. Build it once per model (the table does not change between steps):
+// no per-step upload, nothing to break CUDA graph capture. Segments must not overlap; gaps between them (alignment
+// padding) are neither read into the norm nor updated.
+class AdamWSegmentTable {
+ public:
+  AdamWSegmentTable(const std::vector<ParamSegment>& segments, Context& ctx);
+  const std::vector<ParamSegment>& segments() const { return segments_; }  // sorted by offset
+  const AdamWSegmentRecord* device_records() const { return device_.as<AdamWSegmentRecord>(); }  // CUDA only
+  int count() const { return static_cast<int>(segments_.size()); }
+  size_t end() const { return end_; }  // one past the last updated element: the buffers need at least this many
+  Device device() const { return device_kind_; }
+
+ private:
+  std::vector<ParamSegment> segments_;
+  Buffer device_;
+  size_t end_ = 0;
+  Device device_kind_;
+};
+
+// dtype: the params / grads (compute) dtype; master: whether f32 master weights are separate from the params.
+// CPU: f32 params, no master. CUDA: f32 (master optional), bf16 / f16 (master required).
+bool adamw_supports(DType dtype, bool master, Device device, std::string* why = nullptr);
+
+// One optimizer step over the flat buffers:
+//   norm = sqrt(Σ g²) over the segments;  c = min(1, max_grad_norm / (norm + 1e-6)) when max_grad_norm > 0, else 1
+//   then AdamW (adamw.h, top) with g * c on every segment, decay per segment.
+// params, grads: (numel) compute dtype; master: (numel) f32 or undefined (the params are f32 and are the master);
+// m, v: (numel) f32; numel >= table.end(). grad_norm: (1) f32 or undefined; receives the norm before clipping (on
+// the device: the host copies it when it wants the metric). p.step counts from 1.
+// CUDA: the master, m and v are updated in f32 registers and the params get round(master) in the compute dtype;
+// the grads are NOT modified (the clip factor is applied in registers). CPU: clip_grad_norm_ref (scales the
+// grads in place) then adamw_update_ref.
+// Launches (CUDA): one norm-partials kernel when grad_norm is given or max_grad_norm > 0 (skipped otherwise), and
+// one AdamW kernel for every parameter, which reduces the partials itself in a fixed order (no host round trip,
+// deterministic). Uses ctx.scratch(adamw_scratch_bytes(ctx)).
+void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,
+                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx);
+
+// The scratch adamw_step takes on this context (reserve it before capturing a CUDA graph).
+size_t adamw_scratch_bytes(const Context& ctx);
+
+// CUDA launcher: params / grads in `dtype`; master may be null (then params are f32 and are the master);
+// grad_norm may be null. Pointers are device memory.
+// Norm partials: a fixed grid of blocks strides over 2048-element tiles, sums g² of the in-segment elements in f32
+// and writes one partial per block to scratch. AdamW: 2048-element tiles (256 threads x 8 consecutive elements);
+// each block first sums the partials in f64 in a fixed order (every block gets the same bits; block 0 stores the
+// norm), then per tile finds the segment holding its first element by binary search in the device table; a
+// thread whose 8 elements lie inside that segment takes the vector path (16-byte accesses, one decay for all),
+// and only a thread straddling a segment boundary or a gap goes element by element.
+void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
+                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx);
 
 }  // namespace tessera

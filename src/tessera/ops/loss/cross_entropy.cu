@@ -1,0 +1,243 @@
+// Cross-entropy kernels (see cross_entropy.h for the math and the launch strategy).
+#include <algorithm>
+
+#include "tessera/core/cuda_util.cuh"
+#include "tessera/ops/loss/cross_entropy.h"
+
+namespace tessera {
+namespace {
+
+using cuda::from_f32;
+using cuda::to_f32;
+
+constexpr int kCeMaxThreads = 512;
+constexpr int kLossSumThreads = 1024;
+
+// A row split for 16-byte accesses: `head` scalar elements until the row pointer is 16-byte aligned, then
+// `packs` aligned Pack<T>s, then the scalar tail [head + packs * kVec, V). vec = false makes the whole row the
+// head (the scalar path). Rows of an odd V in a 16-bit dtype start at every 2-byte offset, so the head varies by
+// row; a T* is always sizeof(T)-aligned, so the head is a whole number of elements.
+template <typename T>
+struct RowSplit {
+  int head, packs;
+  __device__ RowSplit(const T* row, int V, bool vec) {
+    constexpr int kVec = cuda::Pack<T>::kVec;
+    if (!vec) {
+      head = V;
+      packs = 0;
+      return;
+    }
+    const int mis = static_cast<int>((reinterpret_cast<uintptr_t>(row) & 15) / sizeof(T));
+    head = min(V, mis ? kVec - mis : 0);
+    packs = (V - head) / kVec;
+  }
+};
+
+// The online softmax state of a set of values: m = max, s = Σ exp(x - m). Merging keeps s finite when one side is
+// empty (m = -inf, s = 0).
+struct OnlineMaxSum {
+  float m = -INFINITY, s = 0.0f;
+  __device__ void add(float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  __device__ void merge(float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+  }
+};
+
+// logits: (N, V) T row-major; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each thread runs
+// the online max/sum and Σ logits over its elements (one read of the row), then the block merges the states in a
+// fixed order (warp shuffles, then warp 0 over the warps' results):
+//   lse = m + log s,   loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
+template <typename T>
+__global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_row(
+    float* __restrict__ losses, float* __restrict__ lse, const T* __restrict__ logits,
+    const int32_t* __restrict__ targets, int V, float eps, int ignore_index) {
+  constexpr int kVec = cuda::Pack<T>::kVec;
+  const int row = blockIdx.x;
+  const T* z = logits + static_cast<size_t>(row) * V;
+  const RowSplit<T> split(z, V, /*vec=*/true);
+  OnlineMaxSum st;
+  float zsum = 0.0f;
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) {
+    const float x = to_f32(z[j]);
+    st.add(x);
+    zsum += x;
+  }
+  const cuda::Pack<T>* body = reinterpret_cast<const cuda::Pack<T>*>(z + split.head);
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
+    const cuda::Pack<T> pk = body[k];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float x = to_f32(pk.v[i]);
+      st.add(x);
+      zsum += x;
+    }
+  }
+  for (int j = split.head + split.packs * kVec + threadIdx.x; j < V; j += blockDim.x) {
+    const float x = to_f32(z[j]);
+    st.add(x);
+    zsum += x;
+  }
+  // Warp merge, then warp 0 merges the warps.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, st.m, o), s2 = __shfl_xor_sync(0xffffffffu, st.s, o);
+    st.merge(m2, s2);
+  }
+  zsum = cuda::warp_sum(zsum);
+  __shared__ float sm_m[32], sm_s[32], sm_z[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+    sm_m[warp] = st.m;
+    sm_s[warp] = st.s;
+    sm_z[warp] = zsum;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  OnlineMaxSum all;
+  if (lane < warps) {
+    all.m = sm_m[lane];
+    all.s = sm_s[lane];
+  }
+  float zs = lane < warps ? sm_z[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, all.m, o), s2 = __shfl_xor_sync(0xffffffffu, all.s, o);
+    all.merge(m2, s2);
+  }
+  zs = cuda::warp_sum(zs);
+  if (lane != 0) return;
+  const float l = all.m + logf(all.s);
+  lse[row] = l;
+  const int32_t y = targets[row];
+  float loss;
+  if (y == ignore_index) loss = 0.0f;
+  else if (y < 0 || y >= V) loss = NAN;
+  else loss = l - (1.0f - eps) * to_f32(z[y]) - eps / static_cast<float>(V) * zs;
+  losses[row] = loss;
+}
+
+// losses, targets: (N). One block; thread t sums rows t, t + blockDim, ... in f64, then a fixed-order block
+// reduction: sum_mean = {Σ losses, Σ losses / count}, count = #(targets != ignore_index).
+__global__ void __launch_bounds__(kLossSumThreads) cross_entropy_loss_sum_block(
+    float* __restrict__ sum_mean, int32_t* __restrict__ count, const float* __restrict__ losses,
+    const int32_t* __restrict__ targets, int N, int ignore_index) {
+  double s = 0.0;
+  int c = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    s += losses[n];
+    c += targets[n] != ignore_index;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    c += __shfl_xor_sync(0xffffffffu, c, o);
+  }
+  __shared__ double sm_s[32];
+  __shared__ int sm_c[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+    sm_s[warp] = s;
+    sm_c[warp] = c;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  s = lane < warps ? sm_s[lane] : 0.0;
+  c = lane < warps ? sm_c[lane] : 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    c += __shfl_xor_sync(0xffffffffu, c, o);
+  }
+  if (lane == 0) {
+    sum_mean[0] = static_cast<float>(s);
+    sum_mean[1] = c ? static_cast<float>(s / c) : 0.0f;
+    if (count) count[0] = c;
+  }
+}
+
+// d_logits, logits: (N, V) T, possibly the same memory; lse, targets: (N). Grid N, one block per row:
+//   d[j] = (exp(z[j] - lse) - eps / V - (j == y ? 1 - eps : 0)) * scale,  scale = d_loss / max(count, 1)
+// and d = 0 on an ignored row. Each element is read, then written, by the same thread, so the in-place case needs
+// no synchronization. vec requires d_logits and logits to share their offset within 16 bytes.
+template <typename T>
+__global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_backward_inplace_row(
+    T* d_logits, const T* logits, const float* __restrict__ lse, const int32_t* __restrict__ targets,
+    const int32_t* __restrict__ count, int V, float eps, int ignore_index, float d_loss, bool vec) {
+  constexpr int kVec = cuda::Pack<T>::kVec;
+  const int row = blockIdx.x;
+  const size_t off = static_cast<size_t>(row) * V;
+  const T* z = logits + off;
+  T* d = d_logits + off;
+  const int32_t y = targets[row];
+  const bool ignored = y == ignore_index;
+  const float scale = count ? d_loss / static_cast<float>(max(count[0], 1)) : d_loss;
+  const float l = ignored ? 0.0f : lse[row], smooth = eps / static_cast<float>(V), on = 1.0f - eps;
+  auto grad = [&](int j, float x) {  // ignored is uniform over the block: no divergence
+    return from_f32<T>(ignored ? 0.0f : (expf(x - l) - smooth - (j == y ? on : 0.0f)) * scale);
+  };
+  const RowSplit<T> split(z, V, vec);
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) d[j] = grad(j, to_f32(z[j]));
+  const cuda::Pack<T>* zb = reinterpret_cast<const cuda::Pack<T>*>(z + split.head);
+  cuda::Pack<T>* db = reinterpret_cast<cuda::Pack<T>*>(d + split.head);
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
+    const cuda::Pack<T> pz = zb[k];
+    cuda::Pack<T> pd;
+    const int j0 = split.head + k * kVec;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) pd.v[i] = grad(j0 + i, to_f32(pz.v[i]));
+    db[k] = pd;
+  }
+  for (int j = split.head + split.packs * kVec + threadIdx.x; j < V; j += blockDim.x) d[j] = grad(j, to_f32(z[j]));
+}
+
+// Threads per row block: enough for one 16-byte pack per thread up to kCeMaxThreads, a multiple of 32.
+int ce_threads(int V, int vec) {
+  const int want = (V + vec - 1) / vec;
+  return std::clamp((want + 31) / 32 * 32, 32, kCeMaxThreads);
+}
+
+}  // namespace
+
+void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
+                                const void* logits, const int32_t* targets, Context& ctx) {
+  if (p.N == 0) return;
+  cuda::dispatch_float(dtype, "cross_entropy_forward", [&](auto t) {
+    using T = decltype(t);
+    cross_entropy_forward_online_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
+        losses, lse, static_cast<const T*>(logits), targets, p.V, p.label_smoothing, p.ignore_index);
+    TS_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_loss_sum_cuda(const CrossEntropyParams& p, float* sum_mean, int32_t* count, const float* losses,
+                                 const int32_t* targets, Context& ctx) {
+  cross_entropy_loss_sum_block<<<1, kLossSumThreads, 0, ctx.stream()>>>(sum_mean, count, losses, targets, p.N,
+                                                                        p.ignore_index);
+  TS_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void* d_logits, const void* logits,
+                                 const float* lse, const int32_t* targets, float d_loss, const int32_t* count,
+                                 Context& ctx) {
+  if (p.N == 0) return;
+  const bool vec = ((reinterpret_cast<uintptr_t>(d_logits) - reinterpret_cast<uintptr_t>(logits)) & 15) == 0;
+  cuda::dispatch_float(dtype, "cross_entropy_backward", [&](auto t) {
+    using T = decltype(t);
+    cross_entropy_backward_inplace_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
+        static_cast<T*>(d_logits), static_cast<const T*>(logits), lse, targets, count, p.V, p.label_smoothing,
+        p.ignore_index, d_loss, vec);
+    TS_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,84 @@
+// Tensor-level AdamW step and the device segment table: checks, then the reference (CPU) or the CUDA kernels.
+#include <algorithm>
+
+#include "tessera/ops/dispatch.h"
+#include "tessera/ops/optim/adamw.h"
+
+namespace tessera {
+
+AdamWSegmentTable::AdamWSegmentTable(const std::vector<ParamSegment>& segments, Context& ctx)
+    : device_kind_(ctx.device()) {
+  for (const ParamSegment& s : segments)
+    if (s.numel > 0) segments_.push_back(s);
+  std::sort(segments_.begin(), segments_.end(),
+            [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < segments_.size(); ++i)
+    TS_CHECK(segments_[i - 1].offset + segments_[i - 1].numel <= segments_[i].offset, "adamw: segment '",
+             segments_[i - 1].name, "' [", segments_[i - 1].offset, ", ", segments_[i - 1].offset + segments_[i - 1].numel,
+             ") overlaps '", segments_[i].name, "' at ", segments_[i].offset);
+  end_ = segments_.empty() ? 0 : segments_.back().offset + segments_.back().numel;
+  if (ctx.is_cuda() && !segments_.empty()) {
+    std::vector<AdamWSegmentRecord> records;
+    records.reserve(segments_.size());
+    for (const ParamSegment& s : segments_)
+      records.push_back({.begin = static_cast<int64_t>(s.offset), .end = static_cast<int64_t>(s.offset + s.numel),
+                         .decay = s.decay ? 1 : 0});
+    const size_t bytes = records.size() * sizeof(AdamWSegmentRecord);
+    device_ = Buffer(bytes, ctx.device(), "the AdamW segment table");
+    copy_bytes(device_.data(), ctx.device(), records.data(), Device::cpu(), bytes, ctx);
+    ctx.synchronize();  // the host vector goes away; the copy may be staged asynchronously
+  }
+}
+
+bool adamw_supports(DType dtype, bool master, Device device, std::string* why) {
+  if (device.is_cpu()) {
+    if (dtype != DType::F32 || master) {
+      if (why) *why = "the CPU reference updates f32 parameters in place, without separate master weights";
+      return false;
+    }
+    return true;
+  }
+  if (!supports_dtype(dtype, device, why)) return false;
+  if (dtype != DType::F32 && !master) {
+    if (why) *why = std::string(dtype_name(dtype)) + " parameters need f32 master weights";
+    return false;
+  }
+  return true;
+}
+
+size_t adamw_scratch_bytes(const Context& ctx) {
+  return ctx.is_cuda() ? 8 * static_cast<size_t>(ctx.gpu().sm_count) * sizeof(float) : 0;
+}
+
+void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,
+                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx) {
+  constexpr const char* op = "adamw_step";
+  const DType dt = params.dtype();
+  std::string why;
+  require_supported(adamw_supports(dt, master.defined(), ctx.device(), &why), op, why);
+  TS_CHECK(p.step >= 1, op, ": step must start at 1, got ", p.step);
+  TS_CHECK(table.device() == ctx.device(), op, ": the segment table was built for ", table.device().str(),
+           " but the context is ", ctx.device().str());
+  const int64_t n = params.numel();
+  TS_CHECK(static_cast<size_t>(n) >= table.end(), op, ": the buffers hold ", n,
+           " elements but the segment table reaches ", table.end());
+  expect(params, op, "params", dt, n, ctx);
+  expect(grads, op, "grads", dt, n, ctx);
+  expect(master, op, "master", DType::F32, n, ctx, /*optional=*/true);
+  expect(m, op, "m", DType::F32, n, ctx);
+  expect(v, op, "v", DType::F32, n, ctx);
+  expect(grad_norm, op, "grad_norm", DType::F32, 1, ctx, /*optional=*/true);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    adamw_step_cuda(p, table, dt, params.data(), grads.data(), master.as<float>(), m.as<float>(), v.as<float>(),
+                    grad_norm.as<float>(), ctx);
+    return;
+  }
+#endif
+  // The reference clips over the whole buffer; gaps between segments are zero in a CPU model (no padding there).
+  const double norm = clip_grad_norm_ref(grads.as<float>(), static_cast<size_t>(n), p.max_grad_norm);
+  if (grad_norm.defined()) grad_norm.as<float>()[0] = static_cast<float>(norm);
+  adamw_update_ref(p, table.segments(), params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>());
+}
+
+}  // namespace tessera

@@ -1,0 +1,169 @@
+// Cross-entropy: the CUDA kernels against the f64 reference, through the Tensor-level entries.
+#include "cuda_test_util.h"
+#include "tessera/ops/loss/cross_entropy.h"
+
+namespace tessera::test {
+namespace {
+
+// ‖got − ref‖ / max(‖ref‖, floor) <= tol: expect_close with a floor for outputs that are ~0 by cancellation
+// (V = 1 gives a zero loss and a zero gradient that the kernel reproduces only to rounding). Local helper: the
+// shared cuda_test_util.h has no absolute floor.
+void expect_close_floor(const std::vector<double>& got, const std::vector<double>& ref, double tol, double floor,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " is NaN (unwritten?) seed " << test_seed();
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  const double err = std::sqrt(num) / std::max(std::sqrt(den), floor);
+  EXPECT_LE(err, tol) << what << ": relative error " << err << " > " << tol << ", seed " << test_seed();
+}
+
+struct CeCase {
+  int N, V;
+  float eps;
+  int ignore_index;
+};
+
+// Logits with a per-row offset (the online max must rescale) and targets with some rows ignored.
+void make_inputs(const CeCase& c, DType dt, std::mt19937_64& rng, std::vector<double>& logits,
+                 std::vector<int32_t>& targets) {
+  logits = randn<double>(static_cast<size_t>(c.N) * c.V, rng, 3.0);
+  for (int n = 0; n < c.N; ++n)
+    for (int j = 0; j < c.V; ++j) logits[static_cast<size_t>(n) * c.V + j] += 10.0 * ((n % 5) - 2) + 0.0002 * j;
+  logits = rounded(dt, logits);
+  targets = randint(c.N, c.V, rng);
+  for (int n = 0; n < c.N; ++n)
+    if (n % 3 == 1) targets[n] = c.ignore_index;
+}
+
+void run_ce_case(const CeCase& c, DType dt, Context& ctx, std::mt19937_64& rng) {
+  const CrossEntropyParams p{.N = c.N, .V = c.V, .label_smoothing = c.eps, .ignore_index = c.ignore_index};
+  const size_t NV = static_cast<size_t>(c.N) * c.V;
+  std::vector<double> logits;
+  std::vector<int32_t> targets;
+  make_inputs(c, dt, rng, logits, targets);
+
+  std::vector<double> losses(c.N), lse(c.N), d_logits(NV);
+  const long count = cross_entropy_forward_ref<double>(p, losses.data(), lse.data(), logits.data(), targets.data());
+  double sum = 0;
+  for (double l : losses) sum += l;
+  const double loss_scale = 0.75;  // the gradient of loss_scale * mean loss
+  cross_entropy_backward_ref<double>(p, d_logits.data(), logits.data(), lse.data(), targets.data(),
+                                     loss_scale / std::max<long>(count, 1));
+
+  DeviceArena dev(ctx);
+  const Tensor tz = dev.upload(dt, logits), ty = dev.upload_i32(targets);
+  const Tensor tloss = dev.poisoned(DType::F32, c.N), tlse = dev.poisoned(DType::F32, c.N);
+  const Tensor tsum = dev.poisoned(DType::F32, 2), tcount = dev.poisoned(DType::I32, 1);
+  cross_entropy_forward(p, tloss, tlse, tz, ty, ctx);
+  cross_entropy_loss_sum(p, tsum, tcount, tloss, ty, ctx);
+  // Out of place into a buffer one element off the logits' 16-byte phase (the scalar path) ...
+  const Tensor d_far = dev.alloc(dt, static_cast<int64_t>(NV) + 1);
+  fill_bytes(d_far, 0xff, ctx);
+  const Tensor td_off = d_far.slice1d(1, static_cast<int64_t>(NV));
+  cross_entropy_backward(p, td_off, tz, tlse, ty, loss_scale, tcount, ctx);
+  // ... then in place over the logits (the model's case), which consumes them.
+  cross_entropy_backward(p, tz, tz, tlse, ty, loss_scale, tcount, ctx);
+
+  const std::string what = std::string("cross_entropy N=") + std::to_string(c.N) + " V=" + std::to_string(c.V) +
+                           " eps=" + std::to_string(c.eps) + " ignore=" + std::to_string(c.ignore_index) + " " +
+                           dtype_label(dt);
+  // Losses and lse are f32 sums of exact 16-bit inputs: f32 tolerances whatever the dtype.
+  const double rows = std::sqrt(static_cast<double>(c.N));
+  expect_close_floor(dev.download(tlse), lse, 1e-5, rows, what + " lse");
+  expect_close_floor(dev.download(tloss), losses, 1e-4, rows, what + " losses");
+  const auto got_sum = dev.download(tsum), got_count = dev.download(tcount);
+  EXPECT_EQ(got_count[0], count) << what << " count";
+  EXPECT_NEAR(got_sum[0], sum, 1e-4 * std::max(1.0, std::abs(sum)) + 1e-4 * rows) << what << " sum";
+  const double mean = count ? sum / count : 0.0;
+  EXPECT_NEAR(got_sum[1], mean, 1e-4 * std::max(1.0, std::abs(mean)) + 1e-4) << what << " mean";
+  // A gradient row sums to ~0; the floor stands for a magnitude of loss_scale / count per row.
+  const double gfloor = 1e-2 * loss_scale / std::max<long>(count, 1) * rows;
+  expect_close_floor(dev.download(td_off), d_logits, 2 * cuda_tolerance(dt), gfloor, what + " d_logits (scalar)");
+  expect_close_floor(dev.download(tz), d_logits, 2 * cuda_tolerance(dt), gfloor, what + " d_logits (in place)");
+}
+
+TEST(CudaCrossEntropy, MatchesReferenceOnAwkwardShapes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (int N : {1, 7, 64})
+      for (int V : {1, 257, 50257})
+        for (float eps : {0.0f, 0.1f}) {
+          // ignore_index outside the vocab (-100, torch's default) and inside it (a padding token id).
+          run_ce_case({.N = N, .V = V, .eps = eps, .ignore_index = -100}, dt, ctx, rng);
+          if (V > 1) run_ce_case({.N = N, .V = V, .eps = eps, .ignore_index = V - 1}, dt, ctx, rng);
+        }
+}
+
+TEST(CudaCrossEntropy, ForwardAndSumAreDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const CeCase c{.N = 3000, .V = 50257, .eps = 0.1f, .ignore_index = -100};
+  const CrossEntropyParams p{.N = c.N, .V = c.V, .label_smoothing = c.eps, .ignore_index = c.ignore_index};
+  std::vector<double> logits;
+  std::vector<int32_t> targets;
+  make_inputs(c, DType::BF16, rng, logits, targets);
+  DeviceArena dev(ctx);
+  const Tensor tz = dev.upload(DType::BF16, logits), ty = dev.upload_i32(targets);
+  std::vector<double> first_loss, first_sum;
+  for (int run = 0; run < 3; ++run) {
+    const Tensor tloss = dev.alloc(DType::F32, c.N), tlse = dev.alloc(DType::F32, c.N), tsum = dev.alloc(DType::F32, 2);
+    cross_entropy_forward(p, tloss, tlse, tz, ty, ctx);
+    cross_entropy_loss_sum(p, tsum, Tensor(), tloss, ty, ctx);
+    const auto loss = dev.download(tloss), sum = dev.download(tsum);
+    if (run == 0) {
+      first_loss = loss;
+      first_sum = sum;
+    } else {
+      ASSERT_EQ(loss, first_loss) << "losses differ between identical runs";
+      ASSERT_EQ(sum, first_sum) << "the loss sum differs between identical runs";
+    }
+  }
+}
+
+// The CPU route of the Tensor-level entries (runs without a GPU): the reference, with the count on the "device".
+TEST(CudaCrossEntropy, CpuEntriesRouteToReference) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(test_seed());
+  const CeCase c{.N = 9, .V = 33, .eps = 0.1f, .ignore_index = 32};
+  const CrossEntropyParams p{.N = c.N, .V = c.V, .label_smoothing = c.eps, .ignore_index = c.ignore_index};
+  std::vector<double> logits;
+  std::vector<int32_t> targets;
+  make_inputs(c, DType::F32, rng, logits, targets);
+  std::vector<double> losses(c.N), lse(c.N), d(logits.size());
+  const long count = cross_entropy_forward_ref<double>(p, losses.data(), lse.data(), logits.data(), targets.data());
+  cross_entropy_backward_ref<double>(p, d.data(), logits.data(), lse.data(), targets.data(), 2.0 / count);
+
+  std::vector<float> z(logits.begin(), logits.end()), tl(c.N), tlse(c.N), sm(2);
+  int32_t tcount = -1;
+  const Tensor tz(z.data(), DType::F32, {c.N, c.V}), ty(targets.data(), DType::I32, {c.N});
+  const Tensor tloss(tl.data(), DType::F32, {c.N}), tl2(tlse.data(), DType::F32, {c.N});
+  const Tensor tsum(sm.data(), DType::F32, {2}), tc(&tcount, DType::I32, {1});
+  cross_entropy_forward(p, tloss, tl2, tz, ty, ctx);
+  cross_entropy_loss_sum(p, tsum, tc, tloss, ty, ctx);
+  cross_entropy_backward(p, tz, tz, tl2, ty, 2.0, tc, ctx);
+  EXPECT_EQ(tcount, count);
+  double sum = 0;
+  for (double l : losses) sum += l;
+  EXPECT_NEAR(sm[0], sum, 1e-4);
+  EXPECT_NEAR(sm[1], sum / count, 1e-5);
+  EXPECT_LE(rel_error(tl, losses), 1e-6);
+  EXPECT_LE(rel_error(z, d), 1e-5);
+}
+
+TEST(CudaCrossEntropy, SupportsAnswersWithoutGpu) {
+  std::string why;
+  EXPECT_TRUE(cross_entropy_supports({.N = 4, .V = 50257}, DType::F64, Device::cpu(), &why)) << why;
+  EXPECT_FALSE(cross_entropy_supports({.N = 4, .V = 50257}, DType::BF16, Device::cpu(), &why));
+  EXPECT_FALSE(cross_entropy_supports({.N = 4, .V = 0}, DType::F32, Device::cpu(), &why));
+  EXPECT_NE(why.find("V > 0"), std::string::npos) << why;
+  EXPECT_FALSE(cross_entropy_supports({.N = 4, .V = 8, .label_smoothing = 1.5f}, DType::F32, Device::cpu(), &why));
+  EXPECT_TRUE(cross_entropy_supports({.N = 4, .V = 50257}, DType::BF16, Device::cuda(0), &why)) << why;
+}
+
+}  // namespace
+}  // namespace tessera::test

@@ -1,0 +1,231 @@
+// AdamW with global-norm clipping: the one-launch CUDA step against adamw_update_ref / clip_grad_norm_ref.
+#include "cuda_test_util.h"
+#include "tessera/ops/optim/adamw.h"
+
+namespace tessera::test {
+namespace {
+
+// Segments of awkward sizes with mixed decay, gaps between some (alignment padding, never touched) and a tail;
+// listed out of offset order (the table sorts them).
+struct Layout {
+  std::vector<ParamSegment> segments;
+  std::vector<char> in_segment;
+  size_t numel = 0;
+};
+Layout make_layout() {
+  const size_t sizes[] = {1, 3, 1000, 100003, 7, 6149, 2048};
+  const bool decay[] = {true, false, true, false, true, false, true};
+  const size_t gap_before[] = {0, 5, 2, 0, 3, 1, 0};
+  Layout L;
+  size_t at = 0;
+  for (int i = 0; i < 7; ++i) {
+    at += gap_before[i];
+    L.segments.push_back({.name = "s" + std::to_string(i), .offset = at, .numel = sizes[i], .decay = decay[i]});
+    at += sizes[i];
+  }
+  L.numel = at + 4;
+  L.in_segment.assign(L.numel, 0);
+  for (const ParamSegment& s : L.segments)
+    for (size_t i = s.offset; i < s.offset + s.numel; ++i) L.in_segment[i] = 1;
+  std::reverse(L.segments.begin(), L.segments.end());
+  return L;
+}
+
+enum class Clip { Off, Inactive, Active };
+
+struct OptimCase {
+  DType dt;
+  bool master;     // separate f32 master weights
+  Clip clip;
+  bool norm_out;   // ask for the norm
+  bool misaligned; // buffers one element off 16-byte alignment: the scalar path
+  int64_t first_step;
+};
+
+std::string label(const OptimCase& c) {
+  const char* clip = c.clip == Clip::Off ? "off" : c.clip == Clip::Inactive ? "inactive" : "active";
+  return std::string("adamw ") + dtype_label(c.dt) + (c.master ? " +master" : "") + " clip=" + clip +
+         (c.norm_out ? " norm" : "") + (c.misaligned ? " misaligned" : "") + " from step " +
+         std::to_string(c.first_step);
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+void run_adamw_case(const OptimCase& c, Context& ctx, std::mt19937_64& rng) {
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const std::string what = label(c);
+  // Initial state: f32 master weights, moments (nonzero when resuming from a later step).
+  std::vector<float> master(n), m(n, 0.0f), v(n, 0.0f);
+  {
+    const auto w0 = randn<double>(n, rng, 1.0);
+    for (size_t i = 0; i < n; ++i) master[i] = static_cast<float>(w0[i]);
+    if (c.first_step > 1) {
+      const auto m0 = randn<double>(n, rng, 0.01), v0 = randn<double>(n, rng, 0.01);
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = static_cast<float>(m0[i]);
+        v[i] = static_cast<float>(v0[i] * v0[i]);
+      }
+    }
+  }
+  // The 16-bit params start as round(master); with no separate master the f32 params are the master.
+  std::vector<double> params0(n);
+  for (size_t i = 0; i < n; ++i) params0[i] = round_to(c.dt, master[i]);
+  const std::vector<float> master0 = master;
+  if (!c.master) ASSERT_EQ(c.dt, DType::F32);
+
+  DeviceArena dev(ctx);
+  // One element in front shifts a buffer off 16-byte alignment when asked.
+  auto place = [&](DType dt, const std::vector<double>& vals) {
+    if (!c.misaligned) return dev.upload(dt, vals);
+    std::vector<double> shifted(vals.size() + 1, 0.0);
+    std::copy(vals.begin(), vals.end(), shifted.begin() + 1);
+    return dev.upload(dt, shifted).slice1d(1, static_cast<int64_t>(vals.size()));
+  };
+  const AdamWSegmentTable table(L.segments, ctx);
+  ASSERT_EQ(table.end(), n - 4);
+  const Tensor tparams = place(c.dt, params0);
+  const Tensor tmaster = c.master ? place(DType::F32, to_double(master)) : Tensor();
+  const Tensor tm = place(DType::F32, to_double(m)), tv = place(DType::F32, to_double(v));
+  const Tensor tnorm = c.norm_out ? dev.poisoned(DType::F32, 1) : Tensor();
+
+  AdamWParams p{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  for (int64_t step = c.first_step; step < c.first_step + 3; ++step) {
+    p.step = step;
+    // Fresh gradients in the compute dtype; the device sees NaN in the gaps (never read), the reference zeros.
+    const auto g0 = rounded(c.dt, randn<double>(n, rng, 0.02));
+    std::vector<double> g_dev(n);
+    std::vector<float> g_ref(n);
+    double sq = 0;
+    for (size_t i = 0; i < n; ++i) {
+      g_dev[i] = L.in_segment[i] ? g0[i] : std::numeric_limits<double>::quiet_NaN();
+      g_ref[i] = L.in_segment[i] ? static_cast<float>(g0[i]) : 0.0f;
+      sq += static_cast<double>(g_ref[i]) * g_ref[i];
+    }
+    p.max_grad_norm = c.clip == Clip::Off ? 0.0f : c.clip == Clip::Inactive ? 1e9f : static_cast<float>(0.5 * std::sqrt(sq));
+    const double norm_ref = clip_grad_norm_ref(g_ref.data(), n, p.max_grad_norm);
+    adamw_update_ref(p, L.segments, master.data(), g_ref.data(), m.data(), v.data());
+
+    const Tensor tgrads = place(c.dt, g_dev);
+    adamw_step(p, table, tparams, tgrads, tmaster, tm, tv, tnorm, ctx);
+    const std::string at = what + " step " + std::to_string(step);
+    if (c.norm_out) {
+      const double got = dev.download(tnorm)[0];
+      EXPECT_NEAR(got, norm_ref, 1e-5 * norm_ref) << at << " grad norm, seed " << test_seed();
+    }
+  }
+
+  const std::vector<double> got_w = dev.download(c.master ? tmaster : tparams);
+  const std::vector<double> got_m = dev.download(tm), got_v = dev.download(tv), got_p = dev.download(tparams);
+  // f32 state: within f32 rounding of the reference (FMA contraction and the order of the update's factors).
+  expect_close(got_w, to_double(master), DType::F32, what + " master", 0.1);
+  expect_close(got_m, to_double(m), DType::F32, what + " m", 0.1);
+  expect_close(got_v, to_double(v), DType::F32, what + " v", 0.1);
+  // The updates themselves (w - w0), which the master's magnitude would hide.
+  std::vector<double> d_got(n), d_ref(n);
+  for (size_t i = 0; i < n; ++i) {
+    d_got[i] = got_w[i] - master0[i];
+    d_ref[i] = static_cast<double>(master[i]) - master0[i];
+  }
+  expect_close(d_got, d_ref, DType::F32, what + " master update", 20.0);
+  // Gaps untouched; the compute-dtype params are exactly round(master).
+  for (size_t i = 0; i < n; ++i) {
+    if (!L.in_segment[i]) {
+      ASSERT_EQ(got_w[i], c.master ? master0[i] : params0[i]) << what << ": gap element " << i << " changed";
+      ASSERT_EQ(got_m[i], m[i]) << what << ": gap element " << i << " of m changed";
+      ASSERT_EQ(got_p[i], params0[i]) << what << ": gap element " << i << " of params changed";
+    } else if (c.master) {
+      ASSERT_EQ(got_p[i], round_to(c.dt, got_w[i])) << what << ": params[" << i << "] is not round(master)";
+    }
+  }
+}
+
+TEST(CudaAdamW, MatchesReferenceOverSegmentTable) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const std::pair<DType, bool> kinds[] = {
+      {DType::F32, false}, {DType::F32, true}, {DType::BF16, true}, {DType::F16, true}};
+  for (auto [dt, master] : kinds)
+    for (Clip clip : {Clip::Off, Clip::Inactive, Clip::Active})
+      run_adamw_case({.dt = dt, .master = master, .clip = clip, .norm_out = true, .misaligned = false, .first_step = 1},
+                     ctx, rng);
+  // No norm asked and no clipping: the norm pass is skipped.
+  run_adamw_case({.dt = DType::BF16, .master = true, .clip = Clip::Off, .norm_out = false, .misaligned = false,
+                  .first_step = 1}, ctx, rng);
+  // Resuming at a later step with nonzero moments; clipping without reading the norm back.
+  run_adamw_case({.dt = DType::F32, .master = false, .clip = Clip::Active, .norm_out = false, .misaligned = false,
+                  .first_step = 10}, ctx, rng);
+  // Buffers off 16-byte alignment: the element-by-element path everywhere.
+  for (auto [dt, master] : kinds)
+    run_adamw_case({.dt = dt, .master = master, .clip = Clip::Active, .norm_out = true, .misaligned = true,
+                    .first_step = 4}, ctx, rng);
+}
+
+TEST(CudaAdamW, NormIsDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const size_t n = 3'000'001;
+  const std::vector<ParamSegment> segs = {{.name = "a", .offset = 0, .numel = 1'000'003, .decay = true},
+                                          {.name = "b", .offset = 1'000'008, .numel = n - 1'000'008, .decay = false}};
+  const AdamWSegmentTable table(segs, ctx);
+  DeviceArena dev(ctx);
+  const auto g = randn<double>(n, rng, 0.1);
+  const Tensor tg = dev.upload(DType::BF16, g), tnorm = dev.alloc(DType::F32, 1);
+  std::vector<double> first;
+  for (int run = 0; run < 3; ++run) {
+    const Tensor tp = dev.upload(DType::BF16, std::vector<double>(n, 0.5)), tw = dev.upload(DType::F32, std::vector<double>(n, 0.5));
+    const Tensor tm = dev.upload(DType::F32, std::vector<double>(n, 0.0)), tv = dev.upload(DType::F32, std::vector<double>(n, 0.0));
+    adamw_step({.max_grad_norm = 1.0f}, table, tp, tg, tw, tm, tv, tnorm, ctx);
+    const auto got = dev.download(tnorm);
+    const auto w = dev.download(tw);
+    std::vector<double> both = got;
+    both.insert(both.end(), w.begin(), w.begin() + 1000);
+    if (run == 0) first = both;
+    else ASSERT_EQ(both, first) << "the norm or the update differs between identical runs";
+  }
+}
+
+// The CPU route (runs without a GPU): clip_grad_norm_ref then adamw_update_ref, the norm written to a host scalar.
+TEST(CudaAdamW, CpuEntryRoutesToReference) {
+  Context ctx(Device::cpu());
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  std::vector<float> w(n), g(n), m(n, 0.0f), v(n, 0.0f);
+  const auto w0 = randn<double>(n, rng), g0 = randn<double>(n, rng, 0.02);
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = static_cast<float>(w0[i]);
+    g[i] = L.in_segment[i] ? static_cast<float>(g0[i]) : 0.0f;
+  }
+  std::vector<float> w_ref = w, g_ref = g, m_ref = m, v_ref = v;
+  const AdamWParams p{.lr = 1e-2f, .step = 1, .max_grad_norm = 0.5f};
+  const double norm = clip_grad_norm_ref(g_ref.data(), n, p.max_grad_norm);
+  adamw_update_ref(p, L.segments, w_ref.data(), g_ref.data(), m_ref.data(), v_ref.data());
+  float got_norm = -1;
+  const int64_t N = static_cast<int64_t>(n);
+  const AdamWSegmentTable table(L.segments, ctx);
+  adamw_step(p, table, Tensor(w.data(), DType::F32, {N}), Tensor(g.data(), DType::F32, {N}), Tensor(),
+             Tensor(m.data(), DType::F32, {N}), Tensor(v.data(), DType::F32, {N}), Tensor(&got_norm, DType::F32, {1}),
+             ctx);
+  EXPECT_FLOAT_EQ(got_norm, static_cast<float>(norm));
+  EXPECT_EQ(w, w_ref);
+  EXPECT_EQ(m, m_ref);
+  EXPECT_EQ(v, v_ref);
+}
+
+TEST(CudaAdamW, SupportsAnswersWithoutGpu) {
+  std::string why;
+  EXPECT_TRUE(adamw_supports(DType::F32, /*master=*/false, Device::cpu(), &why)) << why;
+  EXPECT_FALSE(adamw_supports(DType::F32, /*master=*/true, Device::cpu(), &why));
+  EXPECT_FALSE(adamw_supports(DType::BF16, /*master=*/true, Device::cpu(), &why));
+  EXPECT_FALSE(adamw_supports(DType::BF16, /*master=*/false, Device::cuda(0), &why));
+  EXPECT_NE(why.find("master"), std::string::npos) << why;
+  EXPECT_TRUE(adamw_supports(DType::BF16, /*master=*/true, Device::cuda(0), &why)) << why;
+  EXPECT_TRUE(adamw_supports(DType::F32, /*master=*/false, Device::cuda(0), &why)) << why;
+  Context ctx(Device::cpu());
+  EXPECT_THROW(AdamWSegmentTable({{.name = "a", .offset = 0, .numel = 10}, {.name = "b", .offset = 5, .numel = 10}}, ctx),
+               Error);
+}
+
+}  // namespace
+}  // namespace tessera::test
