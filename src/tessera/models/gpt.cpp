@@ -118,7 +118,7 @@ void Gpt::plan(const ModelConfig& cfg, DType dt, int B, int T, Arena& a, Acts& a
   auto stat = [&](int64_t n) { return a.allocate_tensor(st, {n}); };
   acts.tokens = a.allocate_tensor(DType::I32, {N});
   acts.targets = a.allocate_tensor(DType::I32, {N});
-  acts.loss = stat(1);
+  acts.loss = stat(2);  // {Σ losses, mean}
   acts.count = a.allocate_tensor(DType::I32, {1});
   acts.res.assign(cfg.n_layers + 1, Tensor());
   acts.layers.assign(cfg.n_layers, LayerActs{});
@@ -172,8 +172,14 @@ void Gpt::reserve(int B, int T) {
   arena_ = Arena(activation_bytes(cfg_, B, T, dtype_), ctx_->device());
   plan(cfg_, dtype_, B, T, arena_, acts_);
   planned_N_ = N;
-  loss_ = acts_.loss;
+  loss_ = acts_.loss.slice1d(1, 1);
   ++plans_made_;
+}
+
+void Gpt::mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  // An f32 model computes its GEMMs in exact f32 (not TF32), so that a GPU run follows the CPU reference.
+  gp.allow_tf32 = false;
+  gemm(gp, c, a, b, bias, *ctx_);
 }
 
 Tensor Gpt::rows(const Tensor& t, int64_t n, int64_t cols) const {
@@ -256,8 +262,8 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   norm_forward(N, rows(acts_.lnf, N, C), acts_.lnf_mean, acts_.lnf_rstd, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_,
                lnf_b_);
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
-  gemm({.M = N, .N = V, .K = C, .trans_b = true}, rows(acts_.logits, N, V), rows(acts_.lnf, N, C),
-       p(lm, int64_t{V} * C), Tensor(), *ctx_);
+  mm({.M = N, .N = V, .K = C, .trans_b = true}, rows(acts_.logits, N, V), rows(acts_.lnf, N, C),
+       p(lm, int64_t{V} * C), Tensor());
 
   if (!with_targets) return;
   label_smoothing_ = opt.label_smoothing;
@@ -265,7 +271,8 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, V),
                         acts_.targets.slice1d(0, N), *ctx_);
   // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
-  cross_entropy_mean(cp, acts_.loss, acts_.count, acts_.losses.slice1d(0, N), acts_.targets.slice1d(0, N), *ctx_);
+  cross_entropy_loss_sum(cp, acts_.loss, acts_.count, acts_.losses.slice1d(0, N), acts_.targets.slice1d(0, N),
+                         *ctx_);
 }
 
 double Gpt::read_loss() const {
@@ -321,18 +328,18 @@ void Gpt::layer_forward(int l, int B, int T) {
   const int64_t CC = int64_t{C} * C;
 
   norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
-  gemm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C), *ctx_);
+  mm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C));
   if (cfg_.positions == PositionKind::Rope)
     rope_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, qkv, *ctx_);
   attention_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
-  gemm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor(), *ctx_);
+  mm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor());
   residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid, x, tmp,
                    p(o.proj_b, C), *ctx_);
 
   norm_forward(N, ln2, A.ln2_mean, A.ln2_rstd, mid, o.ln2_w, o.ln2_b);
-  gemm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor(), *ctx_);
+  mm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor());
   activation_forward({.N = N, .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, p(o.fc_b, Fin), *ctx_);
-  gemm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor(), *ctx_);
+  mm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor());
   residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
                    rows(acts_.res[l + 1], N, C), mid, tmp, p(o.fcp_b, C), *ctx_);
 }
@@ -346,12 +353,12 @@ void Gpt::backward(double loss_scale) {
   const Tensor d_res = rows(acts_.d_res, N, C);
   // In place: each element of the gradient needs only its own logit and the row's lse. The scale is
   // loss_scale / count, with the count read on the device (an all-ignored batch gives zero gradients).
-  cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), acts_.count,
-                         loss_scale, *ctx_);
+  cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), loss_scale,
+                         acts_.count, *ctx_);
 
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
-  gemm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(lm, int64_t{V} * C), logits, lnf, Tensor(), *ctx_);
-  gemm({.M = N, .N = C, .K = V}, d_ln, logits, p(lm, int64_t{V} * C), Tensor(), *ctx_);
+  mm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(lm, int64_t{V} * C), logits, lnf, Tensor());
+  mm({.M = N, .N = C, .K = V}, d_ln, logits, p(lm, int64_t{V} * C), Tensor());
   fill_bytes(d_res, 0, *ctx_);
   norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);
 
@@ -379,28 +386,26 @@ void Gpt::layer_backward(int l, int B, int T) {
   // x' = mid + Drop(fc_act W2ᵀ + b2): d_mid = d_res (skip path, kept in place), d_tmp = d of the projection.
   residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp}, d_tmp,
                     g(o.fcp_b, C), d_res, *ctx_);
-  gemm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor(),
-       *ctx_);
-  gemm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor(), *ctx_);
+  mm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor());
+  mm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());
   activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, Fin), d_fc_act, fc_pre,
                       p(o.fc_b, Fin), *ctx_);
-  gemm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor(),
-       *ctx_);
-  gemm({.M = N, .N = C, .K = Fin}, d_ln, d_fc_pre, p(o.fc_w, int64_t{Fin} * C), Tensor(), *ctx_);
+  mm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor());
+  mm({.M = N, .N = C, .K = Fin}, d_ln, d_fc_pre, p(o.fc_w, int64_t{Fin} * C), Tensor());
   norm_backward(N, d_res, d_ln, mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd);
 
   // mid = x + Drop(att Woᵀ + bo)
   residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, d_tmp,
                     g(o.proj_b, C), d_res, *ctx_);
-  gemm({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.proj_w, CC), d_tmp, att, Tensor(), *ctx_);
-  gemm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor(), *ctx_);
+  mm({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.proj_w, CC), d_tmp, att, Tensor());
+  mm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor());
   attention_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, d_qkv, d_att, qkv, att,
                      A.lse.slice1d(0, int64_t{N} * H), *ctx_);
   if (cfg_.positions == PositionKind::Rope)
     rope_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, d_qkv, *ctx_);
-  gemm({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.qkv_w, 3 * CC), d_qkv, ln1, Tensor(), *ctx_);
+  mm({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.qkv_w, 3 * CC), d_qkv, ln1, Tensor());
   if (o.qkv_b != kNoParam) bias_grad({.M = N, .N = 3 * C}, g(o.qkv_b, 3 * C), d_qkv, *ctx_);
-  gemm({.M = N, .N = C, .K = 3 * C}, d_ln, d_qkv, p(o.qkv_w, 3 * CC), Tensor(), *ctx_);
+  mm({.M = N, .N = C, .K = 3 * C}, d_ln, d_qkv, p(o.qkv_w, 3 * CC), Tensor());
   norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
 }
 

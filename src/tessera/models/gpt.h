@@ -24,6 +24,7 @@
 #include "tessera/core/philox.h"
 #include "tessera/models/config.h"
 #include "tessera/nn/param_buffer.h"
+#include "tessera/ops/gemm/gemm.h"
 
 namespace tessera {
 
@@ -85,7 +86,8 @@ class Gpt {
   // re-plan per token).
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32);
   size_t activation_peak() const { return arena_.peak(); }
-  int plans_made() const { return plans_made_; }
+  int64_t plan_count() const { return plans_made_; }
+  int64_t planned_tokens() const { return planned_N_; }
 
  private:
   struct LayerOffsets {
@@ -110,6 +112,7 @@ class Gpt {
   Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
   Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
   Tensor g(size_t offset, int64_t numel) const { return params_.grad_at(offset, numel); }
+  void mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias);
   void norm_forward(int N, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, size_t w,
                     size_t b);
   void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,

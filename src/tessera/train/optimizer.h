@@ -1,0 +1,49 @@
+// tessera/train/optimizer.h — the AdamW optimizer object: it owns its state (moments m and v in f32, the device
+// copy of the segment table, the gradient-norm scalar) on the model's device, and one step() clips by global norm
+// and updates every parameter over the flat buffers (one launch on a GPU, after one launch for the norm).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/buffer.h"
+#include "tessera/core/context.h"
+#include "tessera/nn/param_buffer.h"
+#include "tessera/ops/optim/adamw.h"
+
+namespace tessera {
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // global-norm clipping; 0: off
+};
+
+class AdamW {
+ public:
+  AdamW(const ParamBuffer& params, const AdamWConfig& cfg, Context& ctx);
+
+  // Optimizer step number step_count() + 1 at learning rate lr; the gradients are read, not changed, on a GPU
+  // (clipping happens in registers) and clipped in place on the CPU.
+  void step(ParamBuffer& params, float lr);
+  // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy.
+  double read_grad_norm() const;
+  int64_t step_count() const { return step_; }
+
+  // The moments as host vectors (checkpoints), and back (resume); n = params.size() each.
+  std::vector<float> read_m() const;
+  std::vector<float> read_v() const;
+  void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step);
+  // Bytes of optimizer state on the device (m, v), for reports.
+  size_t state_bytes() const { return m_.bytes() + v_.bytes(); }
+
+ private:
+  AdamWConfig cfg_;
+  Context* ctx_;
+  size_t n_;
+  AdamWSegmentTable table_;
+  Buffer m_, v_, norm_;
+  int64_t step_ = 0;
+};
+
+}  // namespace tessera
