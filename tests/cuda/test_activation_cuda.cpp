@@ -92,7 +92,8 @@ TEST(CudaActivation, BiasGradientIsDeterministic) {
   const ActivationParams p{.N = 8192, .d_ff = 3072, .kind = Activation::Swiglu};
   const size_t NW = static_cast<size_t>(p.N) * 2 * p.d_ff, NF = static_cast<size_t>(p.N) * p.d_ff;
   DeviceArena dev(ctx);
-  const Tensor tin = dev.upload(DType::BF16, randn<double>(NW, rng)), tdo = dev.upload(DType::BF16, randn<double>(NF, rng));
+  const Tensor tin = dev.upload(DType::BF16, randn<double>(NW, rng));
+  const Tensor tdo = dev.upload(DType::BF16, randn<double>(NF, rng));
   const Tensor tdin = dev.alloc(DType::BF16, NW);
   std::vector<double> first;
   for (int run = 0; run < 3; ++run) {

@@ -13,6 +13,7 @@ using cuda::ceil_div;
 constexpr int kThreads = 256;
 constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
 constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
+constexpr int kBatch = 4;      // rows each backward thread loads before it stores
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 __device__ __forceinline__ float gelu_tanh(float u) {
@@ -34,8 +35,17 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
   const int units_per_row = F / W;
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = u / units_per_row;
-    const int f0 = static_cast<int>(u % units_per_row) * W;
+    // 32-bit division when the index fits (64-bit division is a long software sequence).
+    int64_t n;
+    int f0;
+    if (u <= 0xffffffffLL) {
+      const uint32_t u32 = static_cast<uint32_t>(u), upr = static_cast<uint32_t>(units_per_row);
+      n = u32 / upr;
+      f0 = static_cast<int>(u32 - static_cast<uint32_t>(n) * upr) * W;
+    } else {
+      n = u / units_per_row;
+      f0 = static_cast<int>(u - n * units_per_row) * W;
+    }
     float y[W];
     if constexpr (kGlu) {
       const T* row = in + n * 2 * F;
@@ -96,37 +106,48 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
 #pragma unroll
         for (int k = 0; k < W; ++k) b[h][k] = 0.0f;
     }
-    for (int n = blockIdx.y * kTileRows + threadIdx.y; n < N; n += gridDim.y * kTileRows) {
-      const int64_t row = static_cast<int64_t>(n) * in_w;
-      float dy[W];
-      cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n) * F + f0, dy);
-      if constexpr (kGlu) {
-        float g[W], up[W];
-        cuda::load_f32<T, W>(in + row + f0, g);
-        cuda::load_f32<T, W>(in + row + F + f0, up);
-        float dg[W], du[W];
+    // kBatch rows per step, all loaded before any store: d_in may alias d_out (Gelu / Relu), so the compiler
+    // cannot move the next row's loads above this row's stores by itself.
+    const int step = gridDim.y * kTileRows;
+    for (int n0 = blockIdx.y * kTileRows + threadIdx.y; n0 < N; n0 += kBatch * step) {
+      float dy[kBatch][W], x[kBatch][kHalves][W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-          g[k] += b[0][k];
-          up[k] += b[1][k];
-          const float s = sigmoid(g[k]);
-          dg[k] = dy[k] * up[k] * s * (1.0f + g[k] * (1.0f - s));
-          du[k] = dy[k] * g[k] * s;
-          acc[0][k] += cuda::round_to<T>(dg[k]);
-          acc[1][k] += cuda::round_to<T>(du[k]);
-        }
-        cuda::store_f32<T, W>(d_in + row + f0, dg);
-        cuda::store_f32<T, W>(d_in + row + F + f0, du);
-      } else {
-        float x[W];
-        cuda::load_f32<T, W>(in + row + f0, x);
+      for (int j = 0; j < kBatch; ++j) {
+        const int n = n0 + j * step;
+        if (n >= N) break;
+        cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n) * F + f0, dy[j]);
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-          const float u = x[k] + b[0][k];
-          x[k] = dy[k] * (gelu ? gelu_tanh_grad(u) : (u > 0.0f ? 1.0f : 0.0f));
-          acc[0][k] += cuda::round_to<T>(x[k]);
+        for (int h = 0; h < kHalves; ++h)
+          cuda::load_f32<T, W>(in + static_cast<int64_t>(n) * in_w + h * F + f0, x[j][h]);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int n = n0 + j * step;
+        if (n >= N) break;
+        const int64_t row = static_cast<int64_t>(n) * in_w;
+        if constexpr (kGlu) {
+          float dg[W], du[W];
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            const float g = x[j][0][k] + b[0][k], up = x[j][1][k] + b[1][k];
+            const float s = sigmoid(g);
+            dg[k] = dy[j][k] * up * s * (1.0f + g * (1.0f - s));
+            du[k] = dy[j][k] * g * s;
+            acc[0][k] += cuda::round_to<T>(dg[k]);
+            acc[1][k] += cuda::round_to<T>(du[k]);
+          }
+          cuda::store_f32<T, W>(d_in + row + f0, dg);
+          cuda::store_f32<T, W>(d_in + row + F + f0, du);
+        } else {
+          float d[W];
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            const float u = x[j][0][k] + b[0][k];
+            d[k] = dy[j][k] * (gelu ? gelu_tanh_grad(u) : (u > 0.0f ? 1.0f : 0.0f));
+            acc[0][k] += cuda::round_to<T>(d[k]);
+          }
+          cuda::store_f32<T, W>(d_in + row + f0, d);
         }
-        cuda::store_f32<T, W>(d_in + row + f0, x);
       }
     }
   }
@@ -208,7 +229,8 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
           static_cast<const T*>(bias), p.N, p.d_ff, gelu);
       TS_CHECK_LAUNCH();
       if (d_bias) {
-        cuda::column_partials_reduce_add<T><<<ceil_div(in_w, kThreads), kThreads, 0, ctx.stream()>>>(
+        cuda::column_partials_reduce_add<T><<<cuda::column_partials_reduce_grid(in_w),
+                                            cuda::column_partials_reduce_block(), 0, ctx.stream()>>>(
             static_cast<T*>(d_bias), partial, groups, in_w);
         TS_CHECK_LAUNCH();
       }

@@ -35,7 +35,9 @@ __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __res
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e0 = u * W;
-    const int64_t row = e0 / a.C;
+    // 32-bit division when the index fits (64-bit division is a long software sequence).
+    const int64_t row =
+        e0 <= 0xffffffffLL ? static_cast<int64_t>(static_cast<uint32_t>(e0) / static_cast<uint32_t>(a.C)) : e0 / a.C;
     const int c0 = static_cast<int>(e0 - row * a.C);
     const int32_t tok = tokens[row];
     float v[W];
@@ -132,6 +134,7 @@ __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* _
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
+#pragma unroll 4
   for (int b = 0; b < B; ++b) {
     const int64_t row = static_cast<int64_t>(b) * a.T + t;
     const int32_t tok = tokens[row];

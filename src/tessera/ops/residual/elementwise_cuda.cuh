@@ -74,16 +74,26 @@ __device__ __forceinline__ void dropout_factors_w(uint64_t seed, uint64_t stream
   else dropout_factors<W>(seed, stream, index0, p, keep_scale, f);
 }
 
-// d_bias[c] += Σ_g partial[g, c] for g = 0 .. groups-1 in order (deterministic; no atomics).
-// partial: (groups, W) f32; d_bias: (W) in T. One thread per column.
+// d_bias[c] += Σ_g partial[g, c], g = 0 .. groups-1 (deterministic; no atomics). partial: (groups, W) f32;
+// d_bias: (W) in T. Launch with column_partials_reduce_grid / _block: block (32 columns, 8 lanes); lane y sums
+// groups y, y + 8, ... in order, then lane 0 adds the 8 lane sums in order.
+inline unsigned column_partials_reduce_grid(int W) { return ceil_div(W, 32); }
+inline dim3 column_partials_reduce_block() { return dim3(32, 8); }
 template <typename T>
-__global__ void column_partials_reduce_add(T* __restrict__ d_bias, const float* __restrict__ partial, int groups,
-                                           int W) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= W) return;
+__global__ void __launch_bounds__(256)
+    column_partials_reduce_add(T* __restrict__ d_bias, const float* __restrict__ partial, int groups, int W) {
+  __shared__ float lanes[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int g = 0; g < groups; ++g) s += partial[static_cast<size_t>(g) * W + c];
-  d_bias[c] = from_f32<T>(to_f32(d_bias[c]) + s);
+  if (c < W)
+    for (int g = threadIdx.y; g < groups; g += 8) s += partial[static_cast<size_t>(g) * W + c];
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= W) return;
+  float t = 0.0f;
+#pragma unroll
+  for (int y = 0; y < 8; ++y) t += lanes[y][threadIdx.x];
+  d_bias[c] = from_f32<T>(to_f32(d_bias[c]) + t);
 }
 
 // Row groups for a (row groups × column chunks) grid of blocks that each take kRowsPerBlock rows at a time:

@@ -13,6 +13,7 @@ using cuda::ceil_div;
 constexpr int kThreads = 256;
 constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
 constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
+constexpr int kBatch = 4;      // rows each backward thread loads before it stores
 
 // out[i] = residual[i] + f_i * (x[i] + bias[i % C]),  f_i = dropout factor of element i (1 without dropout).
 // out, residual, x: (N, C) row-major; bias: (C) or null. One thread per W-element unit (W = 16-byte pack or 1),
@@ -24,7 +25,9 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e0 = u * W;
-    const int c0 = static_cast<int>(e0 % C);
+    // 32-bit division when the index fits (64-bit division is a long software sequence).
+    const int c0 = e0 <= 0xffffffffLL ? static_cast<int>(static_cast<uint32_t>(e0) % static_cast<uint32_t>(C))
+                                      : static_cast<int>(e0 % C);
     float v[W], r[W];
     cuda::load_f32<T, W>(x + e0, v);
     cuda::load_f32<T, W>(residual + e0, r);
@@ -48,8 +51,8 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 
 // d_x[i] = f_i * d_out[i];  partial[group, c] = Σ_{rows n of this block's group} d_x[n, c]  (when partial != null).
 // Grid (ceil(C / W / 32), groups), block (32, 8): thread (tx, ty) owns columns c0 = (bx*32 + tx)*W .. +W-1 and rows
-// by*8 + ty, stepping gridDim.y*8. The 8 row lanes are summed in shared memory in ty order: fixed order, so the
-// partials (and d_bias) are the same on every run. d_x may alias d_out.
+// by*8 + ty, stepping gridDim.y*8 (kBatch rows loaded at a time). The 8 row lanes are summed in shared memory
+// in ty order: fixed order, so the partials (and d_bias) are the same on every run. d_x may alias d_out.
 template <typename T, int W>
 __global__ void __launch_bounds__(kTileCols* kTileRows)
     residual_backward_row_tiles(T* d_x, float* __restrict__ partial, const T* d_out, int N, int C, float dropout,
@@ -60,20 +63,29 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
   if (c0 < C) {
-    for (int n = blockIdx.y * kTileRows + threadIdx.y; n < N; n += gridDim.y * kTileRows) {
-      const int64_t e0 = static_cast<int64_t>(n) * C + c0;
-      float g[W];
-      cuda::load_f32<T, W>(d_out + e0, g);
-      if (dropout > 0.0f) {
-        float f[W];
-        cuda::dropout_factors_w<W>(seed, stream, static_cast<uint64_t>(e0), dropout, keep_scale, f);
+    // kBatch rows per step, all loaded before any store: d_x may alias d_out, so the compiler cannot move the
+    // next row's load above this row's store by itself, and one load in flight per thread halves the bandwidth.
+    const int step = gridDim.y * kTileRows;
+    for (int n0 = blockIdx.y * kTileRows + threadIdx.y; n0 < N; n0 += kBatch * step) {
+      float g[kBatch][W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) g[k] *= f[k];
+      for (int j = 0; j < kBatch; ++j)
+        if (n0 + j * step < N) cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n0 + j * step) * C + c0, g[j]);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (n0 + j * step >= N) break;
+        const int64_t e0 = static_cast<int64_t>(n0 + j * step) * C + c0;
+        if (dropout > 0.0f) {
+          float f[W];
+          cuda::dropout_factors_w<W>(seed, stream, static_cast<uint64_t>(e0), dropout, keep_scale, f);
+#pragma unroll
+          for (int k = 0; k < W; ++k) g[j][k] *= f[k];
+        }
+        cuda::store_f32<T, W>(d_x + e0, g[j]);
+        // The reference sums d_x as stored (in T).
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += cuda::round_to<T>(g[j][k]);
       }
-      cuda::store_f32<T, W>(d_x + e0, g);
-      // The reference sums d_x as stored (in T).
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += cuda::round_to<T>(g[k]);
     }
   }
   if (partial == nullptr) return;  // uniform over the block
@@ -141,7 +153,8 @@ void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, voi
           p.stream);
       TS_CHECK_LAUNCH();
       if (d_bias) {
-        cuda::column_partials_reduce_add<T><<<ceil_div(p.C, kThreads), kThreads, 0, ctx.stream()>>>(
+        cuda::column_partials_reduce_add<T><<<cuda::column_partials_reduce_grid(p.C),
+                                            cuda::column_partials_reduce_block(), 0, ctx.stream()>>>(
             static_cast<T*>(d_bias), partial, groups, p.C);
         TS_CHECK_LAUNCH();
       }
