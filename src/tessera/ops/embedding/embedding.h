@@ -10,6 +10,10 @@
 // padded and dropped elements contribute nothing.
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -31,5 +35,38 @@ void embedding_forward_ref(const EmbeddingParams& p, T* out, const int32_t* toke
 
 template <typename T>
 void embedding_backward_ref(const EmbeddingParams& p, T* d_wte, T* d_wpe, const T* d_out, const int32_t* tokens);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (embedding.cpp): the reference (CPU) or the CUDA kernels by device and dtype. ----
+// tokens: (B*T) i32 on the context's device; wte, d_wte: (V, C); wpe, d_wpe: (max_seq, C) or undefined (no
+// learned positions: RoPE, or a fixed sinusoidal table passed as wpe with no d_wpe); out, d_out: (B*T, C).
+// Float tensors in the compute dtype. d_wte and d_wpe are accumulated (+=), as the reference does.
+// Both entries check pos_offset + T <= max_seq when a position table is given. The CPU path also checks every
+// token id; the CUDA path cannot without a host sync, so there a token outside [0, V) gives a NaN row of out in
+// the forward and no gradient in the backward (the loss shows it at once, and nothing is read out of bounds).
+namespace tessera {
+
+bool embedding_supports(const EmbeddingParams& p, DType dtype, Device device, std::string* why = nullptr);
+
+void embedding_forward(const EmbeddingParams& p, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& wpe, Context& ctx);
+void embedding_backward(const EmbeddingParams& p, const Tensor& d_wte, const Tensor& d_wpe, const Tensor& d_out,
+                        const Tensor& tokens, Context& ctx);
+
+// ---- CUDA launchers (embedding.cu), on ctx's stream; pointers are device memory (floats in `dtype`). ----
+// Forward (embedding_forward_pack): one thread per 16-byte pack of out (scalar when C is not a multiple of the
+// pack or a table is not 16-byte aligned): token row, position row, scale, padding and dropout in one pass.
+// Backward, deterministic and without atomics:
+//   d_wte: keys (token id, or V for padded / invalid rows) and row indices are sorted by key on the device with
+//   cub::DeviceRadixSort (stable, so each token's rows stay in ascending order); then one warp per run of equal
+//   keys and 32-pack column chunk sums the run's d_out rows in that order in f32 and adds scale × sum to d_wte.
+//   d_wpe: one thread per (t, pack) sums over b in order and adds to d_wpe[pos_offset + t].
+// Scratch: embedding_backward_scratch_bytes(B*T, V) bytes of ctx.scratch (4 × B*T int32 plus cub's temp).
+size_t embedding_backward_scratch_bytes(int rows, int V);
+void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
+                            const void* wte, const void* wpe, Context& ctx);
+void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte, void* d_wpe, const void* d_out,
+                             const int32_t* tokens, Context& ctx);
 
 }  // namespace tessera

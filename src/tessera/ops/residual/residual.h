@@ -7,6 +7,10 @@
 // d_bias accumulates Σ_n d_x (may be null).
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include "tessera/core/context.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 
@@ -20,5 +24,32 @@ template <typename T>
 void residual_forward_ref(const ResidualParams& p, T* out, const T* residual, const T* x, const T* bias);
 template <typename T>
 void residual_backward_ref(const ResidualParams& p, T* d_x, T* d_bias, const T* d_out);
+
+}  // namespace tessera
+
+// ---- Tensor-level entries (residual.cpp): the reference (CPU) or the CUDA kernels by device and dtype. ----
+// residual, x, out, d_x, d_out: (N, C) in the compute dtype; bias, d_bias: (C) or undefined (no bias).
+// In place: out may be the same memory as residual or x, and d_x the same as d_out (each element is read and
+// written by one thread). The bias gradient of Linear layers without dropout (bias_grad_ref) lives in ops/gemm.
+namespace tessera {
+
+bool residual_supports(const ResidualParams& p, DType dtype, Device device, std::string* why = nullptr);
+
+void residual_forward(const ResidualParams& p, const Tensor& out, const Tensor& residual, const Tensor& x,
+                      const Tensor& bias, Context& ctx);
+void residual_backward(const ResidualParams& p, const Tensor& d_x, const Tensor& d_bias, const Tensor& d_out,
+                       Context& ctx);
+
+// ---- CUDA launchers (residual.cu), on ctx's stream; pointers are device memory in `dtype`. ----
+// Forward: one thread per 16-byte pack (scalar when C is not a multiple of the pack or a pointer is not 16-byte
+// aligned); one read of each input, one write of out; dropout words come a whole Philox block (4 elements) at
+// a time. Backward: a grid of (column chunks × row groups) blocks of 32 × 8 threads; each thread writes d_x for
+// its columns down its rows and sums them in registers; the block reduces its 8 row lanes in shared memory in
+// a fixed order to one f32 partial row in ctx.scratch (row groups × C floats), and a second kernel adds the
+// partials over row groups in order to d_bias: deterministic, no atomics.
+void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, const void* residual, const void* x,
+                           const void* bias, Context& ctx);
+void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, void* d_bias, const void* d_out,
+                            Context& ctx);
 
 }  // namespace tessera

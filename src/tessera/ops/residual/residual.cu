@@ -1,0 +1,167 @@
+// Fused bias + dropout + residual kernels (see residual.h for the math and the launch strategy).
+#include <initializer_list>
+#include <type_traits>
+
+#include "tessera/ops/residual/elementwise_cuda.cuh"
+#include "tessera/ops/residual/residual.h"
+
+namespace tessera {
+namespace {
+
+using cuda::ceil_div;
+
+constexpr int kThreads = 256;
+constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
+constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
+constexpr int kBatch = 4;      // rows each backward thread loads before it stores
+
+// out[i] = residual[i] + f_i * (x[i] + bias[i % C]),  f_i = dropout factor of element i (1 without dropout).
+// out, residual, x: (N, C) row-major; bias: (C) or null. One thread per W-element unit (W = 16-byte pack or 1),
+// grid-stride. out may alias residual or x: each element is read, then written, by the same thread.
+template <typename T, int W>
+__global__ void residual_forward_pack(T* out, const T* residual, const T* x, const T* __restrict__ bias,
+                                      int64_t units, int C, float dropout, float keep_scale, uint64_t seed,
+                                      uint64_t stream) {
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e0 = u * W;
+    // 32-bit division when the index fits (64-bit division is a long software sequence).
+    const int c0 = e0 <= 0xffffffffLL ? static_cast<int>(static_cast<uint32_t>(e0) % static_cast<uint32_t>(C))
+                                      : static_cast<int>(e0 % C);
+    float v[W], r[W];
+    cuda::load_f32<T, W>(x + e0, v);
+    cuda::load_f32<T, W>(residual + e0, r);
+    if (bias) {
+      float b[W];
+      cuda::load_f32<T, W>(bias + c0, b);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] += b[k];
+    }
+    if (dropout > 0.0f) {
+      float f[W];
+      cuda::dropout_factors_w<W>(seed, stream, static_cast<uint64_t>(e0), dropout, keep_scale, f);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] *= f[k];
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] += r[k];
+    cuda::store_f32<T, W>(out + e0, v);
+  }
+}
+
+// d_x[i] = f_i * d_out[i];  partial[group, c] = Σ_{rows n of this block's group} d_x[n, c]  (when partial != null).
+// Grid (ceil(C / W / 32), groups), block (32, 8): thread (tx, ty) owns columns c0 = (bx*32 + tx)*W .. +W-1 and rows
+// by*8 + ty, stepping gridDim.y*8 (kBatch rows loaded at a time). The 8 row lanes are summed in shared memory
+// in ty order: fixed order, so the partials (and d_bias) are the same on every run. d_x may alias d_out.
+template <typename T, int W>
+__global__ void __launch_bounds__(kTileCols* kTileRows)
+    residual_backward_row_tiles(T* d_x, float* __restrict__ partial, const T* d_out, int N, int C, float dropout,
+                                float keep_scale, uint64_t seed, uint64_t stream) {
+  __shared__ float lanes[kTileRows][kTileCols * W];
+  const int c0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
+  float acc[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc[k] = 0.0f;
+  if (c0 < C) {
+    // kBatch rows per step, all loaded before any store: d_x may alias d_out, so the compiler cannot move the
+    // next row's load above this row's store by itself, and one load in flight per thread halves the bandwidth.
+    const int step = gridDim.y * kTileRows;
+    for (int n0 = blockIdx.y * kTileRows + threadIdx.y; n0 < N; n0 += kBatch * step) {
+      float g[kBatch][W];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (n0 + j * step < N) cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n0 + j * step) * C + c0, g[j]);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (n0 + j * step >= N) break;
+        const int64_t e0 = static_cast<int64_t>(n0 + j * step) * C + c0;
+        if (dropout > 0.0f) {
+          float f[W];
+          cuda::dropout_factors_w<W>(seed, stream, static_cast<uint64_t>(e0), dropout, keep_scale, f);
+#pragma unroll
+          for (int k = 0; k < W; ++k) g[j][k] *= f[k];
+        }
+        cuda::store_f32<T, W>(d_x + e0, g[j]);
+        // The reference sums d_x as stored (in T).
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += cuda::round_to<T>(g[j][k]);
+      }
+    }
+  }
+  if (partial == nullptr) return;  // uniform over the block
+#pragma unroll
+  for (int k = 0; k < W; ++k) lanes[threadIdx.y][threadIdx.x * W + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c0 < C) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float s = 0.0f;
+#pragma unroll
+      for (int y = 0; y < kTileRows; ++y) s += lanes[y][threadIdx.x * W + k];
+      partial[static_cast<size_t>(blockIdx.y) * C + c0 + k] = s;
+    }
+  }
+}
+
+bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
+  if (C % vec != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !cuda::aligned16(p)) return false;
+  return true;
+}
+
+}  // namespace
+
+void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, const void* residual, const void* x,
+                           const void* bias, Context& ctx) {
+  if (p.N == 0) return;
+  const float keep_scale = cuda::dropout_keep_scale(p.dropout);
+  cuda::dispatch_float(dtype, "residual_forward", [&](auto t) {
+    using T = decltype(t);
+    constexpr int V = cuda::Pack<T>::kVec;
+    const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+    const auto launch = [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      const int64_t units = NC / W;
+      const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
+      residual_forward_pack<T, W><<<grid, kThreads, 0, ctx.stream()>>>(
+          static_cast<T*>(out), static_cast<const T*>(residual), static_cast<const T*>(x),
+          static_cast<const T*>(bias), units, p.C, p.dropout, keep_scale, p.seed, p.stream);
+      TS_CHECK_LAUNCH();
+    };
+    if (vector_ok(p.C, V, {out, residual, x, bias})) launch(std::integral_constant<int, V>{});
+    else launch(std::integral_constant<int, 1>{});
+  });
+}
+
+void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, void* d_bias, const void* d_out,
+                            Context& ctx) {
+  if (p.N == 0) return;
+  const float keep_scale = cuda::dropout_keep_scale(p.dropout);
+  cuda::dispatch_float(dtype, "residual_backward", [&](auto t) {
+    using T = decltype(t);
+    constexpr int V = cuda::Pack<T>::kVec;
+    const auto launch = [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      const int col_chunks = static_cast<int>(ceil_div(p.C / W, kTileCols));
+      const int groups = cuda::elementwise_row_groups(p.N, col_chunks, kTileRows, ctx.gpu().sm_count);
+      float* partial =
+          d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * p.C * sizeof(float))) : nullptr;
+      const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
+      residual_backward_row_tiles<T, W><<<grid, block, 0, ctx.stream()>>>(
+          static_cast<T*>(d_x), partial, static_cast<const T*>(d_out), p.N, p.C, p.dropout, keep_scale, p.seed,
+          p.stream);
+      TS_CHECK_LAUNCH();
+      if (d_bias) {
+        cuda::column_partials_reduce_add<T><<<cuda::column_partials_reduce_grid(p.C),
+                                            cuda::column_partials_reduce_block(), 0, ctx.stream()>>>(
+            static_cast<T*>(d_bias), partial, groups, p.C);
+        TS_CHECK_LAUNCH();
+      }
+    };
+    if (vector_ok(p.C, V, {d_x, d_out})) launch(std::integral_constant<int, V>{});
+    else launch(std::integral_constant<int, 1>{});
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,146 @@
+// Fused embedding: the CUDA kernels against the f64 reference, through the Tensor-level entries.
+#include "cuda_test_util.h"
+#include "tessera/ops/embedding/embedding.h"
+
+namespace tessera::test {
+namespace {
+
+struct EmbCase {
+  int B, T, C, V;
+  int distinct;  // tokens drawn from [0, distinct): small values make long runs of one token in the backward
+};
+// T = 1, widths that are not multiples of the 8-wide vector, GPT-2's vocab, one token repeated over the batch.
+constexpr EmbCase kCases[] = {{1, 1, 1, 1, 1},     {2, 3, 33, 7, 7},        {3, 1, 40, 50257, 50257},
+                              {4, 33, 40, 50257, 50}, {8, 64, 768, 1000, 1000}, {5, 17, 100, 300, 3},
+                              {2, 128, 64, 97, 1}};
+
+struct EmbOptions {
+  bool positions = true;  // a learned wpe (with d_wpe)
+  bool padding = false;   // padding_id = 0, and some tokens are 0
+  float dropout = 0.0f;
+  float scale = 1.0f;
+  int pos_offset = 0;
+};
+
+void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt19937_64& rng) {
+  const int BT = e.B * e.T, max_seq = o.pos_offset + e.T + 3;
+  const EmbeddingParams p{.B = e.B, .T = e.T, .C = e.C, .V = e.V, .max_seq = max_seq, .pos_offset = o.pos_offset,
+                          .scale = o.scale, .padding_id = o.padding ? 0 : -1, .dropout = o.dropout, .seed = rng(),
+                          .stream = rng() % 1000};
+  std::vector<int32_t> tokens = randint(BT, e.distinct, rng);
+  const size_t VC = static_cast<size_t>(e.V) * e.C, SC = static_cast<size_t>(max_seq) * e.C;
+  const size_t NC = static_cast<size_t>(BT) * e.C;
+  const auto wte = rounded(dt, randn<double>(VC, rng)), wpe = rounded(dt, randn<double>(SC, rng));
+  const auto d_out = rounded(dt, randn<double>(NC, rng));
+  const auto d_wte0 = rounded(dt, randn<double>(VC, rng)), d_wpe0 = rounded(dt, randn<double>(SC, rng));
+
+  std::vector<double> out(NC), d_wte = d_wte0, d_wpe = d_wpe0;
+  embedding_forward_ref<double>(p, out.data(), tokens.data(), wte.data(), o.positions ? wpe.data() : nullptr);
+  embedding_backward_ref<double>(p, d_wte.data(), o.positions ? d_wpe.data() : nullptr, d_out.data(),
+                                 tokens.data());
+
+  DeviceArena dev(ctx);
+  const Tensor ttok = dev.upload_i32(tokens), twte = dev.upload(dt, wte);
+  const Tensor twpe = o.positions ? dev.upload(dt, wpe) : Tensor(), tdo = dev.upload(dt, d_out);
+  const Tensor tout = dev.poisoned(dt, NC), tdwte = dev.upload(dt, d_wte0);
+  const Tensor tdwpe = o.positions ? dev.upload(dt, d_wpe0) : Tensor();
+  embedding_forward(p, tout, ttok, twte, twpe, ctx);
+  embedding_backward(p, tdwte, tdwpe, tdo, ttok, ctx);
+
+  const std::string what = "embedding B=" + std::to_string(e.B) + " T=" + std::to_string(e.T) + " C=" +
+                           std::to_string(e.C) + " V=" + std::to_string(e.V) + " distinct=" +
+                           std::to_string(e.distinct) + (o.positions ? " +wpe" : "") + (o.padding ? " +pad" : "") +
+                           " dropout=" + std::to_string(o.dropout) + " scale=" + std::to_string(o.scale) +
+                           " pos_offset=" + std::to_string(o.pos_offset);
+  expect_close(dev.download(tout), out, dt, what + " out");
+  // d_wte and d_wpe are mostly their prefill; compare the change so that the error is measured against the
+  // gradient, not against the prefill.
+  const auto delta = [](std::vector<double> a, const std::vector<double>& a0) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] -= a0[i];
+    return a;
+  };
+  const auto got_wte = dev.download(tdwte);
+  expect_close(got_wte, d_wte, dt, what + " d_wte", 2.0);
+  if (dt == DType::F32) expect_close(delta(got_wte, d_wte0), delta(d_wte, d_wte0), dt, what + " Δd_wte", 10.0);
+  if (o.positions) {
+    const auto got_wpe = dev.download(tdwpe);
+    expect_close(got_wpe, d_wpe, dt, what + " d_wpe", 2.0);
+    if (dt == DType::F32) expect_close(delta(got_wpe, d_wpe0), delta(d_wpe, d_wpe0), dt, what + " Δd_wpe", 10.0);
+  }
+}
+
+TEST(CudaEmbedding, MatchesReferenceOnAwkwardShapes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (EmbCase e : kCases) {
+      run_embedding_case(dt, e, {}, ctx, rng);
+      run_embedding_case(dt, e, {.positions = false, .scale = 27.7f}, ctx, rng);
+      run_embedding_case(dt, e, {.padding = true, .dropout = 0.1f, .scale = 0.5f, .pos_offset = 2}, ctx, rng);
+    }
+}
+
+// The GPU drops exactly the elements the reference drops: wte = 1, no positions, out is 0 or 1 / (1 - p).
+TEST(CudaEmbedding, DropsTheSameElementsAsTheReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  const EmbeddingParams p{.B = 3, .T = 7, .C = 64, .V = 5, .dropout = 0.3f, .seed = 99, .stream = 12};
+  std::mt19937_64 rng(test_seed());
+  const auto tokens = randint(21, p.V, rng);
+  const std::vector<double> wte(static_cast<size_t>(p.V) * p.C, 1.0);
+  std::vector<double> out(21 * 64);
+  embedding_forward_ref<double>(p, out.data(), tokens.data(), wte.data(), nullptr);
+  DeviceArena dev(ctx);
+  const Tensor tout = dev.poisoned(DType::F32, 21 * 64);
+  embedding_forward(p, tout, dev.upload_i32(tokens), dev.upload(DType::F32, wte), Tensor(), ctx);
+  const auto got = dev.download(tout);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(got[i] == 0.0, out[i] == 0.0) << "element " << i;
+}
+
+TEST(CudaEmbedding, BackwardIsDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const EmbeddingParams p{.B = 8, .T = 1024, .C = 768, .V = 2000, .max_seq = 1024};
+  const size_t NC = static_cast<size_t>(p.B) * p.T * p.C;
+  DeviceArena dev(ctx);
+  const Tensor ttok = dev.upload_i32(randint(static_cast<size_t>(p.B) * p.T, 300, rng));  // long runs
+  const Tensor tdo = dev.upload(DType::BF16, randn<double>(NC, rng));
+  std::vector<double> first_wte, first_wpe;
+  for (int run = 0; run < 3; ++run) {
+    const Tensor tdwte = dev.alloc(DType::BF16, static_cast<int64_t>(p.V) * p.C);
+    const Tensor tdwpe = dev.alloc(DType::BF16, static_cast<int64_t>(p.max_seq) * p.C);
+    fill_bytes(tdwte, 0, ctx);
+    fill_bytes(tdwpe, 0, ctx);
+    embedding_backward(p, tdwte, tdwpe, tdo, ttok, ctx);
+    const auto wte = dev.download(tdwte), wpe = dev.download(tdwpe);
+    if (run == 0) {
+      first_wte = wte;
+      first_wpe = wpe;
+    } else {
+      ASSERT_EQ(wte, first_wte) << "d_wte differs between identical runs";
+      ASSERT_EQ(wpe, first_wpe) << "d_wpe differs between identical runs";
+    }
+  }
+}
+
+TEST(CudaEmbedding, SupportsAnswersWithoutAGpu) {
+  std::string why;
+  EXPECT_FALSE(embedding_supports({.B = 1, .T = 1, .C = 8, .V = 4}, DType::BF16, Device::cpu(), &why));
+  EXPECT_TRUE(embedding_supports({.B = 1, .T = 1, .C = 8, .V = 4}, DType::F64, Device::cpu(), &why));
+  EXPECT_FALSE(embedding_supports({.B = 1, .T = 1, .C = 8, .V = 4, .dropout = 1.5f}, DType::F32, Device::cpu(), &why));
+  EXPECT_NE(why.find("dropout"), std::string::npos) << why;
+  EXPECT_FALSE(embedding_supports({.B = 1, .T = 1, .C = 0, .V = 4}, DType::F32, Device::cpu(), &why));
+}
+
+// A CPU run through the Tensor-level entry names a position beyond max_seq.
+TEST(CudaEmbedding, EntryRejectsPositionsBeyondTheTable) {
+  Context cpu;
+  const EmbeddingParams p{.B = 1, .T = 4, .C = 2, .V = 3, .max_seq = 4, .pos_offset = 1};
+  std::vector<float> out(8), wte(6), wpe(8);
+  std::vector<int32_t> tok(4, 0);
+  EXPECT_THROW(embedding_forward(p, Tensor(out.data(), DType::F32, {8}), Tensor(tok.data(), DType::I32, {4}),
+                                 Tensor(wte.data(), DType::F32, {6}), Tensor(wpe.data(), DType::F32, {8}), cpu),
+               Error);
+}
+
+}  // namespace
+}  // namespace tessera::test
