@@ -129,11 +129,22 @@ size_t GptT<Real>::activation_bytes(const ModelConfig& cfg, int B, int T) {
 
 template <typename Real>
 void GptT<Real>::ensure_plan(int B, int T) {
-  if (B == planned_B_ && T == planned_T_) return;
+  // Every buffer is sized by N = B*T (attention indexes lse as (B, H, T) inside a buffer of N*H), so a plan
+  // for a larger N holds any smaller (B, T): generation, whose T grows by one each token, plans once.
+  const int64_t N = static_cast<int64_t>(B) * T;
+  if (N <= planned_N_) return;
+  arena_ = Arena();  // free the old plan before the new one is allocated
   arena_ = Arena(activation_bytes(cfg_, B, T));
   plan(cfg_, B, T, arena_, acts_);
-  planned_B_ = B;
-  planned_T_ = T;
+  planned_N_ = N;
+  ++plan_count_;
+}
+
+template <typename Real>
+void GptT<Real>::reserve(int B, int T) {
+  TS_CHECK(B > 0 && T > 0, "reserve: batch and sequence must be positive, got B=", B, " T=", T);
+  TS_CHECK(T <= cfg_.max_seq, "reserve: sequence length ", T, " exceeds max_seq ", cfg_.max_seq);
+  ensure_plan(B, T);
 }
 
 template <typename Real>

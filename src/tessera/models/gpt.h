@@ -4,9 +4,10 @@
 // then a final norm and logits = Norm_f(x) W_lmᵀ (W_lm = wte when tied). Shapes: tokens (B, T), residual
 // stream (B*T, C), qkv (B*T, 3C), logits (B*T, V).
 //
-// Parameters live in one ParamBuffer (names below); activations in one Arena planned per (B, T): what the
-// backward needs is kept per layer, temporaries and gradient buffers are shared across layers, and the
-// logits buffer is overwritten in place by its gradient.
+// Parameters live in one ParamBuffer (names below); activations in one Arena planned for N = B*T tokens: what
+// the backward needs is kept per layer, temporaries and gradient buffers are shared across layers, and the
+// logits buffer is overwritten in place by its gradient. Every buffer is sized by N alone, so a plan serves
+// any forward with B*T no larger than the planned N; it is re-planned only when a forward needs more.
 //
 // Real is float for training and double for gradient checks by finite differences.
 #pragma once
@@ -52,9 +53,16 @@ class GptT {
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
-  // Bytes of the activation plan for (B, T), and the arena's peak so far.
+  // Plans the activations for forwards of up to B*T tokens (T <= max_seq) now, so that later forwards of
+  // that size or smaller reuse the plan. Never shrinks a larger plan. Generation calls it once.
+  void reserve(int B, int T);
+
+  // Bytes of the activation plan for (B, T) (a function of B*T only), and the arena's peak so far.
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T);
   size_t activation_peak() const { return arena_.peak(); }
+  // Tokens (B*T) the current plan holds, and how many times the activations were planned.
+  int64_t planned_tokens() const { return planned_N_; }
+  int64_t plan_count() const { return plan_count_; }
 
  private:
   struct LayerOffsets {
@@ -90,7 +98,8 @@ class GptT {
   Arena arena_;
   Acts acts_;
   int B_ = 0, T_ = 0;
-  int planned_B_ = 0, planned_T_ = 0;
+  int64_t planned_N_ = 0;       // B*T of the current plan
+  int64_t plan_count_ = 0;
   long count_ = 0;              // targets counted by the last forward
   uint64_t dropout_seed_ = 0;   // dropout of the last forward (0 probability when off)
   float dropout_p_ = 0.0f;
