@@ -61,10 +61,8 @@ double rel_error(const std::vector<A>& a, const std::vector<B>& b) {
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
-// Central differences of `loss` w.r.t. each element of x (in place, restored), compared with `analytic`.
-// Returns the relative error over the whole gradient.
-inline double fd_rel_error(const std::function<double()>& loss, std::vector<double>& x,
-                           const std::vector<double>& analytic, double h = 1e-6) {
+// Central differences of `loss` w.r.t. each element of x (in place, restored).
+inline std::vector<double> fd_gradient(const std::function<double()>& loss, std::vector<double>& x, double h = 1e-6) {
   std::vector<double> numeric(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double keep = x[i];
@@ -75,7 +73,28 @@ inline double fd_rel_error(const std::function<double()>& loss, std::vector<doub
     x[i] = keep;
     numeric[i] = (lp - lm) / (2 * h);
   }
-  return rel_error(analytic, numeric);
+  return numeric;
+}
+
+// fd_gradient compared with `analytic`: the relative error over the whole gradient.
+inline double fd_rel_error(const std::function<double()>& loss, std::vector<double>& x,
+                           const std::vector<double>& analytic, double h = 1e-6) {
+  return rel_error(analytic, fd_gradient(loss, x, h));
+}
+
+// Random values to prefill an output the op ACCUMULATES into (+=), so that an op that overwrites it fails.
+template <typename T>
+std::vector<T> prefilled(size_t n, std::mt19937_64& rng) {
+  return randn<T>(n, rng);
+}
+
+// What the op added to an accumulated output: result - prefill. Compared with the true gradient, this checks
+// result = prefill + gradient.
+template <typename T>
+std::vector<T> added(const std::vector<T>& result, const std::vector<T>& prefill) {
+  std::vector<T> d(result.size());
+  for (size_t i = 0; i < d.size(); ++i) d[i] = result[i] - prefill[i];
+  return d;
 }
 
 // Σ w ⊙ y: a scalar whose gradient w.r.t. y is w, used to drive backward passes with a random d_out.

@@ -1,11 +1,14 @@
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "tessera/core/arena.h"
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/core/mmap_file.h"
 #include "tessera/core/philox.h"
 #include "tessera/core/tensor.h"
 #include "test_util.h"
@@ -147,6 +150,50 @@ TEST(Error, CarriesLocationAndMessage) {
     EXPECT_STREQ(e.what(), "value 42 is wrong");
     EXPECT_GT(e.line(), 0);
   }
+}
+
+// Whole-file reads and atomic writes, on a file larger than the read chunk and on a /proc file that reports
+// no size; the atomic write leaves no temporary behind.
+TEST(FileIo, AtomicWriteAndWholeReads) {
+  namespace fs = std::filesystem;
+  const fs::path d = test::temp_dir("fileio");
+  std::string text(200 * 1024 + 7, '\0');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>('a' + i % 26);
+  const std::string p = (d / "f.txt").string();
+  write_file_atomic(p, text);
+  write_file_atomic(p, text);  // over an existing file
+  EXPECT_EQ(read_file_text(p), text);
+  const auto bytes = read_file_bytes(p);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), text);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 1);  // only f.txt
+  EXPECT_NE(read_file_text("/proc/self/status").find("Pid:"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_file_text((d / "none").string(), "corpus"); }).find("corpus: cannot read"),
+            std::string::npos);
+  EXPECT_NO_THROW(fsync_dir(d.string()));
+  fs::remove_all(d);
+}
+
+TEST(MappedFile, MapsMovesAndRefusesWhatItCannotMap) {
+  namespace fs = std::filesystem;
+  const fs::path d = test::temp_dir("mmap");
+  const std::string p = (d / "f.bin").string();
+  write_file_atomic(p, std::string("tessera"));
+  MappedFile a(p, "shard");
+  ASSERT_EQ(a.size(), 7u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(a.data()), a.size()), "tessera");
+  const uint8_t* data = a.data();
+  MappedFile b(std::move(a));
+  EXPECT_EQ(b.data(), data);  // moved, not copied
+  EXPECT_EQ(a.data(), nullptr);
+  a = std::move(b);
+  EXPECT_EQ(a.data(), data);
+  write_file_atomic((d / "empty").string(), std::string());
+  const MappedFile e((d / "empty").string());
+  EXPECT_EQ(e.size(), 0u);
+  EXPECT_NE(test::error_of([&] { MappedFile((d / "none").string(), "shard"); }).find("shard: cannot read"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { MappedFile(d.string(), "shard"); }).find("is a directory"), std::string::npos);
+  fs::remove_all(d);
 }
 
 TEST(Context, CpuIsAlwaysThere) {

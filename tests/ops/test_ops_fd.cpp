@@ -1,4 +1,7 @@
 // Every op's backward against fp64 central differences, on awkward shapes with fresh random inputs.
+// Outputs an op overwrites are filled with NaN before the call (a value it fails to write shows up), and
+// outputs it accumulates into (+=, as the op headers say: weight, bias and norm-input gradients) are filled
+// with random values first; the test then checks result - prefill against the true gradient.
 #include "tessera/core/philox.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
@@ -12,8 +15,11 @@
 namespace tessera {
 namespace {
 
+using test::added;
 using test::fd_rel_error;
 using test::kFdTolF64;
+using test::poisoned;
+using test::prefilled;
 using test::randn;
 using test::weighted_sum;
 
@@ -33,17 +39,18 @@ TEST_F(OpsFd, Embedding) {
     tokens[4] = 3;  // exactly one padding token
     const auto w = randn<double>(p.B * p.T * p.C, rng);
     auto loss = [&] {
-      std::vector<double> out(w.size());
+      auto out = poisoned<double>(w.size());
       embedding_forward_ref(p, out.data(), tokens.data(), wte.data(), wpe.data());
       return weighted_sum(out, w);
     };
-    std::vector<double> d_wte(wte.size(), 0.0), d_wpe(wpe.size(), 0.0);
+    const auto wte_pre = prefilled<double>(wte.size(), rng), wpe_pre = prefilled<double>(wpe.size(), rng);
+    auto d_wte = wte_pre, d_wpe = wpe_pre;
     embedding_backward_ref(p, d_wte.data(), d_wpe.data(), w.data(), tokens.data());
-    EXPECT_LT(fd_rel_error(loss, wte, d_wte), kFdTolF64);
-    EXPECT_LT(fd_rel_error(loss, wpe, d_wpe), kFdTolF64);
-    for (int c = 0; c < p.C; ++c) EXPECT_EQ(d_wte[3 * p.C + c], 0.0);  // padding row gets no gradient
+    EXPECT_LT(fd_rel_error(loss, wte, added(d_wte, wte_pre)), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, wpe, added(d_wpe, wpe_pre)), kFdTolF64);
+    for (int c = 0; c < p.C; ++c) EXPECT_EQ(d_wte[3 * p.C + c], wte_pre[3 * p.C + c]);  // padding row: no gradient
 
-    auto out = test::poisoned<double>(w.size());
+    auto out = poisoned<double>(w.size());
     embedding_forward_ref(p, out.data(), tokens.data(), wte.data(), wpe.data());
     for (int c = 0; c < p.C; ++c) EXPECT_EQ(out[4 * p.C + c], 0.0);  // padding gives zeros
     int zeros = 0;
@@ -72,17 +79,23 @@ TEST_F(OpsFd, LayerNorm) {
     const auto w = randn<double>(p.N * p.C, rng);
     std::vector<double> mean(p.N), rstd(p.N);
     auto loss = [&] {
-      std::vector<double> out(w.size());
+      auto out = poisoned<double>(w.size());
+      mean = poisoned<double>(p.N);
+      rstd = poisoned<double>(p.N);
       layernorm_forward_ref(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(), with_bias ? b.data() : nullptr);
       return weighted_sum(out, w);
     };
     loss();
-    std::vector<double> dx(x.size(), 0.0), dw(p.C, 0.0), db(p.C, 0.0);
+    const auto dx_pre = prefilled<double>(x.size(), rng), dw_pre = prefilled<double>(p.C, rng),
+               db_pre = prefilled<double>(p.C, rng);
+    auto dx = dx_pre, dw = dw_pre, db = db_pre;
     layernorm_backward_ref(p, dx.data(), dw.data(), with_bias ? db.data() : nullptr, w.data(), x.data(), wt.data(),
                            mean.data(), rstd.data());
-    EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
-    EXPECT_LT(fd_rel_error(loss, wt, dw), kFdTolF64);
-    if (with_bias) EXPECT_LT(fd_rel_error(loss, b, db), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, x, added(dx, dx_pre)), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, wt, added(dw, dw_pre)), kFdTolF64);
+    if (with_bias) {
+      EXPECT_LT(fd_rel_error(loss, b, added(db, db_pre)), kFdTolF64);
+    }
   }
 }
 
@@ -90,7 +103,8 @@ TEST_F(OpsFd, LayerNormStatistics) {
   const NormParams p{.N = 3, .C = 1000, .eps = 1e-5f};
   auto x = randn<float>(p.N * p.C, rng, 3.0);
   for (auto& v : x) v += 100.0f;  // a large mean: one-pass variance formulas lose digits here
-  std::vector<float> out = test::poisoned<float>(x.size()), mean(p.N), rstd(p.N), wt(p.C, 1.0f);
+  std::vector<float> out = poisoned<float>(x.size()), mean = poisoned<float>(p.N), rstd = poisoned<float>(p.N);
+  std::vector<float> wt(p.C, 1.0f);
   layernorm_forward_ref<float>(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(), nullptr);
   for (int n = 0; n < p.N; ++n) {
     double s = 0, s2 = 0;
@@ -100,6 +114,9 @@ TEST_F(OpsFd, LayerNormStatistics) {
     }
     EXPECT_NEAR(s / p.C, 0.0, 1e-5);
     EXPECT_NEAR(s2 / p.C, 1.0, 1e-3);
+    EXPECT_NEAR(mean[n], 100.0, 0.5);
+    EXPECT_GT(rstd[n], 0.2f);
+    EXPECT_LT(rstd[n], 0.5f);  // 1 / std, std ≈ 3
   }
 }
 
@@ -109,15 +126,17 @@ TEST_F(OpsFd, RmsNorm) {
   const auto w = randn<double>(p.N * p.C, rng);
   std::vector<double> rstd(p.N);
   auto loss = [&] {
-    std::vector<double> out(w.size());
+    auto out = poisoned<double>(w.size());
+    rstd = poisoned<double>(p.N);
     rmsnorm_forward_ref(p, out.data(), rstd.data(), x.data(), wt.data());
     return weighted_sum(out, w);
   };
   loss();
-  std::vector<double> dx(x.size(), 0.0), dw(p.C, 0.0);
+  const auto dx_pre = prefilled<double>(x.size(), rng), dw_pre = prefilled<double>(p.C, rng);
+  auto dx = dx_pre, dw = dw_pre;
   rmsnorm_backward_ref(p, dx.data(), dw.data(), w.data(), x.data(), wt.data(), rstd.data());
-  EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
-  EXPECT_LT(fd_rel_error(loss, wt, dw), kFdTolF64);
+  EXPECT_LT(fd_rel_error(loss, x, added(dx, dx_pre)), kFdTolF64);
+  EXPECT_LT(fd_rel_error(loss, wt, added(dw, dw_pre)), kFdTolF64);
 }
 
 TEST_F(OpsFd, Attention) {
@@ -129,11 +148,13 @@ TEST_F(OpsFd, Attention) {
     const auto w = randn<double>(s.B * s.T * C, rng);
     std::vector<double> out(w.size()), lse(s.B * s.H * s.T);
     auto loss = [&] {
+      out = poisoned<double>(out.size());
+      lse = poisoned<double>(lse.size());
       attention_forward_ref(p, out.data(), lse.data(), qkv.data());
       return weighted_sum(out, w);
     };
     loss();
-    std::vector<double> dqkv = test::poisoned<double>(qkv.size());
+    std::vector<double> dqkv = poisoned<double>(qkv.size());
     attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
     EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << s.B << " T=" << s.T;
   }
@@ -143,7 +164,7 @@ TEST_F(OpsFd, Attention) {
 TEST_F(OpsFd, AttentionForwardMatchesExplicitSoftmax) {
   const int B = 1, T = 9, H = 2, Dh = 4, C = H * Dh;
   auto qkv = randn<double>(B * T * 3 * C, rng);
-  std::vector<double> out(B * T * C), lse(B * H * T);
+  std::vector<double> out = poisoned<double>(B * T * C), lse = poisoned<double>(B * H * T);
   attention_forward_ref<double>({.B = B, .T = T, .H = H, .Dh = Dh}, out.data(), lse.data(), qkv.data());
   for (int h = 0; h < H; ++h) {
     for (int i = 0; i < T; ++i) {
@@ -194,21 +215,24 @@ TEST_F(OpsFd, Activations) {
       auto in = randn<double>(p.N * in_w, rng), bias = randn<double>(in_w, rng);
       const auto w = randn<double>(p.N * p.d_ff, rng);
       auto loss = [&] {
-        std::vector<double> out(w.size());
+        auto out = poisoned<double>(w.size());
         activation_forward_ref(p, out.data(), in.data(), with_bias ? bias.data() : nullptr);
         return weighted_sum(out, w);
       };
-      std::vector<double> d_in = test::poisoned<double>(in.size()), d_b(in_w, 0.0);
+      const auto d_b_pre = prefilled<double>(in_w, rng);
+      auto d_in = poisoned<double>(in.size()), d_b = d_b_pre;
       activation_backward_ref(p, d_in.data(), with_bias ? d_b.data() : nullptr, w.data(), in.data(),
                               with_bias ? bias.data() : nullptr);
       EXPECT_LT(fd_rel_error(loss, in, d_in), kFdTolF64) << activation_name(kind);
-      if (with_bias) EXPECT_LT(fd_rel_error(loss, bias, d_b), kFdTolF64) << activation_name(kind);
+      if (with_bias) {
+        EXPECT_LT(fd_rel_error(loss, bias, added(d_b, d_b_pre)), kFdTolF64) << activation_name(kind);
+      }
     }
   }
 }
 
 TEST_F(OpsFd, GeluMatchesTanhFormula) {
-  std::vector<double> x{-3.0, -0.5, 0.0, 0.7, 2.0}, y(5);
+  std::vector<double> x{-3.0, -0.5, 0.0, 0.7, 2.0}, y = poisoned<double>(5);
   activation_forward_ref<double>({.N = 1, .d_ff = 5, .kind = Activation::Gelu}, y.data(), x.data(), nullptr);
   // Values of 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) computed independently.
   const double expect[] = {-0.0036373920817729943, -0.15428599017485606, 0.0, 0.5305701347051167,
@@ -222,14 +246,15 @@ TEST_F(OpsFd, ResidualWithDropout) {
     auto res = randn<double>(p.N * p.C, rng), x = randn<double>(p.N * p.C, rng), b = randn<double>(p.C, rng);
     const auto w = randn<double>(p.N * p.C, rng);
     auto loss = [&] {
-      std::vector<double> out(w.size());
+      auto out = poisoned<double>(w.size());
       residual_forward_ref(p, out.data(), res.data(), x.data(), b.data());
       return weighted_sum(out, w);
     };
-    std::vector<double> dx = test::poisoned<double>(x.size()), db(p.C, 0.0);
+    const auto db_pre = prefilled<double>(p.C, rng);
+    auto dx = poisoned<double>(x.size()), db = db_pre;
     residual_backward_ref(p, dx.data(), db.data(), w.data());
     EXPECT_LT(fd_rel_error(loss, x, dx), kFdTolF64);
-    EXPECT_LT(fd_rel_error(loss, b, db), kFdTolF64);
+    EXPECT_LT(fd_rel_error(loss, b, added(db, db_pre)), kFdTolF64);
     EXPECT_LT(fd_rel_error(loss, res, w), kFdTolF64);  // d_residual = d_out
   }
 }
@@ -242,6 +267,8 @@ TEST_F(OpsFd, CrossEntropyLabelSmoothingAndIgnore) {
   std::vector<double> losses(p.N), lse(p.N);
   long count = 0;
   auto loss = [&] {
+    losses = poisoned<double>(p.N);
+    lse = poisoned<double>(p.N);
     count = cross_entropy_forward_ref(p, losses.data(), lse.data(), logits.data(), targets.data());
     double s = 0;
     for (double l : losses) s += l;
@@ -249,7 +276,7 @@ TEST_F(OpsFd, CrossEntropyLabelSmoothingAndIgnore) {
   };
   const double mean = loss();
   EXPECT_EQ(count, 5);
-  std::vector<double> d = test::poisoned<double>(logits.size());
+  std::vector<double> d = poisoned<double>(logits.size());
   cross_entropy_backward_ref(p, d.data(), logits.data(), lse.data(), targets.data(), 1.0 / count);
   EXPECT_LT(fd_rel_error(loss, logits, d), kFdTolF64);
   // Value: -Σ_j p_j log q_j with p = (1 - eps) onehot + eps / V, computed from the definition.

@@ -2,7 +2,8 @@
 """Loads tessera's exported tiny GPT-2 and Llama checkpoints with Hugging Face `transformers`
 (AutoModelForCausalLM.from_pretrained on the checkpoint directory, as a user would) and checks that the logits
 equal tessera's (relative error <= 1e-5 in fp32). Exits 77 (skipped) where transformers is not installed,
-as on Debian, whose archive has no python3-transformers.
+as on Debian, whose archive has no python3-transformers (scripts/install_deps.sh puts it in .venv/), unless
+TESSERA_REQUIRE_HF=1 (as in CI), where a missing transformers is a failure.
 """
 import argparse
 import os
@@ -17,6 +18,9 @@ try:
     import torch
     from transformers import AutoModelForCausalLM
 except ImportError as e:
+    if os.environ.get("TESSERA_REQUIRE_HF") == "1":
+        print(f"FAIL: TESSERA_REQUIRE_HF=1 but {e} (with {sys.executable}; run scripts/install_deps.sh)")
+        sys.exit(1)
     print(f"skipped: {e}")
     sys.exit(77)
 

@@ -1,3 +1,8 @@
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +125,132 @@ TEST(Checkpoint, RejectsCorruptAndMismatchedFiles) {
   fs::remove_all(d);
 }
 
+// The writer streams each tensor from the caller's buffer when the file is written: no copy is taken at add().
+TEST(Safetensors, WriterStreamsFromTheBuffersAndMapsOnLoad) {
+  const fs::path d = temp_dir("stwriter");
+  std::vector<float> a(1000), b(6);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  SafetensorsWriter w;
+  w.add("a", DType::F32, {10, 100}, a.data());
+  w.add("t", DType::F32, {3, 2}, [&](void* dst) {  // made at write time: the transpose of b viewed as (2, 3)
+    float* out = static_cast<float*>(dst);
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 3; ++c) out[c * 2 + r] = b[r * 3 + c];
+  });
+  EXPECT_EQ(w.temp_bytes(), 6u * 4u);
+  a[7] = -1.0f;  // changed after add(): the file must hold the buffer as it is at write()
+  for (int i = 0; i < 6; ++i) b[i] = static_cast<float>(10 + i);
+  w.write((d / "x.safetensors").string());
+  const auto st = SafetensorsFile::load((d / "x.safetensors").string());
+  std::vector<float> ra(1000), rt(6), back(6);
+  st.read_f32("a", {10, 100}, ra.data());
+  EXPECT_EQ(ra, a);
+  st.read_f32("t", {3, 2}, rt.data());
+  EXPECT_EQ(rt, (std::vector<float>{10, 13, 11, 14, 12, 15}));
+  st.read_f32_transposed("t", 3, 2, back.data());
+  EXPECT_EQ(back, b);
+  EXPECT_NE(error_of([&] { SafetensorsFile::load((d / "none.safetensors").string()); }).find("safetensors: cannot read"),
+            std::string::npos);
+  fs::remove_all(d);
+}
+
+// model.safetensors is opened once: the config from its metadata and the weights from the same mapping.
+TEST(Checkpoint, LoadModelReadsTheFileOnce) {
+  const fs::path d = temp_dir("once");
+  Gpt a(small(false));
+  a.init_weights(3);
+  save_checkpoint((d / "ck").string(), a, nullptr);
+  const uint64_t before = SafetensorsFile::load_count();
+  auto b = load_checkpoint_model((d / "ck").string());
+  EXPECT_EQ(SafetensorsFile::load_count() - before, 1u);
+  EXPECT_EQ(std::memcmp(a.params().data(), b->params().data(), a.params().size() * 4), 0);
+  fs::remove_all(d);
+}
+
+// checkpoint_save_host_bytes is the one temporary of saving: the largest tensor stored transposed.
+TEST(Checkpoint, SaveHostBytesIsTheLargestTransposedTensor) {
+  for (const ModelConfig& cfg : {small(false), small(true)}) {
+    Gpt m(cfg);
+    size_t largest = 0;
+    for (const ExportTensor& t : checkpoint_layout(m))
+      if (t.transpose) largest = std::max(largest, static_cast<size_t>(t.rows * t.cols) * sizeof(float));
+    EXPECT_EQ(checkpoint_save_host_bytes(cfg), largest);
+  }
+  ModelConfig wide = small(false);
+  wide.d_ff = 100;  // fc (100, 16) outgrows qkv (48, 16)
+  EXPECT_EQ(checkpoint_save_host_bytes(wide), 100u * 16u * 4u);
+  EXPECT_GT(checkpoint_save_host_bytes(small(false)), 0u);
+  EXPECT_EQ(checkpoint_save_host_bytes(small(true)), 0u);  // Llama's tensors all stream from the parameters
+}
+
+// Runs save_checkpoint in a child process with TESSERA_FAULT_INJECT=`faults`. Returns the signal that killed
+// it, or 0 when it finished. (The child only writes files: no OpenMP after fork.)
+int save_in_child(const std::string& dir, const Gpt& model, const TrainState& state, const std::string& faults) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("TESSERA_FAULT_INJECT", faults.c_str(), 1);
+    try {
+      save_checkpoint(dir, model, &state);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "save_checkpoint failed in the child";
+  return 0;
+}
+
+TrainState state_at(int64_t step, size_t n) {
+  TrainState s;
+  s.step = step;
+  s.options_json = "{}";
+  s.adam_m.assign(n, static_cast<float>(step));
+  s.adam_v.assign(n, static_cast<float>(step) / 2);
+  return s;
+}
+
+// A save killed at any step leaves a checkpoint that loads (the old one or the new one, whole), and the next
+// save cleans up after it. With RENAME_EXCHANGE and (ckpt-no-exchange) without.
+TEST(Checkpoint, SurvivesACrashAtEveryStepOfSaving) {
+  struct Case {
+    const char* faults;
+    bool killed;
+    int64_t loads_step;  // which checkpoint is there after the crash: 1 (the old) or 2 (the new)
+  };
+  for (const Case& c : {Case{"ckpt-after-write", true, 1}, Case{"ckpt-after-exchange", true, 2},
+                        Case{"ckpt-no-exchange,ckpt-after-move-old", true, 1}, Case{"ckpt-no-exchange", false, 2}}) {
+    SCOPED_TRACE(c.faults);
+    const fs::path d = temp_dir("crash");
+    const std::string ck = (d / "ck").string();
+    Gpt m1(small(false)), m2(small(false)), m3(small(false));
+    m1.init_weights(1);
+    m2.init_weights(2);
+    m3.init_weights(3);
+    const size_t n = m1.params().size();
+    const TrainState s1 = state_at(1, n), s2 = state_at(2, n), s3 = state_at(3, n);
+    save_checkpoint(ck, m1, &s1);
+    EXPECT_EQ(save_in_child(ck, m2, s2, c.faults), c.killed ? SIGKILL : 0);
+
+    const Gpt& expect = c.loads_step == 1 ? m1 : m2;
+    auto loaded = load_checkpoint_model(ck);
+    EXPECT_EQ(std::memcmp(loaded->params().data(), expect.params().data(), n * 4), 0);
+    const TrainState st = load_train_state(ck, *loaded);
+    EXPECT_EQ(st.step, c.loads_step);
+    EXPECT_EQ(st.adam_m.back(), static_cast<float>(c.loads_step));
+
+    // The next save, with nothing injected, replaces whatever the crash left.
+    save_checkpoint(ck, m3, &s3);
+    EXPECT_EQ(load_train_state(ck, *loaded).step, 3);
+    EXPECT_FALSE(fs::exists(d / "ck.tmp"));
+    EXPECT_FALSE(fs::exists(d / "ck.old"));
+    fs::remove_all(d);
+  }
+}
+
 TEST(Schedule, WarmupThenCosine) {
   TrainOptions o;
   o.lr = 1.0f;
@@ -183,6 +314,57 @@ TEST(Trainer, ResumeIsBitExact) {
   auto ma = load_checkpoint_model((d / "full" / "checkpoint").string());
   auto mb = load_checkpoint_model((d / "split" / "checkpoint").string());
   EXPECT_EQ(std::memcmp(ma->params().data(), mb->params().data(), ma->params().size() * 4), 0);
+  fs::remove_all(d);
+}
+
+// A run whose checkpoint save was killed resumes and ends with the same weights as an uninterrupted run: the
+// save of step 4 dies right after the swap (the step-4 checkpoint is in place) or, without RENAME_EXCHANGE,
+// between its two renames (only the step-3 one, as ck.old, is there to resume from).
+TEST(Trainer, ResumesAfterACrashDuringCheckpointing) {
+  const fs::path d = temp_dir("crashresume");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "pack my box with five dozen liquor jugs. ";
+  prepare_text(text, (d / "data").string());
+  TrainOptions o;
+  o.model = small(false);
+  o.model.dropout = 0.1f;
+  o.data = (d / "data").string();
+  o.batch = 2;
+  o.seq = 16;
+  o.warmup = 2;
+  o.progress = false;
+  o.steps = 6;
+  o.out = (d / "full").string();
+  train(o);
+  o.stop_after = 4;
+  o.out = (d / "four").string();
+  train(o);
+  const std::string four = (d / "four" / "checkpoint").string();
+  auto m4 = load_checkpoint_model(four);
+  const TrainState s4 = load_train_state(four, *m4);
+  auto full = load_checkpoint_model((d / "full" / "checkpoint").string());
+
+  for (const char* faults : {"ckpt-after-exchange", "ckpt-no-exchange,ckpt-after-move-old"}) {
+    SCOPED_TRACE(faults);
+    const fs::path out = d / "split";
+    fs::remove_all(out);
+    o.stop_after = 3;
+    o.out = out.string();
+    train(o);
+    const std::string ck = (out / "checkpoint").string();
+    ASSERT_EQ(save_in_child(ck, *m4, s4, faults), SIGKILL);
+    auto crashed = load_checkpoint_model(ck);
+    EXPECT_EQ(load_train_state(ck, *crashed).step, std::string(faults) == "ckpt-after-exchange" ? 4 : 3);
+    TrainOptions r;
+    r.resume = resolve_checkpoint_dir(ck);
+    r.steps = 0;  // the saved run's 6
+    r.out = out.string();
+    r.progress = false;
+    train(r);
+    auto resumed = load_checkpoint_model(ck);
+    EXPECT_EQ(std::memcmp(resumed->params().data(), full->params().data(), full->params().size() * 4), 0);
+    EXPECT_EQ(load_train_state(ck, *resumed).step, 6);
+  }
   fs::remove_all(d);
 }
 

@@ -1,7 +1,9 @@
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/train/data.h"
 #include "test_util.h"
 
@@ -53,6 +55,94 @@ TEST(Shards, WriteReadRoundTripAndStream) {
   EXPECT_EQ(x[0], 0);
   EXPECT_THROW(s.next_batch(10, 10, x.data(), y.data()), Error);  // needs 101 tokens
   EXPECT_THROW(find_shards(d.string(), "val"), Error);
+  fs::remove_all(d);
+}
+
+// The split is a whole word of the shard's name: "interval" is not "val".
+TEST(Shards, FindShardsMatchesTheSplitNotASubstring) {
+  const fs::path d = temp_dir("find");
+  for (const char* name : {"train_000000.bin", "val_000000.bin", "interval_000.bin", "retrain_000.bin",
+                           "fineweb_val_000001.bin", "tiny_shakespeare_train.bin", "val_notes.txt"})
+    write_shard((d / name).string(), {1, 2, 3});
+  auto names = [](const std::vector<std::string>& paths) {
+    std::vector<std::string> out;
+    for (const auto& p : paths) out.push_back(fs::path(p).filename().string());
+    return out;
+  };
+  EXPECT_EQ(names(find_shards(d.string(), "val")), (std::vector<std::string>{"fineweb_val_000001.bin", "val_000000.bin"}));
+  EXPECT_EQ(names(find_shards(d.string(), "train")),
+            (std::vector<std::string>{"tiny_shakespeare_train.bin", "train_000000.bin"}));
+  fs::remove_all(d);
+}
+
+// Shards of 37, 0, 50 and 13 tokens read as one stream: every batch, including those that span a shard
+// boundary (and the empty shard), equals the same batch cut from the concatenation, with the same wrap.
+TEST(Shards, StreamReadsAcrossShardBoundaries) {
+  const fs::path d = temp_dir("multi");
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_int_distribution<int> tok(0, 99);
+  std::vector<uint16_t> all;
+  std::vector<std::string> paths;
+  int i = 0;
+  for (size_t n : {37, 0, 50, 13}) {
+    std::vector<uint16_t> t(n);
+    for (auto& x : t) x = static_cast<uint16_t>(tok(rng));
+    all.insert(all.end(), t.begin(), t.end());
+    paths.push_back((d / ("train_00000" + std::to_string(i++) + ".bin")).string());
+    write_shard(paths.back(), t);
+  }
+  TokenStream s(find_shards(d.string(), "train"), 100);
+  ASSERT_EQ(s.size(), all.size());
+  const int B = 2, T = 7;  // 15 tokens a batch: batches start at 0, 14, 28 (spans 37), 42, ..., 84 (spans 87)
+  std::vector<int32_t> x(B * T), y(B * T);
+  uint64_t pos = 0;
+  int crossed = 0;
+  for (int b = 0; b < 20; ++b) {
+    if (pos + B * T + 1 > all.size()) pos = 0;
+    s.next_batch(B, T, x.data(), y.data());
+    for (int k = 0; k < B * T; ++k) {
+      ASSERT_EQ(x[k], all[pos + k]) << "batch " << b << " token " << k;
+      ASSERT_EQ(y[k], all[pos + k + 1]) << "batch " << b << " token " << k;
+    }
+    crossed += (pos < 37 && pos + B * T >= 37) + (pos < 87 && pos + B * T >= 87);
+    pos += B * T;
+    ASSERT_EQ(s.position(), pos);
+  }
+  EXPECT_GE(crossed, 4);
+  // Resuming right before a boundary reads across it.
+  s.set_position(86);
+  s.next_batch(1, 3, x.data(), y.data());
+  EXPECT_EQ((std::vector<int32_t>(x.begin(), x.begin() + 3)), (std::vector<int32_t>{all[86], all[87], all[88]}));
+  EXPECT_EQ(y[2], all[89]);
+  EXPECT_THROW(s.set_position(all.size() + 1), Error);
+  fs::remove_all(d);
+}
+
+// A bad shard anywhere in the stream is a one-line error naming that file, found when the stream opens.
+TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
+  const fs::path d = temp_dir("badstream");
+  const std::string good = (d / "train_000000.bin").string(), bad = (d / "train_000001.bin").string();
+  write_shard(good, {1, 2, 3, 4});
+  auto one_line = [](const std::string& msg) { return !msg.empty() && msg.find('\n') == std::string::npos; };
+  // A token id beyond the vocab in the second shard.
+  write_shard(bad, {5, 6, 300, 7});
+  std::string msg = error_of([&] { TokenStream({good, bad}, 256); });
+  EXPECT_TRUE(one_line(msg)) << msg;
+  EXPECT_NE(msg.find(bad + ": token id 300 at position 2"), std::string::npos) << msg;
+  EXPECT_NO_THROW(TokenStream({good, bad}, 301));
+  // Truncated: the header promises more tokens than the file holds.
+  const auto bytes = read_file_bytes(bad);
+  write_file_atomic(bad, bytes.data(), bytes.size() - 3);
+  msg = error_of([&] { TokenStream({good, bad}, 256); });
+  EXPECT_TRUE(one_line(msg)) << msg;
+  EXPECT_NE(msg.find(bad + ": truncated (header says 4 tokens, file holds 2)"), std::string::npos) << msg;
+  // Empty, missing, and a directory.
+  write_file_atomic(bad, std::string());
+  EXPECT_NE(error_of([&] { TokenStream({good, bad}, 256); }).find("truncated header (0 of 1024 bytes)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { TokenStream({good, (d / "nope.bin").string()}, 256); }).find("shard: cannot read"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { TokenStream({good, d.string()}, 256); }).find("is a directory"), std::string::npos);
   fs::remove_all(d);
 }
 

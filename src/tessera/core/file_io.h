@@ -12,11 +12,15 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what =
 std::string read_file_text(const std::string& path, const char* what = "file");
 
 // Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then
-// renamed over `path`, so a reader sees the old file or the new one, never a half-written one.
+// renamed over `path`, so a reader sees the old file or the new one, never a half-written one. The directory
+// is synced after the rename, so the new name survives a power loss too.
 // `write` receives the open FILE* of the temporary file.
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
+
+// fsync of a directory: makes the renames and creations done in it durable.
+void fsync_dir(const std::string& dir);
 
 // Creates `dir` (and parents) if needed and checks that a file can be created in it.
 void ensure_writable_dir(const std::string& dir);

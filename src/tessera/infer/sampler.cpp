@@ -10,13 +10,21 @@
 namespace tessera {
 
 void sampler_check(const SamplerParams& p) {
-  TS_CHECK(std::isfinite(p.temperature), "--temperature must be a number");
+  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0,
+           "--temperature must be >= 0 (0 is greedy), got ", p.temperature);
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0, got ", p.top_k);
-  TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);
+  TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);  // false for NaN too
 }
 
 int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_t draw) {
-  if (p.temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+  sampler_check(p);
+  TS_CHECK(V > 0, "sample_token: the vocabulary is empty");
+  // A NaN would break the strict weak ordering the sort below relies on (undefined behaviour), and an
+  // infinity makes the softmax NaN: both mean the model diverged, which sampling must not hide.
+  for (int i = 0; i < V; ++i)
+    TS_CHECK(std::isfinite(logits[i]), "sampling: logit ", i, " is ", logits[i],
+             " (the model produced NaN or infinite logits)");
+  if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<int> idx(V);
   std::iota(idx.begin(), idx.end(), 0);
   // Most likely first; ties by id so the order is deterministic.
@@ -50,6 +58,10 @@ std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_n
   sampler_check(p);
   TS_CHECK(!tokens.empty(), "generate: the prompt is empty");
   const int V = model.config().vocab, max_seq = model.config().max_seq;
+  if (max_new <= 0) return tokens;
+  // The longest context is the last one: the prompt and all but the last new token, capped at max_seq.
+  const size_t longest = tokens.size() + static_cast<size_t>(max_new) - 1;
+  model.reserve(1, static_cast<int>(std::min<size_t>(longest, static_cast<size_t>(max_seq))));
   for (int i = 0; i < max_new; ++i) {
     const int T = std::min<int>(static_cast<int>(tokens.size()), max_seq);
     const int32_t* ctx = tokens.data() + tokens.size() - T;

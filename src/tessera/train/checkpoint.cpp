@@ -1,5 +1,15 @@
 #include "tessera/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -122,19 +132,21 @@ json hf_config(const ModelConfig& c, CheckpointNaming naming) {
   return j;
 }
 
+// Streams every exported tensor from the parameter buffer; only a transposed one passes through the writer's
+// one temporary (checkpoint_save_host_bytes counts it).
 void write_model_files(const std::string& dir, const Gpt& model) {
   SafetensorsWriter w;
   const float* base = model.params().data();
-  std::vector<float> buf;
   for (const ExportTensor& t : checkpoint_layout(model)) {
     const ParamSegment& seg = model.params().segments()[t.segment];
     const float* src = base + seg.offset + t.row_begin * t.cols;
     const bool vec = model.params().shape(t.segment).size() == 1;
     if (t.transpose) {
-      buf.resize(t.rows * t.cols);
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t c = 0; c < t.cols; ++c) buf[c * t.rows + r] = src[r * t.cols + c];
-      w.add(t.name, DType::F32, {t.cols, t.rows}, buf.data());
+      w.add(t.name, DType::F32, {t.cols, t.rows}, [src, rows = t.rows, cols = t.cols](void* dst) {
+        float* out = static_cast<float*>(dst);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = src[r * cols + c];
+      });
     } else if (vec) {
       w.add(t.name, DType::F32, {t.rows}, src);
     } else {
@@ -148,14 +160,93 @@ void write_model_files(const std::string& dir, const Gpt& model) {
   write_file_atomic(dir + "/config.json", hf_config(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
 }
 
+// TESSERA_FAULT_INJECT=<point>[,<point>...] makes save_checkpoint die by SIGKILL at that point, as a crash or a
+// power loss would, so tests can show that a checkpoint stays loadable at every step. `ckpt-no-exchange`
+// makes it behave as on a file system without RENAME_EXCHANGE.
+bool fault_injected(const char* point) {
+  const char* env = std::getenv("TESSERA_FAULT_INJECT");
+  if (!env) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + point + ",") != std::string::npos;
+}
+
+void fault_point(const char* point) {
+  if (fault_injected(point)) ::raise(SIGKILL);
+}
+
+// renameat2(RENAME_EXCHANGE): swaps two existing paths in one step. Returns 0, or the errno.
+int rename_exchange(const fs::path& a, const fs::path& b) {
+  if (fault_injected("ckpt-no-exchange")) return EINVAL;
+#ifndef RENAME_EXCHANGE
+  constexpr unsigned RENAME_EXCHANGE = 1u << 1;
+#endif
+  const long rc = ::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE);
+  return rc == 0 ? 0 : errno;
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to, const fs::path& parent) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  TS_CHECK(!ec, "cannot move checkpoint ", from.string(), " to ", to.string(), ": ", ec.message());
+  fsync_dir(parent.string());
+}
+
 std::string model_file(const std::string& path) {
-  if (fs::is_directory(path)) return (fs::path(path) / "model.safetensors").string();
-  return path;
+  const std::string p = resolve_checkpoint_dir(path);
+  if (fs::is_directory(p)) return (fs::path(p) / "model.safetensors").string();
+  return p;
+}
+
+ModelConfig config_from(const SafetensorsFile& st) {
+  json j;
+  try {
+    j = json::parse(st.meta("tessera_config"));
+  } catch (const json::exception&) {
+    TS_THROW("checkpoint ", st.path(), ": tessera_config metadata is not valid JSON");
+  }
+  return model_config_from_json(j);
+}
+
+// Copies every tensor from the mapped file into the parameter buffer; transposes are undone while copying.
+void weights_from(const SafetensorsFile& st, Gpt& model) {
+  const std::string& file = st.path();
+  const auto layout = checkpoint_layout(model);
+  TS_CHECK(st.size() == layout.size(), "checkpoint ", file, ": has ", st.size(), " tensors, the model expects ",
+           layout.size());
+  for (const ExportTensor& t : layout) {
+    TS_CHECK(st.has(t.name), "checkpoint ", file, ": missing tensor ", t.name);
+    const ParamSegment& seg = model.params().segments()[t.segment];
+    float* dst = model.params().data() + seg.offset + t.row_begin * t.cols;
+    const bool vec = model.params().shape(t.segment).size() == 1;
+    if (t.transpose) {
+      st.read_f32_transposed(t.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
+    } else {
+      st.read_f32(t.name, vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols}, dst);
+    }
+  }
 }
 }  // namespace
 
+std::string resolve_checkpoint_dir(const std::string& path) {
+  if (fs::exists(path)) return path;
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const fs::path old = p.parent_path() / (p.filename().string() + ".old");
+  if (fs::is_regular_file(old / "model.safetensors")) return old.string();
+  return path;
+}
+
+size_t checkpoint_save_host_bytes(const ModelConfig& cfg) {
+  // Only GPT-2's Conv1D weights are stored transposed, through one temporary as large as the largest of them:
+  // qkv (3C, C), proj (C, C), fc (F_in, C), fc projection (C, F). Everything else streams from the parameters.
+  if (checkpoint_naming(cfg) != CheckpointNaming::Gpt2) return 0;
+  const size_t C = cfg.d_model, F = cfg.d_ff, F_in = cfg.d_ff_in();
+  return std::max({3 * C * C, C * C, F_in * C, C * F}) * sizeof(float);
+}
+
 void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state) {
-  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "ck/"
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   ensure_writable_dir(parent.string());
   const fs::path tmp = parent / (target.filename().string() + ".tmp");
@@ -180,59 +271,53 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
     w.set_metadata("options", state->options_json);
     w.write((tmp / "optimizer.safetensors").string());
   }
-  // Swap the finished directory into place; the previous checkpoint is removed only after.
-  fs::remove_all(old, ec);
-  if (fs::exists(target)) {
-    fs::rename(target, old, ec);
-    TS_CHECK(!ec, "cannot replace checkpoint ", target.string(), ": ", ec.message());
+  fsync_dir(tmp.string());
+  fault_point("ckpt-after-write");
+
+  // Put the finished directory in place so that at every moment a whole checkpoint sits at `target`, or (on
+  // a file system without RENAME_EXCHANGE) at `old`, where the loaders look when `target` is missing.
+  if (!fs::exists(target)) {
+    // First save, or a crash left only <dir>.old: a plain rename, then the stale copy goes.
+    rename_or_throw(tmp, target, parent);
+    fs::remove_all(old, ec);
+    return;
   }
-  fs::rename(tmp, target, ec);
-  TS_CHECK(!ec, "cannot move checkpoint into ", target.string(), ": ", ec.message());
+  const int e = rename_exchange(tmp, target);
+  if (e == 0) {
+    fsync_dir(parent.string());
+    fault_point("ckpt-after-exchange");
+    fs::remove_all(tmp, ec);  // now the previous checkpoint
+    fs::remove_all(old, ec);
+    return;
+  }
+  TS_CHECK(e == EINVAL || e == ENOSYS || e == EOPNOTSUPP, "cannot move checkpoint into ", target.string(), ": ",
+           std::strerror(e));
+  // No RENAME_EXCHANGE here: two renames. Between them only <dir>.old holds a checkpoint.
+  fs::remove_all(old, ec);
+  rename_or_throw(target, old, parent);
+  fault_point("ckpt-after-move-old");
+  rename_or_throw(tmp, target, parent);
   fs::remove_all(old, ec);
 }
 
 ModelConfig load_checkpoint_config(const std::string& path) {
-  const std::string file = model_file(path);
-  const SafetensorsFile st = SafetensorsFile::load(file);
-  json j;
-  try {
-    j = json::parse(st.meta("tessera_config"));
-  } catch (const json::exception&) {
-    TS_THROW("checkpoint ", file, ": tessera_config metadata is not valid JSON");
-  }
-  return model_config_from_json(j);
+  return config_from(SafetensorsFile::load(model_file(path)));
 }
 
 void load_checkpoint_weights(const std::string& path, Gpt& model) {
-  const std::string file = model_file(path);
-  const SafetensorsFile st = SafetensorsFile::load(file);
-  const auto layout = checkpoint_layout(model);
-  TS_CHECK(st.names().size() == layout.size(), "checkpoint ", file, ": has ", st.names().size(),
-           " tensors, the model expects ", layout.size());
-  std::vector<float> buf;
-  for (const ExportTensor& t : layout) {
-    TS_CHECK(st.has(t.name), "checkpoint ", file, ": missing tensor ", t.name);
-    const ParamSegment& seg = model.params().segments()[t.segment];
-    float* dst = model.params().data() + seg.offset + t.row_begin * t.cols;
-    const bool vec = model.params().shape(t.segment).size() == 1;
-    if (t.transpose) {
-      buf.resize(t.rows * t.cols);
-      st.read_f32(t.name, {t.cols, t.rows}, buf.data());
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t c = 0; c < t.cols; ++c) dst[r * t.cols + c] = buf[c * t.rows + r];
-    } else {
-      st.read_f32(t.name, vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols}, dst);
-    }
-  }
+  weights_from(SafetensorsFile::load(model_file(path)), model);
 }
 
 std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path) {
-  auto model = std::make_unique<Gpt>(load_checkpoint_config(path));
-  load_checkpoint_weights(path, *model);
+  // One open: the config from the header's metadata, then the weights from the same mapping.
+  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
+  auto model = std::make_unique<Gpt>(config_from(st));
+  weights_from(st, *model);
   return model;
 }
 
-TrainState load_train_state(const std::string& dir, const Gpt& model) {
+TrainState load_train_state(const std::string& path, const Gpt& model) {
+  const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
   TS_CHECK(fs::exists(file), "checkpoint ", dir, " has no optimizer state (", file, " is missing)");
   const SafetensorsFile st = SafetensorsFile::load(file);

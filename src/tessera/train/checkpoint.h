@@ -8,7 +8,11 @@
 //   config.json         the Hugging Face config (GPT-2 / Llama), or tessera's own config otherwise.
 //   optimizer.safetensors  (training checkpoints) Adam moments m and v, and in metadata the step, the RNG state,
 //                       the data position and the training options, so a resumed run continues exactly.
-// The directory is written as <dir>.tmp and renamed into place: a reader sees a whole checkpoint or none.
+// The directory is written as <dir>.tmp, every file synced, then swapped with <dir> in one step
+// (renameat2 RENAME_EXCHANGE) and the previous checkpoint removed; the parent directory is synced after every
+// rename. Where the file system cannot exchange, <dir> is renamed to <dir>.old before <dir>.tmp takes its
+// place, and the loaders read <dir>.old while <dir> is missing. Either way a crash at any moment leaves a
+// whole checkpoint to resume from.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -45,11 +49,20 @@ struct TrainState {
 // Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
 void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state);
 
+// The extra host memory save_checkpoint needs beyond the model and the TrainState it is given: its largest
+// temporary (a transposed GPT-2 weight; 0 for other namings, whose tensors stream from the parameters).
+size_t checkpoint_save_host_bytes(const ModelConfig& cfg);
+
+// The directory a loader reads for checkpoint `path`: `path` itself, or <path>.old when `path` is missing and
+// <path>.old holds a checkpoint (a save interrupted between its two renames).
+std::string resolve_checkpoint_dir(const std::string& path);
+
 // Reads the model config stored in a checkpoint directory (or a model.safetensors path).
 ModelConfig load_checkpoint_config(const std::string& path);
 // Loads parameters into a model built from load_checkpoint_config. Every tensor must be present with the
 // expected shape, and no unknown tensor may be there.
 void load_checkpoint_weights(const std::string& path, Gpt& model);
+// Builds the model and loads its weights, reading model.safetensors once.
 std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path);
 // Loads the training state; fails if the checkpoint has none or it does not fit the model.
 TrainState load_train_state(const std::string& dir, const Gpt& model);

@@ -12,30 +12,48 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
-std::vector<uint16_t> read_shard(const std::string& path, int vocab) {
-  const std::vector<uint8_t> bytes = read_file_bytes(path, "shard");
+namespace {
+// Maps a shard and checks it (see read_shard). Returns the mapping; its tokens start at kShardHeaderInts * 4.
+MappedFile map_shard(const std::string& path, int vocab, size_t* count_out) {
+  MappedFile file(path, "shard");
+  const size_t size = file.size();
   const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
-  TS_CHECK(bytes.size() >= header_bytes, "shard ", path, ": truncated header (", bytes.size(), " of ", header_bytes,
-           " bytes)");
+  TS_CHECK(size >= header_bytes, "shard ", path, ": truncated header (", size, " of ", header_bytes, " bytes)");
   int32_t header[3];
-  std::memcpy(header, bytes.data(), sizeof header);
+  std::memcpy(header, file.data(), sizeof header);
   TS_CHECK(header[0] == kShardMagic, "shard ", path, ": bad magic ", header[0], " (expected ", kShardMagic, ")");
   TS_CHECK(header[1] == kShardVersion, "shard ", path, ": unsupported version ", header[1], " (expected ",
            kShardVersion, ")");
   TS_CHECK(header[2] >= 0, "shard ", path, ": negative token count ", header[2]);
   const size_t count = static_cast<size_t>(header[2]);
   const size_t expect = header_bytes + count * sizeof(uint16_t);
-  TS_CHECK(bytes.size() >= expect, "shard ", path, ": truncated (header says ", count, " tokens, file holds ",
-           (bytes.size() - header_bytes) / 2, ")");
-  TS_CHECK(bytes.size() == expect, "shard ", path, ": ", bytes.size() - expect, " bytes beyond the ", count,
+  TS_CHECK(size >= expect, "shard ", path, ": truncated (header says ", count, " tokens, file holds ",
+           (size - header_bytes) / 2, ")");
+  TS_CHECK(size == expect, "shard ", path, ": ", size - expect, " bytes beyond the ", count,
            " tokens its header declares");
-  std::vector<uint16_t> tokens(count);
-  std::memcpy(tokens.data(), bytes.data() + header_bytes, count * sizeof(uint16_t));
-  if (vocab > 0) {
-    for (size_t i = 0; i < count; ++i)
-      TS_CHECK(tokens[i] < vocab, "shard ", path, ": token id ", tokens[i], " at position ", i,
-               " is not below the model's vocab ", vocab);
+  if (vocab > 0 && count > 0) {
+    // The mapping is page-aligned and the header 1 KiB, so the tokens are aligned uint16.
+    const auto* tokens = reinterpret_cast<const uint16_t*>(file.data() + header_bytes);
+    file.advise_sequential();
+    uint16_t max_id = 0;
+    for (size_t i = 0; i < count; ++i) max_id = std::max(max_id, tokens[i]);  // vectorizes; no branch per token
+    if (max_id >= vocab) {
+      const size_t i = static_cast<size_t>(
+          std::find_if(tokens, tokens + count, [&](uint16_t t) { return t >= vocab; }) - tokens);
+      TS_THROW("shard ", path, ": token id ", tokens[i], " at position ", i, " is not below the model's vocab ",
+               vocab);
+    }
   }
+  *count_out = count;
+  return file;
+}
+}  // namespace
+
+std::vector<uint16_t> read_shard(const std::string& path, int vocab) {
+  size_t count = 0;
+  const MappedFile file = map_shard(path, vocab, &count);
+  std::vector<uint16_t> tokens(count);
+  if (count) std::memcpy(tokens.data(), file.data() + kShardHeaderInts * sizeof(int32_t), count * sizeof(uint16_t));
   return tokens;
 }
 
@@ -90,42 +108,75 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
   return {train.size(), val.size()};
 }
 
+namespace {
+// A <split> shard is a .bin file whose name has <split> as a whole '_'-separated word: tessera's
+// train_000000.bin, and llm.c's fineweb_train_000001.bin or tiny_shakespeare_val.bin. A word that merely
+// contains it (interval_000.bin) does not count.
+bool is_shard_of(const std::string& name, const std::string& split) {
+  if (!name.ends_with(".bin")) return false;
+  std::string words = "_", word = "_";  // appended, not "_" + std::string&& (GCC 12 -Wrestrict false positive)
+  words.append(name, 0, name.size() - 4).append("_");
+  word.append(split).append("_");
+  return words.find(word) != std::string::npos;
+}
+}  // namespace
+
 std::vector<std::string> find_shards(const std::string& data, const std::string& split) {
   TS_CHECK(fs::exists(data), "data: ", data, " does not exist");
   if (!fs::is_directory(data)) return {data};
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(data)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && name.find(split + "_") != std::string::npos && name.ends_with(".bin"))
-      out.push_back(e.path().string());
+    if (e.is_regular_file() && is_shard_of(name, split)) out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
-  TS_CHECK(!out.empty(), "data: no ", split, " shards (*", split, "_*.bin) in ", data);
+  TS_CHECK(!out.empty(), "data: no ", split, " shards (", split, "_*.bin) in ", data);
   return out;
 }
 
 TokenStream::TokenStream(const std::vector<std::string>& shards, int vocab) {
+  shards_.reserve(shards.size());
   for (const auto& path : shards) {
-    const auto t = read_shard(path, vocab);
-    tokens_.insert(tokens_.end(), t.begin(), t.end());
+    size_t count = 0;
+    Shard s;
+    s.file = map_shard(path, vocab, &count);
+    s.tokens = reinterpret_cast<const uint16_t*>(s.file.data() + kShardHeaderInts * sizeof(int32_t));
+    s.file.advise_sequential();  // batches read the stream front to back
+    size_ += count;
+    s.end = size_;
+    shards_.push_back(std::move(s));
   }
   name_ = shards.empty() ? "" : shards.front();
 }
 
 void TokenStream::next_batch(int B, int T, int32_t* inputs, int32_t* targets) {
   const size_t need = static_cast<size_t>(B) * T + 1;
-  TS_CHECK(tokens_.size() >= need, "data ", name_, ": holds ", tokens_.size(), " tokens, fewer than batch x seq + 1 = ",
-           need);
-  if (pos_ + need > tokens_.size()) pos_ = 0;
-  for (size_t i = 0; i + 1 < need; ++i) {
-    inputs[i] = tokens_[pos_ + i];
-    targets[i] = tokens_[pos_ + i + 1];
+  TS_CHECK(size_ >= need, "data ", name_, ": holds ", size_, " tokens, fewer than batch x seq + 1 = ", need);
+  if (pos_ + need > size_) pos_ = 0;
+  // The first shard that ends after pos_ (empty shards end where the one before does, and are passed over).
+  size_t s = static_cast<size_t>(
+      std::upper_bound(shards_.begin(), shards_.end(), pos_, [](uint64_t p, const Shard& sh) { return p < sh.end; }) -
+      shards_.begin());
+  uint64_t p = pos_;
+  size_t j = 0;  // tokens copied so far
+  while (j < need) {
+    const Shard& sh = shards_[s];
+    const uint64_t shard_begin = s ? shards_[s - 1].end : 0;
+    const uint16_t* src = sh.tokens + (p - shard_begin);
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(need - j, sh.end - p));
+    for (size_t i = 0; i < take; ++i, ++j) {
+      const int32_t t = src[i];
+      if (j + 1 < need) inputs[j] = t;
+      if (j > 0) targets[j - 1] = t;
+    }
+    p += take;
+    ++s;
   }
   pos_ += need - 1;
 }
 
 void TokenStream::set_position(uint64_t pos) {
-  TS_CHECK(pos <= tokens_.size(), "data: resume position ", pos, " is beyond the ", tokens_.size(), " tokens");
+  TS_CHECK(pos <= size_, "data: resume position ", pos, " is beyond the ", size_, " tokens");
   pos_ = pos;
 }
 

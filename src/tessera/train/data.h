@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/mmap_file.h"
+
 namespace tessera {
 
 constexpr int32_t kShardMagic = 20240520;
@@ -14,6 +16,7 @@ constexpr int kShardHeaderInts = 256;
 
 // Reads and validates a shard: missing file, short header, bad magic or version, and a size that does not
 // match the token count are one-line errors naming the file. Token ids >= vocab are rejected when vocab > 0.
+// (A copy of the tokens, for tools and tests; training maps the shards through TokenStream instead.)
 std::vector<uint16_t> read_shard(const std::string& path, int vocab = 0);
 // Writes a shard atomically.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
@@ -28,22 +31,34 @@ std::string byte_decode(const std::vector<int32_t>& tokens);
 // <out>/train_000000.bin and <out>/val_000000.bin. Returns the token counts {train, val}.
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
 
-// Lists the shards of a split in `data`, which is a directory (its <split>_*.bin files, sorted) or one file.
+// Lists the shards of a split in `data`, which is a directory or one file. In a directory, the shards are the
+// .bin files, sorted, whose name has the split as a whole '_'-separated word: train_000000.bin, and llm.c's
+// fineweb_train_000001.bin; never interval_000.bin for "val".
 std::vector<std::string> find_shards(const std::string& data, const std::string& split);
 
 // Consecutive (B, T) batches over the concatenated shards. Batch k takes B*T + 1 tokens starting at the
 // position, inputs are tokens[0 .. B*T), targets tokens[1 .. B*T]; the position then advances by B*T and
 // wraps to 0 when the next batch would run past the end. The position is the resumable data state.
+//
+// The shards are memory-mapped, not read into memory: a batch is copied from the mappings (across a shard
+// boundary where it spans one), so a corpus larger than RAM streams from disk. Every shard is validated
+// when the stream opens (header, size, and every token id below vocab), in one pass over the mapping.
 class TokenStream {
  public:
   TokenStream(const std::vector<std::string>& shards, int vocab);
   void next_batch(int B, int T, int32_t* inputs, int32_t* targets);
   uint64_t position() const { return pos_; }
   void set_position(uint64_t pos);
-  size_t size() const { return tokens_.size(); }
+  size_t size() const { return size_; }
 
  private:
-  std::vector<uint16_t> tokens_;
+  struct Shard {
+    MappedFile file;
+    const uint16_t* tokens = nullptr;  // inside the mapping, after the header
+    uint64_t end = 0;                  // position one past this shard's last token in the concatenation
+  };
+  std::vector<Shard> shards_;
+  uint64_t size_ = 0;
   uint64_t pos_ = 0;
   std::string name_;
 };

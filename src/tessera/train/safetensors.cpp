@@ -1,5 +1,7 @@
 #include "tessera/train/safetensors.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -18,25 +20,34 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 }  // namespace
 
-void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data) {
+void SafetensorsWriter::add_entry(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                                  const void* data, Fill fill) {
   TS_CHECK(!entries_.count(name), "safetensors: duplicate tensor name ", name);
   SafetensorsEntry e;
   e.dtype = dtype;
   e.shape = std::move(shape);
   const size_t bytes = static_cast<size_t>(e.numel()) * dtype_size(dtype);
-  e.begin = data_.size();
+  e.begin = data_bytes_;
   e.end = e.begin + bytes;
-  const auto* p = static_cast<const uint8_t*>(data);
-  data_.insert(data_.end(), p, p + bytes);
+  data_bytes_ = e.end;
+  if (fill) temp_bytes_ = std::max(temp_bytes_, bytes);
   entries_[name] = e;
-  order_.push_back(name);
+  order_.push_back({name, data, std::move(fill)});
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data) {
+  add_entry(name, dtype, std::move(shape), data, nullptr);
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, Fill fill) {
+  add_entry(name, dtype, std::move(shape), nullptr, std::move(fill));
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
   json header = json::object();
-  for (const auto& name : order_) {
-    const auto& e = entries_.at(name);
-    header[name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  for (const auto& src : order_) {
+    const auto& e = entries_.at(src.name);
+    header[src.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string text = header.dump();
@@ -47,25 +58,46 @@ void SafetensorsWriter::write(const std::string& path) const {
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
     bool ok = std::fwrite(len, 1, 8, f) == 8;
     ok = ok && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    ok = ok && (data_.empty() || std::fwrite(data_.data(), 1, data_.size(), f) == data_.size());
-    TS_CHECK(ok, "cannot write ", path);
+    std::vector<uint8_t> temp;  // for Fill tensors only, sized to the largest
+    for (size_t i = 0; ok && i < order_.size(); ++i) {
+      const Source& src = order_[i];
+      const SafetensorsEntry& e = entries_.at(src.name);
+      const size_t bytes = e.end - e.begin;
+      if (bytes == 0) continue;
+      const void* p = src.data;
+      if (src.fill) {
+        if (temp.empty()) temp.resize(temp_bytes_);
+        src.fill(temp.data());
+        p = temp.data();
+      }
+      ok = std::fwrite(p, 1, bytes, f) == bytes;
+    }
+    TS_CHECK(ok, "cannot write ", path, ": ", std::strerror(errno));
   });
 }
+
+namespace {
+uint64_t g_load_count = 0;
+}  // namespace
+
+uint64_t SafetensorsFile::load_count() { return g_load_count; }
 
 SafetensorsFile SafetensorsFile::load(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  f.data_ = read_file_bytes(path, "safetensors");
-  const size_t size = f.data_.size();
+  f.file_ = MappedFile(path, "safetensors");
+  ++g_load_count;
+  const uint8_t* bytes = f.file_.data();
+  const size_t size = f.file_.size();
   TS_CHECK(size >= 8, "safetensors: ", path, ": file is truncated (", size, " bytes)");
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(f.data_[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
   TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size);
   f.data_offset_ = 8 + n;
   const size_t data_size = size - f.data_offset_;
   json header;
   try {
-    header = json::parse(f.data_.begin() + 8, f.data_.begin() + 8 + n);
+    header = json::parse(bytes + 8, bytes + 8 + n);
   } catch (const json::exception&) {
     TS_THROW("safetensors: ", path, ": header is not valid JSON");
   }
@@ -118,24 +150,47 @@ const std::string& SafetensorsFile::meta(const std::string& key) const {
   return it->second;
 }
 
-void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
+const SafetensorsEntry& SafetensorsFile::checked_float_entry(const std::string& name,
+                                                             const std::vector<int64_t>& shape) const {
   const SafetensorsEntry& e = entry(name);
   TS_CHECK(e.shape == shape, "safetensors: ", path_, ": tensor ", name, " has shape ", shape_str(e.shape),
            ", the model expects ", shape_str(shape));
+  TS_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16, "safetensors: ", path_,
+           ": tensor ", name, " has dtype ", dtype_name(e.dtype), ", expected a float");
+  return e;
+}
+
+namespace {
+// Element i of a float tensor of dtype `dt` at `src` (unaligned), as f32.
+inline float load_f32(const uint8_t* src, DType dt, int64_t i) {
+  if (dt == DType::F32) {
+    float x;
+    std::memcpy(&x, src + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, src + 2 * i, 2);
+  return dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+}  // namespace
+
+void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const {
+  const SafetensorsEntry& e = checked_float_entry(name, shape);
   const uint8_t* src = data(name);
   const int64_t n = e.numel();
-  switch (e.dtype) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16:
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = e.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
-      break;
-    default: TS_THROW("safetensors: ", path_, ": tensor ", name, " has dtype ", dtype_name(e.dtype), ", expected a float");
+  if (e.dtype == DType::F32) {
+    std::memcpy(dst, src, n * 4);
+    return;
   }
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src, e.dtype, i);
+}
+
+void SafetensorsFile::read_f32_transposed(const std::string& name, int64_t rows, int64_t cols, float* dst) const {
+  const SafetensorsEntry& e = checked_float_entry(name, {rows, cols});
+  const uint8_t* src = data(name);
+  // dst (cols, rows) row by row: reads stride through the mapping, writes are contiguous.
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) dst[c * rows + r] = load_f32(src, e.dtype, r * cols + c);
 }
 
 }  // namespace tessera

@@ -1,12 +1,17 @@
 // tessera/train/safetensors.h — the safetensors format: an 8-byte little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {string: string}}, then the raw data.
+//
+// Both sides avoid holding a copy of the data: the writer streams each tensor from the caller's buffer into
+// the file, and a loaded file is memory-mapped, its tensors read in place.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "tessera/core/dtype.h"
+#include "tessera/core/mmap_file.h"
 
 namespace tessera {
 
@@ -23,40 +28,63 @@ struct SafetensorsEntry {
 
 class SafetensorsWriter {
  public:
-  // Copies the bytes of a tensor; names must be unique.
+  // Adds a tensor by reference: `data` is not copied, and must stay valid and unchanged until write().
+  // Names must be unique.
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data);
+  // Adds a tensor made at write time: `fill` writes its bytes into a temporary of the tensor's size (one
+  // temporary, reused, for all such tensors). For tensors stored in another layout, such as a transpose.
+  using Fill = std::function<void(void* dst)>;
+  void add(const std::string& name, DType dtype, std::vector<int64_t> shape, Fill fill);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  // Writes atomically (temp file, then rename).
+  // Writes atomically (temp file, then rename): the header, then each tensor's bytes straight from its source.
   void write(const std::string& path) const;
+  // Bytes of the one temporary write() allocates: the largest tensor added with a Fill (0 if none).
+  size_t temp_bytes() const { return temp_bytes_; }
 
  private:
-  std::vector<std::string> order_;
+  struct Source {
+    std::string name;
+    const void* data = nullptr;
+    Fill fill;
+  };
+  void add_entry(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data, Fill fill);
+
+  std::vector<Source> order_;
   std::map<std::string, SafetensorsEntry> entries_;
-  std::vector<uint8_t> data_;
+  size_t data_bytes_ = 0, temp_bytes_ = 0;
   std::map<std::string, std::string> metadata_;
 };
 
 class SafetensorsFile {
  public:
-  // Reads and validates the whole file. Throws Error "safetensors: <path>: <reason>" for a missing, truncated
-  // or corrupt file (bad header length, bad JSON, unknown dtype, offsets outside the data or not matching
-  // the shape).
+  // Maps the file and validates its header. Throws Error "safetensors: <path>: <reason>" for a missing,
+  // truncated or corrupt file (bad header length, bad JSON, unknown dtype, offsets outside the data or not
+  // matching the shape). The data is read from the mapping as it is used.
   static SafetensorsFile load(const std::string& path);
 
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
   const SafetensorsEntry& entry(const std::string& name) const;
-  const uint8_t* data(const std::string& name) const { return data_.data() + data_offset_ + entry(name).begin; }
+  // The tensor's bytes inside the mapping (valid while this object lives).
+  const uint8_t* data(const std::string& name) const { return file_.data() + data_offset_ + entry(name).begin; }
   std::vector<std::string> names() const;
+  size_t size() const { return entries_.size(); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // A metadata value, or throws naming the missing key.
   const std::string& meta(const std::string& key) const;
   // Copies tensor `name` into dst (numel floats), converting BF16/F16 to f32. Checks the shape.
   void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  // Tensor `name` of shape (rows, cols) copied into dst as its transpose (cols, rows), converting to f32.
+  void read_f32_transposed(const std::string& name, int64_t rows, int64_t cols, float* dst) const;
   const std::string& path() const { return path_; }
 
+  // Number of files load() has opened in this process (for tests that a path reads a file once).
+  static uint64_t load_count();
+
  private:
+  const SafetensorsEntry& checked_float_entry(const std::string& name, const std::vector<int64_t>& shape) const;
+
   std::string path_;
-  std::vector<uint8_t> data_;
+  MappedFile file_;
   size_t data_offset_ = 0;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
