@@ -17,10 +17,10 @@ ModelConfig tiny_llama() { return llama_style(tiny_gpt2()); }
 
 // Whole-model gradient of the mean loss against central differences, in fp64, over every parameter.
 void check_model_gradient(const ModelConfig& cfg, float label_smoothing) {
-  GptT<double> model(cfg);
+  Gpt model(cfg, DType::F64);
   model.init_weights(test::test_seed());
   // Larger weights than the init so every path carries signal.
-  for (size_t i = 0; i < model.params().size(); ++i) model.params().data()[i] *= 5.0;
+  for (size_t i = 0; i < model.params().size(); ++i) model.params().host_data<double>()[i] *= 5.0;
   std::mt19937_64 rng(test::test_seed());
   const int B = 2, T = 5;
   auto tokens = test::randint(B * T, cfg.vocab, rng);
@@ -38,11 +38,11 @@ void check_model_gradient(const ModelConfig& cfg, float label_smoothing) {
   loss();
   model.zero_grad();
   model.backward(1.0);
-  std::vector<double> analytic(model.params().grad(), model.params().grad() + model.params().size());
-  std::vector<double> x(model.params().data(), model.params().data() + model.params().size());
+  std::vector<double> analytic(model.params().host_grad<double>(), model.params().host_grad<double>() + model.params().size());
+  std::vector<double> x(model.params().host_data<double>(), model.params().host_data<double>() + model.params().size());
   // fd_rel_error perturbs a copy; write it through to the model before each evaluation.
   auto loss_of_x = [&] {
-    std::copy(x.begin(), x.end(), model.params().data());
+    std::copy(x.begin(), x.end(), model.params().host_data<double>());
     return loss();
   };
   const std::vector<double> numeric = test::fd_gradient(loss_of_x, x);
@@ -98,7 +98,7 @@ TEST(GptConfig, RejectsImpossibleConfigs) {
   EXPECT_THROW(model_config_set(c, "norm", "batchnorm"), Error);
   EXPECT_THROW(model_config_set(c, "d_model", "12x"), Error);
   EXPECT_THROW(model_config_set(c, "colour", "1"), Error);
-  GptT<float> m(tiny_gpt2());
+  Gpt m(tiny_gpt2());
   std::vector<int32_t> tokens(9, 1);
   EXPECT_THROW(m.forward(tokens.data(), nullptr, 1, 9, {}), Error);  // T > max_seq
   tokens[2] = 11;
@@ -118,28 +118,28 @@ TEST(GptConfig, JsonRoundTrip) {
 
 // Causality: changing a later token leaves earlier logits unchanged.
 TEST(Gpt, IsCausal) {
-  GptT<double> m(tiny_llama());
+  Gpt m(tiny_llama(), DType::F64);
   m.init_weights(3);
   std::vector<int32_t> a{1, 2, 3, 4, 5}, b{1, 2, 3, 9, 5};
   m.forward(a.data(), nullptr, 1, 5, {});
-  std::vector<double> la(m.logits(), m.logits() + 5 * 11);
+  std::vector<double> la(m.logits().as<double>(), m.logits().as<double>() + 5 * 11);
   m.forward(b.data(), nullptr, 1, 5, {});
-  for (int i = 0; i < 3 * 11; ++i) EXPECT_EQ(la[i], m.logits()[i]);
-  EXPECT_NE(la[3 * 11], m.logits()[3 * 11]);
+  for (int i = 0; i < 3 * 11; ++i) EXPECT_EQ(la[i], m.logits().as<double>()[i]);
+  EXPECT_NE(la[3 * 11], m.logits().as<double>()[3 * 11]);
 }
 
 // The activation plan depends on N = B*T only, which is what lets a plan for N serve any smaller (B, T).
 TEST(Gpt, ActivationBytesDependOnTokensOnly) {
   const ModelConfig c = tiny_gpt2();
-  EXPECT_EQ(GptT<float>::activation_bytes(c, 2, 4), GptT<float>::activation_bytes(c, 1, 8));
-  EXPECT_EQ(GptT<float>::activation_bytes(c, 4, 2), GptT<float>::activation_bytes(c, 8, 1));
-  EXPECT_LT(GptT<float>::activation_bytes(c, 1, 2), GptT<float>::activation_bytes(c, 2, 8));
+  EXPECT_EQ(Gpt::activation_bytes(c, 2, 4), Gpt::activation_bytes(c, 1, 8));
+  EXPECT_EQ(Gpt::activation_bytes(c, 4, 2), Gpt::activation_bytes(c, 8, 1));
+  EXPECT_LT(Gpt::activation_bytes(c, 1, 2), Gpt::activation_bytes(c, 2, 8));
 }
 
 // A plan is made once for the largest N and reused by smaller forwards, whose logits and gradients are
 // bit-identical to those of a model planned exactly for them.
 TEST(Gpt, ActivationPlanIsReusedBySmallerForwards) {
-  GptT<float> m(tiny_gpt2()), fresh(tiny_gpt2());
+  Gpt m(tiny_gpt2()), fresh(tiny_gpt2());
   m.init_weights(4);
   fresh.init_weights(4);
   std::mt19937_64 rng(test::test_seed());
@@ -163,7 +163,7 @@ TEST(Gpt, ActivationPlanIsReusedBySmallerForwards) {
   EXPECT_EQ(m.plan_count(), 1);
   EXPECT_EQ(loss, fresh_loss);
   const size_t n = m.params().size();
-  EXPECT_TRUE(std::equal(m.params().grad(), m.params().grad() + n, fresh.params().grad()));
+  EXPECT_TRUE(std::equal(m.params().host_grad<float>(), m.params().host_grad<float>() + n, fresh.params().host_grad<float>()));
 
   // A forward larger than the plan re-plans.
   std::vector<int32_t> more(24, 1);

@@ -28,7 +28,7 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
   // Wider weights than the init so that every path, biases included, carries signal.
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 0.05f);
-  for (size_t i = 0; i < m.params().size(); ++i) m.params().data()[i] += nd(rng);
+  for (size_t i = 0; i < m.params().size(); ++i) m.params().host_data<float>()[i] += nd(rng);
   save_checkpoint(dir + "/init", m, nullptr);
 
   std::uniform_int_distribution<int32_t> tok(0, cfg.vocab - 1);
@@ -41,7 +41,7 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
   SafetensorsWriter batch;
   batch.add("tokens", DType::I32, {kB, kT}, tokens.data());
   batch.add("targets", DType::I32, {kB, kT}, targets.data());
-  batch.add("logits", DType::F32, {kB, kT, cfg.vocab}, m.logits());
+  batch.add("logits", DType::F32, {kB, kT, cfg.vocab}, m.logits().as<float>());
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", loss);
   batch.set_metadata("loss", buf);
@@ -56,7 +56,7 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
   m.backward(1.0);
   // The gradients, exported through the same name mapping as the weights.
   Gpt g(cfg);
-  std::copy(m.params().grad(), m.params().grad() + m.params().size(), g.params().data());
+  std::copy(m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size(), g.params().host_data<float>());
   save_checkpoint(dir + "/grads", g, nullptr);
 
   // Three AdamW steps on the same batch.
@@ -65,9 +65,9 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
     m.zero_grad();
     m.forward(tokens.data(), targets.data(), kB, kT, {.label_smoothing = kLabelSmoothing});
     m.backward(1.0);
-    clip_grad_norm_ref(m.params().grad(), m.params().size(), kClip);
+    clip_grad_norm_ref(m.params().host_grad<float>(), m.params().size(), kClip);
     adamw_update_ref({.lr = kLr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = kWeightDecay, .step = step},
-                     m.params().segments(), m.params().data(), m.params().grad(), mom.data(), var.data());
+                     m.params().segments(), m.params().host_data<float>(), m.params().host_grad<float>(), mom.data(), var.data());
   }
   save_checkpoint(dir + "/after3", m, nullptr);
 }

@@ -40,7 +40,7 @@ TEST(Checkpoint, RoundTripEveryNaming) {
     EXPECT_FALSE(fs::exists(d / "ck.tmp"));
     auto b = load_checkpoint_model((d / "ck").string());
     ASSERT_EQ(b->params().size(), a.params().size());
-    EXPECT_EQ(std::memcmp(a.params().data(), b->params().data(), a.params().size() * 4), 0);
+    EXPECT_EQ(std::memcmp(a.params().host_data<float>(), b->params().host_data<float>(), a.params().size() * 4), 0);
     fs::remove_all(d);
   }
 }
@@ -57,7 +57,7 @@ TEST(Checkpoint, Gpt2UsesHuggingFaceNamesAndConv1DLayout) {
   ASSERT_EQ(e.shape, (std::vector<int64_t>{16, 48}));  // Conv1D: (in, out)
   const float* hf = reinterpret_cast<const float*>(st.data("transformer.h.1.attn.c_attn.weight"));
   const int seg = m.params().find("h.1.qkv.w");
-  const float* ours = m.params().data() + m.params().segments()[seg].offset;  // (out=48, in=16)
+  const float* ours = m.params().host_data<float>() + m.params().segments()[seg].offset;  // (out=48, in=16)
   for (int o = 0; o < 48; ++o)
     for (int i = 0; i < 16; ++i) ASSERT_EQ(hf[i * 48 + o], ours[o * 16 + i]);
   const auto cfg = nlohmann::json::parse(read_file_text((d / "ck" / "config.json").string()));
@@ -79,7 +79,7 @@ TEST(Checkpoint, LlamaSplitsFusedMatrices) {
     EXPECT_TRUE(st.has(n)) << n;
   EXPECT_EQ(st.entry("model.layers.0.mlp.up_proj.weight").shape, (std::vector<int64_t>{24, 16}));
   const float* k = reinterpret_cast<const float*>(st.data("model.layers.0.self_attn.k_proj.weight"));
-  const float* ours = m.params().data() + m.params().segments()[m.params().find("h.0.qkv.w")].offset;
+  const float* ours = m.params().host_data<float>() + m.params().segments()[m.params().find("h.0.qkv.w")].offset;
   EXPECT_EQ(std::memcmp(k, ours + 16 * 16, 16 * 16 * 4), 0);  // rows [C, 2C) of the fused qkv
   const auto cfg = nlohmann::json::parse(read_file_text((d / "ck" / "config.json").string()));
   EXPECT_EQ(cfg["model_type"], "llama");
@@ -163,7 +163,7 @@ TEST(Checkpoint, LoadModelReadsTheFileOnce) {
   const uint64_t before = SafetensorsFile::load_count();
   auto b = load_checkpoint_model((d / "ck").string());
   EXPECT_EQ(SafetensorsFile::load_count() - before, 1u);
-  EXPECT_EQ(std::memcmp(a.params().data(), b->params().data(), a.params().size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.params().host_data<float>(), b->params().host_data<float>(), a.params().size() * 4), 0);
   fs::remove_all(d);
 }
 
@@ -237,7 +237,7 @@ TEST(Checkpoint, SurvivesACrashAtEveryStepOfSaving) {
 
     const Gpt& expect = c.loads_step == 1 ? m1 : m2;
     auto loaded = load_checkpoint_model(ck);
-    EXPECT_EQ(std::memcmp(loaded->params().data(), expect.params().data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(loaded->params().host_data<float>(), expect.params().host_data<float>(), n * 4), 0);
     const TrainState st = load_train_state(ck, *loaded);
     EXPECT_EQ(st.step, c.loads_step);
     EXPECT_EQ(st.adam_m.back(), static_cast<float>(c.loads_step));
@@ -313,7 +313,7 @@ TEST(Trainer, ResumeIsBitExact) {
   // The final weights agree too.
   auto ma = load_checkpoint_model((d / "full" / "checkpoint").string());
   auto mb = load_checkpoint_model((d / "split" / "checkpoint").string());
-  EXPECT_EQ(std::memcmp(ma->params().data(), mb->params().data(), ma->params().size() * 4), 0);
+  EXPECT_EQ(std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4), 0);
   fs::remove_all(d);
 }
 
@@ -362,7 +362,7 @@ TEST(Trainer, ResumesAfterACrashDuringCheckpointing) {
     r.progress = false;
     train(r);
     auto resumed = load_checkpoint_model(ck);
-    EXPECT_EQ(std::memcmp(resumed->params().data(), full->params().data(), full->params().size() * 4), 0);
+    EXPECT_EQ(std::memcmp(resumed->params().host_data<float>(), full->params().host_data<float>(), full->params().size() * 4), 0);
     EXPECT_EQ(load_train_state(ck, *resumed).step, 6);
   }
   fs::remove_all(d);

@@ -66,7 +66,8 @@ std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_n
     const int T = std::min<int>(static_cast<int>(tokens.size()), max_seq);
     const int32_t* ctx = tokens.data() + tokens.size() - T;
     model.forward(ctx, nullptr, 1, T, {});
-    tokens.push_back(sample_token(p, model.logits() + static_cast<size_t>(T - 1) * V, V, i));
+    const std::vector<float> last = model.read_logits_row(T - 1);  // one explicit copy of one row
+    tokens.push_back(sample_token(p, last.data(), V, i));
   }
   return tokens;
 }

@@ -136,7 +136,13 @@ json hf_config(const ModelConfig& c, CheckpointNaming naming) {
 // one temporary (checkpoint_save_host_bytes counts it).
 void write_model_files(const std::string& dir, const Gpt& model) {
   SafetensorsWriter w;
-  const float* base = model.params().data();
+  // A CPU f32 model is streamed from its own buffer; any other (a GPU or 16-bit model) is first copied to the
+  // host as f32, from its master weights when it has them.
+  const ParamBuffer& params = model.params();
+  std::vector<float> host_copy;
+  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
+  if (!direct) host_copy = params.read_f32(model.context());
+  const float* base = direct ? params.host_data<float>() : host_copy.data();
   for (const ExportTensor& t : checkpoint_layout(model)) {
     const ParamSegment& seg = model.params().segments()[t.segment];
     const float* src = base + seg.offset + t.row_begin * t.cols;
@@ -210,13 +216,19 @@ ModelConfig config_from(const SafetensorsFile& st) {
 // Copies every tensor from the mapped file into the parameter buffer; transposes are undone while copying.
 void weights_from(const SafetensorsFile& st, Gpt& model) {
   const std::string& file = st.path();
+  // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
+  ParamBuffer& params = model.params();
+  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
+  std::vector<float> host_copy;
+  if (!direct) host_copy = params.read_f32(model.context());
+  float* base = direct ? params.host_data<float>() : host_copy.data();
   const auto layout = checkpoint_layout(model);
   TS_CHECK(st.size() == layout.size(), "checkpoint ", file, ": has ", st.size(), " tensors, the model expects ",
            layout.size());
   for (const ExportTensor& t : layout) {
     TS_CHECK(st.has(t.name), "checkpoint ", file, ": missing tensor ", t.name);
     const ParamSegment& seg = model.params().segments()[t.segment];
-    float* dst = model.params().data() + seg.offset + t.row_begin * t.cols;
+    float* dst = base + seg.offset + t.row_begin * t.cols;
     const bool vec = model.params().shape(t.segment).size() == 1;
     if (t.transpose) {
       st.read_f32_transposed(t.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
@@ -224,6 +236,7 @@ void weights_from(const SafetensorsFile& st, Gpt& model) {
       st.read_f32(t.name, vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols}, dst);
     }
   }
+  if (!direct) params.write_f32(host_copy, model.context());
 }
 }  // namespace
 
@@ -312,6 +325,13 @@ std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path) {
   // One open: the config from the header's metadata, then the weights from the same mapping.
   const SafetensorsFile st = SafetensorsFile::load(model_file(path));
   auto model = std::make_unique<Gpt>(config_from(st));
+  weights_from(st, *model);
+  return model;
+}
+
+std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype) {
+  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
+  auto model = std::make_unique<Gpt>(config_from(st), ctx, dtype);
   weights_from(st, *model);
   return model;
 }

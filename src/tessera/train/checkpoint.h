@@ -64,6 +64,8 @@ ModelConfig load_checkpoint_config(const std::string& path);
 void load_checkpoint_weights(const std::string& path, Gpt& model);
 // Builds the model and loads its weights, reading model.safetensors once.
 std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path);
+// The same model on ctx's device in `dtype` (a checkpoint holds f32: a 16-bit model gets f32 master weights from it).
+std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype);
 // Loads the training state; fails if the checkpoint has none or it does not fit the model.
 TrainState load_train_state(const std::string& dir, const Gpt& model);
 
