@@ -2,7 +2,7 @@
 # Installs what tessera needs to build and test on Debian 12 / Ubuntu 24.04 (as root, or with sudo).
 # nvcc is optional: when the CUDA toolkit is on PATH the CUDA sources are compiled too.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-torch)
+pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
