@@ -14,6 +14,7 @@
 #include "tessera/core/memory.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
+#include "tessera/train/optimizer.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/progress.h"
@@ -145,7 +146,11 @@ double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batch
 TrainSetup train_setup(TrainOptions o) {
   TrainSetup s;
   if (!o.resume.empty()) {
-    TS_CHECK(fs::is_directory(o.resume), "--resume: ", o.resume, " is not a checkpoint directory");
+    // A crash between the two renames of a checkpoint swap (on file systems without RENAME_EXCHANGE) leaves the
+    // previous checkpoint at <dir>.old: resume from it.
+    const std::string given = o.resume;
+    o.resume = resolve_checkpoint_dir(o.resume);
+    TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
     const int steps = o.steps, stop_after = o.stop_after;
     const std::string out = o.out, resume = o.resume;
     const bool progress = o.progress;
@@ -171,11 +176,21 @@ TrainSetup train_setup(TrainOptions o) {
   }
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
-  if (!s.model) {
-    // f32 params, grads, AdamW m and v, and the planned activations.
-    const size_t need = 16 * static_cast<size_t>(o.model.num_params()) + Gpt::activation_bytes(o.model, o.batch, o.seq);
-    check_host_memory(need, "training this model");
-  }
+  s.context = std::make_unique<Context>(o.device.empty() ? Context::best_available() : Context::from_name(o.device));
+  const bool gpu = s.context->is_cuda();
+  const std::string prec = o.precision.empty() ? (gpu ? "bf16" : "f32") : o.precision;
+  if (prec == "f32") s.dtype = DType::F32;
+  else if (prec == "bf16") s.dtype = DType::BF16;
+  else if (prec == "f16") s.dtype = DType::F16;
+  else TS_THROW("--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
+  TS_CHECK(gpu || s.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
+  TS_CHECK(s.dtype != DType::F16, "--precision f16 needs dynamic loss scaling, which is not built yet; use bf16");
+  // Host memory: on the CPU the f32 params, grads, AdamW m and v and the planned activations; on a GPU the f32
+  // host copy that a checkpoint is written from. Both: the checkpoint writer's one temporary.
+  const size_t P = static_cast<size_t>(o.model.num_params());
+  size_t need = checkpoint_save_host_bytes(o.model) + (gpu ? 4 * P : 0);
+  if (!gpu && !s.model) need += 16 * P + Gpt::activation_bytes(o.model, o.batch, o.seq);
+  check_host_memory(need, "training this model");
   s.options = std::move(o);
   return s;
 }
@@ -203,18 +218,30 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   TokenStream& train_data = *setup.train_data;
   TokenStream* val_data = setup.val_data.get();
   ensure_writable_dir(o.out);
+  if (!setup.context) setup.context = std::make_unique<Context>(Device::cpu());
+  Context& ctx = *setup.context;
+  // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
   std::unique_ptr<Gpt> model = std::move(setup.model);
-  if (!model) model = std::make_unique<Gpt>(o.model);
-
-  const size_t n = model->params().size();
+  if (!model || !ctx.device().is_cpu() || setup.dtype != DType::F32) {
+    auto on_device = std::make_unique<Gpt>(o.model, ctx, setup.dtype);
+    if (model) on_device->params().write_f32(model->params().read_f32(model->context()), ctx);
+    model = std::move(on_device);
+  }
+  AdamW optimizer(model->params(),
+                  {.beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .grad_clip = o.grad_clip}, ctx);
   if (resuming) {
     train_data.set_position(state.data_pos);
+    optimizer.load_state(state.adam_m, state.adam_v, state.step);
   } else {
     model->init_weights(o.seed);
     state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
-    state.adam_m.assign(n, 0.0f);
-    state.adam_v.assign(n, 0.0f);
   }
+  // A checkpoint carries the moments as host vectors, read from the optimizer when one is written.
+  auto save = [&](const std::string& dir) {
+    state.adam_m = optimizer.read_m();
+    state.adam_v = optimizer.read_v();
+    save_checkpoint(dir, *model, &state);
+  };
   state.options_json = train_options_to_json(o).dump();
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
@@ -247,10 +274,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       model->backward(1.0 / o.accum);
       loss += l / o.accum;
     }
-    const double norm = clip_grad_norm_ref(model->params().grad(), n, o.grad_clip);
-    adamw_update_ref({.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .step = step},
-                     model->params().segments(), model->params().data(), model->params().grad(), state.adam_m.data(),
-                     state.adam_v.data());
+    TS_CHECK(optimizer.step_count() == step - 1, "internal: optimizer at step ", optimizer.step_count(),
+             ", the run at ", step - 1);
+    optimizer.step(model->params(), lr);
+    const double norm = optimizer.read_grad_norm();
     state.step = step;
     state.data_pos = train_data.position();
     const auto t1 = std::chrono::steady_clock::now();
@@ -271,7 +298,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
              "cannot write ", metrics_path);
     if (new_best) {
-      save_checkpoint(best_dir, *model, &state);
+      save(best_dir);
       result.best_val_loss = result.last_val_loss;
       result.best_step = step;
       result.best_checkpoint = best_dir;
@@ -280,7 +307,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         (o.ckpt_every > 0 && step % o.ckpt_every == 0) ||
         (o.ckpt_every < 0 && std::chrono::duration<double>(t1 - last_ckpt).count() >= o.ckpt_minutes * 60);
     if (periodic || last) {
-      save_checkpoint(ckpt_dir, *model, &state);
+      save(ckpt_dir);
       last_ckpt = std::chrono::steady_clock::now();
       if (control.on_checkpoint) control.on_checkpoint(step);
     }
@@ -302,6 +329,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.checkpoint = ckpt_dir;
   result.model = std::move(model);
+  result.context = std::move(setup.context);
   return result;
 }
 

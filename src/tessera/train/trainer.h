@@ -38,6 +38,9 @@ struct TrainOptions {
   double ckpt_minutes = 10;    // with ckpt_every -1
   int stop_after = 0;          // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
   bool progress = true;
+  // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
+  std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
+  std::string precision;       // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU
 };
 
 nlohmann::json train_options_to_json(const TrainOptions& o);
@@ -51,6 +54,8 @@ float lr_at(int64_t step, int64_t total, const TrainOptions& o);
 // Everything a run needs, checked and loaded, with nothing written yet.
 struct TrainSetup {
   TrainOptions options;             // when resuming, the saved run's, with steps/out/stop_after/progress applied
+  std::unique_ptr<Context> context; // the device the run trains on (declared first: it outlives the models)
+  DType dtype = DType::F32;         // the compute dtype
   std::unique_ptr<Gpt> model;       // the checkpoint's model when resuming; null for a fresh run
   TrainState state;                 // the checkpoint's state when resuming
   std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
@@ -72,6 +77,7 @@ struct TrainControl {
 };
 
 struct TrainResult {
+  std::unique_ptr<Context> context;  // the device of `model` (declared first: destroyed after it)
   int64_t steps = 0;           // steps run by this call
   int64_t last_step = 0;       // the step the run stopped at (the checkpoint's)
   double last_loss = 0, last_val_loss = 0, first_loss = 0;
