@@ -135,6 +135,7 @@ TEST(CudaGpt, ResumeOnGpuIsBitExact) {
   TrainOptions rest;
   rest.resume = (d / "split" / "checkpoint").string();
   rest.out = (d / "split").string();
+  rest.steps = 20;
   rest.progress = false;
   rest.device = "cuda";
   rest.precision = "bf16";
