@@ -6,7 +6,7 @@
 # are compiled too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake ninja-build libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-torch)
+pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-torch)
 pkgs+=(python3-venv)
 
 # A mirror or index hiccup should not fail a whole CI run: try each download step up to three times.

@@ -7,6 +7,13 @@
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 
+#ifndef TESSERA_VERSION
+#define TESSERA_VERSION "unknown"
+#endif
+#ifndef TESSERA_GIT_COMMIT
+#define TESSERA_GIT_COMMIT "unknown"
+#endif
+
 namespace {
 
 const char* kUsage =
@@ -18,7 +25,16 @@ const char* kUsage =
     "  prepare    turn a text file into train/val token shards (byte-level)\n"
     "  info       show a model's config, parameter count and memory estimate\n"
     "\n"
-    "Run `tessera <command> --help` for the flags of each command.\n";
+    "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
+
+// Every error is one line on stderr, `tessera: error: <message>`; a message that spans lines is folded into it.
+int fail(std::string msg, const char* kind = "error", int code = 2) {
+  for (char& c : msg)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::fflush(stdout);
+  std::fprintf(stderr, "tessera: %s: %s\n", kind, msg.c_str());
+  return code;
+}
 
 }  // namespace
 
@@ -28,21 +44,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    std::printf("tessera %s (commit %s)\n", TESSERA_VERSION, TESSERA_GIT_COMMIT);
+    return 0;
+  }
   try {
     if (cmd == "train") return tessera::cli::cmd_train(argc, argv);
     if (cmd == "generate") return tessera::cli::cmd_generate(argc, argv);
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
-    std::fprintf(stderr, "tessera: error: unknown command '%s' (see tessera --help)\n", cmd.c_str());
-    return 2;
+    return fail("unknown command '" + cmd + "' (see tessera --help)");
   } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "\ntessera: error: %s\n", e.what());
-    return 2;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "\ntessera: error: out of memory (try a smaller model, --batch or --seq)\n");
-    return 2;
+    return fail("out of memory (try a smaller model, --batch or --seq)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntessera: internal error: %s\n", e.what());
-    return 1;
+    return fail(e.what(), "internal error", 1);
   }
 }

@@ -39,6 +39,7 @@ void ProgressBar::update(int64_t done, const std::string& fields) {
 
 void ProgressBar::finish() {
   if (enabled_ && tty_ && last_printed_ >= 0) std::fprintf(stderr, "\n");
+  last_printed_ = -1;  // once
 }
 
 }  // namespace tessera

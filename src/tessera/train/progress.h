@@ -9,6 +9,10 @@ namespace tessera {
 class ProgressBar {
  public:
   ProgressBar(int64_t total, int64_t start, bool enabled);
+  // Ends the bar's line, so that an error unwinding through the loop starts on a line of its own.
+  ~ProgressBar() { finish(); }
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
   // `fields` is shown after the bar, e.g. "loss 2.31 | 41.2k tok/s".
   void update(int64_t done, const std::string& fields);
   void finish();

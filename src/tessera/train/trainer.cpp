@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -27,7 +28,8 @@ json train_options_to_json(const TrainOptions& o) {
           {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
           {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"grad_clip", o.grad_clip},
           {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
-          {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"steps", o.steps}};
+          {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"ckpt_minutes", o.ckpt_minutes},
+          {"steps", o.steps}};
 }
 
 void train_options_from_json(const json& j, TrainOptions& o) {
@@ -49,6 +51,7 @@ void train_options_from_json(const json& j, TrainOptions& o) {
     o.val_every = j.at("val_every").get<int>();
     o.val_batches = j.at("val_batches").get<int>();
     o.ckpt_every = j.at("ckpt_every").get<int>();
+    o.ckpt_minutes = j.value("ckpt_minutes", 10.0);  // absent in checkpoints written before it existed
     o.steps = j.at("steps").get<int>();
   } catch (const json::exception& e) {
     TS_THROW("checkpoint: malformed training options (", e.what(), ")");
@@ -72,55 +75,85 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
   TS_CHECK(o.seq <= o.model.max_seq, "--seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
   TS_CHECK(o.accum > 0, "--accum must be positive, got ", o.accum);
-  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr must be a positive number");
-  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1)");
-  TS_CHECK(o.val_batches > 0, "--val-batches must be positive");
+  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr must be a positive number, got ", o.lr);
+  TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
+  TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
+  TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay must be >= 0, got ", o.weight_decay);
+  TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "--grad-clip must be >= 0, got ", o.grad_clip);
+  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+           o.label_smoothing);
+  TS_CHECK(o.val_every >= 0, "--val-every must be >= 0, got ", o.val_every);
+  TS_CHECK(o.val_batches >= 0, "--val-batches must be >= 0, got ", o.val_batches);
+  TS_CHECK(o.ckpt_every >= -1, "--ckpt-every must be >= 0, got ", o.ckpt_every);
+  TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), "--ckpt-minutes must be positive, got ",
+           o.ckpt_minutes);
+  TS_CHECK(o.stop_after >= 0, "--stop-after must be >= 0, got ", o.stop_after);
 }
 
 // Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
-void trim_metrics(const std::string& path, int64_t keep_step) {
+// Returns the lowest val_loss kept and its step ({0, 0} when none).
+std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
   std::string kept;
+  double best = 0;
+  int64_t best_step = 0;
   if (keep_step > 0 && fs::exists(path)) {
     std::istringstream in(read_file_text(path, "metrics"));
     std::string line;
     while (std::getline(in, line)) {
       try {
-        if (json::parse(line).at("step").get<int64_t>() <= keep_step) kept += line + "\n";
+        const json rec = json::parse(line);
+        const int64_t step = rec.at("step").get<int64_t>();
+        if (step > keep_step) continue;
+        kept += line + "\n";
+        if (rec.contains("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
+          best = rec["val_loss"].get<double>();
+          best_step = step;
+        }
       } catch (const json::exception&) {
         // a torn last line from an interrupted run: dropped
       }
     }
   }
   write_file_atomic(path, kept);
-}
-
-double evaluate(Gpt& model, TokenStream& val, int B, int T, int batches) {
-  val.set_position(0);
-  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
-  double sum = 0;
-  for (int i = 0; i < batches; ++i) {
-    val.next_batch(B, T, x.data(), y.data());
-    sum += model.forward(x.data(), y.data(), B, T, {});
-  }
-  return sum / batches;
+  return {best, best_step};
 }
 
 }  // namespace
 
-TrainResult train(TrainOptions o) {
-  TrainState state;
-  std::unique_ptr<Gpt> model;
-  const bool resuming = !o.resume.empty();
-  if (resuming) {
+double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batches) {
+  TS_CHECK(B > 0 && T > 0 && val.size() > static_cast<size_t>(T), "validation: the split holds ", val.size(),
+           " tokens, fewer than one sequence of ", T, " + 1");
+  const uint64_t windows = (val.size() - 1) / static_cast<uint64_t>(T);
+  const uint64_t use = max_batches > 0 ? std::min<uint64_t>(windows, static_cast<uint64_t>(max_batches) * B) : windows;
+  val.set_position(0);
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  double sum = 0;
+  uint64_t done = 0;
+  // Full batches, then the windows left over one by one (a batch of 1 plans a small arena beside the
+  // training one rather than another full-size one).
+  for (; done + B <= use; done += B) {
+    val.next_batch(B, T, x.data(), y.data());
+    sum += model.forward(x.data(), y.data(), B, T, {}) * B;
+  }
+  for (; done < use; ++done) {
+    val.next_batch(1, T, x.data(), y.data());
+    sum += model.forward(x.data(), y.data(), 1, T, {});
+  }
+  return sum / static_cast<double>(use);
+}
+
+TrainSetup train_setup(TrainOptions o) {
+  TrainSetup s;
+  if (!o.resume.empty()) {
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", o.resume, " is not a checkpoint directory");
     const int steps = o.steps, stop_after = o.stop_after;
     const std::string out = o.out, resume = o.resume;
     const bool progress = o.progress;
-    model = load_checkpoint_model(o.resume);
-    state = load_train_state(o.resume, *model);
+    s.model = load_checkpoint_model(o.resume);
+    s.state = load_train_state(o.resume, *s.model);
     json saved;
     try {
-      saved = json::parse(state.options_json);
+      saved = json::parse(s.state.options_json);
     } catch (const json::exception&) {
       TS_THROW("checkpoint ", o.resume, ": training options are not valid JSON");
     }
@@ -131,32 +164,47 @@ TrainResult train(TrainOptions o) {
     o.out = out;
     o.resume = resume;
     o.progress = progress;
-    TS_CHECK(state.step < o.steps, "--resume: the checkpoint is at step ", state.step, ", nothing to do for --steps ",
-             o.steps);
+    TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
+             ", nothing to do for --steps ", o.steps);
+    TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
+             ": its model and its saved training options disagree");
   }
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
-  ensure_writable_dir(o.out);
-  if (!model) {
+  if (!s.model) {
     // f32 params, grads, AdamW m and v, and the planned activations.
     const size_t need = 16 * static_cast<size_t>(o.model.num_params()) + Gpt::activation_bytes(o.model, o.batch, o.seq);
     check_host_memory(need, "training this model");
-    model = std::make_unique<Gpt>(o.model);
   }
-  TS_CHECK(model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
-           ": its model and its saved training options disagree");
+  s.options = std::move(o);
+  return s;
+}
 
-  TokenStream train_data(find_shards(o.data, "train"), o.model.vocab);
-  std::unique_ptr<TokenStream> val_data;
-  if (fs::is_directory(o.data)) val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
+void train_open_data(TrainSetup& s) {
+  const TrainOptions& o = s.options;
+  s.train_data = std::make_unique<TokenStream>(find_shards(o.data, "train"), o.model.vocab);
+  s.val_data.reset();
+  if (fs::is_directory(o.data)) s.val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
   const size_t need = static_cast<size_t>(o.batch) * o.seq + 1;
-  TS_CHECK(train_data.size() >= need, "data ", o.data, ": the train split holds ", train_data.size(),
+  TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ", s.train_data->size(),
            " tokens, fewer than batch x seq + 1 = ", need);
-  int val_B = o.batch;
-  if (val_data && val_data->size() < need) {
-    val_B = static_cast<int>((val_data->size() - 1) / o.seq);
-    if (val_B == 0) val_data.reset();  // too small to evaluate at this sequence length
-  }
+  // Too small for one sequence at this length: no validation.
+  if (s.val_data && s.val_data->size() <= static_cast<size_t>(o.seq)) s.val_data.reset();
+  if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
+}
+
+TrainResult train(TrainOptions o) { return train(train_setup(std::move(o))); }
+
+TrainResult train(TrainSetup setup, const TrainControl& control) {
+  TrainOptions& o = setup.options;
+  TrainState& state = setup.state;
+  const bool resuming = setup.model != nullptr;
+  if (!setup.train_data) train_open_data(setup);
+  TokenStream& train_data = *setup.train_data;
+  TokenStream* val_data = setup.val_data.get();
+  ensure_writable_dir(o.out);
+  std::unique_ptr<Gpt> model = std::move(setup.model);
+  if (!model) model = std::make_unique<Gpt>(o.model);
 
   const size_t n = model->params().size();
   if (resuming) {
@@ -170,7 +218,11 @@ TrainResult train(TrainOptions o) {
   state.options_json = train_options_to_json(o).dump();
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
-  trim_metrics(metrics_path, resuming ? state.step : 0);
+  const std::string best_dir = (fs::path(o.out) / "best").string();
+  TrainResult result;
+  // The best so far of a resumed run is in its metrics (best/ was written at that step).
+  std::tie(result.best_val_loss, result.best_step) = trim_metrics(metrics_path, resuming ? state.step : 0);
+  if (result.best_step > 0) result.best_checkpoint = best_dir;
   std::FILE* metrics = std::fopen(metrics_path.c_str(), "ab");
   TS_CHECK(metrics, "cannot write ", metrics_path);
   struct Closer {
@@ -179,9 +231,9 @@ TrainResult train(TrainOptions o) {
   } closer{metrics};
 
   std::vector<int32_t> x(static_cast<size_t>(o.batch) * o.seq), y(x.size());
-  TrainResult result;
   ProgressBar bar(o.steps, state.step, o.progress);
   const auto t_start = std::chrono::steady_clock::now();
+  auto last_ckpt = t_start;
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
@@ -201,26 +253,49 @@ TrainResult train(TrainOptions o) {
                      state.adam_v.data());
     state.step = step;
     state.data_pos = train_data.position();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
     const double tps = static_cast<double>(o.batch) * o.seq * o.accum / std::max(dt, 1e-9);
 
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
-    const bool last = step == o.steps || step == o.stop_after;
-    if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
-      result.last_val_loss = evaluate(*model, *val_data, val_B, o.seq, o.val_batches);
+    const bool stop = control.stop && *control.stop != 0;
+    const bool end = step == o.steps || step == o.stop_after;
+    const bool last = end || stop;  // an interrupt skips the end-of-run validation: it should stop promptly
+    bool new_best = false;
+    if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || end)) {
+      result.last_val_loss = validation_loss(*model, *val_data, o.batch, o.seq, o.val_batches);
       rec["val_loss"] = result.last_val_loss;
+      new_best = result.best_step == 0 || result.last_val_loss < result.best_val_loss;
     }
     const std::string line = rec.dump() + "\n";
     TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
              "cannot write ", metrics_path);
-    if ((o.ckpt_every > 0 && step % o.ckpt_every == 0) || last) save_checkpoint(ckpt_dir, *model, &state);
+    if (new_best) {
+      save_checkpoint(best_dir, *model, &state);
+      result.best_val_loss = result.last_val_loss;
+      result.best_step = step;
+      result.best_checkpoint = best_dir;
+    }
+    const bool periodic =
+        (o.ckpt_every > 0 && step % o.ckpt_every == 0) ||
+        (o.ckpt_every < 0 && std::chrono::duration<double>(t1 - last_ckpt).count() >= o.ckpt_minutes * 60);
+    if (periodic || last) {
+      save_checkpoint(ckpt_dir, *model, &state);
+      last_ckpt = std::chrono::steady_clock::now();
+      if (control.on_checkpoint) control.on_checkpoint(step);
+    }
 
     if (result.steps == 0) result.first_loss = loss;
     result.steps++;
+    result.last_step = step;
     result.last_loss = loss;
     char fields[160];
     std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
     bar.update(step, fields);
+    if (stop) {
+      result.interrupted = true;
+      break;
+    }
     if (step == o.stop_after) break;
   }
   bar.finish();

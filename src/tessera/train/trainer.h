@@ -1,6 +1,7 @@
 // tessera/train/trainer.h — the training loop: data, forward/backward with gradient accumulation, clipping,
 // AdamW with a cosine schedule, validation, metrics (JSON Lines), checkpoints and exact resume.
 #pragma once
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,6 +10,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
+#include "tessera/train/data.h"
 
 namespace tessera {
 
@@ -30,8 +33,9 @@ struct TrainOptions {
   float label_smoothing = 0.0f;
   uint64_t seed = 1337;
   int val_every = 100;         // 0: only at the end
-  int val_batches = 4;
-  int ckpt_every = 0;          // 0: only at the end
+  int val_batches = 4;         // batches per validation, capped at the split (never wrapping); 0: the whole split
+  int ckpt_every = -1;         // N > 0: every N steps; 0: only at the end; -1: every ckpt_minutes of wall time
+  double ckpt_minutes = 10;    // with ckpt_every -1
   int stop_after = 0;          // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
   bool progress = true;
 };
@@ -44,16 +48,51 @@ void train_options_from_json(const nlohmann::json& j, TrainOptions& o);
 // decay to lr * min_lr_ratio at `total`.
 float lr_at(int64_t step, int64_t total, const TrainOptions& o);
 
+// Everything a run needs, checked and loaded, with nothing written yet.
+struct TrainSetup {
+  TrainOptions options;             // when resuming, the saved run's, with steps/out/stop_after/progress applied
+  std::unique_ptr<Gpt> model;       // the checkpoint's model when resuming; null for a fresh run
+  TrainState state;                 // the checkpoint's state when resuming
+  std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
+};
+
+// Checks every option against the model, loads the resume checkpoint and checks that the run fits in host
+// memory. Reads files, never writes one: a failure here leaves nothing behind.
+TrainSetup train_setup(TrainOptions o);
+// Opens options.data: shards that exist, are well-formed, fit the vocab and hold at least one batch. A val
+// split too short for one sequence disables validation. Reads only.
+void train_open_data(TrainSetup& s);
+
+struct TrainControl {
+  // Polled after every step: when nonzero, the step finishes, a checkpoint is written and train() returns
+  // with `interrupted` set. Written by a signal handler, hence volatile sig_atomic_t.
+  const volatile std::sig_atomic_t* stop = nullptr;
+  // Called after each checkpoint written to <out>/checkpoint, with its step.
+  std::function<void(int64_t step)> on_checkpoint;
+};
+
 struct TrainResult {
-  int64_t steps = 0;
+  int64_t steps = 0;           // steps run by this call
+  int64_t last_step = 0;       // the step the run stopped at (the checkpoint's)
   double last_loss = 0, last_val_loss = 0, first_loss = 0;
+  double best_val_loss = 0;    // lowest validation loss so far (0: no validation); saved in best_checkpoint
+  int64_t best_step = 0;
   double seconds = 0;
-  std::string checkpoint;
+  bool interrupted = false;    // stopped by TrainControl::stop
+  std::string checkpoint, best_checkpoint;
   std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`
 };
 
-// Runs training to o.steps (continuing from o.resume when set). Writes <out>/metrics.jsonl and
-// <out>/checkpoint/. Throws Error on bad input.
+// Runs training to options.steps (continuing a resumed run). Writes <out>/metrics.jsonl, <out>/checkpoint/
+// (periodically, see ckpt_every, and at the end) and, with validation, <out>/best/: the checkpoint with the
+// lowest validation loss so far. Opens the data if train_open_data has not. Throws Error on bad input.
+TrainResult train(TrainSetup setup, const TrainControl& control = {});
+// train(train_setup(o)).
 TrainResult train(TrainOptions o);
+
+// Mean loss over consecutive non-overlapping windows of T+1 tokens from the start of `val`: full batches of
+// B sequences, then the sequences left over one at a time, never wrapping past the end. max_batches > 0 caps
+// the windows at max_batches * B; 0 takes all (size - 1) / T of them. Each window weighs the same.
+double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batches);
 
 }  // namespace tessera

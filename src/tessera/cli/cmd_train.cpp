@@ -1,0 +1,302 @@
+// tessera train: every flag, the resume checkpoint and the data are checked before the first file is written;
+// a failure leaves nothing behind. SIGINT/SIGTERM end the run at the next step boundary with a checkpoint.
+#include <signal.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/context.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/infer/sampler.h"
+#include "tessera/train/data.h"
+#include "tessera/train/text.h"
+#include "tessera/train/trainer.h"
+
+#ifndef TESSERA_DEFAULT_CORPUS
+#define TESSERA_DEFAULT_CORPUS "data/corpus.txt"
+#endif
+
+namespace tessera::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Above this many parameters no sample is drawn by default: on the CPU it would take minutes.
+constexpr int64_t kSampleMaxParams = 100'000'000;
+constexpr int kDefaultSampleTokens = 100;
+
+volatile std::sig_atomic_t g_stop = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop != 0) {  // the second signal: leave now, without a checkpoint
+    constexpr char kMsg[] = "\ntessera: interrupted again: exiting without a checkpoint\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    ::_exit(128 + sig);
+  }
+  g_stop = sig;
+}
+
+// SIGINT and SIGTERM set g_stop while training runs; the previous handlers come back afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Removes the directories this command created when it fails before training starts, so that a failed
+// command leaves no empty output directory and no prepared shards.
+class CreatedDirs {
+ public:
+  ~CreatedDirs() {
+    if (keep_) return;
+    std::error_code ec;
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) fs::remove_all(*it, ec);
+  }
+  // Creates `dir` (ensure_writable_dir), remembering the topmost directory that did not exist.
+  void create(const std::string& dir) {
+    fs::path top;
+    for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+      top = p;
+      if (p == p.parent_path()) break;
+    }
+    ensure_writable_dir(dir);
+    if (!top.empty()) created_.push_back(top);
+  }
+  void keep() { keep_ = true; }
+
+ private:
+  std::vector<fs::path> created_;
+  bool keep_ = false;
+};
+
+// A path as a shell word.
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:+,@") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// --data FILE: a shard (by its magic) or text. Reads the first bytes only.
+bool is_shard_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  TS_CHECK(f, "data: cannot read ", path, ": ", std::strerror(errno));
+  int32_t magic = 0;
+  const bool full = std::fread(&magic, sizeof magic, 1, f) == 1;
+  std::fclose(f);
+  return full && magic == kShardMagic;
+}
+
+bool holds_run(const fs::path& out) {
+  return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
+}
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  Flags a("train", "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the CPU\n"
+                   "(the CUDA path arrives with the CUDA backend).");
+  add_model_flags(a);
+  a.add("data", "DIR|FILE", "token shards, or a UTF-8 text file to tokenize into OUT/data (default: the bundled corpus)");
+  a.add("out", "DIR", "output directory for metrics.jsonl, checkpoint/ and best/ (default runs/<preset>; with "
+                      "--resume, the checkpoint's parent)");
+  a.add("resume", "DIR", "continue from a training checkpoint directory");
+  a.add_switch("force", "train into an output directory that already holds a run, replacing it");
+  a.add("steps", "N", "optimizer steps in total (default 1000; with --resume, the saved run's)");
+  a.add("batch", "N", "sequences per micro-batch (default 8)");
+  a.add("seq", "N", "tokens per sequence (default: the model's max_seq)");
+  a.add("accum", "N", "micro-batches per step, gradient accumulation (default 1)");
+  a.add("lr", "X", "peak learning rate (default 3e-3)");
+  a.add("warmup", "N", "linear warm-up steps (default 20)");
+  a.add("min-lr-ratio", "X", "final lr as a fraction of the peak, cosine decay (default 0.1)");
+  a.add("weight-decay", "X", "AdamW weight decay on matrices and embeddings (default 0.1)");
+  a.add("grad-clip", "X", "clip the global gradient norm, 0 = off (default 1.0)");
+  a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0)");
+  a.add("seed", "N", "seed for init, dropout and data (default 1337)");
+  a.add("val-every", "N", "validation loss every N steps, 0 = at the end only (default 100)");
+  a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
+  a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
+  a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
+  a.add("stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)");
+  a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params)");
+  a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
+  a.add_switch("no-progress", "no progress bar");
+  if (!a.parse(argc, argv, 2)) return 0;
+
+  // 1. The flags, with nothing read or written yet.
+  TrainOptions o;
+  o.resume = a.str("resume");
+  if (o.resume.empty()) {
+    o.model = model_from_flags(a);
+  } else {
+    // A resumed run continues the saved run: model and data flags would silently be ignored, so refuse them.
+    for (const auto& f : model_flag_names())
+      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint fixes the model)");
+    for (const char* f : {"data", "batch", "seq", "accum", "lr", "warmup", "min-lr-ratio", "weight-decay", "grad-clip",
+                          "label-smoothing", "seed", "val-every", "val-batches", "ckpt-every", "ckpt-minutes"})
+      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint records the run's settings)");
+    TS_CHECK(!a.has("force"), "--force cannot be combined with --resume (a resumed run continues its directory)");
+  }
+  if (a.has("steps")) TS_CHECK(a.integer("steps", 0) > 0, "--steps must be positive, got ", a.str("steps"));
+  o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
+  o.stop_after = a.integer("stop-after", 0);
+  o.batch = a.integer("batch", o.batch);
+  o.seq = a.integer("seq", 0);
+  if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
+  o.accum = a.integer("accum", o.accum);
+  o.lr = static_cast<float>(a.number("lr", o.lr));
+  o.warmup = a.integer("warmup", o.warmup);
+  o.min_lr_ratio = static_cast<float>(a.number("min-lr-ratio", o.min_lr_ratio));
+  o.weight_decay = static_cast<float>(a.number("weight-decay", o.weight_decay));
+  o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
+  o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
+  o.seed = a.u64("seed", o.seed);
+  o.val_every = a.integer("val-every", o.val_every);
+  o.val_batches = a.integer("val-batches", o.val_batches);
+  o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
+  if (a.has("ckpt-every")) TS_CHECK(o.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", o.ckpt_every);
+  o.ckpt_minutes = a.number("ckpt-minutes", o.ckpt_minutes);
+  o.progress = !a.has("no-progress");
+  const int sample_flag = a.integer("sample-tokens", kDefaultSampleTokens);
+  TS_CHECK(sample_flag >= 0, "--sample-tokens must be >= 0, got ", sample_flag);
+  if (o.resume.empty()) {
+    o.out = a.str("out", "runs/" + a.str("preset", "tiny"));  // the preset asked for, overrides or not
+  } else {
+    const fs::path ck = fs::path(o.resume).lexically_normal();
+    const fs::path parent = (ck.has_filename() ? ck : ck.parent_path()).parent_path();
+    o.out = a.str("out", parent.empty() ? "." : parent.string());
+  }
+
+  // 2. Every option against the model, the resume checkpoint and the memory the run needs (reads only).
+  TrainSetup setup = train_setup(o);
+  o = setup.options;
+
+  // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
+  // directory may be created.
+  std::string text, text_source;
+  if (o.resume.empty()) {
+    if (!a.has("data")) {
+      TS_CHECK(o.model.vocab >= kByteVocab, "--data is required: the bundled corpus is byte-level (vocab 256) and the "
+                                            "model's vocab is ", o.model.vocab);
+      text_source = TESSERA_DEFAULT_CORPUS;
+    } else {
+      o.data = a.str("data");
+      TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist");
+      if (!fs::is_directory(o.data) && !is_shard_file(o.data)) {
+        TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data, ": text is tokenized byte-level (vocab 256) and the "
+                                              "model's vocab is ", o.model.vocab, "; give token shards instead");
+        text_source = o.data;
+      }
+    }
+  }
+  if (!text_source.empty()) {
+    text = read_file_text(text_source, "data");
+    size_t bad = 0;
+    TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
+             ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
+    const size_t need = static_cast<size_t>(o.batch) * o.seq + 1;
+    TS_CHECK(text.size() > need, "data ", text_source, ": ", text.size(), " bytes of text, too few for batch x seq + 1 = ",
+             need, " tokens of training data");
+  } else {
+    setup.options.data = o.data;
+    train_open_data(setup);
+  }
+
+  // 4. The output directory: one run each.
+  const fs::path out(o.out);
+  if (o.resume.empty() && holds_run(out) && !a.has("force"))
+    TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
+             (out / "checkpoint").string(), ", or replace it with --force");
+
+  // Checks done: from here on files are written.
+  CreatedDirs created;
+  created.create(o.out);
+  if (a.has("force")) {
+    for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
+  }
+  if (!text_source.empty()) {
+    const std::string data_dir = (out / "data").string();
+    created.create(data_dir);
+    const auto [n_train, n_val] = prepare_text(text, data_dir);
+    std::printf("prepared %s: %zu train / %zu val tokens in %s\n", text_source.c_str(), n_train, n_val, data_dir.c_str());
+    setup.options.data = data_dir;
+    train_open_data(setup);
+  }
+  created.keep();
+
+  const GpuInfo gpu = probe_gpu();
+  const int64_t params = o.model.num_params();
+  const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
+                                            : "from checkpoint " + o.resume;
+  std::printf("training %s on the CPU for %d steps -> %s\n", what.c_str(), o.steps, o.out.c_str());
+  if (gpu.available) std::printf("(GPU %s found; the CUDA kernels come with the CUDA backend)\n", gpu.name.c_str());
+  std::fflush(stdout);
+
+  TrainResult r;
+  {
+    StopSignals signals;
+    r = train(std::move(setup), {.stop = &g_stop, .on_checkpoint = {}});
+  }
+  const std::string resume_cmd = shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
+                                 (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out));
+  if (r.interrupted) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
+                 g_stop == SIGTERM ? "terminated" : "interrupted", static_cast<long long>(r.last_step),
+                 r.checkpoint.c_str(), resume_cmd.c_str());
+    return 128 + g_stop;
+  }
+  std::printf("done: %lld steps in %.1fs, loss %.4f -> %.4f", static_cast<long long>(r.steps), r.seconds, r.first_loss,
+              r.last_loss);
+  if (r.last_val_loss > 0) std::printf(", val loss %.4f", r.last_val_loss);
+  std::printf("\ncheckpoint: %s\n", r.checkpoint.c_str());
+  if (r.best_step > 0)
+    std::printf("best:       %s (step %lld, val loss %.4f)\n", r.best_checkpoint.c_str(),
+                static_cast<long long>(r.best_step), r.best_val_loss);
+  std::printf("metrics:    %s/metrics.jsonl\n", o.out.c_str());
+  if (r.last_step < o.steps)
+    std::printf("stopped after step %lld; continue with: %s\n", static_cast<long long>(r.last_step), resume_cmd.c_str());
+  if (g_stop != 0) return 128 + g_stop;  // a signal after the last step: the run is complete, skip the sample
+
+  // Sample from the model still in memory (it equals the checkpoint just written) rather than reloading it.
+  int sample_tokens = sample_flag;
+  if (!a.has("sample-tokens") && r.model->config().num_params() > kSampleMaxParams) {
+    sample_tokens = 0;
+    std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N, or run "
+                "tessera generate)\n", human_count(static_cast<double>(r.model->config().num_params())).c_str());
+  }
+  if (sample_tokens > 0 && r.model->config().vocab >= kByteVocab) {
+    const std::string prompt = a.str("prompt", "The ");
+    const auto out_tokens = generate(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
+                                     {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
+    const std::string sample = byte_decode(out_tokens) + "\n";  // may hold any byte, NUL included
+    std::printf("\nsample (temperature 0.7, top-k 40):\n");
+    std::fwrite(sample.data(), 1, sample.size(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

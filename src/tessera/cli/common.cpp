@@ -1,0 +1,70 @@
+#include "tessera/cli/common.h"
+
+#include <cstdio>
+
+#include "tessera/core/error.h"
+#include "tessera/train/data.h"
+
+namespace tessera::cli {
+
+namespace {
+
+std::string dashed(std::string s) {
+  for (char& c : s)
+    if (c == '_') c = '-';
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> model_flag_names() {
+  std::vector<std::string> names{"preset"};
+  for (const auto& field : model_config_fields()) names.push_back(dashed(field));
+  return names;
+}
+
+void add_model_flags(Flags& f) {
+  f.add("preset", "NAME", "model preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b (default tiny)");
+  for (const auto& field : model_config_fields()) f.add(dashed(field), "V", "override the preset's " + field);
+}
+
+ModelConfig model_from_flags(const Flags& f) {
+  ModelConfig cfg = model_preset(f.str("preset", "tiny"));
+  for (const auto& field : model_config_fields()) {
+    if (f.has(dashed(field))) model_config_set(cfg, field, f.str(dashed(field)));
+  }
+  cfg.validate();
+  return cfg;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
+  return buf;
+}
+
+std::string human_count(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
+  std::vector<int32_t> tokens;
+  for (uint16_t t : byte_encode(prompt)) {
+    TS_CHECK(t < vocab, "the prompt holds byte ", t, ", outside the model's vocab ", vocab);
+    tokens.push_back(t);
+  }
+  return tokens;
+}
+
+}  // namespace tessera::cli

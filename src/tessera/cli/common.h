@@ -1,0 +1,24 @@
+// tessera/cli/common.h — helpers shared by the subcommands.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/cli/flags.h"
+#include "tessera/models/config.h"
+
+namespace tessera::cli {
+
+// --preset plus one flag per ModelConfig field.
+void add_model_flags(Flags& f);
+// The names add_model_flags adds.
+std::vector<std::string> model_flag_names();
+// The preset with the given overrides, validated.
+ModelConfig model_from_flags(const Flags& f);
+
+std::string human_bytes(double bytes);
+std::string human_count(double n);
+// Byte-level tokens of `prompt`; each must be below `vocab`.
+std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
+
+}  // namespace tessera::cli

@@ -1,0 +1,166 @@
+#include "tessera/cli/flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "tessera/core/error.h"
+
+namespace tessera::cli {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+Flags::Flags(std::string command, std::string summary)
+    : command_(std::move(command)), summary_(std::move(summary)), app_(std::make_unique<CLI::App>(summary_)) {
+  app_->set_help_flag("--help,-h", "show this help");
+  // Extras are collected, not thrown, so that parse() can word the error and suggest the nearest flag.
+  app_->allow_extras();
+  // As before CLI11: a repeated flag is not an error, the last value wins.
+  app_->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+Flags::~Flags() = default;
+
+void Flags::add(const std::string& name, const std::string& placeholder, const std::string& help) {
+  CLI::Option* o = app_->add_option("--" + name, help)->type_name(placeholder);
+  options_[name] = o;
+  placeholders_[name] = placeholder;
+  names_.push_back(name);
+}
+
+void Flags::add_switch(const std::string& name, const std::string& help) {
+  options_[name] = app_->add_flag("--" + name, help);
+  placeholders_[name] = "";
+  names_.push_back(name);
+}
+
+bool Flags::parse(int argc, char** argv, int first) {
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= first; --i) {  // CLI11 takes the arguments in reverse order
+    std::string a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      std::replace(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+      // CLI11 would read `--switch=3` as the switch given; a switch takes no value.
+      const std::string name = a.substr(2, end - 2);
+      const auto it = placeholders_.find(name);
+      TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), "tessera ", command_, ": --", name,
+               " takes no value");
+    }
+    args.push_back(std::move(a));
+  }
+  const std::string see = " (see tessera " + command_ + " --help)";
+  try {
+    std::vector<std::string> consumed = args;  // CLI11 pops what it parses
+    app_->parse(consumed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(usage().c_str(), stdout);
+    return false;
+  } catch (const CLI::ArgumentMismatch&) {
+    // A flag without its value: find which (CLI11's message names it, but in its own words).
+    for (const auto& n : names_) {
+      if (placeholders_[n].empty()) continue;
+      for (size_t i = 0; i < args.size(); ++i)
+        if (args[i] == "--" + n && (i == 0 || args[i - 1].rfind("--", 0) == 0))
+          TS_THROW("tessera ", command_, ": --", n, " needs a value (", placeholders_[n], ")");
+    }
+    TS_THROW("tessera ", command_, ": a flag is missing its value", see);
+  } catch (const CLI::ParseError& e) {
+    TS_THROW("tessera ", command_, ": ", e.what(), see);
+  }
+  const std::vector<std::string> extra = app_->remaining();
+  if (!extra.empty()) {
+    const std::string& a = extra.front();
+    TS_CHECK(a.rfind("--", 0) == 0, "tessera ", command_, ": unexpected argument '", a, "'", see);
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    TS_CHECK(options_.count(name) == 0, "tessera ", command_, ": --", name, " takes no value");
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const auto& n : names_) {
+      const size_t d = edit_distance(name, n);
+      if (d < best_d) best_d = d, best = n;
+    }
+    // Near enough to be a typo: at most 2 edits, and fewer than half the name.
+    if (best_d <= 2 && best_d * 2 < std::max<size_t>(name.size(), 2))
+      TS_THROW("tessera ", command_, ": unknown flag --", name, " (did you mean --", best, "?)");
+    TS_THROW("tessera ", command_, ": unknown flag --", name, see);
+  }
+  return true;
+}
+
+const CLI::Option* Flags::option(const std::string& name) const {
+  const auto it = options_.find(name);
+  TS_CHECK(it != options_.end(), "internal: tessera ", command_, " has no flag --", name);
+  return it->second;
+}
+
+bool Flags::has(const std::string& name) const { return option(name)->count() > 0; }
+
+std::string Flags::str(const std::string& name, const std::string& fallback) const {
+  const CLI::Option* o = option(name);
+  if (o->count() == 0) return fallback;
+  if (placeholders_.at(name).empty()) return "true";
+  return o->results().back();
+}
+
+int Flags::integer(const std::string& name, int fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = str(name);
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  TS_CHECK(!v.empty() && *end == '\0' && errno == 0 && x >= INT32_MIN && x <= INT32_MAX, "tessera ", command_, ": --",
+           name, " expects an integer, got '", v, "'");
+  return static_cast<int>(x);
+}
+
+uint64_t Flags::u64(const std::string& name, uint64_t fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = str(name);
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  TS_CHECK(!v.empty() && v[0] != '-' && *end == '\0' && errno == 0, "tessera ", command_, ": --", name,
+           " expects a non-negative integer, got '", v, "'");
+  return x;
+}
+
+double Flags::number(const std::string& name, double fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = str(name);
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  TS_CHECK(!v.empty() && *end == '\0' && std::isfinite(x), "tessera ", command_, ": --", name,
+           " expects a number, got '", v, "'");
+  return x;
+}
+
+std::string Flags::usage() const {
+  std::string s = "usage: tessera " + command_ + " [flags]\n\n" + summary_ + "\n\nflags:\n";
+  for (const auto& n : names_) {
+    const std::string& ph = placeholders_.at(n);
+    std::string left = "  --" + n + (ph.empty() ? "" : " " + ph);
+    if (left.size() < 30) left.append(30 - left.size(), ' ');
+    else left += "\n" + std::string(30, ' ');
+    s += left + options_.at(n)->get_description() + "\n";
+  }
+  s += "  --help                      show this help\n";
+  return s;
+}
+
+}  // namespace tessera::cli
