@@ -1,11 +1,18 @@
 // The tessera binary end to end: each bad input is one line on stderr, exit code 2, and no partial file.
 #include <algorithm>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tessera/core/file_io.h"
 #include "tessera/train/checkpoint.h"
@@ -21,9 +28,18 @@ struct CliRun {
   std::string out, err;
 };
 
-CliRun run(const std::string& args) {
+// The binary under test; TESSERA_TEST_BINARY points the tests at another build (e.g. an older one, to watch
+// a new test fail there).
+std::string binary() {
+  const char* b = std::getenv("TESSERA_TEST_BINARY");
+  return b && *b ? b : TESSERA_BINARY;
+}
+
+// Runs `tessera args` (in `cwd` when given) through the shell.
+CliRun run(const std::string& args, const fs::path& cwd = {}) {
   const fs::path err_file = fs::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " 2>" + err_file.string() + " </dev/null";
+  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + binary() + " " + args + " 2>" +
+                          err_file.string() + " </dev/null";
   CliRun r;
   std::FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -34,6 +50,65 @@ CliRun run(const std::string& args) {
   r.err = read_file_text(err_file.string());
   fs::remove(err_file);
   return r;
+}
+
+// A `tessera` started in the background, its stdout and stderr in files.
+struct Child {
+  pid_t pid = -1;
+  fs::path out, err;
+};
+
+Child spawn(const std::string& args, const fs::path& logs) {
+  std::vector<std::string> words{binary()};
+  for (size_t i = 0, j; i < args.size(); i = j + 1) {
+    j = std::min(args.find(' ', i), args.size());
+    if (j > i) words.push_back(args.substr(i, j - i));
+  }
+  Child c{.pid = -1, .out = logs / "child.out", .err = logs / "child.err"};
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    const int o = ::open(c.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(c.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int in = ::open("/dev/null", O_RDONLY);
+    ::dup2(o, 1), ::dup2(e, 2), ::dup2(in, 0);
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return c;
+}
+
+// The exit code, or 128 + the signal that killed it.
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int count_lines(const fs::path& p) {
+  std::ifstream in(p);
+  int n = 0;
+  for (std::string l; std::getline(in, l);) ++n;
+  return n;
+}
+
+// Waits until `metrics` holds `lines` records while `pid` runs; false if it exits first or a minute passes.
+bool wait_for_steps(const fs::path& metrics, int lines, pid_t pid) {
+  for (int i = 0; i < 6000; ++i) {
+    if (count_lines(metrics) >= lines) return true;
+    int status;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  return false;
+}
+
+int64_t checkpoint_step(const fs::path& ck) {
+  auto m = load_checkpoint_model(ck.string());
+  return load_train_state(ck.string(), *m).step;
 }
 
 class Cli : public ::testing::Test {
@@ -60,21 +135,43 @@ class Cli : public ::testing::Test {
     return d.string();
   }
 
-  // One line, exit 2, naming `what`, and nothing left in the output directory.
+  // Exit 2, one line on stderr (no blank line before it) that says `tessera: error:` once and names `what`,
+  // and the output directory, when given, not created at all.
   void expect_error(const CliRun& r, const std::string& what, const fs::path& out = {}) {
     EXPECT_EQ(r.code, 2) << r.err;
-    std::string e = r.err;
-    while (!e.empty() && e.front() == '\n') e.erase(e.begin());
+    const std::string& e = r.err;
     EXPECT_EQ(e.rfind("tessera: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(e.find("tessera: error:", 1), std::string::npos) << "said twice: " << r.err;
     EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << "not one line: " << r.err;
     EXPECT_NE(e.find(what), std::string::npos) << "expected '" << what << "' in: " << r.err;
-    if (!out.empty() && fs::exists(out)) {
-      for (const auto& f : fs::recursive_directory_iterator(out)) {
-        const std::string name = f.path().filename().string();
-        EXPECT_TRUE(name == "metrics.jsonl" ? fs::file_size(f.path()) == 0 : false) << "left behind: " << f.path();
-      }
-    }
+    if (!out.empty()) EXPECT_FALSE(fs::exists(out)) << "left behind: " << out;
   }
+  // A small model on the bundled corpus: quick steps.
+  std::string small_train(const fs::path& out) {
+    return "train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --val-every 0 --no-progress "
+           "--sample-tokens 0";
+  }
+  // SIGINT or SIGTERM mid-run: the step finishes, a checkpoint is written, the exit code is 128 + the
+  // signal, and the printed --resume command continues the run.
+  void interrupt_and_resume(int sig) {
+    const fs::path out = dir / "o";
+    Child c = spawn(small_train(out) + " --steps 1000000 --ckpt-every 0", dir);
+    ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 3, c.pid)) << read_file_text(c.err.string());
+    ASSERT_EQ(::kill(c.pid, sig), 0);
+    EXPECT_EQ(wait_exit(c.pid), 128 + sig);
+    const std::string err = read_file_text(c.err.string());
+    const std::string cmd = "train --resume " + (out / "checkpoint").string();
+    EXPECT_NE(err.find(cmd), std::string::npos) << err;
+    ASSERT_TRUE(fs::exists(out / "checkpoint")) << err;
+    const int64_t step = checkpoint_step(out / "checkpoint");
+    EXPECT_GE(step, 3);
+    EXPECT_EQ(count_lines(out / "metrics.jsonl"), step);
+    const CliRun r = run(cmd + " --steps " + std::to_string(step + 2) + " --no-progress --sample-tokens 0");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+    EXPECT_EQ(count_lines(out / "metrics.jsonl"), step + 2);
+  }
+
   std::string train_args(const std::string& data, const fs::path& out) {
     return "train --data " + data + " --out " + out.string() + " --steps 2 --batch 2 --seq 16 --no-progress --sample-tokens 0";
   }
@@ -144,12 +241,161 @@ TEST_F(Cli, ModelTooLargeForMemory) {
                "out of memory: training this model needs", dir / "o");
 }
 
+TEST_F(Cli, SigintCheckpointsAndResumes) { interrupt_and_resume(SIGINT); }
+TEST_F(Cli, SigtermCheckpointsAndResumes) { interrupt_and_resume(SIGTERM); }
+
+TEST_F(Cli, SecondSigintExitsAtOnce) {
+  // Steps of about a second on 2 cores (the tiny preset, 48 x 64 tokens), so that both signals land inside
+  // one. The pause lets the first be delivered: two pending SIGINTs would merge into one.
+  const fs::path out = dir / "o";
+  Child c = spawn("train --out " + out.string() + " --batch 48 --steps 1000 --ckpt-every 0 --no-progress", dir);
+  ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
+  ::kill(c.pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ::kill(c.pid, SIGINT);
+  EXPECT_EQ(wait_exit(c.pid), 130);
+  EXPECT_NE(read_file_text(c.err.string()).find("interrupted again"), std::string::npos);
+  EXPECT_FALSE(fs::exists(out / "checkpoint"));
+}
+
+TEST_F(Cli, CheckpointsByWallTimeUnlessCkptEveryZero) {
+  // A run killed outright (SIGKILL, no handler) keeps its last periodic checkpoint. The metrics record of
+  // step 3 is written after step 2's checkpoint, so one must exist by then.
+  for (const char* mode : {"--ckpt-minutes 1e-12", "--ckpt-every 0 --ckpt-minutes 1e-12"}) {
+    const fs::path out = dir / "o";
+    fs::remove_all(out);
+    Child c = spawn(small_train(out) + " --steps 1000000 " + mode, dir);
+    ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 3, c.pid)) << read_file_text(c.err.string());
+    ::kill(c.pid, SIGKILL);
+    wait_exit(c.pid);
+    if (std::string(mode).find("--ckpt-every 0") == std::string::npos) {
+      ASSERT_TRUE(fs::exists(out / "checkpoint")) << mode;
+      EXPECT_GE(checkpoint_step(out / "checkpoint"), 2);
+    } else {
+      EXPECT_FALSE(fs::exists(out / "checkpoint")) << mode;
+    }
+  }
+}
+
+TEST_F(Cli, KeepsTheBestCheckpoint) {
+  // A learning rate far too high makes the validation loss jump about; best/ holds its lowest step.
+  const fs::path out = dir / "o";
+  const CliRun r = run("train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 "
+                       "--val-every 1 --lr 1 --min-lr-ratio 1 --warmup 0 --no-progress --sample-tokens 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(out / "metrics.jsonl");
+  int64_t best_step = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["val_loss"].get<double>() < best) best = j["val_loss"], best_step = j["step"];
+  }
+  ASSERT_NE(best_step, 8) << "the validation loss must turn up for best/ to differ from checkpoint/";
+  EXPECT_EQ(checkpoint_step(out / "best"), best_step);
+  EXPECT_NE(r.out.find("best:"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, OneOutputDirectoryPerRun) {
+  // The default --out is runs/<preset>, and a second run there is refused until --force.
+  const std::string args = "train --preset gpt2-124m --vocab 256 --d-model 32 --n-layers 1 --n-heads 2 --d-ff 64 "
+                           "--max-seq 16 --batch 2 --steps 1 --no-progress --sample-tokens 0";
+  CliRun r = run(args, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir / "runs" / "gpt2-124m" / "checkpoint"));
+  EXPECT_FALSE(fs::exists(dir / "runs" / "tiny"));
+  const std::string metrics = read_file_text((dir / "runs" / "gpt2-124m" / "metrics.jsonl").string());
+  r = run(args + " --steps 2", dir);
+  expect_error(r, "already holds a run");
+  EXPECT_NE(r.err.find("--resume runs/gpt2-124m/checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file_text((dir / "runs" / "gpt2-124m" / "metrics.jsonl").string()), metrics);
+  r = run(args + " --steps 2 --force", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(count_lines(dir / "runs" / "gpt2-124m" / "metrics.jsonl"), 2);
+}
+
+TEST_F(Cli, EveryCheckBeforeAnyWrite) {
+  // Each of these, with the default data, used to prepare OUT/data before failing.
+  const fs::path out = dir / "o";
+  const std::string base = "train --out " + out.string() + " --no-progress ";
+  expect_error(run(base + "--steps -5"), "--steps must be positive", out);
+  expect_error(run(base + "--batch 0"), "--batch must be positive", out);
+  expect_error(run(base + "--seq 128"), "--seq 128 is longer than the model's max_seq 64", out);
+  expect_error(run(base + "--seq 0"), "--seq must be positive", out);
+  expect_error(run(base + "--warmup -1"), "--warmup must be >= 0", out);
+  expect_error(run(base + "--lr 0"), "--lr must be a positive number", out);
+  expect_error(run(base + "--lr -1e-3"), "--lr must be a positive number", out);
+  expect_error(run(base + "--lr nan"), "--lr expects a number", out);
+  expect_error(run(base + "--accum 0"), "--accum must be positive", out);
+  expect_error(run(base + "--min-lr-ratio 2"), "--min-lr-ratio must be in [0, 1]", out);
+  expect_error(run(base + "--val-batches -1"), "--val-batches must be >= 0", out);
+  expect_error(run(base + "--ckpt-every -2"), "--ckpt-every must be >= 0", out);
+  expect_error(run(base + "--ckpt-minutes 0"), "--ckpt-minutes must be positive", out);
+  expect_error(run(base + "--resume " + (dir / "nope").string()), "is not a checkpoint directory", out);
+  expect_error(run(base + "--vocab 100"), "--data is required", out);
+}
+
+TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {
+  const std::string ck = " --checkpoint " + (dir / "nope").string();
+  expect_error(run("generate --temperature -0.5" + ck), "--temperature must be >= 0");
+  expect_error(run("generate --top-p 0" + ck), "--top-p must be in (0, 1]");
+  expect_error(run("generate --top-p 1.5" + ck), "--top-p must be in (0, 1]");
+  expect_error(run("generate --top-k -1" + ck), "--top-k must be >= 0");
+}
+
+TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "Caf\xC3\xA9 \xE2\x80\x94 it is easy to despise what you cannot get. ";
+  write_file_atomic((dir / "t.txt").string(), text);
+  const fs::path out = dir / "o";
+  CliRun r = run("train --data " + (dir / "t.txt").string() + " --out " + out.string() +
+                 " --steps 2 --batch 2 --seq 16 --d-model 32 --n-layers 1 --no-progress");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out / "data" / "train_000000.bin"));
+  EXPECT_TRUE(fs::exists(out / "data" / "val_000000.bin"));
+  // The default sample is short: the prompt and 100 tokens.
+  const std::string head = "sample (temperature 0.7, top-k 40):\n";
+  const size_t at = r.out.find(head);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.size() - at - head.size(), 4u + 100u + 1u);
+  // --temperature 0 is greedy, as --greedy is.
+  const std::string gen = "generate --checkpoint " + (out / "checkpoint").string() + " --tokens 20";
+  const CliRun greedy = run(gen + " --greedy"), zero = run(gen + " --temperature 0");
+  ASSERT_EQ(greedy.code, 0) << greedy.err;
+  EXPECT_EQ(greedy.out, zero.out);
+
+  // Neither a shard nor text: refused, naming tessera prepare, and nothing written.
+  std::string binary_bytes = "\x7f" "ELF";
+  for (int i = 0; i < 4000; ++i) binary_bytes += static_cast<char>(i * 37 % 256);
+  write_file_atomic((dir / "blob").string(), binary_bytes);
+  expect_error(run("train --data " + (dir / "blob").string() + " --out " + (dir / "o2").string()), "tessera prepare",
+               dir / "o2");
+  // prepare refuses non-text too; the tessera binary itself was once accepted.
+  expect_error(run("prepare --text " + (dir / "blob").string() + " --out " + (dir / "d").string()), "not UTF-8",
+               dir / "d");
+  expect_error(run("prepare --text " + binary() + " --out " + (dir / "d").string()), "not UTF-8", dir / "d");
+}
+
+TEST_F(Cli, UnknownFlagSuggestsTheNearestAndVersion) {
+  expect_error(run("train --stpes 3"), "unknown flag --stpes (did you mean --steps?)");
+  expect_error(run("generate --temprature 1"), "(did you mean --temperature?)");
+  expect_error(run("train --no-progress=1"), "--no-progress takes no value");
+  expect_error(run("train --d_model"), "--d-model needs a value");
+  const CliRun r = run("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out.rfind("tessera ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("commit "), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, HelpOnEveryCommand) {
   for (const char* c : {"", "train", "generate", "prepare", "info"}) {
     const CliRun r = run(std::string(c) + " --help");
     EXPECT_EQ(r.code, 0) << c;
     EXPECT_NE(r.out.find("usage: tessera"), std::string::npos) << c;
   }
+  const std::string help = run("train --help").out;
+  for (const char* f : {"--force", "--ckpt-minutes", "--ckpt-every", "--val-batches", "--sample-tokens"})
+    EXPECT_NE(help.find(f), std::string::npos) << f;
 }
 
 TEST_F(Cli, PrepareTrainGenerateInfo) {

@@ -292,7 +292,9 @@ int cmd_train(int argc, char** argv) {
     const std::string prompt = a.str("prompt", "The ");
     const auto out_tokens = generate(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
                                      {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
-    std::printf("\nsample (temperature 0.7, top-k 40):\n%s\n", byte_decode(out_tokens).c_str());
+    const std::string sample = byte_decode(out_tokens) + "\n";  // may hold any byte, NUL included
+    std::printf("\nsample (temperature 0.7, top-k 40):\n");
+    std::fwrite(sample.data(), 1, sample.size(), stdout);
   }
   return 0;
 }

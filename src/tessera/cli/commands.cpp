@@ -47,7 +47,8 @@ int cmd_generate(int argc, char** argv) {
   auto model = load_checkpoint_model(ckpt);
   const std::string prompt = a.str("prompt", "The ");
   const auto out = generate(*model, encode_prompt(prompt, model->config().vocab), n, p);
-  std::printf("%s\n", byte_decode(out).c_str());
+  const std::string text = byte_decode(out) + "\n";  // may hold any byte, NUL included
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 
