@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/train/checkpoint.h"
 #include "test_util.h"
@@ -333,6 +334,23 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--ckpt-minutes 0"), "--ckpt-minutes must be positive", out);
   expect_error(run(base + "--resume " + (dir / "nope").string()), "is not a checkpoint directory", out);
   expect_error(run(base + "--vocab 100"), "--data is required", out);
+  expect_error(run(base + "--device tpu"), "--device: unknown device 'tpu'", out);
+  expect_error(run(base + "--precision f8"), "--precision: unknown precision 'f8'", out);
+}
+
+// Device and precision: refused with a reason where they cannot run (this machine class has no GPU; on a GPU
+// machine the CUDA tests train there instead).
+TEST_F(Cli, DeviceAndPrecisionNeedAGpu) {
+  if (probe_gpu().available) GTEST_SKIP() << "a GPU is visible: tests/cuda covers training on it";
+  const fs::path out = dir / "o";
+  const std::string base = "train --out " + out.string() + " --no-progress ";
+  expect_error(run(base + "--device cuda"), built_with_cuda() ? "no GPU is visible" : "built without CUDA", out);
+  expect_error(run(base + "--precision bf16"), "--precision bf16 needs a GPU", out);
+  // The CPU is always there.
+  const CliRun ok = run("train --out " + out.string() + " --no-progress --device cpu --precision f32 --steps 2 "
+                        "--sample-tokens 0");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("on the CPU"), std::string::npos) << ok.out;
 }
 
 TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {

@@ -117,8 +117,8 @@ bool holds_run(const fs::path& out) {
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  Flags a("train", "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the CPU\n"
-                   "(the CUDA path arrives with the CUDA backend).");
+  Flags a("train", "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
+                   "is visible (bf16 with f32 master weights), else on the CPU (f32).");
   add_model_flags(a);
   a.add("data", "DIR|FILE", "token shards, or a UTF-8 text file to tokenize into OUT/data (default: the bundled corpus)");
   a.add("out", "DIR", "output directory for metrics.jsonl, checkpoint/ and best/ (default runs/<preset>; with "
@@ -136,6 +136,8 @@ int cmd_train(int argc, char** argv) {
   a.add("grad-clip", "X", "clip the global gradient norm, 0 = off (default 1.0)");
   a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0)");
   a.add("seed", "N", "seed for init, dropout and data (default 1337)");
+  a.add("device", "cpu|cuda|cuda:N", "where to train (default: the GPU when one is visible, else the CPU)");
+  a.add("precision", "f32|bf16", "compute dtype (default bf16 on a GPU, with f32 master weights; f32 on the CPU)");
   a.add("val-every", "N", "validation loss every N steps, 0 = at the end only (default 100)");
   a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
   a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
@@ -174,6 +176,8 @@ int cmd_train(int argc, char** argv) {
   o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
   o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
   o.seed = a.u64("seed", o.seed);
+  o.device = a.str("device", "");
+  o.precision = a.str("precision", "");
   o.val_every = a.integer("val-every", o.val_every);
   o.val_batches = a.integer("val-batches", o.val_batches);
   o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
@@ -247,12 +251,15 @@ int cmd_train(int argc, char** argv) {
   }
   created.keep();
 
-  const GpuInfo gpu = probe_gpu();
   const int64_t params = o.model.num_params();
   const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
                                             : "from checkpoint " + o.resume;
-  std::printf("training %s on the CPU for %d steps -> %s\n", what.c_str(), o.steps, o.out.c_str());
-  if (gpu.available) std::printf("(GPU %s found; the CUDA kernels come with the CUDA backend)\n", gpu.name.c_str());
+  const std::string where = setup.context->is_cuda()
+                                ? setup.context->gpu().name + " (" + setup.context->device().str() + ") in " +
+                                      std::string(setup.dtype == DType::BF16 ? "bf16 with f32 master weights"
+                                                                              : dtype_name(setup.dtype))
+                                : std::string("the CPU");
+  std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
   std::fflush(stdout);
 
   TrainResult r;
@@ -283,7 +290,7 @@ int cmd_train(int argc, char** argv) {
 
   // Sample from the model still in memory (it equals the checkpoint just written) rather than reloading it.
   int sample_tokens = sample_flag;
-  if (!a.has("sample-tokens") && r.model->config().num_params() > kSampleMaxParams) {
+  if (!a.has("sample-tokens") && !r.model->context().is_cuda() && r.model->config().num_params() > kSampleMaxParams) {
     sample_tokens = 0;
     std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N, or run "
                 "tessera generate)\n", human_count(static_cast<double>(r.model->config().num_params())).c_str());
