@@ -118,15 +118,39 @@ class DeviceArena {
   std::vector<std::unique_ptr<Buffer>> buffers_;
 };
 
+inline double norm2(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
 // Fails with the relative error, the tolerance and the seed when got is not close to ref (NaN never passes).
+// The error is ‖got − ref‖ / max(‖ref‖, floor): a floor measures a result that cancels or vanishes (dQ at T = 1,
+// GELU far below zero, a V = 1 loss) against the size of its terms instead of against rounding noise.
 inline void expect_close(const std::vector<double>& got, const std::vector<double>& ref, DType dt,
-                         const std::string& what, double scale = 1.0) {
+                         const std::string& what, double scale = 1.0, double floor = 0.0) {
   ASSERT_EQ(got.size(), ref.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
+  std::vector<double> diff(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " is NaN (unwritten?) seed " << test_seed();
-  const double err = rel_error(got, ref), tol = scale * cuda_tolerance(dt);
+    diff[i] = got[i] - ref[i];
+  }
+  const double err = norm2(diff) / std::max({norm2(ref), floor, 1e-30}), tol = scale * cuda_tolerance(dt);
   EXPECT_LE(err, tol) << what << " (" << dtype_label(dt) << "): relative error " << err << " > " << tol << ", seed "
                       << test_seed();
+}
+
+// An upload (or a NaN-poisoned buffer) that starts one element past a 16-byte boundary when `misalign`, so that
+// the kernels' scalar paths for unaligned views run.
+inline Tensor upload_at(DeviceArena& dev, DType dt, const std::vector<double>& v, bool misalign) {
+  if (!misalign) return dev.upload(dt, v);
+  std::vector<double> padded(v.size() + 1, 0.0);
+  std::copy(v.begin(), v.end(), padded.begin() + 1);
+  return dev.upload(dt, padded).slice1d(1, static_cast<int64_t>(v.size()));
+}
+inline Tensor poisoned_at(DeviceArena& dev, DType dt, size_t n, bool misalign) {
+  const int64_t m = static_cast<int64_t>(n);
+  return misalign ? dev.poisoned(dt, m + 1).slice1d(1, m) : dev.poisoned(dt, m);
 }
 
 inline constexpr DType kCudaFloatTypes[] = {DType::F32, DType::BF16, DType::F16};

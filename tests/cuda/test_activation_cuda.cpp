@@ -12,38 +12,6 @@ struct ActShape {
 constexpr ActShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {13, 3072}, {999, 8}};
 constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu};
 
-Tensor upload_at(DeviceArena& dev, DType dt, const std::vector<double>& v, bool misalign) {
-  if (!misalign) return dev.upload(dt, v);
-  std::vector<double> padded(v.size() + 1, 0.0);
-  std::copy(v.begin(), v.end(), padded.begin() + 1);
-  return dev.upload(dt, padded).slice1d(1, static_cast<int64_t>(v.size()));
-}
-Tensor poisoned_at(DeviceArena& dev, DType dt, size_t n, bool misalign) {
-  const int64_t m = static_cast<int64_t>(n);
-  return misalign ? dev.poisoned(dt, m + 1).slice1d(1, m) : dev.poisoned(dt, m);
-}
-
-double l2(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s);
-}
-
-// Like expect_close, but the error is measured against the size of the terms when the result is much smaller:
-// GELU(x) for x << 0 is x * (1 + tanh(..)) with 1 + tanh near 0, so a one-element tensor's relative error is
-// cancellation, not a kernel fault (seen on the H200: 1e-4 in f32, and f16 rounding 1e-9 to 0).
-void expect_close_to_terms(const std::vector<double>& got, const std::vector<double>& ref, double terms, DType dt,
-                           const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  std::vector<double> diff(got.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " is NaN (unwritten?) seed " << test_seed();
-    diff[i] = got[i] - ref[i];
-  }
-  const double err = l2(diff) / std::max({l2(ref), 0.1 * terms, 1e-30}), tol = cuda_tolerance(dt);
-  EXPECT_LE(err, tol) << what << " (" << dtype_label(dt) << "): relative error " << err << " > " << tol << ", seed "
-                      << test_seed();
-}
 
 void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool misalign, Context& ctx,
                          std::mt19937_64& rng) {
@@ -70,8 +38,11 @@ void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool 
 
   const std::string what = std::string(activation_name(kind)) + " N=" + std::to_string(s.N) +
                            " d_ff=" + std::to_string(s.F) + (bias ? " +bias" : "") + (misalign ? " misaligned" : "");
-  expect_close_to_terms(dev.download(tout), out, l2(in), dt, what + " out");
-  expect_close_to_terms(dev.download(tdin), d_in, l2(d_out), dt, what + " d_in");
+  // Measured against the size of the terms where GELU cancels: GELU(x) for x << 0 is x (1 + tanh(..)) with
+  // 1 + tanh near 0, so a one-element tensor's relative error is cancellation (seen on the H200: 1e-4 in f32,
+  // and f16 rounding a 1e-9 result to 0), not a kernel fault.
+  expect_close(dev.download(tout), out, dt, what + " out", 1.0, 0.1 * norm2(in));
+  expect_close(dev.download(tdin), d_in, dt, what + " d_in", 1.0, 0.1 * norm2(d_out));
   if (bias) expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0);
 }
 

@@ -12,16 +12,6 @@ struct ResShape {
 constexpr ResShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {37, 1600}, {5, 4096}, {1000, 24}};
 
 // An upload that starts one element past a 16-byte boundary when `misalign`, to force the scalar path.
-Tensor upload_at(DeviceArena& dev, DType dt, const std::vector<double>& v, bool misalign) {
-  if (!misalign) return dev.upload(dt, v);
-  std::vector<double> padded(v.size() + 1, 0.0);
-  std::copy(v.begin(), v.end(), padded.begin() + 1);
-  return dev.upload(dt, padded).slice1d(1, static_cast<int64_t>(v.size()));
-}
-Tensor poisoned_at(DeviceArena& dev, DType dt, size_t n, bool misalign) {
-  const int64_t m = static_cast<int64_t>(n);
-  return misalign ? dev.poisoned(dt, m + 1).slice1d(1, m) : dev.poisoned(dt, m);
-}
 
 void run_residual_case(DType dt, ResShape s, bool bias, float dropout, bool misalign, Context& ctx,
                        std::mt19937_64& rng) {
