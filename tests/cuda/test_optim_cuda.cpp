@@ -20,7 +20,9 @@ Layout make_layout() {
   size_t at = 0;
   for (int i = 0; i < 7; ++i) {
     at += gap_before[i];
-    L.segments.push_back({.name = "s" + std::to_string(i), .offset = at, .numel = sizes[i], .decay = decay[i]});
+    std::string name = "s";  // appended, not "s" + to_string(i): GCC 12 warns falsely (-Wrestrict) on that
+    name += std::to_string(i);
+    L.segments.push_back({.name = name, .offset = at, .numel = sizes[i], .decay = decay[i]});
     at += sizes[i];
   }
   L.numel = at + 4;
@@ -72,7 +74,9 @@ void run_adamw_case(const OptimCase& c, Context& ctx, std::mt19937_64& rng) {
   std::vector<double> params0(n);
   for (size_t i = 0; i < n; ++i) params0[i] = round_to(c.dt, master[i]);
   const std::vector<float> master0 = master;
-  if (!c.master) ASSERT_EQ(c.dt, DType::F32);
+  if (!c.master) {
+    ASSERT_EQ(c.dt, DType::F32);
+  }
 
   DeviceArena dev(ctx);
   // One element in front shifts a buffer off 16-byte alignment when asked.

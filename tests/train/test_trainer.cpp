@@ -118,8 +118,9 @@ TEST(Checkpoints, ByStepsByWallTimeOrOnlyAtTheEnd) {
   EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{1, 2, 3, 4}));
   o.ckpt_minutes = 1e6;
   EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{4}));
-  EXPECT_EQ(TrainOptions{}.ckpt_every, -1);
-  EXPECT_EQ(TrainOptions{}.ckpt_minutes, 10);
+  const TrainOptions defaults;
+  EXPECT_EQ(defaults.ckpt_every, -1);
+  EXPECT_EQ(defaults.ckpt_minutes, 10);
   fs::remove_all(d);
 }
 

@@ -238,9 +238,6 @@ int cmd_train(int argc, char** argv) {
   // Checks done: from here on files are written.
   CreatedDirs created;
   created.create(o.out);
-  if (a.has("force")) {
-    for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
-  }
   if (!text_source.empty()) {
     const std::string data_dir = (out / "data").string();
     created.create(data_dir);
@@ -248,6 +245,10 @@ int cmd_train(int argc, char** argv) {
     std::printf("prepared %s: %zu train / %zu val tokens in %s\n", text_source.c_str(), n_train, n_val, data_dir.c_str());
     setup.options.data = data_dir;
     train_open_data(setup);
+  }
+  // The run that --force replaces goes only once the new one's data has been checked.
+  if (a.has("force")) {
+    for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
   }
   created.keep();
 

@@ -41,8 +41,10 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("greedy")) p.temperature = 0;
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
-  const std::string ckpt = a.str("checkpoint", "runs/tiny/checkpoint");
-  TS_CHECK(fs::exists(ckpt), "checkpoint ", ckpt, " does not exist (train one first: tessera train)");
+  const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
+  // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
+  const std::string ckpt = resolve_checkpoint_dir(given);
+  TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
   const std::string prompt = a.str("prompt", "The ");

@@ -10,9 +10,7 @@
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "unknown"
 #endif
-#ifndef TESSERA_GIT_COMMIT
-#define TESSERA_GIT_COMMIT "unknown"
-#endif
+#include "tessera_git_commit.h"  // generated at every build: TESSERA_GIT_COMMIT
 
 namespace {
 

@@ -186,10 +186,12 @@ TrainSetup train_setup(TrainOptions o) {
   TS_CHECK(gpu || s.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
   TS_CHECK(s.dtype != DType::F16, "--precision f16 needs dynamic loss scaling, which is not built yet; use bf16");
   // Host memory: on the CPU the f32 params, grads, AdamW m and v and the planned activations; on a GPU the f32
-  // host copy that a checkpoint is written from. Both: the checkpoint writer's one temporary.
+  // host copy that a checkpoint is written from. Both: the host copies of m and v a checkpoint carries
+  // (TrainState) and the checkpoint writer's one temporary. (A resumed run already holds some of this: the
+  // check is then conservative.)
   const size_t P = static_cast<size_t>(o.model.num_params());
-  size_t need = checkpoint_save_host_bytes(o.model) + (gpu ? 4 * P : 0);
-  if (!gpu && !s.model) need += 16 * P + Gpt::activation_bytes(o.model, o.batch, o.seq);
+  size_t need = checkpoint_save_host_bytes(o.model) + 8 * P;
+  need += gpu ? 4 * P : 16 * P + Gpt::activation_bytes(o.model, o.batch, o.seq);
   check_host_memory(need, "training this model");
   s.options = std::move(o);
   return s;
