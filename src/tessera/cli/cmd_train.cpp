@@ -143,7 +143,7 @@ int cmd_train(int argc, char** argv) {
   a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
   a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
   a.add("stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)");
-  a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params)");
+  a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
   if (!a.parse(argc, argv, 2)) return 0;
@@ -242,7 +242,11 @@ int cmd_train(int argc, char** argv) {
     const std::string data_dir = (out / "data").string();
     created.create(data_dir);
     const auto [n_train, n_val] = prepare_text(text, data_dir);
-    std::printf("prepared %s: %zu train / %zu val tokens in %s\n", text_source.c_str(), n_train, n_val, data_dir.c_str());
+    // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
+    std::error_code ec;
+    const fs::path shown = fs::proximate(text_source, ec);
+    std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
+                n_train, n_val, data_dir.c_str());
     setup.options.data = data_dir;
     train_open_data(setup);
   }
