@@ -277,6 +277,19 @@ TEST_F(Cli, GenerateFallsBackToTheOldCheckpoint) {
   EXPECT_EQ(after.out, before.out);
 }
 
+// Item 13 of the hardening issue: one step of gpt2-124m on the CPU used to be followed by minutes of sampling.
+// Over 100M parameters on the CPU there is no sample unless asked for (about 4 GB and a few seconds here).
+TEST_F(Cli, NoDefaultSampleForLargeModelsOnTheCpu) {
+  const fs::path out = dir / "big";
+  // One shard file as --data: no val split, so no best/ checkpoint to write as well (the checkpoint is 1.5 GB).
+  const fs::path shard = fs::path(data_with("good_train_000000.bin")) / "train_000000.bin";
+  const CliRun r = run("train --preset gpt2-124m --steps 1 --batch 1 --seq 8 --no-progress --device cpu --data " +
+                       shard.string() + " --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("no sample: 124.44M parameters"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("sample (temperature"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, CheckpointsByWallTimeUnlessCkptEveryZero) {
   // A run killed outright (SIGKILL, no handler) keeps its last periodic checkpoint. The metrics record of
   // step 3 is written after step 2's checkpoint, so one must exist by then.
