@@ -59,7 +59,7 @@ bool Flags::parse(int argc, char** argv, int first) {
       // CLI11 would read `--switch=3` as the switch given; a switch takes no value.
       const std::string name = a.substr(2, end - 2);
       const auto it = placeholders_.find(name);
-      TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), "tessera ", command_, ": --", name,
+      TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), command_, ": --", name,
                " takes no value");
     }
     args.push_back(std::move(a));
@@ -77,18 +77,18 @@ bool Flags::parse(int argc, char** argv, int first) {
       if (placeholders_[n].empty()) continue;
       for (size_t i = 0; i < args.size(); ++i)
         if (args[i] == "--" + n && (i == 0 || args[i - 1].rfind("--", 0) == 0))
-          TS_THROW("tessera ", command_, ": --", n, " needs a value (", placeholders_[n], ")");
+          TS_THROW(command_, ": --", n, " needs a value (", placeholders_[n], ")");
     }
-    TS_THROW("tessera ", command_, ": a flag is missing its value", see);
+    TS_THROW(command_, ": a flag is missing its value", see);
   } catch (const CLI::ParseError& e) {
-    TS_THROW("tessera ", command_, ": ", e.what(), see);
+    TS_THROW(command_, ": ", e.what(), see);
   }
   const std::vector<std::string> extra = app_->remaining();
   if (!extra.empty()) {
     const std::string& a = extra.front();
-    TS_CHECK(a.rfind("--", 0) == 0, "tessera ", command_, ": unexpected argument '", a, "'", see);
+    TS_CHECK(a.rfind("--", 0) == 0, command_, ": unexpected argument '", a, "'", see);
     const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
-    TS_CHECK(options_.count(name) == 0, "tessera ", command_, ": --", name, " takes no value");
+    TS_CHECK(options_.count(name) == 0, command_, ": --", name, " takes no value");
     std::string best;
     size_t best_d = SIZE_MAX;
     for (const auto& n : names_) {
@@ -97,8 +97,8 @@ bool Flags::parse(int argc, char** argv, int first) {
     }
     // Near enough to be a typo: at most 2 edits, and fewer than half the name.
     if (best_d <= 2 && best_d * 2 < std::max<size_t>(name.size(), 2))
-      TS_THROW("tessera ", command_, ": unknown flag --", name, " (did you mean --", best, "?)");
-    TS_THROW("tessera ", command_, ": unknown flag --", name, see);
+      TS_THROW(command_, ": unknown flag --", name, " (did you mean --", best, "?)");
+    TS_THROW(command_, ": unknown flag --", name, see);
   }
   return true;
 }
@@ -124,7 +124,7 @@ int Flags::integer(const std::string& name, int fallback) const {
   char* end = nullptr;
   errno = 0;
   const long x = std::strtol(v.c_str(), &end, 10);
-  TS_CHECK(!v.empty() && *end == '\0' && errno == 0 && x >= INT32_MIN && x <= INT32_MAX, "tessera ", command_, ": --",
+  TS_CHECK(!v.empty() && *end == '\0' && errno == 0 && x >= INT32_MIN && x <= INT32_MAX, command_, ": --",
            name, " expects an integer, got '", v, "'");
   return static_cast<int>(x);
 }
@@ -135,7 +135,7 @@ uint64_t Flags::u64(const std::string& name, uint64_t fallback) const {
   char* end = nullptr;
   errno = 0;
   const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  TS_CHECK(!v.empty() && v[0] != '-' && *end == '\0' && errno == 0, "tessera ", command_, ": --", name,
+  TS_CHECK(!v.empty() && v[0] != '-' && *end == '\0' && errno == 0, command_, ": --", name,
            " expects a non-negative integer, got '", v, "'");
   return x;
 }
@@ -145,7 +145,7 @@ double Flags::number(const std::string& name, double fallback) const {
   const std::string v = str(name);
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  TS_CHECK(!v.empty() && *end == '\0' && std::isfinite(x), "tessera ", command_, ": --", name,
+  TS_CHECK(!v.empty() && *end == '\0' && std::isfinite(x), command_, ": --", name,
            " expects a number, got '", v, "'");
   return x;
 }
