@@ -110,6 +110,10 @@ TEST(CudaGpt, TinyTrainingFollowsCpuAndIsReproducible) {
   ASSERT_EQ(lg.size(), 50u);
   for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-4 * lc[i]) << "step " << i + 1;
   EXPECT_LT(lg.back(), lg.front() - 1.0) << "the loss must fall";
+  // A GPU run reports its peak device memory (at least its parameters, grads, moments and activations); a CPU
+  // run reports none.
+  EXPECT_GT(gpu.peak_device_bytes, gpu.model->params().size() * 16);
+  EXPECT_EQ(cpu.peak_device_bytes, 0u);
 
   // bf16 twice: bit-identical losses.
   const TrainResult b1 = train(tiny_run(d, "bf16_a", "cuda", "bf16", 20));

@@ -289,6 +289,9 @@ int cmd_train(int argc, char** argv) {
     std::printf("best:       %s (step %lld, val loss %.4f)\n", r.best_checkpoint.c_str(),
                 static_cast<long long>(r.best_step), r.best_val_loss);
   std::printf("metrics:    %s/metrics.jsonl\n", o.out.c_str());
+  if (r.peak_device_bytes > 0)
+    std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
+                "context)\n", human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());
   if (r.last_step < o.steps)
     std::printf("stopped after step %lld; continue with: %s\n", static_cast<long long>(r.last_step), resume_cmd.c_str());
   if (g_stop != 0) return 128 + g_stop;  // a signal after the last step: the run is complete, skip the sample

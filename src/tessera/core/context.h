@@ -61,6 +61,9 @@ class Context {
   void* scratch(size_t bytes);
   // Waits for all work queued on the stream (a no-op on the CPU).
   void synchronize() const;
+  // Device memory in use as the driver counts it (total − free: tessera's buffers, the CUDA context and anything
+  // else on the device); 0 on the CPU.
+  size_t device_memory_used() const;
 
  private:
   struct Cuda;

@@ -122,4 +122,12 @@ void Context::synchronize() const {
   if (cuda_) TS_CHECK_CUDA(cudaStreamSynchronize(cuda_->stream));
 }
 
+size_t Context::device_memory_used() const {
+  if (!cuda_) return 0;
+  TS_CHECK_CUDA(cudaSetDevice(cuda_->device));
+  size_t free_b = 0, total_b = 0;
+  TS_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
+
 }  // namespace tessera

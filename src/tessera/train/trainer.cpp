@@ -282,6 +282,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     const double norm = optimizer.read_grad_norm();
     state.step = step;
     state.data_pos = train_data.position();
+    result.peak_device_bytes = std::max(result.peak_device_bytes, ctx.device_memory_used());
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     const double tps = static_cast<double>(o.batch) * o.seq * o.accum / std::max(dt, 1e-9);

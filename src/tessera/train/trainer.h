@@ -84,6 +84,7 @@ struct TrainResult {
   double best_val_loss = 0;    // lowest validation loss so far (0: no validation); saved in best_checkpoint
   int64_t best_step = 0;
   double seconds = 0;
+  size_t peak_device_bytes = 0;  // the most device memory in use after any step (GPU runs; 0 on the CPU)
   bool interrupted = false;    // stopped by TrainControl::stop
   std::string checkpoint, best_checkpoint;
   std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`
