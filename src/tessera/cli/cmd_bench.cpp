@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -51,7 +52,9 @@ struct PeerResult {
 PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype,
                     const TimingOptions& t) {
   PeerResult r;
-  const std::string cmd = "python3 '" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size +
+  // TESSERA_PYTHON names another interpreter (a virtual environment's) than the python3 on PATH.
+  const char* py = std::getenv("TESSERA_PYTHON");
+  const std::string cmd = std::string(py && *py ? py : "python3") + " '" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size +
                           " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
                           std::to_string(t.iters) + " 2>&1";
   std::fflush(stdout);
@@ -76,7 +79,7 @@ PeerResult run_peer(const std::string& which, const std::string& size, const std
   const int status = ::pclose(p);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (r.ms.empty())
-    r.note = code == 127 ? "peer skipped: python3 not found"
+    r.note = code == 127 ? "peer skipped: " + std::string(py && *py ? py : "python3") + " not found"
                          : "peer skipped: " + (last.empty() ? "kernels.py printed no figures" : last);
   else if (code != 0)
     r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
@@ -113,8 +116,8 @@ int cmd_bench(int argc, char** argv) {
                                 : "Times one AdamW step over a model's flat parameter buffers.");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
   a.add("dtype", "f32|bf16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
-  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: issue 6's shapes (default: full on a "
-                              "GPU, small on the CPU)");
+  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab "
+                              "50257, AdamW over gpt2-124m (default: full on a GPU, small on the CPU)");
   a.add("warmup", "N", "untimed runs before timing (default 5)");
   a.add("iters", "N", "timed runs; the table shows their median (default 20)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
