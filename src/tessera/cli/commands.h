@@ -7,5 +7,6 @@ int cmd_train(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_info(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace tessera::cli

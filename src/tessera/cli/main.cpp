@@ -22,6 +22,7 @@ const char* kUsage =
     "  generate   continue a prompt with a trained checkpoint\n"
     "  prepare    turn a text file into train/val token shards (byte-level)\n"
     "  info       show a model's config, parameter count and memory estimate\n"
+    "  bench      time the kernels (bench kernels) or the AdamW step (bench optimizer)\n"
     "\n"
     "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
 
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return tessera::cli::cmd_generate(argc, argv);
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
+    if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
     return fail("unknown command '" + cmd + "' (see tessera --help)");
   } catch (const tessera::Error& e) {
     return fail(e.what());

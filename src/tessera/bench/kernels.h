@@ -1,0 +1,39 @@
+// tessera/bench/kernels.h — the rows of `tessera bench kernels` and `tessera bench optimizer`.
+//
+// Each kernel runs through its Tensor-level entry (ops/<family>/<op>.h) on Buffers filled once with random
+// values (host-generated, copied to the device once). A row's bytes count every input read once and every output
+// written once (an accumulated output is read and written); each bench function states its formula. GB/s is
+// 1e9 bytes/s over the median time.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/core/dtype.h"
+
+namespace tessera {
+
+// small: tiny shapes (a CPU run takes seconds); full: issue 6's shapes (N = 16384 rows of C = 768, d_ff = 3072,
+// V = 50257; AdamW over gpt2-124m).
+enum class BenchSize { Small, Full };
+
+struct BenchConfig {
+  BenchSize size = BenchSize::Small;
+  DType dtype = DType::F32;  // compute dtype of the floats (statistics stay f32)
+  TimingOptions timing;
+};
+
+struct BenchRow {
+  std::string kernel;  // "layernorm fwd", ...; the PyTorch peer prints the same names
+  std::string shape;   // "(16384, 768)"
+  double bytes = 0;    // bytes moved by one run
+  Timing timing;
+  double gbs() const { return bytes / (timing.median_ms * 1e-3) / 1e9; }
+};
+
+// embedding fwd/bwd, layernorm fwd/bwd, residual fwd/bwd, gelu fwd/bwd, cross-entropy fwd+bwd.
+std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h);
+// adamw step over the flat buffers of gpt2-124m (full) or tiny (small), built by Gpt on the harness's context.
+std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h);
+
+}  // namespace tessera

@@ -1,0 +1,200 @@
+// tessera bench kernels | optimizer: times each kernel through its Tensor-level entry and prints a table of
+// median time, bytes moved and achieved bandwidth; on a GPU also the ratio to the device-to-device copy
+// bandwidth measured in the same run and, with --peer, PyTorch's time for the same work (bench/peers/kernels.py,
+// run by this command after tessera's kernels, in the same call).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/bench/kernels.h"
+#include "tessera/cli/commands.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/context.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
+
+const char* kBenchUsage =
+    "usage: tessera bench <kernels|optimizer> [flags]\n"
+    "\n"
+    "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
+    "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
+    "\n"
+    "Run `tessera bench kernels --help` for the flags.\n";
+
+// The PyTorch peer's median ms per kernel name, or a one-line reason why there is none.
+struct PeerResult {
+  std::map<std::string, double> ms;
+  std::string note;
+};
+
+PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype,
+                    const TimingOptions& t) {
+  PeerResult r;
+  // TESSERA_PYTHON names another interpreter (a virtual environment's) than the python3 on PATH.
+  const char* py = std::getenv("TESSERA_PYTHON");
+  const std::string cmd = std::string(py && *py ? py : "python3") + " '" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size +
+                          " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
+                          std::to_string(t.iters) + " 2>&1";
+  std::fflush(stdout);
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    r.note = "peer skipped: could not start python3";
+    return r;
+  }
+  std::string last;
+  std::array<char, 4096> line;
+  while (std::fgets(line.data(), static_cast<int>(line.size()), p)) {
+    std::string s(line.data());
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.empty()) continue;
+    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false)
+                                    : nlohmann::json();
+    if (j.is_object() && j.contains("kernel") && j.contains("ms") && j["ms"].is_number())
+      r.ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
+    else
+      last = s;
+  }
+  const int status = ::pclose(p);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (r.ms.empty())
+    r.note = code == 127 ? "peer skipped: " + std::string(py && *py ? py : "python3") + " not found"
+                         : "peer skipped: " + (last.empty() ? "kernels.py printed no figures" : last);
+  else if (code != 0)
+    r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  return r;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  const std::string which = argc > 2 ? argv[2] : "";
+  if (which.empty() || which == "--help" || which == "-h") {
+    std::fputs(kBenchUsage, stdout);
+    return 0;
+  }
+  TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
+           "' (kernels or optimizer)");
+  Flags a("bench " + which, which == "kernels"
+                                ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
+                                : "Times one AdamW step over a model's flat parameter buffers.");
+  a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
+  a.add("dtype", "f32|bf16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
+  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab "
+                              "50257, AdamW over gpt2-124m (default: full on a GPU, small on the CPU)");
+  a.add("warmup", "N", "untimed runs before timing (default 5)");
+  a.add("iters", "N", "timed runs; the table shows their median (default 20)");
+  a.add("out", "FILE", "also write the table as markdown to FILE");
+  a.add_switch("peer", "run bench/peers/kernels.py (PyTorch) and show its times beside tessera's (GPU only)");
+  if (!a.parse(argc, argv, 3)) return 0;
+
+  const TimingOptions timing{.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
+  TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
+  TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
+  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
+  const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
+  TS_CHECK(dtype_name == "f32" || dtype_name == "bf16", "--dtype must be f32 or bf16, got ", dtype_name);
+  TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
+           ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
+  const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
+  TS_CHECK(size == "small" || size == "full", "--size must be small or full, got ", size);
+  const BenchConfig cfg{.size = size == "full" ? BenchSize::Full : BenchSize::Small,
+                        .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
+                        .timing = timing};
+  const std::string out = a.str("out");
+  if (!out.empty()) {  // fail on an unwritable directory now, not after minutes of timing (and create nothing)
+    const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
+    TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--out ", out,
+             ": directory ", parent.string(), " does not exist or is not writable");
+    TS_CHECK(!std::filesystem::is_directory(out), "--out ", out, " is a directory; give a file name");
+  }
+
+  BenchHarness h(ctx);
+  const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  std::printf("tessera bench %s on %s, %s, size %s, %d warm-up + %d timed runs\n", which.c_str(), device.c_str(),
+              dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
+  std::fflush(stdout);
+  const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
+  const std::vector<BenchRow> rows = which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
+
+  PeerResult peer;
+  if (a.has("peer")) {
+    if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
+    else peer = run_peer(which, size, dtype_name, timing);
+  }
+  const bool with_peer = !peer.ms.empty();
+
+  std::string md = "# tessera bench " + which + "\n\n";
+  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
+        "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
+        std::to_string(timing.iters) + " timed runs (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
+        ")\n";
+  if (ctx.is_cuda())
+    md += "- device-to-device copy: " + fmt("%.0f", copy_gbs) +
+          " GB/s (1 GiB cudaMemcpyAsync, read + write counted)\n";
+  if (!peer.note.empty()) md += "- " + peer.note + "\n";
+  md += "\n| kernel | shape | MB moved | median ms | min ms | max ms | GB/s |";
+  md += ctx.is_cuda() ? " % of copy |" : "";
+  md += with_peer ? " torch ms | torch / tessera |" : "";
+  md += "\n|---|---|---:|---:|---:|---:|---:|";
+  md += ctx.is_cuda() ? "---:|" : "";
+  md += with_peer ? "---:|---:|" : "";
+  md += "\n";
+  for (const BenchRow& r : rows) {
+    md += "| " + r.kernel + " | " + r.shape + " | " + fmt("%.2f", r.bytes / 1e6) + " | " +
+          fmt("%.4f", r.timing.median_ms) + " | " + fmt("%.4f", r.timing.min_ms) + " | " +
+          fmt("%.4f", r.timing.max_ms) + " | " + fmt("%.1f", r.gbs()) + " |";
+    if (ctx.is_cuda()) md += " " + fmt("%.0f%%", 100.0 * r.gbs() / copy_gbs) + " |";
+    if (with_peer) {
+      const auto it = peer.ms.find(r.kernel);
+      md += it == peer.ms.end() ? " – | – |"
+                                : " " + fmt("%.4f", it->second) + " | " +
+                                      fmt("%.2f×", it->second / r.timing.median_ms) + " |";
+    }
+    md += "\n";
+  }
+  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
+  if (!out.empty()) {
+    write_file_atomic(out, md);
+    std::printf("wrote %s\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

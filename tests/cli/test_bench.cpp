@@ -1,0 +1,167 @@
+// tessera bench end to end on the CPU (small shapes, two timed runs): every kernel gets a row with a positive,
+// finite bandwidth, and bad flags are one-line errors with exit code 2. No timing is asserted.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tessera/bench/harness.h"
+#include "tessera/core/file_io.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string binary() {
+  const char* b = std::getenv("TESSERA_TEST_BINARY");
+  return b && *b ? b : TESSERA_BINARY;
+}
+
+BenchRun run_bench(const std::string& args, const fs::path& dir) {
+  const fs::path err_file = dir / "stderr.txt";
+  const std::string cmd = binary() + " bench " + args + " 2>" + err_file.string() + " </dev/null";
+  BenchRun r;
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file_text(err_file.string());
+  return r;
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// kernel name -> its row's cells, from a markdown table whose header starts with "| kernel |".
+std::map<std::string, std::vector<std::string>> table_rows(const std::string& md, std::vector<std::string>* header) {
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream in(md);
+  bool in_table = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| kernel |", 0) == 0) in_table = true;
+    if (!in_table || line.empty() || line[0] != '|' || line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells;
+    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1) cells.push_back(trim(line.substr(i, j - i)));
+    if (cells.at(0) == "kernel") *header = cells;
+    else rows[cells.at(0)] = cells;
+  }
+  return rows;
+}
+
+class Bench : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("tessera_bench_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // Every name in `kernels` has a row in the markdown file with a positive, finite GB/s.
+  void expect_rows(const fs::path& md, const std::vector<std::string>& kernels) {
+    ASSERT_TRUE(fs::exists(md));
+    std::vector<std::string> header;
+    const auto rows = table_rows(read_file_text(md.string()), &header);
+    size_t gbs_col = header.size();
+    for (size_t i = 0; i < header.size(); ++i)
+      if (header[i] == "GB/s") gbs_col = i;
+    ASSERT_LT(gbs_col, header.size()) << "no GB/s column";
+    EXPECT_EQ(rows.size(), kernels.size());
+    for (const std::string& k : kernels) {
+      ASSERT_TRUE(rows.count(k)) << "no row for " << k;
+      const double gbs = std::stod(rows.at(k).at(gbs_col));
+      EXPECT_TRUE(std::isfinite(gbs) && gbs > 0) << k << ": " << rows.at(k).at(gbs_col);
+    }
+  }
+
+  void expect_usage_error(const std::string& args, const std::string& names) {
+    const BenchRun r = run_bench(args, dir);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("tessera: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(names), std::string::npos) << r.err;
+  }
+};
+
+TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
+  const fs::path md = dir / "kernels.md";
+  const BenchRun r = run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --out " + md.string(), dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  expect_rows(md, {"embedding fwd", "embedding bwd", "layernorm fwd", "layernorm bwd", "residual fwd",
+                   "residual bwd", "gelu fwd", "gelu bwd", "cross-entropy fwd+bwd"});
+  EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
+}
+
+TEST_F(Bench, OptimizerSmallOnCpu) {
+  const fs::path md = dir / "optimizer.md";
+  const BenchRun r = run_bench("optimizer --size small --device cpu --iters 2 --warmup 1 --out " + md.string(), dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_rows(md, {"adamw step", "adamw step+clip"});
+  EXPECT_NE(read_file_text(md.string()).find("tiny: 834304 params"), std::string::npos);
+}
+
+TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
+  const fs::path md = dir / "peer.md";
+  const BenchRun r =
+      run_bench("optimizer --size small --device cpu --iters 1 --warmup 0 --peer --out " + md.string(), dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(read_file_text(md.string()).find("peer skipped"), std::string::npos);
+}
+
+TEST_F(Bench, BadFlagsAreOneLineErrors) {
+  expect_usage_error("kernels --device cpu --itres 2", "--iters");
+  expect_usage_error("kernels --device cpu --size huge", "--size");
+  expect_usage_error("kernels --device cpu --dtype bf16", "--dtype");
+  expect_usage_error("kernels --device cpu --iters 0", "--iters");
+  expect_usage_error("kernels --device cpu --warmup -1", "--warmup");
+  expect_usage_error("kernels --device tpu", "tpu");
+  expect_usage_error("speed", "speed");
+  expect_usage_error("kernels --device cpu --out " + (dir / "missing" / "x.md").string(), "--out");
+  EXPECT_FALSE(fs::exists(dir / "x.md"));
+}
+
+TEST(BenchHarness, SummaryIsTheMedianMinAndMax) {
+  const Timing odd = timing_summary({5, 1, 3});
+  EXPECT_EQ(odd.median_ms, 3);
+  EXPECT_EQ(odd.min_ms, 1);
+  EXPECT_EQ(odd.max_ms, 5);
+  EXPECT_EQ(odd.iters, 3);
+  EXPECT_EQ(timing_summary({4, 1, 2, 10}).median_ms, 3);  // the mean of the middle two
+}
+
+TEST(BenchHarness, CpuTimingRunsWarmupThenIters) {
+  Context ctx;
+  BenchHarness h(ctx);
+  int calls = 0;
+  const Timing t = h.time([&] { ++calls; }, {.warmup = 3, .iters = 4});
+  EXPECT_EQ(calls, 7);
+  EXPECT_EQ(t.iters, 4);
+  EXPECT_LE(t.min_ms, t.median_ms);
+  EXPECT_LE(t.median_ms, t.max_ms);
+}
+
+}  // namespace
+}  // namespace tessera
