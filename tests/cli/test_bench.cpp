@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli/cli_run.h"
 #include "tessera/bench/harness.h"
 #include "tessera/core/file_io.h"
 
@@ -23,29 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct BenchRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string binary() {
-  const char* b = std::getenv("TESSERA_TEST_BINARY");
-  return b && *b ? b : TESSERA_BINARY;
-}
-
-BenchRun run_bench(const std::string& args, const fs::path& dir) {
-  const fs::path err_file = dir / "stderr.txt";
-  const std::string cmd = binary() + " bench " + args + " 2>" + err_file.string() + " </dev/null";
-  BenchRun r;
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_file_text(err_file.string());
-  return r;
-}
+// `tessera bench args`.
+test::CliRun run_bench(const std::string& args) { return test::run("bench " + args); }
 
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
@@ -97,7 +77,7 @@ class Bench : public ::testing::Test {
   }
 
   void expect_usage_error(const std::string& args, const std::string& names) {
-    const BenchRun r = run_bench(args, dir);
+    const test::CliRun r = run_bench(args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(r.err.rfind("tessera: error: ", 0), 0u) << r.err;
@@ -107,7 +87,7 @@ class Bench : public ::testing::Test {
 
 TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   const fs::path md = dir / "kernels.md";
-  const BenchRun r = run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --out " + md.string(), dir);
+  const test::CliRun r = run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   expect_rows(md, {"embedding fwd", "embedding bwd", "layernorm fwd", "layernorm bwd", "residual fwd",
@@ -117,7 +97,7 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
 
 TEST_F(Bench, OptimizerSmallOnCpu) {
   const fs::path md = dir / "optimizer.md";
-  const BenchRun r = run_bench("optimizer --size small --device cpu --iters 2 --warmup 1 --out " + md.string(), dir);
+  const test::CliRun r = run_bench("optimizer --size small --device cpu --iters 2 --warmup 1 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   expect_rows(md, {"adamw step", "adamw step+clip"});
   EXPECT_NE(read_file_text(md.string()).find("tiny: 834304 params"), std::string::npos);
@@ -125,8 +105,8 @@ TEST_F(Bench, OptimizerSmallOnCpu) {
 
 TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
   const fs::path md = dir / "peer.md";
-  const BenchRun r =
-      run_bench("optimizer --size small --device cpu --iters 1 --warmup 0 --peer --out " + md.string(), dir);
+  const test::CliRun r =
+      run_bench("optimizer --size small --device cpu --iters 1 --warmup 0 --peer --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(read_file_text(md.string()).find("peer skipped"), std::string::npos);
 }

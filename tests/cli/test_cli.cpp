@@ -17,41 +17,16 @@
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/train/checkpoint.h"
+#include "cli/cli_run.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-// The binary under test; TESSERA_TEST_BINARY points the tests at another build (e.g. an older one, to watch
-// a new test fail there).
-std::string binary() {
-  const char* b = std::getenv("TESSERA_TEST_BINARY");
-  return b && *b ? b : TESSERA_BINARY;
-}
-
-// Runs `tessera args` (in `cwd` when given) through the shell.
-CliRun run(const std::string& args, const fs::path& cwd = {}) {
-  const fs::path err_file = fs::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + binary() + " " + args + " 2>" +
-                          err_file.string() + " </dev/null";
-  CliRun r;
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_file_text(err_file.string());
-  fs::remove(err_file);
-  return r;
-}
+using test::binary;
+using test::CliRun;
+using test::run;
 
 // A `tessera` started in the background, its stdout and stderr in files.
 struct Child {

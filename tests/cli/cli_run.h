@@ -1,0 +1,46 @@
+// Runs the tessera binary under test through the shell, for the CLI and bench tests.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "tessera/core/file_io.h"
+
+namespace tessera::test {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+// The binary under test; TESSERA_TEST_BINARY points the tests at another build (e.g. an older one, to watch
+// a new test fail there).
+inline std::string binary() {
+  const char* b = std::getenv("TESSERA_TEST_BINARY");
+  return b && *b ? b : TESSERA_BINARY;
+}
+
+// Runs `tessera args` (in `cwd` when given) with no standard input; stdout and stderr come back apart.
+inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}) {
+  namespace fs = std::filesystem;
+  const fs::path err_file = fs::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + binary() + " " + args + " 2>" +
+                          err_file.string() + " </dev/null";
+  CliRun r;
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file_text(err_file.string());
+  fs::remove(err_file);
+  return r;
+}
+
+}  // namespace tessera::test
