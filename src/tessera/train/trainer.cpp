@@ -130,8 +130,7 @@ double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batch
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   double sum = 0;
   uint64_t done = 0;
-  // Full batches, then the windows left over one by one (a batch of 1 plans a small arena beside the
-  // training one rather than another full-size one).
+  // Full batches, then the windows left over one by one (a smaller B*T reuses the training plan).
   for (; done + B <= use; done += B) {
     val.next_batch(B, T, x.data(), y.data());
     sum += model.forward(x.data(), y.data(), B, T, {}) * B;
