@@ -79,4 +79,36 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+void convert_to_f32(const void* src, DType src_dtype, size_t n, float* dst) {
+  switch (src_dtype) {
+    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F64:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(static_cast<const double*>(src)[i]);
+      return;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    default: TS_THROW("cannot convert ", dtype_name(src_dtype), " to F32");
+  }
+}
+
+void convert_from_f32(const float* src, size_t n, DType dst_dtype, void* dst) {
+  switch (dst_dtype) {
+    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F64:
+      for (size_t i = 0; i < n; ++i) static_cast<double*>(dst)[i] = src[i];
+      return;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(src[i]);
+      return;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(src[i]);
+      return;
+    default: TS_THROW("cannot convert F32 to ", dtype_name(dst_dtype));
+  }
+}
+
 }  // namespace tessera

@@ -39,4 +39,8 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
+// n host elements of a float dtype (f32, bf16, f16, f64) to f32, and f32 to one (rounded to nearest even).
+void convert_to_f32(const void* src, DType src_dtype, size_t n, float* dst);
+void convert_from_f32(const float* src, size_t n, DType dst_dtype, void* dst);
+
 }  // namespace tessera

@@ -68,22 +68,13 @@ void Gpt::build() {
         table[pos * C + 2 * i + 1] = std::cos(a);
       }
     }
-    const size_t es = dtype_size(dtype_);
-    std::vector<unsigned char> raw(table.size() * es);
-    for (size_t i = 0; i < table.size(); ++i) {
-      const double v = table[i];
-      switch (dtype_) {
-        case DType::F64: std::memcpy(&raw[i * 8], &v, 8); break;
-        case DType::F32: {
-          const float f = static_cast<float>(v);
-          std::memcpy(&raw[i * 4], &f, 4);
-          break;
-        }
-        default: {
-          const uint16_t h = dtype_ == DType::BF16 ? f32_to_bf16(static_cast<float>(v)) : f32_to_f16(static_cast<float>(v));
-          std::memcpy(&raw[i * 2], &h, 2);
-        }
-      }
+    // An f64 model keeps the table in f64 (its gradient checks need it); the others round it from f32.
+    std::vector<unsigned char> raw(table.size() * dtype_size(dtype_));
+    if (dtype_ == DType::F64) {
+      std::memcpy(raw.data(), table.data(), raw.size());
+    } else {
+      const std::vector<float> f32(table.begin(), table.end());
+      convert_from_f32(f32.data(), f32.size(), dtype_, raw.data());
     }
     sinusoid_ = Buffer(raw.size(), ctx_->device(), "the sinusoid table");
     copy_bytes(sinusoid_.data(), ctx_->device(), raw.data(), Device::cpu(), raw.size(), *ctx_);
@@ -299,22 +290,7 @@ std::vector<float> Gpt::read_logits_row(int row) const {
   copy_bytes(raw.data(), Device::cpu(), static_cast<const char*>(acts_.logits.data()) + row * V * es, ctx_->device(),
              raw.size(), *ctx_);
   std::vector<float> out(static_cast<size_t>(V));
-  for (int64_t j = 0; j < V; ++j) {
-    switch (dtype_) {
-      case DType::F64: {
-        double d;
-        std::memcpy(&d, &raw[j * 8], 8);
-        out[j] = static_cast<float>(d);
-        break;
-      }
-      case DType::F32: std::memcpy(&out[j], &raw[j * 4], 4); break;
-      default: {
-        uint16_t h;
-        std::memcpy(&h, &raw[j * 2], 2);
-        out[j] = dtype_ == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
-    }
-  }
+  convert_to_f32(raw.data(), dtype_, out.size(), out.data());
   return out;
 }
 

@@ -47,36 +47,6 @@ void* ParamBuffer::host_ptr(const Buffer& b, size_t elem) const {
   return b.data();
 }
 
-namespace {
-// Converts n elements of `dtype` (on the host) to f32.
-void to_f32(const void* src, DType dtype, size_t n, float* dst) {
-  if (dtype == DType::F32) {
-    std::memcpy(dst, src, n * 4);
-    return;
-  }
-  if (dtype == DType::F64) {
-    const double* s = static_cast<const double*>(src);
-    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
-    return;
-  }
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) dst[i] = dtype == DType::BF16 ? bf16_to_f32(s[i]) : f16_to_f32(s[i]);
-}
-
-std::vector<unsigned char> from_f32(const std::vector<float>& v, DType dtype) {
-  std::vector<unsigned char> out(v.size() * dtype_size(dtype));
-  if (dtype == DType::F32) {
-    std::memcpy(out.data(), v.data(), out.size());
-  } else if (dtype == DType::F64) {
-    double* d = reinterpret_cast<double*>(out.data());
-    for (size_t i = 0; i < v.size(); ++i) d[i] = v[i];
-  } else {
-    uint16_t* d = reinterpret_cast<uint16_t*>(out.data());
-    for (size_t i = 0; i < v.size(); ++i) d[i] = dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-  }
-  return out;
-}
-}  // namespace
 
 std::vector<float> ParamBuffer::read_f32(Context& ctx) const {
   std::vector<float> out(total_);
@@ -86,7 +56,7 @@ std::vector<float> ParamBuffer::read_f32(Context& ctx) const {
   }
   std::vector<unsigned char> raw(total_ * dtype_size(dtype_));
   copy_bytes(raw.data(), Device::cpu(), data_.data(), device_, raw.size(), ctx);
-  to_f32(raw.data(), dtype_, total_, out.data());
+  convert_to_f32(raw.data(), dtype_, total_, out.data());
   return out;
 }
 
@@ -94,14 +64,15 @@ std::vector<float> ParamBuffer::read_grad_f32(Context& ctx) const {
   std::vector<float> out(total_);
   std::vector<unsigned char> raw(total_ * dtype_size(dtype_));
   copy_bytes(raw.data(), Device::cpu(), grad_.data(), device_, raw.size(), ctx);
-  to_f32(raw.data(), dtype_, total_, out.data());
+  convert_to_f32(raw.data(), dtype_, total_, out.data());
   return out;
 }
 
 void ParamBuffer::write_f32(const std::vector<float>& values, Context& ctx) {
   TS_CHECK(values.size() == total_, "internal: write_f32 of ", values.size(), " values into ", total_);
   if (has_master()) copy_bytes(master_.data(), device_, values.data(), Device::cpu(), total_ * 4, ctx);
-  const std::vector<unsigned char> raw = from_f32(values, dtype_);
+  std::vector<unsigned char> raw(total_ * dtype_size(dtype_));
+  convert_from_f32(values.data(), total_, dtype_, raw.data());
   copy_bytes(data_.data(), device_, raw.data(), Device::cpu(), raw.size(), ctx);
   ctx.synchronize();  // `raw` dies here; the copy must have read it
 }
