@@ -1,6 +1,8 @@
 // AdamW with global-norm clipping: the one-launch CUDA step against adamw_update_ref / clip_grad_norm_ref.
 #include "cuda_test_util.h"
+#include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
+#include "tessera/train/optimizer.h"
 
 namespace tessera::test {
 namespace {
@@ -232,4 +234,45 @@ TEST(CudaAdamW, SupportsAnswersWithoutGpu) {
 }
 
 }  // namespace
+}  // namespace tessera::test
+
+// The optimizer object without norm tracking (the one-launch step the AdamW bench row times) updates exactly as
+// one that tracks the norm, on the GPU and on the CPU, and refuses read_grad_norm.
+namespace tessera::test {
+namespace {
+void expect_untracked_step_matches(Context& ctx, DType dt) {
+  Gpt a(model_preset("tiny"), ctx, dt), b(model_preset("tiny"), ctx, dt);
+  a.init_weights(5);
+  b.init_weights(5);
+  const int64_t n = static_cast<int64_t>(a.params().size());
+  std::vector<float> g(static_cast<size_t>(n));
+  std::mt19937_64 rng(test_seed());
+  std::normal_distribution<float> nd(0.0f, 1e-2f);
+  for (float& x : g) x = nd(rng);
+  std::vector<char> bytes(static_cast<size_t>(n) * dtype_size(dt));
+  convert_from_f32(g.data(), g.size(), dt, bytes.data());
+  for (Gpt* m : {&a, &b}) copy_bytes(m->params().grad().data(), ctx.device(), bytes.data(), Device::cpu(), bytes.size(), ctx);
+  AdamW tracked(a.params(), {.grad_clip = 0.0f}, ctx), plain(b.params(), {.grad_clip = 0.0f, .track_grad_norm = false}, ctx);
+  for (int s = 0; s < 2; ++s) {
+    tracked.step(a.params(), 1e-3f);
+    plain.step(b.params(), 1e-3f);
+  }
+  EXPECT_EQ(a.params().read_f32(ctx), b.params().read_f32(ctx));
+  EXPECT_NE(a.params().read_f32(ctx), [&] {
+    Gpt c(model_preset("tiny"), ctx, dt);
+    c.init_weights(5);
+    return c.params().read_f32(ctx);
+  }()) << "the steps must change the parameters";
+  EXPECT_GT(tracked.read_grad_norm(), 0.0);
+  EXPECT_THROW(plain.read_grad_norm(), Error);
+}
+}  // namespace
+
+TEST(CudaAdamW, UntrackedNormStepsTheSame) {
+  Context cpu;
+  expect_untracked_step_matches(cpu, DType::F32);
+  if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible (CPU case checked)";
+  Context gpu = Context::best_available();
+  expect_untracked_step_matches(gpu, DType::BF16);
+}
 }  // namespace tessera::test

@@ -18,11 +18,12 @@ void AdamW::step(ParamBuffer& params, float lr) {
                       .weight_decay = cfg_.weight_decay, .step = step_ + 1, .max_grad_norm = cfg_.grad_clip};
   const int64_t n = static_cast<int64_t>(n_);
   adamw_step(p, table_, params.data(), params.grad(), params.master(), m_.view(DType::F32, {n}),
-             v_.view(DType::F32, {n}), norm_.view(DType::F32, {1}), *ctx_);
+             v_.view(DType::F32, {n}), tracks_norm() ? norm_.view(DType::F32, {1}) : Tensor(), *ctx_);
   ++step_;
 }
 
 double AdamW::read_grad_norm() const {
+  TS_CHECK(tracks_norm(), "internal: read_grad_norm on an optimizer that neither clips nor tracks the norm");
   float v = 0;
   copy_bytes(&v, Device::cpu(), norm_.data(), norm_.device(), sizeof v, *ctx_);
   return v;

@@ -17,6 +17,9 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
   float grad_clip = 1.0f;  // global-norm clipping; 0: off
+  // Compute the global gradient norm every step for read_grad_norm() (the trainer logs it). Clipping computes it
+  // anyway; with grad_clip 0 and this off, a GPU step is the update launch alone.
+  bool track_grad_norm = true;
 };
 
 class AdamW {
@@ -26,7 +29,8 @@ class AdamW {
   // Optimizer step number step_count() + 1 at learning rate lr; the gradients are read, not changed, on a GPU
   // (clipping happens in registers) and clipped in place on the CPU.
   void step(ParamBuffer& params, float lr);
-  // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy.
+  // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy. Needs
+  // track_grad_norm or clipping.
   double read_grad_norm() const;
   int64_t step_count() const { return step_; }
 
@@ -38,6 +42,8 @@ class AdamW {
   size_t state_bytes() const { return m_.bytes() + v_.bytes(); }
 
  private:
+  bool tracks_norm() const { return cfg_.track_grad_norm || cfg_.grad_clip > 0.0f; }
+
   AdamWConfig cfg_;
   Context* ctx_;
   size_t n_;

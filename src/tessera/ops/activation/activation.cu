@@ -19,11 +19,27 @@ constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
 constexpr int kBatch = 1;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
-__device__ __forceinline__ float gelu_tanh(float u) {
-  return 0.5f * u * (1.0f + tanhf(kSqrt2OverPi * (u + 0.044715f * u * u * u)));
+// tanh for the GELU of T: the hardware approximation (tanh.approx.f32, one MUFU op, max relative error 2^-10.99)
+// for 16-bit T, whose rounding of the result (2^-8 for bf16, 2^-11 for f16) is as coarse; the accurate tanhf for
+// f32, whose tests compare at 1e-5. Measured on the H200 (N = 16384, d_ff = 3072, bf16): tanhf's instruction count
+// held the forward to 66% of the copy bandwidth.
+template <typename T>
+__device__ __forceinline__ float tanh_for(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return tanhf(x);
+  } else {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  }
 }
+template <typename T>
+__device__ __forceinline__ float gelu_tanh(float u) {
+  return 0.5f * u * (1.0f + tanh_for<T>(kSqrt2OverPi * (u + 0.044715f * u * u * u)));
+}
+template <typename T>
 __device__ __forceinline__ float gelu_tanh_grad(float u) {
-  const float th = tanhf(kSqrt2OverPi * (u + 0.044715f * u * u * u));
+  const float th = tanh_for<T>(kSqrt2OverPi * (u + 0.044715f * u * u * u));
   return 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
 }
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
@@ -74,7 +90,7 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
         for (int k = 0; k < W; ++k) x[k] += b[k];
       }
 #pragma unroll
-      for (int k = 0; k < W; ++k) y[k] = gelu ? gelu_tanh(x[k]) : fmaxf(x[k], 0.0f);
+      for (int k = 0; k < W; ++k) y[k] = gelu ? gelu_tanh<T>(x[k]) : fmaxf(x[k], 0.0f);
     }
     cuda::store_f32<T, W>(out + n * F + f0, y);
   }
@@ -146,7 +162,7 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
 #pragma unroll
           for (int k = 0; k < W; ++k) {
             const float u = x[j][0][k] + b[0][k];
-            d[k] = dy[j][k] * (gelu ? gelu_tanh_grad(u) : (u > 0.0f ? 1.0f : 0.0f));
+            d[k] = dy[j][k] * (gelu ? gelu_tanh_grad<T>(u) : (u > 0.0f ? 1.0f : 0.0f));
             acc[0][k] += cuda::round_to<T>(d[k]);
           }
           cuda::store_f32<T, W>(d_in + row + f0, d);

@@ -15,6 +15,7 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kRunBatch = 4;  // rows of a token's run in flight per lane in the d_wte backward
 
 struct EmbedArgs {
   int T, C, V, pos_offset, padding_id;
@@ -99,18 +100,31 @@ __global__ void __launch_bounds__(kThreads)
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  for (int j = i; j < n && sorted_keys[j] == tok; ++j) {
-    const int64_t e0 = static_cast<int64_t>(sorted_rows[j]) * a.C + c0;
-    float g[W];
-    cuda::load_f32<T, W>(d_out + e0, g);
-    if (a.dropout > 0.0f) {
-      float f[W];
-      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
+  // kRunBatch rows of the run loaded before any is added: a token of real text can own hundreds of rows (" the"
+  // is about 4% of English), and one load in flight per step would make the run's latency the kernel's time.
+  // The rows are still added in ascending order, so the sum is the same on every run.
+  for (int j = i;; j += kRunBatch) {
+    bool in_run[kRunBatch];
+    float g[kRunBatch][W];
 #pragma unroll
-      for (int k = 0; k < W; ++k) g[k] *= f[k];
+    for (int q = 0; q < kRunBatch; ++q) {
+      in_run[q] = j + q < n && sorted_keys[j + q] == tok;
+      if (in_run[q]) cuda::load_f32<T, W>(d_out + static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0, g[q]);
     }
 #pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] += g[k];
+    for (int q = 0; q < kRunBatch; ++q) {
+      if (!in_run[q]) break;
+      if (a.dropout > 0.0f) {
+        float f[W];
+        const int64_t e0 = static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0;
+        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
+#pragma unroll
+        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
+    }
+    if (!in_run[kRunBatch - 1]) break;
   }
   T* dw = d_wte + static_cast<int64_t>(tok) * a.C + c0;
   float cur[W];

@@ -1,4 +1,8 @@
 // Fused LayerNorm / RMSNorm kernels (see norm.h for the math and the launch strategy).
+#include <algorithm>
+#include <initializer_list>
+#include <type_traits>
+
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/norm/norm.h"
 
@@ -9,172 +13,306 @@ using cuda::ceil_div;
 using cuda::from_f32;
 using cuda::to_f32;
 
-constexpr int kFwdThreads = 256;  // 8 rows (warps) per block
-constexpr int kBwdThreads = 256;
-constexpr int kBwdPer = kNormMaxC / kBwdThreads;  // columns per thread in the backward
+// Both directions use the same layout. A row is taken by a group of G threads (G a power of two, 32 .. 256) and
+// a block of kThreads holds R = kThreads / G groups, i.e. R rows in flight. A row is cut into units of U elements
+// (U = one 16-byte pack when the row allows it, else 1); thread t of a group owns units t, t + G, ..., at most
+// kUnits(U) of them, and keeps them in registers: every load of a row is issued before the first reduction
+// (measured on the H200: a loop that reloads the row for its second pass, one load in flight per lane, ran at
+// 54% of the copy bandwidth for (16384, 768) bf16), and the row is read from memory once.
+constexpr int kThreads = 256;
+// Units per thread: 16 scalars, 4 packs of 4 f32 or 3 packs of 8 16-bit values, so that C = kNormMaxC fits in a
+// block of kThreads and a thread's registers (the backward holds d_out and x of its units as packed values, and
+// f32 d_w / d_b sums for each element) stay under the 128 that two blocks per SM allow.
+template <int U>
+constexpr int kUnits = U == 1 ? 16 : (U == 4 ? 4 : 3);
 
-// x, out: (N, C); mean, rstd: (N) f32. One warp per row, one pass: Σ(x - x0) and Σ(x - x0)² together, shifted by
-// the row's first element so that a large common offset does not cancel the variance away.
-template <typename T, bool kLayerNorm, bool kVec>
-__global__ void norm_forward_warp_row(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                      const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                      int N, int C, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const T* xr = x + static_cast<size_t>(row) * C;
-  T* orow = out + static_cast<size_t>(row) * C;
-  const float shift = kLayerNorm ? to_f32(xr[0]) : 0.0f;
-  float s = 0.0f, ss = 0.0f;
-  if constexpr (kVec) {
-    constexpr int V = cuda::Pack<T>::kVec;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const cuda::Pack<T> p = cuda::load_pack(xr + c);
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float v = to_f32(p.v[i]) - shift;
-        s += v;
-        ss += v * v;
-      }
-    }
-  } else {
-    for (int c = lane; c < C; c += 32) {
-      const float v = to_f32(xr[c]) - shift;
-      s += v;
-      ss += v * v;
-    }
-  }
-  s = cuda::warp_sum(s);
-  ss = cuda::warp_sum(ss);
-  float m = 0.0f, rs;
-  if constexpr (kLayerNorm) {
-    const float ms = s / C;
-    const float var = fmaxf(ss / C - ms * ms, 0.0f);
-    m = ms + shift;
-    rs = rsqrtf(var + eps);
-  } else {
-    rs = rsqrtf(ss / C + eps);
-  }
-  if (lane == 0) {
-    if constexpr (kLayerNorm) mean[row] = m;
-    rstd[row] = rs;
-  }
-  if constexpr (kVec) {
-    constexpr int V = cuda::Pack<T>::kVec;
-    for (int c = lane * V; c < C; c += 32 * V) {
-      const cuda::Pack<T> px = cuda::load_pack(xr + c), pw = cuda::load_pack(w + c);
-      cuda::Pack<T> po;
-      if (b) {
-        const cuda::Pack<T> pb = cuda::load_pack(b + c);
-#pragma unroll
-        for (int i = 0; i < V; ++i) po.v[i] = from_f32<T>((to_f32(px.v[i]) - m) * rs * to_f32(pw.v[i]) + to_f32(pb.v[i]));
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) po.v[i] = from_f32<T>((to_f32(px.v[i]) - m) * rs * to_f32(pw.v[i]));
-      }
-      cuda::store_pack(orow + c, po);
-    }
-  } else {
-    for (int c = lane; c < C; c += 32) {
-      const float bias = b ? to_f32(b[c]) : 0.0f;
-      orow[c] = from_f32<T>((to_f32(xr[c]) - m) * rs * to_f32(w[c]) + bias);
-    }
-  }
+// The group size for a row of `units` units: the smallest power of two >= 32 with units <= G * max units.
+int group_size(int units, int max_units) {
+  int g = 32;
+  while (g * max_units < units) g *= 2;
+  return g;
 }
 
-// Block sum of two values with one __syncthreads pair (the "one reduction" of the backward).
-__device__ __forceinline__ float2 block_sum2(float a, float c, float2* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+// Σa and Σb over the G threads of each group, returned to all of them. G == 32: warp shuffles only. G > 32: the
+// warps of a group meet in shared memory (one __syncthreads pair, reached by the whole block: every thread of the
+// block calls this the same number of times). red: kThreads / 32 float2.
+__device__ __forceinline__ float2 group_sum2(float a, float b, int G, float2* red) {
   a = cuda::warp_sum(a);
-  c = cuda::warp_sum(c);
-  __syncthreads();  // the previous row's reads of smem are done
-  if (lane == 0) smem[warp] = make_float2(a, c);
+  b = cuda::warp_sum(b);
+  if (G == 32) return make_float2(a, b);
+  const int warp = threadIdx.x >> 5, first = (threadIdx.x / G) * (G >> 5);
+  __syncthreads();  // the previous row's reads of red are done
+  if ((threadIdx.x & 31) == 0) red[warp] = make_float2(a, b);
   __syncthreads();
-  float2 v = lane < warps ? smem[lane] : make_float2(0.0f, 0.0f);
-  v.x = cuda::warp_sum(v.x);
-  v.y = cuda::warp_sum(v.y);
-  return v;
+  float2 s = make_float2(0.0f, 0.0f);
+  for (int w = first; w < first + (G >> 5); ++w) {  // fixed order: the same sums on every run
+    s.x += red[w].x;
+    s.y += red[w].y;
+  }
+  return s;
 }
 
-// d_x += rstd * (g - mean(g) - xhat * mean(g * xhat))  (LayerNorm; RMSNorm drops mean(g)), g = d_out * w.
-// Block b takes rows b, b + gridDim.x, ...; thread t owns columns t + k * blockDim.x and sums its d_w / d_b
-// contributions in registers, then writes them to partial_w / partial_b (gridDim.x, C) f32.
-template <typename T, bool kLayerNorm>
-__global__ void __launch_bounds__(kBwdThreads) norm_backward_block_rows(
+// A unit of U elements in its storage type (one 16-byte pack, or one element), converted to f32 on use.
+template <typename T, int U>
+struct Unit {
+  T v[U];
+};
+template <typename T, int U>
+__device__ __forceinline__ Unit<T, U> load_raw(const T* p) {
+  Unit<T, U> r;
+  if constexpr (U == 1) {
+    r.v[0] = *p;
+  } else {
+    const cuda::Pack<T> q = cuda::load_pack(p);
+#pragma unroll
+    for (int i = 0; i < U; ++i) r.v[i] = q.v[i];
+  }
+  return r;
+}
+
+template <typename T, int U>
+__device__ __forceinline__ void load_unit(const T* p, float (&v)[U]) {
+  if constexpr (U == 1) {
+    v[0] = to_f32(*p);
+  } else {
+    const cuda::Pack<T> q = cuda::load_pack(p);
+#pragma unroll
+    for (int i = 0; i < U; ++i) v[i] = to_f32(q.v[i]);
+  }
+}
+template <typename T, int U>
+__device__ __forceinline__ void store_unit(T* p, const float (&v)[U]) {
+  if constexpr (U == 1) {
+    *p = from_f32<T>(v[0]);
+  } else {
+    cuda::Pack<T> q;
+#pragma unroll
+    for (int i = 0; i < U; ++i) q.v[i] = from_f32<T>(v[i]);
+    cuda::store_pack(p, q);
+  }
+}
+
+// x, out: (N, C); mean, rstd: (N) f32. One pass: Σ(x - x0) and Σ(x - x0)² together, shifted by the row's first
+// element so that a large common offset does not cancel the variance away; then out from the registers.
+template <typename T, bool kLayerNorm, int U>
+__global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean,
+                                                                    float* __restrict__ rstd,
+                                                                    const T* __restrict__ x, const T* __restrict__ w,
+                                                                    const T* __restrict__ b, int N, int C, int G,
+                                                                    float eps) {
+  constexpr int K = kUnits<U>;
+  __shared__ float2 red[kThreads / 32];
+  const int t = threadIdx.x % G, R = kThreads / G, units = C / U;
+  for (int row0 = blockIdx.x * R; row0 < N; row0 += gridDim.x * R) {  // uniform over the block
+    const int row = row0 + threadIdx.x / G;
+    const bool live = row < N;
+    const T* xr = x + static_cast<size_t>(live ? row : 0) * C;
+    Unit<T, U> v[K];
+    float s = 0.0f, ss = 0.0f;
+    const float shift = kLayerNorm && live ? to_f32(xr[0]) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int u = t + k * G;
+      if (live && u < units) {
+        v[k] = load_raw<T, U>(xr + u * U);
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+          const float d = to_f32(v[k].v[i]) - shift;
+          s += d;
+          ss += d * d;
+        }
+      }
+    }
+    const float2 sums = group_sum2(s, ss, G, red);
+    if (!live) continue;
+    float m = 0.0f, rs;
+    if constexpr (kLayerNorm) {
+      const float ms = sums.x / C;
+      m = ms + shift;
+      rs = rsqrtf(fmaxf(sums.y / C - ms * ms, 0.0f) + eps);
+    } else {
+      rs = rsqrtf(sums.y / C + eps);
+    }
+    if (t == 0) {
+      if constexpr (kLayerNorm) mean[row] = m;
+      rstd[row] = rs;
+    }
+    T* orow = out + static_cast<size_t>(row) * C;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int u = t + k * G;
+      if (u < units) {
+        float wv[U], o[U];
+        load_unit<T, U>(w + u * U, wv);
+        if (b) {
+          float bv[U];
+          load_unit<T, U>(b + u * U, bv);
+#pragma unroll
+          for (int i = 0; i < U; ++i) o[i] = (to_f32(v[k].v[i]) - m) * rs * wv[i] + bv[i];
+        } else {
+#pragma unroll
+          for (int i = 0; i < U; ++i) o[i] = (to_f32(v[k].v[i]) - m) * rs * wv[i];
+        }
+        store_unit<T, U>(orow + u * U, o);
+      }
+    }
+  }
+}
+
+// d_x += rstd * (g - mean(g) - xhat * mean(g * xhat))  (LayerNorm; RMSNorm drops mean(g)), g = d_out * w: one
+// group reduction per row for the two sums. Each thread sums its columns' d_w (d_out * xhat) and d_b (d_out)
+// over the rows it sees in f32 registers; at the end the R groups of the block add theirs in group order in
+// shared memory, and the block writes one row of partial_w / partial_b (gridDim.x, C) f32, which
+// norm_param_grad_reduce adds in a fixed order: deterministic, no atomics.
+template <typename T, bool kLayerNorm, int U>
+__global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
     T* __restrict__ d_x, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ d_out,
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
-    int N, int C) {
-  __shared__ float2 smem[32];
-  float dw[kBwdPer], db[kBwdPer];
+    int N, int C, int G) {
+  constexpr int K = kUnits<U>;
+  __shared__ float2 red[kThreads / 32];
+  __shared__ float acc_w[kNormMaxC], acc_b[kNormMaxC];
+  const int t = threadIdx.x % G, group = threadIdx.x / G, R = kThreads / G, units = C / U;
+  float dw[K][U], db[K][U];
 #pragma unroll
-  for (int k = 0; k < kBwdPer; ++k) dw[k] = db[k] = 0.0f;
-  for (int row = blockIdx.x; row < N; row += gridDim.x) {
-    const size_t off = static_cast<size_t>(row) * C;
-    const float m = kLayerNorm ? mean[row] : 0.0f, rs = rstd[row];
-    float xh[kBwdPer], g[kBwdPer], dy[kBwdPer];
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int i = 0; i < U; ++i) dw[k][i] = db[k][i] = 0.0f;
+  for (int row0 = blockIdx.x * R; row0 < N; row0 += gridDim.x * R) {  // uniform over the block
+    const int row = row0 + group;
+    const bool live = row < N;
+    const size_t off = static_cast<size_t>(live ? row : 0) * C;
+    const float m = kLayerNorm && live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
+    Unit<T, U> dy[K], xv[K];
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kBwdPer; ++k) {
-      const int c = threadIdx.x + k * kBwdThreads;
-      xh[k] = g[k] = dy[k] = 0.0f;
-      if (c < C) {
-        dy[k] = to_f32(d_out[off + c]);
-        xh[k] = (to_f32(x[off + c]) - m) * rs;
-        g[k] = dy[k] * to_f32(w[c]);
-        sum_g += g[k];
-        sum_gx += g[k] * xh[k];
+    for (int k = 0; k < K; ++k) {
+      const int u = t + k * G;
+      if (live && u < units) {
+        dy[k] = load_raw<T, U>(d_out + off + u * U);
+        xv[k] = load_raw<T, U>(x + off + u * U);
       }
     }
-    const float2 sums = block_sum2(sum_g, sum_gx, smem);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int u = t + k * G;
+      if (live && u < units) {
+        float wv[U];
+        load_unit<T, U>(w + u * U, wv);
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+          const float g = to_f32(dy[k].v[i]) * wv[i], xh = (to_f32(xv[k].v[i]) - m) * rs;
+          sum_g += g;
+          sum_gx += g * xh;
+        }
+      }
+    }
+    const float2 sums = group_sum2(sum_g, sum_gx, G, red);
+    if (!live) continue;
     const float mean_g = kLayerNorm ? sums.x / C : 0.0f, mean_gx = sums.y / C;
 #pragma unroll
-    for (int k = 0; k < kBwdPer; ++k) {
-      const int c = threadIdx.x + k * kBwdThreads;
-      if (c < C) {
-        d_x[off + c] = from_f32<T>(to_f32(d_x[off + c]) + rs * (g[k] - mean_g - xh[k] * mean_gx));
-        dw[k] += dy[k] * xh[k];
-        db[k] += dy[k];
+    for (int k = 0; k < K; ++k) {
+      const int u = t + k * G;
+      if (u < units) {
+        float wv[U], dx[U];
+        load_unit<T, U>(w + u * U, wv);
+        load_unit<T, U>(d_x + off + u * U, dx);
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+          const float dyi = to_f32(dy[k].v[i]), xh = (to_f32(xv[k].v[i]) - m) * rs;
+          dx[i] += rs * (dyi * wv[i] - mean_g - xh * mean_gx);
+          dw[k][i] += dyi * xh;
+          db[k][i] += dyi;
+        }
+        store_unit<T, U>(d_x + off + u * U, dx);
       }
     }
   }
+  // The block's sums: group 0 stores, groups 1 .. R-1 add in order.
+  for (int r = 0; r < R; ++r) {
+    if (group == r) {
 #pragma unroll
-  for (int k = 0; k < kBwdPer; ++k) {
-    const int c = threadIdx.x + k * kBwdThreads;
-    if (c < C) {
-      partial_w[static_cast<size_t>(blockIdx.x) * C + c] = dw[k];
-      if (partial_b) partial_b[static_cast<size_t>(blockIdx.x) * C + c] = db[k];
+      for (int k = 0; k < K; ++k) {
+        const int u = t + k * G;
+        if (u < units)
+#pragma unroll
+          for (int i = 0; i < U; ++i) {
+            const int c = u * U + i;
+            acc_w[c] = r == 0 ? dw[k][i] : acc_w[c] + dw[k][i];
+            acc_b[c] = r == 0 ? db[k][i] : acc_b[c] + db[k][i];
+          }
+      }
     }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    partial_w[static_cast<size_t>(blockIdx.x) * C + c] = acc_w[c];
+    if (partial_b) partial_b[static_cast<size_t>(blockIdx.x) * C + c] = acc_b[c];
   }
 }
 
-// d_w[c] += Σ_blocks partial_w[block, c] in block order (deterministic); same for d_b when given.
+// d_w[c] += Σ_blocks partial_w[block, c], and d_b likewise (blockIdx.y: 0 for w, 1 for b). Block (32 columns,
+// 8 lanes): lane y sums blocks y, y + 8, ... in order, then lane 0 adds the 8 lane sums in order: the same
+// order on every run.
 template <typename T>
-__global__ void norm_param_grad_reduce(T* __restrict__ d_w, T* __restrict__ d_b, const float* __restrict__ partial_w,
-                                       const float* __restrict__ partial_b, int blocks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int i = 0; i < blocks; ++i) {
-    sw += partial_w[static_cast<size_t>(i) * C + c];
-    if (d_b) sb += partial_b[static_cast<size_t>(i) * C + c];
-  }
-  d_w[c] = from_f32<T>(to_f32(d_w[c]) + sw);
-  if (d_b) d_b[c] = from_f32<T>(to_f32(d_b[c]) + sb);
+__global__ void __launch_bounds__(256) norm_param_grad_reduce(T* __restrict__ d_w, T* __restrict__ d_b,
+                                                              const float* __restrict__ partial_w,
+                                                              const float* __restrict__ partial_b, int blocks, int C) {
+  __shared__ float lanes[8][33];
+  T* out = blockIdx.y == 0 ? d_w : d_b;
+  const float* partial = blockIdx.y == 0 ? partial_w : partial_b;
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.0f;
+  // Unrolled so that 8 loads are in flight before the (ordered) adds: a rolled loop waits one memory latency
+  // per partial.
+  if (c < C)
+#pragma unroll 8
+    for (int i = threadIdx.y; i < blocks; i += 8) s += partial[static_cast<size_t>(i) * C + c];
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x];
+  out[c] = from_f32<T>(to_f32(out[c]) + total);
+}
+
+// Packs when every row holds whole, aligned packs; else one element per unit.
+template <typename T>
+bool rows_vectorizable(int C, std::initializer_list<const void*> ptrs) {
+  if (C % cuda::Pack<T>::kVec != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !cuda::aligned16(p)) return false;
+  return true;
+}
+
+// Blocks to launch: as many as fit on the GPU at once (the kernels loop over rows), never more than the rows need.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int rows_per_block, int N, const Context& ctx) {
+  int per_sm = 0;
+  TS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  return std::max(1, std::min(std::max(per_sm, 1) * ctx.gpu().sm_count, static_cast<int>(ceil_div(N, rows_per_block))));
 }
 
 template <bool kLayerNorm>
 void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
                          const void* w, const void* b, Context& ctx) {
   if (p.N == 0) return;
+  TS_CHECK(p.C <= kNormMaxC, "norm forward: C ", p.C, " exceeds ", kNormMaxC);
   cuda::dispatch_float(dtype, kLayerNorm ? "layernorm_forward" : "rmsnorm_forward", [&](auto t) {
     using T = decltype(t);
-    const bool vec = p.C % cuda::Pack<T>::kVec == 0 && cuda::aligned16(x) && cuda::aligned16(out) &&
-                     cuda::aligned16(w) && (!b || cuda::aligned16(b));
-    const unsigned grid = ceil_div(p.N, kFwdThreads / 32);
-    auto kernel = vec ? norm_forward_warp_row<T, kLayerNorm, true> : norm_forward_warp_row<T, kLayerNorm, false>;
-    kernel<<<grid, kFwdThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
-                                                   static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, p.eps);
-    TS_CHECK_LAUNCH();
+    const auto launch = [&](auto unit) {
+      constexpr int U = decltype(unit)::value;
+      const int G = group_size(p.C / U, kUnits<U>);
+      auto kernel = norm_forward_row_groups<T, kLayerNorm, U>;
+      const int blocks = resident_blocks(kernel, kThreads / G, p.N, ctx);
+      kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
+                                                    static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G,
+                                                    p.eps);
+      TS_CHECK_LAUNCH();
+    };
+    if (rows_vectorizable<T>(p.C, {x, out, w, b})) launch(std::integral_constant<int, cuda::Pack<T>::kVec>{});
+    else launch(std::integral_constant<int, 1>{});
   });
 }
 
@@ -183,19 +321,26 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
                           const void* x, const void* w, const float* mean, const float* rstd, Context& ctx) {
   if (p.N == 0) return;
   TS_CHECK(p.C <= kNormMaxC, "norm backward: C ", p.C, " exceeds ", kNormMaxC);
-  const int blocks = std::min(p.N, 2 * ctx.gpu().sm_count);
-  const size_t partial = static_cast<size_t>(blocks) * p.C;
-  float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
-  float* partial_b = d_b ? partial_w + partial : nullptr;
   cuda::dispatch_float(dtype, kLayerNorm ? "layernorm_backward" : "rmsnorm_backward", [&](auto t) {
     using T = decltype(t);
-    norm_backward_block_rows<T, kLayerNorm><<<blocks, kBwdThreads, 0, ctx.stream()>>>(
-        static_cast<T*>(d_x), partial_w, partial_b, static_cast<const T*>(d_out), static_cast<const T*>(x),
-        static_cast<const T*>(w), mean, rstd, p.N, p.C);
-    TS_CHECK_LAUNCH();
-    norm_param_grad_reduce<T><<<ceil_div(p.C, 256), 256, 0, ctx.stream()>>>(
-        static_cast<T*>(d_w), static_cast<T*>(d_b), partial_w, partial_b, blocks, p.C);
-    TS_CHECK_LAUNCH();
+    const auto launch = [&](auto unit) {
+      constexpr int U = decltype(unit)::value;
+      const int G = group_size(p.C / U, kUnits<U>);
+      auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
+      const int blocks = resident_blocks(kernel, kThreads / G, p.N, ctx);
+      const size_t partial = static_cast<size_t>(blocks) * p.C;
+      float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
+      float* partial_b = d_b ? partial_w + partial : nullptr;
+      kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(d_x), partial_w, partial_b,
+                                                    static_cast<const T*>(d_out), static_cast<const T*>(x),
+                                                    static_cast<const T*>(w), mean, rstd, p.N, p.C, G);
+      TS_CHECK_LAUNCH();
+      norm_param_grad_reduce<T><<<dim3(ceil_div(p.C, 32), d_b ? 2 : 1), dim3(32, 8), 0, ctx.stream()>>>(
+          static_cast<T*>(d_w), static_cast<T*>(d_b), partial_w, partial_b, blocks, p.C);
+      TS_CHECK_LAUNCH();
+    };
+    if (rows_vectorizable<T>(p.C, {d_x, d_out, x, w})) launch(std::integral_constant<int, cuda::Pack<T>::kVec>{});
+    else launch(std::integral_constant<int, 1>{});
   });
 }
 

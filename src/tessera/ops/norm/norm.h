@@ -50,10 +50,13 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
                       const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx);
 
 // ---- CUDA launchers (norm.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
-// Forward: one warp per row, one pass (Σx and Σx² together, the LightSeq formulation), 16-byte loads when C is a
-// multiple of the vector width. Backward: one block per group of rows, one block-level reduction per row for
-// the two sums that d_x needs; d_w / d_b are summed per block in registers, then reduced over blocks in a fixed
-// order (deterministic, no atomics) and added to d_w / d_b. Needs C <= kNormMaxC.
+// Both directions: a row is taken by a group of G threads (a power of two from 32 to 256, the smallest that holds
+// the row in registers; G = 32 for C = 768 in 16-bit, so the reductions are warp shuffles), R = 256 / G rows per
+// block, as many blocks as are resident, looping over the rows; 16-byte loads when the rows allow them.
+// Forward: one pass (Σx and Σx² together, the LightSeq formulation) over the row held in registers.
+// Backward: one group reduction per row for the two sums that d_x needs; d_w / d_b are summed per thread in
+// registers, then per block in group order, then over blocks in a fixed order (deterministic, no atomics) and
+// added to d_w / d_b. Needs C <= kNormMaxC.
 constexpr int kNormMaxC = 4096;
 void layernorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
                             const void* w, const void* b, Context& ctx);
