@@ -176,10 +176,11 @@ int cmd_bench(int argc, char** argv) {
   md += ctx.is_cuda() ? "---:|" : "";
   md += with_peer ? "---:|---:|" : "";
   md += "\n";
+  // GB/s below 10 (a loaded CPU) with 3 significant digits: "0.0" would read as no bandwidth at all.
   for (const BenchRow& r : rows) {
     md += "| " + r.kernel + " | " + r.shape + " | " + fmt("%.2f", r.bytes / 1e6) + " | " +
           fmt("%.4f", r.timing.median_ms) + " | " + fmt("%.4f", r.timing.min_ms) + " | " +
-          fmt("%.4f", r.timing.max_ms) + " | " + fmt("%.1f", r.gbs()) + " |";
+          fmt("%.4f", r.timing.max_ms) + " | " + fmt(r.gbs() < 10 ? "%.3g" : "%.1f", r.gbs()) + " |";
     if (ctx.is_cuda()) md += " " + fmt("%.0f%%", 100.0 * r.gbs() / copy_gbs) + " |";
     if (with_peer) {
       const auto it = peer.ms.find(r.kernel);

@@ -148,22 +148,31 @@ __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* _
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-#pragma unroll 4
-  for (int b = 0; b < B; ++b) {
-    const int64_t row = static_cast<int64_t>(b) * a.T + t;
-    const int32_t tok = tokens[row];
-    if (tok < 0 || tok >= a.V || tok == a.padding_id) continue;
-    const int64_t e0 = row * a.C + c0;
-    float g[W];
-    cuda::load_f32<T, W>(d_out + e0, g);
-    if (a.dropout > 0.0f) {
-      float f[W];
-      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
+  // kRunBatch batch rows loaded before any is added (a rolled loop waits a token load, then a d_out load, per
+  // row); the adds stay in batch order.
+  for (int b0 = 0; b0 < B; b0 += kRunBatch) {
+    bool live[kRunBatch];
+    float g[kRunBatch][W];
 #pragma unroll
-      for (int k = 0; k < W; ++k) g[k] *= f[k];
+    for (int q = 0; q < kRunBatch; ++q) {
+      const int64_t row = static_cast<int64_t>(b0 + q) * a.T + t;
+      const int32_t tok = b0 + q < B ? tokens[row] : a.padding_id;
+      live[q] = b0 + q < B && tok >= 0 && tok < a.V && tok != a.padding_id;
+      if (live[q]) cuda::load_f32<T, W>(d_out + row * a.C + c0, g[q]);
     }
 #pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] += g[k];
+    for (int q = 0; q < kRunBatch; ++q) {
+      if (!live[q]) continue;
+      if (a.dropout > 0.0f) {
+        float f[W];
+        const int64_t e0 = (static_cast<int64_t>(b0 + q) * a.T + t) * a.C + c0;
+        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
+#pragma unroll
+        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
+    }
   }
   T* dp = d_wpe + static_cast<int64_t>(a.pos_offset + t) * a.C + c0;
   float cur[W];
