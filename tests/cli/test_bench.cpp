@@ -103,6 +103,36 @@ TEST_F(Bench, OptimizerSmallOnCpu) {
   EXPECT_NE(read_file_text(md.string()).find("tiny: 834304 params"), std::string::npos);
 }
 
+TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
+  const fs::path md = dir / "attention.md";
+  const test::CliRun r = run_bench("attention --device cpu --iters 2 --warmup 1 --peer --out " + md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = read_file_text(md.string());
+  EXPECT_NE(text.find("peer skipped"), std::string::npos);
+  // Every (impl, d, T) of the small sweep has a row with a positive forward time, and the naive rows hold the
+  // (B, T, T) matrices, so they need more memory than flash during the backward.
+  std::map<std::string, double> during;
+  for (const char* impl : {"tessera naive", "tessera flash"})
+    for (int d : {16, 32})
+      for (int T : {16, 64}) {
+        const std::string key = std::string("| ") + impl + " | " + std::to_string(d) + " | " + std::to_string(T) + " | ";
+        const size_t at = text.find(key);
+        ASSERT_NE(at, std::string::npos) << "no row " << key;
+        std::vector<std::string> cells;
+        std::istringstream in(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
+        for (std::string c; std::getline(in, c, '|');) cells.push_back(trim(c));
+        ASSERT_GE(cells.size(), 4u) << key;
+        EXPECT_GT(std::stod(cells[0]), 0.0) << key << " fwd ms";
+        EXPECT_GT(std::stod(cells[1]), 0.0) << key << " bwd ms";
+        during[key] = std::stod(cells[3]);
+      }
+  EXPECT_GT(during["| tessera naive | 32 | 64 | "], during["| tessera flash | 32 | 64 | "]);
+  for (int Dh : {32, 64})
+    for (int T : {64, 128})
+      EXPECT_NE(text.find("| tessera flash | " + std::to_string(Dh) + " | " + std::to_string(T) + " | "),
+                std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
+}
+
 TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
   const fs::path md = dir / "peer.md";
   const test::CliRun r =

@@ -36,10 +36,11 @@ namespace {
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
+    "  attention  naive against flash attention (ms, memory) and causal multi-head TFLOP/s\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -109,6 +110,7 @@ int cmd_bench(int argc, char** argv) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  if (which == "attention") return cmd_bench_attention(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
            "' (kernels or optimizer)");
   Flags a("bench " + which, which == "kernels"

@@ -8,5 +8,6 @@ int cmd_generate(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_bench_attention(int argc, char** argv);  // cmd_bench_attention.cpp
 
 }  // namespace tessera::cli

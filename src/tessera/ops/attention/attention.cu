@@ -1,6 +1,7 @@
 // Fused causal attention (tiled, online softmax, the T x T matrix never stored) and RoPE kernels.
-// See attention.h for the math. This is the correct-first version: f32 FMAs from shared memory, no tensor cores
-// (FlashAttention-2 with wgmma is a later issue).
+// See attention.h for the math. bf16 / f16 calls with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned buffers go to
+// the tensor-core FlashAttention-2 kernels (flash.h); everything else (f32, odd head dims, unaligned views) runs
+// the f32-FMA tiled kernels below, which are also the f32 path.
 //
 // Tiling shared by the three attention kernels: a block of 256 threads (a 16 x 16 grid, tx = thread % 16,
 // ty = thread / 16) owns a 64-row tile. A 64 x 64 score tile is spread as a 4 x 4 micro-tile per thread with
@@ -14,6 +15,7 @@
 
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/flash.h"
 
 namespace tessera {
 namespace {
@@ -478,6 +480,10 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
                             Context& ctx) {
   constexpr const char* op = "attention_forward";
   if (static_cast<long>(p.B) * p.T == 0) return;
+  if (flash_attention_eligible(p, dtype, {qkv, out})) {
+    flash_attention_forward_cuda(p, dtype, {.qkv = qkv, .out = out, .lse = lse}, ctx);
+    return;
+  }
   cuda::dispatch_float(dtype, op, [&](auto t) {
     using T = decltype(t);
     dispatch_head_pad(p.Dh, [&](auto pad) {
@@ -499,6 +505,12 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
     attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
         D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
     TS_CHECK_LAUNCH();
+    if (flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv})) {
+      const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv};
+      flash_attention_backward_dq_cuda(p, dtype, a, ctx);
+      flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
+      return;
+    }
     dispatch_head_pad(p.Dh, [&](auto pad) {
       constexpr int kDp = decltype(pad)::value;
       const float scale = attention_scale(p.Dh);
@@ -510,6 +522,11 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
                    static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale);
     });
   });
+}
+
+const char* attention_cuda_kernel(const AttentionParams& p, DType dtype) {
+  return (dtype == DType::BF16 || dtype == DType::F16) && flash_attention_head_pad(p.Dh) != 0 ? "flash-mma"
+                                                                                              : "tiled-fma";
 }
 
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx) {

@@ -58,6 +58,9 @@ void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx);
 void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 
 // ---- CUDA launchers (attention.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
+// bf16 / f16 with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned qkv, out, d_out, d_qkv run FlashAttention-2 on
+// tensor cores (flash.h: mma.sync m16n8k16, f32 accumulators, head widths 32, 64, 80, 128; a dQ pass and a dK/dV
+// pass, deterministic). Everything else, f32 included, runs the tiled f32-FMA kernels described next.
 // Forward: one block of 256 threads per (query tile of 64 rows, head, batch); K/V tiles of 64 rows in shared
 // memory, online softmax (running max and sum in f32 registers), the T x T matrix never stored; lse saved.
 // Backward: D = rowsum(d_out * out) (f32, in ctx.scratch: B*H*T floats), then one kernel per query tile for
@@ -65,6 +68,9 @@ void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 // Q, K and V are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64,
 // 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
 constexpr int kAttentionMaxDh = 128;
+// The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers: "flash-mma" or
+// "tiled-fma" (tests and benchmarks name the path they measure).
+const char* attention_cuda_kernel(const AttentionParams& p, DType dtype);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,

@@ -1,0 +1,58 @@
+// tessera/bench/attention.h — the rows of `tessera bench attention`: the CS336 assignment's table (naive against
+// flash attention: forward ms, backward ms, memory before and during the backward; out of memory marked and the
+// sweep continued) and the TFLOP/s table (causal multi-head, B·T = 32k tokens, width 2048).
+//
+// "flash" is attention_forward / attention_backward as the model calls them (on a GPU in bf16 / f16 the
+// tensor-core FlashAttention-2 kernels, in f32 the tiled kernels; on the CPU the reference); "naive" is
+// attention_naive_* (S and P materialized in the compute dtype, GEMMs by the gemm op).
+// Memory is the bytes of the buffers the row holds (tessera allocates with cudaMalloc and caches nothing, so this
+// is what the device holds for the work, as torch.cuda.max_memory_allocated counts torch's): "before backward"
+// = inputs, outputs and what the forward saved; "during backward" adds everything the backward allocates.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/core/dtype.h"
+
+namespace tessera {
+
+struct AttentionBenchConfig {
+  bool small = false;  // tiny shapes (a CPU run takes seconds) instead of the issue's
+  DType dtype = DType::BF16;
+  TimingOptions timing;
+};
+
+// One row of the CS336 table: single head, batch 8, no mask (the assignment's PyTorch-attention benchmark).
+struct AttentionMemoryRow {
+  std::string impl;  // "tessera naive", "tessera flash"
+  int B = 0, T = 0, d = 0;
+  bool oom = false;
+  Timing fwd, bwd;
+  double mib_before_bwd = 0, mib_during_bwd = 0;
+};
+
+// One row of the TFLOP/s table: causal, B·T tokens, H = width / Dh heads.
+struct AttentionFlopsRow {
+  std::string impl;  // "tessera flash"
+  int B = 0, T = 0, H = 0, Dh = 0;
+  bool oom = false;
+  Timing fwd, fwd_bwd;
+  double flops_fwd = 0;  // 4 B H T² Dh / 2 (causal); forward + backward counts 3.5x this (FlashAttention's rule)
+  double tflops_fwd() const { return flops_fwd / (fwd.median_ms * 1e-3) / 1e12; }
+  double tflops_fwd_bwd() const { return 3.5 * flops_fwd / (fwd_bwd.median_ms * 1e-3) / 1e12; }
+};
+
+// The sweeps (the issue's, or tiny ones with cfg.small).
+struct AttentionSweeps {
+  int mem_batch = 8;
+  std::vector<int> mem_d, mem_T;
+  int flops_tokens = 32768, flops_width = 2048;
+  std::vector<int> flops_Dh, flops_T;
+};
+AttentionSweeps attention_sweeps(bool small);
+
+std::vector<AttentionMemoryRow> bench_attention_memory(const AttentionBenchConfig& cfg, BenchHarness& h);
+std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig& cfg, BenchHarness& h);
+
+}  // namespace tessera

@@ -1,0 +1,224 @@
+// tessera bench attention: the CS336 table (naive against flash: forward ms, backward ms, memory before and
+// during the backward, out of memory marked) and the TFLOP/s table (causal multi-head, B·T = 32k tokens, width
+// 2048), each with, under --peer, PyTorch's figures from the same run (bench/peers/attention.py: plain attention,
+// scaled_dot_product_attention with the flash backend and with the cuDNN backend).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tessera/bench/attention.h"
+#include "tessera/bench/harness.h"
+#include "tessera/cli/commands.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/context.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/ops/attention/attention.h"
+#include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
+
+namespace tessera::cli {
+
+namespace {
+
+// The peer's rows, keyed by (table, impl, d, T); each value is the JSON object the script printed.
+struct PeerRows {
+  std::map<std::tuple<std::string, std::string, int, int>, nlohmann::json> rows;
+  std::vector<std::string> impls[2];  // per table (0: memory, 1: flops), in the order first seen
+  std::string note;
+};
+
+PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t) {
+  PeerRows r;
+  const char* py = std::getenv("TESSERA_PYTHON");
+  const std::string python = py && *py ? py : "python3";
+  const std::string cmd = python + " '" TESSERA_PEERS_DIR "/attention.py' --size " + (small ? "small" : "full") +
+                          " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
+                          std::to_string(t.iters) + " 2>&1";
+  std::fflush(stdout);
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    r.note = "peer skipped: could not start " + python;
+    return r;
+  }
+  std::string last;
+  std::array<char, 4096> line;
+  while (std::fgets(line.data(), static_cast<int>(line.size()), p)) {
+    std::string s(line.data());
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.empty()) continue;
+    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+    if (j.is_object() && j.contains("table") && j.contains("impl") && j.contains("d") && j.contains("T")) {
+      const std::string table = j["table"].get<std::string>(), impl = j["impl"].get<std::string>();
+      const int ti = table == "memory" ? 0 : 1;
+      auto& names = r.impls[ti];
+      if (std::find(names.begin(), names.end(), impl) == names.end()) names.push_back(impl);
+      r.rows[{table, impl, j["d"].get<int>(), j["T"].get<int>()}] = j;
+    } else {
+      last = s;
+    }
+  }
+  const int status = ::pclose(p);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (r.rows.empty())
+    r.note = code == 127 ? "peer skipped: " + python + " not found"
+                         : "peer skipped: " + (last.empty() ? "attention.py printed no figures" : last);
+  else if (code != 0)
+    r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  return r;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// A peer figure as a cell: "OOM", "–" when absent, else the number.
+std::string peer_cell(const nlohmann::json& j, const char* key, const char* f) {
+  if (j.is_null()) return "–";
+  if (j.value("oom", false)) return "OOM";
+  if (!j.contains(key) || !j[key].is_number()) return "–";
+  return fmt(f, j[key].get<double>());
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_bench_attention(int argc, char** argv) {
+  Flags a("bench attention",
+          "Naive against flash attention (the CS336 table: ms and memory) and causal multi-head TFLOP/s.");
+  a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
+  a.add("dtype", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
+  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: the issue's sweeps (default: full on a "
+                              "GPU, small on the CPU)");
+  a.add("warmup", "N", "untimed runs before timing (default 3)");
+  a.add("iters", "N", "timed runs; the tables show their median (default 10)");
+  a.add("out", "FILE", "also write the tables as markdown to FILE");
+  a.add_switch("peer", "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
+                       "same call and show its figures (GPU only)");
+  if (!a.parse(argc, argv, 3)) return 0;
+
+  const TimingOptions timing{.warmup = a.integer("warmup", 3), .iters = a.integer("iters", 10)};
+  TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
+  TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
+  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
+  const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
+  TS_CHECK(dtype_name == "f32" || dtype_name == "bf16" || dtype_name == "f16", "--dtype must be f32, bf16 or f16, got ",
+           dtype_name);
+  TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
+           ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
+  const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
+  TS_CHECK(size == "small" || size == "full", "--size must be small or full, got ", size);
+  const DType dt = dtype_name == "bf16" ? DType::BF16 : dtype_name == "f16" ? DType::F16 : DType::F32;
+  const AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .timing = timing};
+  const std::string out = a.str("out");
+  if (!out.empty()) {
+    const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
+    TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--out ", out,
+             ": directory ", parent.string(), " does not exist or is not writable");
+    TS_CHECK(!std::filesystem::is_directory(out), "--out ", out, " is a directory; give a file name");
+  }
+
+  BenchHarness h(ctx);
+  const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %d timed runs\n", device.c_str(),
+              dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
+  std::fflush(stdout);
+  const auto mem_rows = bench_attention_memory(cfg, h);
+  const auto flops_rows = bench_attention_flops(cfg, h);
+  PeerRows peer;
+  if (a.has("peer")) {
+    if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
+    else peer = run_peer(cfg.small, dtype_name, timing);
+  }
+  const AttentionSweeps sw = attention_sweeps(cfg.small);
+  const std::string kernel =
+      ctx.is_cuda() ? attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt) : std::string("cpu reference");
+
+  std::string md = "# tessera bench attention\n\n";
+  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
+        "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
+        std::to_string(timing.iters) + " timed runs (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
+        ")\n- tessera flash = attention_forward / attention_backward (" + kernel +
+        " for Dh = 64); tessera naive = S and P materialized in the dtype (attention_naive)\n";
+  if (!peer.note.empty()) md += "- " + peer.note + "\n";
+
+  md += "\n## CS336 table: one head, batch " + std::to_string(sw.mem_batch) +
+        ", no mask\n\nMemory: MiB held by the row's buffers (torch: max_memory_allocated after the forward, and its "
+        "peak during the backward).\n\n| impl | d | T | fwd ms | bwd ms | MiB before bwd | MiB during bwd |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n";
+  for (int d : sw.mem_d)
+    for (int T : sw.mem_T) {
+      for (const auto& r : mem_rows) {
+        if (r.d != d || r.T != T) continue;
+        md += "| " + r.impl + " | " + std::to_string(d) + " | " + std::to_string(T) + " | ";
+        md += r.oom ? "OOM | OOM | OOM | OOM |\n"
+                    : fmt("%.3f", r.fwd.median_ms) + " | " + fmt("%.3f", r.bwd.median_ms) + " | " +
+                          fmt("%.2f", r.mib_before_bwd) + " | " + fmt("%.2f", r.mib_during_bwd) + " |\n";
+      }
+      for (const std::string& impl : peer.impls[0]) {
+        const auto it = peer.rows.find({"memory", impl, d, T});
+        const nlohmann::json j = it == peer.rows.end() ? nlohmann::json() : it->second;
+        md += "| " + impl + " | " + std::to_string(d) + " | " + std::to_string(T) + " | " +
+              peer_cell(j, "fwd_ms", "%.3f") + " | " + peer_cell(j, "bwd_ms", "%.3f") + " | " +
+              peer_cell(j, "mib_before_bwd", "%.2f") + " | " + peer_cell(j, "mib_during_bwd", "%.2f") + " |\n";
+      }
+    }
+
+  md += "\n## TFLOP/s: causal, B·T = " + std::to_string(sw.flops_tokens) + " tokens, width " +
+        std::to_string(sw.flops_width) +
+        "\n\nFLOPs: forward 4·B·H·T²·Dh / 2, forward + backward 3.5x that (FlashAttention's count).\n\n"
+        "| impl | Dh | T | B × H | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& r : flops_rows) {
+    const std::string key = "| " + std::to_string(r.Dh) + " | " + std::to_string(r.T) + " | " + std::to_string(r.B) +
+                            " × " + std::to_string(r.H) + " | ";
+    md += "| " + r.impl + " " + key;
+    md += r.oom ? "OOM | OOM | OOM | OOM |\n"
+                : fmt("%.3f", r.fwd.median_ms) + " | " + fmt("%.3f", r.fwd_bwd.median_ms) + " | " +
+                      fmt("%.1f", r.tflops_fwd()) + " | " + fmt("%.1f", r.tflops_fwd_bwd()) + " |\n";
+    for (const std::string& impl : peer.impls[1]) {
+      const auto it = peer.rows.find({"flops", impl, r.Dh, r.T});
+      const nlohmann::json j = it == peer.rows.end() ? nlohmann::json() : it->second;
+      std::string tf = "– | –";
+      if (!j.is_null() && !j.value("oom", false) && j.contains("fwd_ms") && j.contains("fwd_bwd_ms"))
+        tf = fmt("%.1f", r.flops_fwd / (j["fwd_ms"].get<double>() * 1e-3) / 1e12) + " | " +
+             fmt("%.1f", 3.5 * r.flops_fwd / (j["fwd_bwd_ms"].get<double>() * 1e-3) / 1e12);
+      else if (!j.is_null() && j.value("oom", false))
+        tf = "OOM | OOM";
+      md += "| " + impl + " " + key + peer_cell(j, "fwd_ms", "%.3f") + " | " + peer_cell(j, "fwd_bwd_ms", "%.3f") +
+            " | " + tf + " |\n";
+    }
+  }
+  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
+  if (!out.empty()) {
+    write_file_atomic(out, md);
+    std::printf("wrote %s\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

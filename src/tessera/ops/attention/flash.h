@@ -1,0 +1,51 @@
+// tessera/ops/attention/flash.h — FlashAttention-2 on tensor cores (mma.sync m16n8k16, bf16 / f16 in, f32
+// accumulators), the CUDA path of attention_forward / attention_backward for 16-bit dtypes. Internal to the
+// attention family: attention.cu routes here when flash_attention_eligible(), else to the tiled f32-FMA kernels.
+//
+// Layout (attention.h): qkv (B*T, 3C) with q, k, v of head h at columns h*Dh, C + h*Dh, 2C + h*Dh, read in place
+// through the row stride 3C; out, d_out (B*T, C); lse, D (B, H, T) f32; d_qkv (B*T, 3C), every element written.
+// Head dims are compiled for kD in {32, 64, 80, 128}; a Dh below one (a multiple of 8) runs zero-padded in it.
+//
+// Forward (flash_forward.cu): grid (ceil(T/64), H, B), 4 warps; each warp owns 16 query rows. Key/value tiles of
+// 64 rows are double-buffered in shared memory by cp.async. Per tile: S = Q Kᵀ (mma), online softmax in the
+// log2 domain (running max m and a lane-partial running sum l in registers), P rounded to the dtype in
+// registers as the A operand of O += P V. lse = (m + log2 l) ln 2.
+// Backward: D = rowsum(dO ∘ O) (attention.cu), then two deterministic passes with no atomics, each recomputing
+// P = exp2(S log2e / sqrt(Dh) − lse log2e) tile by tile:
+//   dQ (flash_backward_dq.cu): grid over query tiles; per key tile S = Q Kᵀ, dP = dO Vᵀ, dS = P ∘ (dP − D),
+//     dQ += dS K.
+//   dK, dV (flash_backward_dkdv.cu): grid over key tiles; per query tile Sᵀ = K Qᵀ, dPᵀ = V dOᵀ,
+//     dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO, dK += dSᵀ Q.
+// Causal: tiles wholly above the diagonal are never visited; only tiles that straddle it (or T) are masked.
+#pragma once
+#include <cstdint>
+
+#include "tessera/core/context.h"
+#include "tessera/core/dtype.h"
+#include "tessera/ops/attention/attention.h"
+
+namespace tessera {
+
+struct FlashAttentionArgs {
+  const void* qkv = nullptr;   // (B*T, 3C)
+  void* out = nullptr;         // (B*T, C)       forward output
+  float* lse = nullptr;        // (B, H, T)      forward output
+  const void* d_out = nullptr; // (B*T, C)       backward input
+  const float* lse_in = nullptr;  // (B, H, T)   backward input
+  const float* D = nullptr;    // (B, H, T)      backward input: rowsum(dO ∘ O)
+  void* d_qkv = nullptr;       // (B*T, 3C)      backward output
+};
+
+// The padded head width that serves Dh (32, 64, 80 or 128), or 0 when no flash instance does.
+int flash_attention_head_pad(int Dh);
+// True when the flash kernels take this call: bf16 / f16, Dh % 8 == 0 and Dh <= 128, and every pointer
+// 16-byte aligned (the cp.async tile loads copy 16-byte chunks; with Dh % 8 == 0 every row start is aligned too).
+bool flash_attention_eligible(const AttentionParams& p, DType dtype, std::initializer_list<const void*> ptrs);
+
+void flash_attention_forward_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx);
+void flash_attention_backward_dq_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                      Context& ctx);
+void flash_attention_backward_dkdv_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                        Context& ctx);
+
+}  // namespace tessera

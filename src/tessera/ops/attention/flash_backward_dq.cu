@@ -1,0 +1,135 @@
+// FlashAttention-2 backward, the dQ pass on tensor cores (see flash.h; fragments in flash_kernel.cuh).
+#include <cmath>
+
+#include "tessera/core/cuda_util.cuh"
+#include "tessera/ops/attention/flash.h"
+#include "tessera/ops/attention/flash_kernel.cuh"
+
+namespace tessera {
+namespace flash {
+namespace {
+
+template <int kD>
+constexpr size_t dq_smem_bytes() {
+  return static_cast<size_t>(6) * kTileRows * smem_stride<kD>() * 2;  // Q, dO, 2 x K, 2 x V, 16-bit
+}
+
+// d_qkv[:, q part]: (B*T, 3C) rows of this query tile, overwritten. d_out: (B*T, C); qkv: (B*T, 3C);
+// lse, D: (B, H, T) f32. Grid (ceil(T/64), H, B), 128 threads, block x takes query tile n_q - 1 - x (the longest
+// first under a causal mask); warp w owns query rows q0 + 16w .., lane l rows g = l / 4 and g + 8 of them.
+// Per key tile (keys k0 = 64 j ..; under a causal mask only up to the diagonal tile):
+//   S = Q Kᵀ,  P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dP = dO Vᵀ,  dS = P ∘ (dP - D),
+//   dQ += dS K  (dS rounded to the dtype in registers as the A operand).
+// At the end dQ / sqrt(Dh) is stored. Each dQ element is written by one thread once: deterministic.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_dq_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
+                                    const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
+                                    int Dh, bool causal, float scale, float scale_log2) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kTileElems;
+  T* sK = sdO + kTileElems;       // two buffers
+  T* sV = sK + 2 * kTileElems;    // two buffers
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = q_tile * kTileRows;
+  const int64_t C = static_cast<int64_t>(H) * Dh, ld = 3 * C;
+  const int64_t row_b = static_cast<int64_t>(b) * seq_len;  // first row of this batch in (B*T, ...)
+  const T* q_base = qkv + row_b * ld + static_cast<int64_t>(h) * Dh;
+  const T* k_base = q_base + C;
+  const T* v_base = q_base + 2 * C;
+  const T* do_base = d_out + row_b * C + static_cast<int64_t>(h) * Dh;
+
+  const int n_kt_all = (seq_len + kTileRows - 1) / kTileRows;
+  const int n_kt = causal ? min(q_tile + 1, n_kt_all) : n_kt_all;
+  load_tile_async<T, kTileRows, kD>(sQ, q_base + static_cast<int64_t>(q0) * ld, ld, seq_len - q0, Dh);
+  load_tile_async<T, kTileRows, kD>(sdO, do_base + static_cast<int64_t>(q0) * C, C, seq_len - q0, Dh);
+  load_tile_async<T, kTileRows, kD>(sK, k_base, ld, seq_len, Dh);
+  load_tile_async<T, kTileRows, kD>(sV, v_base, ld, seq_len, Dh);
+  cp_async_commit();
+
+  const int row_a = q0 + warp * kRowsPerWarp + (lane >> 2);  // this lane's rows: row_a and row_a + 8
+  const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
+  float lse2[2], Dr[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_a + 8 * half;
+    lse2[half] = r < seq_len ? lse[stat_base + r] * kLog2e : 0.0f;
+    Dr[half] = r < seq_len ? D[stat_base + r] : 0.0f;
+  }
+  float dq[kD8][4];
+  zero(dq);
+  const T* sQw = sQ + warp * kRowsPerWarp * kS;
+  const T* sdOw = sdO + warp * kRowsPerWarp * kS;
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < n_kt) {
+      const int k1 = (j + 1) * kTileRows;
+      load_tile_async<T, kTileRows, kD>(sK + (buf ^ 1) * kTileElems, k_base + k1 * ld, ld, seq_len - k1, Dh);
+      load_tile_async<T, kTileRows, kD>(sV + (buf ^ 1) * kTileElems, v_base + k1 * ld, ld, seq_len - k1, Dh);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const T* sKb = sK + buf * kTileElems;
+    float s[kN8][4], dp[kN8][4];
+    zero(s);
+    zero(dp);
+    warp_gemm_nt<T, kN8, kD>(s, sQw, kS, sKb, kS);
+    warp_gemm_nt<T, kN8, kD>(dp, sdOw, kS, sV + buf * kTileElems, kS);
+
+    const int k0 = j * kTileRows;
+    const bool edge = k0 + kTileRows > seq_len || (causal && k0 + kTileRows - 1 > q0);
+#pragma unroll
+    for (int n = 0; n < kN8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), half = e >> 1, row = row_a + 8 * half;
+        const bool masked = edge && (key >= seq_len || (causal && key > row));
+        const float pv = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[half]);
+        s[n][e] = pv * (dp[n][e] - Dr[half]);  // dS, in place of S
+      }
+    uint32_t dsa[kN8 / 2][4];
+    c_to_a<T, kN8>(dsa, s);
+    warp_gemm_rn<T, kD8, kTileRows>(dq, dsa, sKb, kS);
+    __syncthreads();
+  }
+  const float scales[2] = {scale, scale};
+  store_rows<T, kD8>(d_qkv + row_b * ld + static_cast<int64_t>(h) * Dh, ld, dq, row_a - (lane >> 2), seq_len, Dh,
+                     scales);
+}
+
+template <typename T, int kD>
+void launch_dq(const AttentionParams& p, const FlashAttentionArgs& a, Context& ctx) {
+  constexpr size_t smem = dq_smem_bytes<kD>();
+  auto kernel = flash_attention_backward_dq_mma<T, kD>;
+  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_backward: the flash dQ kernel needs ", smem,
+           " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
+  TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
+                                                  static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
+                                                  p.causal, scale, scale * kLog2e);
+  TS_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace flash
+
+void flash_attention_backward_dq_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                      Context& ctx) {
+  TS_CHECK(p.H <= 65535 && p.B <= 65535, "attention_backward: H and B must be at most 65535");
+  flash::dispatch_head(p.Dh, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if (dtype == DType::BF16) flash::launch_dq<__nv_bfloat16, kD>(p, a, ctx);
+    else if (dtype == DType::F16) flash::launch_dq<__half, kD>(p, a, ctx);
+    else TS_THROW("attention_backward: the flash kernels take bf16 or f16, not ", dtype_name(dtype));
+  });
+}
+
+}  // namespace tessera

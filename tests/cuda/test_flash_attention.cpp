@@ -1,0 +1,182 @@
+// FlashAttention-2 (tensor-core) kernels against the f64 reference and against naive attention in the same
+// precision, through the Tensor-level entries. FlashAttention's own acceptance rule: the flash error (against
+// f64) is at most 2x the error of naive attention that materializes S and P in the same 16-bit dtype.
+#include <array>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/attention_naive.h"
+
+namespace tessera::test {
+namespace {
+
+// Column block `part` (0 = q, 1 = k, 2 = v) of a (N, 3C) buffer, as a (N, C) vector.
+std::vector<double> part_of(const std::vector<double>& qkv, int part, size_t N, int C) {
+  std::vector<double> r(N * C);
+  for (size_t n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) r[n * C + c] = qkv[n * 3 * C + part * C + c];
+  return r;
+}
+
+// ‖got − ref‖ / max(‖ref‖, floor), with NaN (an unwritten element) reported as infinity.
+double rel_error(const std::vector<double>& got, const std::vector<double>& ref, double floor) {
+  std::vector<double> diff(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    diff[i] = got[i] - ref[i];
+  }
+  return norm2(diff) / std::max({norm2(ref), floor, 1e-30});
+}
+
+std::string label(const AttentionParams& p, DType dt) {
+  return std::string(dtype_label(dt)) + (p.causal ? " causal" : " full") + " B=" + std::to_string(p.B) +
+         " T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) + " Dh=" + std::to_string(p.Dh);
+}
+
+// The 2x rule, with a slack of 2% of the dtype's tolerance for results that both paths get almost exactly
+// (out at T = 1 is V itself; dQ and dK at T = 1 are 0 up to f32 rounding).
+void expect_within_2x(double flash, double naive, DType dt, const std::string& what) {
+  const double bound = 2.0 * naive + 0.02 * cuda_tolerance(dt);
+  EXPECT_LE(flash, bound) << what << ": flash error " << flash << " > 2 x naive error " << naive << " (+ slack), seed "
+                          << test_seed();
+}
+
+void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng) {
+  const std::string what = label(p, dt);
+  ASSERT_STREQ(attention_cuda_kernel(p, dt), "flash-mma") << what;
+  const int C = p.H * p.Dh;
+  const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
+  // Scores S ~ N(0, 1.5²) after the 1/sqrt(Dh) scale: peaked enough that the running max moves between tiles.
+  const auto qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
+  const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0));
+  std::vector<double> out(NC), lse(n_lse), d_qkv(3 * NC);
+  attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
+  attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), rounded(dt, out).data(), lse.data());
+
+  DeviceArena dev(ctx);
+  const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
+  // Flash: every output poisoned, the backward reads the forward's own out and lse.
+  const Tensor f_out = dev.poisoned(dt, NC), f_lse = dev.poisoned(DType::F32, n_lse);
+  const Tensor f_dqkv = dev.poisoned(dt, 3 * NC);
+  attention_forward(p, f_out, f_lse, tqkv, ctx);
+  attention_backward(p, f_dqkv, tdo, tqkv, f_out, f_lse, ctx);
+  // Naive in the same dtype.
+  const Tensor n_out = dev.poisoned(dt, NC), n_lse_t = dev.poisoned(DType::F32, n_lse);
+  const Tensor n_dqkv = dev.poisoned(dt, 3 * NC);
+  AttentionNaiveSaved saved;
+  attention_naive_forward(p, n_out, n_lse_t, tqkv, saved, ctx);
+  attention_naive_backward(p, n_dqkv, tdo, saved, ctx);
+
+  const auto fo = dev.download(f_out), no = dev.download(n_out);
+  expect_close(fo, out, dt, what + " flash out");
+  expect_close(dev.download(f_lse), lse, DType::F32, what + " flash lse", 10.0);
+  expect_close(dev.download(n_lse_t), lse, dt, what + " naive lse");  // from scores rounded to the dtype
+  expect_within_2x(rel_error(fo, out, 0.0), rel_error(no, out, 0.0), dt, what + " out");
+
+  const auto fg = dev.download(f_dqkv), ng = dev.download(n_dqkv);
+  // dQ and dK vanish at T = 1 (P = 1, so dS = 0): measure them against ‖dV‖ ≈ ‖dO‖, not rounding noise.
+  const double floor = 0.1 * norm2(part_of(d_qkv, 2, N, C));
+  static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
+  for (int part = 0; part < 3; ++part) {
+    const auto ref = part_of(d_qkv, part, N, C), f = part_of(fg, part, N, C), n = part_of(ng, part, N, C);
+    expect_close(f, ref, dt, what + " flash" + kPart[part], 3.0, floor);
+    expect_within_2x(rel_error(f, ref, floor), rel_error(n, ref, floor), dt, what + kPart[part]);
+  }
+}
+
+TEST(CudaFlashAttention, MatchesReferenceAndNaiveRule) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  // T: one row, a partial tile, one full tile, one short of two tiles (odd), several tiles with a partial last
+  // one. Dh: every compiled width (32, 64, 80, 128), and 16 (zero-padded in the 32 instance), 96 (in 128).
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool causal : {true, false})
+      for (int Dh : {16, 32, 64, 80, 96, 128})
+        for (int T : {1, 17, 64, 127, 200})
+          run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng);
+}
+
+TEST(CudaFlashAttention, LongSequenceMatchesReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  // Many key tiles per query tile: the online softmax's rescaling and the double buffering over 17 tiles.
+  for (int Dh : {64, 128}) run_flash_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true}, DType::BF16, ctx, rng);
+  run_flash_case({.B = 1, .T = 1057, .H = 2, .Dh = 80, .causal = false}, DType::F16, ctx, rng);
+}
+
+TEST(CudaFlashAttention, ForwardAndBackwardAreDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (int Dh : {64, 80, 128}) {
+    const AttentionParams p{.B = 2, .T = 777, .H = 3, .Dh = Dh, .causal = true};
+    ASSERT_STREQ(attention_cuda_kernel(p, DType::BF16), "flash-mma");
+    const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh;
+    DeviceArena dev(ctx);
+    const Tensor tqkv = dev.upload(DType::BF16, randn<double>(3 * NC, rng));
+    const Tensor tdo = dev.upload(DType::BF16, randn<double>(NC, rng));
+    std::vector<double> first_out, first_grad;
+    for (int run = 0; run < 3; ++run) {
+      const Tensor tout = dev.poisoned(DType::BF16, NC), tlse = dev.poisoned(DType::F32, NC / p.Dh);
+      const Tensor tdqkv = dev.poisoned(DType::BF16, 3 * NC);
+      attention_forward(p, tout, tlse, tqkv, ctx);
+      attention_backward(p, tdqkv, tdo, tqkv, tout, tlse, ctx);
+      const auto out = dev.download(tout), grad = dev.download(tdqkv);
+      if (run == 0) {
+        first_out = out;
+        first_grad = grad;
+      } else {
+        ASSERT_EQ(out, first_out) << "Dh=" << Dh << ": out differs between identical runs";
+        ASSERT_EQ(grad, first_grad) << "Dh=" << Dh << ": d_qkv differs between identical runs";
+      }
+    }
+  }
+}
+
+TEST(CudaFlashAttention, UnalignedViewsFallBackToTiledKernels) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  // qkv one element past a 16-byte boundary: the cp.async loads cannot take it, the tiled kernels must.
+  const AttentionParams p{.B = 1, .T = 70, .H = 2, .Dh = 64, .causal = true};
+  const int C = p.H * p.Dh;
+  const size_t N = static_cast<size_t>(p.T), NC = N * C;
+  const DType dt = DType::BF16;
+  const auto qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
+  std::vector<double> out(NC), lse(N * p.H);
+  attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
+  DeviceArena dev(ctx);
+  const Tensor tqkv = upload_at(dev, dt, qkv, /*misalign=*/true);
+  const Tensor tout = dev.poisoned(dt, NC), tlse = dev.poisoned(DType::F32, N * p.H);
+  attention_forward(p, tout, tlse, tqkv, ctx);
+  expect_close(dev.download(tout), out, dt, "unaligned qkv out");
+}
+
+TEST(CudaNaiveAttention, F32MatchesReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  // The naive GPU attention in f32 (exact f32 GEMMs): the f32 yardstick, against f64.
+  for (bool causal : {true, false})
+    for (int T : {1, 33, 130}) {
+      const AttentionParams p{.B = 2, .T = T, .H = 3, .Dh = 40, .causal = causal};
+      const int C = p.H * p.Dh;
+      const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C;
+      const auto qkv = randn<double>(3 * NC, rng, 1.5), d_out = randn<double>(NC, rng, 1.0);
+      std::vector<double> out(NC), lse(N * p.H), d_qkv(3 * NC);
+      attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
+      attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data());
+      DeviceArena dev(ctx);
+      const Tensor tqkv = dev.upload(DType::F32, qkv), tdo = dev.upload(DType::F32, d_out);
+      const Tensor tout = dev.poisoned(DType::F32, NC), tlse = dev.poisoned(DType::F32, N * p.H);
+      const Tensor tdqkv = dev.poisoned(DType::F32, 3 * NC);
+      AttentionNaiveSaved saved;
+      attention_naive_forward(p, tout, tlse, tqkv, saved, ctx);
+      attention_naive_backward(p, tdqkv, tdo, saved, ctx);
+      const std::string what = label(p, DType::F32) + " naive";
+      expect_close(dev.download(tout), out, DType::F32, what + " out", 10.0);
+      expect_close(dev.download(tlse), lse, DType::F32, what + " lse", 10.0);
+      expect_close(dev.download(tdqkv), d_qkv, DType::F32, what + " d_qkv", 10.0, 0.1 * norm2(d_out));
+    }
+}
+
+}  // namespace
+}  // namespace tessera::test
