@@ -15,7 +15,6 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRunBatch = 4;  // rows of a token's run in flight per lane in the d_wte backward
 
 struct EmbedArgs {
   int T, C, V, pos_offset, padding_id;
@@ -100,31 +99,18 @@ __global__ void __launch_bounds__(kThreads)
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  // kRunBatch rows of the run loaded before any is added: a token of real text can own hundreds of rows (" the"
-  // is about 4% of English), and one load in flight per step would make the run's latency the kernel's time.
-  // The rows are still added in ascending order, so the sum is the same on every run.
-  for (int j = i;; j += kRunBatch) {
-    bool in_run[kRunBatch];
-    float g[kRunBatch][W];
+  for (int j = i; j < n && sorted_keys[j] == tok; ++j) {
+    const int64_t e0 = static_cast<int64_t>(sorted_rows[j]) * a.C + c0;
+    float g[W];
+    cuda::load_f32<T, W>(d_out + e0, g);
+    if (a.dropout > 0.0f) {
+      float f[W];
+      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
 #pragma unroll
-    for (int q = 0; q < kRunBatch; ++q) {
-      in_run[q] = j + q < n && sorted_keys[j + q] == tok;
-      if (in_run[q]) cuda::load_f32<T, W>(d_out + static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0, g[q]);
+      for (int k = 0; k < W; ++k) g[k] *= f[k];
     }
 #pragma unroll
-    for (int q = 0; q < kRunBatch; ++q) {
-      if (!in_run[q]) break;
-      if (a.dropout > 0.0f) {
-        float f[W];
-        const int64_t e0 = static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0;
-        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
-#pragma unroll
-        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
-      }
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
-    }
-    if (!in_run[kRunBatch - 1]) break;
+    for (int k = 0; k < W; ++k) acc[k] += g[k];
   }
   T* dw = d_wte + static_cast<int64_t>(tok) * a.C + c0;
   float cur[W];
@@ -148,31 +134,22 @@ __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* _
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  // kRunBatch batch rows loaded before any is added (a rolled loop waits a token load, then a d_out load, per
-  // row); the adds stay in batch order.
-  for (int b0 = 0; b0 < B; b0 += kRunBatch) {
-    bool live[kRunBatch];
-    float g[kRunBatch][W];
+#pragma unroll 4
+  for (int b = 0; b < B; ++b) {
+    const int64_t row = static_cast<int64_t>(b) * a.T + t;
+    const int32_t tok = tokens[row];
+    if (tok < 0 || tok >= a.V || tok == a.padding_id) continue;
+    const int64_t e0 = row * a.C + c0;
+    float g[W];
+    cuda::load_f32<T, W>(d_out + e0, g);
+    if (a.dropout > 0.0f) {
+      float f[W];
+      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
 #pragma unroll
-    for (int q = 0; q < kRunBatch; ++q) {
-      const int64_t row = static_cast<int64_t>(b0 + q) * a.T + t;
-      const int32_t tok = b0 + q < B ? tokens[row] : a.padding_id;
-      live[q] = b0 + q < B && tok >= 0 && tok < a.V && tok != a.padding_id;
-      if (live[q]) cuda::load_f32<T, W>(d_out + row * a.C + c0, g[q]);
+      for (int k = 0; k < W; ++k) g[k] *= f[k];
     }
 #pragma unroll
-    for (int q = 0; q < kRunBatch; ++q) {
-      if (!live[q]) continue;
-      if (a.dropout > 0.0f) {
-        float f[W];
-        const int64_t e0 = (static_cast<int64_t>(b0 + q) * a.T + t) * a.C + c0;
-        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
-#pragma unroll
-        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
-      }
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
-    }
+    for (int k = 0; k < W; ++k) acc[k] += g[k];
   }
   T* dp = d_wpe + static_cast<int64_t>(a.pos_offset + t) * a.C + c0;
   float cur[W];

@@ -201,7 +201,10 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
         load_unit<T, U>(w + u * U, wv);
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-          const float g = to_f32(dy[k].v[i]) * wv[i], xh = (to_f32(xv[k].v[i]) - m) * rs;
+          // g = d_out * w rounded once (__fmul_rn is never contracted into an FMA), the same g as the d_x pass
+          // below: with a contracted `dy * w - mean_g` there, a constant row (C = 1) left d_x off by rstd times
+          // the product's rounding error instead of exactly unchanged.
+          const float g = __fmul_rn(to_f32(dy[k].v[i]), wv[i]), xh = (to_f32(xv[k].v[i]) - m) * rs;
           sum_g += g;
           sum_gx += g * xh;
         }
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 #pragma unroll
         for (int i = 0; i < U; ++i) {
           const float dyi = to_f32(dy[k].v[i]), xh = (to_f32(xv[k].v[i]) - m) * rs;
-          dx[i] += rs * (dyi * wv[i] - mean_g - xh * mean_gx);
+          dx[i] += rs * (__fmul_rn(dyi, wv[i]) - mean_g - xh * mean_gx);
           dw[k][i] += dyi * xh;
           db[k][i] += dyi;
         }
@@ -287,10 +290,16 @@ bool rows_vectorizable(int C, std::initializer_list<const void*> ptrs) {
 }
 
 // Blocks to launch: as many as fit on the GPU at once (the kernels loop over rows), never more than the rows need.
-template <typename Kernel>
-int resident_blocks(Kernel kernel, int rows_per_block, int N, const Context& ctx) {
-  int per_sm = 0;
-  TS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+template <auto kKernel>
+int resident_blocks(int rows_per_block, int N, const Context& ctx) {
+  // Asked once per kernel (a template on the kernel itself, so each has its own static; the answer depends on the
+  // kernel and the architecture only): the query costs microseconds of host time, which a 20-microsecond kernel
+  // would wait for.
+  static const int per_sm = [] {
+    int n = 0;
+    TS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
+    return n;
+  }();
   return std::max(1, std::min(std::max(per_sm, 1) * ctx.gpu().sm_count, static_cast<int>(ceil_div(N, rows_per_block))));
 }
 
@@ -304,8 +313,8 @@ void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mea
     const auto launch = [&](auto unit) {
       constexpr int U = decltype(unit)::value;
       const int G = group_size(p.C / U, kUnits<U>);
-      auto kernel = norm_forward_row_groups<T, kLayerNorm, U>;
-      const int blocks = resident_blocks(kernel, kThreads / G, p.N, ctx);
+      constexpr auto kernel = norm_forward_row_groups<T, kLayerNorm, U>;
+      const int blocks = resident_blocks<kernel>(kThreads / G, p.N, ctx);
       kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
                                                     static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G,
                                                     p.eps);
@@ -326,8 +335,8 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
     const auto launch = [&](auto unit) {
       constexpr int U = decltype(unit)::value;
       const int G = group_size(p.C / U, kUnits<U>);
-      auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
-      const int blocks = resident_blocks(kernel, kThreads / G, p.N, ctx);
+      constexpr auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
+      const int blocks = resident_blocks<kernel>(kThreads / G, p.N, ctx);
       const size_t partial = static_cast<size_t>(blocks) * p.C;
       float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
       float* partial_b = d_b ? partial_w + partial : nullptr;
