@@ -1,8 +1,9 @@
-// The lifetime planner: placements that never overlap two buffers live at the same event, the bounds
+// The lifetime planner and the arena it is laid over: placements that never overlap two buffers live at the same event, the bounds
 // max_live <= peak <= total, the first-fit rule itself, and the awkward cases.
 #include <algorithm>
 #include <random>
 
+#include "tessera/core/arena.h"
 #include "tessera/core/error.h"
 #include "tessera/core/planner.h"
 #include "test_util.h"
@@ -187,6 +188,25 @@ TEST(MemoryPlan, AwkwardCases) {
     EXPECT_THROW(MemoryPlan(24), Error);
     EXPECT_THROW(plan.peak(), Error);  // before assign()
   }
+}
+
+// The arena hands out views at planned offsets, aligned, and refuses any block that does not lie inside it.
+TEST(Arena, ViewsAtPlannedOffsets) {
+  MemoryPlan plan(Arena::kAlign);
+  const int a = plan.add("a", 10 * sizeof(float), 0, 1), b = plan.add("b", 300, 1, 2), c = plan.add("c", 40, 2, 2);
+  plan.assign();
+  Arena arena(plan.peak());
+  EXPECT_EQ(arena.capacity(), plan.peak());
+  const Tensor ta = arena.tensor_at(plan[a].offset, DType::F32, {2, 5});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ta.data()) % Arena::kAlign, 0u);
+  EXPECT_EQ(ta.numel(), 10);
+  // c reuses a's memory (their lives are disjoint); b, live with both, does not.
+  EXPECT_EQ(arena.at(plan[c].offset, 40), ta.data());
+  EXPECT_NE(arena.at(plan[b].offset, 300), ta.data());
+  EXPECT_THROW(arena.at(plan.peak() - 16, 32), Error);
+  EXPECT_THROW(arena.at(plan.peak() + 1, 0), Error);
+  EXPECT_THROW(arena.at(static_cast<size_t>(-1), 2), Error);  // no wrap-around
+  EXPECT_THROW(arena.tensor_at(0, DType::F32, {int64_t(plan.peak())}), Error);
 }
 
 }  // namespace
