@@ -3,7 +3,6 @@
 #include <filesystem>
 #include <set>
 
-#include "tessera/core/arena.h"
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/error.h"
@@ -118,28 +117,6 @@ TEST(Tensor, ShapeAndStrides) {
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.shape_str(), "(2, 3, 4)");
   EXPECT_TRUE(t.device().is_cpu());
-}
-
-TEST(Arena, CarvesAlignedAndTracksPeak) {
-  Arena a(4096);
-  void* p1 = a.allocate(10);
-  const size_t m = a.mark();
-  void* p2 = a.allocate(300);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p1) % Arena::kAlign, 0u);
-  EXPECT_EQ(static_cast<char*>(p2) - static_cast<char*>(p1), 256);
-  EXPECT_EQ(a.peak(), 256u + 512u);
-  a.reset_to(m);
-  a.allocate(100);
-  EXPECT_EQ(a.used(), 512u);
-  EXPECT_EQ(a.peak(), 768u);  // the peak remembers the released block
-  EXPECT_THROW(a.allocate(1 << 20), Error);
-}
-
-TEST(Arena, MeasuringCountsWithoutMemory) {
-  Arena a = Arena::measuring();
-  a.allocate(1);
-  a.allocate(257);
-  EXPECT_EQ(a.peak(), 768u);
 }
 
 TEST(Error, CarriesLocationAndMessage) {

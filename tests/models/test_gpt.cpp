@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt.h"
+#include "tessera/train/optimizer.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -171,6 +173,147 @@ TEST(Gpt, ActivationPlanIsReusedBySmallerForwards) {
   EXPECT_EQ(m.plan_count(), 2);
   EXPECT_EQ(m.planned_tokens(), 24);
   EXPECT_THROW(m.reserve(1, 9), Error);  // beyond max_seq
+}
+
+// The plan of real presets reaches the lower bound (the largest live set), and shares a great deal: a GPT-2 step
+// needs the memory of the forward's end (every saved activation and the logits) and not a byte more, because the
+// backward's gradient temporaries all fit in memory whose owners have died.
+TEST(GptPlan, PresetPlansReachTheLargestLiveSet) {
+  struct Case {
+    const char* preset;
+    int B, T;
+    DType dtype;
+  };
+  for (const Case& c : {Case{"gpt2-124m", 16, 1024, DType::F32}, Case{"gpt2-124m", 4, 256, DType::BF16},
+                        Case{"cs336-small", 4, 256, DType::BF16}, Case{"tiny", 3, 50, DType::F32}}) {
+    const ModelConfig cfg = model_preset(c.preset);
+    const MemoryPlan plan = Gpt::activation_plan(cfg, c.B, c.T, c.dtype);
+    SCOPED_TRACE(std::string(c.preset) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T));
+    EXPECT_LE(plan.peak(), plan.max_live().bytes + plan.max_live().bytes / 100);
+    EXPECT_LT(plan.peak(), plan.total() * 2 / 3);
+    EXPECT_EQ(plan.peak(), Gpt::activation_bytes(cfg, c.B, c.T, c.dtype));
+    for (size_t i = 0; i < plan.size(); ++i)
+      for (size_t j = i + 1; j < plan.size(); ++j) {
+        const PlanBuffer &a = plan.buffers()[i], &b = plan.buffers()[j];
+        if (a.lives_overlap(b)) {
+          ASSERT_FALSE(a.memory_overlaps(b)) << a.name << " and " << b.name;
+        }
+      }
+    if (std::string(c.preset) == "gpt2-124m") {
+      EXPECT_EQ(plan.max_live().event, step_event(cfg.n_layers, StepOp::Loss));
+      EXPECT_EQ(plan.peak(), plan.max_live().bytes);
+    }
+  }
+}
+
+// A few training steps (dropout, label smoothing, accumulation of 2, AdamW) and then generation's growing
+// forwards: every loss, the final parameters and the logits, to compare bit for bit.
+struct RunRecord {
+  std::vector<double> losses;
+  std::vector<float> params, logits;
+};
+
+RunRecord train_and_generate(const ModelConfig& cfg, const PlanDebug& debug) {
+  Gpt m(cfg);
+  m.set_plan_debug(debug);
+  m.init_weights(11);
+  AdamW opt(m.params(), {}, m.context());
+  std::mt19937_64 rng(test::test_seed());
+  RngState rs{42, 0};
+  RunRecord r;
+  const int B = 2, T = 7;
+  for (int step = 0; step < 3; ++step) {
+    m.zero_grad();
+    for (int micro = 0; micro < 2; ++micro) {
+      const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
+      r.losses.push_back(
+          m.forward(tokens.data(), targets.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs}));
+      m.backward(0.5);
+    }
+    opt.step(m.params(), 1e-2f);
+  }
+  r.params = m.params().read_f32(m.context());
+  const auto prompt = test::randint(T, cfg.vocab, rng);
+  for (int t = 1; t <= T; ++t) {
+    m.forward(prompt.data(), nullptr, 1, t, {});
+    const std::vector<float> row = m.read_logits_row(t - 1);
+    r.logits.insert(r.logits.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(m.plan_count(), 1);
+  return r;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+ModelConfig plan_test_config(bool llama) {
+  ModelConfig c = llama ? tiny_llama() : tiny_gpt2();
+  c.dropout = 0.1f;
+  return c;
+}
+
+// Poisoning every buffer at the end of its life (and checking each at its birth) changes nothing, and neither
+// does giving every buffer memory of its own: no buffer is read after it dies or written before it is born.
+TEST(GptPlan, PoisonedAndUnsharedRunsAreBitIdentical) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama-style" : "gpt2-style");
+    const ModelConfig cfg = plan_test_config(llama);
+    const RunRecord base = train_and_generate(cfg, {});
+    for (const PlanDebug& debug : {PlanDebug{.poison_dead = true}, PlanDebug{.no_reuse = true},
+                                   PlanDebug{.poison_dead = true, .no_reuse = true}}) {
+      SCOPED_TRACE(std::string("poison ") + (debug.poison_dead ? "on" : "off") + ", reuse " +
+                   (debug.no_reuse ? "off" : "on"));
+      const RunRecord r = train_and_generate(cfg, debug);
+      EXPECT_TRUE(same_bits(r.losses, base.losses));
+      EXPECT_TRUE(same_bits(r.params, base.params));
+      EXPECT_TRUE(same_bits(r.logits, base.logits));
+    }
+    for (double l : base.losses) EXPECT_TRUE(std::isfinite(l));
+  }
+}
+
+// Each declared life is exact at both ends, and the debug mode is what shows it. For every buffer of the step:
+// declared to die one event early, it is poisoned before its last read, and the loss or a gradient turns NaN;
+// declared to be born one event late, the check at its birth finds it written already and throws.
+TEST(GptPlan, EveryDeclaredLifeIsTight) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama-style" : "gpt2-style");
+    const ModelConfig cfg = plan_test_config(llama);
+    const int B = 2, T = 5;
+    std::mt19937_64 rng(test::test_seed());
+    const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
+    auto step = [&](const PlanDebug& debug) {  // one forward and backward: the loss and the gradients
+      Gpt m(cfg);
+      m.set_plan_debug(debug);
+      m.init_weights(5);
+      RngState rs{3, 0};
+      std::vector<double> out{
+          m.forward(tokens.data(), targets.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs})};
+      m.zero_grad();
+      m.backward();
+      out.insert(out.end(), m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size());
+      return out;
+    };
+    const std::vector<double> base = step({});
+    ASSERT_TRUE(same_bits(step({.poison_dead = true, .no_reuse = true}), base));
+    const MemoryPlan plan = Gpt::activation_plan(cfg, B, T);
+    const int end = step_event(cfg.n_layers, StepOp::End);
+    int planted = 0;
+    for (const PlanBuffer& b : plan.buffers()) {
+      if (b.last == end) continue;  // the inputs and the loss outlive the step
+      if (b.first < b.last) {
+        EXPECT_FALSE(same_bits(step({.poison_dead = true, .plant_early_death = b.name}), base))
+            << b.name << " declared to die at " << step_event_name(cfg.n_layers, b.last - 1)
+            << " is never read at " << step_event_name(cfg.n_layers, b.last);
+        ++planted;
+      }
+      EXPECT_THROW(step({.poison_dead = true, .no_reuse = true, .plant_late_birth = b.name}), Error)
+          << b.name << " is not written at " << step_event_name(cfg.n_layers, b.first);
+    }
+    EXPECT_GT(planted, 30);
+  }
 }
 
 }  // namespace

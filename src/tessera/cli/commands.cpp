@@ -1,5 +1,6 @@
 #include "tessera/cli/commands.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/planner.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/gemm/gemm.h"
@@ -73,17 +75,57 @@ int cmd_prepare(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
+// The buffers live at `event`, grouped by kind (a layer's "h.3.fc_pre" is "fc_pre", "res.7" is "res"), largest
+// group first: "logits 3.07 GiB, fc_pre 12 x 192.00 MiB, ...".
+std::string live_set_summary(const MemoryPlan& plan, int event, size_t groups) {
+  struct Group {
+    std::string kind;
+    size_t count = 0, bytes = 0, each = 0;
+  };
+  std::vector<Group> g;
+  for (const PlanBuffer& b : plan.buffers()) {
+    if (!b.live_at(event) || b.size == 0) continue;
+    std::string kind = b.name;
+    if (kind.rfind("h.", 0) == 0) kind = kind.substr(kind.find('.', 2) + 1);
+    if (kind.rfind("res.", 0) == 0) kind = "res";
+    auto it = std::find_if(g.begin(), g.end(), [&](const Group& x) { return x.kind == kind; });
+    if (it == g.end()) it = g.insert(g.end(), Group{kind, 0, 0, b.size});
+    ++it->count;
+    it->bytes += b.size;
+    if (it->each != b.size) it->each = 0;  // sizes differ within the group: print the total only
+  }
+  std::stable_sort(g.begin(), g.end(), [](const Group& a, const Group& b) { return a.bytes > b.bytes; });
+  std::string out;
+  for (size_t i = 0; i < g.size() && i < groups; ++i) {
+    if (!out.empty()) out += ", ";
+    out += g[i].kind + " " +
+           (g[i].count > 1 && g[i].each ? std::to_string(g[i].count) + " x " + human_bytes(static_cast<double>(g[i].each))
+                                        : human_bytes(static_cast<double>(g[i].bytes)));
+  }
+  if (g.size() > groups) out += ", and " + std::to_string(g.size() - groups) + " smaller kinds";
+  return out;
+}
+
+}  // namespace
+
 int cmd_info(int argc, char** argv) {
-  Flags a("info", "Shows a model's config, parameter count and training memory estimate.");
+  Flags a("info", "Shows a model's config, parameter count, training memory and activation plan.");
   add_model_flags(a);
   a.add("checkpoint", "DIR", "describe a checkpoint's model instead of a preset");
-  a.add("batch", "N", "batch size for the activation estimate (default 16)");
-  a.add("seq", "N", "sequence length for the activation estimate (default: max_seq)");
+  a.add("batch", "N", "batch size for the activation plan (default 16)");
+  a.add("seq", "N", "sequence length for the activation plan (default: max_seq)");
+  a.add("precision", "f32|bf16|f16", "training precision for the memory figures (default f32)");
+  a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
   if (!a.parse(argc, argv, 2)) return 0;
   const ModelConfig cfg = a.has("checkpoint") ? load_checkpoint_config(a.str("checkpoint")) : model_from_flags(a);
   const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
   TS_CHECK(B > 0 && T > 0, "--batch and --seq must be positive");
   TS_CHECK(T <= cfg.max_seq, "--seq ", T, " is longer than the model's max_seq ", cfg.max_seq);
+  const std::string prec = a.str("precision", "f32");
+  const DType dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
+  TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   const int64_t n = cfg.num_params();
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
@@ -97,12 +139,39 @@ int cmd_info(int argc, char** argv) {
                                                    : "tessera";
   std::printf("checkpoint %s names\n", naming);
   std::printf("params     %lld (%s)\n", static_cast<long long>(n), human_count(static_cast<double>(n)).c_str());
-  const double p = 4.0 * n;
-  const double act = static_cast<double>(Gpt::activation_bytes(cfg, B, T));
-  std::printf("memory     f32 training, batch %d x seq %d:\n", B, T);
-  std::printf("             params %s, grads %s, AdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
-              human_bytes(p).c_str(), human_bytes(2 * p).c_str(), human_bytes(act).c_str());
-  std::printf("             total %s\n", human_bytes(4 * p + act).c_str());
+
+  // The plan the model itself would make for this (B, T): the same function lays out Gpt's arena.
+  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype);
+  const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
+  const double master = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
+  const double moments = 8.0 * static_cast<double>(n), act = static_cast<double>(plan.peak());
+  std::printf("memory     %s training%s, batch %d x seq %d:\n", prec.c_str(),
+              master > 0 ? " with f32 master weights" : "", B, T);
+  std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
+              human_bytes(p).c_str(), master > 0 ? ("master " + human_bytes(master) + ", ").c_str() : "",
+              human_bytes(moments).c_str(), human_bytes(act).c_str());
+  std::printf("             total %s\n", human_bytes(2 * p + master + moments + act).c_str());
+
+  const LiveSet live = plan.max_live();
+  const int L = cfg.n_layers;
+  auto line = [](const char* what, size_t bytes) {
+    std::printf("             %-17s %11s (%zu bytes)", what, human_bytes(static_cast<double>(bytes)).c_str(), bytes);
+  };
+  std::printf("activation plan, by lifetime over the %d ops of a training step (forward and backward):\n",
+              step_num_events(L) - 1);
+  line("planned peak", plan.peak());
+  std::printf(": the arena the model allocates\n");
+  line("sum of buffers", plan.total());
+  std::printf(": what its %zu buffers need without sharing\n", plan.size());
+  line("biggest live set", live.bytes);
+  std::printf(" at %s\n", step_event_name(L, live.event).c_str());
+  std::printf("             live there: %s\n", live_set_summary(plan, live.event, 6).c_str());
+  if (a.has("plan")) {
+    std::printf("%-20s %14s %12s  %s\n", "buffer", "offset", "bytes", "life");
+    for (const PlanBuffer& b : plan.buffers())
+      std::printf("%-20s %14zu %12zu  %s .. %s\n", b.name.c_str(), b.offset, b.bytes,
+                  step_event_name(L, b.first).c_str(), step_event_name(L, b.last).c_str());
+  }
   const GpuInfo gpu = probe_gpu();
   std::printf("backend    CPU (GEMM: %s)%s\n", gemm_uses_blas() ? "OpenBLAS" : "plain loops",
               gpu.available ? ("; GPU found: " + gpu.name).c_str() : "; no GPU found");

@@ -1,39 +1,27 @@
 #include "tessera/core/arena.h"
 
-#include <cstdlib>
+#include "tessera/core/error.h"
 
 namespace tessera {
 
-Arena::Arena(size_t capacity_bytes, Device device) : device_(device), capacity_(align_up(capacity_bytes)) {
-  if (capacity_ > 0) base_ = Buffer(capacity_, device, "activations");
+Arena::Arena(size_t capacity_bytes, Device device, const char* what)
+    : device_(device), capacity_(align_up(capacity_bytes)) {
+  if (capacity_ > 0) base_ = Buffer(capacity_, device, what);
 }
 
-Arena Arena::measuring() {
-  Arena a;
-  a.capacity_ = static_cast<size_t>(-1) / 2;
-  a.measuring_ = true;
-  return a;
+void* Arena::at(size_t offset, size_t bytes) const {
+  TS_CHECK(offset <= capacity_ && bytes <= capacity_ - offset, "arena: the block [", offset, ", ", offset + bytes,
+           ") does not lie inside the ", capacity_, " bytes planned");
+  // A zero-size block of an empty arena has no memory behind it; any non-null address serves, never read.
+  if (!base_.data()) return reinterpret_cast<void*>(kAlign);
+  return static_cast<char*>(base_.data()) + offset;
 }
 
-void* Arena::allocate(size_t bytes) {
-  const size_t need = align_up(bytes);
-  if (measuring_) {
-    const size_t at = offset_;
-    offset_ += need;
-    if (offset_ > peak_) peak_ = offset_;
-    return reinterpret_cast<void*>(kAlign + at);  // non-null placeholder, never dereferenced
-  }
-  TS_CHECK(offset_ + need <= capacity_, "arena exhausted: asked for ", need, " bytes with ", capacity_ - offset_,
-           " of ", capacity_, " left");
-  void* p = static_cast<char*>(base_.data()) + offset_;
-  offset_ += need;
-  if (offset_ > peak_) peak_ = offset_;
-  return p;
-}
-
-void Arena::reset_to(size_t mark) {
-  TS_CHECK(mark <= offset_, "arena reset to ", mark, " beyond the used ", offset_);
-  offset_ = mark;
+Tensor Arena::tensor_at(size_t offset, DType dtype, const std::vector<int64_t>& shape) const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  TS_CHECK(n >= 0, "arena: negative shape");
+  return Tensor::from_shape(at(offset, static_cast<size_t>(n) * dtype_size(dtype)), dtype, shape, device_);
 }
 
 }  // namespace tessera

@@ -101,72 +101,6 @@ void Gpt::init_weights(uint64_t seed) {
   params_.write_f32(w, *ctx_);
 }
 
-void Gpt::plan(const ModelConfig& cfg, DType dt, int B, int T, Arena& a, Acts& acts) {
-  const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
-  const int64_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
-  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;
-  auto buf = [&](int64_t rows, int64_t cols) { return a.allocate_tensor(dt, {rows, cols}); };
-  auto stat = [&](int64_t n) { return a.allocate_tensor(st, {n}); };
-  acts.tokens = a.allocate_tensor(DType::I32, {N});
-  acts.targets = a.allocate_tensor(DType::I32, {N});
-  acts.loss = stat(2);  // {Σ losses, mean}
-  acts.count = a.allocate_tensor(DType::I32, {1});
-  acts.res.assign(cfg.n_layers + 1, Tensor());
-  acts.layers.assign(cfg.n_layers, LayerActs{});
-  acts.res[0] = buf(N, C);
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    LayerActs& L = acts.layers[l];
-    L.ln1 = buf(N, C);
-    L.ln1_mean = stat(N);
-    L.ln1_rstd = stat(N);
-    L.qkv = buf(N, 3 * C);
-    L.att = buf(N, C);
-    L.lse = stat(N * H);
-    L.mid = buf(N, C);
-    L.ln2 = buf(N, C);
-    L.ln2_mean = stat(N);
-    L.ln2_rstd = stat(N);
-    L.fc_pre = buf(N, Fin);
-    L.fc_act = buf(N, F);
-    acts.res[l + 1] = buf(N, C);
-  }
-  acts.lnf = buf(N, C);
-  acts.lnf_mean = stat(N);
-  acts.lnf_rstd = stat(N);
-  acts.logits = buf(N, V);  // the cross-entropy backward overwrites it with d_logits
-  acts.losses = stat(N);
-  acts.ce_lse = stat(N);
-  acts.tmp = buf(N, C);
-  // Gradient buffers, shared by all layers: each holds one layer's gradient at a time.
-  acts.d_res = buf(N, C);
-  acts.d_tmp = buf(N, C);
-  acts.d_ln = buf(N, C);
-  acts.d_att = buf(N, C);
-  acts.d_qkv = buf(N, 3 * C);
-  acts.d_fc_act = buf(N, F);
-  acts.d_fc_pre = buf(N, Fin);
-}
-
-size_t Gpt::activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype) {
-  Arena a = Arena::measuring();
-  Acts acts;
-  plan(cfg, dtype, B, T, a, acts);
-  return a.peak();
-}
-
-void Gpt::reserve(int B, int T) {
-  TS_CHECK(B > 0 && T > 0, "batch and sequence must be positive, got B=", B, " T=", T);
-  TS_CHECK(T <= cfg_.max_seq, "sequence length ", T, " exceeds max_seq ", cfg_.max_seq);
-  const int64_t N = static_cast<int64_t>(B) * T;
-  if (N <= planned_N_) return;
-  arena_ = Arena();  // free the old plan before allocating the new one
-  arena_ = Arena(activation_bytes(cfg_, B, T, dtype_), ctx_->device());
-  plan(cfg_, dtype_, B, T, arena_, acts_);
-  planned_N_ = N;
-  loss_ = acts_.loss.slice1d(1, 1);
-  ++plans_made_;
-}
-
 void Gpt::mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias) {
   // An f32 model computes its GEMMs in exact f32 (not TF32), so that a GPU run follows the CPU reference.
   gp.allow_tf32 = false;
@@ -226,6 +160,7 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   T_ = T;
   const int N = B * T, C = cfg_.d_model, V = cfg_.vocab;
   has_targets_ = with_targets;
+  begin_step();
 
   const bool dropout_on = opt.training && cfg_.dropout > 0;
   TS_CHECK(!dropout_on || opt.rng, "forward: training with dropout needs an RNG state");
@@ -239,6 +174,7 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
                            : cfg_.positions == PositionKind::Sinusoidal
                                ? sinusoid_.view(dtype_, {static_cast<int64_t>(cfg_.max_seq) * C})
                                : Tensor();
+  at(StepOp::Embedding);
   embedding_forward(ep, rows(acts_.res[0], N, C), acts_.tokens.slice1d(0, N), p(wte_, int64_t{V} * C), pos_table,
                     *ctx_);
 
@@ -250,15 +186,18 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
     layer_forward(l, B, T);
   }
 
+  at(StepOp::LnF);
   norm_forward(N, rows(acts_.lnf, N, C), acts_.lnf_mean, acts_.lnf_rstd, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_,
                lnf_b_);
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
+  at(StepOp::Logits);
   mm({.M = N, .N = V, .K = C, .trans_b = true}, rows(acts_.logits, N, V), rows(acts_.lnf, N, C),
        p(lm, int64_t{V} * C), Tensor());
 
   if (!with_targets) return;
   label_smoothing_ = opt.label_smoothing;
   const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = opt.label_smoothing, .ignore_index = cfg_.padding_id};
+  at(StepOp::Loss);
   cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, V),
                         acts_.targets.slice1d(0, N), *ctx_);
   // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
@@ -303,19 +242,29 @@ void Gpt::layer_forward(int l, int B, int T) {
   const Tensor fc_pre = rows(A.fc_pre, N, Fin), fc_act = rows(A.fc_act, N, F);
   const int64_t CC = int64_t{C} * C;
 
+  at(StepOp::Ln1, l);
   norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
+  at(StepOp::Qkv, l);
   mm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C));
   if (cfg_.positions == PositionKind::Rope)
     rope_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, qkv, *ctx_);
+  at(StepOp::Attn, l);
   attention_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
+  at(StepOp::Proj, l);
   mm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor());
+  at(StepOp::Res1, l);
   residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid, x, tmp,
                    p(o.proj_b, C), *ctx_);
 
+  at(StepOp::Ln2, l);
   norm_forward(N, ln2, A.ln2_mean, A.ln2_rstd, mid, o.ln2_w, o.ln2_b);
+  at(StepOp::Fc, l);
   mm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor());
+  at(StepOp::Act, l);
   activation_forward({.N = N, .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, p(o.fc_b, Fin), *ctx_);
+  at(StepOp::Fcp, l);
   mm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor());
+  at(StepOp::Res2, l);
   residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
                    rows(acts_.res[l + 1], N, C), mid, tmp, p(o.fcp_b, C), *ctx_);
 }
@@ -325,16 +274,20 @@ void Gpt::backward(double loss_scale) {
   has_targets_ = false;  // the logits are consumed below
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab;
   const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = label_smoothing_, .ignore_index = cfg_.padding_id};
-  const Tensor logits = rows(acts_.logits, N, V), lnf = rows(acts_.lnf, N, C), d_ln = rows(acts_.d_ln, N, C);
+  const Tensor logits = rows(acts_.logits, N, V), lnf = rows(acts_.lnf, N, C), d_ln = rows(acts_.d_lnf, N, C);
   const Tensor d_res = rows(acts_.d_res, N, C);
   // In place: each element of the gradient needs only its own logit and the row's lse. The scale is
   // loss_scale / count, with the count read on the device (an all-ignored batch gives zero gradients).
+  at(StepOp::LossBwd);
   cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), loss_scale,
                          acts_.count, *ctx_);
 
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
+  at(StepOp::LmHeadW);
   mm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(lm, int64_t{V} * C), logits, lnf, Tensor());
+  at(StepOp::LmHeadX);
   mm({.M = N, .N = C, .K = V}, d_ln, logits, p(lm, int64_t{V} * C), Tensor());
+  at(StepOp::LnFBwd);
   fill_bytes(d_res, 0, *ctx_);
   norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);
 
@@ -343,8 +296,10 @@ void Gpt::backward(double loss_scale) {
   const EmbeddingParams ep{.B = B, .T = T, .C = C, .V = V, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
                            .padding_id = cfg_.padding_id, .dropout = dropout_p_, .seed = dropout_seed_,
                            .stream = acts_.stream_emb};
+  at(StepOp::EmbeddingBwd);
   embedding_backward(ep, g(wte_, int64_t{V} * C), g(wpe_, int64_t{cfg_.max_seq} * C), d_res, acts_.tokens.slice1d(0, N),
                      *ctx_);
+  at(StepOp::End);
 }
 
 void Gpt::layer_backward(int l, int B, int T) {
@@ -353,35 +308,49 @@ void Gpt::layer_backward(int l, int B, int T) {
   LayerActs& A = acts_.layers[l];
   const int64_t CC = int64_t{C} * C;
   const Tensor d_res = rows(acts_.d_res, N, C);  // d of this layer's output; becomes d of its input
-  const Tensor d_tmp = rows(acts_.d_tmp, N, C), d_ln = rows(acts_.d_ln, N, C), d_att = rows(acts_.d_att, N, C);
-  const Tensor d_qkv = rows(acts_.d_qkv, N, 3 * C), d_fc_act = rows(acts_.d_fc_act, N, F);
-  const Tensor d_fc_pre = rows(acts_.d_fc_pre, N, Fin);
+  const Tensor d_tmp = rows(A.d_tmp, N, C), d_ln = rows(A.d_ln, N, C), d_att = rows(A.d_att, N, C);
+  const Tensor d_qkv = rows(A.d_qkv, N, 3 * C), d_fc_act = rows(A.d_fc_act, N, F);
+  const Tensor d_fc_pre = rows(A.d_fc_pre, N, Fin);
   const Tensor fc_act = rows(A.fc_act, N, F), fc_pre = rows(A.fc_pre, N, Fin), ln2 = rows(A.ln2, N, C);
   const Tensor mid = rows(A.mid, N, C), att = rows(A.att, N, C), qkv = rows(A.qkv, N, 3 * C), ln1 = rows(A.ln1, N, C);
 
   // x' = mid + Drop(fc_act W2ᵀ + b2): d_mid = d_res (skip path, kept in place), d_tmp = d of the projection.
+  at(StepOp::Res2Bwd, l);
   residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp}, d_tmp,
                     g(o.fcp_b, C), d_res, *ctx_);
+  at(StepOp::FcpW, l);
   mm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor());
+  at(StepOp::FcpX, l);
   mm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());
+  at(StepOp::ActBwd, l);
   activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, Fin), d_fc_act, fc_pre,
                       p(o.fc_b, Fin), *ctx_);
+  at(StepOp::FcW, l);
   mm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor());
+  at(StepOp::FcX, l);
   mm({.M = N, .N = C, .K = Fin}, d_ln, d_fc_pre, p(o.fc_w, int64_t{Fin} * C), Tensor());
+  at(StepOp::Ln2Bwd, l);
   norm_backward(N, d_res, d_ln, mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd);
 
   // mid = x + Drop(att Woᵀ + bo)
+  at(StepOp::Res1Bwd, l);
   residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, d_tmp,
                     g(o.proj_b, C), d_res, *ctx_);
+  at(StepOp::ProjW, l);
   mm({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.proj_w, CC), d_tmp, att, Tensor());
+  at(StepOp::ProjX, l);
   mm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor());
+  at(StepOp::AttnBwd, l);
   attention_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, d_qkv, d_att, qkv, att,
                      A.lse.slice1d(0, int64_t{N} * H), *ctx_);
   if (cfg_.positions == PositionKind::Rope)
     rope_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, d_qkv, *ctx_);
+  at(StepOp::QkvW, l);
   mm({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.qkv_w, 3 * CC), d_qkv, ln1, Tensor());
   if (o.qkv_b != kNoParam) bias_grad({.M = N, .N = 3 * C}, g(o.qkv_b, 3 * C), d_qkv, *ctx_);
+  at(StepOp::QkvX, l);
   mm({.M = N, .N = C, .K = 3 * C}, d_ln, d_qkv, p(o.qkv_w, 3 * CC), Tensor());
+  at(StepOp::Ln1Bwd, l);
   norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
 }
 

@@ -11,9 +11,11 @@
 // an f64 model). The host reads the model only through explicit copies: read_loss(), read_logits_row(), and
 // ParamBuffer::read_f32() for checkpoints.
 //
-// Activations: what the backward needs is kept per layer, temporaries and gradient buffers are shared across
-// layers, and the logits buffer is overwritten in place by its gradient. A plan for (B, T) serves any smaller
-// B*T (every buffer is sized by B*T), so generation reserves once and does not re-plan per token.
+// Activations: every buffer of a step declares its life over the step's events (one per op, gpt_plan.h), and one
+// arena is laid out by the lifetime planner, so that buffers whose lives are disjoint share memory: the backward
+// writes its gradient temporaries over activations that have died. The logits buffer is overwritten in place by
+// its gradient. A plan for (B, T) serves any smaller B*T (every buffer is sized by B*T), so generation reserves
+// once and does not re-plan per token.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -22,7 +24,9 @@
 #include "tessera/core/arena.h"
 #include "tessera/core/context.h"
 #include "tessera/core/philox.h"
+#include "tessera/core/planner.h"
 #include "tessera/models/config.h"
+#include "tessera/models/gpt_plan.h"
 #include "tessera/nn/param_buffer.h"
 #include "tessera/ops/gemm/gemm.h"
 
@@ -82,32 +86,58 @@ class Gpt {
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
-  // Bytes of the activation plan for (B, T), and how many plans this model has made (generation must not
-  // re-plan per token).
+  // The activation plan for (B, T): every buffer with its life (in events of the step, gpt_plan.h) and its
+  // offset, the planned peak, the sum of all buffers and the largest live set. The model lays out its arena from
+  // exactly this plan.
+  static MemoryPlan activation_plan(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32,
+                                    const PlanDebug& debug = {});
+  // Its planned peak: the bytes of the arena.
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32);
-  size_t activation_peak() const { return arena_.peak(); }
+  // The peak of this model's current plan, and how many plans it has made (generation must not re-plan per token).
+  size_t activation_peak() const { return arena_.capacity(); }
   int64_t plan_count() const { return plans_made_; }
   int64_t planned_tokens() const { return planned_N_; }
+  const MemoryPlan& current_plan() const { return plan_; }
+  // Debug settings of the plan (poison dead buffers, no reuse; gpt_plan.h). The model starts with those of the
+  // environment; new settings take effect at the next plan, which the next reserve or forward makes.
+  void set_plan_debug(const PlanDebug& debug);
+  const PlanDebug& plan_debug() const { return debug_; }
 
  private:
   struct LayerOffsets {
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
   };
   struct LayerActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;  // saved
+    Tensor d_tmp, d_ln, d_att, d_qkv, d_fc_act, d_fc_pre;  // gradient temporaries of this layer's backward
     uint64_t stream_attn = 0, stream_mlp = 0;
   };
   struct Acts {
     std::vector<Tensor> res;  // L + 1 residual stream states
     std::vector<LayerActs> layers;
     Tensor lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, loss, count, tmp;
-    Tensor d_res, d_tmp, d_ln, d_att, d_qkv, d_fc_act, d_fc_pre;
+    Tensor d_res, d_lnf;
     Tensor tokens, targets;
     uint64_t stream_emb = 0;
   };
+  // A planned buffer: the Tensor of Acts it becomes, once the plan has an offset for it.
+  struct Slot {
+    Tensor* tensor;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
 
   void build();
-  static void plan(const ModelConfig& cfg, DType dtype, int B, int T, Arena& arena, Acts& acts);
+  // Declares every activation buffer of a (B, T) step with its life into `mp` (gpt_plan.cpp), and where each
+  // one goes in `acts`.
+  static void declare_plan(const ModelConfig& cfg, DType dtype, int B, int T, const PlanDebug& debug, MemoryPlan& mp,
+                           Acts& acts, std::vector<Slot>& slots);
+  // The step's events as they run: begin_step() starts a forward, at(op, layer) marks each op before it runs
+  // (checking the plan's order), and in the debug mode poisons the buffers that died and checks those born.
+  void begin_step();
+  void at(StepOp op, int layer = 0);
+  void poison(int id);
+  void check_unborn(int id);
   // The first N rows of an (N_planned, cols) activation.
   Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
   Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
@@ -131,6 +161,11 @@ class Gpt {
 
   Arena arena_;
   Acts acts_;
+  MemoryPlan plan_;
+  PlanDebug debug_ = plan_debug_from_env();
+  std::vector<int> by_death_, by_birth_;  // the buffers that die within a step, by last and by first event
+  size_t next_death_ = 0, next_birth_ = 0;
+  int event_ = -1;  // the event the step has reached (-1: before its start)
   Tensor loss_;
   int B_ = 0, T_ = 0;
   int64_t planned_N_ = 0;
