@@ -5,6 +5,7 @@
 #include "tessera/core/error.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt.h"
+#include "tessera/core/trace.h"
 #include "tessera/train/optimizer.h"
 #include "test_util.h"
 
@@ -313,6 +314,107 @@ TEST(GptPlan, EveryDeclaredLifeIsTight) {
           << b.name << " is not written at " << step_event_name(cfg.n_layers, b.first);
     }
     EXPECT_GT(planted, 30);
+  }
+}
+
+// The ops of a step in the order they run, written out here from the code's structure (not from step_event):
+// {op, layer}, layer -1 for the ops that run once.
+std::vector<std::pair<StepOp, int>> expected_step_ops(int L) {
+  std::vector<std::pair<StepOp, int>> ops{{StepOp::Embedding, -1}};
+  for (int l = 0; l < L; ++l)
+    for (StepOp op : {StepOp::Ln1, StepOp::Qkv, StepOp::Attn, StepOp::Proj, StepOp::Res1, StepOp::Ln2, StepOp::Fc,
+                      StepOp::Act, StepOp::Fcp, StepOp::Res2})
+      ops.push_back({op, l});
+  for (StepOp op : {StepOp::LnF, StepOp::Logits, StepOp::Loss, StepOp::LossBwd, StepOp::LmHeadW, StepOp::LmHeadX,
+                    StepOp::LnFBwd})
+    ops.push_back({op, -1});
+  for (int l = L - 1; l >= 0; --l)
+    for (StepOp op : {StepOp::Res2Bwd, StepOp::FcpW, StepOp::FcpX, StepOp::ActBwd, StepOp::FcW, StepOp::FcX,
+                      StepOp::Ln2Bwd, StepOp::Res1Bwd, StepOp::ProjW, StepOp::ProjX, StepOp::AttnBwd, StepOp::QkvW,
+                      StepOp::QkvX, StepOp::Ln1Bwd})
+      ops.push_back({op, l});
+  ops.push_back({StepOp::EmbeddingBwd, -1});
+  return ops;
+}
+
+// A traced training step: FWD_STEP, BWD_STEP and OPTIM_STEP at the top, a range per layer inside each phase and
+// one per op inside those, in the order the ops run, each nested in its parent's time; the event numbering
+// follows the same order; and the memory counter gives the plan's live bytes at each op.
+TEST(GptTrace, StepRangesNestPerLayerAndPerOp) {
+  const ModelConfig cfg = tiny_llama();
+  const int L = cfg.n_layers, B = 2, T = 6;
+  Gpt m(cfg);
+  m.init_weights(1);
+  AdamW opt(m.params(), {}, m.context());
+  Tracer tracer(m.context());
+  m.set_tracer(&tracer);
+  std::mt19937_64 rng(test::test_seed());
+  const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
+  const int steps = 2;
+  for (int step = 0; step < steps; ++step) {
+    m.zero_grad();
+    m.forward(tokens.data(), targets.data(), B, T, {});
+    m.backward();
+    const TraceScope optim(&tracer, "OPTIM_STEP");
+    opt.step(m.params(), 1e-3f);
+  }
+  m.set_tracer(nullptr);
+  m.forward(tokens.data(), nullptr, 1, 3, {});  // not recorded
+
+  const auto ops = expected_step_ops(L);
+  ASSERT_EQ(static_cast<int>(ops.size()), step_num_events(L) - 1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_EQ(step_event(L, ops[i].first, std::max(ops[i].second, 0)), static_cast<int>(i)) << i;
+  }
+
+  // The expected slices of one step, as (depth, name), in the order they open.
+  std::vector<std::pair<int, std::string>> want{{0, "FWD_STEP"}};
+  int layer = -1;
+  bool backward = false;
+  for (const auto& [op, l] : ops) {
+    if (op == StepOp::LossBwd) {
+      want.push_back({0, "BWD_STEP"});
+      backward = true;
+      layer = -1;
+    }
+    if (l >= 0 && l != layer) want.push_back({1, "layer " + std::to_string(l)});
+    layer = l;
+    want.push_back({l >= 0 ? 2 : 1, step_op_range_name(op)});
+  }
+  ASSERT_TRUE(backward);
+  want.push_back({0, "OPTIM_STEP"});
+
+  const auto slices = tracer.slices();
+  ASSERT_EQ(slices.size(), steps * want.size());
+  std::vector<const Tracer::Slice*> parents;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Tracer::Slice& s = slices[i];
+    EXPECT_EQ(s.depth, want[i % want.size()].first) << i;
+    EXPECT_EQ(s.name, want[i % want.size()].second) << i;
+    EXPECT_GE(s.dur_us, 0.0);
+    ASSERT_LE(static_cast<size_t>(s.depth), parents.size()) << s.name << " opened with no parent";
+    parents.resize(s.depth);
+    if (!parents.empty()) {
+      EXPECT_GE(s.start_us, parents.back()->start_us) << s.name;
+      EXPECT_LE(s.start_us + s.dur_us, parents.back()->start_us + parents.back()->dur_us) << s.name;
+    }
+    if (i > 0) {
+      EXPECT_GE(s.start_us, slices[i - 1].start_us) << s.name;
+    }
+    parents.push_back(&s);
+  }
+
+  const auto live = Gpt::activation_plan(cfg, B, T).live_bytes();
+  const auto counters = tracer.counters();
+  ASSERT_EQ(counters.size(), steps * (1 + ops.size()));
+  for (int step = 0; step < steps; ++step) {
+    const size_t at = step * (1 + ops.size());
+    EXPECT_EQ(counters[at].name, "activation arena (allocated)");
+    EXPECT_EQ(counters[at].value, static_cast<double>(m.activation_peak()));
+    for (size_t e = 0; e < ops.size(); ++e) {
+      EXPECT_EQ(counters[at + 1 + e].name, "activations live (planned)");
+      EXPECT_EQ(counters[at + 1 + e].value, static_cast<double>(live[e])) << step_event_name(L, static_cast<int>(e));
+    }
   }
 }
 

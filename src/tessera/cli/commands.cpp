@@ -140,8 +140,10 @@ int cmd_info(int argc, char** argv) {
   std::printf("checkpoint %s names\n", naming);
   std::printf("params     %lld (%s)\n", static_cast<long long>(n), human_count(static_cast<double>(n)).c_str());
 
-  // The plan the model itself would make for this (B, T): the same function lays out Gpt's arena.
-  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype);
+  // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
+  // debug settings (TESSERA_PLAN_NO_REUSE), lays out Gpt's arena.
+  const PlanDebug debug = plan_debug_from_env();
+  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug);
   const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
   const double master = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
   const double moments = 8.0 * static_cast<double>(n), act = static_cast<double>(plan.peak());
@@ -157,8 +159,8 @@ int cmd_info(int argc, char** argv) {
   auto line = [](const char* what, size_t bytes) {
     std::printf("             %-17s %11s (%zu bytes)", what, human_bytes(static_cast<double>(bytes)).c_str(), bytes);
   };
-  std::printf("activation plan, by lifetime over the %d ops of a training step (forward and backward):\n",
-              step_num_events(L) - 1);
+  std::printf("activation plan, by lifetime over the %d ops of a training step (forward and backward)%s:\n",
+              step_num_events(L) - 1, debug.no_reuse ? ", without reuse (TESSERA_PLAN_NO_REUSE)" : "");
   line("planned peak", plan.peak());
   std::printf(": the arena the model allocates\n");
   line("sum of buffers", plan.total());

@@ -161,6 +161,7 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   const int N = B * T, C = cfg_.d_model, V = cfg_.vocab;
   has_targets_ = with_targets;
   begin_step();
+  const RangesCloser close_ranges{*this};
 
   const bool dropout_on = opt.training && cfg_.dropout > 0;
   TS_CHECK(!dropout_on || opt.rng, "forward: training with dropout needs an RNG state");

@@ -25,6 +25,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/philox.h"
 #include "tessera/core/planner.h"
+#include "tessera/core/trace.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/nn/param_buffer.h"
@@ -103,6 +104,12 @@ class Gpt {
   void set_plan_debug(const PlanDebug& debug);
   const PlanDebug& plan_debug() const { return debug_; }
 
+  // Profiling. Every step opens nested ranges: FWD_STEP and BWD_STEP, one per layer ("layer 3") inside them,
+  // and one per op inside those ("qkv", "attention bwd", "fc dW"; step_op_range_name). They are NVTX ranges
+  // in a CUDA build (for nsys), and with a tracer also slices of its Chrome trace, together with a counter of
+  // the activation memory the plan has live at each op. Set the tracer between steps; null stops recording.
+  void set_tracer(Tracer* tracer);
+
  private:
   struct LayerOffsets {
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
@@ -138,6 +145,16 @@ class Gpt {
   void at(StepOp op, int layer = 0);
   void poison(int id);
   void check_unborn(int id);
+  // Moves the open profiler ranges to those of (op, layer): closes the op, layer and phase ranges that end
+  // there and opens the new ones. StepOp::End closes them all.
+  void ranges_to(StepOp op, int layer);
+  void range_push(const char* name);
+  void range_pop();
+  // Closes the open ranges when a forward returns (with or without targets) or throws.
+  struct RangesCloser {
+    Gpt& model;
+    ~RangesCloser() { model.ranges_to(StepOp::End, 0); }
+  };
   // The first N rows of an (N_planned, cols) activation.
   Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
   Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
@@ -166,6 +183,11 @@ class Gpt {
   std::vector<int> by_death_, by_birth_;  // the buffers that die within a step, by last and by first event
   size_t next_death_ = 0, next_birth_ = 0;
   int event_ = -1;  // the event the step has reached (-1: before its start)
+  Tracer* tracer_ = nullptr;
+  int range_phase_ = 0, range_layer_ = -1;  // the open ranges: phase 0 none, 1 forward, 2 backward
+  bool range_op_open_ = false;
+  std::vector<std::string> layer_range_names_;
+  std::vector<size_t> live_bytes_;  // the plan's live bytes at each event (the trace's memory counter)
   Tensor loss_;
   int B_ = 0, T_ = 0;
   int64_t planned_N_ = 0;

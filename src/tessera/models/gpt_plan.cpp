@@ -33,7 +33,25 @@ const char* op_name(StepOp op) {
   return names[op_index(op)];
 }
 
+// Backward ops that share a name with a forward op get " bwd"; the dW / dx ops are unique already.
+const char* range_name(StepOp op) {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int i = 0; i < kNumOps; ++i) {
+      const auto op = static_cast<StepOp>(i);
+      std::string s = op_name(op);
+      const bool backward = in(op, StepOp::LossBwd, StepOp::EmbeddingBwd);
+      if (backward && !s.ends_with(" dW") && !s.ends_with(" dx")) s += " bwd";
+      n.push_back(s);
+    }
+    return n;
+  }();
+  return names[op_index(op)].c_str();
+}
+
 }  // namespace
+
+const char* step_op_range_name(StepOp op) { return range_name(op); }
 
 int step_event(int L, StepOp op, int layer) {
   const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::Res2Bwd, StepOp::Ln1Bwd);
@@ -196,6 +214,7 @@ void Gpt::reserve(int B, int T) {
   for (size_t i = 0; i < slots.size(); ++i)
     *slots[i].tensor = arena_.tensor_at(mp[static_cast<int>(i)].offset, slots[i].dtype, slots[i].shape);
   plan_ = std::move(mp);
+  live_bytes_ = plan_.live_bytes();
   // The debug mode's order of deaths and births; the buffers that outlive the step are never poisoned.
   const int end = step_event(cfg_.n_layers, StepOp::End);
   by_death_.clear();
@@ -216,8 +235,10 @@ void Gpt::set_plan_debug(const PlanDebug& debug) {
 }
 
 void Gpt::begin_step() {
+  ranges_to(StepOp::End, 0);  // a step that threw left some open
   event_ = -1;
   next_death_ = next_birth_ = 0;
+  if (tracer_) tracer_->counter("activation arena (allocated)", static_cast<double>(arena_.capacity()));
   if (!debug_.poison_dead) return;
   for (int id : by_death_) poison(id);
 }
@@ -228,6 +249,9 @@ void Gpt::at(StepOp op, int layer) {
            event_ < 0 ? std::string("its start") : step_event_name(L, event_),
            ", against the order of the activation plan");
   event_ = e;
+  ranges_to(op, layer);
+  if (tracer_ && op != StepOp::End)
+    tracer_->counter("activations live (planned)", static_cast<double>(live_bytes_[e]));
   if (!debug_.poison_dead) return;
   while (next_death_ < by_death_.size() && plan_[by_death_[next_death_]].last < e) poison(by_death_[next_death_++]);
   while (next_birth_ < by_birth_.size() && plan_[by_birth_[next_birth_]].first <= e) check_unborn(by_birth_[next_birth_++]);
@@ -252,6 +276,52 @@ void Gpt::check_unborn(int id) {
   const bool untouched = std::all_of(bytes, bytes + b.bytes, [](unsigned char c) { return c == 0xff; });
   TS_CHECK(untouched, "activation plan: ", b.name, " was written before its first declared use (",
            step_event_name(cfg_.n_layers, b.first), "), over memory that may belong to a live buffer");
+}
+
+void Gpt::set_tracer(Tracer* tracer) {
+  ranges_to(StepOp::End, 0);
+  tracer_ = tracer;
+}
+
+void Gpt::range_push(const char* name) {
+  nvtx_push(name);
+  if (tracer_) tracer_->begin(name);
+}
+
+void Gpt::range_pop() {
+  if (tracer_) tracer_->end();
+  nvtx_pop();
+}
+
+void Gpt::ranges_to(StepOp op, int layer) {
+  const int phase = in(op, StepOp::Embedding, StepOp::Loss) ? 1 : in(op, StepOp::LossBwd, StepOp::EmbeddingBwd) ? 2 : 0;
+  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::Res2Bwd, StepOp::Ln1Bwd);
+  const int l = per_layer ? layer : -1;
+  if (range_op_open_) {
+    range_pop();
+    range_op_open_ = false;
+  }
+  if (range_layer_ >= 0 && (l != range_layer_ || phase != range_phase_)) {
+    range_pop();
+    range_layer_ = -1;
+  }
+  if (range_phase_ != 0 && phase != range_phase_) {
+    range_pop();
+    range_phase_ = 0;
+  }
+  if (phase == 0) return;
+  if (range_phase_ == 0) {
+    range_push(phase == 1 ? "FWD_STEP" : "BWD_STEP");
+    range_phase_ = phase;
+  }
+  if (l >= 0 && range_layer_ < 0) {
+    if (layer_range_names_.empty())
+      for (int i = 0; i < cfg_.n_layers; ++i) layer_range_names_.push_back("layer " + std::to_string(i));
+    range_push(layer_range_names_[l].c_str());
+    range_layer_ = l;
+  }
+  range_push(range_name(op));
+  range_op_open_ = true;
 }
 
 }  // namespace tessera

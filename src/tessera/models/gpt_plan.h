@@ -32,6 +32,8 @@ int step_event(int n_layers, StepOp op, int layer = 0);
 int step_num_events(int n_layers);
 // "forward layer 3 qkv", "backward lm_head dW", "end of step".
 std::string step_event_name(int n_layers, int event);
+// The op's name as a profiler range, unique across forward and backward: "qkv", "attention bwd", "fc dW".
+const char* step_op_range_name(StepOp op);
 
 // Debug and test settings of the activation plan. Gpt reads the first two from the environment when it is made
 // (TESSERA_POISON_DEAD=1, TESSERA_PLAN_NO_REUSE=1), so that any run, `tessera train` included, can turn them on.
