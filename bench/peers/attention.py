@@ -17,7 +17,7 @@ Table "flops": causal, B*T = 32768 tokens, width 2048, Dh in {64, 128}, T in {10
 tensors: forward ms (no_grad) and forward + backward ms.
 
 Timing: warm-up runs, then timed runs between torch.cuda.Event pairs, one run at a time, the median reported;
-a 128 MiB buffer is written before each timed run to flush the L2 (not timed), as tessera's harness does.
+a 128 MiB buffer is read before each timed run to flush the L2 (not timed; a read leaves no dirty lines), as tessera's harness does.
 small: the tiny sweeps of `tessera bench attention --size small`.
 """
 import argparse
@@ -48,7 +48,7 @@ def main():
 
     dev = torch.device("cuda")
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
-    flush = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    flush = torch.zeros(32 << 20, dtype=torch.float32, device=dev)  # 128 MiB, read to flush L2
 
     def time_ms(fn):
         for _ in range(args.warmup):
@@ -56,7 +56,7 @@ def main():
         torch.cuda.synchronize()
         ms = []
         for _ in range(args.iters):
-            flush.fill_(1)
+            flush.sum()  # a read: leaves L2 clean (a write would leave dirty lines for the timed run)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

@@ -6,7 +6,7 @@ prints one JSON object per line, {"kernel": NAME, "ms": MEDIAN}, with the kernel
 with a one-line message (and no figures) when torch or CUDA is missing. It never runs in CI (no GPU there).
 
 Timing: warm-up runs, then timed runs between torch.cuda.Event pairs, one run at a time, the median reported. As
-in tessera's harness, a 128 MiB buffer is written before each timed run to flush the L2 cache (not timed).
+in tessera's harness, a 128 MiB buffer is read before each timed run to flush the L2 cache (not timed; a read leaves no dirty lines).
 Backward passes are timed alone: torch.autograd.grad on a graph built once, with retain_graph=True.
 
 Shapes (the same as tessera's): full: N = B*T = 16 * 1024 = 16384 rows, C = 768, d_ff = 3072, V = 50257; small:
@@ -60,7 +60,7 @@ def main():
 
     dev = "cuda"
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    flush = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    flush = torch.zeros(32 << 20, dtype=torch.float32, device=dev)  # 128 MiB, read to flush L2
     gen = torch.Generator(device=dev).manual_seed(20261130)
 
     def rand(*shape, dtype=dt, requires_grad=False):
@@ -74,7 +74,7 @@ def main():
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         ms = []
         for i in range(args.iters):
-            flush.fill_(i & 0xFF)
+            flush.sum()  # a read: leaves L2 clean (a write would leave dirty lines for the timed run)
             start.record()
             fn()
             stop.record()

@@ -2,9 +2,12 @@
 //
 // CPU: std::chrono::steady_clock around each run. CUDA: a cudaEvent pair recorded on ctx.stream() around each
 // run, so only the GPU time of the work queued by the callable counts (not the host's launch overhead, unless the
-// GPU waits on it). Before every run on CUDA the L2 cache is flushed by writing a 128 MiB scratch buffer (larger
+// GPU waits on it). Before every run on CUDA the L2 cache is flushed by READING a 128 MiB scratch buffer (larger
 // than the H100/H200's 50-60 MiB L2), so each run reads its inputs from HBM as it would inside a training step;
-// the flush is queued before the start event and is not timed.
+// the flush is queued before the start event and is not timed. A read, not a write: a written flush buffer leaves
+// L2 full of dirty lines, whose write-back the next (timed) run pays for — up to 60 MB of extra HBM traffic,
+// which more than doubles the traffic of a 50 MB kernel. The read also writes back the previous run's outputs
+// before the clock starts. The PyTorch peers flush the same way.
 // Figures are only comparable within one run on one machine: compare tessera with its peer as a ratio.
 #pragma once
 #include <cstddef>
@@ -54,5 +57,8 @@ std::vector<double> time_cuda_runs(Context& ctx, const std::function<void()>& fn
                                    int iters);
 // Queues a cudaMemcpyAsync D2D of `bytes` on ctx.stream().
 void copy_d2d_async(void* dst, const void* src, size_t bytes, Context& ctx);
+// Reads `bytes` (a multiple of 16) at `buf` on ctx's stream and writes nothing that matters (a sink word only
+// when an impossible sum appears, so that the reads are not optimized away): the L2 flush above.
+void read_flush_async(const void* buf, size_t bytes, Context& ctx);
 
 }  // namespace tessera
