@@ -1,6 +1,7 @@
 // Fused causal attention (tiled, online softmax, the T x T matrix never stored) and RoPE kernels.
 // See attention.h for the math. bf16 / f16 calls with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned buffers go to
-// the tensor-core FlashAttention-2 kernels (flash.h); everything else (f32, odd head dims, unaligned views) runs
+// the tensor-core FlashAttention-2 kernels (flash.h; on sm_90a the forward runs the wgmma + TMA kernel of
+// flash_hopper.h where it is eligible); everything else (f32, odd head dims, unaligned views) runs
 // the f32-FMA tiled kernels below, which are also the f32 path.
 //
 // Tiling shared by the three attention kernels: a block of 256 threads (a 16 x 16 grid, tx = thread % 16,
@@ -16,6 +17,7 @@
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/attention/flash.h"
+#include "tessera/ops/attention/flash_hopper.h"
 
 namespace tessera {
 namespace {
@@ -481,7 +483,9 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
   constexpr const char* op = "attention_forward";
   if (static_cast<long>(p.B) * p.T == 0) return;
   if (flash_attention_eligible(p, dtype, {qkv, out})) {
-    flash_attention_forward_cuda(p, dtype, {.qkv = qkv, .out = out, .lse = lse}, ctx);
+    const FlashAttentionArgs a{.qkv = qkv, .out = out, .lse = lse};
+    if (flash_forward_uses_hopper(p, dtype, ctx)) flash_attention_forward_hopper_cuda(p, dtype, a, ctx);
+    else flash_attention_forward_cuda(p, dtype, a, ctx);
     return;
   }
   cuda::dispatch_float(dtype, op, [&](auto t) {

@@ -1,0 +1,38 @@
+// tessera/ops/attention/flash_hopper.h — the Hopper (sm_90a) FlashAttention forward: wgmma tensor-core products
+// fed by TMA bulk tensor copies, a producer warpgroup and two consumer warpgroups (flash_hopper_forward.cu).
+// Internal to the attention family: attention.cu routes a flash-eligible forward (flash.h) here when
+// flash_forward_uses_hopper(), else to the mma.sync kernel. The backward is the mma.sync one for both: the
+// Hopper forward writes the same out and the same lse (natural-log logsumexp of the scaled scores, (B, H, T) f32).
+//
+// Coverage: bf16 / f16, Dh in {64, 128} exactly (the TMA boxes are 64 columns wide and read Q, K, V in place from
+// qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
+// 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a.
+//
+// TESSERA_FLASH_PATH chooses the forward: unset or "auto" — Hopper where eligible, else mma.sync; "mma" — always
+// mma.sync; "hopper" — like auto, but an Error when this device or build cannot run the Hopper kernels at all
+// (shapes outside its coverage still run mma.sync). The tests set it to run both paths on the same inputs.
+#pragma once
+#include "tessera/core/context.h"
+#include "tessera/core/dtype.h"
+#include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/flash.h"
+
+namespace tessera {
+
+enum class FlashForwardPath { Auto, Mma, Hopper };
+
+// TESSERA_FLASH_PATH, read at each call; an unknown value is an Error.
+FlashForwardPath flash_forward_path_requested();
+// True when the device is compute capability 9.0 and this binary holds the sm_90a kernels.
+bool flash_hopper_available(const Context& ctx);
+// True when the Hopper forward takes (p, dtype) on ctx's device (pointer alignment is flash_attention_eligible's).
+bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
+// The routing decision for a flash-eligible forward, TESSERA_FLASH_PATH included.
+bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
+
+// out, lse <- the forward of (p, qkv); an Error (never a silent fallback) when the call is not eligible or the
+// tensor map cannot be built.
+void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                         Context& ctx);
+
+}  // namespace tessera

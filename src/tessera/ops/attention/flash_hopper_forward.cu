@@ -1,0 +1,343 @@
+// FlashAttention forward for Hopper (sm_90a): wgmma tensor-core products fed by TMA, warp-specialized.
+// See flash_hopper.h for the contract and flash_hopper_kernel.cuh for the descriptor / swizzle / fragment layouts.
+//
+// out: (B*T, C), lse: (B, H, T) f32, qkv: (B*T, 3C) read in place through one 3-D TMA tensor map
+// (columns 3C, rows T, batches B; row stride 3C, batch stride T*3C): Q of head h is the box at column h*Dh,
+// K at C + h*Dh, V at 2C + h*Dh. Rows past T lie outside the map, so TMA fills them with zeros.
+//
+// Block: 384 threads = 3 warpgroups, one (128-query tile, head, batch) each; grid (ceil(T/128), H, B), block x
+// taking query tile n_q - 1 - x so that under a causal mask the longest tiles start first.
+//   warpgroup 0, the producer: one thread loads the Q tile once, then K and V tiles of 128 keys into a 2-stage
+//     ring (full_k / full_v barriers signalled by the TMA byte count, an empty barrier released by the 256
+//     consumer threads); it gives its registers away (setmaxnreg 24).
+//   warpgroups 1 and 2, the consumers (setmaxnreg 240): consumer c owns query rows q0 + 64c .. q0 + 64c + 63.
+//     Per key tile j (keys k0 = 128 j ..):
+//       S = Q Kᵀ                          wgmma m64n128k16, A and B from shared memory, kD/16 steps
+//       x = S log2e / sqrt(Dh) (-inf where key >= T or, causal, key > query),  m' = max(m, rowmax x)
+//       P = exp2(x - m'),  l = l 2^(m - m') + rowsum P (lane-partial),  O = O 2^(m - m')
+//       O += P V                          wgmma m64n64k16 per 64 head columns, A = P from registers (rounded
+//                                         to the dtype), B = V from shared memory (MN-major)
+//     At the end out = O / l and lse = (m + log2 l) ln 2: the natural-log logsumexp of the scaled scores, the
+//     same quantity the mma.sync forward saves and both backwards read.
+// The two consumers interleave on the SM's schedulers: one's softmax runs while the other's wgmma runs.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <cudaTypedefs.h>
+
+#include "tessera/core/cuda_util.cuh"
+#include "tessera/ops/attention/flash.h"
+#include "tessera/ops/attention/flash_hopper.h"
+#include "tessera/ops/attention/flash_hopper_kernel.cuh"
+#include "tessera/ops/attention/flash_kernel.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash_hopper_forward.cu: wgmma needs the sm_90a target; build with CMAKE_CUDA_ARCHITECTURES=90a"
+#endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TESSERA_FLASH_HOPPER_DEVICE 1
+#endif
+
+namespace tessera {
+namespace flash_hopper {
+namespace {
+
+constexpr int kThreads = 384;             // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kBlockM = 128;              // queries per block, 64 per consumer warpgroup
+constexpr int kBlockN = 128;              // keys per K/V tile
+constexpr int kStages = 2;
+constexpr int kBoxCols = 64;              // 128 bytes of 16-bit values: the 128-byte swizzle span
+constexpr int kBoxBytes = kBlockN * kBoxCols * 2;  // one 128-row box (Q boxes have kBlockM = kBlockN rows)
+static_assert(kBlockM == kBlockN, "one tensor map box shape serves Q, K and V");
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kD>
+constexpr int tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
+template <int kD>
+constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align the start to a swizzle atom
+  return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
+                                  float* __restrict__ lse, int seq_len, int H, bool causal, float scale_log2) {
+#if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = smem0;
+  auto sK = [&](int s) { return smem0 + kTile * (1 + s); };
+  auto sV = [&](int s) { return smem0 + kTile * (1 + kStages + s); };
+
+  const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = q_tile * kBlockM;
+  const int C = H * kD;
+  const int n_kt_all = (seq_len + kBlockN - 1) / kBlockN;
+  const int n_kt = causal ? min((q0 + kBlockM - 1) / kBlockN + 1, n_kt_all) : n_kt_all;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&qkv_map);
+    mbar_init(&bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&bar_k[s], 1);
+      mbar_init(&bar_v[s], 1);
+      mbar_init(&bar_empty[s], kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+    regs_release<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(&bar_q, kTile);
+      for (int bx = 0; bx < kBoxes; ++bx)
+        tma_load_3d(sQ + bx * kBoxBytes, &qkv_map, h * kD + bx * kBoxCols, q0, b, &bar_q);
+      for (int j = 0; j < n_kt; ++j) {
+        const int s = j % kStages;
+        // Tile j - kStages used this stage; wait for the consumers' release of it (that phase's parity).
+        if (j >= kStages) mbar_wait(&bar_empty[s], ((j / kStages) - 1) & 1);
+        mbar_arrive_expect_tx(&bar_k[s], kTile);
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(sK(s) + bx * kBoxBytes, &qkv_map, C + h * kD + bx * kBoxCols, j * kBlockN, b, &bar_k[s]);
+        mbar_arrive_expect_tx(&bar_v[s], kTile);
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(sV(s) + bx * kBoxBytes, &qkv_map, 2 * C + h * kD + bx * kBoxCols, j * kBlockN, b, &bar_v[s]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  regs_claim<kConsumerRegs>();
+  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int row_w = q0 + cw * 64 + warp * 16;  // this warp's first query row
+  const int row_a = row_w + lane / 4;          // this lane's rows: row_a and row_a + 8
+  const int q_first = q0 + cw * 64;            // the warpgroup's first query row
+  float o[kBoxes][8][4];
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx) flash::zero(o[bx]);
+  float sacc[kN8][4];
+  flash::zero(sacc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  mbar_wait(&bar_q, 0);
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int s = j % kStages;
+    const uint32_t parity = (j / kStages) & 1;
+    mbar_wait(&bar_k[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t k_off = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_ss_n128<T>(sacc, desc_k_major(sQ + k_off + cw * 64 * 128), desc_k_major(sK(s) + k_off),
+                       /*scale_d=*/kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sacc);
+
+    const int k0 = j * kBlockN;
+    const bool edge = k0 + kBlockN > seq_len || (causal && k0 + kBlockN - 1 > q_first);
+#pragma unroll
+    for (int n = 0; n < kN8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), row = row_a + (e >> 1) * 8;
+        const bool masked = edge && (key >= seq_len || (causal && key > row));
+        sacc[n][e] = masked ? -INFINITY : sacc[n][e] * scale_log2;
+      }
+    float alpha[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = m[half];
+#pragma unroll
+      for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(sacc[n][2 * half], sacc[n][2 * half + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float shift = mx == -INFINITY ? 0.0f : mx;  // a row with nothing valid yet keeps P = 0
+      alpha[half] = exp2f(m[half] - shift);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          sacc[n][e] = exp2f(sacc[n][e] - shift);
+          sum += sacc[n][e];
+        }
+      l[half] = l[half] * alpha[half] + sum;
+      m[half] = mx;
+    }
+#pragma unroll
+    for (int bx = 0; bx < kBoxes; ++bx)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        o[bx][n][0] *= alpha[0];
+        o[bx][n][1] *= alpha[0];
+        o[bx][n][2] *= alpha[1];
+        o[bx][n][3] *= alpha[1];
+      }
+    uint32_t pa[kN8 / 2][4];
+    flash::c_to_a<T, kN8>(pa, sacc);
+
+    mbar_wait(&bar_v[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int bx = 0; bx < kBoxes; ++bx)
+        wgmma_rs_n64<T>(o[bx], pa[kk], desc_mn_major(sV(s) + bx * kBoxBytes + kk * 16 * 128), /*scale_d=*/1);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int bx = 0; bx < kBoxes; ++bx) fence_regs(o[bx]);
+    mbar_arrive(&bar_empty[s]);  // this thread's wgmmas have read stage s
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+    inv[half] = 1.0f / l[half];
+  }
+  T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * kD;
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx)
+    flash::store_rows<T, 8>(o_base + bx * kBoxCols, C, o[bx], row_w, seq_len, kBoxCols, inv);
+  if ((lane & 3) == 0) {
+    float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * seq_len;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row_a + 8 * half;
+      if (r < seq_len) lse_row[r] = (m[half] + log2f(l[half])) * kLn2;
+    }
+  }
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    else
+      (void)cudaGetLastError();  // leave no sticky runtime error behind
+  });
+  TS_CHECK(fn != nullptr, "attention_forward (Hopper path): the driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+// qkv (B, T, 3C) as a 3-D tensor map with (64-column, 128-row, 1) boxes, 128-byte swizzle, zero fill outside.
+CUtensorMap make_qkv_map(const AttentionParams& p, DType dtype, const void* qkv) {
+  const uint64_t C = static_cast<uint64_t>(p.H) * p.Dh;
+  const cuuint64_t dims[3] = {3 * C, static_cast<cuuint64_t>(p.T), static_cast<cuuint64_t>(p.B)};
+  const cuuint64_t strides[2] = {3 * C * 2, 3 * C * 2 * static_cast<uint64_t>(p.T)};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {kBoxCols, kBlockN, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const CUresult r = tensor_map_encoder()(
+      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(qkv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TS_CHECK(r == CUDA_SUCCESS, "attention_forward (Hopper path): cuTensorMapEncodeTiled failed with CUresult ",
+           static_cast<int>(r), " for qkv (B=", p.B, ", T=", p.T, ", 3C=", 3 * C, ")");
+  return map;
+}
+
+template <typename T, int kD>
+void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
+  constexpr size_t smem = smem_bytes<kD>();
+  auto kernel = flash_attention_forward_wgmma<T, kD>;
+  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_forward (Hopper path): needs ", smem,
+           " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
+  TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const CUtensorMap map = make_qkv_map(p, dtype, a.qkv);
+  const dim3 grid(cuda::ceil_div(p.T, kBlockM), p.H, p.B);
+  const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
+  kernel<<<grid, kThreads, smem, ctx.stream()>>>(map, static_cast<T*>(a.out), a.lse, p.T, p.H, p.causal,
+                                                  scale_log2);
+  TS_CHECK_LAUNCH();
+}
+
+template <typename F>
+void dispatch(int Dh, DType dtype, F&& f) {
+  auto by_dtype = [&](auto d) {
+    if (dtype == DType::BF16) f(__nv_bfloat16{}, d);
+    else if (dtype == DType::F16) f(__half{}, d);
+    else TS_THROW("attention_forward (Hopper path): takes bf16 or f16, not ", dtype_name(dtype));
+  };
+  if (Dh == 64) by_dtype(std::integral_constant<int, 64>{});
+  else if (Dh == 128) by_dtype(std::integral_constant<int, 128>{});
+  else TS_THROW("attention_forward (Hopper path): no kernel for head dim ", Dh);
+}
+
+// True when this binary holds sm_90a machine code of the kernel and the device is compute capability 9.0.
+bool compiled_for(const Context& ctx) {
+  if (ctx.gpu().sm_major != 9 || ctx.gpu().sm_minor != 0) return false;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, flash_attention_forward_wgmma<__nv_bfloat16, 64>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion == 90;  // the #error above makes every sm_90 image an sm_90a one
+}
+
+}  // namespace
+}  // namespace flash_hopper
+
+FlashForwardPath flash_forward_path_requested() {
+  const char* v = std::getenv("TESSERA_FLASH_PATH");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FlashForwardPath::Auto;
+  if (std::strcmp(v, "mma") == 0) return FlashForwardPath::Mma;
+  if (std::strcmp(v, "hopper") == 0) return FlashForwardPath::Hopper;
+  TS_THROW("TESSERA_FLASH_PATH must be auto, mma or hopper, not '", v, "'");
+}
+
+bool flash_hopper_available(const Context& ctx) {
+  return ctx.is_cuda() && flash_hopper::compiled_for(ctx);
+}
+
+bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
+  if (dtype != DType::BF16 && dtype != DType::F16) return false;
+  if (p.Dh != 64 && p.Dh != 128) return false;
+  if (p.H > 65535 || p.B > 65535) return false;
+  return flash_hopper_available(ctx);
+}
+
+bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+  switch (flash_forward_path_requested()) {
+    case FlashForwardPath::Mma: return false;
+    case FlashForwardPath::Auto: return flash_hopper_forward_eligible(p, dtype, ctx);
+    case FlashForwardPath::Hopper:
+      TS_CHECK(flash_hopper_available(ctx), "attention_forward: TESSERA_FLASH_PATH=hopper, but this ",
+               "device or build has no sm_90a Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".",
+               ctx.gpu().sm_minor, ")");
+      return flash_hopper_forward_eligible(p, dtype, ctx);
+  }
+  return false;
+}
+
+void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                         Context& ctx) {
+  TS_CHECK(flash_hopper_forward_eligible(p, dtype, ctx), "attention_forward (Hopper path): not eligible for ",
+           "Dh=", p.Dh, ", ", dtype_name(dtype), " on this device");
+  flash_hopper::dispatch(p.Dh, dtype, [&](auto t, auto d) {
+    flash_hopper::launch_forward<decltype(t), decltype(d)::value>(p, dtype, a, ctx);
+  });
+}
+
+}  // namespace tessera
