@@ -2,11 +2,14 @@
 // precision, through the Tensor-level entries. FlashAttention's own acceptance rule: the flash error (against
 // f64) is at most 2x the error of naive attention that materializes S and P in the same 16-bit dtype.
 #include <array>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "cuda_test_util.h"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/attention/attention_naive.h"
+#include "tessera/ops/attention/flash_hopper.h"
 
 namespace tessera::test {
 namespace {
@@ -42,9 +45,35 @@ void expect_within_2x(double flash, double naive, DType dt, const std::string& w
                           << test_seed();
 }
 
-void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng) {
-  const std::string what = label(p, dt);
+// Sets TESSERA_FLASH_PATH for one scope and restores what was there (the lead's runs set it for a whole binary).
+class ScopedFlashPath {
+ public:
+  explicit ScopedFlashPath(const char* path) {
+    if (const char* old = std::getenv(kName)) old_ = old;
+    ::setenv(kName, path, 1);
+  }
+  ~ScopedFlashPath() {
+    if (old_) ::setenv(kName, old_->c_str(), 1);
+    else ::unsetenv(kName);
+  }
+  ScopedFlashPath(const ScopedFlashPath&) = delete;
+  ScopedFlashPath& operator=(const ScopedFlashPath&) = delete;
+
+ private:
+  static constexpr const char* kName = "TESSERA_FLASH_PATH";
+  std::optional<std::string> old_;
+};
+
+// `path` names the forward the case must run ("hopper" or "mma"); nullptr leaves the routing to the environment.
+void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng,
+                    const char* path = nullptr) {
+  std::optional<ScopedFlashPath> scoped;
+  if (path) scoped.emplace(path);
+  const std::string what = label(p, dt) + (path ? std::string(" fwd ") + path : std::string());
   ASSERT_STREQ(attention_cuda_kernel(p, dt), "flash-mma") << what;
+  if (path) {
+    ASSERT_EQ(flash_forward_uses_hopper(p, dt, ctx), std::string(path) == "hopper") << what;
+  }
   const int C = p.H * p.Dh;
   const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
   // Scores S ~ N(0, 1.5²) after the 1/sqrt(Dh) scale: peaked enough that the running max moves between tiles.
@@ -149,6 +178,80 @@ TEST(CudaFlashAttention, UnalignedViewsFallBackToTiledKernels) {
   const Tensor tout = dev.poisoned(dt, NC), tlse = dev.poisoned(DType::F32, N * p.H);
   attention_forward(p, tout, tlse, tqkv, ctx);
   expect_close(dev.download(tout), out, dt, "unaligned qkv out");
+}
+
+// The Hopper (wgmma + TMA) forward, on a device and build that have it: against f64 and the 2x-naive rule over
+// the same awkward shapes (T = 1, partial 128-row tiles, one past a tile, several tiles), with the mma.sync
+// backward reading its out and lse (the gradients check that lse is the same quantity), and against the mma.sync
+// forward on the same inputs.
+TEST(CudaFlashAttentionHopper, ForwardMatchesReferenceAndNaiveRule) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool causal : {true, false})
+      for (int Dh : {64, 128})
+        for (int T : {1, 17, 64, 127, 128, 129, 200, 257})
+          run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng, "hopper");
+  for (int Dh : {64, 128})
+    run_flash_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true}, DType::BF16, ctx, rng, "hopper");
+  run_flash_case({.B = 1, .T = 1057, .H = 2, .Dh = 128, .causal = false}, DType::F16, ctx, rng, "hopper");
+}
+
+TEST(CudaFlashAttentionHopper, ForwardMatchesMmaForward) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
+  std::mt19937_64 rng(test_seed());
+  // Each is within the dtype's tolerance of f64 (above), so by the triangle inequality they agree with each
+  // other to twice that on the same inputs (different tile shapes reorder the f32 sums and round P at other
+  // points); lse to f32 accuracy; and the Hopper forward must repeat bit for bit.
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool causal : {true, false})
+      for (int Dh : {64, 128})
+        for (int T : {1, 127, 129, 600}) {
+          const AttentionParams p{.B = 2, .T = T, .H = 2, .Dh = Dh, .causal = causal};
+          const std::string what = label(p, dt);
+          const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh, n_lse = NC / p.Dh;
+          DeviceArena dev(ctx);
+          const Tensor tqkv = dev.upload(dt, rounded(dt, randn<double>(3 * NC, rng, 1.5)));
+          auto forward = [&](const char* path) {
+            ScopedFlashPath scoped(path);
+            EXPECT_EQ(flash_forward_uses_hopper(p, dt, ctx), std::string(path) == "hopper") << what;
+            const Tensor out = dev.poisoned(dt, NC), lse = dev.poisoned(DType::F32, n_lse);
+            attention_forward(p, out, lse, tqkv, ctx);
+            return std::make_pair(dev.download(out), dev.download(lse));
+          };
+          const auto [h_out, h_lse] = forward("hopper");
+          const auto [m_out, m_lse] = forward("mma");
+          expect_close(h_out, m_out, dt, what + " hopper out vs mma out", 2.0);
+          expect_close(h_lse, m_lse, DType::F32, what + " hopper lse vs mma lse", 20.0);
+          const auto [h_out2, h_lse2] = forward("hopper");
+          ASSERT_EQ(h_out2, h_out) << what << ": the Hopper forward's out differs between identical runs";
+          ASSERT_EQ(h_lse2, h_lse) << what << ": the Hopper forward's lse differs between identical runs";
+        }
+}
+
+TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  const AttentionParams p64{.B = 1, .T = 5, .H = 1, .Dh = 64, .causal = true};
+  const AttentionParams p80{.B = 1, .T = 5, .H = 1, .Dh = 80, .causal = true};
+  {
+    ScopedFlashPath scoped("mma");
+    EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
+  }
+  {
+    ScopedFlashPath scoped("bogus");
+    EXPECT_THROW(flash_forward_uses_hopper(p64, DType::BF16, ctx), Error);
+  }
+  ScopedFlashPath scoped("hopper");
+  if (!flash_hopper_available(ctx)) {
+    EXPECT_THROW(flash_forward_uses_hopper(p64, DType::BF16, ctx), Error);  // asked for, cannot run: an Error
+    return;
+  }
+  EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
+  EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::F16, ctx));
+  EXPECT_FALSE(flash_forward_uses_hopper(p80, DType::BF16, ctx));  // outside its coverage: mma.sync
+  EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::F32, ctx));
 }
 
 TEST(CudaNaiveAttention, F32MatchesReference) {

@@ -33,7 +33,7 @@
 #include "tessera/ops/attention/flash_hopper_kernel.cuh"
 #include "tessera/ops/attention/flash_kernel.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "flash_hopper_forward.cu: wgmma needs the sm_90a target; build with CMAKE_CUDA_ARCHITECTURES=90a"
 #endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
