@@ -102,7 +102,7 @@ size_t attention_naive_backward_bytes(const AttentionParams& p, DType dtype) {
 }
 
 void attention_naive_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                             AttentionNaiveSaved& saved, Context& ctx) {
+                             AttentionNaiveSaved& saved, Context& ctx, Tracer* tracer) {
   constexpr const char* op = "attention_naive_forward";
   std::string why;
   require_supported(attention_naive_supports(p, qkv.dtype(), ctx.device(), &why), op, why);
@@ -129,14 +129,23 @@ void attention_naive_forward(const AttentionParams& p, const Tensor& out, const 
   }
   const int64_t hd = static_cast<int64_t>(p.T) * p.Dh, tt = static_cast<int64_t>(p.T) * p.T;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
-  gemm(batched(p, p.T, p.T, p.Dh, false, true, scale, hd, hd, tt), flat(saved.p, dt, score_elems(p)),
-       flat(saved.q, dt, head_elems(p)), flat(saved.k, dt, head_elems(p)), Tensor(), ctx);
-  route(dt, ctx, op, [&](auto t) {
-    using T = decltype(t);
-    softmax_rows_ref<T>(p, saved.p.as<T>(), lse.as<T>());
-  }, [&] { attention_softmax_rows_cuda(p, dt, saved.p.data(), lse.as<float>(), ctx); });
-  gemm(batched(p, p.T, p.Dh, p.T, false, false, 1.0f, tt, hd, hd), flat(o, dt, head_elems(p)),
-       flat(saved.p, dt, score_elems(p)), flat(saved.v, dt, head_elems(p)), Tensor(), ctx);
+  {
+    const TraceScope range(tracer, "ATTN_QK");
+    gemm(batched(p, p.T, p.T, p.Dh, false, true, scale, hd, hd, tt), flat(saved.p, dt, score_elems(p)),
+         flat(saved.q, dt, head_elems(p)), flat(saved.k, dt, head_elems(p)), Tensor(), ctx);
+  }
+  {
+    const TraceScope range(tracer, "ATTN_SOFTMAX");
+    route(dt, ctx, op, [&](auto t) {
+      using T = decltype(t);
+      softmax_rows_ref<T>(p, saved.p.as<T>(), lse.as<T>());
+    }, [&] { attention_softmax_rows_cuda(p, dt, saved.p.data(), lse.as<float>(), ctx); });
+  }
+  {
+    const TraceScope range(tracer, "ATTN_AV");
+    gemm(batched(p, p.T, p.Dh, p.T, false, false, 1.0f, tt, hd, hd), flat(o, dt, head_elems(p)),
+         flat(saved.p, dt, score_elems(p)), flat(saved.v, dt, head_elems(p)), Tensor(), ctx);
+  }
   route(dt, ctx, op, [&](auto t) {
     using T = decltype(t);
     heads_merge_ref<T>(p, out.as<T>(), C, 0, o.as<T>());
@@ -145,7 +154,7 @@ void attention_naive_forward(const AttentionParams& p, const Tensor& out, const 
 }
 
 void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out,
-                              const AttentionNaiveSaved& saved, Context& ctx) {
+                              const AttentionNaiveSaved& saved, Context& ctx, Tracer* tracer) {
   constexpr const char* op = "attention_naive_backward";
   std::string why;
   const DType dt = d_out.dtype();
@@ -169,21 +178,30 @@ void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, con
   const int64_t hd = static_cast<int64_t>(p.T) * p.Dh, tt = static_cast<int64_t>(p.T) * p.T;
   const int64_t nh = head_elems(p), ns = score_elems(p);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
-  // dV = Pᵀ dO: (T keys, Dh) = (T, T)ᵀ (T, Dh).
-  gemm(batched(p, p.T, p.Dh, p.T, true, false, 1.0f, tt, hd, hd), flat(grads[2], dt, nh), flat(saved.p, dt, ns),
-       flat(d_o, dt, nh), Tensor(), ctx);
-  // dP = dO Vᵀ: (T, T) = (T, Dh) (T, Dh)ᵀ.
-  gemm(batched(p, p.T, p.T, p.Dh, false, true, 1.0f, hd, hd, tt), flat(d_p, dt, ns), flat(d_o, dt, nh),
-       flat(saved.v, dt, nh), Tensor(), ctx);
-  route(dt, ctx, op, [&](auto t) {
-    using T = decltype(t);
-    softmax_backward_rows_ref<T>(p, d_p.as<T>(), saved.p.as<T>());
-  }, [&] { attention_softmax_backward_rows_cuda(p, dt, d_p.data(), saved.p.data(), ctx); });
-  // dQ = dS K / sqrt(Dh); dK = dSᵀ Q / sqrt(Dh).
-  gemm(batched(p, p.T, p.Dh, p.T, false, false, scale, tt, hd, hd), flat(grads[0], dt, nh), flat(d_p, dt, ns),
-       flat(saved.k, dt, nh), Tensor(), ctx);
-  gemm(batched(p, p.T, p.Dh, p.T, true, false, scale, tt, hd, hd), flat(grads[1], dt, nh), flat(d_p, dt, ns),
-       flat(saved.q, dt, nh), Tensor(), ctx);
+  {
+    const TraceScope range(tracer, "ATTN_AV_BWD");
+    // dV = Pᵀ dO: (T keys, Dh) = (T, T)ᵀ (T, Dh).
+    gemm(batched(p, p.T, p.Dh, p.T, true, false, 1.0f, tt, hd, hd), flat(grads[2], dt, nh), flat(saved.p, dt, ns),
+         flat(d_o, dt, nh), Tensor(), ctx);
+    // dP = dO Vᵀ: (T, T) = (T, Dh) (T, Dh)ᵀ.
+    gemm(batched(p, p.T, p.T, p.Dh, false, true, 1.0f, hd, hd, tt), flat(d_p, dt, ns), flat(d_o, dt, nh),
+         flat(saved.v, dt, nh), Tensor(), ctx);
+  }
+  {
+    const TraceScope range(tracer, "ATTN_SOFTMAX_BWD");
+    route(dt, ctx, op, [&](auto t) {
+      using T = decltype(t);
+      softmax_backward_rows_ref<T>(p, d_p.as<T>(), saved.p.as<T>());
+    }, [&] { attention_softmax_backward_rows_cuda(p, dt, d_p.data(), saved.p.data(), ctx); });
+  }
+  {
+    const TraceScope range(tracer, "ATTN_QK_BWD");
+    // dQ = dS K / sqrt(Dh); dK = dSᵀ Q / sqrt(Dh).
+    gemm(batched(p, p.T, p.Dh, p.T, false, false, scale, tt, hd, hd), flat(grads[0], dt, nh), flat(d_p, dt, ns),
+         flat(saved.k, dt, nh), Tensor(), ctx);
+    gemm(batched(p, p.T, p.Dh, p.T, true, false, scale, tt, hd, hd), flat(grads[1], dt, nh), flat(d_p, dt, ns),
+         flat(saved.q, dt, nh), Tensor(), ctx);
+  }
   for (int part = 0; part < 3; ++part) {
     route(dt, ctx, op, [&](auto t) {
       using T = decltype(t);

@@ -11,10 +11,14 @@
 // copied into d_qkv (every element overwritten).
 // The GEMMs are the gemm op (cuBLASLt on a GPU, exact f32 for f32; OpenBLAS on the CPU). Memory: the forward
 // keeps P (B·H·T² elements) and Q, K, V for the backward, which adds dP (B·H·T²) and four (B·H·T·Dh) buffers.
+// Profiling (the CS336 assignment's annotated attention): the forward opens the NVTX ranges ATTN_QK (S = Q Kᵀ),
+// ATTN_SOFTMAX and ATTN_AV (O = P V), the backward ATTN_AV_BWD (dV, dP), ATTN_SOFTMAX_BWD and ATTN_QK_BWD (dQ, dK);
+// with a `tracer` they are also its slices (core/trace.h).
 #pragma once
 #include "tessera/core/buffer.h"
 #include "tessera/core/context.h"
 #include "tessera/core/tensor.h"
+#include "tessera/core/trace.h"
 #include "tessera/ops/attention/attention.h"
 
 namespace tessera {
@@ -30,11 +34,11 @@ struct AttentionNaiveSaved {
 bool attention_naive_supports(const AttentionParams& p, DType dtype, Device device, std::string* why = nullptr);
 // out: (B*T, C), lse: (B, H, T) f32 (f64 for f64), qkv: (B*T, 3C). Fills `saved` (replacing what it held).
 void attention_naive_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                             AttentionNaiveSaved& saved, Context& ctx);
+                             AttentionNaiveSaved& saved, Context& ctx, Tracer* tracer = nullptr);
 // d_qkv: (B*T, 3C), OVERWRITTEN; d_out: (B*T, C). Bytes of the temporaries it allocates (for the benchmark's
 // memory columns): attention_naive_backward_bytes(p, dtype).
 void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out,
-                              const AttentionNaiveSaved& saved, Context& ctx);
+                              const AttentionNaiveSaved& saved, Context& ctx, Tracer* tracer = nullptr);
 size_t attention_naive_backward_bytes(const AttentionParams& p, DType dtype);
 
 // ---- The element-wise pieces (CPU loops in attention_naive.cpp, CUDA kernels in attention_naive.cu). ----

@@ -1,0 +1,307 @@
+#include "tessera/bench/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "tessera/core/buffer.h"
+#include "tessera/core/error.h"
+#include "tessera/core/memory.h"
+#include "tessera/models/gpt.h"
+#include "tessera/models/gpt_plan.h"
+#include "tessera/ops/gemm/gemm.h"
+#include "tessera/train/optimizer.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// splitmix64: a reproducible stream for tokens and GEMM inputs (they only need to vary).
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
+};
+
+// `steps` runs of fn, each between two synchronizations of the context, timed by the host clock, after `warmup`
+// untimed runs.
+RegionTiming time_region(Context& ctx, const std::function<void()>& fn, int warmup, int steps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  ctx.synchronize();
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    ctx.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ctx.synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  RegionTiming r;
+  double sum = 0, sq = 0;
+  for (double v : ms) sum += v;
+  r.mean_ms = sum / static_cast<double>(ms.size());
+  for (double v : ms) sq += (v - r.mean_ms) * (v - r.mean_ms);
+  r.std_ms = ms.size() > 1 ? std::sqrt(sq / static_cast<double>(ms.size() - 1)) : 0.0;
+  r.t = timing_summary(std::move(ms));
+  return r;
+}
+
+// Weights for timing: norm gains 1, everything else uniform in ±0.02 from a hash of (segment, index), filled by
+// all cores. Gpt::init_weights draws N(0, 0.02) one element at a time on one core, which takes minutes for the
+// 2.7B model; the timing of a step does not depend on the values, only on their being ordinary numbers.
+void bench_init_weights(Gpt& model) {
+  ParamBuffer& pb = model.params();
+  std::vector<float> w(pb.size(), 0.0f);
+  for (const ParamSegment& seg : pb.segments()) {
+    const bool gain = seg.name.ends_with("ln1.w") || seg.name.ends_with("ln2.w") || seg.name == "lnf.w";
+    const bool bias = seg.name.ends_with(".b");
+    const int64_t n = static_cast<int64_t>(seg.numel);
+    float* dst = w.data() + seg.offset;
+    const uint64_t salt = seg.offset * 0x9e3779b97f4a7c15ull;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      SplitMix h{salt + static_cast<uint64_t>(i)};
+      dst[i] = gain ? 1.0f : bias ? 0.0f : 0.02f * h.uniform();
+    }
+  }
+  pb.write_f32(w, model.context());
+}
+
+// The memory free for a new size: the device's (total − in use) or the host's MemAvailable.
+size_t free_memory(Context& ctx) {
+  if (ctx.is_cuda()) {
+    const size_t total = ctx.gpu().memory_bytes, used = ctx.device_memory_used();
+    return total > used ? total - used : 0;
+  }
+  return available_host_memory();
+}
+
+// Device memory in use above `baseline` (0 on the CPU).
+size_t used_above(Context& ctx, size_t baseline) {
+  const size_t used = ctx.device_memory_used();
+  return used > baseline ? used - baseline : 0;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+  return buf;
+}
+
+}  // namespace
+
+const char* model_bench_mode_name(ModelBenchMode m) {
+  switch (m) {
+    case ModelBenchMode::Fwd: return "fwd";
+    case ModelBenchMode::FwdBwd: return "fwd-bwd";
+    case ModelBenchMode::Step: return "step";
+  }
+  return "?";
+}
+
+bool is_out_of_memory(const std::string& message) {
+  return message.rfind("out of GPU memory", 0) == 0 || message.rfind("out of memory", 0) == 0;
+}
+
+PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType dtype) {
+  // Segments: wte, wpe, lnf.w, lnf.b, lm_head and at most 12 per layer; each is padded by under 16 elements.
+  const size_t segments = 5 + 12 * static_cast<size_t>(cfg.n_layers);
+  const size_t elems = static_cast<size_t>(cfg.num_params()) + 16 * segments;
+  const size_t es = dtype_size(dtype);
+  PlannedMemory m;
+  m.params = elems * (2 * es + (es < 4 ? 4 : 0));
+  m.optimizer = elems * 8;
+  m.activations = Gpt::activation_bytes(cfg, B, T, dtype);
+  return m;
+}
+
+double model_forward_flops(const ModelConfig& cfg, int B, int T) {
+  const double N = static_cast<double>(B) * T, C = cfg.d_model, F = cfg.d_ff, Fin = cfg.d_ff_in(), V = cfg.vocab;
+  const double L = cfg.n_layers;
+  const double gemms = 2.0 * N * L * (3 * C * C + C * C + C * Fin + F * C);
+  const double attention = L * 4.0 * N * T * C;  // QKᵀ and AV, 2·T·C each per token, per layer
+  const double head = 2.0 * N * C * V;
+  return gemms + attention + head;
+}
+
+GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOptions& timing) {
+  Context& ctx = h.context();
+  const size_t count = static_cast<size_t>(n) * n, bytes = count * dtype_size(dtype);
+  Buffer a(bytes, ctx.device(), "the GEMM-rate A"), b(bytes, ctx.device(), "the GEMM-rate B"),
+      c(bytes, ctx.device(), "the GEMM-rate C");
+  {
+    SplitMix rng{7};
+    std::vector<float> f32(count);
+    std::vector<unsigned char> raw(bytes);
+    for (const Buffer* buf : {&a, &b}) {
+      for (float& v : f32) v = rng.uniform();
+      convert_from_f32(f32.data(), count, dtype, raw.data());
+      copy_bytes(buf->data(), ctx.device(), raw.data(), Device::cpu(), bytes, ctx);
+    }
+    ctx.synchronize();
+  }
+  const int64_t nn = static_cast<int64_t>(count);
+  const Tensor ta = a.view(dtype, {nn}), tb = b.view(dtype, {nn}), tc = c.view(dtype, {nn});
+  GemmRate r;
+  r.n = n;
+  r.dtype = dtype;
+  r.t = h.time([&] { gemm({.M = n, .N = n, .K = n}, tc, ta, tb, Tensor(), ctx); }, timing);
+  return r;
+}
+
+ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s) {
+  TS_CHECK(bc.batch > 0 && bc.seq > 0, "bench model: --batch and --seq must be positive");
+  TS_CHECK(bc.seq <= cfg.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", cfg.max_seq, " of ", cfg.preset);
+  TS_CHECK(bc.steps >= 1, "bench model: --steps must be >= 1, got ", bc.steps);
+  TS_CHECK(bc.warmup >= 0, "bench model: --warmup must be >= 0, got ", bc.warmup);
+  ModelBenchRow row;
+  row.size = cfg.preset;
+  row.cfg = cfg;
+  row.params = cfg.num_params();
+  row.flops_fwd = model_forward_flops(cfg, bc.batch, bc.seq);
+  row.mem_measured = ctx.is_cuda();
+  row.planned = model_planned_memory(cfg, bc.batch, bc.seq, bc.dtype);
+
+  const size_t free_bytes = free_memory(ctx);
+  size_t limit = free_bytes;
+  if (bc.max_memory_bytes > 0 && (limit == 0 || bc.max_memory_bytes < limit)) limit = bc.max_memory_bytes;
+  const bool needs_optimizer = bc.step || bc.memory_timeline;
+  const size_t need = row.planned.params + row.planned.activations + (needs_optimizer ? row.planned.optimizer : 0);
+  if (limit > 0 && need > limit) {
+    row.oom = true;
+    row.oom_reason = "planned " + gib(static_cast<double>(need)) + " > " + gib(static_cast<double>(limit)) +
+                     (limit == bc.max_memory_bytes ? " (--max-memory)" : " free");
+    return row;
+  }
+
+  const size_t baseline = ctx.device_memory_used();
+  const int B = bc.batch, T = bc.seq, N = B * T;
+  try {
+    Gpt model(cfg, ctx, bc.dtype);
+    bench_init_weights(model);
+    {
+      std::vector<int32_t> tok(static_cast<size_t>(N)), tgt(tok.size());
+      SplitMix rng{bc.seed * 0x2545f4914f6cdd1dull + 3};
+      for (int32_t& t : tok) t = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(cfg.vocab));
+      for (int32_t& t : tgt) t = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(cfg.vocab));
+      copy_bytes(model.tokens_buffer(B, T).data(), ctx.device(), tok.data(), Device::cpu(), tok.size() * 4, ctx);
+      copy_bytes(model.targets_buffer(B, T).data(), ctx.device(), tgt.data(), Device::cpu(), tgt.size() * 4, ctx);
+      ctx.synchronize();
+    }
+    RngState rng{bc.seed, 0};
+    const ForwardOptions fo{.training = true, .label_smoothing = 0.0f, .rng = &rng};
+    const size_t param_bytes =
+        model.params().size() * (2 * dtype_size(bc.dtype) + (model.params().has_master() ? 4 : 0));
+    auto forward = [&] { model.forward_device(B, T, /*with_targets=*/true, fo); };
+    auto forward_backward = [&] {
+      model.zero_grad();
+      forward();
+      model.backward();
+    };
+
+    if (bc.fwd) {
+      row.fwd = time_region(ctx, forward, bc.warmup, bc.steps);
+      row.mem_fwd = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak();
+    }
+    if (bc.fwd_bwd) row.fwd_bwd = time_region(ctx, forward_backward, bc.warmup, bc.steps);
+
+    std::unique_ptr<AdamW> opt;
+    if (needs_optimizer) opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
+    // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
+    constexpr float kLr = 1e-5f;
+    auto step = [&] {
+      forward_backward();
+      opt->step(model.params(), kLr);
+    };
+    if (bc.step) {
+      row.step = time_region(ctx, step, bc.warmup, bc.steps);
+      row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak() + opt->state_bytes();
+    }
+
+    // One more step, recorded: the Chrome trace (with the phase ranges and the memory counters) and the
+    // memory timeline's measured samples at the end of each phase.
+    if (bc.trace || bc.memory_timeline) {
+      auto tracer = bc.trace ? std::make_shared<Tracer>(ctx) : nullptr;
+      model.set_tracer(tracer.get());
+      std::vector<size_t> at_phase_end;  // forward, backward, optimizer
+      auto sample = [&](const char* what) {
+        if (!ctx.is_cuda()) return;
+        ctx.synchronize();
+        const size_t used = used_above(ctx, baseline);
+        at_phase_end.push_back(used);
+        if (tracer) tracer->counter(std::string("device memory in use (measured) ") + what, static_cast<double>(used));
+      };
+      const bool full = opt != nullptr;  // a training step whenever the optimizer exists
+      model.zero_grad();
+      forward();
+      sample("after forward");
+      if (full || bc.fwd_bwd) {
+        model.backward();
+        sample("after backward");
+      }
+      if (full) {
+        const TraceScope optim(tracer.get(), "OPTIM_STEP");
+        opt->step(model.params(), kLr);
+      }
+      if (full) sample("after optimizer");
+      model.set_tracer(nullptr);
+      ctx.synchronize();
+      row.trace = tracer;
+
+      if (bc.memory_timeline) {
+        const MemoryPlan& plan = model.current_plan();
+        const std::vector<size_t> live = plan.live_bytes();
+        const int L = cfg.n_layers, end = step_event(L, StepOp::End), bwd0 = step_event(L, StepOp::LossBwd);
+        const size_t static_bytes = param_bytes + (opt ? opt->state_bytes() : 0);
+        for (int e = 0; e <= end; ++e) {
+          MemoryTimelinePoint p;
+          p.event = e;
+          const int phase = e < bwd0 ? 0 : e < end ? 1 : 2;
+          p.phase = phase == 0 ? "forward" : phase == 1 ? "backward" : "optimizer";
+          p.name = step_event_name(L, e);
+          p.activations_live = e < static_cast<int>(live.size()) ? live[static_cast<size_t>(e)] : 0;
+          p.static_bytes = static_bytes;
+          p.arena = model.activation_peak();
+          if (ctx.is_cuda() && static_cast<size_t>(phase) < at_phase_end.size()) p.measured = at_phase_end[phase];
+          row.timeline.push_back(std::move(p));
+        }
+      }
+    }
+  } catch (const Error& e) {
+    if (!is_out_of_memory(e.what())) throw;
+    row.oom = true;
+    row.oom_reason = e.what();
+    row.fwd.reset();
+    row.fwd_bwd.reset();
+    row.step.reset();
+    row.mem_fwd.reset();
+    row.mem_train.reset();
+    row.trace.reset();
+    row.timeline.clear();
+    return row;
+  }
+
+  const double tokens = static_cast<double>(N);
+  const RegionTiming* r = row.step ? &*row.step : row.fwd_bwd ? &*row.fwd_bwd : row.fwd ? &*row.fwd : nullptr;
+  if (r) {
+    row.rate_region = row.step ? "step" : row.fwd_bwd ? "fwd-bwd" : "fwd";
+    const double flops = row.fwd && r == &*row.fwd ? row.flops_fwd : 3.0 * row.flops_fwd;
+    const double s = r->t.median_ms * 1e-3;
+    row.tokens_per_s = tokens / s;
+    row.mfu = gemm_flops_per_s > 0 ? flops / s / gemm_flops_per_s : 0.0;
+  }
+  return row;
+}
+
+}  // namespace tessera

@@ -1,0 +1,133 @@
+// tessera/bench/model.h — the rows of `tessera bench model`: the CS336 assignment's end-to-end benchmark of a
+// GPT over model sizes (forward, forward + backward and the whole training step with AdamW; peak memory;
+// tokens/s; MFU against a GEMM rate measured in the same run).
+//
+// Timing follows the assignment's method (timeit around torch.cuda.synchronize()): each timed region is
+//   ctx.synchronize(); t0 = steady_clock; work; ctx.synchronize(); t1 = steady_clock
+// after `warmup` untimed runs, so a figure holds the host's launch overhead and every host round trip of the
+// step, as a user waiting for the step sees it. The regions, on the model's own buffers and random tokens:
+//   fwd      forward_device with targets (embedding .. cross-entropy loss, on the device; no host copy)
+//   fwd-bwd  zero_grad + forward + backward (the gradients of every parameter)
+//   step     zero_grad + forward + backward + AdamW step (clipping at 1.0, as the trainer's default)
+//
+// Memory. On a GPU: the device memory in use as the driver counts it (Context::device_memory_used, what
+// TrainResult::peak_device_bytes reports) after the region, minus what was in use before the model was made
+// (the CUDA context, cuBLASLt's workspace, the benchmark's own buffers). tessera allocates nothing transient
+// inside a step (parameters, gradients, master weights, the activation arena and AdamW's moments are held
+// whole), so what is in use after a region is its peak. On the CPU: the bytes tessera allocates by plan
+// (the parameter buffers, the planned activation arena, and for training the AdamW moments).
+//
+// Out of memory. Before a size is built, its planned bytes (parameters, gradients, master weights, AdamW m and v,
+// the activation plan's peak) are compared with the memory free (the device's, or the host's MemAvailable), or
+// with `max_memory_bytes` when that is smaller; a size above it is marked OOM without being tried. A size that
+// fails an allocation anyway (tessera's "out of GPU memory" / "out of memory" Error) is marked OOM too, and the
+// sweep goes on.
+//
+// FLOPs (for MFU), per step of N = B·T tokens, counted from the GEMMs the model runs (PaLM's rule: matmuls only,
+// attention as the full T x T square although the causal kernels skip about half of it):
+//   forward  = 2·N·L·(3C² + C² + C·Fin + F·C)  +  L·4·N·T·C  +  2·N·C·V
+//   backward = 2 x forward;  a training step = 3 x forward (AdamW's elementwise work is not counted)
+// with Fin = d_ff_in() (2·d_ff for SwiGLU) and F = d_ff. MFU = FLOPs / time / the measured GEMM rate.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/core/context.h"
+#include "tessera/core/dtype.h"
+#include "tessera/core/trace.h"
+#include "tessera/models/config.h"
+
+namespace tessera {
+
+enum class ModelBenchMode { Fwd, FwdBwd, Step };
+const char* model_bench_mode_name(ModelBenchMode m);  // "fwd", "fwd-bwd", "step"
+
+struct ModelBenchConfig {
+  int batch = 4;
+  int seq = 256;
+  DType dtype = DType::F32;
+  bool fwd = true, fwd_bwd = true, step = true;  // which regions to time
+  int warmup = 5;
+  int steps = 10;
+  size_t max_memory_bytes = 0;  // 0: the memory free on the device (host MemAvailable on the CPU)
+  bool trace = false;           // record one step with a Tracer (ModelBenchRow::trace)
+  bool memory_timeline = false; // fill ModelBenchRow::timeline from one training step
+  uint64_t seed = 1;
+};
+
+// Median, min, max (timing_summary) and mean and standard deviation of the timed runs of one region.
+struct RegionTiming {
+  Timing t;
+  double mean_ms = 0, std_ms = 0;
+};
+
+// The bytes a size needs, by plan (before it is built): an upper bound by at most 16 elements per tensor (the
+// parameter segments' padding).
+struct PlannedMemory {
+  size_t params = 0;      // parameters + gradients (compute dtype) + f32 master weights for 16-bit
+  size_t optimizer = 0;   // AdamW m and v (f32)
+  size_t activations = 0; // the activation plan's peak (the arena)
+  size_t total() const { return params + optimizer + activations; }
+};
+PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType dtype);
+
+// GEMM FLOPs of one forward over B·T tokens (the formula in the header comment).
+double model_forward_flops(const ModelConfig& cfg, int B, int T);
+
+// One point of the memory timeline of a training step: one per event of the step's plan (gpt_plan.h), the last
+// (the end of the step) being where AdamW runs.
+struct MemoryTimelinePoint {
+  int event = 0;
+  std::string phase;  // "forward", "backward", "optimizer"
+  std::string name;   // step_event_name
+  size_t activations_live = 0;  // the plan's live bytes at the event
+  size_t static_bytes = 0;      // parameters, gradients, master weights, AdamW state: held for the whole step
+  size_t arena = 0;             // the activation arena allocated (the plan's peak)
+  // GPU: the device memory in use above the baseline, measured (cudaMemGetInfo) at the end of the event's phase;
+  // nullopt on the CPU.
+  std::optional<size_t> measured;
+  size_t planned_total() const { return static_bytes + activations_live; }
+};
+
+struct ModelBenchRow {
+  std::string size;  // the preset
+  ModelConfig cfg;
+  int64_t params = 0;
+  bool oom = false;
+  std::string oom_reason;
+  PlannedMemory planned;
+  std::optional<RegionTiming> fwd, fwd_bwd, step;
+  // Peak memory of the forward and of the training step (device: measured; CPU: planned); nullopt when the
+  // region was not run.
+  std::optional<size_t> mem_fwd, mem_train;
+  bool mem_measured = false;  // true on a GPU
+  double flops_fwd = 0;       // per forward (model_forward_flops)
+  // tokens/s and MFU from the most complete region timed (step, else fwd-bwd, else fwd).
+  std::string rate_region;
+  double tokens_per_s = 0, mfu = 0;
+  std::shared_ptr<Tracer> trace;             // with cfg.trace: one traced training step (or the region timed)
+  std::vector<MemoryTimelinePoint> timeline; // with cfg.memory_timeline
+};
+
+// The GEMM rate MFU is taken against: an n x n x n product through the gemm op in `dtype` (cuBLASLt on a GPU,
+// OpenBLAS or the plain loop on the CPU), median of `timing.iters` runs.
+struct GemmRate {
+  int n = 0;
+  DType dtype = DType::F32;
+  Timing t;
+  double flops_per_s() const { return 2.0 * n * static_cast<double>(n) * n / (t.median_ms * 1e-3); }
+};
+GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOptions& timing);
+
+// Benchmarks one size on ctx. `gemm_flops_per_s` is the rate MFU is taken against (0: MFU left at 0).
+ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s);
+
+// True for tessera's allocation failures ("out of GPU memory: ...", "out of memory: ...").
+bool is_out_of_memory(const std::string& message);
+
+}  // namespace tessera

@@ -1,0 +1,356 @@
+// tessera bench model: the CS336 assignment's end-to-end table over model sizes — forward, forward + backward
+// and the whole training step (AdamW) in ms (median ± standard deviation), peak memory of the forward and of
+// training, tokens/s and MFU against a GEMM rate measured in the same run; out-of-memory sizes marked OOM.
+// Markdown (--out), JSON (--json), CSV (--csv), a Chrome trace of one step (--trace) and the memory timeline
+// of one step (--memory-timeline: a PNG plot and its CSV). The measurement itself is bench/model.h.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/bench/memory_timeline.h"
+#include "tessera/bench/model.h"
+#include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/context.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/ops/gemm/gemm.h"
+#include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+namespace tessera::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The GEMM MFU is taken against: the 8192³ bf16 on a GPU; on the CPU a size that takes tens of ms on
+// two cores (8192³ in f32 would take minutes there).
+constexpr int kGemmGpu = 8192, kGemmCpu = 1024;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    std::string item = s.substr(i, j - i);
+    const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+    TS_CHECK(a != std::string::npos, "--sizes: empty item in '", s, "' (a comma list of presets)");
+    out.push_back(item.substr(a, b - a + 1));
+    i = j + 1;
+  }
+  return out;
+}
+
+// "512MiB", "1.5GiB", "2GB", "1000000": bytes.
+size_t parse_bytes(const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  const std::string unit = end ? end : "";
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  TS_CHECK(!v.empty() && end != v.c_str() && mult > 0 && std::isfinite(x) && x * mult >= 1 && x * mult < 1e18,
+           "bench model: --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
+  return static_cast<size_t>(x * mult);
+}
+
+// Fails now, before minutes of timing, when `path` cannot be written (and creates nothing).
+void check_output_path(const std::string& flag, const std::string& path) {
+  TS_CHECK(!path.empty(), "--", flag, " needs a file name");
+  const fs::path parent = fs::absolute(path).parent_path();
+  TS_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--", flag, " ", path, ": directory ",
+           parent.string(), " does not exist or is not writable");
+  TS_CHECK(!fs::is_directory(path), "--", flag, " ", path, " is a directory; give a file name");
+}
+
+// FILE.ext for one size; FILE.<size>.ext when the sweep has several.
+std::string per_size_path(const std::string& path, const std::string& size, bool several) {
+  if (!several) return path;
+  const fs::path p(path);
+  return (p.parent_path() / (p.stem().string() + "." + size + p.extension().string())).string();
+}
+
+std::string cell_ms(const std::optional<RegionTiming>& r, bool oom) {
+  if (oom) return "OOM";
+  if (!r) return "–";
+  return fmt(r->t.median_ms < 10 ? "%.3f" : "%.2f", r->t.median_ms) + " ±" +
+         fmt(r->std_ms < 10 ? "%.3f" : "%.2f", r->std_ms);
+}
+
+std::string cell_bytes(const std::optional<size_t>& b, bool oom) {
+  if (oom) return "OOM";
+  return b ? human_bytes(static_cast<double>(*b)) : "–";
+}
+
+nlohmann::ordered_json timing_json(const std::optional<RegionTiming>& r) {
+  if (!r) return nullptr;
+  return {{"median_ms", r->t.median_ms}, {"min_ms", r->t.min_ms}, {"max_ms", r->t.max_ms},
+          {"mean_ms", r->mean_ms},       {"std_ms", r->std_ms},   {"runs", r->t.iters}};
+}
+
+std::string csv_num(double v) { return fmt("%.6g", v); }
+
+}  // namespace
+
+int cmd_bench_model(int argc, char** argv) {
+  Flags a("bench model",
+          "The CS336 end-to-end benchmark: forward, forward+backward and training-step ms, peak memory, tokens/s "
+          "and MFU over model sizes.");
+  a.add("preset", "NAME", "one model size (a preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b)");
+  a.add("sizes", "A,B,...", "several presets, one row each (default: tiny on the CPU; cs336-small,medium,large,xl,"
+                            "2.7b on a GPU)");
+  a.add("batch", "B", "sequences per step (default 4)");
+  a.add("seq", "T", "tokens per sequence (default 256, or the smallest max_seq of the sizes when below)");
+  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
+  a.add("mode", "fwd|fwd-bwd|step|all", "which regions to time (default all three columns)");
+  a.add("warmup", "N", "untimed runs of each region first (default 5)");
+  a.add("steps", "N", "timed runs of each region; the table shows their median ± standard deviation (default 10)");
+  a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
+  a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
+  a.add("out", "FILE", "also write the table as markdown to FILE");
+  a.add("json", "FILE", "also write the rows as JSON to FILE");
+  a.add("csv", "FILE", "also write the rows as CSV to FILE");
+  a.add("trace", "FILE.json", "Chrome trace (Perfetto) of one more step; FILE.<size>.json for several sizes");
+  a.add("memory-timeline", "FILE.png", "plot memory over one training step per op, phases shaded, and write "
+                                       "FILE.csv beside it (FILE.<size>.png for several sizes)");
+  if (!a.parse(argc, argv, 3)) return 0;
+
+  TS_CHECK(!(a.has("preset") && a.has("sizes")), "bench model: give --preset or --sizes, not both");
+  const std::string mode = a.str("mode", "all");
+  TS_CHECK(mode == "fwd" || mode == "fwd-bwd" || mode == "step" || mode == "all",
+           "bench model: --mode must be fwd, fwd-bwd, step or all, got '", mode, "'");
+  ModelBenchConfig bc;
+  bc.fwd = mode == "fwd" || mode == "all";
+  bc.fwd_bwd = mode == "fwd-bwd" || mode == "all";
+  bc.step = mode == "step" || mode == "all";
+  bc.warmup = a.integer("warmup", 5);
+  bc.steps = a.integer("steps", 10);
+  TS_CHECK(bc.warmup >= 0, "bench model: --warmup must be >= 0, got ", bc.warmup);
+  TS_CHECK(bc.steps >= 1, "bench model: --steps must be >= 1, got ", bc.steps);
+  bc.batch = a.integer("batch", 4);
+  TS_CHECK(bc.batch >= 1, "bench model: --batch must be >= 1, got ", bc.batch);
+  if (a.has("max-memory")) bc.max_memory_bytes = parse_bytes(a.str("max-memory"));
+  const std::string out = a.str("out"), json_path = a.str("json"), csv_path = a.str("csv");
+  const std::string trace_path = a.str("trace"), timeline_path = a.str("memory-timeline");
+  if (a.has("out")) check_output_path("out", out);
+  if (a.has("json")) check_output_path("json", json_path);
+  if (a.has("csv")) check_output_path("csv", csv_path);
+  if (a.has("trace")) check_output_path("trace", trace_path);
+  if (a.has("memory-timeline")) {
+    check_output_path("memory-timeline", timeline_path);
+    TS_CHECK(fs::path(timeline_path).extension() == ".png", "bench model: --memory-timeline ", timeline_path,
+             " must end in .png (the CSV is written beside it as .csv)");
+  }
+  bc.trace = a.has("trace");
+  bc.memory_timeline = a.has("memory-timeline");
+
+  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
+  const std::string prec = a.str("precision", ctx.is_cuda() ? "bf16" : "f32");
+  TS_CHECK(prec == "f32" || prec == "bf16" || prec == "f16", "bench model: --precision must be f32, bf16 or f16, got '",
+           prec, "'");
+  TS_CHECK(prec != "f16", "bench model: --precision f16: a training step in f16 needs dynamic loss scaling, which is "
+                          "not built yet; use bf16");
+  TS_CHECK(ctx.is_cuda() || prec == "f32", "bench model: --precision ", prec,
+           " needs a GPU: the CPU reference computes in f32 (use --precision f32, or --device cuda)");
+  bc.dtype = prec == "bf16" ? DType::BF16 : DType::F32;
+
+  const std::string default_sizes =
+      ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
+  const std::vector<std::string> names =
+      a.has("preset") ? std::vector<std::string>{a.str("preset")} : split_list(a.str("sizes", default_sizes));
+  std::vector<ModelConfig> cfgs;
+  int min_max_seq = 1 << 30;
+  for (const std::string& n : names) {
+    cfgs.push_back(model_preset(n));
+    min_max_seq = std::min(min_max_seq, cfgs.back().max_seq);
+  }
+  bc.seq = a.integer("seq", std::min(256, min_max_seq));
+  TS_CHECK(bc.seq >= 1, "bench model: --seq must be >= 1, got ", bc.seq);
+  for (const ModelConfig& c : cfgs)
+    TS_CHECK(bc.seq <= c.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", c.max_seq, " of ", c.preset);
+  const bool several = cfgs.size() > 1;
+
+  const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
+              device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
+  std::fflush(stdout);
+
+  // The GEMM rate of this run: bf16 cuBLASLt on a GPU, f32 on the CPU.
+  BenchHarness h(ctx);
+  const int gemm_n = ctx.is_cuda() ? kGemmGpu : kGemmCpu;
+  const DType gemm_dt = ctx.is_cuda() ? DType::BF16 : DType::F32;
+  const GemmRate gemm_rate = measure_gemm_rate(h, gemm_n, gemm_dt, {.warmup = bc.warmup, .iters = bc.steps});
+  const std::string gemm_impl = ctx.is_cuda() ? "cuBLASLt" : gemm_uses_blas() ? "OpenBLAS" : "plain loop";
+  const std::string gemm_line = "GEMM rate (MFU reference): " + std::to_string(gemm_n) + "³ " + std::string(dtype_name(gemm_dt)) +
+                                " " + gemm_impl + ", " + fmt("%.3f", gemm_rate.t.median_ms) + " ms, " +
+                                fmt("%.2f", gemm_rate.flops_per_s() / 1e12) + " TFLOP/s";
+  std::printf("%s\n", gemm_line.c_str());
+  std::fflush(stdout);
+
+  std::vector<ModelBenchRow> rows;
+  for (const ModelConfig& c : cfgs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    rows.push_back(bench_model(c, bc, ctx, gemm_rate.flops_per_s()));
+    const ModelBenchRow& r = rows.back();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.oom) std::printf("  %s: OOM (%s)\n", c.preset.c_str(), r.oom_reason.c_str());
+    else std::printf("  %s: done in %.1f s\n", c.preset.c_str(), s);
+    std::fflush(stdout);
+    if (r.trace) {
+      const std::string p = per_size_path(trace_path, c.preset, several);
+      r.trace->write_chrome_json(p);
+      std::printf("  wrote %s\n", p.c_str());
+    }
+    if (!r.timeline.empty()) {
+      const std::string png = per_size_path(timeline_path, c.preset, several);
+      const std::string csv = (fs::path(png).replace_extension(".csv")).string();
+      const std::string title = c.preset + " B" + std::to_string(bc.batch) + " T" + std::to_string(bc.seq) + " " +
+                                prec + " on " + (ctx.is_cuda() ? ctx.gpu().name : std::string("cpu"));
+      write_memory_timeline(png, csv, r.timeline, title);
+      std::printf("  wrote %s and %s\n", png.c_str(), csv.c_str());
+    }
+  }
+
+  // ---- markdown ----
+  const bool gpu = ctx.is_cuda();
+  std::string md = "# tessera bench model\n\n";
+  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
+        "\n- precision " + prec + ", batch " + std::to_string(bc.batch) + ", seq " + std::to_string(bc.seq) + ", " +
+        std::to_string(bc.warmup) + " warm-up + " + std::to_string(bc.steps) +
+        " timed runs per region, each between two synchronizations (host clock); cells: median ± std ms\n";
+  md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
+  md += "- " + gemm_line + "\n";
+  md += std::string("- memory: ") +
+        (gpu ? "device memory in use after the region (cudaMemGetInfo) above what was in use before the size was built"
+             : "planned bytes (parameters, gradients, the activation arena; training adds AdamW's m and v)") +
+        "\n";
+  md += "- tokens/s and MFU from the step column (else fwd+bwd, else fwd); FLOPs: GEMMs only, attention as the full "
+        "T² square, step = 3 x forward\n";
+  md += "\n| size | d_model | d_ff | layers | heads | params | fwd ms | fwd+bwd ms | step ms | fwd mem | train mem | "
+        "tokens/s | MFU |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const ModelBenchRow& r : rows) {
+    md += "| " + r.size + " | " + std::to_string(r.cfg.d_model) + " | " + std::to_string(r.cfg.d_ff) + " | " +
+          std::to_string(r.cfg.n_layers) + " | " + std::to_string(r.cfg.n_heads) + " | " +
+          human_count(static_cast<double>(r.params)) + " | " + cell_ms(r.fwd, r.oom) + " | " +
+          cell_ms(r.fwd_bwd, r.oom) + " | " + cell_ms(r.step, r.oom) + " | " + cell_bytes(r.mem_fwd, r.oom) + " | " +
+          cell_bytes(r.mem_train, r.oom) + " | " + (r.oom ? "OOM" : human_count(r.tokens_per_s)) + " | " +
+          (r.oom ? "OOM" : fmt("%.1f%%", 100.0 * r.mfu)) + " |\n";
+  }
+  for (const ModelBenchRow& r : rows)
+    if (r.oom) md += "\n- " + r.size + ": OOM: " + r.oom_reason;
+  if (std::any_of(rows.begin(), rows.end(), [](const ModelBenchRow& r) { return r.oom; })) md += "\n";
+  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
+  if (!out.empty()) {
+    write_file_atomic(out, md);
+    std::printf("wrote %s\n", out.c_str());
+  }
+
+  // ---- JSON ----
+  if (!json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["date"] = utc_now();
+    j["commit"] = TESSERA_GIT_COMMIT;
+    j["device"] = device;
+    j["precision"] = prec;
+    j["batch"] = bc.batch;
+    j["seq"] = bc.seq;
+    j["warmup"] = bc.warmup;
+    j["steps"] = bc.steps;
+    j["memory"] = gpu ? "measured" : "planned";
+    j["gemm"] = {{"n", gemm_n},
+                 {"dtype", std::string(dtype_name(gemm_dt))},
+                 {"impl", gemm_impl},
+                 {"median_ms", gemm_rate.t.median_ms},
+                 {"tflops", gemm_rate.flops_per_s() / 1e12}};
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const ModelBenchRow& r : rows) {
+      nlohmann::ordered_json o;
+      o["size"] = r.size;
+      o["d_model"] = r.cfg.d_model;
+      o["d_ff"] = r.cfg.d_ff;
+      o["n_layers"] = r.cfg.n_layers;
+      o["n_heads"] = r.cfg.n_heads;
+      o["params"] = r.params;
+      o["oom"] = r.oom;
+      if (r.oom) o["oom_reason"] = r.oom_reason;
+      o["planned_bytes"] = {{"params", r.planned.params},
+                            {"optimizer", r.planned.optimizer},
+                            {"activations", r.planned.activations}};
+      o["fwd"] = timing_json(r.fwd);
+      o["fwd_bwd"] = timing_json(r.fwd_bwd);
+      o["step"] = timing_json(r.step);
+      o["mem_fwd_bytes"] = r.mem_fwd ? nlohmann::ordered_json(*r.mem_fwd) : nlohmann::ordered_json(nullptr);
+      o["mem_train_bytes"] = r.mem_train ? nlohmann::ordered_json(*r.mem_train) : nlohmann::ordered_json(nullptr);
+      o["flops_fwd"] = r.flops_fwd;
+      o["rate_region"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.rate_region);
+      o["tokens_per_s"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.tokens_per_s);
+      o["mfu"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.mfu);
+      arr.push_back(std::move(o));
+    }
+    j["rows"] = std::move(arr);
+    write_file_atomic(json_path, j.dump(2) + "\n");
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+
+  // ---- CSV ----
+  if (!csv_path.empty()) {
+    std::string csv = "size,d_model,d_ff,n_layers,n_heads,params,status";
+    for (const char* region : {"fwd", "fwd_bwd", "step"})
+      for (const char* stat : {"median_ms", "min_ms", "max_ms", "std_ms"}) csv += std::string(",") + region + "_" + stat;
+    csv += ",mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu\n";
+    for (const ModelBenchRow& r : rows) {
+      std::vector<std::string> f = {r.size, std::to_string(r.cfg.d_model), std::to_string(r.cfg.d_ff),
+                                    std::to_string(r.cfg.n_layers), std::to_string(r.cfg.n_heads),
+                                    std::to_string(r.params), r.oom ? "oom" : "ok"};
+      for (const auto* t : {&r.fwd, &r.fwd_bwd, &r.step}) {
+        for (double v : {*t ? (*t)->t.median_ms : -1.0, *t ? (*t)->t.min_ms : -1.0, *t ? (*t)->t.max_ms : -1.0,
+                         *t ? (*t)->std_ms : -1.0})
+          f.push_back(*t ? csv_num(v) : std::string());
+      }
+      f.push_back(r.mem_fwd ? std::to_string(*r.mem_fwd) : std::string());
+      f.push_back(r.mem_train ? std::to_string(*r.mem_train) : std::string());
+      f.push_back(r.oom ? std::string() : csv_num(r.tokens_per_s));
+      f.push_back(r.oom ? std::string() : csv_num(r.mfu));
+      for (size_t i = 0; i < f.size(); ++i) {
+        if (i) csv.push_back(',');
+        csv.append(f[i]);
+      }
+      csv.push_back('\n');
+    }
+    write_file_atomic(csv_path, csv);
+    std::printf("wrote %s\n", csv_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli
