@@ -27,7 +27,7 @@ using json = nlohmann::json;
 json train_options_to_json(const TrainOptions& o) {
   return {{"model", model_config_to_json(o.model)}, {"data", o.data}, {"batch", o.batch}, {"seq", o.seq},
           {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
-          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"grad_clip", o.grad_clip},
+          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
           {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
           {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"ckpt_minutes", o.ckpt_minutes},
           {"steps", o.steps}, {"world_size", o.world_size}};
@@ -46,6 +46,7 @@ void train_options_from_json(const json& j, TrainOptions& o) {
     o.weight_decay = j.at("weight_decay").get<float>();
     o.beta1 = j.at("beta1").get<float>();
     o.beta2 = j.at("beta2").get<float>();
+    o.adam_eps = j.value("adam_eps", 1e-8f);  // absent in checkpoints written before it was saved
     o.grad_clip = j.at("grad_clip").get<float>();
     o.label_smoothing = j.at("label_smoothing").get<float>();
     o.seed = j.at("seed").get<uint64_t>();
@@ -81,6 +82,7 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
   TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
   TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay must be >= 0, got ", o.weight_decay);
+  TS_CHECK(o.adam_eps > 0 && std::isfinite(o.adam_eps), "AdamW eps must be positive, got ", o.adam_eps);
   TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "--grad-clip must be >= 0, got ", o.grad_clip);
   TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
            o.label_smoothing);
@@ -327,7 +329,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
   }
   if (dp) dp->attach(*model);
-  const AdamWConfig adam{.beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .grad_clip = o.grad_clip};
+  const AdamWConfig adam{.beta1 = o.beta1, .beta2 = o.beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay,
+                         .grad_clip = o.grad_clip};
   std::unique_ptr<Optimizer> optimizer =
       dp ? dp->make_optimizer(*model, adam) : std::make_unique<AdamW>(model->params(), adam, ctx);
   if (resuming) {

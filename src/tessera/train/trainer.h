@@ -32,6 +32,7 @@ struct TrainOptions {
   int warmup = 20;
   float weight_decay = 0.1f;
   float beta1 = 0.9f, beta2 = 0.95f;
+  float adam_eps = 1e-8f;      // AdamW's ε (no flag: the data-parallel tests raise it, see tests/dist)
   float grad_clip = 1.0f;      // 0: off
   float label_smoothing = 0.0f;
   uint64_t seed = 1337;
