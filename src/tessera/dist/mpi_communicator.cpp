@@ -33,7 +33,7 @@ MPI_Datatype mpi_type(DType t) {
 
 void check_reducible(DType t, ReduceOp op, const char* what) {
   TS_CHECK(t == DType::F32 || t == DType::F64 || t == DType::I32, what, ": MPI cannot add ", dtype_name(t),
-           " tensors (f32, f64 and i32 reduce; the CPU path trains in f32)");
+           " tensors (F32, F64 and I32 reduce; the CPU path trains in f32)");
   TS_CHECK(op == ReduceOp::Sum || t != DType::I32, what, ": an average of i32 values is not an i32");
 }
 
