@@ -285,6 +285,18 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                (fs::path(o.out) / "checkpoint").string(), ", or replace it with --force");
   });
 
+  // The gradient communicator (MPI for a CPU model, NCCL for a GPU one) joins every rank: a collective. Then the
+  // ranks must agree on the run (options, data, world size; the text that rank 0 will tokenize), before anything
+  // is written.
+  std::unique_ptr<DataParallelRun> parallel;
+  if (ranks.world) {
+    parallel = std::make_unique<DataParallelRun>(*ranks.world, *setup.context, dist);
+    setup.parallel = parallel.get();
+    uint64_t fingerprint = run_fingerprint(o);
+    for (const unsigned char c : text) fingerprint = (fingerprint ^ c) * 0x100000001b3ull;  // FNV-1a, continued
+    parallel->check_consistent(fingerprint, "the training options, the data and the world size");
+  }
+
   // Checks done: from here on files are written, by rank 0 alone.
   const fs::path out(o.out);
   CreatedDirs created;
@@ -337,12 +349,6 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     std::fflush(stdout);
   }
 
-  // The gradient communicator (MPI for a CPU model, NCCL for a GPU one) joins every rank: a collective.
-  std::unique_ptr<DataParallelRun> parallel;
-  if (ranks.world) {
-    parallel = std::make_unique<DataParallelRun>(*ranks.world, *setup.context, dist);
-    setup.parallel = parallel.get();
-  }
   // The optimizer memory of each rank: all of AdamW's m and v with DDP, about 1/N of them under ZeRO-1.
   auto on_start = [&](size_t state_bytes, size_t unsharded) {
     if (!lead || !ranks.world) return;
@@ -403,12 +409,14 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   return 0;
 }
 
-// Prints a rank's one-line error, as main() would, before the job is aborted.
+// Prints a rank's one-line error, as main() would, before the job is aborted (naming the rank unless the message
+// does: the communicators' errors start with it).
 void print_rank_error(int rank, int size, std::string msg) {
   for (char& c : msg)
     if (c == '\n' || c == '\r') c = ' ';
+  if (!msg.starts_with("rank ")) msg = "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + msg;
   std::fflush(stdout);
-  std::fprintf(stderr, "tessera: error: rank %d of %d: %s\n", rank, size, msg.c_str());
+  std::fprintf(stderr, "tessera: error: %s\n", msg.c_str());
   std::fflush(stderr);
 }
 

@@ -74,12 +74,14 @@ void DataParallelRun::check_consistent(uint64_t fingerprint, const std::string& 
   control_.all_gather(Tensor(&fingerprint, DType::U8, {8}),
                       Tensor(all.data(), DType::U8, {static_cast<int64_t>(8 * n)}));
   std::string differ;
+  int count = 0;
   for (int r = 1; r < n; ++r)
-    if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-  if (differ.empty()) return;
+    if (all[r] != all[0]) differ += (count++ ? ", " : "") + std::to_string(r);
+  if (count == 0) return;
   throw CollectiveError(__FILE__, __LINE__,
-                        detail::concat("the ranks disagree on ", what, ": rank", differ.find(',') == std::string::npos ? " " : "s ",
-                                       differ, " differ from rank 0; start every rank with the same flags and data"),
+                        detail::concat("the ranks disagree on ", what, ": rank", count > 1 ? "s " : " ", differ,
+                                       count > 1 ? " differ" : " differs",
+                                       " from rank 0; start every rank with the same flags and data"),
                         /*quiet=*/rank() != 0);
 }
 
