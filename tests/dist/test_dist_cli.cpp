@@ -27,11 +27,13 @@ struct Job {
 };
 
 // Runs `env mpirun -np N <flags> tessera train <args>` (OMP_NUM_THREADS=1: the ranks share CI's 2 cores); stdout
-// and stderr apart.
+// and stderr apart. A job that hangs is killed after kJobLimit seconds (exit 124), so a broken timeout fails the
+// test instead of hanging it.
+constexpr int kJobLimit = 120;
 Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd) {
   const fs::path err_file = cwd / "stderr.txt";
-  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env + " " +
-                          TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " train " + args +
+  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env +
+                          " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " train " + args +
                           " 2>" + err_file.string() + " </dev/null";
   Job j;
   const auto t0 = std::chrono::steady_clock::now();
