@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -26,14 +27,15 @@ struct Job {
   double seconds = 0;
 };
 
-// Runs `env mpirun -np N <flags> tessera train <args>` (OMP_NUM_THREADS=1: the ranks share CI's 2 cores); stdout
+// Runs `env mpirun -np N <flags> tessera <command> <args>` (OMP_NUM_THREADS=1: the ranks share CI's 2 cores); stdout
 // and stderr apart. A job that hangs is killed after kJobLimit seconds (exit 124), so a broken timeout fails the
 // test instead of hanging it.
 constexpr int kJobLimit = 120;
-Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd) {
+Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd,
+           const std::string& command = "train") {
   const fs::path err_file = cwd / "stderr.txt";
   const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env +
-                          " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " train " + args +
+                          " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
                           " 2>" + err_file.string() + " </dev/null";
   Job j;
   const auto t0 = std::chrono::steady_clock::now();
@@ -148,6 +150,43 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"), std::string::npos)
       << alone.err;
   fs::remove_all(d);
+}
+
+// The all-reduce benchmark over MPI: one table from rank 0 with a row per size, whose columns are consistent
+// (algbw = size / median time, busbw = algbw · 2(n−1)/n), and the same markdown in --out.
+TEST(DistCli, BenchAllreduceTabulatesEverySizeFromRankZero) {
+  const fs::path d = test::temp_dir("dist_cli_bench");
+  const Job j = mpirun("", 3, "allreduce --backend mpi-cpu --sizes 4KB,1MiB --warmup 1 --iters 3 --out ar.md", d,
+                       "bench");
+  ASSERT_EQ(j.code, 0) << j.out << j.err;
+  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 3 ranks"), 1u) << j.out;
+  const std::string md = read_file_text((d / "ar.md").string());
+  EXPECT_NE(md.find("| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |"), std::string::npos);
+  for (const auto& [name, bytes] : {std::pair{"4 KB", 4e3}, std::pair{"1 MiB", 1048576.0}}) {
+    const size_t at = md.find(std::string("| tessera mpi-cpu | 3 | ") + name + " | ");
+    ASSERT_NE(at, std::string::npos) << md;
+    double median = 0, mean = 0, algbw = 0, busbw = 0;
+    const std::string row = md.substr(at, md.find('\n', at) - at);
+    ASSERT_EQ(std::sscanf(row.c_str() + row.find(name) + std::strlen(name), " | %lf | %lf | %lf | %lf |", &median,
+                          &mean, &algbw, &busbw), 4) << row;
+    EXPECT_GT(median, 0);
+    EXPECT_NEAR(algbw, bytes / (median * 1e-3) / 1e9, 0.01 + 1e-3 * algbw) << row;
+    EXPECT_NEAR(busbw, algbw * 2 * 2 / 3, 0.01 + 1e-3 * busbw) << row;
+  }
+  const test::CliRun alone = test::run("bench allreduce --sizes 1KB");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.err.find("start the ranks with mpirun"), std::string::npos) << alone.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, InfoReportsTheOptimizerMemoryOfEachRank) {
+  const test::CliRun zero = test::run("info --preset gpt2-124m --world 4 --zero 1");
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  // 124,439,808 parameters: m and v of 949.40 MiB unsharded, a quarter (plus fewer than 64 elements) per rank.
+  EXPECT_NE(zero.out.find("data parallel over 4 ranks: AdamW m+v 237.35 MiB on each rank (ZeRO-1: 1/4 of 949.40 MiB)"),
+            std::string::npos) << zero.out;
+  const test::CliRun ddp = test::run("info --preset gpt2-124m --world 4");
+  EXPECT_NE(ddp.out.find("AdamW m+v 949.40 MiB on each rank (unsharded"), std::string::npos) << ddp.out;
 }
 
 }  // namespace

@@ -31,15 +31,18 @@
 
 namespace tessera::cli {
 
+int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
+
 namespace {
 
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|allreduce> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
+    "  allreduce  all-reduce over the ranks of mpirun -np N (cmd_bench_allreduce.cpp)\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -109,8 +112,9 @@ int cmd_bench(int argc, char** argv) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels or optimizer)");
+           "' (kernels, optimizer or allreduce)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");
