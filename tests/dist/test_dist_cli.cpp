@@ -34,7 +34,8 @@ constexpr int kJobLimit = 120;
 Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd,
            const std::string& command = "train") {
   const fs::path err_file = cwd / "stderr.txt";
-  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env +
+  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
+                          TESSERA_MPI_TEST_ENV + " " + env +
                           " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
                           " 2>" + err_file.string() + " </dev/null";
   Job j;
