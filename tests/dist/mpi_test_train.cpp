@@ -323,6 +323,24 @@ TEST_P(Training, Zero1EqualsOneProcessAndDdpAndShardsTheOptimizerState) {
   EXPECT_PARAMS_NEAR(layout, zv, dv, "ZeRO checkpoint v against DDP's");
 }
 
+// A 16-bit model keeps f32 master weights, of which ZeRO-1 updates only its range; read_state must make them whole,
+// since rank 0 writes every parameter of a checkpoint from its masters. (GPU only: the CPU trains in f32.) ZeRO
+// clips 16-bit gradients in memory where DDP clips in registers, so the two agree to bf16's rounding, not f32's;
+// masters left stale outside a rank's range would be off by whole updates.
+TEST_P(Training, Zero1MakesTheMasterWeightsOfA16BitModelWholeForCheckpoints) {
+  if (GetParam() == Backend::Mpi) GTEST_SKIP() << "16-bit models train on GPUs only";
+  constexpr double kBf16Tol = 1e-3;
+  TrainOptions o = base(gpt2_style());
+  o.precision = "bf16";
+  const DistRun ddp = parallel(o, {.ddp = DdpMode::Flat}, "ddp16");
+  const DistRun zero = parallel(o, {.zero = 1}, "zero16");
+  EXPECT_LE(test::rel_error(zero.params, ddp.params), kBf16Tol) << "ZeRO-1's f32 masters against DDP's";
+  control_->barrier();
+  auto model = load_checkpoint_model((dir_ / "zero16" / "checkpoint").string());
+  const std::vector<float> saved = model->params().read_f32(model->context());
+  EXPECT_LE(test::rel_error(saved, ddp.params), kBf16Tol) << "the ZeRO-1 checkpoint's parameters against DDP's";
+}
+
 TEST_P(Training, AccumulationEqualsALargerBatchAndCommunicatesOncePerStep) {
   TrainOptions o = base(gpt2_style());
   TrainOptions big = o;

@@ -70,18 +70,28 @@ void check_tensor(const Tensor& t, Device device, const char* op, const char* na
 }
 }  // namespace
 
-void Communicator::check_all_reduce(const Tensor& x) {
+namespace {
+// Integers add on every backend, but their average is not an integer.
+void check_average(const Tensor& t, ReduceOp op, const char* what) {
+  TS_CHECK(op == ReduceOp::Sum || (t.dtype() != DType::I32 && t.dtype() != DType::U8 && t.dtype() != DType::U16),
+           what, ": an average of ", dtype_name(t.dtype()), " values is not an ", dtype_name(t.dtype()));
+}
+}  // namespace
+
+void Communicator::check_all_reduce(const Tensor& x, ReduceOp op) {
   check_tensor(x, device(), "all_reduce", "x");
+  check_average(x, op, "all_reduce");
   count(x);
 }
 
-void Communicator::check_reduce_scatter(const Tensor& in, const Tensor& out) {
+void Communicator::check_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
   check_tensor(in, device(), "reduce_scatter", "in");
   check_tensor(out, device(), "reduce_scatter", "out");
   TS_CHECK(in.dtype() == out.dtype(), "reduce_scatter: in is ", dtype_name(in.dtype()), ", out ",
            dtype_name(out.dtype()));
   TS_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: in holds ", in.numel(), " elements, not ", size(),
            " ranks x ", out.numel());
+  check_average(in, op, "reduce_scatter");
   count(in);
 }
 

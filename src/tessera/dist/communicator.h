@@ -113,8 +113,8 @@ class Communicator {
 
  protected:
   // Checks shared by the backends (device, contiguity, sizes, root); counts the operation.
-  void check_all_reduce(const Tensor& x);
-  void check_reduce_scatter(const Tensor& in, const Tensor& out);
+  void check_all_reduce(const Tensor& x, ReduceOp op);
+  void check_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op);
   void check_all_gather(const Tensor& in, const Tensor& out);
   void check_broadcast(const Tensor& x, int root);
   void count(const Tensor& t) {

@@ -232,7 +232,7 @@ CommHandle launch(NcclCommunicator::Impl& im, std::string what, F&& enqueue) {
 }  // namespace
 
 CommHandle NcclCommunicator::all_reduce_async(const Tensor& x, ReduceOp op) {
-  check_all_reduce(x);
+  check_all_reduce(x, op);
   std::string what = describe_collective("all_reduce", x);
   check_reducible(x.dtype(), what);
   Impl& im = *impl_;
@@ -243,7 +243,7 @@ CommHandle NcclCommunicator::all_reduce_async(const Tensor& x, ReduceOp op) {
 }
 
 CommHandle NcclCommunicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
-  check_reduce_scatter(in, out);
+  check_reduce_scatter(in, out, op);
   std::string what = describe_collective("reduce_scatter", in);
   check_reducible(in.dtype(), what);
   Impl& im = *impl_;
