@@ -367,8 +367,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     r = train(std::move(setup), {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start});
   }
   if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
-  const std::string resume_cmd = shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
-                                 (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out));
+  // A data-parallel run resumes at its world size, with its form of gradient reduction.
+  const std::string launcher = ranks.world ? "mpirun -np " + std::to_string(ranks.size()) + " " : "";
+  const std::string dist_flags = !ranks.world ? ""
+                                 : dist.zero  ? " --zero 1"
+                                              : " --ddp " + std::string(ddp_mode_name(dist.ddp)) +
+                                                    (a.has("bucket-mb") ? " --bucket-mb " + a.str("bucket-mb") : "");
+  const std::string resume_cmd = launcher + shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
+                                 (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
+                                 dist_flags;
   if (r.interrupted) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
