@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-torch)
 pkgs+=(python3-venv)
+# MPI: mpirun starts the ranks of a distributed run and carries the CPU collectives; the tests run 2 and 4 ranks.
+pkgs+=(openmpi-bin libopenmpi-dev)
 
 # A mirror or index hiccup should not fail a whole CI run: try each download step up to three times.
 retry() {

@@ -31,17 +31,20 @@
 
 namespace tessera::cli {
 
+int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
+
 namespace {
 
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|allreduce> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
     "  attention  naive against flash attention (ms, memory) and causal multi-head TFLOP/s\n"
     "  model      the CS336 end-to-end table: fwd, fwd+bwd, step ms, memory, tokens/s, MFU over model sizes\n"
+    "  allreduce  all-reduce over the ranks of mpirun -np N (cmd_bench_allreduce.cpp)\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -113,8 +116,9 @@ int cmd_bench(int argc, char** argv) {
   }
   if (which == "attention") return cmd_bench_attention(argc, argv);
   if (which == "model") return cmd_bench_model(argc, argv);
+  if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention or model)");
+           "' (kernels, optimizer, attention, model or allreduce)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");

@@ -1,5 +1,10 @@
 // tessera train: every flag, the resume checkpoint and the data are checked before the first file is written;
 // a failure leaves nothing behind. SIGINT/SIGTERM end the run at the next step boundary with a checkpoint.
+//
+// Under mpirun (mpirun -np N tessera train ...) each process is one rank of a data-parallel run: the checks run
+// on every rank and their outcome is agreed (a failure anywhere ends every rank with one line from the lowest
+// failing rank), rank 0 alone writes files and prints, and an error during training that only one rank sees ends
+// the whole job at once (MPI_Abort) instead of leaving the others waiting.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +20,10 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/dist/data_parallel.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/dist/mpi_communicator.h"
+#include "tessera/dist/mpi_world.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/train/data.h"
 #include "tessera/train/text.h"
@@ -114,9 +123,21 @@ bool holds_run(const fs::path& out) {
   return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
 }
 
-}  // namespace
+// The ranks of a run under mpirun: the MPI runtime, and a communicator on which the ranks agree on the outcome
+// of each phase of the command.
+struct Ranks {
+  const MpiWorld* world = nullptr;
+  MpiCommunicator* launch = nullptr;
+  int rank() const { return world ? world->rank() : 0; }
+  int size() const { return world ? world->size() : 1; }
+  // Runs fn; under mpirun every rank learns whether it failed anywhere (run_collectively).
+  void agree(const std::function<void()>& fn) const {
+    if (launch) run_collectively(*launch, fn);
+    else fn();
+  }
+};
 
-int cmd_train(int argc, char** argv) {
+int train_command(int argc, char** argv, const Ranks& ranks) {
   Flags a("train", "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
                    "is visible (bf16 with f32 master weights), else on the CPU (f32).");
   add_model_flags(a);
@@ -126,7 +147,7 @@ int cmd_train(int argc, char** argv) {
   a.add("resume", "DIR", "continue from a training checkpoint directory");
   a.add_switch("force", "train into an output directory that already holds a run, replacing it");
   a.add("steps", "N", "optimizer steps in total (default 1000; with --resume, the saved run's)");
-  a.add("batch", "N", "sequences per micro-batch (default 8)");
+  a.add("batch", "N", "sequences per micro-batch, on each rank under mpirun (default 8)");
   a.add("seq", "N", "tokens per sequence (default: the model's max_seq)");
   a.add("accum", "N", "micro-batches per step, gradient accumulation (default 1)");
   a.add("lr", "X", "peak learning rate (default 3e-3)");
@@ -146,114 +167,165 @@ int cmd_train(int argc, char** argv) {
   a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
+  a.add("ddp", "naive|flat|overlap|bucket", "under mpirun: how gradients are averaged across ranks (default bucket)");
+  a.add("bucket-mb", "M", "under mpirun, --ddp bucket: MB of gradients per all-reduce (default 25)");
+  a.add("zero", "1", "under mpirun: ZeRO-1, the optimizer state sharded across ranks (instead of --ddp)");
+  a.add("comm-timeout", "S", "under mpirun: seconds a collective may wait before the run fails (default 300)");
   if (!a.parse(argc, argv, 2)) return 0;
 
-  // 1. The flags, with nothing read or written yet.
+  const bool lead = ranks.rank() == 0;  // the one rank that writes files and prints
   TrainOptions o;
-  o.resume = a.str("resume");
-  if (o.resume.empty()) {
-    o.model = model_from_flags(a);
-  } else {
-    // A resumed run continues the saved run: model and data flags would silently be ignored, so refuse them.
-    for (const auto& f : model_flag_names())
-      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint fixes the model)");
-    for (const char* f : {"data", "batch", "seq", "accum", "lr", "warmup", "min-lr-ratio", "weight-decay", "grad-clip",
-                          "label-smoothing", "seed", "val-every", "val-batches", "ckpt-every", "ckpt-minutes"})
-      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint records the run's settings)");
-    TS_CHECK(!a.has("force"), "--force cannot be combined with --resume (a resumed run continues its directory)");
-  }
-  if (a.has("steps")) TS_CHECK(a.integer("steps", 0) > 0, "--steps must be positive, got ", a.str("steps"));
-  o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
-  o.stop_after = a.integer("stop-after", 0);
-  o.batch = a.integer("batch", o.batch);
-  o.seq = a.integer("seq", 0);
-  if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
-  o.accum = a.integer("accum", o.accum);
-  o.lr = static_cast<float>(a.number("lr", o.lr));
-  o.warmup = a.integer("warmup", o.warmup);
-  o.min_lr_ratio = static_cast<float>(a.number("min-lr-ratio", o.min_lr_ratio));
-  o.weight_decay = static_cast<float>(a.number("weight-decay", o.weight_decay));
-  o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
-  o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
-  o.seed = a.u64("seed", o.seed);
-  o.device = a.str("device", "");
-  o.precision = a.str("precision", "");
-  o.val_every = a.integer("val-every", o.val_every);
-  o.val_batches = a.integer("val-batches", o.val_batches);
-  o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
-  if (a.has("ckpt-every")) TS_CHECK(o.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", o.ckpt_every);
-  o.ckpt_minutes = a.number("ckpt-minutes", o.ckpt_minutes);
-  o.progress = !a.has("no-progress");
-  const int sample_flag = a.integer("sample-tokens", kDefaultSampleTokens);
-  TS_CHECK(sample_flag >= 0, "--sample-tokens must be >= 0, got ", sample_flag);
-  if (o.resume.empty()) {
-    o.out = a.str("out", "runs/" + a.str("preset", "tiny"));  // the preset asked for, overrides or not
-  } else {
-    const fs::path ck = fs::path(o.resume).lexically_normal();
-    const fs::path parent = (ck.has_filename() ? ck : ck.parent_path()).parent_path();
-    o.out = a.str("out", parent.empty() ? "." : parent.string());
-  }
-
-  // 2. Every option against the model, the resume checkpoint and the memory the run needs (reads only).
-  TrainSetup setup = train_setup(o);
-  o = setup.options;
-
-  // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
-  // directory may be created.
+  TrainSetup setup;
+  DataParallelOptions dist;
   std::string text, text_source;
-  if (o.resume.empty()) {
-    if (!a.has("data")) {
-      TS_CHECK(o.model.vocab >= kByteVocab, "--data is required: the bundled corpus is byte-level (vocab 256) and the "
-                                            "model's vocab is ", o.model.vocab);
-      text_source = TESSERA_DEFAULT_CORPUS;
+  int sample_flag = kDefaultSampleTokens;
+  ranks.agree([&] {
+    // 1. The flags, with nothing read or written yet.
+    o.resume = a.str("resume");
+    if (o.resume.empty()) {
+      o.model = model_from_flags(a);
     } else {
-      o.data = a.str("data");
-      TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist");
-      if (!fs::is_directory(o.data) && !is_shard_file(o.data)) {
-        TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data, ": text is tokenized byte-level (vocab 256) and the "
-                                              "model's vocab is ", o.model.vocab, "; give token shards instead");
-        text_source = o.data;
+      // A resumed run continues the saved run: model and data flags would silently be ignored, so refuse them.
+      for (const auto& f : model_flag_names())
+        TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint fixes the model)");
+      for (const char* f : {"data", "batch", "seq", "accum", "lr", "warmup", "min-lr-ratio", "weight-decay", "grad-clip",
+                            "label-smoothing", "seed", "val-every", "val-batches", "ckpt-every", "ckpt-minutes"})
+        TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint records the run's settings)");
+      TS_CHECK(!a.has("force"), "--force cannot be combined with --resume (a resumed run continues its directory)");
+    }
+    if (a.has("steps")) TS_CHECK(a.integer("steps", 0) > 0, "--steps must be positive, got ", a.str("steps"));
+    o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
+    o.stop_after = a.integer("stop-after", 0);
+    o.batch = a.integer("batch", o.batch);
+    o.seq = a.integer("seq", 0);
+    if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
+    o.accum = a.integer("accum", o.accum);
+    o.lr = static_cast<float>(a.number("lr", o.lr));
+    o.warmup = a.integer("warmup", o.warmup);
+    o.min_lr_ratio = static_cast<float>(a.number("min-lr-ratio", o.min_lr_ratio));
+    o.weight_decay = static_cast<float>(a.number("weight-decay", o.weight_decay));
+    o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
+    o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
+    o.seed = a.u64("seed", o.seed);
+    o.device = a.str("device", "");
+    o.precision = a.str("precision", "");
+    o.val_every = a.integer("val-every", o.val_every);
+    o.val_batches = a.integer("val-batches", o.val_batches);
+    o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
+    if (a.has("ckpt-every")) TS_CHECK(o.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", o.ckpt_every);
+    o.ckpt_minutes = a.number("ckpt-minutes", o.ckpt_minutes);
+    o.progress = !a.has("no-progress");
+    sample_flag = a.integer("sample-tokens", kDefaultSampleTokens);
+    TS_CHECK(sample_flag >= 0, "--sample-tokens must be >= 0, got ", sample_flag);
+    if (o.resume.empty()) {
+      o.out = a.str("out", "runs/" + a.str("preset", "tiny"));  // the preset asked for, overrides or not
+    } else {
+      const fs::path ck = fs::path(o.resume).lexically_normal();
+      const fs::path parent = (ck.has_filename() ? ck : ck.parent_path()).parent_path();
+      o.out = a.str("out", parent.empty() ? "." : parent.string());
+    }
+    if (!ranks.world) {
+      for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout"})
+        TS_CHECK(!a.has(f), "--", f, " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
+    } else {
+      TS_CHECK(!(a.has("zero") && a.has("ddp")), "--zero 1 reduce-scatters the gradients itself: drop --ddp");
+      dist.ddp = ddp_mode_from_name(a.str("ddp", "bucket"));
+      TS_CHECK(!a.has("bucket-mb") || dist.ddp == DdpMode::Bucket, "--bucket-mb applies to --ddp bucket");
+      dist.bucket_mb = a.number("bucket-mb", dist.bucket_mb);
+      TS_CHECK(dist.bucket_mb > 0, "--bucket-mb must be positive, got ", a.str("bucket-mb"));
+      dist.zero = a.integer("zero", 0);
+      TS_CHECK(dist.zero == 0 || dist.zero == 1, "--zero: only stage 1 is built (--zero 1), got ", dist.zero);
+      dist.timeout_s = a.number("comm-timeout", dist.timeout_s);
+      TS_CHECK(dist.timeout_s > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
+      ranks.launch->set_timeout(dist.timeout_s);
+      o.world_size = ranks.size();
+      // Each rank its own GPU: local rank modulo the GPUs this host shows (unless --device names one).
+      const GpuInfo gpu = probe_gpu();
+      if ((o.device.empty() || o.device == "cuda") && gpu.available && gpu.count > 0)
+        o.device = "cuda:" + std::to_string(ranks.world->local_rank() % gpu.count);
+    }
+
+    // 2. Every option against the model, the resume checkpoint and the memory the run needs (reads only).
+    setup = train_setup(o);
+    o = setup.options;
+
+    // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
+    // directory may be created.
+    if (o.resume.empty()) {
+      if (!a.has("data")) {
+        TS_CHECK(o.model.vocab >= kByteVocab, "--data is required: the bundled corpus is byte-level (vocab 256) and the "
+                                              "model's vocab is ", o.model.vocab);
+        text_source = TESSERA_DEFAULT_CORPUS;
+      } else {
+        o.data = a.str("data");
+        TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist");
+        if (!fs::is_directory(o.data) && !is_shard_file(o.data)) {
+          TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data, ": text is tokenized byte-level (vocab 256) and the "
+                                                "model's vocab is ", o.model.vocab, "; give token shards instead");
+          text_source = o.data;
+        }
       }
     }
-  }
-  if (!text_source.empty()) {
-    text = read_file_text(text_source, "data");
-    size_t bad = 0;
-    TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
-             ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
-    const size_t need = static_cast<size_t>(o.batch) * o.seq + 1;
-    TS_CHECK(text.size() > need, "data ", text_source, ": ", text.size(), " bytes of text, too few for batch x seq + 1 = ",
-             need, " tokens of training data");
-  } else {
-    setup.options.data = o.data;
-    train_open_data(setup);
+    if (!text_source.empty()) {
+      text = read_file_text(text_source, "data");
+      size_t bad = 0;
+      TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
+               ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
+      const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
+      TS_CHECK(text.size() > need, "data ", text_source, ": ", text.size(), " bytes of text, too few for batch x ",
+               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need, " tokens of training data");
+    } else {
+      setup.options.data = o.data;
+      train_open_data(setup);
+    }
+
+    // 4. The output directory: one run each.
+    if (o.resume.empty() && holds_run(o.out) && !a.has("force"))
+      TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
+               (fs::path(o.out) / "checkpoint").string(), ", or replace it with --force");
+  });
+
+  // The gradient communicator (MPI for a CPU model, NCCL for a GPU one) joins every rank: a collective. Then the
+  // ranks must agree on the run (options, data, world size; the text that rank 0 will tokenize), before anything
+  // is written.
+  std::unique_ptr<DataParallelRun> parallel;
+  if (ranks.world) {
+    parallel = std::make_unique<DataParallelRun>(*ranks.world, *setup.context, dist);
+    setup.parallel = parallel.get();
+    uint64_t fingerprint = run_fingerprint(o);
+    for (const unsigned char c : text) fingerprint = (fingerprint ^ c) * 0x100000001b3ull;  // FNV-1a, continued
+    parallel->check_consistent(fingerprint, "the training options, the data and the world size");
   }
 
-  // 4. The output directory: one run each.
+  // Checks done: from here on files are written, by rank 0 alone.
   const fs::path out(o.out);
-  if (o.resume.empty() && holds_run(out) && !a.has("force"))
-    TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
-             (out / "checkpoint").string(), ", or replace it with --force");
-
-  // Checks done: from here on files are written.
   CreatedDirs created;
-  created.create(o.out);
-  if (!text_source.empty()) {
-    const std::string data_dir = (out / "data").string();
-    created.create(data_dir);
-    const auto [n_train, n_val] = prepare_text(text, data_dir);
-    // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
-    std::error_code ec;
-    const fs::path shown = fs::proximate(text_source, ec);
-    std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
-                n_train, n_val, data_dir.c_str());
-    setup.options.data = data_dir;
+  ranks.agree([&] {
+    if (!lead) return;
+    created.create(o.out);
+    if (!text_source.empty()) {
+      const std::string data_dir = (out / "data").string();
+      created.create(data_dir);
+      const auto [n_train, n_val] = prepare_text(text, data_dir);
+      // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
+      std::error_code ec;
+      const fs::path shown = fs::proximate(text_source, ec);
+      std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
+                  n_train, n_val, data_dir.c_str());
+      setup.options.data = data_dir;
+      train_open_data(setup);
+    }
+    // The run that --force replaces goes only once the new one's data has been checked.
+    if (a.has("force")) {
+      for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
+    }
+  });
+  // The other ranks read the shards that rank 0 has just prepared (one file system, or a shared one).
+  ranks.agree([&] {
+    if (lead || text_source.empty()) return;
+    setup.options.data = (out / "data").string();
     train_open_data(setup);
-  }
-  // The run that --force replaces goes only once the new one's data has been checked.
-  if (a.has("force")) {
-    for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
-  }
+  });
   created.keep();
 
   const int64_t params = o.model.num_params();
@@ -264,16 +336,46 @@ int cmd_train(int argc, char** argv) {
                                       std::string(setup.dtype == DType::BF16 ? "bf16 with f32 master weights"
                                                                               : dtype_name(setup.dtype))
                                 : std::string("the CPU");
-  std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
-  std::fflush(stdout);
+  if (lead) {
+    std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
+    if (ranks.world) {
+      std::printf("data parallel: %d ranks x batch %d = %d sequences a micro-step, %s\n", ranks.size(), o.batch,
+                  ranks.size() * o.batch,
+                  dist.zero ? "ZeRO-1 (gradients reduce-scattered, optimizer state sharded)"
+                            : ("--ddp " + std::string(ddp_mode_name(dist.ddp)) +
+                               (dist.ddp == DdpMode::Bucket ? " (" + a.str("bucket-mb", "25") + " MB buckets)" : ""))
+                                  .c_str());
+    }
+    std::fflush(stdout);
+  }
 
+  // The optimizer memory of each rank: all of AdamW's m and v with DDP, about 1/N of them under ZeRO-1.
+  auto on_start = [&](size_t state_bytes, size_t unsharded) {
+    if (!lead || !ranks.world) return;
+    const std::string mine = human_bytes(static_cast<double>(state_bytes));
+    const std::string all = human_bytes(static_cast<double>(unsharded));
+    if (dist.zero)
+      std::printf("optimizer: AdamW m+v %s on rank 0 (ZeRO-1: its 1/%d of %s)\n", mine.c_str(), ranks.size(),
+                  all.c_str());
+    else
+      std::printf("optimizer: AdamW m+v %s on each rank (unsharded)\n", mine.c_str());
+    std::fflush(stdout);
+  };
   TrainResult r;
   {
     StopSignals signals;
-    r = train(std::move(setup), {.stop = &g_stop, .on_checkpoint = {}});
+    r = train(std::move(setup), {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start});
   }
-  const std::string resume_cmd = shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
-                                 (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out));
+  if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
+  // A data-parallel run resumes at its world size, with its form of gradient reduction.
+  const std::string launcher = ranks.world ? "mpirun -np " + std::to_string(ranks.size()) + " " : "";
+  const std::string dist_flags = !ranks.world ? ""
+                                 : dist.zero  ? " --zero 1"
+                                              : " --ddp " + std::string(ddp_mode_name(dist.ddp)) +
+                                                    (a.has("bucket-mb") ? " --bucket-mb " + a.str("bucket-mb") : "");
+  const std::string resume_cmd = launcher + shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
+                                 (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
+                                 dist_flags;
   if (r.interrupted) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
@@ -312,6 +414,46 @@ int cmd_train(int argc, char** argv) {
     std::fwrite(sample.data(), 1, sample.size(), stdout);
   }
   return 0;
+}
+
+// Prints a rank's one-line error, as main() would, before the job is aborted (naming the rank unless the message
+// does: the communicators' errors start with it).
+void print_rank_error(int rank, int size, std::string msg) {
+  for (char& c : msg)
+    if (c == '\n' || c == '\r') c = ' ';
+  if (!msg.starts_with("rank ")) msg = "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + msg;
+  std::fflush(stdout);
+  std::fprintf(stderr, "tessera: error: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  if (!MpiWorld::launched_by_mpi()) return train_command(argc, argv, Ranks{});
+  MpiWorld world;
+  try {
+    MpiCommunicator launch(world);
+    return train_command(argc, argv, Ranks{.world = &world, .launch = &launch});
+  } catch (const CollectiveError& e) {
+    // Every rank raised it at the same point: one line (from one rank), and the job ends cleanly.
+    if (!e.quiet()) {
+      std::fflush(stdout);
+      std::string msg = e.what();
+      for (char& c : msg)
+        if (c == '\n' || c == '\r') c = ' ';
+      std::fprintf(stderr, "tessera: error: %s\n", msg.c_str());
+    }
+    return 2;
+  } catch (const std::bad_alloc&) {
+    print_rank_error(world.rank(), world.size(), "out of memory (try a smaller model, --batch or --seq)");
+    world.abort(2);
+  } catch (const std::exception& e) {
+    // This rank alone failed (a collective timed out, a peer died, a write failed): the others may be waiting in
+    // a collective for it, so the whole job ends now.
+    print_rank_error(world.rank(), world.size(), e.what());
+    world.abort(2);
+  }
 }
 
 }  // namespace tessera::cli

@@ -12,6 +12,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/planner.h"
+#include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/gemm/gemm.h"
@@ -118,7 +119,12 @@ int cmd_info(int argc, char** argv) {
   a.add("seq", "N", "sequence length for the activation plan (default: max_seq)");
   a.add("precision", "f32|bf16|f16", "training precision for the memory figures (default f32)");
   a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
+  a.add("world", "N", "data-parallel ranks, for the optimizer memory of each rank (default 1)");
+  a.add("zero", "1", "with --world: ZeRO-1, the optimizer state sharded over the ranks");
   if (!a.parse(argc, argv, 2)) return 0;
+  const int world = a.integer("world", 1), zero = a.integer("zero", 0);
+  TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
+  TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
   const ModelConfig cfg = a.has("checkpoint") ? load_checkpoint_config(a.str("checkpoint")) : model_from_flags(a);
   const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
   TS_CHECK(B > 0 && T > 0, "--batch and --seq must be positive");
@@ -173,6 +179,14 @@ int cmd_info(int argc, char** argv) {
     for (const PlanBuffer& b : plan.buffers())
       std::printf("%-20s %14zu %12zu  %s .. %s\n", b.name.c_str(), b.offset, b.bytes,
                   step_event_name(L, b.first).c_str(), step_event_name(L, b.last).c_str());
+  }
+  if (world > 1 || zero) {
+    // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h); the largest is the last's.
+    const double shard = 8.0 * static_cast<double>(zero_layout(static_cast<size_t>(n), world).count(world - 1));
+    std::printf("           data parallel over %d ranks: AdamW m+v %s on each rank%s\n", world,
+                human_bytes(zero ? shard : moments).c_str(),
+                zero ? (" (ZeRO-1: 1/" + std::to_string(world) + " of " + human_bytes(moments) + ")").c_str()
+                     : " (unsharded; --zero 1 shards it)");
   }
   const GpuInfo gpu = probe_gpu();
   std::printf("backend    CPU (GEMM: %s)%s\n", gemm_uses_blas() ? "OpenBLAS" : "plain loops",

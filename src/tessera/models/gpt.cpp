@@ -291,8 +291,14 @@ void Gpt::backward(double loss_scale) {
   at(StepOp::LnFBwd);
   fill_bytes(d_res, 0, *ctx_);
   norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);
+  // Layer l's parameters are added in one run, from its ln1.w up to the next layer's (or the final norm's).
+  auto layer_begin = [&](int l) { return l < cfg_.n_layers ? layers_[l].ln1_w : lnf_w_; };
+  if (grad_ready_) grad_ready_(lnf_w_, params_.size());
 
-  for (int l = cfg_.n_layers - 1; l >= 0; --l) layer_backward(l, B, T);
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    layer_backward(l, B, T);
+    if (grad_ready_) grad_ready_(layer_begin(l), layer_begin(l + 1));
+  }
 
   const EmbeddingParams ep{.B = B, .T = T, .C = C, .V = V, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
                            .padding_id = cfg_.padding_id, .dropout = dropout_p_, .seed = dropout_seed_,
@@ -300,6 +306,7 @@ void Gpt::backward(double loss_scale) {
   at(StepOp::EmbeddingBwd);
   embedding_backward(ep, g(wte_, int64_t{V} * C), g(wpe_, int64_t{cfg_.max_seq} * C), d_res, acts_.tokens.slice1d(0, N),
                      *ctx_);
+  if (grad_ready_) grad_ready_(0, layer_begin(0));
   at(StepOp::End);
 }
 

@@ -18,6 +18,7 @@
 // once and does not re-plan per token.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -79,6 +80,13 @@ class Gpt {
   // Needs a forward with targets just before. Overwrites the logits.
   void backward(double loss_scale = 1.0);
   void zero_grad() { params_.zero_grad(*ctx_); }
+  // Called during backward() each time a range [begin, end) of the flat gradient buffer (elements, padding
+  // included) holds its final gradient for this backward: the LM head and final norm, then layers L-1 .. 0, then
+  // the embeddings (wte last, as a tied head adds to it twice). The ranges descend and together cover the buffer
+  // once. On a GPU the kernels that wrote a range are queued on the context's stream, not finished. Data-parallel
+  // training (dist/) starts reducing a range here while backward goes on. An empty function: no calls.
+  using GradReadyHook = std::function<void(size_t begin, size_t end)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
   // Logits of the last forward: (B*T, V) in the compute dtype, on the device.
   Tensor logits() const;
@@ -196,6 +204,7 @@ class Gpt {
   float dropout_p_ = 0.0f;
   float label_smoothing_ = 0;
   bool has_targets_ = false;
+  GradReadyHook grad_ready_;
 };
 
 }  // namespace tessera

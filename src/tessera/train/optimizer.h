@@ -22,24 +22,44 @@ struct AdamWConfig {
   bool track_grad_norm = true;
 };
 
-class AdamW {
+// What the training loop needs from an optimizer: AdamW below over the whole flat buffer, or ZeRO-1's AdamW
+// over one rank's range of it (dist/zero.h), which communicates inside step() and read_state().
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Optimizer step number step_count() + 1 at learning rate lr, from the gradients in params.grad().
+  virtual void step(ParamBuffer& params, float lr) = 0;
+  // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy.
+  virtual double read_grad_norm() const = 0;
+  virtual int64_t step_count() const = 0;
+  // The whole moments m and v as host vectors of params.size() (a checkpoint), and params' f32 values made
+  // whole. A sharded optimizer gathers them: every rank calls it, and only rank 0's vectors are filled.
+  virtual void read_state(ParamBuffer& params, std::vector<float>& m, std::vector<float>& v) = 0;
+  // The inverse, from whole vectors (resume); a sharded optimizer keeps its own range.
+  virtual void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step) = 0;
+  // Bytes of optimizer state on this rank's device (m, v), for reports.
+  virtual size_t state_bytes() const = 0;
+};
+
+class AdamW final : public Optimizer {
  public:
   AdamW(const ParamBuffer& params, const AdamWConfig& cfg, Context& ctx);
 
-  // Optimizer step number step_count() + 1 at learning rate lr; the gradients are read, not changed, on a GPU
-  // (clipping happens in registers) and clipped in place on the CPU.
-  void step(ParamBuffer& params, float lr);
-  // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy. Needs
-  // track_grad_norm or clipping.
-  double read_grad_norm() const;
-  int64_t step_count() const { return step_; }
+  // The gradients are read, not changed, on a GPU (clipping happens in registers) and clipped in place on the CPU.
+  void step(ParamBuffer& params, float lr) override;
+  // Needs track_grad_norm or clipping.
+  double read_grad_norm() const override;
+  int64_t step_count() const override { return step_; }
 
   // The moments as host vectors (checkpoints), and back (resume); n = params.size() each.
   std::vector<float> read_m() const;
   std::vector<float> read_v() const;
-  void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step);
-  // Bytes of optimizer state on the device (m, v), for reports.
-  size_t state_bytes() const { return m_.bytes() + v_.bytes(); }
+  void read_state(ParamBuffer& params, std::vector<float>& m, std::vector<float>& v) override {
+    m = read_m();
+    v = read_v();
+  }
+  void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step) override;
+  size_t state_bytes() const override { return m_.bytes() + v_.bytes(); }
 
  private:
   bool tracks_norm() const { return cfg_.track_grad_norm || cfg_.grad_clip > 0.0f; }

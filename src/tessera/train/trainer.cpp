@@ -27,10 +27,10 @@ using json = nlohmann::json;
 json train_options_to_json(const TrainOptions& o) {
   return {{"model", model_config_to_json(o.model)}, {"data", o.data}, {"batch", o.batch}, {"seq", o.seq},
           {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
-          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"grad_clip", o.grad_clip},
+          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
           {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
           {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"ckpt_minutes", o.ckpt_minutes},
-          {"steps", o.steps}};
+          {"steps", o.steps}, {"world_size", o.world_size}};
 }
 
 void train_options_from_json(const json& j, TrainOptions& o) {
@@ -46,6 +46,7 @@ void train_options_from_json(const json& j, TrainOptions& o) {
     o.weight_decay = j.at("weight_decay").get<float>();
     o.beta1 = j.at("beta1").get<float>();
     o.beta2 = j.at("beta2").get<float>();
+    o.adam_eps = j.value("adam_eps", 1e-8f);  // absent in checkpoints written before it was saved
     o.grad_clip = j.at("grad_clip").get<float>();
     o.label_smoothing = j.at("label_smoothing").get<float>();
     o.seed = j.at("seed").get<uint64_t>();
@@ -54,6 +55,7 @@ void train_options_from_json(const json& j, TrainOptions& o) {
     o.ckpt_every = j.at("ckpt_every").get<int>();
     o.ckpt_minutes = j.value("ckpt_minutes", 10.0);  // absent in checkpoints written before it existed
     o.steps = j.at("steps").get<int>();
+    o.world_size = j.value("world_size", 1);  // absent in checkpoints of single-process runs before it existed
   } catch (const json::exception& e) {
     TS_THROW("checkpoint: malformed training options (", e.what(), ")");
   }
@@ -80,6 +82,7 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
   TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
   TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay must be >= 0, got ", o.weight_decay);
+  TS_CHECK(o.adam_eps > 0 && std::isfinite(o.adam_eps), "AdamW eps must be positive, got ", o.adam_eps);
   TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "--grad-clip must be >= 0, got ", o.grad_clip);
   TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
            o.label_smoothing);
@@ -89,6 +92,7 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), "--ckpt-minutes must be positive, got ",
            o.ckpt_minutes);
   TS_CHECK(o.stop_after >= 0, "--stop-after must be >= 0, got ", o.stop_after);
+  TS_CHECK(o.world_size >= 1, "internal: world size ", o.world_size);
 }
 
 // Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
@@ -121,25 +125,102 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
 
 }  // namespace
 
-double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batches) {
+std::pair<double, double> validation_loss_share(Gpt& model, TokenStream& val, int B, int T, int max_batches, int rank,
+                                                int world) {
   TS_CHECK(B > 0 && T > 0 && val.size() > static_cast<size_t>(T), "validation: the split holds ", val.size(),
            " tokens, fewer than one sequence of ", T, " + 1");
+  TS_CHECK(world >= 1 && rank >= 0 && rank < world, "internal: validation share of rank ", rank, " of ", world);
   const uint64_t windows = (val.size() - 1) / static_cast<uint64_t>(T);
-  const uint64_t use = max_batches > 0 ? std::min<uint64_t>(windows, static_cast<uint64_t>(max_batches) * B) : windows;
-  val.set_position(0);
+  const uint64_t G = static_cast<uint64_t>(B) * world;  // windows per global batch
+  const uint64_t use = max_batches > 0 ? std::min<uint64_t>(windows, static_cast<uint64_t>(max_batches) * G) : windows;
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
-  double sum = 0;
+  double sum = 0, count = 0;
+  // Full global batches, rank r taking its B windows of each, then the windows left over one by one, every
+  // world-th to rank r (a smaller B*T reuses the training plan). Window k starts at token k*T.
   uint64_t done = 0;
-  // Full batches, then the windows left over one by one (a smaller B*T reuses the training plan).
-  for (; done + B <= use; done += B) {
+  for (; done + G <= use; done += G) {
+    val.set_position((done + static_cast<uint64_t>(rank) * B) * T);
     val.next_batch(B, T, x.data(), y.data());
     sum += model.forward(x.data(), y.data(), B, T, {}) * B;
+    count += B;
   }
-  for (; done < use; ++done) {
+  for (uint64_t k = 0; done < use; ++done, ++k) {
+    if (k % world != static_cast<uint64_t>(rank)) continue;
+    val.set_position(done * T);
     val.next_batch(1, T, x.data(), y.data());
     sum += model.forward(x.data(), y.data(), 1, T, {});
+    count += 1;
   }
-  return sum / static_cast<double>(use);
+  return {sum, count};
+}
+
+double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batches) {
+  const auto [sum, count] = validation_loss_share(model, val, B, T, max_batches, /*rank=*/0, /*world=*/1);
+  return sum / count;
+}
+
+void next_batch_share(TokenStream& data, int B, int T, int rank, int world, int32_t* inputs, int32_t* targets) {
+  TS_CHECK(world >= 1 && rank >= 0 && rank < world, "internal: batch share of rank ", rank, " of ", world);
+  const uint64_t rows = static_cast<uint64_t>(B) * T;
+  const uint64_t need = rows * world + 1;
+  TS_CHECK(data.size() >= need, "data: holds ", data.size(), " tokens, fewer than batch x ranks x seq + 1 = ", need);
+  // Where next_batch(B*world, T) would start: here, or at 0 when the global batch would run past the end.
+  const uint64_t start = data.position() + need > data.size() ? 0 : data.position();
+  data.set_position(start + rank * rows);
+  data.next_batch(B, T, inputs, targets);
+  data.set_position(start + world * rows);
+}
+
+namespace {
+// FNV-1a, 64 bits: a fingerprint, not a defence against anyone.
+struct Fnv {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void add(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  }
+  void add(const std::string& s) {
+    const uint64_t n = s.size();
+    add(&n, sizeof n);
+    add(s.data(), s.size());
+  }
+};
+}  // namespace
+
+uint64_t run_fingerprint(const TrainOptions& o) {
+  Fnv f;
+  // Everything that shapes the run's numbers (the device does not: ranks own different GPUs).
+  f.add(train_options_to_json(o).dump());
+  f.add(o.out);
+  f.add(o.resume);
+  f.add(o.precision);
+  f.add(std::to_string(o.stop_after));
+  constexpr size_t kEdge = 64 * 1024;
+  std::vector<char> buf(kEdge);
+  for (const char* split : {"train", "val"}) {
+    if (split == std::string("val") && !fs::is_directory(o.data)) continue;
+    std::vector<std::string> shards;
+    try {
+      shards = find_shards(o.data, split);
+    } catch (const Error&) {
+      f.add(std::string("no ") + split);  // a missing split is part of what must agree
+      continue;
+    }
+    for (const std::string& path : shards) {
+      f.add(fs::path(path).filename().string());
+      std::FILE* in = std::fopen(path.c_str(), "rb");
+      TS_CHECK(in, "data: cannot read ", path);
+      std::fseek(in, 0, SEEK_END);
+      const long size = std::ftell(in);
+      f.add(&size, sizeof size);
+      for (const long at : {0L, std::max(0L, size - static_cast<long>(kEdge))}) {
+        std::fseek(in, at, SEEK_SET);
+        f.add(buf.data(), std::fread(buf.data(), 1, kEdge, in));
+      }
+      std::fclose(in);
+    }
+  }
+  return f.h;
 }
 
 TrainSetup train_setup(TrainOptions o) {
@@ -153,6 +234,7 @@ TrainSetup train_setup(TrainOptions o) {
     const int steps = o.steps, stop_after = o.stop_after;
     const std::string out = o.out, resume = o.resume;
     const bool progress = o.progress;
+    const int world = o.world_size;
     s.model = load_checkpoint_model(o.resume);
     s.state = load_train_state(o.resume, *s.model);
     json saved;
@@ -168,6 +250,13 @@ TrainSetup train_setup(TrainOptions o) {
     o.out = out;
     o.resume = resume;
     o.progress = progress;
+    // The global batch is batch x ranks, and the data position counts global batches: another world size
+    // would continue a different run.
+    TS_CHECK(o.world_size == world, "--resume: checkpoint ", o.resume, " was written by a run of ", o.world_size,
+             o.world_size == 1 ? " process" : " ranks", "; resume it with ",
+             o.world_size == 1 ? "a single process (no mpirun)" : "mpirun -np " + std::to_string(o.world_size),
+             ", not ", world == 1 ? std::string("a single process") : std::to_string(world) + " ranks",
+             " (the checkpoint loads anywhere as a model: tessera generate)");
     TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
              ", nothing to do for --steps ", o.steps);
     TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
@@ -201,9 +290,10 @@ void train_open_data(TrainSetup& s) {
   s.train_data = std::make_unique<TokenStream>(find_shards(o.data, "train"), o.model.vocab);
   s.val_data.reset();
   if (fs::is_directory(o.data)) s.val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
-  const size_t need = static_cast<size_t>(o.batch) * o.seq + 1;
+  const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
   TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ", s.train_data->size(),
-           " tokens, fewer than batch x seq + 1 = ", need);
+           " tokens, fewer than batch x seq + 1 = ", need,
+           o.world_size > 1 ? " (batch x ranks x seq + 1: --batch is per rank)" : "");
   // Too small for one sequence at this length: no validation.
   if (s.val_data && s.val_data->size() <= static_cast<size_t>(o.seq)) s.val_data.reset();
   if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
@@ -214,11 +304,17 @@ TrainResult train(TrainOptions o) { return train(train_setup(std::move(o))); }
 TrainResult train(TrainSetup setup, const TrainControl& control) {
   TrainOptions& o = setup.options;
   TrainState& state = setup.state;
+  DataParallel* dp = setup.parallel;
+  const int rank = dp ? dp->rank() : 0, world = dp ? dp->world_size() : 1;
+  const bool lead = rank == 0;  // the one rank that writes files and prints
+  TS_CHECK(o.world_size == world, "internal: options for ", o.world_size, " ranks, run on ", world);
   const bool resuming = setup.model != nullptr;
   if (!setup.train_data) train_open_data(setup);
   TokenStream& train_data = *setup.train_data;
   TokenStream* val_data = setup.val_data.get();
-  ensure_writable_dir(o.out);
+  // Before anything is written: every rank must be training the same run.
+  if (dp) dp->check_consistent(run_fingerprint(o), "the training options, the data and the world size");
+  if (lead) ensure_writable_dir(o.out);
   if (!setup.context) setup.context = std::make_unique<Context>(Device::cpu());
   Context& ctx = *setup.context;
   // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
@@ -228,86 +324,124 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     if (model) on_device->params().write_f32(model->params().read_f32(model->context()), ctx);
     model = std::move(on_device);
   }
-  AdamW optimizer(model->params(),
-                  {.beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay, .grad_clip = o.grad_clip}, ctx);
-  if (resuming) {
-    train_data.set_position(state.data_pos);
-    optimizer.load_state(state.adam_m, state.adam_v, state.step);
-  } else {
+  if (!resuming) {
     model->init_weights(o.seed);
     state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
   }
-  // A checkpoint carries the moments as host vectors, read from the optimizer when one is written.
+  if (dp) dp->attach(*model);
+  const AdamWConfig adam{.beta1 = o.beta1, .beta2 = o.beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay,
+                         .grad_clip = o.grad_clip};
+  std::unique_ptr<Optimizer> optimizer =
+      dp ? dp->make_optimizer(*model, adam) : std::make_unique<AdamW>(model->params(), adam, ctx);
+  if (resuming) {
+    train_data.set_position(state.data_pos);
+    optimizer->load_state(state.adam_m, state.adam_v, state.step);
+  }
+  if (control.on_start) control.on_start(optimizer->state_bytes(), 8 * model->params().size());
+  // A checkpoint carries the moments as host vectors, read from the optimizer when one is written (a sharded
+  // optimizer gathers them to rank 0, which writes).
   auto save = [&](const std::string& dir) {
-    state.adam_m = optimizer.read_m();
-    state.adam_v = optimizer.read_v();
-    save_checkpoint(dir, *model, &state);
+    optimizer->read_state(model->params(), state.adam_m, state.adam_v);
+    if (lead) save_checkpoint(dir, *model, &state);
   };
   state.options_json = train_options_to_json(o).dump();
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
   const std::string best_dir = (fs::path(o.out) / "best").string();
   TrainResult result;
-  // The best so far of a resumed run is in its metrics (best/ was written at that step).
-  std::tie(result.best_val_loss, result.best_step) = trim_metrics(metrics_path, resuming ? state.step : 0);
+  std::FILE* metrics = nullptr;
+  if (lead) {
+    // The best so far of a resumed run is in its metrics (best/ was written at that step).
+    std::tie(result.best_val_loss, result.best_step) = trim_metrics(metrics_path, resuming ? state.step : 0);
+    metrics = std::fopen(metrics_path.c_str(), "ab");
+    TS_CHECK(metrics, "cannot write ", metrics_path);
+  }
+  if (dp) {  // the other ranks learn rank 0's best so far, which decides when best/ is written
+    std::vector<double> best{result.best_val_loss, static_cast<double>(result.best_step)};
+    dp->sum_host(best);
+    result.best_val_loss = best[0];
+    result.best_step = static_cast<int64_t>(best[1]);
+  }
   if (result.best_step > 0) result.best_checkpoint = best_dir;
-  std::FILE* metrics = std::fopen(metrics_path.c_str(), "ab");
-  TS_CHECK(metrics, "cannot write ", metrics_path);
   struct Closer {
     std::FILE* f;
-    ~Closer() { std::fclose(f); }
+    ~Closer() {
+      if (f) std::fclose(f);
+    }
   } closer{metrics};
 
   std::vector<int32_t> x(static_cast<size_t>(o.batch) * o.seq), y(x.size());
-  ProgressBar bar(o.steps, state.step, o.progress);
+  ProgressBar bar(o.steps, state.step, o.progress && lead);
   const auto t_start = std::chrono::steady_clock::now();
   auto last_ckpt = t_start;
+  // Each rank draws its own dropout masks: rank r's Philox seed is offset by r (rank 0 keeps the run's seed, so a
+  // single process is unchanged), while the stream counter advances alike on every rank and is what is saved.
+  RngState rank_rng = state.rng;
+  rank_rng.seed += static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
     model->zero_grad();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
-      train_data.next_batch(o.batch, o.seq, x.data(), y.data());
+      next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
+      rank_rng.next_stream = state.rng.next_stream;
       const double l = model->forward(x.data(), y.data(), o.batch, o.seq,
-                                     {.training = true, .label_smoothing = o.label_smoothing, .rng = &state.rng});
+                                     {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng});
+      state.rng.next_stream = rank_rng.next_stream;
       TS_CHECK(std::isfinite(l), "training diverged: loss is ", l, " at step ", step, " (try a lower --lr)");
+      // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
+      const bool sync = micro == o.accum - 1;
+      if (dp) dp->begin_backward(*model, sync);
       model->backward(1.0 / o.accum);
+      if (dp) dp->end_backward(*model, sync);
       loss += l / o.accum;
     }
-    TS_CHECK(optimizer.step_count() == step - 1, "internal: optimizer at step ", optimizer.step_count(),
+    TS_CHECK(optimizer->step_count() == step - 1, "internal: optimizer at step ", optimizer->step_count(),
              ", the run at ", step - 1);
-    optimizer.step(model->params(), lr);
-    const double norm = optimizer.read_grad_norm();
+    optimizer->step(model->params(), lr);
+    const double norm = optimizer->read_grad_norm();
     state.step = step;
     state.data_pos = train_data.position();
     result.peak_device_bytes = std::max(result.peak_device_bytes, ctx.device_memory_used());
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();
-    const double tps = static_cast<double>(o.batch) * o.seq * o.accum / std::max(dt, 1e-9);
+    const double tps = static_cast<double>(o.batch) * world * o.seq * o.accum / std::max(dt, 1e-9);
 
+    bool stop = control.stop && *control.stop != 0;
+    // Rank 0's clock decides the wall-time checkpoints, so that every rank takes part in the same ones.
+    bool time_due = o.ckpt_every < 0 && std::chrono::duration<double>(t1 - last_ckpt).count() >= o.ckpt_minutes * 60;
+    if (dp) {  // the global mean loss, and a stop or checkpoint that any rank asks for holds for all
+      std::vector<double> agree{loss, stop ? 1.0 : 0.0, lead && time_due ? 1.0 : 0.0};
+      dp->sum_host(agree);
+      loss = agree[0] / world;
+      stop = agree[1] > 0;
+      time_due = agree[2] > 0;
+    }
     nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
-    const bool stop = control.stop && *control.stop != 0;
     const bool end = step == o.steps || step == o.stop_after;
     const bool last = end || stop;  // an interrupt skips the end-of-run validation: it should stop promptly
     bool new_best = false;
     if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || end)) {
-      result.last_val_loss = validation_loss(*model, *val_data, o.batch, o.seq, o.val_batches);
+      std::vector<double> v(2);
+      std::tie(v[0], v[1]) = validation_loss_share(*model, *val_data, o.batch, o.seq, o.val_batches, rank, world);
+      if (dp) dp->sum_host(v);
+      result.last_val_loss = v[0] / v[1];
       rec["val_loss"] = result.last_val_loss;
       new_best = result.best_step == 0 || result.last_val_loss < result.best_val_loss;
     }
-    const std::string line = rec.dump() + "\n";
-    TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
-             "cannot write ", metrics_path);
+    if (lead) {
+      const std::string line = rec.dump() + "\n";
+      TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
+               "cannot write ", metrics_path);
+    }
     if (new_best) {
       save(best_dir);
       result.best_val_loss = result.last_val_loss;
       result.best_step = step;
       result.best_checkpoint = best_dir;
     }
-    const bool periodic =
-        (o.ckpt_every > 0 && step % o.ckpt_every == 0) ||
-        (o.ckpt_every < 0 && std::chrono::duration<double>(t1 - last_ckpt).count() >= o.ckpt_minutes * 60);
+    const bool periodic = (o.ckpt_every > 0 && step % o.ckpt_every == 0) || time_due;
     if (periodic || last) {
       save(ckpt_dir);
       last_ckpt = std::chrono::steady_clock::now();

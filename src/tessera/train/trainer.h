@@ -6,12 +6,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/optimizer.h"
 
 namespace tessera {
 
@@ -29,6 +32,7 @@ struct TrainOptions {
   int warmup = 20;
   float weight_decay = 0.1f;
   float beta1 = 0.9f, beta2 = 0.95f;
+  float adam_eps = 1e-8f;      // AdamW's ε (no flag: the data-parallel tests raise it, see tests/dist)
   float grad_clip = 1.0f;      // 0: off
   float label_smoothing = 0.0f;
   uint64_t seed = 1337;
@@ -41,6 +45,10 @@ struct TrainOptions {
   // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
   std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
   std::string precision;       // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU
+  // Data-parallel ranks (mpirun -np N); set by the launcher, not a flag. `batch` is each rank's, so a step takes
+  // batch x world sequences. Saved with the run: a checkpoint resumes at the same world size (the global batch
+  // and the data position depend on it), and loads anywhere as a model.
+  int world_size = 1;
 };
 
 nlohmann::json train_options_to_json(const TrainOptions& o);
@@ -51,6 +59,35 @@ void train_options_from_json(const nlohmann::json& j, TrainOptions& o);
 // decay to lr * min_lr_ratio at `total`.
 float lr_at(int64_t step, int64_t total, const TrainOptions& o);
 
+// The seam through which data-parallel training (dist/data_parallel.h: DDP, ZeRO-1, over MPI or NCCL) joins
+// the loop, so that train/ itself knows nothing of MPI or NCCL. Every method except rank() and world_size() is a
+// collective: all ranks call it at the same point of the loop. With world size N, rank r trains on rows
+// [r·batch, (r+1)·batch) of each global batch of batch·N sequences, and only rank 0 writes files and prints.
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Refuses a run whose ranks disagree: throws on every rank when their fingerprints differ. `what` names what
+  // the fingerprint covers, for the message.
+  virtual void check_consistent(uint64_t fingerprint, const std::string& what) = 0;
+  // Makes every rank's parameters rank 0's and prepares the gradient reduction for this model.
+  virtual void attach(Gpt& model) = 0;
+  // The run's optimizer over model.params(): AdamW on the whole buffer (DDP) or on this rank's range (ZeRO-1).
+  virtual std::unique_ptr<Optimizer> make_optimizer(Gpt& model, const AdamWConfig& cfg) = 0;
+  // Around each backward. `sync` marks the last micro-step of an optimizer step, the only one that
+  // communicates; after it, end_backward has left the averaged gradients in params().grad() (under ZeRO-1 the
+  // optimizer reduces them itself).
+  virtual void begin_backward(Gpt& model, bool sync) = 0;
+  virtual void end_backward(Gpt& model, bool sync) = 0;
+  // Sums host values over the ranks, in place: every rank gets the same sums.
+  virtual void sum_host(std::vector<double>& values) = 0;
+};
+
+// A fingerprint of what must agree across the ranks of a run: the options (model, data path, batch, schedule,
+// seed, ...), the world size, and the data itself (each shard's name, size and first and last 64 KiB).
+uint64_t run_fingerprint(const TrainOptions& o);
+
 // Everything a run needs, checked and loaded, with nothing written yet.
 struct TrainSetup {
   TrainOptions options;             // when resuming, the saved run's, with steps/out/stop_after/progress applied
@@ -59,6 +96,7 @@ struct TrainSetup {
   std::unique_ptr<Gpt> model;       // the checkpoint's model when resuming; null for a fresh run
   TrainState state;                 // the checkpoint's state when resuming
   std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
+  DataParallel* parallel = nullptr;  // data-parallel ranks (owned by the launcher); null: one process
 };
 
 // Checks every option against the model, loads the resume checkpoint and checks that the run fits in host
@@ -74,6 +112,9 @@ struct TrainControl {
   const volatile std::sig_atomic_t* stop = nullptr;
   // Called after each checkpoint written to <out>/checkpoint, with its step.
   std::function<void(int64_t step)> on_checkpoint;
+  // Called once before the first step, with the optimizer state this rank holds (m and v: 8 bytes a parameter
+  // unsharded, 1/N of that under ZeRO-1) and what one unsharded optimizer would hold.
+  std::function<void(size_t state_bytes, size_t unsharded_bytes)> on_start;
 };
 
 struct TrainResult {
@@ -101,5 +142,14 @@ TrainResult train(TrainOptions o);
 // B sequences, then the sequences left over one at a time, never wrapping past the end. max_batches > 0 caps
 // the windows at max_batches * B; 0 takes all (size - 1) / T of them. Each window weighs the same.
 double validation_loss(Gpt& model, TokenStream& val, int B, int T, int max_batches);
+// The windows of validation_loss(model, val, B·world, T, max_batches) shared among `world` ranks of batch B (rank r
+// takes its B windows of each global batch, then every world-th window left over): {Σ of this rank's window
+// losses, its window count}. Summed over the ranks, their ratio is that validation loss.
+std::pair<double, double> validation_loss_share(Gpt& model, TokenStream& val, int B, int T, int max_batches, int rank,
+                                                int world);
+// The batch of `rank` in a global batch of B·world sequences of T + 1 tokens (train data): its rows [rank·B,
+// (rank+1)·B), read straight from the stream, which then stands after the whole global batch, as it would after
+// next_batch(B·world, T). world = 1 is next_batch(B, T).
+void next_batch_share(TokenStream& data, int B, int T, int rank, int world, int32_t* inputs, int32_t* targets);
 
 }  // namespace tessera

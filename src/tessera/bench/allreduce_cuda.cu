@@ -1,0 +1,35 @@
+// cudaEvent timing of one collective for `tessera bench allreduce` (see allreduce.h).
+#include <cuda_runtime.h>
+
+#include "tessera/bench/allreduce.h"
+#include "tessera/core/cuda_check.h"
+
+namespace tessera {
+
+namespace {
+class Event {
+ public:
+  Event() { TS_CHECK_CUDA(cudaEventCreate(&e_)); }
+  ~Event() { cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+}  // namespace
+
+double time_launch_cuda(Context& ctx, Stream after, const std::function<CommHandle()>& launch) {
+  Event start, stop;
+  TS_CHECK_CUDA(cudaEventRecord(start.get(), ctx.stream()));
+  CommHandle h = launch();
+  TS_CHECK_CUDA(cudaEventRecord(stop.get(), after));
+  h.wait();  // bounded by the communicator's timeout, unlike cudaEventSynchronize on a collective
+  TS_CHECK_CUDA(cudaEventSynchronize(stop.get()));
+  float ms = 0;
+  TS_CHECK_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+  return ms;
+}
+
+}  // namespace tessera

@@ -1,0 +1,244 @@
+// tessera bench allreduce: all-reduce time and bandwidth over the ranks that mpirun started (mpirun -np N tessera
+// bench allreduce), on MPI over the CPU or NCCL over the GPUs, at each size of --sizes; with --peer, rank 0 then
+// runs torch.distributed's all-reduce at the same sizes (bench/peers/allreduce.py under torchrun, one process a
+// rank on this host) and the table sets the two side by side. Rank 0 prints the table (the columns of the CS336
+// assignment's: target, world size, size, median ms, mean ms, algbw; and busbw) and writes it with --out.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/bench/allreduce.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/context.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/data_parallel.h"
+#include "tessera/dist/mpi_communicator.h"
+#include "tessera/dist/mpi_world.h"
+#include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+#ifdef TESSERA_WITH_NCCL
+#include "tessera/dist/nccl_communicator.h"
+#endif
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
+
+namespace tessera::cli {
+
+namespace {
+
+// The peer's median and mean ms per size in bytes, or a one-line reason why there is none.
+struct Peer {
+  std::map<size_t, std::pair<double, double>> ms;
+  std::string note;
+};
+
+Peer run_peer(int world, const std::string& sizes, const std::string& dtype, const TimingOptions& t) {
+  Peer p;
+  const char* py = std::getenv("TESSERA_PYTHON");
+  const std::string python = py && *py ? py : "python3";
+  const std::string cmd = python + " -m torch.distributed.run --standalone --nproc_per_node " + std::to_string(world) +
+                          " '" TESSERA_PEERS_DIR "/allreduce.py' --which allreduce --sizes " + sizes + " --dtype " +
+                          dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters) +
+                          " 2>&1";
+  std::fflush(stdout);
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) {
+    p.note = "peer skipped: could not start " + python;
+    return p;
+  }
+  std::string last;
+  std::array<char, 4096> line;
+  while (std::fgets(line.data(), static_cast<int>(line.size()), pipe)) {
+    std::string s(line.data());
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.empty()) continue;
+    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+    if (j.is_object() && j.contains("bytes") && j.contains("median_ms") && j.contains("mean_ms"))
+      p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
+    else
+      last = s;
+  }
+  const int status = ::pclose(pipe);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (p.ms.empty())
+    p.note = "peer skipped: " + (last.empty() ? "allreduce.py printed no figures" : last);
+  else if (code != 0)
+    p.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  return p;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommunicator& control) {
+  const bool lead = world.rank() == 0;
+  Flags a("bench allreduce",
+          "Times all-reduce (sum) over the ranks that mpirun started: mpirun -np N tessera bench allreduce.");
+  a.add("backend", "mpi-cpu|nccl-cuda", "MPI on CPU buffers, or NCCL on GPU buffers (default: nccl-cuda when a GPU is "
+                                        "visible and tessera has NCCL, else mpi-cpu)");
+  a.add("sizes", "LIST", "comma-separated sizes per rank, KB/MB/GB = 1e3/1e6/1e9 bytes, KiB/MiB/GiB = 2^10/20/30 "
+                         "(default 1MB,10MB,100MB,1GB)");
+  a.add("dtype", "f32|bf16", "element type (default f32; bf16 needs nccl-cuda: MPI cannot add bf16)");
+  a.add("warmup", "N", "untimed runs before timing, per size (default 5)");
+  a.add("iters", "N", "timed runs per size; the table shows their median and mean (default 20)");
+  a.add("comm-timeout", "S", "seconds a collective may wait before the run fails (default 300)");
+  a.add("out", "FILE", "also write the table as markdown to FILE (rank 0)");
+  a.add_switch("peer", "then run bench/peers/allreduce.py under torchrun (same sizes, one process a rank on this host) "
+                       "and show torch.distributed's figures beside tessera's");
+  TimingOptions timing;
+  std::string backend, dtype_s, sizes_s, out;
+  std::vector<size_t> sizes;
+  double timeout = 300;
+  bool help = false;
+  run_collectively(control, [&] {
+    help = !a.parse(argc, argv, 3);
+    if (help) return;
+    const GpuInfo gpu = probe_gpu();
+    backend = a.str("backend", gpu.available && built_with_nccl() ? "nccl-cuda" : "mpi-cpu");
+    TS_CHECK(backend == "mpi-cpu" || backend == "nccl-cuda", "--backend must be mpi-cpu or nccl-cuda, got ", backend);
+    TS_CHECK(backend == "mpi-cpu" || built_with_nccl(), "--backend nccl-cuda: this tessera was built without NCCL");
+    TS_CHECK(backend == "mpi-cpu" || gpu.available, "--backend nccl-cuda: no GPU is visible");
+    dtype_s = a.str("dtype", "f32");
+    TS_CHECK(dtype_s == "f32" || dtype_s == "bf16", "--dtype must be f32 or bf16, got ", dtype_s);
+    TS_CHECK(dtype_s == "f32" || backend == "nccl-cuda", "--dtype bf16 needs --backend nccl-cuda (MPI cannot add bf16)");
+    sizes_s = a.str("sizes", "1MB,10MB,100MB,1GB");
+    sizes = parse_sizes(sizes_s);
+    timing = {.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
+    TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
+    TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
+    timeout = a.number("comm-timeout", timeout);
+    TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
+    out = a.str("out");
+    if (!out.empty() && lead) {  // an unwritable directory fails now, not after minutes of timing
+      const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
+      TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--out ", out,
+               ": directory ", parent.string(), " does not exist or is not writable");
+    }
+  });
+  if (help) return 0;
+  control.set_timeout(timeout);
+  const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
+  const int N = world.size();
+
+  std::string device = "cpu";
+  std::vector<AllreduceRow> rows;
+  {
+    std::unique_ptr<Context> ctx;
+    std::unique_ptr<Communicator> comm;
+    if (backend == "nccl-cuda") {
+#ifdef TESSERA_WITH_NCCL
+      ctx = std::make_unique<Context>(Device::cuda(world.local_rank() % probe_gpu().count));
+      comm = std::make_unique<NcclCommunicator>(control, *ctx, timeout);
+      device = ctx->gpu().name;
+#endif
+    } else {
+      ctx = std::make_unique<Context>(Device::cpu());
+      comm = std::make_unique<MpiCommunicator>(world, timeout);
+    }
+    if (lead) {
+      std::printf("tessera bench allreduce: %s, %d ranks (%s), %s, %d warm-up + %d timed runs per size\n",
+                  backend.c_str(), N, device.c_str(), dtype_s.c_str(), timing.warmup, timing.iters);
+      std::fflush(stdout);
+    }
+    rows = bench_allreduce(*comm, control, *ctx, sizes, dtype, timing);
+  }  // the buffers and the communicator go before the peer runs on the same devices
+
+  Peer peer;
+  if (a.has("peer")) {
+    if (lead) {
+      if (backend != "nccl-cuda") peer.note = "peer skipped: the torch.distributed peer runs NCCL on GPUs (--backend nccl-cuda)";
+      else peer = run_peer(N, sizes_s, dtype_s, timing);
+    }
+    // The other ranks wait for the peer, which may take minutes: a barrier with a longer bound than a collective's.
+    control.set_timeout(std::max(timeout, 3600.0));
+    control.barrier();
+    control.set_timeout(timeout);
+  }
+  if (!lead) return 0;
+
+  const bool with_peer = !peer.ms.empty();
+  std::string md = "# tessera bench allreduce\n\n";
+  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- backend: " + backend + ", " +
+        std::to_string(N) + " ranks, device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) +
+        " warm-up + " + std::to_string(timing.iters) + " timed runs per size; a run's time is its slowest rank's (" +
+        (backend == "nccl-cuda" ? "cudaEvents from issue to completion" : "host clock") +
+        "); algbw = size / time, busbw = algbw x 2(n-1)/n, GB/s = 1e9 bytes/s\n";
+  if (!peer.note.empty()) md += "- " + peer.note + "\n";
+  md += "\n| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |";
+  md += with_peer ? " torch median ms | torch busbw GB/s | tessera / torch busbw |" : "";
+  md += "\n|---|---:|---:|---:|---:|---:|---:|";
+  md += with_peer ? "---:|---:|---:|" : "";
+  md += "\n";
+  for (const AllreduceRow& r : rows) {
+    md += "| tessera " + backend + " | " + std::to_string(N) + " | " + size_name(r.bytes) + " | " +
+          fmt("%.4f", r.median_ms) + " | " + fmt("%.4f", r.mean_ms) + " | " + fmt("%.2f", r.algbw()) + " | " +
+          fmt("%.2f", r.busbw(N)) + " |";
+    if (with_peer) {
+      const auto it = peer.ms.find(r.bytes);
+      if (it == peer.ms.end()) {
+        md += " – | – | – |";
+      } else {
+        const AllreduceRow t{.bytes = r.bytes, .median_ms = it->second.first, .mean_ms = it->second.second};
+        md += " " + fmt("%.4f", t.median_ms) + " | " + fmt("%.2f", t.busbw(N)) + " | " +
+              fmt("%.1f%%", 100.0 * r.busbw(N) / t.busbw(N)) + " |";
+      }
+    }
+    md += "\n";
+  }
+  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
+  if (!out.empty()) {
+    write_file_atomic(out, md);
+    std::printf("wrote %s\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_bench_allreduce(int argc, char** argv) {
+  TS_CHECK(MpiWorld::launched_by_mpi(), "bench allreduce: start the ranks with mpirun: mpirun -np N tessera bench "
+                                        "allreduce (one rank a GPU for nccl-cuda)");
+  MpiWorld world;
+  try {
+    MpiCommunicator control(world);
+    return bench_allreduce_ranks(argc, argv, world, control);
+  } catch (const CollectiveError& e) {
+    if (!e.quiet()) std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    const std::string msg = e.what();
+    std::fprintf(stderr, "tessera: error: %s%s\n",
+                 msg.starts_with("rank ") ? "" : ("rank " + std::to_string(world.rank()) + ": ").c_str(), msg.c_str());
+    world.abort(2);
+  }
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,164 @@
+#include "tessera/dist/data_parallel.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/core/error.h"
+#include "tessera/dist/zero.h"
+#include "tessera/train/optimizer.h"
+
+#ifdef TESSERA_WITH_NCCL
+#include "tessera/dist/nccl_communicator.h"
+#endif
+
+namespace tessera {
+
+namespace {
+
+struct Fault {
+  int rank = -1;
+  int64_t step = 0;
+  bool hang = false;
+};
+
+// TESSERA_DIST_FAULT=RANK:STEP:exit|hang (see data_parallel.h); unset: no fault.
+Fault read_fault() {
+  Fault f;
+  const char* spec = std::getenv("TESSERA_DIST_FAULT");
+  if (!spec || !*spec) return f;
+  char kind[16] = {};
+  long long step = 0;
+  TS_CHECK(std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) == 3 &&
+               (std::string(kind) == "exit" || std::string(kind) == "hang"),
+           "TESSERA_DIST_FAULT must be RANK:STEP:exit|hang, got '", spec, "'");
+  f.step = step;
+  f.hang = std::string(kind) == "hang";
+  return f;
+}
+
+}  // namespace
+
+DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const DataParallelOptions& opt)
+    : opt_(opt), control_(world, opt.timeout_s) {
+  TS_CHECK(opt.zero == 0 || opt.zero == 1, "--zero: only stage 1 is built (--zero 1), got ", opt.zero);
+  TS_CHECK(opt.timeout_s > 0, "--comm-timeout must be positive, got ", opt.timeout_s);
+  TS_CHECK(opt.bucket_mb > 0, "--bucket-mb must be positive, got ", opt.bucket_mb);
+  const Fault fault = read_fault();  // a malformed spec fails at start, not at the step it names
+  fault_rank_ = fault.rank;
+  fault_step_ = fault.step;
+  fault_hang_ = fault.hang;
+  if (ctx.is_cuda()) {
+#ifdef TESSERA_WITH_NCCL
+    grads_ = std::make_unique<NcclCommunicator>(control_, ctx, opt.timeout_s);
+#else
+    TS_THROW("training on ", ctx.device().str(), " across ranks needs NCCL, and this tessera was built without it "
+             "(NCCL's nccl.h and libnccl were not found at configure time); use --device cpu or rebuild with NCCL");
+#endif
+  } else {
+    grads_ = std::make_unique<MpiCommunicator>(world, opt.timeout_s);
+  }
+}
+
+DataParallelRun::~DataParallelRun() = default;
+
+void DataParallelRun::check_consistent(uint64_t fingerprint, const std::string& what) {
+  const int n = world_size();
+  std::vector<uint64_t> all(static_cast<size_t>(n));
+  control_.all_gather(Tensor(&fingerprint, DType::U8, {8}),
+                      Tensor(all.data(), DType::U8, {static_cast<int64_t>(8 * n)}));
+  std::string differ;
+  int count = 0;
+  for (int r = 1; r < n; ++r)
+    if (all[r] != all[0]) differ += (count++ ? ", " : "") + std::to_string(r);
+  if (count == 0) return;
+  throw CollectiveError(__FILE__, __LINE__,
+                        detail::concat("the ranks disagree on ", what, ": rank", count > 1 ? "s " : " ", differ,
+                                       count > 1 ? " differ" : " differs",
+                                       " from rank 0; start every rank with the same flags and data"),
+                        /*quiet=*/rank() != 0);
+}
+
+void DataParallelRun::attach(Gpt& model) {
+  ParamBuffer& params = model.params();
+  TS_CHECK(params.device() == grads_->device(), "data parallel: the model is on ", params.device().str(),
+           " but the gradient communicator works on ", grads_->device().str());
+  // Rank 0's parameters everywhere (and its f32 master weights, which the optimizer updates).
+  grads_->broadcast(params.data(), /*root=*/0);
+  if (params.has_master()) grads_->broadcast(params.master(), /*root=*/0);
+  model_ = &model;
+  if (opt_.zero == 0) sync_ = std::make_unique<GradSync>(*grads_, params, opt_.ddp, opt_.bucket_mb);
+}
+
+std::unique_ptr<Optimizer> DataParallelRun::make_optimizer(Gpt& model, const AdamWConfig& cfg) {
+  TS_CHECK(model_ == &model, "internal: make_optimizer before attach");
+  if (opt_.zero == 1) return std::make_unique<ZeroAdamW>(model.params(), cfg, *grads_, control_, model.context());
+  return std::make_unique<AdamW>(model.params(), cfg, model.context());
+}
+
+void DataParallelRun::begin_backward(Gpt& model, bool sync) {
+  TS_CHECK(model_ == &model, "internal: begin_backward before attach");
+  if (sync) {
+    ++sync_steps_;
+    if (fault_rank_ == rank() && fault_step_ == sync_steps_) {
+      std::fprintf(stderr, "tessera: TESSERA_DIST_FAULT: rank %d %s at step %lld\n", rank(),
+                   fault_hang_ ? "stalls" : "dies", static_cast<long long>(sync_steps_));
+      std::fflush(stderr);
+      if (!fault_hang_) std::raise(SIGKILL);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  if (sync_) sync_->begin_backward(model, sync);
+}
+
+void DataParallelRun::end_backward(Gpt& model, bool sync) {
+  if (sync_) sync_->end_backward(model, sync);
+}
+
+void DataParallelRun::sum_host(std::vector<double>& values) {
+  // Gathered and summed in rank order on every rank, rather than all-reduced: every rank gets the same bits,
+  // so decisions taken on the sums (a new best validation loss, a stop) agree everywhere.
+  const int n = world_size();
+  const int64_t k = static_cast<int64_t>(values.size());
+  if (k == 0) return;
+  std::vector<double> all(values.size() * n);
+  control_.all_gather(Tensor(values.data(), DType::F64, {k}), Tensor(all.data(), DType::F64, {k * n}));
+  for (int64_t i = 0; i < k; ++i) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += all[r * k + i];
+    values[i] = s;
+  }
+}
+
+const std::vector<GradRange>& DataParallelRun::buckets() const {
+  static const std::vector<GradRange> none;
+  return sync_ ? sync_->buckets() : none;
+}
+
+void run_collectively(Communicator& control, const std::function<void()>& fn) {
+  std::string msg;
+  int32_t failed = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    failed = 1;
+    msg = e.what();
+  }
+  const int n = control.size();
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  control.all_gather(Tensor(&failed, DType::I32, {1}), Tensor(all.data(), DType::I32, {n}));
+  for (int r = 0; r < n; ++r) {
+    if (!all[r]) continue;
+    const bool reporter = r == control.rank();
+    throw CollectiveError(__FILE__, __LINE__, reporter ? msg : "rank " + std::to_string(r) + " failed",
+                          /*quiet=*/!reporter);
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,73 @@
+// tessera/dist/data_parallel.h — a data-parallel training run across the ranks that mpirun started: the
+// train/ DataParallel seam implemented over MPI (CPU models) or NCCL (GPU models), with DDP in its four forms
+// (ddp.h) or ZeRO-1 (zero.h).
+//
+// Two communicators: `control`, MPI on the host, carries the small agreements of the loop (the fingerprint check,
+// the mean loss, stop and checkpoint requests, validation sums, checkpoint gathers) and bootstraps NCCL; the
+// gradient communicator carries the gradients and parameters on the model's device (a second MPI communicator for
+// a CPU model, NCCL for a GPU one), so that the two streams of collectives never interleave.
+//
+// Fault injection for the tests (TESSERA_DIST_FAULT=RANK:STEP:exit|hang): rank RANK, as it starts the backward
+// of optimizer step STEP (1-based, counted by this object), either dies at once (SIGKILL: a crash) or stops
+// making progress for good (a stalled rank), so that the tests can watch the others fail within the timeout.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/dist/mpi_communicator.h"
+#include "tessera/dist/mpi_world.h"
+#include "tessera/train/trainer.h"
+
+namespace tessera {
+
+struct DataParallelOptions {
+  DdpMode ddp = DdpMode::Bucket;
+  double bucket_mb = 25;   // bucket: about this many MB of gradients per all-reduce
+  int zero = 0;            // 1: ZeRO-1 (the gradients are reduce-scattered by the optimizer; ddp is unused)
+  double timeout_s = 300;  // --comm-timeout: the longest any collective may wait
+};
+
+class DataParallelRun final : public DataParallel {
+ public:
+  // A collective over every rank of `world`. ctx: this rank's device; on a GPU the gradient communicator is NCCL
+  // (an error when tessera was built without it). world and ctx must outlive the run.
+  DataParallelRun(const MpiWorld& world, Context& ctx, const DataParallelOptions& opt);
+  ~DataParallelRun() override;
+
+  int rank() const override { return control_.rank(); }
+  int world_size() const override { return control_.size(); }
+  void check_consistent(uint64_t fingerprint, const std::string& what) override;
+  void attach(Gpt& model) override;
+  std::unique_ptr<Optimizer> make_optimizer(Gpt& model, const AdamWConfig& cfg) override;
+  void begin_backward(Gpt& model, bool sync) override;
+  void end_backward(Gpt& model, bool sync) override;
+  void sum_host(std::vector<double>& values) override;
+
+  Communicator& control() { return control_; }
+  Communicator& gradients() { return *grads_; }
+  const DataParallelOptions& options() const { return opt_; }
+  // The buckets of the attached model (bucket form), for reports and tests.
+  const std::vector<GradRange>& buckets() const;
+
+ private:
+  DataParallelOptions opt_;
+  MpiCommunicator control_;
+  std::unique_ptr<Communicator> grads_;
+  std::unique_ptr<GradSync> sync_;
+  Gpt* model_ = nullptr;
+  int64_t sync_steps_ = 0;  // backward passes with sync begun (the fault injection's step count)
+  int fault_rank_ = -1;     // TESSERA_DIST_FAULT, parsed once
+  int64_t fault_step_ = 0;
+  bool fault_hang_ = false;
+};
+
+// Runs `fn` on every rank and agrees on the outcome: when it throws an Error on any rank, every rank throws a
+// CollectiveError, carrying the message of the lowest failing rank there and quiet on the others. So a bad flag or
+// a missing file ends the job with one line and MPI_Finalize instead of one line per rank and an abort.
+void run_collectively(Communicator& control, const std::function<void()>& fn);
+
+}  // namespace tessera

@@ -1,0 +1,284 @@
+// The NCCL backend (compiled only when CUDA and NCCL were found; nccl_communicator.h describes it).
+#include "tessera/dist/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/core/buffer.h"
+#include "tessera/core/cuda_check.h"
+#include "tessera/dist/nccl_check.h"
+
+namespace tessera {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::U16: return ncclFloat16;  // moved as bits; never reduced (check_reducible)
+    case DType::I32: return ncclInt32;
+    case DType::U8: return ncclUint8;
+  }
+  TS_THROW("internal: no NCCL type for dtype ", static_cast<int>(t));
+}
+
+void check_reducible(DType t, const std::string& what) {
+  TS_CHECK(t != DType::U16, what, ": NCCL cannot add u16 tensors");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Between polls: yield for the first ones (a collective of a few MB finishes in tens of microseconds), then sleep.
+void pause(int polls) {
+  if (polls < 1000) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+}  // namespace
+
+bool built_with_nccl() { return true; }
+
+struct NcclCommunicator::Impl {
+  Context* ctx = nullptr;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> events, free_events;  // every event made, and those not in use
+  Buffer barrier_word;                              // one f32 on the device, all-reduced by barrier()
+  bool broken = false;                              // aborted after a failure: no more collectives
+  int rank = 0, size = 1;
+  const double* timeout_s = nullptr;                // the communicator's (it may change after construction)
+
+  cudaEvent_t take_event() {
+    if (free_events.empty()) {
+      cudaEvent_t e = nullptr;
+      TS_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events.push_back(e);
+      return e;
+    }
+    cudaEvent_t e = free_events.back();
+    free_events.pop_back();
+    return e;
+  }
+  void give_event(cudaEvent_t e) { free_events.push_back(e); }
+
+  // Ends the communicator after a failure, so that no kernel of it spins on a peer that is gone.
+  void abort() noexcept {
+    if (comm && !broken) ncclCommAbort(comm);
+    broken = true;
+  }
+
+  // Throws when NCCL reported an asynchronous error (a peer's connection failed, an internal error).
+  void check_async(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    TS_CHECK_NCCL(ncclCommGetAsyncError(comm, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const std::string msg = std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm) + ")";
+      abort();
+      TS_THROW("rank ", rank, " of ", size, ": ", what, " failed in NCCL: ", msg);
+    }
+  }
+
+  // A call on a non-blocking communicator may return before it is done (ncclInProgress, while connecting): poll
+  // its state until it settles, within the timeout.
+  void settle(ncclResult_t result, const std::string& what) {
+    if (result != ncclSuccess && result != ncclInProgress) {
+      const std::string msg = std::string(ncclGetErrorString(result)) + " (" + ncclGetLastError(comm) + ")";
+      abort();
+      TS_THROW("rank ", rank, " of ", size, ": ", what, " failed in NCCL: ", msg);
+    }
+    if (result == ncclSuccess) return;
+    const auto start = Clock::now();
+    for (int polls = 0;; ++polls) {
+      ncclResult_t state = ncclInProgress;
+      TS_CHECK_NCCL(ncclCommGetAsyncError(comm, &state));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) check_async(what);
+      if (*timeout_s > 0 && seconds_since(start) > *timeout_s) {
+        abort();
+        throw_comm_timeout(what, rank, size, *timeout_s);
+      }
+      pause(polls);
+    }
+  }
+};
+
+namespace {
+
+// One collective on the communicator's stream, between two events (see nccl_communicator.h).
+class NcclOp final : public PendingOp {
+ public:
+  NcclOp(NcclCommunicator::Impl* impl, cudaEvent_t done, std::string what)
+      : impl_(impl), done_(done), what_(std::move(what)) {}
+
+  bool test() override {
+    if (finished_) return true;
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) {
+      impl_->check_async(what_);
+      return false;
+    }
+    TS_CHECK_CUDA(e);
+    // Kernels queued on the compute stream from now on see the result.
+    TS_CHECK_CUDA(cudaStreamWaitEvent(impl_->ctx->stream(), done_, 0));
+    impl_->give_event(done_);
+    finished_ = true;
+    return true;
+  }
+
+  void wait() override {
+    TS_CHECK(!impl_->broken, "rank ", impl_->rank, ": ", what_, ": the NCCL communicator was aborted after a failure");
+    const auto start = Clock::now();
+    for (int polls = 0; !test(); ++polls) {
+      if (*impl_->timeout_s > 0 && seconds_since(start) > *impl_->timeout_s) {
+        impl_->abort();
+        throw_comm_timeout(what_, impl_->rank, impl_->size, *impl_->timeout_s);
+      }
+      pause(polls);
+    }
+  }
+
+ private:
+  NcclCommunicator::Impl* impl_;
+  cudaEvent_t done_;
+  std::string what_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double timeout_s)
+    : impl_(std::make_unique<Impl>()) {
+  TS_CHECK(ctx.is_cuda(), "NCCL communicator: needs a CUDA context, got ", ctx.device().str());
+  TS_CHECK(bootstrap.device().is_cpu(), "NCCL communicator: the bootstrap communicator must work on the CPU (MPI)");
+  timeout_s_ = timeout_s;
+  rank_ = bootstrap.rank();
+  size_ = bootstrap.size();
+  Impl& im = *impl_;
+  im.ctx = &ctx;
+  im.rank = rank_;
+  im.size = size_;
+  im.timeout_s = &timeout_s_;
+  TS_CHECK_CUDA(cudaSetDevice(ctx.device().index));
+  // A high-priority stream: the collectives of overlapped DDP should not queue behind the compute kernels.
+  int least = 0, greatest = 0;
+  TS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TS_CHECK_CUDA(cudaStreamCreateWithPriority(&im.stream, cudaStreamNonBlocking, greatest));
+  im.barrier_word = Buffer(sizeof(float), ctx.device(), "the NCCL barrier word");
+  TS_CHECK_CUDA(cudaMemsetAsync(im.barrier_word.data(), 0, sizeof(float), im.stream));
+
+  ncclUniqueId id{};
+  if (rank_ == 0) TS_CHECK_NCCL(ncclGetUniqueId(&id));
+  bootstrap.broadcast(Tensor(&id, DType::U8, {static_cast<int64_t>(sizeof id)}), /*root=*/0);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // joining and connecting are polled against the timeout (Impl::settle)
+  const ncclResult_t r = ncclCommInitRankConfig(&im.comm, size_, id, rank_, &config);
+  im.settle(r, "joining the NCCL communicator on " + ctx.device().str());
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  Impl& im = *impl_;
+  if (im.comm) {
+    if (!im.broken) {
+      // Finalize flushes what was issued; bounded by the timeout like every other wait.
+      try {
+        im.settle(ncclCommFinalize(im.comm), "finalizing the NCCL communicator");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tessera: warning: %s\n", e.what());
+      }
+    }
+    if (im.broken) ncclCommAbort(im.comm);
+    else ncclCommDestroy(im.comm);
+  }
+  if (im.stream) {
+    if (!im.broken) cudaStreamSynchronize(im.stream);
+    cudaStreamDestroy(im.stream);
+  }
+  for (cudaEvent_t e : im.events) cudaEventDestroy(e);
+}
+
+Device NcclCommunicator::device() const { return impl_->ctx->device(); }
+
+Stream NcclCommunicator::stream() const { return impl_->stream; }
+
+namespace {
+
+// Orders the collective after the work already queued on the compute stream, runs `enqueue` on the
+// communicator's stream, and returns the handle of its completion.
+template <typename F>
+CommHandle launch(NcclCommunicator::Impl& im, std::string what, F&& enqueue) {
+  TS_CHECK(!im.broken, "rank ", im.rank, ": ", what, ": the NCCL communicator was aborted after a failure");
+  cudaEvent_t ready = im.take_event();
+  TS_CHECK_CUDA(cudaEventRecord(ready, im.ctx->stream()));
+  TS_CHECK_CUDA(cudaStreamWaitEvent(im.stream, ready, 0));
+  im.give_event(ready);  // the wait above holds the recorded state; the event may be recorded again
+  im.settle(enqueue(), what);
+  cudaEvent_t done = im.take_event();
+  TS_CHECK_CUDA(cudaEventRecord(done, im.stream));
+  return CommHandle(std::make_unique<NcclOp>(&im, done, std::move(what)));
+}
+
+}  // namespace
+
+CommHandle NcclCommunicator::all_reduce_async(const Tensor& x, ReduceOp op) {
+  check_all_reduce(x, op);
+  std::string what = describe_collective("all_reduce", x);
+  check_reducible(x.dtype(), what);
+  Impl& im = *impl_;
+  return launch(im, std::move(what), [&] {
+    return ncclAllReduce(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.dtype()), nccl_op(op),
+                         im.comm, im.stream);
+  });
+}
+
+CommHandle NcclCommunicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
+  check_reduce_scatter(in, out, op);
+  std::string what = describe_collective("reduce_scatter", in);
+  check_reducible(in.dtype(), what);
+  Impl& im = *impl_;
+  // In place when out is in's slice at rank * n: NCCL's own in-place convention.
+  return launch(im, std::move(what), [&] {
+    return ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
+                             nccl_op(op), im.comm, im.stream);
+  });
+}
+
+CommHandle NcclCommunicator::all_gather_async(const Tensor& in, const Tensor& out) {
+  check_all_gather(in, out);
+  Impl& im = *impl_;
+  return launch(im, describe_collective("all_gather", out), [&] {
+    return ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), im.comm,
+                         im.stream);
+  });
+}
+
+CommHandle NcclCommunicator::broadcast_async(const Tensor& x, int root) {
+  check_broadcast(x, root);
+  Impl& im = *impl_;
+  return launch(im, describe_collective("broadcast", x), [&] {
+    return ncclBroadcast(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.dtype()), root, im.comm,
+                         im.stream);
+  });
+}
+
+CommHandle NcclCommunicator::barrier_async() {
+  ++stats_.ops;
+  Impl& im = *impl_;
+  // NCCL has no barrier: an all-reduce of one word completes only once every rank has issued it.
+  return launch(im, "barrier", [&] {
+    return ncclAllReduce(im.barrier_word.data(), im.barrier_word.data(), 1, ncclFloat32, ncclSum, im.comm, im.stream);
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,194 @@
+// `mpirun -np N tessera train` end to end (part of tessera_tests, a single process that starts mpirun): rank 0
+// alone prints and writes, ZeRO-1 reports its sharded memory, resumes at its world size only and leaves a
+// checkpoint that one process loads, a rank that dies or stalls ends the job within the timeout with a line that
+// names it, and ranks that disagree, or a bad flag, end it with one line.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "cli/cli_run.h"
+#include "tessera/core/file_io.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Job {
+  int code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+// Runs `env mpirun -np N <flags> tessera <command> <args>` (OMP_NUM_THREADS=1: the ranks share CI's 2 cores); stdout
+// and stderr apart. A job that hangs is killed after kJobLimit seconds (exit 124), so a broken timeout fails the
+// test instead of hanging it.
+constexpr int kJobLimit = 120;
+Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd,
+           const std::string& command = "train") {
+  const fs::path err_file = cwd / "stderr.txt";
+  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
+                          TESSERA_MPI_TEST_ENV + " " + env +
+                          " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
+                          " 2>" + err_file.string() + " </dev/null";
+  Job j;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) j.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  j.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  j.err = read_file_text(err_file.string());
+  fs::remove(err_file);
+  return j;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+size_t lines_of(const fs::path& file) {
+  std::istringstream in(read_file_text(file.string()));
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// A tiny model on the bundled corpus: seconds on the CPU with 4 ranks.
+const std::string kTiny =
+    "--d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --batch 2 --seq 16 --val-every 0 --val-batches 1 "
+    "--no-progress --sample-tokens 0";
+
+TEST(DistCli, RankZeroAlonePrintsAndWritesAndOneProcessLoadsTheCheckpoint) {
+  const fs::path d = test::temp_dir("dist_cli_ddp");
+  const Job j = mpirun("", 2, kTiny + " --steps 3 --ddp overlap --out run", d);
+  ASSERT_EQ(j.code, 0) << j.out << j.err;
+  EXPECT_EQ(count(j.out, "training custom"), 1u) << j.out;
+  EXPECT_EQ(count(j.out, "done: 3 steps"), 1u) << j.out;
+  EXPECT_NE(j.out.find("data parallel: 2 ranks x batch 2 = 4 sequences a micro-step, --ddp overlap"), std::string::npos)
+      << j.out;
+  EXPECT_NE(j.out.find("on each rank (unsharded)"), std::string::npos) << j.out;
+  EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 3u);
+  const test::CliRun g = test::run("generate --checkpoint " + (d / "run" / "checkpoint").string() + " --tokens 5");
+  EXPECT_EQ(g.code, 0) << g.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, Zero1ReportsShardedMemoryResumesAtItsWorldSizeOnly) {
+  const fs::path d = test::temp_dir("dist_cli_zero");
+  const Job first = mpirun("", 4, kTiny + " --steps 4 --stop-after 2 --zero 1 --out run", d);
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_NE(first.out.find("on rank 0 (ZeRO-1: its 1/4 of"), std::string::npos) << first.out;
+  EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 2u);
+  const Job elsewhere = mpirun("", 2, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0", d);
+  EXPECT_EQ(elsewhere.code, 2);
+  EXPECT_EQ(count(elsewhere.err, "tessera: error:"), 1u) << elsewhere.err;
+  EXPECT_NE(elsewhere.err.find("written by a run of 4 ranks; resume it with mpirun -np 4"), std::string::npos)
+      << elsewhere.err;
+  const Job resumed = mpirun("", 4, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0", d);
+  ASSERT_EQ(resumed.code, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 4u);
+  const test::CliRun g = test::run("generate --checkpoint " + (d / "run" / "checkpoint").string() + " --tokens 5");
+  EXPECT_EQ(g.code, 0) << g.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, ARankThatDiesEndsTheJobAtOnceNamingIt) {
+  const fs::path d = test::temp_dir("dist_cli_die");
+  const Job j = mpirun("TESSERA_DIST_FAULT=1:2:exit", 3, kTiny + " --steps 50 --comm-timeout 60 --out run", d);
+  EXPECT_NE(j.code, 0);
+  EXPECT_LT(j.seconds, 60) << "the others waited for the timeout (or longer) instead of ending with the job";
+  EXPECT_NE(j.err.find("rank 1"), std::string::npos) << j.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, ARankThatStallsMakesTheOthersFailWithinTheTimeout) {
+  const fs::path d = test::temp_dir("dist_cli_stall");
+  const Job j = mpirun("TESSERA_DIST_FAULT=1:2:hang", 3, kTiny + " --steps 50 --comm-timeout 2 --out run", d);
+  EXPECT_EQ(j.code, 2) << j.err;
+  EXPECT_LT(j.seconds, 60);
+  EXPECT_NE(j.err.find("all_reduce of"), std::string::npos) << j.err;
+  EXPECT_NE(j.err.find("did not complete within --comm-timeout 2 s"), std::string::npos) << j.err;
+  EXPECT_NE(j.err.find("tessera: error: rank 0 of 3:"), std::string::npos) << j.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, RanksThatDisagreeAreRefusedWithOneLineAndNothingWritten) {
+  const fs::path d = test::temp_dir("dist_cli_mismatch");
+  // MPMD: rank 0 with one learning rate, ranks 1 and 2 with another.
+  const Job j = mpirun("", 1, kTiny + " --steps 3 --lr 1e-3 --out run : -np 2 " + test::binary() + " train " + kTiny +
+                                  " --steps 3 --lr 2e-3 --out run", d);
+  EXPECT_EQ(j.code, 2);
+  EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
+  EXPECT_NE(j.err.find("the ranks disagree on the training options, the data and the world size: ranks 1, 2 differ"),
+            std::string::npos) << j.err;
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
+TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
+  const fs::path d = test::temp_dir("dist_cli_flags");
+  const Job j = mpirun("", 2, kTiny + " --ddp ring --out run", d);
+  EXPECT_EQ(j.code, 2);
+  EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
+  EXPECT_NE(j.err.find("--ddp: unknown form 'ring' (expected naive, flat, overlap or bucket)"), std::string::npos) << j.err;
+  const Job both = mpirun("", 2, kTiny + " --ddp flat --zero 1 --out run", d);
+  EXPECT_NE(both.err.find("--zero 1 reduce-scatters the gradients itself: drop --ddp"), std::string::npos) << both.err;
+  EXPECT_FALSE(fs::exists(d / "run"));
+  const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"), std::string::npos)
+      << alone.err;
+  fs::remove_all(d);
+}
+
+// The all-reduce benchmark over MPI: one table from rank 0 with a row per size, whose columns are consistent
+// (algbw = size / median time, busbw = algbw · 2(n−1)/n), and the same markdown in --out.
+TEST(DistCli, BenchAllreduceTabulatesEverySizeFromRankZero) {
+  const fs::path d = test::temp_dir("dist_cli_bench");
+  const Job j = mpirun("", 3, "allreduce --backend mpi-cpu --sizes 4KB,1MiB --warmup 1 --iters 3 --out ar.md", d,
+                       "bench");
+  ASSERT_EQ(j.code, 0) << j.out << j.err;
+  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 3 ranks"), 1u) << j.out;
+  const std::string md = read_file_text((d / "ar.md").string());
+  EXPECT_NE(md.find("| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |"), std::string::npos);
+  for (const auto& [name, bytes] : {std::pair{"4 KB", 4e3}, std::pair{"1 MiB", 1048576.0}}) {
+    const size_t at = md.find(std::string("| tessera mpi-cpu | 3 | ") + name + " | ");
+    ASSERT_NE(at, std::string::npos) << md;
+    double median = 0, mean = 0, algbw = 0, busbw = 0;
+    const std::string row = md.substr(at, md.find('\n', at) - at);
+    ASSERT_EQ(std::sscanf(row.c_str() + row.find(name) + std::strlen(name), " | %lf | %lf | %lf | %lf |", &median,
+                          &mean, &algbw, &busbw), 4) << row;
+    EXPECT_GT(median, 0);
+    EXPECT_NEAR(algbw, bytes / (median * 1e-3) / 1e9, 0.01 + 1e-3 * algbw) << row;
+    EXPECT_NEAR(busbw, algbw * 2 * 2 / 3, 0.01 + 1e-3 * busbw) << row;
+  }
+  const test::CliRun alone = test::run("bench allreduce --sizes 1KB");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.err.find("start the ranks with mpirun"), std::string::npos) << alone.err;
+  fs::remove_all(d);
+}
+
+TEST(DistCli, InfoReportsTheOptimizerMemoryOfEachRank) {
+  const test::CliRun zero = test::run("info --preset gpt2-124m --world 4 --zero 1");
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  // 124,439,808 parameters: m and v of 949.40 MiB unsharded, a quarter (plus fewer than 64 elements) per rank.
+  EXPECT_NE(zero.out.find("data parallel over 4 ranks: AdamW m+v 237.35 MiB on each rank (ZeRO-1: 1/4 of 949.40 MiB)"),
+            std::string::npos) << zero.out;
+  const test::CliRun ddp = test::run("info --preset gpt2-124m --world 4");
+  EXPECT_NE(ddp.out.find("AdamW m+v 949.40 MiB on each rank (unsharded"), std::string::npos) << ddp.out;
+}
+
+}  // namespace
+}  // namespace tessera
