@@ -60,6 +60,24 @@ struct NcclCommunicator::Impl {
   int rank = 0, size = 1;
   const double* timeout_s = nullptr;                // the communicator's (it may change after construction)
 
+  // Also when the constructor fails half-way: whatever was made is released. After a failure the communicator was
+  // aborted (comm is null) and the stream is not waited for: its kernels may wait on a peer that is gone.
+  ~Impl() {
+    if (comm) {
+      try {  // finalize flushes what was issued; bounded by the timeout like every other wait (which aborts)
+        settle(ncclCommFinalize(comm), "finalizing the NCCL communicator");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tessera: warning: %s\n", e.what());
+      }
+      if (comm) ncclCommDestroy(comm);
+    }
+    if (stream) {
+      if (!broken) cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+
   cudaEvent_t take_event() {
     if (free_events.empty()) {
       cudaEvent_t e = nullptr;
@@ -73,14 +91,17 @@ struct NcclCommunicator::Impl {
   }
   void give_event(cudaEvent_t e) { free_events.push_back(e); }
 
-  // Ends the communicator after a failure, so that no kernel of it spins on a peer that is gone.
+  // Ends the communicator after a failure, so that no kernel of it spins on a peer that is gone (ncclCommAbort
+  // also frees it).
   void abort() noexcept {
-    if (comm && !broken) ncclCommAbort(comm);
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
     broken = true;
   }
 
   // Throws when NCCL reported an asynchronous error (a peer's connection failed, an internal error).
   void check_async(const std::string& what) {
+    TS_CHECK(comm, "rank ", rank, ": ", what, ": the NCCL communicator was aborted after a failure");
     ncclResult_t state = ncclSuccess;
     TS_CHECK_NCCL(ncclCommGetAsyncError(comm, &state));
     if (state != ncclSuccess && state != ncclInProgress) {
@@ -187,26 +208,7 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   im.settle(r, "joining the NCCL communicator on " + ctx.device().str());
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  Impl& im = *impl_;
-  if (im.comm) {
-    if (!im.broken) {
-      // Finalize flushes what was issued; bounded by the timeout like every other wait.
-      try {
-        im.settle(ncclCommFinalize(im.comm), "finalizing the NCCL communicator");
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "tessera: warning: %s\n", e.what());
-      }
-    }
-    if (im.broken) ncclCommAbort(im.comm);
-    else ncclCommDestroy(im.comm);
-  }
-  if (im.stream) {
-    if (!im.broken) cudaStreamSynchronize(im.stream);
-    cudaStreamDestroy(im.stream);
-  }
-  for (cudaEvent_t e : im.events) cudaEventDestroy(e);
-}
+NcclCommunicator::~NcclCommunicator() = default;  // Impl's destructor releases everything
 
 Device NcclCommunicator::device() const { return impl_->ctx->device(); }
 
