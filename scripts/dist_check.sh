@@ -5,9 +5,10 @@
 #   ddp.md                                gpt2-124m, B 16 x T 1024 per GPU, bf16: one GPU, the four --ddp forms
 #                                         (bucket at 1, 10, 25, 100 MB) and --zero 1, step times and scaling
 #                                         efficiency; HF GPT-2 alone, under DDP and under ZeroRedundancyOptimizer
-# Usage: scripts/dist_check.sh OUT_DIR [tests|bench]   (default: both)
+# Usage: scripts/dist_check.sh OUT_DIR [tests|allreduce|ddp]   (default: all three; each part alone fits in a
+# 10-minute call once the build is there)
 set -uo pipefail
-OUT=${1:?usage: scripts/dist_check.sh OUT_DIR [tests|bench]}
+OUT=${1:?usage: scripts/dist_check.sh OUT_DIR [tests|allreduce|ddp]}
 MODE=${2:-all}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -29,7 +30,7 @@ export OMP_NUM_THREADS=4
 rc=0
 B=build-gpu/tessera
 
-if [ "$MODE" != bench ]; then
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   # dist_nccl (label cuda) runs the NCCL instances on 2 ranks, one a GPU; dist_mpi_np2/4 and the CLI tests the MPI path.
   ctest --test-dir build-gpu --output-on-failure -R 'dist_|Dist|Zero|Ddp|GradReady' >"$OUT/dist_tests.log" 2>&1 || rc=1
   tail -15 "$OUT/dist_tests.log"
@@ -45,15 +46,17 @@ EOF
     --steps 50 --comm-timeout 10 --no-progress --sample-tokens 0 >"$OUT/stall.log" 2>&1
   echo "stalled rank on NCCL: exit $? after $(( $(date +%s) - start )) s (expect 2 after ~10 s):"
   grep "tessera: error" "$OUT/stall.log" | head -2
-  if [ "$MODE" = tests ]; then exit $rc; fi
 fi
 
-# All-reduce bus bandwidth, tessera (NCCL) and torch.distributed in the same run.
-for dt in f32 bf16; do
-  $MPI $B bench allreduce --backend nccl-cuda --dtype "$dt" --sizes 1MB,10MB,100MB,1GB --warmup 5 --iters 20 --peer \
-    --out "$OUT/allreduce_$dt.md" >"$OUT/allreduce_$dt.log" 2>&1 || rc=1
-  tail -6 "$OUT/allreduce_$dt.log"
-done
+if [ "$MODE" = all ] || [ "$MODE" = allreduce ]; then
+  # All-reduce bus bandwidth, tessera (NCCL) and torch.distributed in the same run.
+  for dt in f32 bf16; do
+    $MPI $B bench allreduce --backend nccl-cuda --dtype "$dt" --sizes 1MB,10MB,100MB,1GB --warmup 5 --iters 20 --peer \
+      --out "$OUT/allreduce_$dt.md" >"$OUT/allreduce_$dt.log" 2>&1 || rc=1
+    tail -6 "$OUT/allreduce_$dt.log"
+  done
+fi
+if [ "$MODE" != all ] && [ "$MODE" != ddp ]; then exit $rc; fi
 
 # Step time of gpt2-124m, B 16 x T 1024 per GPU, bf16: median ms a step over steps 6..N of metrics.jsonl.
 python3 - >"$OUT/corpus.txt" <<'EOF'
