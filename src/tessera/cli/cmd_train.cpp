@@ -164,6 +164,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
   a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
   a.add("stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)");
+  a.add("trace", "FILE.json", "write a Chrome trace (opens in Perfetto) of one training step: FWD_STEP, BWD_STEP, "
+        "OPTIM_STEP, each layer and op, the planned activation memory");
+  a.add("trace-step", "N", "the step --trace records (default 2; the first pays one-time costs)");
   a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
@@ -196,6 +199,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (a.has("steps")) TS_CHECK(a.integer("steps", 0) > 0, "--steps must be positive, got ", a.str("steps"));
     o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
     o.stop_after = a.integer("stop-after", 0);
+    o.trace = a.str("trace", "");
+    o.trace_step = a.integer("trace-step", 2);
+    TS_CHECK(!a.has("trace-step") || a.has("trace"), "--trace-step needs --trace FILE.json");
     o.batch = a.integer("batch", o.batch);
     o.seq = a.integer("seq", 0);
     if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);

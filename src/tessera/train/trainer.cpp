@@ -12,6 +12,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
+#include "tessera/core/trace.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
 #include "tessera/train/optimizer.h"
@@ -92,6 +93,7 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), "--ckpt-minutes must be positive, got ",
            o.ckpt_minutes);
   TS_CHECK(o.stop_after >= 0, "--stop-after must be >= 0, got ", o.stop_after);
+  TS_CHECK(o.trace_step >= 1, "--trace-step must be >= 1, got ", o.trace_step);
   TS_CHECK(o.world_size >= 1, "internal: world size ", o.world_size);
 }
 
@@ -231,8 +233,8 @@ TrainSetup train_setup(TrainOptions o) {
     const std::string given = o.resume;
     o.resume = resolve_checkpoint_dir(o.resume);
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
-    const int steps = o.steps, stop_after = o.stop_after;
-    const std::string out = o.out, resume = o.resume;
+    const int steps = o.steps, stop_after = o.stop_after, trace_step = o.trace_step;
+    const std::string out = o.out, resume = o.resume, trace = o.trace;
     const bool progress = o.progress;
     const int world = o.world_size;
     s.model = load_checkpoint_model(o.resume);
@@ -247,6 +249,8 @@ TrainSetup train_setup(TrainOptions o) {
     // The schedule spans the saved run's steps unless the caller extends it.
     if (steps > 0) o.steps = steps;
     o.stop_after = stop_after;
+    o.trace = trace;
+    o.trace_step = trace_step;
     o.out = out;
     o.resume = resume;
     o.progress = progress;
@@ -264,6 +268,13 @@ TrainSetup train_setup(TrainOptions o) {
   }
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
+  if (!o.trace.empty()) {
+    const int64_t first = s.model ? s.state.step + 1 : 1;
+    TS_CHECK(o.trace_step >= first && o.trace_step <= o.steps, "--trace-step ", o.trace_step,
+             " is not a step this run takes (", first, " to ", o.steps, ")");
+    const fs::path parent = fs::path(o.trace).parent_path();
+    TS_CHECK(parent.empty() || fs::is_directory(parent), "--trace: the directory of ", o.trace, " does not exist");
+  }
   s.context = std::make_unique<Context>(o.device.empty() ? Context::best_available() : Context::from_name(o.device));
   const bool gpu = s.context->is_cuda();
   const std::string prec = o.precision.empty() ? (gpu ? "bf16" : "f32") : o.precision;
@@ -381,6 +392,12 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
+    // --trace: this step's ranges and counters into a Chrome trace (rank 0's; written after the step).
+    std::unique_ptr<Tracer> tracer;
+    if (!o.trace.empty() && step == o.trace_step && lead) {
+      tracer = std::make_unique<Tracer>(ctx);
+      model->set_tracer(tracer.get());
+    }
     model->zero_grad();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
@@ -399,7 +416,15 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     }
     TS_CHECK(optimizer->step_count() == step - 1, "internal: optimizer at step ", optimizer->step_count(),
              ", the run at ", step - 1);
-    optimizer->step(model->params(), lr);
+    {
+      const TraceScope optim(tracer.get(), "OPTIM_STEP");
+      optimizer->step(model->params(), lr);
+    }
+    if (tracer) {
+      model->set_tracer(nullptr);
+      ctx.synchronize();
+      tracer->write_chrome_json(o.trace);
+    }
     const double norm = optimizer->read_grad_norm();
     state.step = step;
     state.data_pos = train_data.position();

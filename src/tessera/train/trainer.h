@@ -41,6 +41,10 @@ struct TrainOptions {
   int ckpt_every = -1;         // N > 0: every N steps; 0: only at the end; -1: every ckpt_minutes of wall time
   double ckpt_minutes = 10;    // with ckpt_every -1
   int stop_after = 0;          // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
+  // A Chrome trace (Perfetto) of optimizer step trace_step: FWD_STEP / BWD_STEP / OPTIM_STEP, every layer and op,
+  // the planned live-activation counter (core/trace.h). Empty: none. Not saved with the run (like out).
+  std::string trace;
+  int trace_step = 2;          // the second step by default: the first pays one-time costs (plans, handles)
   bool progress = true;
   // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
   std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU

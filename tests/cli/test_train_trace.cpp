@@ -1,0 +1,85 @@
+// `tessera train --trace FILE.json`: one training step as a Chrome trace, and its flags checked before a run starts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+#include "tessera/core/file_io.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+namespace {
+
+class TrainTrace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("tessera_trace_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string train(const std::string& extra) const {
+    return "train --out " + (dir / "run").string() + " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 "
+           "--val-every 0 --no-progress --sample-tokens 0 --device cpu " + extra;
+  }
+  fs::path dir;
+};
+
+// The trace holds the chosen step's phases once each (FWD_STEP before BWD_STEP before OPTIM_STEP), one range per
+// layer in each phase, op ranges inside them, and the planned-memory counter; it is valid JSON (atomic write).
+TEST_F(TrainTrace, RecordsTheChosenStep) {
+  const fs::path trace = dir / "t.json";
+  const test::CliRun r = test::run(train("--steps 3 --trace " + trace.string() + " --trace-step 3"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(trace));
+  const nlohmann::json j = nlohmann::json::parse(read_file_text(trace.string()));
+  const auto& events = j.contains("traceEvents") ? j.at("traceEvents") : j;
+  std::map<std::string, int> count;
+  std::map<std::string, double> start;
+  int counters = 0;
+  for (const auto& e : events) {
+    const std::string ph = e.value("ph", "");
+    const std::string name = e.value("name", "");
+    if (ph == "X") {
+      ++count[name];
+      if (!start.count(name)) start[name] = e.at("ts").get<double>();
+      EXPECT_GE(e.at("dur").get<double>(), 0.0) << name;
+    }
+    if (ph == "C") ++counters;
+  }
+  for (const char* phase : {"FWD_STEP", "BWD_STEP", "OPTIM_STEP"}) EXPECT_EQ(count[phase], 1) << phase;
+  EXPECT_LT(start["FWD_STEP"], start["BWD_STEP"]);
+  EXPECT_LT(start["BWD_STEP"], start["OPTIM_STEP"]);
+  int layer_ranges = 0;
+  for (const auto& [name, n] : count)
+    if (name.rfind("layer", 0) == 0) layer_ranges += n;
+  EXPECT_EQ(layer_ranges, 2 * 2) << "one range per layer in the forward and in the backward";
+  EXPECT_GT(count.size(), 8u) << "op ranges inside the layers";
+  EXPECT_GT(counters, 0) << "the planned-memory counter";
+}
+
+// A step the run does not take, a trace step without a trace, and a missing directory are one-line errors, and
+// nothing is written.
+TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
+  const auto expect_error = [&](const std::string& args, const std::string& what) {
+    const test::CliRun r = test::run(train(args));
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(dir / "run")) << args;
+  };
+  expect_error("--steps 2 --trace " + (dir / "t.json").string() + " --trace-step 5", "--trace-step 5");
+  expect_error("--steps 2 --trace-step 1", "--trace-step needs --trace");
+  expect_error("--steps 2 --trace " + (dir / "no" / "t.json").string(), "does not exist");
+  EXPECT_FALSE(fs::exists(dir / "t.json"));
+}
+
+}  // namespace
+}  // namespace tessera
