@@ -40,7 +40,7 @@ std::vector<size_t> parse_sizes(const std::string& list);
 std::string size_name(size_t bytes);
 
 // ---- CUDA side (allreduce_cuda.cu; built with TESSERA_WITH_CUDA). ----
-// Milliseconds from an event on ctx.stream() recorded before launch() to one on `after` recorded after it.
+// Milliseconds between two events on `after` (the communicator's stream) recorded before and after launch().
 double time_launch_cuda(Context& ctx, Stream after, const std::function<CommHandle()>& launch);
 
 }  // namespace tessera

@@ -22,7 +22,8 @@ class Event {
 
 double time_launch_cuda(Context& ctx, Stream after, const std::function<CommHandle()>& launch) {
   Event start, stop;
-  TS_CHECK_CUDA(cudaEventRecord(start.get(), ctx.stream()));
+  // Both events on the communicator's stream: the figure is the collective's own time there.
+  TS_CHECK_CUDA(cudaEventRecord(start.get(), after));
   CommHandle h = launch();
   TS_CHECK_CUDA(cudaEventRecord(stop.get(), after));
   h.wait();  // bounded by the communicator's timeout, unlike cudaEventSynchronize on a collective
