@@ -111,6 +111,15 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
   EXPECT_NE(text.find("peer skipped"), std::string::npos);
   // Every (impl, d, T) of the small sweep has a row with a positive forward time, and the naive rows hold the
   // (B, T, T) matrices, so they need more memory than flash during the backward.
+  //
+  // The memory columns, by hand (f32 on the CPU, B = 2, one head, N = B·T rows, C = d): every row holds
+  // qkv (3NC), out and dO (NC each) and lse (N); naive keeps Q, K, V (3NC) and P (B·T·T) for its backward. During
+  // the backward both add dqkv (3NC); naive also dO, dQ, dK, dV split by heads (4NC) and dP (B·T·T); flash on the
+  // CPU nothing more. A term left out (naive's backward temporaries, say) still leaves naive above flash, which
+  // is why the cells are checked against these sums and not only against each other. Printed with 2 decimals.
+  auto expect_mib = [](const std::string& cell, double elems, const std::string& what) {
+    EXPECT_NEAR(std::stod(cell), elems * 4 / (1024.0 * 1024.0), 0.0051) << what;
+  };
   std::map<std::string, double> during;
   for (const char* impl : {"tessera naive", "tessera flash"})
     for (int d : {16, 32})
@@ -125,6 +134,11 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
         EXPECT_GT(std::stod(cells[0]), 0.0) << key << " fwd ms";
         EXPECT_GT(std::stod(cells[1]), 0.0) << key << " bwd ms";
         during[key] = std::stod(cells[3]);
+        const bool naive = std::string(impl) == "tessera naive";
+        const double B = 2, N = B * T, NC = N * d, inputs = 5 * NC + N, grad = 3 * NC;
+        const double before = inputs + (naive ? 3 * NC + B * T * T : 0.0);
+        expect_mib(cells[2], before, key + "MiB before bwd");
+        expect_mib(cells[3], before + grad + (naive ? 4 * NC + B * T * T : 0.0), key + "MiB during bwd");
       }
   EXPECT_GT(during["| tessera naive | 32 | 64 | "], during["| tessera flash | 32 | 64 | "]);
   for (int Dh : {32, 64})

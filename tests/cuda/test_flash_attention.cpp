@@ -2,6 +2,7 @@
 // precision, through the Tensor-level entries. FlashAttention's own acceptance rule: the flash error (against
 // f64) is at most 2x the error of naive attention that materializes S and P in the same 16-bit dtype.
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -39,7 +40,11 @@ std::string label(const AttentionParams& p, DType dt) {
 
 // The 2x rule, with a slack of 2% of the dtype's tolerance for results that both paths get almost exactly
 // (out at T = 1 is V itself; dQ and dK at T = 1 are 0 up to f32 rounding).
+// A naive error that is not finite (an unwritten, NaN element of the naive output: rel_error reports it as
+// infinity) would make the bound infinite and the rule pass whatever flash computed, so it fails here instead.
 void expect_within_2x(double flash, double naive, DType dt, const std::string& what) {
+  ASSERT_TRUE(std::isfinite(naive)) << what << ": the naive yardstick is not finite (" << naive << "), seed "
+                                    << test_seed();
   const double bound = 2.0 * naive + 0.02 * cuda_tolerance(dt);
   EXPECT_LE(flash, bound) << what << ": flash error " << flash << " > 2 x naive error " << naive << " (+ slack), seed "
                           << test_seed();
