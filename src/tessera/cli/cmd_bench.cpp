@@ -19,6 +19,7 @@
 #include "tessera/bench/harness.h"
 #include "tessera/bench/kernels.h"
 #include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
@@ -89,21 +90,6 @@ PeerResult run_peer(const std::string& which, const std::string& size, const std
   else if (code != 0)
     r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
   return r;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
 }
 
 }  // namespace

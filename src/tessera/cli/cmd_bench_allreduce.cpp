@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tessera/bench/allreduce.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
@@ -80,21 +81,6 @@ Peer run_peer(int world, const std::string& sizes, const std::string& dtype, con
   else if (code != 0)
     p.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
   return p;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
 }
 
 int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommunicator& control) {

@@ -20,6 +20,7 @@
 #include "tessera/bench/attention.h"
 #include "tessera/bench/harness.h"
 #include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
@@ -82,27 +83,12 @@ PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t) 
   return r;
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 // A peer figure as a cell: "OOM", "–" when absent, else the number.
 std::string peer_cell(const nlohmann::json& j, const char* key, const char* f) {
   if (j.is_null()) return "–";
   if (j.value("oom", false)) return "OOM";
   if (!j.contains(key) || !j[key].is_number()) return "–";
   return fmt(f, j[key].get<double>());
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
 }
 
 }  // namespace

@@ -35,21 +35,6 @@ namespace fs = std::filesystem;
 // two cores (8192³ in f32 would take minutes there).
 constexpr int kGemmGpu = 8192, kGemmCpu = 1024;
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
-}
-
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   size_t i = 0;

@@ -1,5 +1,6 @@
 #include "tessera/cli/common.h"
 
+#include <ctime>
 #include <cstdio>
 
 #include "tessera/core/error.h"
@@ -65,6 +66,21 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
     tokens.push_back(t);
   }
   return tokens;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
 }
 
 }  // namespace tessera::cli

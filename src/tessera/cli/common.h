@@ -17,6 +17,10 @@ std::vector<std::string> model_flag_names();
 ModelConfig model_from_flags(const Flags& f);
 
 std::string human_bytes(double bytes);
+// One number in a printf format ("%.4f"), for the bench tables.
+std::string fmt(const char* printf_format, double v);
+// The current time as "YYYY-MM-DD HH:MM UTC", for the bench tables' headers.
+std::string utc_now();
 std::string human_count(double n);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
