@@ -45,7 +45,7 @@ const char* kBenchUsage =
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
     "  attention  naive against flash attention (ms, memory) and causal multi-head TFLOP/s\n"
     "  model      the CS336 end-to-end table: fwd, fwd+bwd, step ms, memory, tokens/s, MFU over model sizes\n"
-    "  allreduce  all-reduce over the ranks of mpirun -np N (cmd_bench_allreduce.cpp)\n"
+    "  allreduce  all-reduce bandwidth over the ranks of mpirun -np N (MPI on CPUs, NCCL on GPUs)\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 

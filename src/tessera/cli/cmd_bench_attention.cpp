@@ -143,7 +143,7 @@ int cmd_bench_attention(int argc, char** argv) {
   const AttentionSweeps sw = attention_sweeps(cfg.small);
   std::string kernel = "cpu reference";
 #ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) kernel = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt);
+  if (ctx.is_cuda()) kernel = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt, ctx);
 #endif
 
   std::string md = "# tessera bench attention\n\n";

@@ -528,9 +528,10 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   });
 }
 
-const char* attention_cuda_kernel(const AttentionParams& p, DType dtype) {
-  return (dtype == DType::BF16 || dtype == DType::F16) && flash_attention_head_pad(p.Dh) != 0 ? "flash-mma"
-                                                                                              : "tiled-fma";
+const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {
+  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0) return "tiled-fma";
+  // The backward is the mma.sync one whichever forward runs (TESSERA_FLASH_PATH, see flash_hopper.h).
+  return flash_forward_uses_hopper(p, dtype, ctx) ? "flash-hopper forward, flash-mma backward" : "flash-mma";
 }
 
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx) {

@@ -68,9 +68,10 @@ void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 // Q, K and V are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64,
 // 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
 constexpr int kAttentionMaxDh = 128;
-// The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers: "flash-mma" or
+// The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers on ctx's GPU:
+// "flash-mma", "flash-hopper forward, flash-mma backward" (sm_90a, TESSERA_FLASH_PATH auto or hopper) or
 // "tiled-fma" (tests and benchmarks name the path they measure).
-const char* attention_cuda_kernel(const AttentionParams& p, DType dtype);
+const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
