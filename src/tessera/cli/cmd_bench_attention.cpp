@@ -155,8 +155,10 @@ int cmd_bench_attention(int argc, char** argv) {
     else peer = run_peer(cfg.small, dtype_name, timing);
   }
   const AttentionSweeps sw = attention_sweeps(cfg.small);
-  const std::string kernel =
-      ctx.is_cuda() ? attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt) : std::string("cpu reference");
+  std::string kernel = "cpu reference";
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) kernel = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt);
+#endif
 
   std::string md = "# tessera bench attention\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
