@@ -18,6 +18,7 @@
 
 #include "tessera/bench/harness.h"
 #include "tessera/bench/kernels.h"
+#include "tessera/bench/peer.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -58,37 +59,13 @@ struct PeerResult {
 PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype,
                     const TimingOptions& t) {
   PeerResult r;
-  // TESSERA_PYTHON names another interpreter (a virtual environment's) than the python3 on PATH.
-  const char* py = std::getenv("TESSERA_PYTHON");
-  const std::string cmd = std::string(py && *py ? py : "python3") + " '" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size +
-                          " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                          std::to_string(t.iters) + " 2>&1";
-  std::fflush(stdout);
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    r.note = "peer skipped: could not start python3";
-    return r;
-  }
-  std::string last;
-  std::array<char, 4096> line;
-  while (std::fgets(line.data(), static_cast<int>(line.size()), p)) {
-    std::string s(line.data());
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (s.empty()) continue;
-    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false)
-                                    : nlohmann::json();
-    if (j.is_object() && j.contains("kernel") && j.contains("ms") && j["ms"].is_number())
-      r.ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
-    else
-      last = s;
-  }
-  const int status = ::pclose(p);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (r.ms.empty())
-    r.note = code == 127 ? "peer skipped: " + std::string(py && *py ? py : "python3") + " not found"
-                         : "peer skipped: " + (last.empty() ? "kernels.py printed no figures" : last);
-  else if (code != 0)
-    r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  r.note = run_peer_script("'" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size + " --dtype " +
+                               dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters),
+                           "kernels.py", [&](const nlohmann::json& j) {
+                             if (!j.contains("kernel") || !j.contains("ms") || !j["ms"].is_number()) return false;
+                             r.ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
+                             return true;
+                           });
   return r;
 }
 
@@ -175,12 +152,19 @@ int cmd_bench(int argc, char** argv) {
     md += "| " + r.kernel + " | " + r.shape + " | " + fmt("%.2f", r.bytes / 1e6) + " | " +
           fmt("%.4f", r.timing.median_ms) + " | " + fmt("%.4f", r.timing.min_ms) + " | " +
           fmt("%.4f", r.timing.max_ms) + " | " + fmt(r.gbs() < 10 ? "%.3g" : "%.1f", r.gbs()) + " |";
-    if (ctx.is_cuda()) md += " " + fmt("%.0f%%", 100.0 * r.gbs() / copy_gbs) + " |";
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on `" " + std::string` here.
+    if (ctx.is_cuda()) md += " " + fmt("%.0f%%", 100.0 * r.gbs() / copy_gbs).append(" |");
     if (with_peer) {
       const auto it = peer.ms.find(r.kernel);
-      md += it == peer.ms.end() ? " – | – |"
-                                : " " + fmt("%.4f", it->second) + " | " +
-                                      fmt("%.2f×", it->second / r.timing.median_ms) + " |";
+      if (it == peer.ms.end()) {
+        md += " – | – |";
+      } else {
+        md += " ";
+        md += fmt("%.4f", it->second);
+        md += " | ";
+        md += fmt("%.2f×", it->second / r.timing.median_ms);
+        md += " |";
+      }
     }
     md += "\n";
   }

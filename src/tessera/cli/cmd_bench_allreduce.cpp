@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tessera/bench/allreduce.h"
+#include "tessera/bench/peer.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
@@ -50,36 +51,16 @@ struct Peer {
 
 Peer run_peer(int world, const std::string& sizes, const std::string& dtype, const TimingOptions& t) {
   Peer p;
-  const char* py = std::getenv("TESSERA_PYTHON");
-  const std::string python = py && *py ? py : "python3";
-  const std::string cmd = python + " -m torch.distributed.run --standalone --nproc_per_node " + std::to_string(world) +
-                          " '" TESSERA_PEERS_DIR "/allreduce.py' --which allreduce --sizes " + sizes + " --dtype " +
-                          dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters) +
-                          " 2>&1";
-  std::fflush(stdout);
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) {
-    p.note = "peer skipped: could not start " + python;
-    return p;
-  }
-  std::string last;
-  std::array<char, 4096> line;
-  while (std::fgets(line.data(), static_cast<int>(line.size()), pipe)) {
-    std::string s(line.data());
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (s.empty()) continue;
-    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
-    if (j.is_object() && j.contains("bytes") && j.contains("median_ms") && j.contains("mean_ms"))
-      p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
-    else
-      last = s;
-  }
-  const int status = ::pclose(pipe);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (p.ms.empty())
-    p.note = "peer skipped: " + (last.empty() ? "allreduce.py printed no figures" : last);
-  else if (code != 0)
-    p.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  p.note = run_peer_script("-m torch.distributed.run --standalone --nproc_per_node " + std::to_string(world) +
+                               " '" TESSERA_PEERS_DIR "/allreduce.py' --which allreduce --sizes " + sizes +
+                               " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
+                               std::to_string(t.iters),
+                           "allreduce.py", [&](const nlohmann::json& j) {
+                             if (!j.contains("bytes") || !j.contains("median_ms") || !j.contains("mean_ms"))
+                               return false;
+                             p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
+                             return true;
+                           });
   return p;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tessera/bench/attention.h"
+#include "tessera/bench/peer.h"
 #include "tessera/bench/harness.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
@@ -45,41 +46,19 @@ struct PeerRows {
 
 PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t) {
   PeerRows r;
-  const char* py = std::getenv("TESSERA_PYTHON");
-  const std::string python = py && *py ? py : "python3";
-  const std::string cmd = python + " '" TESSERA_PEERS_DIR "/attention.py' --size " + (small ? "small" : "full") +
-                          " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                          std::to_string(t.iters) + " 2>&1";
-  std::fflush(stdout);
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    r.note = "peer skipped: could not start " + python;
-    return r;
-  }
-  std::string last;
-  std::array<char, 4096> line;
-  while (std::fgets(line.data(), static_cast<int>(line.size()), p)) {
-    std::string s(line.data());
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (s.empty()) continue;
-    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
-    if (j.is_object() && j.contains("table") && j.contains("impl") && j.contains("d") && j.contains("T")) {
-      const std::string table = j["table"].get<std::string>(), impl = j["impl"].get<std::string>();
-      const int ti = table == "memory" ? 0 : 1;
-      auto& names = r.impls[ti];
-      if (std::find(names.begin(), names.end(), impl) == names.end()) names.push_back(impl);
-      r.rows[{table, impl, j["d"].get<int>(), j["T"].get<int>()}] = j;
-    } else {
-      last = s;
-    }
-  }
-  const int status = ::pclose(p);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (r.rows.empty())
-    r.note = code == 127 ? "peer skipped: " + python + " not found"
-                         : "peer skipped: " + (last.empty() ? "attention.py printed no figures" : last);
-  else if (code != 0)
-    r.note = "peer exited with code " + std::to_string(code) + (last.empty() ? "" : ": " + last);
+  r.note = run_peer_script("'" TESSERA_PEERS_DIR "/attention.py' --size " + std::string(small ? "small" : "full") +
+                               " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
+                               std::to_string(t.iters),
+                           "attention.py", [&](const nlohmann::json& j) {
+                             if (!j.contains("table") || !j.contains("impl") || !j.contains("d") || !j.contains("T"))
+                               return false;
+                             const std::string table = j["table"].get<std::string>(),
+                                               impl = j["impl"].get<std::string>();
+                             auto& names = r.impls[table == "memory" ? 0 : 1];
+                             if (std::find(names.begin(), names.end(), impl) == names.end()) names.push_back(impl);
+                             r.rows[{table, impl, j["d"].get<int>(), j["T"].get<int>()}] = j;
+                             return true;
+                           });
   return r;
 }
 

@@ -1,0 +1,20 @@
+// tessera/bench/peer.h — runs a PyTorch peer script of bench/peers/ beside a tessera benchmark and hands over the
+// JSON objects it prints (one per line), so that the tables can show the peer's figures from the same run.
+#pragma once
+#include <functional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tessera {
+
+// Runs `<python> <args> 2>&1`, python being $TESSERA_PYTHON (a virtual environment's interpreter) or python3.
+// Every output line that parses as a JSON object goes to `take`, which returns whether it was a figure; the
+// last other line is kept for the note. Returns "" when the peer gave a figure and exited 0, else one line:
+//   "peer skipped: <python> not found"          no figure, exit 127 (the shell found no interpreter)
+//   "peer skipped: <last line>"                  no figure ("<what> printed no figures" when it printed nothing)
+//   "peer exited with code N[: <last line>]"     figures, but a non-zero exit
+std::string run_peer_script(const std::string& args, const std::string& what,
+                            const std::function<bool(const nlohmann::json&)>& take);
+
+}  // namespace tessera
