@@ -121,7 +121,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     std::unique_ptr<Communicator> comm;
     if (backend == "nccl-cuda") {
 #ifdef TESSERA_WITH_NCCL
-      ctx = std::make_unique<Context>(Device::cuda(world.local_rank() % probe_gpu().count));
+      ctx = std::make_unique<Context>(Device::cuda(world.gpu(probe_gpu().count)));
       comm = std::make_unique<NcclCommunicator>(control, *ctx, timeout);
       device = ctx->gpu().name;
 #endif

@@ -245,15 +245,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       TS_CHECK(dist.timeout_s > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
       ranks.launch->set_timeout(dist.timeout_s);
       o.world_size = ranks.size();
-      // Each rank its own GPU: local rank modulo the GPUs this host shows (unless --device names one).
+      // Each rank its own GPU (unless --device names one); --device cpu trains every rank on the CPU.
       const GpuInfo gpu = probe_gpu();
-      if ((o.device.empty() || o.device == "cuda") && gpu.available && gpu.count > 0) {
-        // NCCL refuses two ranks on one GPU (its message comes late and from every rank): say it up front.
-        TS_CHECK(ranks.world->local_size() <= gpu.count, ranks.world->local_size(), " ranks on this host share its ",
-                 gpu.count, " GPU(s), but each rank needs a GPU of its own: start at most ", gpu.count,
-                 " ranks per host, or train on the CPU with --device cpu");
-        o.device = "cuda:" + std::to_string(ranks.world->local_rank() % gpu.count);
-      }
+      if ((o.device.empty() || o.device == "cuda") && gpu.available && gpu.count > 0)
+        o.device = "cuda:" + std::to_string(ranks.world->gpu(gpu.count));
     }
 
     // 2. Every option against the model, the resume checkpoint and the memory the run needs (reads only).

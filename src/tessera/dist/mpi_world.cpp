@@ -34,6 +34,13 @@ MpiWorld::MpiWorld() {
 
 MpiWorld::~MpiWorld() { MPI_Finalize(); }
 
+int MpiWorld::gpu(int gpu_count) const {
+  TS_CHECK(gpu_count > 0 && local_size_ <= gpu_count, local_size_, " ranks on this host share its ", gpu_count,
+           " GPU(s), but each rank needs a GPU of its own: start at most ", gpu_count,
+           " ranks per host, or run on the CPU");
+  return local_rank_;
+}
+
 void MpiWorld::abort(int code) const {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] true if it ever did

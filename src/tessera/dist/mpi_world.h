@@ -24,9 +24,12 @@ class MpiWorld {
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Rank among the processes on this host, and their count (MPI_COMM_TYPE_SHARED): a GPU rank takes device
-  // local_rank % device_count.
+  // local_rank (gpu() below).
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  // The GPU of this rank among the host's gpu_count: local_rank. More ranks on the host than GPUs is an error
+  // (NCCL refuses two ranks on one GPU, late and from every rank): said up front, in one line.
+  int gpu(int gpu_count) const;
 
   // Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) with exit code `code`.
   [[noreturn]] void abort(int code) const;
