@@ -168,11 +168,7 @@ int cmd_bench(int argc, char** argv) {
     }
     md += "\n";
   }
-  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
-  if (!out.empty()) {
-    write_file_atomic(out, md);
-    std::printf("wrote %s\n", out.c_str());
-  }
+  print_bench_markdown(md, out);
   return 0;
 }
 

@@ -179,11 +179,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     }
     md += "\n";
   }
-  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
-  if (!out.empty()) {
-    write_file_atomic(out, md);
-    std::printf("wrote %s\n", out.c_str());
-  }
+  print_bench_markdown(md, out);
   return 0;
 }
 

@@ -254,11 +254,7 @@ int cmd_bench_model(int argc, char** argv) {
   for (const ModelBenchRow& r : rows)
     if (r.oom) md += "\n- " + r.size + ": OOM: " + r.oom_reason;
   if (std::any_of(rows.begin(), rows.end(), [](const ModelBenchRow& r) { return r.oom; })) md += "\n";
-  std::fputs(md.c_str() + md.find('\n') + 2, stdout);  // the title is for the file only
-  if (!out.empty()) {
-    write_file_atomic(out, md);
-    std::printf("wrote %s\n", out.c_str());
-  }
+  print_bench_markdown(md, out);
 
   // ---- JSON ----
   if (!json_path.empty()) {

@@ -1,9 +1,10 @@
 #include "tessera/cli/common.h"
 
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/train/data.h"
 
 namespace tessera::cli {
@@ -81,6 +82,15 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
   return buf;
+}
+
+void print_bench_markdown(const std::string& md, const std::string& out) {
+  const size_t body = md.find('\n');
+  std::fputs(body == std::string::npos ? md.c_str() : md.c_str() + body + 2, stdout);
+  if (!out.empty()) {
+    write_file_atomic(out, md);
+    std::printf("wrote %s\n", out.c_str());
+  }
 }
 
 }  // namespace tessera::cli

@@ -21,6 +21,9 @@ std::string human_bytes(double bytes);
 std::string fmt(const char* printf_format, double v);
 // The current time as "YYYY-MM-DD HH:MM UTC", for the bench tables' headers.
 std::string utc_now();
+// A bench's markdown: printed without its title line (the title is for the file), and written atomically to
+// `out` when given.
+void print_bench_markdown(const std::string& md, const std::string& out);
 std::string human_count(double n);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
