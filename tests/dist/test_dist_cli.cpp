@@ -91,12 +91,12 @@ TEST(DistCli, Zero1ReportsShardedMemoryResumesAtItsWorldSizeOnly) {
   ASSERT_EQ(first.code, 0) << first.out << first.err;
   EXPECT_NE(first.out.find("on rank 0 (ZeRO-1: its 1/4 of"), std::string::npos) << first.out;
   EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 2u);
-  const Job elsewhere = mpirun("", 2, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0", d);
+  const Job elsewhere = mpirun("", 2, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0 --device cpu", d);
   EXPECT_EQ(elsewhere.code, 2);
   EXPECT_EQ(count(elsewhere.err, "tessera: error:"), 1u) << elsewhere.err;
   EXPECT_NE(elsewhere.err.find("written by a run of 4 ranks; resume it with mpirun -np 4"), std::string::npos)
       << elsewhere.err;
-  const Job resumed = mpirun("", 4, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0", d);
+  const Job resumed = mpirun("", 4, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0 --device cpu", d);
   ASSERT_EQ(resumed.code, 0) << resumed.out << resumed.err;
   EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 4u);
   const test::CliRun g = test::run("generate --checkpoint " + (d / "run" / "checkpoint").string() + " --tokens 5");
