@@ -268,6 +268,63 @@ TEST(CudaGemm, BiasGradIsDeterministic) {
   }
 }
 
+// x (rows, cols) packed, copied into rows `ld` apart with NaN in the padding (which would spread if read).
+std::vector<double> padded_rows(const std::vector<double>& x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<double> out(static_cast<size_t>(rows * ld), std::nan(""));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = x[r * cols + c];
+  return out;
+}
+
+// Row strides: the lm_head's case (logits rows of V = 50257 stored 50304 apart, K = 64 here for speed; every
+// transpose, as the forward, dW and dx GEMMs use the padded matrix as C, as A transposed and as A) and an awkward
+// small shape with odd paddings. The padded product matches the reference, and C's padding stays NaN.
+TEST(CudaGemm, PaddedRowStrides) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  struct Case {
+    GemmShape s;
+    int pad_a, pad_b, pad_c;
+  };
+  const Case cases[] = {{{7, 13, 33}, 3, 5, 9}, {{130, 50257, 64}, 0, 0, 47}, {{96, 64, 50257}, 47, 0, 0}};
+  for (const GemmMode& mode : kModes) {
+    const DType dt = mode.dt;
+    for (const Case& cs : cases) {
+      const int M = cs.s.M, N = cs.s.N, K = cs.s.K;
+      const auto a = rounded(dt, randn<double>(static_cast<size_t>(M) * K, rng));
+      const auto b = rounded(dt, randn<double>(static_cast<size_t>(K) * N, rng));
+      std::vector<double> prod(static_cast<size_t>(M) * N), prod_abs(prod.size());
+      gemm_loop_ref<double>({.M = M, .N = N, .K = K}, prod.data(), a.data(), b.data(), nullptr);
+      gemm_loop_ref<double>({.M = M, .N = N, .K = K}, prod_abs.data(), abs_of(a).data(), abs_of(b).data(), nullptr);
+      for (int trans_a = 0; trans_a < 2; ++trans_a)
+        for (int trans_b = 0; trans_b < 2; ++trans_b) {
+          GemmParams p{.M = M, .N = N, .K = K, .trans_a = trans_a == 1, .trans_b = trans_b == 1,
+                       .allow_tf32 = mode.tf32};
+          p.lda = p.a_cols() + cs.pad_a;
+          p.ldb = p.b_cols() + cs.pad_b;
+          p.ldc = N + cs.pad_c;
+          DeviceArena dev(ctx);
+          const Tensor ta = dev.upload(dt, padded_rows(trans_a ? transposed(a, M, K) : a, p.a_rows(), p.a_cols(), p.lda));
+          const Tensor tb = dev.upload(dt, padded_rows(trans_b ? transposed(b, K, N) : b, p.b_rows(), p.b_cols(), p.ldb));
+          const Tensor tc = dev.poisoned(dt, static_cast<int64_t>(M) * p.ldc);
+          gemm(p, tc, ta, tb, Tensor(), ctx);
+          const auto got = dev.download(tc);
+          std::vector<double> body(prod.size());
+          bool padding_kept = true;
+          for (int m = 0; m < M; ++m) {
+            for (int n = 0; n < N; ++n) body[static_cast<size_t>(m) * N + n] = got[m * p.ldc + n];
+            for (int64_t n = N; n < p.ldc; ++n) padding_kept = padding_kept && std::isnan(got[m * p.ldc + n]);
+          }
+          const std::string what = std::string("gemm ld ") + mode.name + " " + std::to_string(M) + "x" +
+                                   std::to_string(N) + "x" + std::to_string(K) + (trans_a ? " trans_a" : "") +
+                                   (trans_b ? " trans_b" : "");
+          expect_close_to_terms(body, prod, prod_abs, dt, what, tolerance_scale(mode));
+          EXPECT_TRUE(padding_kept) << what << ": C's row padding was written";
+        }
+    }
+  }
+}
+
 // The CPU entry (no GPU needed): batches loop over gemm_ref, and the supports() answers.
 TEST(CudaGemm, CpuEntryBatchesAndSupports) {
   std::mt19937_64 rng(test_seed());

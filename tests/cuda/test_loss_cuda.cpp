@@ -85,6 +85,49 @@ TEST(CudaCrossEntropy, MatchesReferenceOnAwkwardShapes) {
         }
 }
 
+// The model's layout: logits rows of V = 50257 stored 50304 apart (bf16 and f16 models pad the stride). Forward
+// and in-place backward match the packed reference; the padding is neither read (it holds NaN) nor written.
+TEST(CudaCrossEntropy, PaddedRowStride) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const CeCase c{37, 50257, 0.1f, -100};
+  const int64_t ld = 50304;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    std::vector<double> logits;
+    std::vector<int32_t> targets;
+    make_inputs(c, dt, rng, logits, targets);
+    CrossEntropyParams p{.N = c.N, .V = c.V, .label_smoothing = c.eps, .ignore_index = c.ignore_index};
+    std::vector<double> losses(c.N), lse(c.N), d_logits(static_cast<size_t>(c.N) * c.V);
+    const long count = cross_entropy_forward_ref<double>(p, losses.data(), lse.data(), logits.data(), targets.data());
+    cross_entropy_backward_ref<double>(p, d_logits.data(), logits.data(), lse.data(), targets.data(),
+                                       1.0 / std::max<long>(count, 1));
+    std::vector<double> padded(static_cast<size_t>(c.N * ld), std::nan(""));
+    for (int n = 0; n < c.N; ++n)
+      for (int j = 0; j < c.V; ++j) padded[n * ld + j] = logits[static_cast<size_t>(n) * c.V + j];
+    p.ld = ld;
+    DeviceArena dev(ctx);
+    const Tensor tz = dev.upload(dt, padded), ty = dev.upload_i32(targets);
+    const Tensor tloss = dev.poisoned(DType::F32, c.N), tlse = dev.poisoned(DType::F32, c.N);
+    const Tensor tsum = dev.poisoned(DType::F32, 2), tcount = dev.poisoned(DType::I32, 1);
+    cross_entropy_forward(p, tloss, tlse, tz, ty, ctx);
+    cross_entropy_loss_sum(p, tsum, tcount, tloss, ty, ctx);
+    cross_entropy_backward(p, tz, tz, tlse, ty, 1.0, tcount, ctx);
+    const std::string what = std::string("cross_entropy ld ") + dtype_label(dt);
+    const double rows = std::sqrt(static_cast<double>(c.N));
+    expect_close(dev.download(tlse), lse, DType::F32, what + " lse", 1.0, rows);
+    expect_close(dev.download(tloss), losses, DType::F32, what + " losses", 10.0, rows);
+    const auto got = dev.download(tz);
+    std::vector<double> body(d_logits.size());
+    bool padding_kept = true;
+    for (int n = 0; n < c.N; ++n) {
+      for (int j = 0; j < c.V; ++j) body[static_cast<size_t>(n) * c.V + j] = got[n * ld + j];
+      for (int64_t j = c.V; j < ld; ++j) padding_kept = padding_kept && std::isnan(got[n * ld + j]);
+    }
+    expect_close(body, d_logits, dt, what + " d_logits", 2.0, 1e-2 / std::max<long>(count, 1) * rows);
+    EXPECT_TRUE(padding_kept) << what << ": the padding was written";
+  }
+}
+
 TEST(CudaCrossEntropy, ForwardAndSumAreDeterministic) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());

@@ -192,14 +192,16 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
                lnf_b_);
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
   at(StepOp::Logits);
-  mm({.M = N, .N = V, .K = C, .trans_b = true}, rows(acts_.logits, N, V), rows(acts_.lnf, N, C),
-       p(lm, int64_t{V} * C), Tensor());
+  const int64_t ld = logits_stride();
+  mm({.M = N, .N = V, .K = C, .trans_b = true, .ldc = ld}, rows(acts_.logits, N, ld), rows(acts_.lnf, N, C),
+     p(lm, int64_t{V} * C), Tensor());
 
   if (!with_targets) return;
   label_smoothing_ = opt.label_smoothing;
-  const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = opt.label_smoothing, .ignore_index = cfg_.padding_id};
+  const CrossEntropyParams cp{
+      .N = N, .V = V, .label_smoothing = opt.label_smoothing, .ignore_index = cfg_.padding_id, .ld = ld};
   at(StepOp::Loss);
-  cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, V),
+  cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, ld),
                         acts_.targets.slice1d(0, N), *ctx_);
   // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
   cross_entropy_loss_sum(cp, acts_.loss, acts_.count, acts_.losses.slice1d(0, N), acts_.targets.slice1d(0, N),
@@ -217,9 +219,14 @@ double Gpt::read_loss() const {
   return v;
 }
 
+int64_t Gpt::logits_stride(const ModelConfig& cfg, DType dtype) {
+  const int64_t V = cfg.vocab;
+  return dtype == DType::BF16 || dtype == DType::F16 ? (V + 63) / 64 * 64 : V;
+}
+
 Tensor Gpt::logits() const {
   const int64_t N = static_cast<int64_t>(B_) * T_;
-  return rows(acts_.logits, N, cfg_.vocab);
+  return rows(acts_.logits, N, logits_stride());
 }
 
 std::vector<float> Gpt::read_logits_row(int row) const {
@@ -227,8 +234,8 @@ std::vector<float> Gpt::read_logits_row(int row) const {
   const int64_t V = cfg_.vocab;
   const size_t es = dtype_size(dtype_);
   std::vector<unsigned char> raw(static_cast<size_t>(V) * es);
-  copy_bytes(raw.data(), Device::cpu(), static_cast<const char*>(acts_.logits.data()) + row * V * es, ctx_->device(),
-             raw.size(), *ctx_);
+  const char* at = static_cast<const char*>(acts_.logits.data()) + row * logits_stride() * es;
+  copy_bytes(raw.data(), Device::cpu(), at, ctx_->device(), raw.size(), *ctx_);
   std::vector<float> out(static_cast<size_t>(V));
   convert_to_f32(raw.data(), dtype_, out.size(), out.data());
   return out;
@@ -274,8 +281,10 @@ void Gpt::backward(double loss_scale) {
   TS_CHECK(has_targets_, "backward: needs a forward with targets first");
   has_targets_ = false;  // the logits are consumed below
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab;
-  const CrossEntropyParams cp{.N = N, .V = V, .label_smoothing = label_smoothing_, .ignore_index = cfg_.padding_id};
-  const Tensor logits = rows(acts_.logits, N, V), lnf = rows(acts_.lnf, N, C), d_ln = rows(acts_.d_lnf, N, C);
+  const int64_t ld = logits_stride();
+  const CrossEntropyParams cp{
+      .N = N, .V = V, .label_smoothing = label_smoothing_, .ignore_index = cfg_.padding_id, .ld = ld};
+  const Tensor logits = rows(acts_.logits, N, ld), lnf = rows(acts_.lnf, N, C), d_ln = rows(acts_.d_lnf, N, C);
   const Tensor d_res = rows(acts_.d_res, N, C);
   // In place: each element of the gradient needs only its own logit and the row's lse. The scale is
   // loss_scale / count, with the count read on the device (an all-ignored batch gives zero gradients).
@@ -285,9 +294,10 @@ void Gpt::backward(double loss_scale) {
 
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
   at(StepOp::LmHeadW);
-  mm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(lm, int64_t{V} * C), logits, lnf, Tensor());
+  mm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f, .lda = ld}, g(lm, int64_t{V} * C), logits, lnf,
+     Tensor());
   at(StepOp::LmHeadX);
-  mm({.M = N, .N = C, .K = V}, d_ln, logits, p(lm, int64_t{V} * C), Tensor());
+  mm({.M = N, .N = C, .K = V, .lda = ld}, d_ln, logits, p(lm, int64_t{V} * C), Tensor());
   at(StepOp::LnFBwd);
   fill_bytes(d_res, 0, *ctx_);
   norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);

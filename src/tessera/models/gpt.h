@@ -89,7 +89,13 @@ class Gpt {
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
   // Logits of the last forward: (B*T, V) in the compute dtype, on the device.
+  // (B*T, logits_stride()): row n's V logits start at n * logits_stride().
   Tensor logits() const;
+  int64_t logits_stride() const { return logits_stride(cfg_, dtype_); }
+  // The row stride of the logits buffer: V for f32 / f64 models; for 16-bit ones V rounded up to a multiple of 64
+  // (50257 -> 50304, as llm.c pads its vocab), so that each row starts 128-byte aligned and cuBLASLt can run the
+  // lm_head GEMMs on its aligned tensor-core kernels. The padding columns are never read or written.
+  static int64_t logits_stride(const ModelConfig& cfg, DType dtype);
   // Row `row` of the logits as f32 on the host (sampling).
   std::vector<float> read_logits_row(int row) const;
   int last_B() const { return B_; }

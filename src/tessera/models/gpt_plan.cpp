@@ -107,7 +107,7 @@ PlanDebug plan_debug_from_env() {
 void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const PlanDebug& dbg, MemoryPlan& mp,
                        Acts& acts, std::vector<Slot>& slots) {
   const int L = cfg.n_layers;
-  const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model, V = cfg.vocab;
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model;
   const int64_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
   const DType st = dt == DType::F64 ? DType::F64 : DType::F32;  // statistics and the loss
   const bool layernorm = cfg.norm == NormKind::LayerNorm;        // RMSNorm keeps no mean
@@ -176,7 +176,7 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
   if (layernorm) add(acts.lnf_mean, "lnf.mean", st, {N}, ev(StepOp::LnF), ev(StepOp::LnFBwd));
   add(acts.lnf_rstd, "lnf.rstd", st, {N}, ev(StepOp::LnF), ev(StepOp::LnFBwd));
   // The cross-entropy backward overwrites the logits with d_logits, in place.
-  add(acts.logits, "logits", dt, {N, V}, ev(StepOp::Logits), ev(StepOp::LmHeadX));
+  add(acts.logits, "logits", dt, {N, logits_stride(cfg, dt)}, ev(StepOp::Logits), ev(StepOp::LmHeadX));
   add(acts.losses, "losses", st, {N}, ev(StepOp::Loss), ev(StepOp::Loss));
   add(acts.ce_lse, "ce_lse", st, {N}, ev(StepOp::Loss), ev(StepOp::LossBwd));
   add(acts.d_lnf, "d_lnf", dt, {N, C}, ev(StepOp::LmHeadX), ev(StepOp::LnFBwd));

@@ -18,7 +18,12 @@ bool gemm_supports(const GemmParams& p, DType dtype, Device device, std::string*
     if (why) *why = "needs non-negative batch strides";
     return false;
   }
-  if (p.batch > 1 && p.stride_c < static_cast<int64_t>(p.M) * p.N) {
+  if (p.lda < 0 || p.ldb < 0 || p.ldc < 0 || (p.lda && p.lda < p.a_cols()) || (p.ldb && p.ldb < p.b_cols()) ||
+      (p.ldc && p.ldc < p.N)) {
+    if (why) *why = "a row stride (lda, ldb, ldc) is below its matrix's row length";
+    return false;
+  }
+  if (p.batch > 1 && p.stride_c < (p.M - 1) * p.ld_c() + p.N) {
     if (why) *why = "batched outputs overlap: stride_c " + std::to_string(p.stride_c) + " < M*N";
     return false;
   }
@@ -32,17 +37,20 @@ bool gemm_supports(const GemmParams& p, DType dtype, Device device, std::string*
 
 namespace {
 
-// A matrix argument: the batch-1 contract of expect(), or, batched, contiguous memory covering every product.
-void expect_matrix(const Tensor& t, const char* op, const char* name, DType dt, int64_t size, int batch,
-                   int64_t stride, const Context& ctx) {
-  if (batch == 1) {
+// A matrix argument of `rows` rows of `cols` elements, `ld` apart: with batch 1 and packed rows the exact
+// contract of expect(); otherwise contiguous memory covering every row of every product.
+void expect_matrix(const Tensor& t, const char* op, const char* name, DType dt, int64_t rows, int64_t cols,
+                   int64_t ld, int batch, int64_t stride, const Context& ctx) {
+  const int64_t size = rows == 0 ? 0 : (rows - 1) * ld + cols;
+  if (batch == 1 && ld == cols) {
     expect(t, op, name, dt, size, ctx);
     return;
   }
   expect(t, op, name, dt, t.numel(), ctx);
+  if (batch == 1) stride = 0;
   const int64_t extent = (batch - 1) * stride + size;
   TS_CHECK(t.numel() >= extent, op, ": ", name, " has ", t.numel(), " elements ", t.shape_str(), ", but ", batch,
-           " products with stride ", stride, " need ", extent);
+           " product(s) of ", rows, " rows ", ld, " elements apart, ", stride, " apart, need ", extent);
 }
 
 }  // namespace
@@ -52,11 +60,10 @@ void gemm(const GemmParams& p, const Tensor& c, const Tensor& a, const Tensor& b
   const DType dt = a.defined() ? a.dtype() : c.dtype();
   std::string why;
   require_supported(gemm_supports(p, dt, ctx.device(), &why), op, why);
-  const int64_t M = p.M, N = p.N, K = p.K;
-  expect_matrix(a, op, "a", dt, M * K, p.batch, p.stride_a, ctx);
-  expect_matrix(b, op, "b", dt, K * N, p.batch, p.stride_b, ctx);
-  expect_matrix(c, op, "c", dt, M * N, p.batch, p.stride_c, ctx);
-  expect(bias, op, "bias", dt, N, ctx, /*optional=*/true);
+  expect_matrix(a, op, "a", dt, p.a_rows(), p.a_cols(), p.ld_a(), p.batch, p.stride_a, ctx);
+  expect_matrix(b, op, "b", dt, p.b_rows(), p.b_cols(), p.ld_b(), p.batch, p.stride_b, ctx);
+  expect_matrix(c, op, "c", dt, p.M, p.N, p.ld_c(), p.batch, p.stride_c, ctx);
+  expect(bias, op, "bias", dt, p.N, ctx, /*optional=*/true);
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {
     gemm_cuda(p, dt, c.data(), a.data(), b.data(), bias.data(), ctx);

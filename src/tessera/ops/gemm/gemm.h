@@ -27,6 +27,18 @@ struct GemmParams {
   bool allow_tf32 = true;
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  // Row strides (leading dimensions, in elements) of the matrices as stored; 0: packed, the stored row length.
+  // A padded stride keeps every row aligned: the lm_head's logits, rows of V = 50257, are stored with a stride of
+  // 50304 so that cuBLASLt can pick its 16-byte-aligned tensor-core kernels (with a stride of 50257 it picked
+  // kernels 6x slower). Each must be at least the stored row length.
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t a_cols() const { return trans_a ? M : K; }  // A as stored: a_rows() rows of a_cols() elements
+  int64_t a_rows() const { return trans_a ? K : M; }
+  int64_t b_cols() const { return trans_b ? K : N; }
+  int64_t b_rows() const { return trans_b ? N : K; }
+  int64_t ld_a() const { return lda ? lda : a_cols(); }
+  int64_t ld_b() const { return ldb ? ldb : b_cols(); }
+  int64_t ld_c() const { return ldc ? ldc : N; }
 };
 
 template <typename T>
@@ -43,7 +55,8 @@ void bias_grad_ref(int M, int N, T* d_bias, const T* d_c);
 
 // ---- Tensor-level entries (gemm.cpp): route to the reference or to cuBLASLt by device and dtype. ----
 // a, b, c, bias (optional: an undefined Tensor) and d_bias, d_c are contiguous, in the compute dtype. With
-// batch == 1 they hold exactly M*K, K*N, M*N and N elements; with batch > 1, a, b and c hold at least
+// batch == 1 and packed rows they hold exactly M*K, K*N, M*N and N elements (with a row stride ld, at least
+// (rows - 1) * ld + cols); with batch > 1, a, b and c hold at least
 // (batch-1)*stride + one matrix. c must not overlap a, b or bias.
 namespace tessera {
 

@@ -17,6 +17,9 @@ using cuda::to_f32;
 std::string gemm_shape_str(const GemmParams& p, DType dt) {
   std::string s = "gemm " + std::string(dtype_name(dt)) + " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) +
                   " K=" + std::to_string(p.K) + (p.trans_a ? " trans_a" : "") + (p.trans_b ? " trans_b" : "");
+  if (p.lda || p.ldb || p.ldc)
+    s.append(" ld ").append(std::to_string(p.ld_a())).append("/").append(std::to_string(p.ld_b())).append("/").append(
+        std::to_string(p.ld_c()));
   if (p.batch > 1) s += " batch=" + std::to_string(p.batch);
   if (dt == DType::F32) s += p.allow_tf32 ? " (tf32)" : " (exact f32)";
   return s;
@@ -61,19 +64,20 @@ uint32_t alignment_bytes(const void* p, int batch, int64_t stride, size_t elem) 
   return a;
 }
 
-// c (batch, rows, N) with batch offset stride_c: c = beta*c + bias[n] (beta == 0: c is not read, as in the
+// c (batch, rows, N), rows ldc apart, batch offset stride_c: c = beta*c + bias[n] (beta == 0: c is not read, as in the
 // reference, so NaN-poisoned memory does not leak). Two uses: K == 0, where the product is empty, and adding the
 // bias after a matmul whose bias epilogue cuBLASLt declined (beta = 1). Grid-stride over the elements of one
 // product on x, the batch on y.
 template <typename T>
 __global__ void gemm_scale_add_bias_elementwise(T* __restrict__ c, const T* __restrict__ bias, int64_t per_batch,
-                                                int N, int64_t stride_c, float beta) {
+                                                int N, int64_t ldc, int64_t stride_c, float beta) {
   T* cb = c + static_cast<int64_t>(blockIdx.y) * stride_c;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_batch;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = beta == 0.0f ? 0.0f : beta * to_f32(cb[i]);
+    T* at = cb + (i / N) * ldc + i % N;
+    float v = beta == 0.0f ? 0.0f : beta * to_f32(*at);
     if (bias) v += to_f32(bias[i % N]);
-    cb[i] = from_f32<T>(v);
+    *at = from_f32<T>(v);
   }
 }
 
@@ -83,7 +87,7 @@ void launch_scale_add_bias(const GemmParams& p, T* c, const T* bias, float beta,
   constexpr int kThreads = 256;
   const unsigned blocks = std::min<unsigned>(ceil_div(per_batch, kThreads), 4u * ctx.gpu().sm_count);
   gemm_scale_add_bias_elementwise<T><<<dim3(blocks, p.batch), kThreads, 0, ctx.stream()>>>(c, bias, per_batch, p.N,
-                                                                                           p.stride_c, beta);
+                                                                                           p.ld_c(), p.stride_c, beta);
   TS_CHECK_LAUNCH();
 }
 
@@ -127,12 +131,12 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
              "set BIAS_BATCH_STRIDE", p, dt);
   }
   // Column-major layouts (rows, cols, leading dimension) of the memory as stored.
-  const uint64_t M = p.M, N = p.N, K = p.K;
-  check_lt(cublasLtMatrixLayoutCreate(&plan.la.d, type, p.trans_b ? K : N, p.trans_b ? N : K, p.trans_b ? K : N),
-           "MatrixLayoutCreate(B)", p, dt);
-  check_lt(cublasLtMatrixLayoutCreate(&plan.lb.d, type, p.trans_a ? M : K, p.trans_a ? K : M, p.trans_a ? M : K),
-           "MatrixLayoutCreate(A)", p, dt);
-  check_lt(cublasLtMatrixLayoutCreate(&plan.lc.d, type, N, M, N), "MatrixLayoutCreate(C)", p, dt);
+  // A stored matrix of r rows of c elements, ld apart, row-major, is column-major (c, r) with leading dimension ld.
+  check_lt(cublasLtMatrixLayoutCreate(&plan.la.d, type, p.b_cols(), p.b_rows(), p.ld_b()), "MatrixLayoutCreate(B)", p,
+           dt);
+  check_lt(cublasLtMatrixLayoutCreate(&plan.lb.d, type, p.a_cols(), p.a_rows(), p.ld_a()), "MatrixLayoutCreate(A)", p,
+           dt);
+  check_lt(cublasLtMatrixLayoutCreate(&plan.lc.d, type, p.N, p.M, p.ld_c()), "MatrixLayoutCreate(C)", p, dt);
   if (p.batch > 1) {
     const int32_t count = p.batch;
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {

@@ -14,20 +14,21 @@ namespace tessera {
 
 template <typename T>
 void gemm_loop_ref(const GemmParams& p, T* c, const T* a, const T* b, const T* bias) {
+  const long lda = p.ld_a(), ldb = p.ld_b(), ldc = p.ld_c();
   std::vector<double> row(p.N);
   for (int m = 0; m < p.M; ++m) {
     std::fill(row.begin(), row.end(), 0.0);
     for (int k = 0; k < p.K; ++k) {
-      const double av = p.trans_a ? a[static_cast<long>(k) * p.M + m] : a[static_cast<long>(m) * p.K + k];
+      const double av = p.trans_a ? a[k * lda + m] : a[m * lda + k];
       if (av == 0) continue;
       if (p.trans_b) {
-        for (int n = 0; n < p.N; ++n) row[n] += av * b[static_cast<long>(n) * p.K + k];
+        for (int n = 0; n < p.N; ++n) row[n] += av * b[n * ldb + k];
       } else {
-        const T* br = b + static_cast<long>(k) * p.N;
+        const T* br = b + k * ldb;
         for (int n = 0; n < p.N; ++n) row[n] += av * br[n];
       }
     }
-    T* cr = c + static_cast<long>(m) * p.N;
+    T* cr = c + m * ldc;
     for (int n = 0; n < p.N; ++n) {
       const double prev = p.beta == 0 ? 0.0 : p.beta * static_cast<double>(cr[n]);
       cr[n] = static_cast<T>(p.alpha * row[n] + prev + (bias ? bias[n] : T(0)));
@@ -55,10 +56,9 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
     const int m0 = static_cast<int>(static_cast<long>(p.M) * blk / blocks);
     const int m1 = static_cast<int>(static_cast<long>(p.M) * (blk + 1) / blocks);
     // Rows [m0, m1) of op(A): row m0 of A, or column m0 of the stored (K, M) A when transposed.
-    const T* a_blk = p.trans_a ? a + m0 : a + static_cast<long>(m0) * p.K;
+    const T* a_blk = p.trans_a ? a + m0 : a + m0 * p.ld_a();
     blas(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, m1 - m0, p.N,
-         p.K, p.alpha, a_blk, p.trans_a ? p.M : p.K, b, p.trans_b ? p.K : p.N, p.beta, c + static_cast<long>(m0) * p.N,
-         p.N);
+         p.K, p.alpha, a_blk, p.ld_a(), b, p.ld_b(), p.beta, c + m0 * p.ld_c(), p.ld_c());
   }
 }
 #endif
@@ -67,7 +67,7 @@ template <typename T>
 void add_bias(const GemmParams& p, T* c, const T* bias) {
   if (!bias) return;
   for (long m = 0; m < p.M; ++m)
-    for (int n = 0; n < p.N; ++n) c[m * p.N + n] += bias[n];
+    for (int n = 0; n < p.N; ++n) c[m * p.ld_c() + n] += bias[n];
 }
 }  // namespace
 

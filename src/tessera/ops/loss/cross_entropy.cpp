@@ -12,6 +12,10 @@ bool cross_entropy_supports(const CrossEntropyParams& p, DType dtype, Device dev
     if (why) *why = "needs N >= 0 and V > 0";
     return false;
   }
+  if (p.ld != 0 && p.ld < p.V) {
+    if (why) *why = "the row stride ld must be 0 (packed) or at least V";
+    return false;
+  }
   if (!(p.label_smoothing >= 0.0f && p.label_smoothing <= 1.0f)) {
     if (why) *why = "label_smoothing must lie in [0, 1]";
     return false;
@@ -20,6 +24,9 @@ bool cross_entropy_supports(const CrossEntropyParams& p, DType dtype, Device dev
 }
 
 namespace {
+// The elements a logits tensor holds: N·V packed, N·ld with a row stride (the view covers whole padded rows).
+int64_t logits_extent(const CrossEntropyParams& p) { return static_cast<int64_t>(p.N) * p.row_stride(); }
+
 void check_ce(const char* op, const CrossEntropyParams& p, DType dt, const Context& ctx) {
   std::string why;
   require_supported(cross_entropy_supports(p, dt, ctx.device(), &why), op, why);
@@ -31,7 +38,7 @@ void cross_entropy_forward(const CrossEntropyParams& p, const Tensor& losses, co
   constexpr const char* op = "cross_entropy_forward";
   check_ce(op, p, logits.dtype(), ctx);
   const DType dt = logits.dtype(), st = stat_dtype(dt);
-  expect(logits, op, "logits", dt, static_cast<int64_t>(p.N) * p.V, ctx);
+  expect(logits, op, "logits", dt, logits_extent(p), ctx);
   expect(targets, op, "targets", DType::I32, p.N, ctx);
   expect(losses, op, "losses", st, p.N, ctx);
   expect(lse, op, "lse", st, p.N, ctx);
@@ -89,7 +96,7 @@ void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits,
   constexpr const char* op = "cross_entropy_backward";
   check_ce(op, p, logits.dtype(), ctx);
   const DType dt = logits.dtype(), st = stat_dtype(dt);
-  const int64_t NV = static_cast<int64_t>(p.N) * p.V;
+  const int64_t NV = logits_extent(p);
   expect(logits, op, "logits", dt, NV, ctx);
   expect(d_logits, op, "d_logits", dt, NV, ctx);
   expect(targets, op, "targets", DType::I32, p.N, ctx);

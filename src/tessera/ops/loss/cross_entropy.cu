@@ -53,17 +53,17 @@ struct OnlineMaxSum {
   }
 };
 
-// logits: (N, V) T row-major; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each thread runs
+// logits: (N, V) T row-major, rows ld apart; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each thread runs
 // the online max/sum and Σ logits over its elements (one read of the row), then the block merges the states in a
 // fixed order (warp shuffles, then warp 0 over the warps' results):
 //   lse = m + log s,   loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
 template <typename T>
 __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_row(
     float* __restrict__ losses, float* __restrict__ lse, const T* __restrict__ logits,
-    const int32_t* __restrict__ targets, int V, float eps, int ignore_index) {
+    const int32_t* __restrict__ targets, int V, int64_t ld, float eps, int ignore_index) {
   constexpr int kVec = cuda::Pack<T>::kVec;
   const int row = blockIdx.x;
-  const T* z = logits + static_cast<size_t>(row) * V;
+  const T* z = logits + static_cast<size_t>(row) * ld;
   const RowSplit<T> split(z, V, /*vec=*/true);
   OnlineMaxSum st;
   float zsum = 0.0f;
@@ -165,17 +165,17 @@ __global__ void __launch_bounds__(kLossSumThreads) cross_entropy_loss_sum_block(
   }
 }
 
-// d_logits, logits: (N, V) T, possibly the same memory; lse, targets: (N). Grid N, one block per row:
+// d_logits, logits: (N, V) T, rows ld apart, possibly the same memory; lse, targets: (N). Grid N, one block per row:
 //   d[j] = (exp(z[j] - lse) - eps / V - (j == y ? 1 - eps : 0)) * scale,  scale = d_loss / max(count, 1)
 // and d = 0 on an ignored row. Each element is read, then written, by the same thread, so the in-place case needs
 // no synchronization. vec requires d_logits and logits to share their offset within 16 bytes.
 template <typename T>
 __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_backward_inplace_row(
     T* d_logits, const T* logits, const float* __restrict__ lse, const int32_t* __restrict__ targets,
-    const int32_t* __restrict__ count, int V, float eps, int ignore_index, float d_loss, bool vec) {
+    const int32_t* __restrict__ count, int V, int64_t ld, float eps, int ignore_index, float d_loss, bool vec) {
   constexpr int kVec = cuda::Pack<T>::kVec;
   const int row = blockIdx.x;
-  const size_t off = static_cast<size_t>(row) * V;
+  const size_t off = static_cast<size_t>(row) * ld;
   const T* z = logits + off;
   T* d = d_logits + off;
   const int32_t y = targets[row];
@@ -214,7 +214,7 @@ void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float*
   cuda::dispatch_float(dtype, "cross_entropy_forward", [&](auto t) {
     using T = decltype(t);
     cross_entropy_forward_online_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
-        losses, lse, static_cast<const T*>(logits), targets, p.V, p.label_smoothing, p.ignore_index);
+        losses, lse, static_cast<const T*>(logits), targets, p.V, p.row_stride(), p.label_smoothing, p.ignore_index);
     TS_CHECK_LAUNCH();
   });
 }
@@ -234,8 +234,8 @@ void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void*
   cuda::dispatch_float(dtype, "cross_entropy_backward", [&](auto t) {
     using T = decltype(t);
     cross_entropy_backward_inplace_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
-        static_cast<T*>(d_logits), static_cast<const T*>(logits), lse, targets, count, p.V, p.label_smoothing,
-        p.ignore_index, d_loss, vec);
+        static_cast<T*>(d_logits), static_cast<const T*>(logits), lse, targets, count, p.V, p.row_stride(),
+        p.label_smoothing, p.ignore_index, d_loss, vec);
     TS_CHECK_LAUNCH();
   });
 }

@@ -21,6 +21,11 @@ struct CrossEntropyParams {
   int N = 0, V = 0;
   float label_smoothing = 0.0f;
   int ignore_index = -1;
+  // Row stride of logits and d_logits in elements; 0: V (packed). The model stores its logits rows with a padded
+  // stride (a multiple of 64) so that the lm_head GEMMs stay 16-byte aligned; the padding is neither read nor
+  // written here.
+  int64_t ld = 0;
+  int64_t row_stride() const { return ld ? ld : V; }
 };
 
 template <typename T>
@@ -33,7 +38,7 @@ void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const 
 }  // namespace tessera
 
 // ---- Tensor-level entries (cross_entropy.cpp): route to the reference or the CUDA kernels by device and dtype. ----
-// logits, d_logits: (N, V) in the compute dtype; targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
+// logits, d_logits: (N, V) in the compute dtype (rows p.row_stride() apart: at least (N-1)·ld + V elements); targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
 // computation), whatever the compute dtype. The count of counted rows lives on the device (no host round trip):
 // cross_entropy_loss_sum writes it, and cross_entropy_backward can read it to form the mean loss's gradient.
 namespace tessera {

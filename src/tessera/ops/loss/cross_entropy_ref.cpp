@@ -18,7 +18,7 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
   }
 #pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
-    const T* z = logits + n * p.V;
+    const T* z = logits + n * p.row_stride();
     double mx = z[0];
     for (int j = 1; j < p.V; ++j) mx = z[j] > mx ? z[j] : mx;
     double sum = 0, zsum = 0;
@@ -45,13 +45,13 @@ void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const 
   const double eps = p.label_smoothing;
 #pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
-    T* d = d_logits + n * p.V;
+    T* d = d_logits + n * p.row_stride();
     const int32_t y = targets[n];
     if (y == p.ignore_index) {
       for (int j = 0; j < p.V; ++j) d[j] = T(0);
       continue;
     }
-    const T* z = logits + n * p.V;
+    const T* z = logits + n * p.row_stride();
     const double l = lse[n];
     for (int j = 0; j < p.V; ++j) {
       const double q = std::exp(z[j] - l);
