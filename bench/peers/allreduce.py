@@ -67,6 +67,7 @@ def bench_allreduce(args, dist, torch):
         algbw = size / (med * 1e-3) / 1e9
         if rank == 0:
             print(json.dumps({"bytes": size, "dtype": args.dtype, "world": world, "median_ms": med,
+                              "nccl": ".".join(str(v) for v in torch.cuda.nccl.version()),
                               "mean_ms": statistics.fmean(ms), "algbw": algbw,
                               "busbw": algbw * 2 * (world - 1) / world}), flush=True)
         del x

@@ -47,6 +47,7 @@ namespace {
 struct Peer {
   std::map<size_t, std::pair<double, double>> ms;
   std::string note;
+  std::string nccl;  // the NCCL version torch loaded (its figures depend on it as much as on torch)
 };
 
 Peer run_peer(int world, const std::string& sizes, const std::string& dtype, const TimingOptions& t) {
@@ -56,6 +57,7 @@ Peer run_peer(int world, const std::string& sizes, const std::string& dtype, con
                                " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
                                std::to_string(t.iters),
                            "allreduce.py", [&](const nlohmann::json& j) {
+                             if (j.contains("nccl")) p.nccl = j["nccl"].get<std::string>();
                              if (!j.contains("bytes") || !j.contains("median_ms") || !j.contains("mean_ms"))
                                return false;
                              p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
@@ -124,6 +126,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
       ctx = std::make_unique<Context>(Device::cuda(world.gpu(probe_gpu().count)));
       comm = std::make_unique<NcclCommunicator>(control, *ctx, timeout);
       device = ctx->gpu().name;
+      device.append(", NCCL ").append(NcclCommunicator::library_version());
 #endif
     } else {
       ctx = std::make_unique<Context>(Device::cpu());
@@ -158,6 +161,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
         (backend == "nccl-cuda" ? "cudaEvents from issue to completion" : "host clock") +
         "); algbw = size / time, busbw = algbw x 2(n-1)/n, GB/s = 1e9 bytes/s\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";
+  if (!peer.nccl.empty()) md.append("- the peer (torch.distributed) loaded NCCL ").append(peer.nccl).append("\n");
   md += "\n| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |";
   md += with_peer ? " torch median ms | torch busbw GB/s | tessera / torch busbw |" : "";
   md += "\n|---|---:|---:|---:|---:|---:|---:|";

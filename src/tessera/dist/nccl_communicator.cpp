@@ -210,6 +210,15 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
 
 NcclCommunicator::~NcclCommunicator() = default;  // Impl's destructor releases everything
 
+std::string NcclCommunicator::library_version() {
+  int v = 0;
+  TS_CHECK_NCCL(ncclGetVersion(&v));
+  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+  std::string s = std::to_string(v / 10000);
+  s.append(".").append(std::to_string(v / 100 % 100)).append(".").append(std::to_string(v % 100));
+  return s;
+}
+
 Device NcclCommunicator::device() const { return impl_->ctx->device(); }
 
 Stream NcclCommunicator::stream() const { return impl_->stream; }

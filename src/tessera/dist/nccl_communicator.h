@@ -32,6 +32,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   Device device() const override;
   std::string backend() const override { return "nccl-cuda"; }
+  // The NCCL library loaded at run time, "2.27.3" (benchmarks print it: peers may load another one).
+  static std::string library_version();
 
   CommHandle all_reduce_async(const Tensor& x, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override;
