@@ -192,9 +192,12 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
                lnf_b_);
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
   at(StepOp::Logits);
-  const int64_t ld = logits_stride();
-  mm({.M = N, .N = V, .K = C, .trans_b = true, .ldc = ld}, rows(acts_.logits, N, ld), rows(acts_.lnf, N, C),
-     p(lm, int64_t{V} * C), Tensor());
+  const int64_t ld = logits_stride(), V0 = lm_head_split(), Vt = V - V0;
+  const Tensor logits = rows(acts_.logits, N, ld), lnf = rows(acts_.lnf, N, C);
+  mm({.M = N, .N = static_cast<int>(V0), .K = C, .trans_b = true, .ldc = ld}, logits, lnf, p(lm, V0 * C), Tensor());
+  if (Vt > 0)
+    mm({.M = N, .N = static_cast<int>(Vt), .K = C, .trans_b = true, .ldc = ld}, columns_from(logits, V0), lnf,
+       p(lm + V0 * C, Vt * C), Tensor());
 
   if (!with_targets) return;
   label_smoothing_ = opt.label_smoothing;
@@ -222,6 +225,16 @@ double Gpt::read_loss() const {
 int64_t Gpt::logits_stride(const ModelConfig& cfg, DType dtype) {
   const int64_t V = cfg.vocab;
   return dtype == DType::BF16 || dtype == DType::F16 ? (V + 63) / 64 * 64 : V;
+}
+
+int64_t Gpt::lm_head_split() const {
+  const int64_t V = cfg_.vocab;
+  return logits_stride() == V ? V : V / 64 * 64;
+}
+
+Tensor Gpt::columns_from(const Tensor& t, int64_t col) const {
+  return Tensor::from_shape(static_cast<char*>(t.data()) + col * static_cast<int64_t>(dtype_size(t.dtype())),
+                            t.dtype(), std::initializer_list<int64_t>{t.numel() - col}, t.device());
 }
 
 Tensor Gpt::logits() const {
@@ -297,7 +310,11 @@ void Gpt::backward(double loss_scale) {
   mm({.M = V, .N = C, .K = N, .trans_a = true, .beta = 1.0f, .lda = ld}, g(lm, int64_t{V} * C), logits, lnf,
      Tensor());
   at(StepOp::LmHeadX);
-  mm({.M = N, .N = C, .K = V, .lda = ld}, d_ln, logits, p(lm, int64_t{V} * C), Tensor());
+  const int64_t V0 = lm_head_split(), Vt = V - V0;
+  mm({.M = N, .N = C, .K = static_cast<int>(V0), .lda = ld}, d_ln, logits, p(lm, V0 * C), Tensor());
+  if (Vt > 0)
+    mm({.M = N, .N = C, .K = static_cast<int>(Vt), .beta = 1.0f, .lda = ld}, d_ln, columns_from(logits, V0),
+       p(lm + V0 * C, Vt * C), Tensor());
   at(StepOp::LnFBwd);
   fill_bytes(d_res, 0, *ctx_);
   norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);

@@ -171,6 +171,14 @@ class Gpt {
   };
   // The first N rows of an (N_planned, cols) activation.
   Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
+  // t's memory from element `col` on, flat: the start of column `col` of a row-major matrix, for a GEMM with a
+  // row stride.
+  Tensor columns_from(const Tensor& t, int64_t col) const;
+  // With padded logits rows, the lm_head's forward and dx GEMMs run over the first V0 = V rounded down to 64
+  // vocabulary entries, then the V - V0 left (17 of GPT-2's 50257) in a second, small GEMM: cuBLASLt ran the
+  // whole V = 50257 as an output width or a reduction length 5-7x slower than the aligned V0 (the dW GEMM, where V
+  // is the row count, was fast). Returns V0 (V when the rows are packed: one GEMM).
+  int64_t lm_head_split() const;
   Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
   Tensor g(size_t offset, int64_t numel) const { return params_.grad_at(offset, numel); }
   void mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias);
