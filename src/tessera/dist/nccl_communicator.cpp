@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -204,6 +205,8 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   bootstrap.broadcast(Tensor(&id, DType::U8, {static_cast<int64_t>(sizeof id)}), /*root=*/0);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // joining and connecting are polled against the timeout (Impl::settle)
+  // Experiment knob (device runs): a blocking communicator, to compare the per-call cost of the two modes.
+  if (const char* b = std::getenv("TESSERA_NCCL_BLOCKING"); b && std::string(b) == "1") config.blocking = 1;
   const ncclResult_t r = ncclCommInitRankConfig(&im.comm, size_, id, rank_, &config);
   im.settle(r, "joining the NCCL communicator on " + ctx.device().str());
 }
