@@ -325,6 +325,15 @@ TEST(CudaGemm, PaddedRowStrides) {
   }
 }
 
+// A GEMM planned for fewer SMs (what overlapped data-parallel training asks for) computes the same product.
+TEST(CudaGemm, SmCountTargetKeepsTheProduct) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  ctx.set_gemm_sm_target(ctx.gpu().sm_count - 16);
+  for (const GemmMode& mode : kModes) run_gemm_shape(mode, {256, 768, 3072}, ctx, rng);
+  ctx.set_gemm_sm_target(0);
+}
+
 // The CPU entry (no GPU needed): batches loop over gemm_ref, and the supports() answers.
 TEST(CudaGemm, CpuEntryBatchesAndSupports) {
   std::mt19937_64 rng(test_seed());

@@ -152,6 +152,9 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_NE(j.err.find("--ddp: unknown form 'ring' (expected naive, flat, overlap or bucket)"), std::string::npos) << j.err;
   const Job both = mpirun("", 2, kTiny + " --ddp flat --zero 1 --out run", d);
   EXPECT_NE(both.err.find("--zero 1 reduce-scatters the gradients itself: drop --ddp"), std::string::npos) << both.err;
+  const Job sms = mpirun("", 2, kTiny + " --comm-sms 65 --out run", d);
+  EXPECT_EQ(sms.code, 2);
+  EXPECT_NE(sms.err.find("--comm-sms must lie in [0, 64], got 65"), std::string::npos) << sms.err;
   EXPECT_FALSE(fs::exists(d / "run"));
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);

@@ -174,6 +174,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("bucket-mb", "M", "under mpirun, --ddp bucket: MB of gradients per all-reduce (default 25)");
   a.add("zero", "1", "under mpirun: ZeRO-1, the optimizer state sharded across ranks (instead of --ddp)");
   a.add("comm-timeout", "S", "under mpirun: seconds a collective may wait before the run fails (default 300)");
+  a.add("comm-sms", "N", "under mpirun on GPUs: SMs (CTAs) each NCCL collective may use; the GEMMs that overlap "
+                         "them plan for the rest (default 16; 0: NCCL's choice, GEMMs plan for every SM)");
   if (!a.parse(argc, argv, 2)) return 0;
 
   const bool lead = ranks.rank() == 0;  // the one rank that writes files and prints
@@ -231,7 +233,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       o.out = a.str("out", parent.empty() ? "." : parent.string());
     }
     if (!ranks.world) {
-      for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout"})
+      for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout", "comm-sms"})
         TS_CHECK(!a.has(f), "--", f, " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
     } else {
       TS_CHECK(!(a.has("zero") && a.has("ddp")), "--zero 1 reduce-scatters the gradients itself: drop --ddp");
@@ -243,6 +245,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       TS_CHECK(dist.zero == 0 || dist.zero == 1, "--zero: only stage 1 is built (--zero 1), got ", dist.zero);
       dist.timeout_s = a.number("comm-timeout", dist.timeout_s);
       TS_CHECK(dist.timeout_s > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
+      dist.comm_sms = a.integer("comm-sms", dist.comm_sms);
+      TS_CHECK(dist.comm_sms >= 0 && dist.comm_sms <= 64, "--comm-sms must lie in [0, 64], got ", dist.comm_sms);
       ranks.launch->set_timeout(dist.timeout_s);
       o.world_size = ranks.size();
       // Each rank its own GPU (unless --device names one); --device cpu trains every rank on the CPU.

@@ -65,9 +65,17 @@ class Context {
   // else on the device); 0 on the CPU.
   size_t device_memory_used() const;
 
+  // The SMs a cuBLASLt GEMM may plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET); 0: all of them. Data-parallel
+  // training that overlaps NCCL collectives with the backward sets it to the SM count less the collectives' CTAs:
+  // Hopper's persistent GEMM kernels launch one CTA per SM, and with NCCL holding some SMs a whole wave of tiles
+  // waited for the collective to end.
+  int gemm_sm_target() const { return gemm_sm_target_; }
+  void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
+
  private:
   struct Cuda;
   Device device_;
+  int gemm_sm_target_ = 0;
   std::unique_ptr<Cuda> cuda_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -56,7 +57,10 @@ DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const Data
   fault_hang_ = fault.hang;
   if (ctx.is_cuda()) {
 #ifdef TESSERA_WITH_NCCL
-    grads_ = std::make_unique<NcclCommunicator>(control_, ctx, opt.timeout_s);
+    grads_ = std::make_unique<NcclCommunicator>(control_, ctx, opt.timeout_s, opt.comm_sms);
+    const bool overlaps = opt.zero == 0 && (opt.ddp == DdpMode::Overlap || opt.ddp == DdpMode::Bucket);
+    if (overlaps && opt.comm_sms > 0 && world.size() > 1)
+      ctx.set_gemm_sm_target(std::max(1, ctx.gpu().sm_count - opt.comm_sms));
 #else
     TS_THROW("training on ", ctx.device().str(), " across ranks needs NCCL, and this tessera was built without it "
              "(NCCL's nccl.h and libnccl were not found at configure time); use --device cpu or rebuild with NCCL");

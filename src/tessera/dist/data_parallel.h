@@ -29,6 +29,10 @@ struct DataParallelOptions {
   double bucket_mb = 25;   // bucket: about this many MB of gradients per all-reduce
   int zero = 0;            // 1: ZeRO-1 (the gradients are reduce-scattered by the optimizer; ddp is unused)
   double timeout_s = 300;  // --comm-timeout: the longest any collective may wait
+  // --comm-sms (NCCL): the CTAs each collective may use (ncclConfig_t::maxCTAs), and, for the forms that overlap
+  // the backward (overlap, bucket), the GEMMs plan for the GPU's SMs less these (Context::set_gemm_sm_target).
+  // 0: NCCL's own choice, and GEMMs on every SM.
+  int comm_sms = 16;
 };
 
 class DataParallelRun final : public DataParallel {

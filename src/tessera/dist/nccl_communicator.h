@@ -7,8 +7,9 @@
 // tensor is ready), and records a second event after the collective; wait() makes the compute stream wait for
 // that one, so later kernels see the result, and the host polls it against the timeout, so that a dead or
 // stalled peer becomes an Error rather than a hang (the communicator is aborted, ncclCommAbort).
-// The communicator is non-blocking (ncclConfig_t.blocking = 0): joining and connecting are polled against the
-// same timeout.
+// The communicator is blocking (a non-blocking one costs ~50 µs more per call): the join runs on a helper thread
+// watched against the same timeout, and makes every connection (NCCL_RUNTIME_CONNECT=0), so no later call blocks
+// the host on a peer that is gone.
 // Sum is ncclSum, Avg ncclAvg. f32, f64, bf16, f16, i32 and u8 reduce; u16 only moves.
 #pragma once
 #include <memory>
@@ -22,7 +23,8 @@ class NcclCommunicator final : public Communicator {
  public:
   // A collective over every rank of `bootstrap` (a CPU communicator, MPI). ctx (a CUDA Context) must outlive
   // the communicator, and the communicator every handle it returned.
-  NcclCommunicator(Communicator& bootstrap, Context& ctx, double timeout_s = 300);
+  // max_ctas > 0 caps the CTAs (SMs) each collective may use (ncclConfig_t::maxCTAs); 0: NCCL's choice.
+  NcclCommunicator(Communicator& bootstrap, Context& ctx, double timeout_s = 300, int max_ctas = 0);
   // ncclCommFinalize + ncclCommDestroy, or ncclCommAbort after a failure; the stream and events are released.
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;

@@ -118,6 +118,9 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
            "set TRANSA", p, dt);
   check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)),
            "set TRANSB", p, dt);
+  if (const int32_t sms = ctx.gemm_sm_target(); sms > 0)
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)),
+             "set SM_COUNT_TARGET", p, dt);
   if (bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
