@@ -1,4 +1,9 @@
 // AdamW with global-norm clipping: the one-launch CUDA step against adamw_update_ref / clip_grad_norm_ref.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "cuda_test_util.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
@@ -165,6 +170,135 @@ TEST(CudaAdamW, MatchesReferenceOverSegmentTable) {
   for (auto [dt, master] : kinds)
     run_adamw_case({.dt = dt, .master = master, .clip = Clip::Active, .norm_out = true, .misaligned = true,
                     .first_step = 4}, ctx, rng);
+}
+
+// ---- Loss scaling (f16 training) in the kernel: unscale in registers, skip a non-finite step. ----
+
+// The state of one kernel-level step on the device, uploaded from host values.
+struct ScaledState {
+  Tensor params, grads, master, m, v, norm;
+};
+ScaledState upload_state(DeviceArena& dev, DType dt, bool master, const std::vector<double>& w,
+                         const std::vector<double>& g, const std::vector<double>& m, const std::vector<double>& v) {
+  return {.params = dev.upload(dt, rounded(dt, w)), .grads = dev.upload(dt, g),
+          .master = master ? dev.upload(DType::F32, w) : Tensor(), .m = dev.upload(DType::F32, m),
+          .v = dev.upload(DType::F32, v), .norm = dev.poisoned(DType::F32, 1)};
+}
+void step_state(const AdamWParams& p, const AdamWSegmentTable& table, const ScaledState& s, Context& ctx) {
+  adamw_step(p, table, s.params, s.grads, s.master, s.m, s.v, s.norm, ctx);
+}
+
+// Host state as after a few steps: f32 master weights, nonzero moments.
+struct HostState {
+  std::vector<double> w, m, v;
+};
+HostState host_state(size_t n, std::mt19937_64& rng) {
+  HostState h{.w = randn<double>(n, rng, 1.0), .m = randn<double>(n, rng, 0.01), .v = randn<double>(n, rng, 0.01)};
+  for (size_t i = 0; i < n; ++i) {
+    h.w[i] = static_cast<float>(h.w[i]);
+    h.m[i] = static_cast<float>(h.m[i]);
+    h.v[i] = static_cast<float>(h.v[i] * h.v[i]);
+  }
+  return h;
+}
+
+const std::pair<DType, bool> kScaledKinds[] = {{DType::F32, false}, {DType::BF16, true}, {DType::F16, true}};
+
+// Gradients that hold S·g (S = 2^16, exact in every dtype for these magnitudes: S·g < 65504 in f16) update exactly
+// as g does: the norm partials scale by S² (exact), the norm is divided by S, and g·(c/S) in registers has the bits
+// of g·c. So the norm, the master, m, v and the params agree bit for bit with the unscaled step, with clipping off
+// and active, over many blocks (each block reduces the norm itself). An unscale that were dropped would leave m S
+// times too large; a norm that were not divided by S would clip differently. The gaps hold NaN in both runs: they
+// are never read, so they must not cause a skip.
+TEST(CudaAdamWLossScaling, ScaledGradientsUpdateAsTheUnscaledOnes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const AdamWSegmentTable table(L.segments, ctx);
+  constexpr double S = 65536.0;
+  for (auto [dt, master] : kScaledKinds)
+    for (const bool clip : {false, true}) {
+      const std::string what = std::string(dtype_label(dt)) + (clip ? " clip" : "") + ", seed " +
+                               std::to_string(test_seed());
+      const HostState h = host_state(n, rng);
+      const auto g0 = rounded(dt, randn<double>(n, rng, 0.02));
+      std::vector<double> g(n), gs(n);
+      double sq = 0;
+      for (size_t i = 0; i < n; ++i) {
+        g[i] = L.in_segment[i] ? g0[i] : std::numeric_limits<double>::quiet_NaN();
+        gs[i] = g[i] * S;
+        if (L.in_segment[i]) sq += g0[i] * g0[i];
+      }
+      DeviceArena dev(ctx);
+      const ScaledState plain = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      const ScaledState scaled = upload_state(dev, dt, master, h.w, gs, h.m, h.v);
+      const float max_norm = clip ? static_cast<float>(0.5 * std::sqrt(sq)) : 0.0f;
+      const AdamWParams p{.lr = 1e-2f, .step = 3, .max_grad_norm = max_norm};
+      AdamWParams ps = p;
+      ps.grad_scale = static_cast<float>(S);
+      ps.skip_nonfinite = true;
+      step_state(p, table, plain, ctx);
+      step_state(ps, table, scaled, ctx);
+      const auto norm = dev.download(plain.norm);
+      EXPECT_NEAR(norm[0], std::sqrt(sq), 1e-5 * std::sqrt(sq)) << what;
+      EXPECT_EQ(dev.download(scaled.norm), norm) << what << ": the norm must be the unscaled gradient's";
+      EXPECT_EQ(dev.download(scaled.m), dev.download(plain.m)) << what << ": m";
+      EXPECT_EQ(dev.download(scaled.v), dev.download(plain.v)) << what << ": v";
+      EXPECT_EQ(dev.download(scaled.params), dev.download(plain.params)) << what << ": params";
+      if (master) {
+        EXPECT_EQ(dev.download(scaled.master), dev.download(plain.master)) << what << ": master";
+      }
+      EXPECT_NE(dev.download(master ? plain.master : plain.params), h.w) << what << ": the step must update";
+    }
+}
+
+// An inf or a NaN in any segment element, in the first tile or the last, makes every block skip: params, master,
+// m and v stay as they were, bit for bit, and the norm says why. The same gradient without skip_nonfinite does
+// reach the parameters, so the check is not vacuous.
+TEST(CudaAdamWLossScaling, NonFiniteGradientSkipsTheWholeStep) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const AdamWSegmentTable table(L.segments, ctx);
+  size_t first = 0, last = n - 1;
+  while (!L.in_segment[first]) ++first;
+  while (!L.in_segment[last]) --last;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::pair<size_t, double> plants[] = {{first, inf}, {last, nan}, {n / 2, -inf}};
+  for (auto [dt, master] : kScaledKinds)
+    for (auto [at, bad] : plants) {
+      ASSERT_TRUE(L.in_segment[at]);
+      const std::string what = std::string(dtype_label(dt)) + " " + std::to_string(bad) + " at " + std::to_string(at);
+      const HostState h = host_state(n, rng);
+      std::vector<double> g = rounded(dt, randn<double>(n, rng, 0.02 * 1024));
+      g[at] = bad;
+      DeviceArena dev(ctx);
+      const ScaledState s = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      const auto params0 = dev.download(s.params), m0 = dev.download(s.m), v0 = dev.download(s.v);
+      const std::vector<double> master0 = master ? dev.download(s.master) : std::vector<double>();
+      step_state({.lr = 1e-2f, .step = 2, .max_grad_norm = 1.0f, .grad_scale = 1024.0f, .skip_nonfinite = true}, table,
+                 s, ctx);
+      const double norm = dev.download(s.norm)[0];
+      EXPECT_FALSE(std::isfinite(norm)) << what;
+      if (std::isnan(bad)) {
+        EXPECT_TRUE(std::isnan(norm)) << what;
+      }
+      auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+      };
+      EXPECT_TRUE(same(dev.download(s.params), params0)) << what << ": params changed";
+      EXPECT_TRUE(same(dev.download(s.m), m0)) << what << ": m changed";
+      EXPECT_TRUE(same(dev.download(s.v), v0)) << what << ": v changed";
+      if (master) {
+        EXPECT_TRUE(same(dev.download(s.master), master0)) << what << ": master changed";
+      }
+
+      const ScaledState applied = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      step_state({.lr = 1e-2f, .step = 2, .grad_scale = 1024.0f}, table, applied, ctx);
+      EXPECT_FALSE(std::isfinite(dev.download(applied.m)[at])) << what << ": without skipping it must be applied";
+    }
 }
 
 TEST(CudaAdamW, NormIsDeterministic) {
