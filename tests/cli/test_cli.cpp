@@ -343,6 +343,8 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--device tpu"), "--device: unknown device 'tpu'", out);
   expect_error(run(base + "--precision f8"), "--precision: unknown precision 'f8'", out);
   expect_error(run(base + "--device cpu --loss-scale-init 1024"), "--loss-scale-init applies to --precision f16", out);
+  expect_error(run(base + "--device cpu --master-weights off"), "--master-weights off applies to bf16 or f16", out);
+  expect_error(run(base + "--master-weights maybe"), "--master-weights must be on or off", out);
   expect_error(run(base + "--device cpu --loss-scale-interval 10"), "--loss-scale-interval applies to --precision f16",
                out);
 }

@@ -288,6 +288,8 @@ TrainSetup train_setup(TrainOptions o) {
   else if (prec == "f16") s.dtype = DType::F16;
   else TS_THROW("--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   TS_CHECK(gpu || s.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
+  TS_CHECK(o.master_weights || (gpu && s.dtype != DType::F32), "--master-weights off applies to bf16 or f16 "
+           "parameters on a GPU (", prec, gpu ? " parameters are their own master" : " on the CPU", ")");
   // f16's range (6e-8 to 65504) loses small gradients without a loss scale; bf16 has f32's range.
   if (s.dtype == DType::F16) o.loss_scaling = true;
   if (o.loss_scaling) LossScaler{loss_scaler_config(o)};  // checks the flags now, before anything is written
@@ -338,7 +340,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
   std::unique_ptr<Gpt> model = std::move(setup.model);
   if (!model || !ctx.device().is_cpu() || setup.dtype != DType::F32) {
-    auto on_device = std::make_unique<Gpt>(o.model, ctx, setup.dtype);
+    auto on_device = std::make_unique<Gpt>(o.model, ctx, setup.dtype,
+                                           o.master_weights ? MasterWeights::On : MasterWeights::Off);
     if (model) on_device->params().write_f32(model->params().read_f32(model->context()), ctx);
     model = std::move(on_device);
   }
@@ -359,7 +362,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   }
   // Loss scaling: the scale of a resumed scaled run, else the initial one.
   LossScaler scaler(o.loss_scaling ? loss_scaler_config(o) : LossScalerConfig{});
-  if (o.loss_scaling && resuming && state.loss_scale > 0) scaler.set_state(state.loss_scale, state.loss_scale_good_steps);
+  if (o.loss_scaling && resuming && state.loss_scale > 0)
+    scaler.set_state(state.loss_scale, state.loss_scale_good_steps);
   if (!o.loss_scaling) state.loss_scale = 0;
   if (control.on_start) control.on_start(optimizer->state_bytes(), 8 * model->params().size());
   // A checkpoint carries the moments as host vectors, read from the optimizer when one is written (a sharded

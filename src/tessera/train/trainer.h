@@ -53,6 +53,10 @@ struct TrainOptions {
   // that is how the CPU tests drive the loop's skips). Not saved with the run, like the precision; the scaler's
   // state is, in the checkpoint, and a resumed f16 run continues from it.
   bool loss_scaling = false;
+  // --master-weights: f32 master weights for bf16 / f16 parameters (on), or only the 16-bit parameters, updated
+  // in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less). Not saved with the run:
+  // checkpoints hold f32 either way.
+  bool master_weights = true;
   double loss_scale_init = 65536.0;  // --loss-scale-init: the first scale (a power of 2 keeps unscaling exact)
   int loss_scale_interval = 2000;    // --loss-scale-interval: good steps before the scale doubles
   // Data-parallel ranks (mpirun -np N); set by the launcher, not a flag. `batch` is each rank's, so a step takes

@@ -39,12 +39,9 @@ bool adamw_supports(DType dtype, bool master, Device device, std::string* why) {
     }
     return true;
   }
-  if (!supports_dtype(dtype, device, why)) return false;
-  if (dtype != DType::F32 && !master) {
-    if (why) *why = std::string(dtype_name(dtype)) + " parameters need f32 master weights";
-    return false;
-  }
-  return true;
+  // 16-bit parameters with or without f32 master weights: without, the update runs in f32 registers from the
+  // 16-bit value and rounds the result back (LightSeq's master-less mode).
+  return supports_dtype(dtype, device, why);
 }
 
 size_t adamw_scratch_bytes(const Context& ctx) {

@@ -134,9 +134,11 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// params, grads: (>= end) T; master, m, v: (>= end) f32 (master == params when the f32 params are the master:
-// write_params false). Grid-stride over kAdamTile tiles. Prologue (when partials is given): norm = sqrt(Σ partials) / S
-// summed in f64 in the same order by every block, clip = min(1, max_norm / (norm + 1e-6)); block 0 stores the norm.
+// params, grads: (>= end) T; m, v: (>= end) f32; master: (>= end) f32, the same pointer as params when the f32
+// params are the master (write_params false), or null when 16-bit params are their own master (LightSeq's mode:
+// w is read from the params into f32 registers and round(w) written back, write_params true).
+// Grid-stride over kAdamTile tiles. Prologue (when partials is given): norm = sqrt(Σ partials) / S summed in f64 in
+// the same order by every block, clip = min(1, max_norm / (norm + 1e-6)); block 0 stores the norm.
 // With skip_nonfinite and a norm that is not finite, every block returns there: all of them see the same bits, so
 // either every element is updated or none is.
 // Per element, in f32 registers (torch.optim.AdamW):
@@ -172,7 +174,8 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     float g[kAdamPer], w[kAdamPer], mm[kAdamPer], vv[kAdamPer];
     if (full) {
       load_group(grads + i0, g);
-      load_group(master + i0, w);
+      if (master) load_group(master + i0, w);
+      else load_group(params + i0, w);
       load_group(m + i0, mm);
       load_group(v + i0, vv);
     }
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
         g[e] = w[e] = mm[e] = vv[e] = 0.0f;
         if (grp.in >> e & 1u) {
           g[e] = to_f32(grads[i0 + e]);
-          w[e] = master[i0 + e];
+          w[e] = master ? master[i0 + e] : to_f32(params[i0 + e]);
           mm[e] = m[i0 + e];
           vv[e] = v[i0 + e];
         }
@@ -201,7 +204,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
       w[e] = we;
     }
     if (fast) {
-      store_group(master + i0, w);
+      if (master) store_group(master + i0, w);
       store_group(m + i0, mm);
       store_group(v + i0, vv);
       if (write_params) store_group(params + i0, w);
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
 #pragma unroll
       for (int e = 0; e < kAdamPer; ++e)
         if (grp.in >> e & 1u) {
-          master[i0 + e] = w[e];
+          if (master) master[i0 + e] = w[e];
           m[i0 + e] = mm[e];
           v[i0 + e] = vv[e];
           if (write_params) params[i0 + e] = from_f32<T>(w[e]);
@@ -230,12 +233,13 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     if (grad_norm) TS_CHECK_CUDA(cudaMemsetAsync(grad_norm, 0, sizeof(float), ctx.stream()));
     return;
   }
-  TS_CHECK(dtype == DType::F32 || master, "adamw_step: ", dtype_name(dtype), " parameters need f32 master weights");
   const int64_t end = static_cast<int64_t>(table.end());
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
-  float* w = master ? master : static_cast<float*>(params);
-  const bool vec = cuda::aligned16(params) && cuda::aligned16(grads) && cuda::aligned16(w) && cuda::aligned16(m) &&
-                   cuda::aligned16(v);
+  // The f32 weights the kernel reads and writes: the master, the f32 params themselves, or none (16-bit params
+  // without a master are read and written in their own dtype).
+  float* w = master ? master : dtype == DType::F32 ? static_cast<float*>(params) : nullptr;
+  const bool vec = cuda::aligned16(params) && cuda::aligned16(grads) && (!w || cuda::aligned16(w)) &&
+                   cuda::aligned16(m) && cuda::aligned16(v);
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
   const AdamWConsts c{.beta1 = p.beta1,
@@ -268,7 +272,7 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     }
     adamw_update_segment_tiles<T><<<grid, kAdamThreads, 0, ctx.stream()>>>(
         static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg, end, partials,
-        n_partials, grad_norm, c, /*write_params=*/master != nullptr, vec);
+        n_partials, grad_norm, c, /*write_params=*/w != params, vec);
     TS_CHECK_LAUNCH();
   });
 }

@@ -89,14 +89,16 @@ class AdamWSegmentTable {
 };
 
 // dtype: the params / grads (compute) dtype; master: whether f32 master weights are separate from the params.
-// CPU: f32 params, no master. CUDA: f32 (master optional), bf16 / f16 (master required).
+// CPU: f32 params, no master. CUDA: f32, bf16, f16, each with or without a master (a 16-bit param without one is
+// updated in f32 registers and rounded back: LightSeq's master-less mode).
 bool adamw_supports(DType dtype, bool master, Device device, std::string* why = nullptr);
 
 // One optimizer step over the flat buffers, whose gradients hold S * g (S = p.grad_scale, 1 without loss scaling):
 //   norm = sqrt(Σ (S g)²) / S over the segments;  c = min(1, max_grad_norm / (norm + 1e-6)) when max_grad_norm > 0,
 //   else 1; with p.skip_nonfinite and norm not finite: nothing changes but grad_norm (= norm), and the step is over;
 //   else AdamW (adamw.h, top) with (S g) * (c / S) on every segment, decay per segment.
-// params, grads: (numel) compute dtype; master: (numel) f32 or undefined (the params are f32 and are the master);
+// params, grads: (numel) compute dtype; master: (numel) f32 or undefined (the params are their own master: f32, or
+// 16-bit ones updated through f32 registers, w = round(update(f32(w))));
 // m, v: (numel) f32; numel >= table.end(). grad_norm: (1) f32 or undefined; receives the norm before clipping (on
 // the device: the host copies it when it wants the metric). p.step counts from 1.
 // CUDA: the master, m and v are updated in f32 registers and the params get round(master) in the compute dtype;
@@ -112,14 +114,16 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
 // The scratch adamw_step takes on this context (reserve it before capturing a CUDA graph).
 size_t adamw_scratch_bytes(const Context& ctx);
 
-// CUDA launcher: params / grads in `dtype`; master may be null (then params are f32 and are the master);
+// CUDA launcher: params / grads in `dtype`; master may be null (then the params are the master: f32, or 16-bit
+// read into f32 registers and rounded back);
 // grad_norm may be null. Pointers are device memory.
 // Norm partials: a fixed grid of blocks strides over 2048-element tiles, sums g² of the in-segment elements in f32
 // and writes one partial per block to scratch. AdamW: 2048-element tiles (256 threads x 8 consecutive elements);
 // each block first sums the partials in f64 in a fixed order (every block gets the same bits; block 0 stores the
-// norm, and with skip_nonfinite every block returns at once when it is not finite, all alike), then per tile finds the segment holding its first element by binary search in the device table; a
-// thread whose 8 elements lie inside that segment takes the vector path (16-byte accesses, one decay for all),
-// and only a thread straddling a segment boundary or a gap goes element by element.
+// norm, and with skip_nonfinite every block returns at once when it is not finite, all alike), then per tile
+// finds the segment holding its first element by binary search in the device table; a thread whose 8 elements lie
+// inside that segment takes the vector path (16-byte accesses, one decay for all), and only a thread straddling a
+// segment boundary or a gap goes element by element.
 void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
                      const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx);
 
