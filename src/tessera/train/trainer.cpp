@@ -515,7 +515,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     result.last_step = step;
     result.last_loss = loss;
     char fields[160];
-    int len = std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
+    const int len = std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
     if (o.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
       std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaler.scale(),
                     static_cast<long long>(result.skipped_steps));
