@@ -342,6 +342,11 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--vocab 100"), "--data is required", out);
   expect_error(run(base + "--device tpu"), "--device: unknown device 'tpu'", out);
   expect_error(run(base + "--precision f8"), "--precision: unknown precision 'f8'", out);
+  expect_error(run(base + "--device cpu --loss-scale-init 1024"), "--loss-scale-init applies to --precision f16", out);
+  expect_error(run(base + "--device cpu --master-weights off"), "--master-weights off applies to bf16 or f16", out);
+  expect_error(run(base + "--master-weights maybe"), "--master-weights must be on or off", out);
+  expect_error(run(base + "--device cpu --loss-scale-interval 10"), "--loss-scale-interval applies to --precision f16",
+               out);
 }
 
 // Device and precision: refused with a reason where they cannot run (this machine class has no GPU; on a GPU
@@ -352,6 +357,7 @@ TEST_F(Cli, DeviceAndPrecisionNeedAGpu) {
   const std::string base = "train --out " + out.string() + " --no-progress ";
   expect_error(run(base + "--device cuda"), built_with_cuda() ? "no GPU is visible" : "built without CUDA", out);
   expect_error(run(base + "--precision bf16"), "--precision bf16 needs a GPU", out);
+  expect_error(run(base + "--precision f16"), "--precision f16 needs a GPU", out);
   // The CPU is always there.
   const CliRun ok = run("train --out " + out.string() + " --no-progress --device cpu --precision f32 --steps 2 "
                         "--sample-tokens 0");

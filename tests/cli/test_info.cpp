@@ -70,5 +70,25 @@ TEST(CliInfo, ListsEveryBufferWithItsLife) {
   EXPECT_NE(bad.err.find("unknown precision 'f8'"), std::string::npos) << bad.err;
 }
 
+// --master-weights off drops the f32 master weights from the memory figures and says what that saves: 4 bytes a
+// parameter. It applies to 16-bit precisions only.
+TEST(CliInfo, MasterWeightsOffSavesFourBytesAParameter) {
+  const test::CliRun on = test::run("info --preset tiny --precision bf16");
+  const test::CliRun off = test::run("info --preset tiny --precision bf16 --master-weights off");
+  ASSERT_EQ(on.code, 0) << on.err;
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_NE(on.out.find("with f32 master weights"), std::string::npos) << on.out;
+  EXPECT_NE(on.out.find(", master "), std::string::npos) << on.out;
+  EXPECT_EQ(off.out.find("with f32 master weights"), std::string::npos) << off.out;
+  EXPECT_EQ(off.out.find(", master "), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("without master weights (saves "), std::string::npos) << off.out;
+  const test::CliRun f32 = test::run("info --preset tiny --master-weights off");
+  EXPECT_EQ(f32.code, 2);
+  EXPECT_NE(f32.err.find("--master-weights off applies to bf16 or f16"), std::string::npos) << f32.err;
+  const test::CliRun bad = test::run("info --preset tiny --precision bf16 --master-weights maybe");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--master-weights must be on or off"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace tessera

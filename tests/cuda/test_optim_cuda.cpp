@@ -1,4 +1,9 @@
 // AdamW with global-norm clipping: the one-launch CUDA step against adamw_update_ref / clip_grad_norm_ref.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "cuda_test_util.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
@@ -167,6 +172,205 @@ TEST(CudaAdamW, MatchesReferenceOverSegmentTable) {
                     .first_step = 4}, ctx, rng);
 }
 
+// ---- Loss scaling (f16 training) in the kernel: unscale in registers, skip a non-finite step. ----
+
+// The state of one kernel-level step on the device, uploaded from host values.
+struct ScaledState {
+  Tensor params, grads, master, m, v, norm;
+};
+ScaledState upload_state(DeviceArena& dev, DType dt, bool master, const std::vector<double>& w,
+                         const std::vector<double>& g, const std::vector<double>& m, const std::vector<double>& v) {
+  return {.params = dev.upload(dt, rounded(dt, w)), .grads = dev.upload(dt, g),
+          .master = master ? dev.upload(DType::F32, w) : Tensor(), .m = dev.upload(DType::F32, m),
+          .v = dev.upload(DType::F32, v), .norm = dev.poisoned(DType::F32, 1)};
+}
+void step_state(const AdamWParams& p, const AdamWSegmentTable& table, const ScaledState& s, Context& ctx) {
+  adamw_step(p, table, s.params, s.grads, s.master, s.m, s.v, s.norm, ctx);
+}
+
+// Host state as after a few steps: f32 master weights, nonzero moments.
+struct HostState {
+  std::vector<double> w, m, v;
+};
+HostState host_state(size_t n, std::mt19937_64& rng) {
+  HostState h{.w = randn<double>(n, rng, 1.0), .m = randn<double>(n, rng, 0.01), .v = randn<double>(n, rng, 0.01)};
+  for (size_t i = 0; i < n; ++i) {
+    h.w[i] = static_cast<float>(h.w[i]);
+    h.m[i] = static_cast<float>(h.m[i]);
+    h.v[i] = static_cast<float>(h.v[i] * h.v[i]);
+  }
+  return h;
+}
+
+const std::pair<DType, bool> kScaledKinds[] = {{DType::F32, false}, {DType::BF16, true}, {DType::F16, true}};
+
+// Gradients that hold S·g (S = 2^16, exact in every dtype for these magnitudes: S·g < 65504 in f16) update exactly
+// as g does: the norm partials scale by S² (exact), the norm is divided by S, and g·(c/S) in registers has the bits
+// of g·c. So the norm, the master, m, v and the params agree bit for bit with the unscaled step, with clipping off
+// and active, over many blocks (each block reduces the norm itself). An unscale that were dropped would leave m S
+// times too large; a norm that were not divided by S would clip differently. The gaps hold NaN in both runs: they
+// are never read, so they must not cause a skip.
+TEST(CudaAdamWLossScaling, ScaledGradientsUpdateAsTheUnscaledOnes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const AdamWSegmentTable table(L.segments, ctx);
+  constexpr double S = 65536.0;
+  for (auto [dt, master] : kScaledKinds)
+    for (const bool clip : {false, true}) {
+      const std::string what = std::string(dtype_label(dt)) + (clip ? " clip" : "") + ", seed " +
+                               std::to_string(test_seed());
+      const HostState h = host_state(n, rng);
+      const auto g0 = rounded(dt, randn<double>(n, rng, 0.02));
+      std::vector<double> g(n), gs(n);
+      double sq = 0;
+      for (size_t i = 0; i < n; ++i) {
+        g[i] = L.in_segment[i] ? g0[i] : std::numeric_limits<double>::quiet_NaN();
+        gs[i] = g[i] * S;
+        if (L.in_segment[i]) sq += g0[i] * g0[i];
+      }
+      DeviceArena dev(ctx);
+      const ScaledState plain = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      const ScaledState scaled = upload_state(dev, dt, master, h.w, gs, h.m, h.v);
+      const float max_norm = clip ? static_cast<float>(0.5 * std::sqrt(sq)) : 0.0f;
+      const AdamWParams p{.lr = 1e-2f, .step = 3, .max_grad_norm = max_norm};
+      AdamWParams ps = p;
+      ps.grad_scale = static_cast<float>(S);
+      ps.skip_nonfinite = true;
+      step_state(p, table, plain, ctx);
+      step_state(ps, table, scaled, ctx);
+      const auto norm = dev.download(plain.norm);
+      EXPECT_NEAR(norm[0], std::sqrt(sq), 1e-5 * std::sqrt(sq)) << what;
+      EXPECT_EQ(dev.download(scaled.norm), norm) << what << ": the norm must be the unscaled gradient's";
+      EXPECT_EQ(dev.download(scaled.m), dev.download(plain.m)) << what << ": m";
+      EXPECT_EQ(dev.download(scaled.v), dev.download(plain.v)) << what << ": v";
+      EXPECT_EQ(dev.download(scaled.params), dev.download(plain.params)) << what << ": params";
+      if (master) {
+        EXPECT_EQ(dev.download(scaled.master), dev.download(plain.master)) << what << ": master";
+      }
+      EXPECT_NE(dev.download(master ? plain.master : plain.params), h.w) << what << ": the step must update";
+    }
+}
+
+// An inf or a NaN in any segment element, in the first tile or the last, makes every block skip: params, master,
+// m and v stay as they were, bit for bit, and the norm says why. The same gradient without skip_nonfinite does
+// reach the parameters, so the check is not vacuous.
+TEST(CudaAdamWLossScaling, NonFiniteGradientSkipsTheWholeStep) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const AdamWSegmentTable table(L.segments, ctx);
+  size_t first = 0, last = n - 1;
+  while (!L.in_segment[first]) ++first;
+  while (!L.in_segment[last]) --last;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::pair<size_t, double> plants[] = {{first, inf}, {last, nan}, {n / 2, -inf}};
+  for (auto [dt, master] : kScaledKinds)
+    for (auto [at, bad] : plants) {
+      ASSERT_TRUE(L.in_segment[at]);
+      const std::string what = std::string(dtype_label(dt)) + " " + std::to_string(bad) + " at " + std::to_string(at);
+      const HostState h = host_state(n, rng);
+      std::vector<double> g = rounded(dt, randn<double>(n, rng, 0.02 * 1024));
+      g[at] = bad;
+      DeviceArena dev(ctx);
+      const ScaledState s = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      const auto params0 = dev.download(s.params), m0 = dev.download(s.m), v0 = dev.download(s.v);
+      const std::vector<double> master0 = master ? dev.download(s.master) : std::vector<double>();
+      step_state({.lr = 1e-2f, .step = 2, .max_grad_norm = 1.0f, .grad_scale = 1024.0f, .skip_nonfinite = true}, table,
+                 s, ctx);
+      const double norm = dev.download(s.norm)[0];
+      EXPECT_FALSE(std::isfinite(norm)) << what;
+      if (std::isnan(bad)) {
+        EXPECT_TRUE(std::isnan(norm)) << what;
+      }
+      auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+      };
+      EXPECT_TRUE(same(dev.download(s.params), params0)) << what << ": params changed";
+      EXPECT_TRUE(same(dev.download(s.m), m0)) << what << ": m changed";
+      EXPECT_TRUE(same(dev.download(s.v), v0)) << what << ": v changed";
+      if (master) {
+        EXPECT_TRUE(same(dev.download(s.master), master0)) << what << ": master changed";
+      }
+
+      const ScaledState applied = upload_state(dev, dt, master, h.w, g, h.m, h.v);
+      step_state({.lr = 1e-2f, .step = 2, .grad_scale = 1024.0f}, table, applied, ctx);
+      EXPECT_FALSE(std::isfinite(dev.download(applied.m)[at])) << what << ": without skipping it must be applied";
+    }
+}
+
+// ---- Master-less 16-bit parameters (LightSeq's mode): the update in f32 registers, round(w) written back. ----
+
+// ulps of dt between a and b, at the larger magnitude's spacing.
+double ulps(DType dt, double a, double b) {
+  const int mant = dt == DType::BF16 ? 8 : 11;  // significand bits with the implicit one
+  const double mag = std::max({std::abs(a), std::abs(b), dt == DType::BF16 ? 1e-38 : 6.1e-5});
+  const double spacing = std::ldexp(1.0, std::ilogb(mag) - (mant - 1));
+  return std::abs(a - b) / spacing;
+}
+
+// From the same start (the master equal to the 16-bit params), one master-less step writes exactly round(the
+// master-on step's f32 master): the same f32 math on the same values, rounded once, on the vector path and on
+// the element-by-element path (buffers one element off alignment). m and v agree bit for bit. Over three more
+// steps the master-less params drift from the master by their own rounding only: half an ulp a step, so within
+// 2 ulps, and 4 allowed for values whose binade changed on the way (their earlier roundings were coarser).
+TEST(CudaAdamWMasterless, StepIsRoundOfTheMasterStep) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const Layout L = make_layout();
+  const size_t n = L.numel;
+  const AdamWSegmentTable table(L.segments, ctx);
+  for (const DType dt : {DType::BF16, DType::F16})
+    for (const bool misaligned : {false, true}) {
+      const std::string what = std::string(dtype_label(dt)) + (misaligned ? " misaligned" : "") + ", seed " +
+                               std::to_string(test_seed());
+      DeviceArena dev(ctx);
+      auto place = [&](DType t, const std::vector<double>& vals) {
+        if (!misaligned) return dev.upload(t, vals);
+        std::vector<double> shifted(vals.size() + 1, 0.0);
+        std::copy(vals.begin(), vals.end(), shifted.begin() + 1);
+        return dev.upload(t, shifted).slice1d(1, static_cast<int64_t>(vals.size()));
+      };
+      HostState h = host_state(n, rng);
+      h.w = rounded(dt, h.w);  // the master starts as the 16-bit value, so both runs start from the same numbers
+      const Tensor on_params = place(dt, h.w), on_master = place(DType::F32, h.w), on_m = place(DType::F32, h.m),
+                   on_v = place(DType::F32, h.v);
+      const Tensor off_params = place(dt, h.w), off_m = place(DType::F32, h.m), off_v = place(DType::F32, h.v);
+      const Tensor norm = dev.alloc(DType::F32, 1);
+      std::string why;
+      ASSERT_TRUE(adamw_supports(dt, /*master=*/false, ctx.device(), &why)) << why;
+      for (int64_t step = 3; step <= 6; ++step) {
+        const auto g = rounded(dt, randn<double>(n, rng, 0.02));
+        const Tensor grads = place(dt, g);
+        const AdamWParams p{.lr = 1e-2f, .step = step, .max_grad_norm = 1.0f};
+        adamw_step(p, table, on_params, grads, on_master, on_m, on_v, norm, ctx);
+        adamw_step(p, table, off_params, grads, Tensor(), off_m, off_v, norm, ctx);
+        const auto master = dev.download(on_master), got = dev.download(off_params);
+        if (step == 3) {
+          EXPECT_EQ(got, dev.download(on_params)) << what << ": one step from the same start";
+          for (size_t i = 0; i < n; ++i)
+            ASSERT_EQ(got[i], round_to(dt, master[i])) << what << ": params[" << i << "] is not round(master)";
+          EXPECT_EQ(dev.download(off_m), dev.download(on_m)) << what << ": m";
+          EXPECT_EQ(dev.download(off_v), dev.download(on_v)) << what << ": v";
+          EXPECT_NE(got, h.w) << what << ": the step must change the 16-bit params";
+        } else {
+          double worst = 0;
+          for (size_t i = 0; i < n; ++i)
+            if (L.in_segment[i]) worst = std::max(worst, ulps(dt, got[i], master[i]));
+          EXPECT_LE(worst, 4.0) << what << ": step " << step << ", the master-less params drift from the master";
+        }
+      }
+      // Gaps untouched.
+      const auto got = dev.download(off_params);
+      for (size_t i = 0; i < n; ++i)
+        if (!L.in_segment[i]) {
+          ASSERT_EQ(got[i], h.w[i]) << what << ": gap element " << i << " changed";
+        }
+    }
+}
+
 TEST(CudaAdamW, NormIsDeterministic) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
@@ -224,8 +428,8 @@ TEST(CudaAdamW, SupportsAnswersWithoutGpu) {
   EXPECT_TRUE(adamw_supports(DType::F32, /*master=*/false, Device::cpu(), &why)) << why;
   EXPECT_FALSE(adamw_supports(DType::F32, /*master=*/true, Device::cpu(), &why));
   EXPECT_FALSE(adamw_supports(DType::BF16, /*master=*/true, Device::cpu(), &why));
-  EXPECT_FALSE(adamw_supports(DType::BF16, /*master=*/false, Device::cuda(0), &why));
-  EXPECT_NE(why.find("master"), std::string::npos) << why;
+  EXPECT_TRUE(adamw_supports(DType::BF16, /*master=*/false, Device::cuda(0), &why)) << why;  // LightSeq's mode
+  EXPECT_TRUE(adamw_supports(DType::F16, /*master=*/false, Device::cuda(0), &why)) << why;
   EXPECT_TRUE(adamw_supports(DType::BF16, /*master=*/true, Device::cuda(0), &why)) << why;
   EXPECT_TRUE(adamw_supports(DType::F32, /*master=*/false, Device::cuda(0), &why)) << why;
   Context ctx(Device::cpu());

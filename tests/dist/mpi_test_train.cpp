@@ -16,6 +16,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -160,7 +163,8 @@ class Training : public ::testing::TestWithParam<Backend> {
   }
 
   // The same run on every rank, data parallel.
-  DistRun parallel(TrainOptions o, const DataParallelOptions& d, const std::string& tag) {
+  DistRun parallel(TrainOptions o, const DataParallelOptions& d, const std::string& tag,
+                  std::function<void(int64_t, Gpt&)> before_optimizer_step = {}) {
     o.world_size = N();
     o.out = (dir_ / tag).string();
     TrainSetup setup = train_setup(o);
@@ -170,6 +174,7 @@ class Training : public ::testing::TestWithParam<Backend> {
     DistRun run;
     TrainControl control;
     control.on_start = [&](size_t state_bytes, size_t) { run.state_bytes = state_bytes; };
+    control.before_optimizer_step = std::move(before_optimizer_step);
     run.result = train(std::move(setup), control);
     run.params = run.result.model->params().read_f32(run.result.model->context());
     run.grad_stats = dp.gradients().stats();
@@ -249,6 +254,44 @@ TEST_P(Training, EveryDdpFormAveragesTheGradientOfTheGlobalBatch) {
       const std::string what = std::string(model.tied ? "gpt2 " : "llama ") + ddp_mode_name(mode) + " " +
                                std::to_string(bucket_mb) + " MB";
       EXPECT_PARAMS_NEAR(m.params(), got, want, what + " gradient");
+    }
+  }
+}
+
+// Loss scaling under DDP: the gradients are reduced scaled (S·g averaged is S times the average), every rank
+// unscales alike, and an overflow skips the same step on every rank with the same halving, so the ranks stay
+// identical. The hook runs after the reduction, so the inf is planted on every rank, as an overflow in one rank's
+// backward arrives everywhere through the all-reduce (inf and NaN survive a sum). (ZeRO-1 refuses loss scaling:
+// its sharded clip has no skip.)
+TEST_P(Training, LossScalingSkipsTheSameStepOnEveryRank) {
+  TrainOptions o = base(gpt2_style());
+  o.loss_scaling = true;
+  o.loss_scale_init = 1024;
+  o.loss_scale_interval = 1000;
+  auto plant = [&](int64_t step, Gpt& m) {
+    if (step != 2) return;
+    const float inf = std::numeric_limits<float>::infinity();
+    const size_t at = m.params().segments().back().offset;
+    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(),
+               sizeof inf, m.context());
+    m.context().synchronize();
+  };
+  for (const DdpMode mode : {DdpMode::Naive, DdpMode::Bucket}) {
+    const std::string tag = std::string("scaled_") + ddp_mode_name(mode);
+    const DistRun run = parallel(o, {.ddp = mode, .bucket_mb = 0.002}, tag, plant);
+    EXPECT_EQ(run.result.skipped_steps, 1) << tag << " on rank " << rank();
+    EXPECT_EQ(run.result.loss_scale, 512.0) << tag << " on rank " << rank();
+    EXPECT_TRUE(same_on_all_ranks(run.params)) << tag;
+    if (rank() == 0) {
+      std::ifstream in(dir_ / tag / "metrics.jsonl");
+      int64_t step = 0;
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        ++step;
+        EXPECT_EQ(j.at("skipped").get<bool>(), step == 2) << tag << " step " << step;
+        EXPECT_EQ(j.at("loss_scale").get<double>(), step <= 2 ? 1024.0 : 512.0) << tag << " step " << step;
+      }
+      EXPECT_EQ(step, kSteps) << tag;
     }
   }
 }

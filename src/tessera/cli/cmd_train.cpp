@@ -158,7 +158,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0)");
   a.add("seed", "N", "seed for init, dropout and data (default 1337)");
   a.add("device", "cpu|cuda|cuda:N", "where to train (default: the GPU when one is visible, else the CPU)");
-  a.add("precision", "f32|bf16", "compute dtype (default bf16 on a GPU, with f32 master weights; f32 on the CPU)");
+  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, with f32 master weights; f32 on the CPU); "
+        "f16 trains with dynamic loss scaling, skipping the steps that overflow");
+  a.add("master-weights", "on|off", "bf16/f16 on a GPU: keep f32 master weights (on, the default), or only the 16-bit "
+        "parameters, updated in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less)");
+  a.add("loss-scale-init", "X", "--precision f16: the first loss scale (default 65536 = 2^16)");
+  a.add("loss-scale-interval", "N", "--precision f16: steps without overflow before the loss scale doubles "
+        "(default 2000)");
   a.add("val-every", "N", "validation loss every N steps, 0 = at the end only (default 100)");
   a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
   a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
@@ -217,6 +223,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");
+    const std::string master = a.str("master-weights", "on");
+    TS_CHECK(master == "on" || master == "off", "--master-weights must be on or off, got '", master, "'");
+    o.master_weights = master == "on";
+    o.loss_scale_init = a.number("loss-scale-init", o.loss_scale_init);
+    o.loss_scale_interval = a.integer("loss-scale-interval", o.loss_scale_interval);
     o.val_every = a.integer("val-every", o.val_every);
     o.val_batches = a.integer("val-batches", o.val_batches);
     o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
@@ -258,6 +269,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // 2. Every option against the model, the resume checkpoint and the memory the run needs (reads only).
     setup = train_setup(o);
     o = setup.options;
+    for (const char* f : {"loss-scale-init", "loss-scale-interval"})
+      TS_CHECK(!a.has(f) || o.loss_scaling, "--", f, " applies to --precision f16 (dynamic loss scaling)");
+    // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
+    TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
+             "--precision bf16, or --ddp");
 
     // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
     // directory may be created.
@@ -341,11 +357,18 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   const int64_t params = o.model.num_params();
   const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
                                             : "from checkpoint " + o.resume;
-  const std::string where = setup.context->is_cuda()
-                                ? setup.context->gpu().name + " (" + setup.context->device().str() + ") in " +
-                                      std::string(setup.dtype == DType::BF16 ? "bf16 with f32 master weights"
-                                                                              : dtype_name(setup.dtype))
-                                : std::string("the CPU");
+  // The precision line: 16-bit parameters with f32 master weights, or without them and what that saves.
+  std::string precision(dtype_name(setup.dtype));
+  if (setup.dtype != DType::F32) {
+    precision += o.master_weights
+                     ? " with f32 master weights"
+                     : " without master weights (LightSeq's mode: " +
+                           human_bytes(4.0 * static_cast<double>(o.model.num_params())) + " of f32 masters saved)";
+    if (o.loss_scaling) precision += " and dynamic loss scaling";
+  }
+  const std::string where = setup.context->is_cuda() ? setup.context->gpu().name + " (" +
+                                                           setup.context->device().str() + ") in " + precision
+                                                     : std::string("the CPU");
   if (lead) {
     std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
     if (ranks.world) {
@@ -374,7 +397,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   TrainResult r;
   {
     StopSignals signals;
-    r = train(std::move(setup), {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start});
+    r = train(std::move(setup),
+              {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {}});
   }
   if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
   // A data-parallel run resumes at its world size, with its form of gradient reduction.
@@ -395,6 +419,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   }
   std::printf("done: %lld steps in %.1fs, loss %.4f -> %.4f", static_cast<long long>(r.steps), r.seconds, r.first_loss,
               r.last_loss);
+  if (r.loss_scale > 0)
+    std::printf(", %lld skipped (f16 overflow), loss scale %g", static_cast<long long>(r.skipped_steps), r.loss_scale);
   if (r.last_val_loss > 0) std::printf(", val loss %.4f", r.last_val_loss);
   std::printf("\ncheckpoint: %s\n", r.checkpoint.c_str());
   if (r.best_step > 0)

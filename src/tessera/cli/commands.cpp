@@ -118,6 +118,8 @@ int cmd_info(int argc, char** argv) {
   a.add("batch", "N", "batch size for the activation plan (default 16)");
   a.add("seq", "N", "sequence length for the activation plan (default: max_seq)");
   a.add("precision", "f32|bf16|f16", "training precision for the memory figures (default f32)");
+  a.add("master-weights", "on|off", "bf16/f16: with f32 master weights (on, the default) or without (off, as "
+        "train --master-weights off)");
   a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
   a.add("world", "N", "data-parallel ranks, for the optimizer memory of each rank (default 1)");
   a.add("zero", "1", "with --world: ZeRO-1, the optimizer state sharded over the ranks");
@@ -132,6 +134,10 @@ int cmd_info(int argc, char** argv) {
   const std::string prec = a.str("precision", "f32");
   const DType dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
   TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
+  const std::string master_flag = a.str("master-weights", "on");
+  TS_CHECK(master_flag == "on" || master_flag == "off", "--master-weights must be on or off, got '", master_flag, "'");
+  TS_CHECK(master_flag == "on" || dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 parameters "
+           "are their own master)");
   const int64_t n = cfg.num_params();
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
@@ -151,10 +157,14 @@ int cmd_info(int argc, char** argv) {
   const PlanDebug debug = plan_debug_from_env();
   const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug);
   const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
-  const double master = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
+  const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
+  const double master = master_flag == "on" ? master_on : 0.0;
   const double moments = 8.0 * static_cast<double>(n), act = static_cast<double>(plan.peak());
   std::printf("memory     %s training%s, batch %d x seq %d:\n", prec.c_str(),
-              master > 0 ? " with f32 master weights" : "", B, T);
+              master > 0             ? " with f32 master weights"
+              : master_on > master ? (" without master weights (saves " + human_bytes(master_on) + ")").c_str()
+                                     : "",
+              B, T);
   std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
               human_bytes(p).c_str(), master > 0 ? ("master " + human_bytes(master) + ", ").c_str() : "",
               human_bytes(moments).c_str(), human_bytes(act).c_str());

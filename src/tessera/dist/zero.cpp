@@ -54,7 +54,9 @@ ZeroAdamW::ZeroAdamW(const ParamBuffer& params, const AdamWConfig& cfg, Communic
   fill_bytes(norm_.view(DType::F32, {1}), 0, ctx);
 }
 
-void ZeroAdamW::step(ParamBuffer& params, float lr) {
+void ZeroAdamW::step(ParamBuffer& params, float lr, const GradScaling& scaling) {
+  TS_CHECK(scaling.scale == 1.0f && !scaling.skip_nonfinite,
+           "ZeRO-1 does not support loss scaling (f16 training): use --precision bf16, or --ddp");
   TS_CHECK(params.size() == layout_.total, "internal: ZeRO optimizer built for ", layout_.total,
            " parameters, stepped with ", params.size());
   const int N = layout_.world;

@@ -55,9 +55,12 @@ class ZeroAdamW final : public Optimizer {
             Context& ctx);
 
   // Reduce-scatters the gradients (they hold the averaged gradient only in this rank's range afterwards),
-  // clips by the global norm, updates this rank's range and all-gathers the parameters.
-  void step(ParamBuffer& params, float lr) override;
+  // clips by the global norm, updates this rank's range and all-gathers the parameters. No loss scaling: a
+  // scaling other than the default is refused (train refuses --zero 1 with --precision f16 before it starts).
+  using Optimizer::step;
+  void step(ParamBuffer& params, float lr, const GradScaling& scaling) override;
   double read_grad_norm() const override;
+  StepReport read_step() override { return {.grad_norm = read_grad_norm(), .skipped = false}; }
   int64_t step_count() const override { return step_; }
   void read_state(ParamBuffer& params, std::vector<float>& m, std::vector<float>& v) override;
   void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step) override;

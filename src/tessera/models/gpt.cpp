@@ -15,8 +15,8 @@
 
 namespace tessera {
 
-Gpt::Gpt(const ModelConfig& cfg, Context& ctx, DType dtype)
-    : cfg_(cfg), ctx_(&ctx), dtype_(dtype), params_(ctx.device(), dtype) {
+Gpt::Gpt(const ModelConfig& cfg, Context& ctx, DType dtype, MasterWeights master)
+    : cfg_(cfg), ctx_(&ctx), dtype_(dtype), params_(ctx.device(), dtype, master) {
   build();
 }
 

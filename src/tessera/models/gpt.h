@@ -42,8 +42,9 @@ struct ForwardOptions {
 
 class Gpt {
  public:
-  // A model on ctx's device computing in `dtype`. The context must outlive the model.
-  Gpt(const ModelConfig& cfg, Context& ctx, DType dtype = DType::F32);
+  // A model on ctx's device computing in `dtype`. The context must outlive the model. master: whether a 16-bit
+  // model keeps f32 master weights (ParamBuffer).
+  Gpt(const ModelConfig& cfg, Context& ctx, DType dtype = DType::F32, MasterWeights master = MasterWeights::On);
   // A CPU model with a context of its own (the reference engine and tests).
   explicit Gpt(const ModelConfig& cfg, DType dtype = DType::F32);
   ~Gpt();

@@ -25,7 +25,7 @@ void ParamBuffer::finalize(Context& ctx) {
   grad_ = Buffer(total_ * es, device_, "gradients");
   fill_bytes(data(), 0, ctx);
   fill_bytes(grad(), 0, ctx);
-  if (dtype_ == DType::BF16 || dtype_ == DType::F16) {
+  if ((dtype_ == DType::BF16 || dtype_ == DType::F16) && master_mode_ == MasterWeights::On) {
     master_ = Buffer(total_ * 4, device_, "f32 master weights");
     fill_bytes(master(), 0, ctx);
   }

@@ -1,5 +1,6 @@
 // tessera/nn/param_buffer.h — every parameter of a model in one contiguous buffer, gradients in a second, and
-// for 16-bit models f32 master weights in a third, on the model's device.
+// for 16-bit models f32 master weights in a third (unless asked not to: LightSeq's master-less mode), on the
+// model's device.
 //
 // A segment table gives each tensor its name, shape, offset and whether weight decay applies. Every segment
 // starts at a multiple of kSegmentAlign elements (16-byte aligned in every dtype, 64 bytes for f32), so kernels
@@ -21,10 +22,17 @@ namespace tessera {
 constexpr size_t kNoParam = static_cast<size_t>(-1);
 constexpr size_t kSegmentAlign = 16;  // elements
 
+// Whether a 16-bit model keeps f32 master weights. Off (LightSeq's mode): only the 16-bit parameters exist; the
+// optimizer updates them in f32 registers and rounds the result back, saving 4 bytes a parameter. f32 and f64
+// models are their own master either way.
+enum class MasterWeights { On, Off };
+
 class ParamBuffer {
  public:
   // dtype: the compute dtype of parameters and gradients (f32, bf16, f16 on a GPU; f32 or f64 on the CPU).
-  explicit ParamBuffer(Device device = Device::cpu(), DType dtype = DType::F32) : device_(device), dtype_(dtype) {}
+  explicit ParamBuffer(Device device = Device::cpu(), DType dtype = DType::F32,
+                       MasterWeights master = MasterWeights::On)
+      : device_(device), dtype_(dtype), master_mode_(master) {}
 
   // Reserves a segment; returns its offset. Call finalize() once all are added.
   size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
@@ -55,7 +63,7 @@ class ParamBuffer {
   // All parameters as f32 on the host (the master weights when there are any), padding included.
   std::vector<float> read_f32(Context& ctx) const;
   // Sets all parameters from f32 host values (size() of them): the master weights when there are any, and the
-  // compute-dtype copy (rounded to nearest even).
+  // compute-dtype copy (rounded to nearest even; without master weights that rounding is all that is kept).
   void write_f32(const std::vector<float>& values, Context& ctx);
   // The gradients as f32 on the host (for tests, metrics and the CPU optimizer path).
   std::vector<float> read_grad_f32(Context& ctx) const;
@@ -69,6 +77,7 @@ class ParamBuffer {
   void* host_ptr(const Buffer& b, size_t elem) const;
   Device device_;
   DType dtype_;
+  MasterWeights master_mode_;
   std::vector<ParamSegment> segments_;
   std::vector<std::vector<int64_t>> shapes_;
   Buffer data_, grad_, master_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -278,6 +279,13 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
     w.add("adam.v", DType::F32, {n}, state->adam_v.data());
     w.set_metadata("format", "pt");
     w.set_metadata("step", std::to_string(state->step));
+    w.set_metadata("optimizer_step", std::to_string(state->optimizer_step < 0 ? state->step : state->optimizer_step));
+    if (state->loss_scale > 0) {
+      char scale[40];
+      std::snprintf(scale, sizeof scale, "%.17g", state->loss_scale);
+      w.set_metadata("loss_scale", scale);
+      w.set_metadata("loss_scale_good_steps", std::to_string(state->loss_scale_good_steps));
+    }
     w.set_metadata("rng_seed", std::to_string(state->rng.seed));
     w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
     w.set_metadata("data_pos", std::to_string(state->data_pos));
@@ -352,9 +360,20 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
     s.rng.seed = std::stoull(st.meta("rng_seed"));
     s.rng.next_stream = std::stoull(st.meta("rng_next_stream"));
     s.data_pos = std::stoull(st.meta("data_pos"));
+    // Absent in checkpoints written before loss scaling: no step was skipped, no scaler ran.
+    const auto& meta = st.metadata();
+    s.optimizer_step = meta.count("optimizer_step") ? std::stoll(meta.at("optimizer_step")) : s.step;
+    if (meta.count("loss_scale")) {
+      s.loss_scale = std::stod(meta.at("loss_scale"));
+      s.loss_scale_good_steps = std::stoll(st.meta("loss_scale_good_steps"));
+    }
   } catch (const std::logic_error&) {
     TS_THROW("checkpoint ", file, ": malformed training state metadata");
   }
+  TS_CHECK(s.optimizer_step >= 0 && s.optimizer_step <= s.step, "checkpoint ", file, ": optimizer step ",
+           s.optimizer_step, " is not in [0, step ", s.step, "]");
+  TS_CHECK(s.loss_scale == 0 || (std::isfinite(s.loss_scale) && s.loss_scale >= 1), "checkpoint ", file,
+           ": malformed loss scale ", s.loss_scale);
   s.options_json = st.meta("options");
   return s;
 }

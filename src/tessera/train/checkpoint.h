@@ -6,8 +6,9 @@
 //                       Llama's q/k/v and gate/up split out of tessera's fused matrices), metadata "format": "pt"
 //                       and the tessera config, so `transformers` loads the directory as it is.
 //   config.json         the Hugging Face config (GPT-2 / Llama), or tessera's own config otherwise.
-//   optimizer.safetensors  (training checkpoints) Adam moments m and v, and in metadata the step, the RNG state,
-//                       the data position and the training options, so a resumed run continues exactly.
+//   optimizer.safetensors  (training checkpoints) Adam moments m and v, and in metadata the step (and the
+//                       optimizer's, when loss scaling skipped steps), the RNG state, the data position, the loss
+//                       scaler's state (f16 runs) and the training options, so a resumed run continues exactly.
 // The directory is written as <dir>.tmp, every file synced, then swapped with <dir> in one step
 // (renameat2 RENAME_EXCHANGE) and the previous checkpoint removed; the parent directory is synced after every
 // rename. Where the file system cannot exchange, <dir> is renamed to <dir>.old before <dir>.tmp takes its
@@ -40,6 +41,12 @@ std::vector<ExportTensor> checkpoint_layout(const Gpt& model);
 
 struct TrainState {
   int64_t step = 0;
+  // Optimizer steps applied: fewer than `step` when loss scaling skipped some (their bias correction did not
+  // advance). -1: the same as step (checkpoints written before skipping existed).
+  int64_t optimizer_step = -1;
+  // The dynamic loss scaler after `step` (f16 runs, loss_scaler.h); loss_scale 0: the run had no loss scaling.
+  double loss_scale = 0;
+  int64_t loss_scale_good_steps = 0;
   RngState rng;
   uint64_t data_pos = 0;
   std::string options_json;          // the training options, for resuming with the same run

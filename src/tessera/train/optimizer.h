@@ -22,15 +22,34 @@ struct AdamWConfig {
   bool track_grad_norm = true;
 };
 
+// Loss scaling for one step (f16 training, train/loss_scaler.h): the gradients hold scale * g.
+struct GradScaling {
+  float scale = 1.0f;           // the optimizer unscales by it (a power of 2 keeps that exact)
+  bool skip_nonfinite = false;  // a step whose gradient norm is not finite changes nothing (read_step says so)
+};
+
+// What read_step reports of the last step.
+struct StepReport {
+  double grad_norm = 0;  // of the unscaled gradient, before clipping; inf or NaN when the step was skipped
+  bool skipped = false;
+};
+
 // What the training loop needs from an optimizer: AdamW below over the whole flat buffer, or ZeRO-1's AdamW
 // over one rank's range of it (dist/zero.h), which communicates inside step() and read_state().
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // Optimizer step number step_count() + 1 at learning rate lr, from the gradients in params.grad().
-  virtual void step(ParamBuffer& params, float lr) = 0;
+  void step(ParamBuffer& params, float lr) { step(params, lr, GradScaling{}); }
+  // The same from gradients that hold scaling.scale * g. With scaling.skip_nonfinite the host does not know
+  // whether the step happened until read_step(), which must come before the next step: step_count() counts
+  // the step until read_step() finds it skipped (so a skipped step does not advance the bias correction).
+  virtual void step(ParamBuffer& params, float lr, const GradScaling& scaling) = 0;
   // The global gradient norm (before clipping) of the last step: one explicit device-to-host copy.
   virtual double read_grad_norm() const = 0;
+  // The last step's norm and whether it was skipped: the same one copy as read_grad_norm.
+  virtual StepReport read_step() = 0;
+  // Steps applied (skipped ones do not count): the bias correction's t of the last step.
   virtual int64_t step_count() const = 0;
   // The whole moments m and v as host vectors of params.size() (a checkpoint), and params' f32 values made
   // whole. A sharded optimizer gathers them: every rank calls it, and only rank 0's vectors are filled.
@@ -45,10 +64,14 @@ class AdamW final : public Optimizer {
  public:
   AdamW(const ParamBuffer& params, const AdamWConfig& cfg, Context& ctx);
 
-  // The gradients are read, not changed, on a GPU (clipping happens in registers) and clipped in place on the CPU.
-  void step(ParamBuffer& params, float lr) override;
+  using Optimizer::step;
+  // The gradients are read, not changed, on a GPU (unscaling and clipping happen in registers) and unscaled and
+  // clipped in place on the CPU.
+  void step(ParamBuffer& params, float lr, const GradScaling& scaling) override;
   // Needs track_grad_norm or clipping.
   double read_grad_norm() const override;
+  // Needs track_grad_norm, clipping or a step with skip_nonfinite.
+  StepReport read_step() override;
   int64_t step_count() const override { return step_; }
 
   // The moments as host vectors (checkpoints), and back (resume); n = params.size() each.
@@ -70,6 +93,8 @@ class AdamW final : public Optimizer {
   AdamWSegmentTable table_;
   Buffer m_, v_, norm_;
   int64_t step_ = 0;
+  bool unresolved_skip_ = false;  // the last step may have been skipped; read_step() decides
+  bool norm_written_ = false;     // the last step wrote norm_
 };
 
 }  // namespace tessera

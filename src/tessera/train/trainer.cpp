@@ -18,6 +18,7 @@
 #include "tessera/train/optimizer.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/loss_scaler.h"
 #include "tessera/train/progress.h"
 
 namespace tessera {
@@ -71,6 +72,10 @@ float lr_at(int64_t step, int64_t total, const TrainOptions& o) {
 }
 
 namespace {
+
+LossScalerConfig loss_scaler_config(const TrainOptions& o) {
+  return {.init_scale = o.loss_scale_init, .growth_interval = o.loss_scale_interval};
+}
 
 void validate(const TrainOptions& o) {
   o.model.validate();
@@ -283,7 +288,11 @@ TrainSetup train_setup(TrainOptions o) {
   else if (prec == "f16") s.dtype = DType::F16;
   else TS_THROW("--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   TS_CHECK(gpu || s.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
-  TS_CHECK(s.dtype != DType::F16, "--precision f16 needs dynamic loss scaling, which is not built yet; use bf16");
+  TS_CHECK(o.master_weights || (gpu && s.dtype != DType::F32), "--master-weights off applies to bf16 or f16 "
+           "parameters on a GPU (", prec, gpu ? " parameters are their own master" : " on the CPU", ")");
+  // f16's range (6e-8 to 65504) loses small gradients without a loss scale; bf16 has f32's range.
+  if (s.dtype == DType::F16) o.loss_scaling = true;
+  if (o.loss_scaling) LossScaler{loss_scaler_config(o)};  // checks the flags now, before anything is written
   // Host memory: on the CPU the f32 params, grads, AdamW m and v and the planned activations; on a GPU the f32
   // host copy that a checkpoint is written from. Both: the host copies of m and v a checkpoint carries
   // (TrainState) and the checkpoint writer's one temporary. (A resumed run already holds some of this: the
@@ -331,7 +340,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
   std::unique_ptr<Gpt> model = std::move(setup.model);
   if (!model || !ctx.device().is_cpu() || setup.dtype != DType::F32) {
-    auto on_device = std::make_unique<Gpt>(o.model, ctx, setup.dtype);
+    auto on_device = std::make_unique<Gpt>(o.model, ctx, setup.dtype,
+                                           o.master_weights ? MasterWeights::On : MasterWeights::Off);
     if (model) on_device->params().write_f32(model->params().read_f32(model->context()), ctx);
     model = std::move(on_device);
   }
@@ -344,10 +354,17 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                          .grad_clip = o.grad_clip};
   std::unique_ptr<Optimizer> optimizer =
       dp ? dp->make_optimizer(*model, adam) : std::make_unique<AdamW>(model->params(), adam, ctx);
+  if (!resuming) state.optimizer_step = 0;
+  if (state.optimizer_step < 0) state.optimizer_step = state.step;
   if (resuming) {
     train_data.set_position(state.data_pos);
-    optimizer->load_state(state.adam_m, state.adam_v, state.step);
+    optimizer->load_state(state.adam_m, state.adam_v, state.optimizer_step);
   }
+  // Loss scaling: the scale of a resumed scaled run, else the initial one.
+  LossScaler scaler(o.loss_scaling ? loss_scaler_config(o) : LossScalerConfig{});
+  if (o.loss_scaling && resuming && state.loss_scale > 0)
+    scaler.set_state(state.loss_scale, state.loss_scale_good_steps);
+  if (!o.loss_scaling) state.loss_scale = 0;
   if (control.on_start) control.on_start(optimizer->state_bytes(), 8 * model->params().size());
   // A checkpoint carries the moments as host vectors, read from the optimizer when one is written (a sharded
   // optimizer gathers them to rank 0, which writes).
@@ -399,6 +416,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       model->set_tracer(tracer.get());
     }
     model->zero_grad();
+    const double scale = o.loss_scaling ? scaler.scale() : 1.0;
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
@@ -410,22 +428,34 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
       const bool sync = micro == o.accum - 1;
       if (dp) dp->begin_backward(*model, sync);
-      model->backward(1.0 / o.accum);
+      // With loss scaling the gradients accumulate as S * g; the optimizer divides S out again.
+      model->backward(scale / o.accum);
       if (dp) dp->end_backward(*model, sync);
       loss += l / o.accum;
     }
-    TS_CHECK(optimizer->step_count() == step - 1, "internal: optimizer at step ", optimizer->step_count(),
-             ", the run at ", step - 1);
+    if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
+    TS_CHECK(optimizer->step_count() == state.optimizer_step, "internal: optimizer at step ", optimizer->step_count(),
+             ", the run's count of applied steps ", state.optimizer_step);
     {
       const TraceScope optim(tracer.get(), "OPTIM_STEP");
-      optimizer->step(model->params(), lr);
+      optimizer->step(model->params(), lr,
+                      {.scale = static_cast<float>(scale), .skip_nonfinite = o.loss_scaling});
     }
     if (tracer) {
       model->set_tracer(nullptr);
       ctx.synchronize();
       tracer->write_chrome_json(o.trace);
     }
-    const double norm = optimizer->read_grad_norm();
+    // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
+    const StepReport report = optimizer->read_step();
+    const double norm = report.grad_norm;
+    if (o.loss_scaling) {
+      scaler.update(report.skipped, step);
+      state.loss_scale = scaler.scale();
+      state.loss_scale_good_steps = scaler.good_steps();
+    }
+    if (report.skipped) result.skipped_steps++;
+    state.optimizer_step = optimizer->step_count();
     state.step = step;
     state.data_pos = train_data.position();
     result.peak_device_bytes = std::max(result.peak_device_bytes, ctx.device_memory_used());
@@ -443,7 +473,14 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       stop = agree[1] > 0;
       time_due = agree[2] > 0;
     }
-    nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
+    nlohmann::ordered_json rec = {{"step", step}, {"loss", loss}, {"lr", lr}};
+    if (std::isfinite(norm)) rec["grad_norm"] = norm;
+    else rec["grad_norm"] = nullptr;  // an overflow (JSON has no inf)
+    if (o.loss_scaling) {
+      rec["loss_scale"] = scale;  // the scale this step's backward used
+      rec["skipped"] = report.skipped;
+    }
+    rec["tokens_per_s"] = tps;
     const bool end = step == o.steps || step == o.stop_after;
     const bool last = end || stop;  // an interrupt skips the end-of-run validation: it should stop promptly
     bool new_best = false;
@@ -478,7 +515,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     result.last_step = step;
     result.last_loss = loss;
     char fields[160];
-    std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
+    const int len = std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
+    if (o.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
+      std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaler.scale(),
+                    static_cast<long long>(result.skipped_steps));
     bar.update(step, fields);
     if (stop) {
       result.interrupted = true;
@@ -487,6 +527,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     if (step == o.stop_after) break;
   }
   bar.finish();
+  result.loss_scale = o.loss_scaling ? scaler.scale() : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.checkpoint = ckpt_dir;
   result.model = std::move(model);

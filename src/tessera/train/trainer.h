@@ -49,6 +49,16 @@ struct TrainOptions {
   // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
   std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
   std::string precision;       // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU
+  // Dynamic loss scaling (loss_scaler.h): train_setup turns it on for f16. An f32 run may ask for it too (no flag:
+  // that is how the CPU tests drive the loop's skips). Not saved with the run, like the precision; the scaler's
+  // state is, in the checkpoint, and a resumed f16 run continues from it.
+  bool loss_scaling = false;
+  // --master-weights: f32 master weights for bf16 / f16 parameters (on), or only the 16-bit parameters, updated
+  // in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less). Not saved with the run:
+  // checkpoints hold f32 either way.
+  bool master_weights = true;
+  double loss_scale_init = 65536.0;  // --loss-scale-init: the first scale (a power of 2 keeps unscaling exact)
+  int loss_scale_interval = 2000;    // --loss-scale-interval: good steps before the scale doubles
   // Data-parallel ranks (mpirun -np N); set by the launcher, not a flag. `batch` is each rank's, so a step takes
   // batch x world sequences. Saved with the run: a checkpoint resumes at the same world size (the global batch
   // and the data position depend on it), and loads anywhere as a model.
@@ -119,11 +129,16 @@ struct TrainControl {
   // Called once before the first step, with the optimizer state this rank holds (m and v: 8 bytes a parameter
   // unsharded, 1/N of that under ZeRO-1) and what one unsharded optimizer would hold.
   std::function<void(size_t state_bytes, size_t unsharded_bytes)> on_start;
+  // Called after the backward of each step, before the optimizer step: the tests plant an overflow here (an inf
+  // written into model.params().grad()) to watch loss scaling skip the step.
+  std::function<void(int64_t step, Gpt& model)> before_optimizer_step;
 };
 
 struct TrainResult {
   std::unique_ptr<Context> context;  // the device of `model` (declared first: destroyed after it)
   int64_t steps = 0;           // steps run by this call
+  int64_t skipped_steps = 0;   // of those, steps that loss scaling skipped (an f16 overflow)
+  double loss_scale = 0;       // the loss scale at the end (0: no loss scaling)
   int64_t last_step = 0;       // the step the run stopped at (the checkpoint's)
   double last_loss = 0, last_val_loss = 0, first_loss = 0;
   double best_val_loss = 0;    // lowest validation loss so far (0: no validation); saved in best_checkpoint

@@ -1,5 +1,6 @@
 // Tensor-level AdamW step and the device segment table: checks, then the reference (CPU) or the CUDA kernels.
 #include <algorithm>
+#include <cmath>
 
 #include "tessera/ops/dispatch.h"
 #include "tessera/ops/optim/adamw.h"
@@ -38,12 +39,9 @@ bool adamw_supports(DType dtype, bool master, Device device, std::string* why) {
     }
     return true;
   }
-  if (!supports_dtype(dtype, device, why)) return false;
-  if (dtype != DType::F32 && !master) {
-    if (why) *why = std::string(dtype_name(dtype)) + " parameters need f32 master weights";
-    return false;
-  }
-  return true;
+  // 16-bit parameters with or without f32 master weights: without, the update runs in f32 registers from the
+  // 16-bit value and rounds the result back (LightSeq's master-less mode).
+  return supports_dtype(dtype, device, why);
 }
 
 size_t adamw_scratch_bytes(const Context& ctx) {
@@ -57,6 +55,10 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
   std::string why;
   require_supported(adamw_supports(dt, master.defined(), ctx.device(), &why), op, why);
   TS_CHECK(p.step >= 1, op, ": step must start at 1, got ", p.step);
+  TS_CHECK(p.grad_scale > 0 && std::isfinite(p.grad_scale), op, ": the gradient scale must be a positive number, got ",
+           p.grad_scale);
+  TS_CHECK(!p.skip_nonfinite || grad_norm.defined(), op,
+           ": skipping non-finite steps needs the grad_norm output (it is how a skip is reported)");
   TS_CHECK(table.device() == ctx.device(), op, ": the segment table was built for ", table.device().str(),
            " but the context is ", ctx.device().str());
   const int64_t n = params.numel();
@@ -76,9 +78,12 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
   }
 #endif
   // The reference clips over the whole buffer; gaps between segments are zero in a CPU model (no padding there).
-  const double norm = clip_grad_norm_ref(grads.as<float>(), static_cast<size_t>(n), p.max_grad_norm);
+  float* g = grads.as<float>();
+  const double norm = grad_norm_ref(g, static_cast<size_t>(n)) / p.grad_scale;
   if (grad_norm.defined()) grad_norm.as<float>()[0] = static_cast<float>(norm);
-  adamw_update_ref(p, table.segments(), params.as<float>(), grads.as<float>(), m.as<float>(), v.as<float>());
+  if (p.skip_nonfinite && !std::isfinite(norm)) return;  // the skip: nothing else changes
+  unscale_clip_grads_ref(g, static_cast<size_t>(n), norm, p.max_grad_norm, p.grad_scale);
+  adamw_update_ref(p, table.segments(), params.as<float>(), g, m.as<float>(), v.as<float>());
 }
 
 }  // namespace tessera

@@ -22,6 +22,8 @@ struct AdamWConsts {
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float keep;          // 1 - lr * weight_decay (segments with decay)
   float max_norm;      // <= 0: no clipping
+  double grad_scale;   // S: the gradients hold S * g (loss scaling); 1: none
+  bool skip_nonfinite; // a non-finite norm: update nothing
 };
 
 // The smallest s in [lo, hi) with segs[s].end > i, or hi. Segments are sorted and disjoint, so ends increase.
@@ -132,29 +134,36 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// params, grads: (>= end) T; master, m, v: (>= end) f32 (master == params when the f32 params are the master:
-// write_params false). Grid-stride over kAdamTile tiles. Prologue (when partials is given): norm = sqrt(Σ partials)
-// summed in f64 in the same order by every block, clip = min(1, max_norm / (norm + 1e-6)); block 0 stores the norm.
+// params, grads: (>= end) T; m, v: (>= end) f32; master: (>= end) f32, the same pointer as params when the f32
+// params are the master (write_params false), or null when 16-bit params are their own master (LightSeq's mode:
+// w is read from the params into f32 registers and round(w) written back, write_params true).
+// Grid-stride over kAdamTile tiles. Prologue (when partials is given): norm = sqrt(Σ partials) / S summed in f64 in
+// the same order by every block, clip = min(1, max_norm / (norm + 1e-6)); block 0 stores the norm.
+// With skip_nonfinite and a norm that is not finite, every block returns there: all of them see the same bits, so
+// either every element is updated or none is.
 // Per element, in f32 registers (torch.optim.AdamW):
-//   g *= clip;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;  w = w * keep (decay segments)
+//   g *= clip / S;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;  w = w * keep (decay segments)
 //   w -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps);   master = w, params = round(w)
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     T* params, const T* __restrict__ grads, float* master, float* __restrict__ m, float* __restrict__ v,
     const AdamWSegmentRecord* __restrict__ segs, int nseg, int64_t end, const float* __restrict__ partials,
     int n_partials, float* __restrict__ grad_norm, AdamWConsts c, bool write_params, bool vec) {
-  float clip = 1.0f;
+  // The unscale and the clip in one factor (exact when S is a power of 2: the factor only moves the exponent).
+  double coef = 1.0 / c.grad_scale;
   if (partials) {
     __shared__ double smem[32];
     double acc = 0.0;
     for (int k = threadIdx.x; k < n_partials; k += blockDim.x) acc += partials[k];
-    const double norm = sqrt(block_sum_f64(acc, smem));
+    const double norm = sqrt(block_sum_f64(acc, smem)) / c.grad_scale;
     if (blockIdx.x == 0 && threadIdx.x == 0 && grad_norm) *grad_norm = static_cast<float>(norm);
+    if (c.skip_nonfinite && !isfinite(norm)) return;  // the same norm in every block: the whole step is skipped
     if (c.max_norm > 0.0f) {
-      const double coef = c.max_norm / (norm + 1e-6);
-      if (coef < 1.0) clip = static_cast<float>(coef);
+      const double clip = c.max_norm / (norm + 1e-6);
+      if (clip < 1.0) coef *= clip;
     }
   }
+  const float factor = static_cast<float>(coef);
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t t0 = t * kAdamTile, i0 = t0 + threadIdx.x * kAdamPer;
@@ -165,7 +174,8 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     float g[kAdamPer], w[kAdamPer], mm[kAdamPer], vv[kAdamPer];
     if (full) {
       load_group(grads + i0, g);
-      load_group(master + i0, w);
+      if (master) load_group(master + i0, w);
+      else load_group(params + i0, w);
       load_group(m + i0, mm);
       load_group(v + i0, vv);
     }
@@ -178,7 +188,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
         g[e] = w[e] = mm[e] = vv[e] = 0.0f;
         if (grp.in >> e & 1u) {
           g[e] = to_f32(grads[i0 + e]);
-          w[e] = master[i0 + e];
+          w[e] = master ? master[i0 + e] : to_f32(params[i0 + e]);
           mm[e] = m[i0 + e];
           vv[e] = v[i0 + e];
         }
@@ -186,7 +196,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     }
 #pragma unroll
     for (int e = 0; e < kAdamPer; ++e) {
-      const float ge = g[e] * clip;
+      const float ge = g[e] * factor;
       mm[e] = c.beta1 * mm[e] + c.one_minus_beta1 * ge;
       vv[e] = c.beta2 * vv[e] + c.one_minus_beta2 * ge * ge;
       float we = (grp.dec >> e & 1u) ? w[e] * c.keep : w[e];
@@ -194,7 +204,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
       w[e] = we;
     }
     if (fast) {
-      store_group(master + i0, w);
+      if (master) store_group(master + i0, w);
       store_group(m + i0, mm);
       store_group(v + i0, vv);
       if (write_params) store_group(params + i0, w);
@@ -202,7 +212,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
 #pragma unroll
       for (int e = 0; e < kAdamPer; ++e)
         if (grp.in >> e & 1u) {
-          master[i0 + e] = w[e];
+          if (master) master[i0 + e] = w[e];
           m[i0 + e] = mm[e];
           v[i0 + e] = vv[e];
           if (write_params) params[i0 + e] = from_f32<T>(w[e]);
@@ -223,12 +233,13 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     if (grad_norm) TS_CHECK_CUDA(cudaMemsetAsync(grad_norm, 0, sizeof(float), ctx.stream()));
     return;
   }
-  TS_CHECK(dtype == DType::F32 || master, "adamw_step: ", dtype_name(dtype), " parameters need f32 master weights");
   const int64_t end = static_cast<int64_t>(table.end());
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
-  float* w = master ? master : static_cast<float*>(params);
-  const bool vec = cuda::aligned16(params) && cuda::aligned16(grads) && cuda::aligned16(w) && cuda::aligned16(m) &&
-                   cuda::aligned16(v);
+  // The f32 weights the kernel reads and writes: the master, the f32 params themselves, or none (16-bit params
+  // without a master are read and written in their own dtype).
+  float* w = master ? master : dtype == DType::F32 ? static_cast<float*>(params) : nullptr;
+  const bool vec = cuda::aligned16(params) && cuda::aligned16(grads) && (!w || cuda::aligned16(w)) &&
+                   cuda::aligned16(m) && cuda::aligned16(v);
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
   const AdamWConsts c{.beta1 = p.beta1,
@@ -239,8 +250,11 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
                       .step_size = static_cast<float>(p.lr / bc1),
                       .inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2)),
                       .keep = 1.0f - p.lr * p.weight_decay,
-                      .max_norm = p.max_grad_norm};
-  const bool want_norm = grad_norm || p.max_grad_norm > 0.0f;
+                      .max_norm = p.max_grad_norm,
+                      .grad_scale = static_cast<double>(p.grad_scale),
+                      .skip_nonfinite = p.skip_nonfinite};
+  // Skipping needs the norm in the same launch that updates, so the partials are always computed then.
+  const bool want_norm = grad_norm || p.max_grad_norm > 0.0f || p.skip_nonfinite;
   float* partials = nullptr;
   int n_partials = 0;
   if (want_norm) {
@@ -258,7 +272,7 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     }
     adamw_update_segment_tiles<T><<<grid, kAdamThreads, 0, ctx.stream()>>>(
         static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg, end, partials,
-        n_partials, grad_norm, c, /*write_params=*/master != nullptr, vec);
+        n_partials, grad_norm, c, /*write_params=*/w != params, vec);
     TS_CHECK_LAUNCH();
   });
 }

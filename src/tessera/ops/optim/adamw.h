@@ -34,6 +34,14 @@ struct AdamWParams {
   // Clip the gradients to this global L2 norm first (torch.nn.utils.clip_grad_norm_); <= 0: no clipping. Read by
   // the Tensor-level adamw_step only; adamw_update_ref ignores it (call clip_grad_norm_ref before it).
   float max_grad_norm = 0.0f;
+  // Dynamic loss scaling (f16 training): the gradients hold grad_scale * g. adamw_step unscales them (g / S, in
+  // registers on a GPU) and clips and reports the norm of the unscaled gradient (norm of the buffer / S). A power
+  // of 2 keeps the unscaling exact. 1: no scaling.
+  float grad_scale = 1.0f;
+  // When the global gradient norm is not finite (an inf or NaN anywhere in the segments), adamw_step leaves
+  // params, master, m and v untouched and grad_norm (then required) receives that non-finite norm: the caller
+  // learns of the skip from the norm it reads anyway. false: a non-finite gradient is applied as it is.
+  bool skip_nonfinite = false;
 };
 
 // params, grads: numel of the whole table; m, v: f32 moments of the same length.
@@ -42,9 +50,12 @@ void adamw_update_ref(const AdamWParams& p, const std::vector<ParamSegment>& seg
 
 // sqrt(Σ g²) over n elements, accumulated in double.
 double grad_norm_ref(const float* grads, size_t n);
-// Scales grads by max_norm / (norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_);
-// returns the norm before clipping. max_norm <= 0 disables clipping.
-double clip_grad_norm_ref(float* grads, size_t n, double max_norm);
+// grads hold grad_scale * g. norm = grad_norm_ref(grads) / grad_scale, the norm of the unscaled gradient; then
+// grads *= (1 / grad_scale) * c, c = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1
+// (torch.nn.utils.clip_grad_norm_ after GradScaler.unscale_). Returns norm (before clipping).
+double clip_grad_norm_ref(float* grads, size_t n, double max_norm, double grad_scale = 1.0);
+// The same with the (unscaled) norm already known: grads *= (1 / grad_scale) * c.
+void unscale_clip_grads_ref(float* grads, size_t n, double norm, double max_norm, double grad_scale);
 
 }  // namespace tessera
 
@@ -78,19 +89,23 @@ class AdamWSegmentTable {
 };
 
 // dtype: the params / grads (compute) dtype; master: whether f32 master weights are separate from the params.
-// CPU: f32 params, no master. CUDA: f32 (master optional), bf16 / f16 (master required).
+// CPU: f32 params, no master. CUDA: f32, bf16, f16, each with or without a master (a 16-bit param without one is
+// updated in f32 registers and rounded back: LightSeq's master-less mode).
 bool adamw_supports(DType dtype, bool master, Device device, std::string* why = nullptr);
 
-// One optimizer step over the flat buffers:
-//   norm = sqrt(Σ g²) over the segments;  c = min(1, max_grad_norm / (norm + 1e-6)) when max_grad_norm > 0, else 1
-//   then AdamW (adamw.h, top) with g * c on every segment, decay per segment.
-// params, grads: (numel) compute dtype; master: (numel) f32 or undefined (the params are f32 and are the master);
+// One optimizer step over the flat buffers, whose gradients hold S * g (S = p.grad_scale, 1 without loss scaling):
+//   norm = sqrt(Σ (S g)²) / S over the segments;  c = min(1, max_grad_norm / (norm + 1e-6)) when max_grad_norm > 0,
+//   else 1; with p.skip_nonfinite and norm not finite: nothing changes but grad_norm (= norm), and the step is over;
+//   else AdamW (adamw.h, top) with (S g) * (c / S) on every segment, decay per segment.
+// params, grads: (numel) compute dtype; master: (numel) f32 or undefined (the params are their own master: f32, or
+// 16-bit ones updated through f32 registers, w = round(update(f32(w))));
 // m, v: (numel) f32; numel >= table.end(). grad_norm: (1) f32 or undefined; receives the norm before clipping (on
 // the device: the host copies it when it wants the metric). p.step counts from 1.
 // CUDA: the master, m and v are updated in f32 registers and the params get round(master) in the compute dtype;
-// the grads are NOT modified (the clip factor is applied in registers). CPU: clip_grad_norm_ref (scales the
-// grads in place) then adamw_update_ref.
-// Launches (CUDA): one norm-partials kernel when grad_norm is given or max_grad_norm > 0 (skipped otherwise), and
+// the grads are NOT modified (the unscale and clip factor is applied in registers). CPU: clip_grad_norm_ref (scales
+// the grads in place) then adamw_update_ref.
+// Launches (CUDA): one norm-partials kernel when grad_norm is given, max_grad_norm > 0 or skip_nonfinite (skipped
+// otherwise), and
 // one AdamW kernel for every parameter, which reduces the partials itself in a fixed order (no host round trip,
 // deterministic). Uses ctx.scratch(adamw_scratch_bytes(ctx)).
 void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,
@@ -99,14 +114,16 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
 // The scratch adamw_step takes on this context (reserve it before capturing a CUDA graph).
 size_t adamw_scratch_bytes(const Context& ctx);
 
-// CUDA launcher: params / grads in `dtype`; master may be null (then params are f32 and are the master);
+// CUDA launcher: params / grads in `dtype`; master may be null (then the params are the master: f32, or 16-bit
+// read into f32 registers and rounded back);
 // grad_norm may be null. Pointers are device memory.
 // Norm partials: a fixed grid of blocks strides over 2048-element tiles, sums g² of the in-segment elements in f32
 // and writes one partial per block to scratch. AdamW: 2048-element tiles (256 threads x 8 consecutive elements);
 // each block first sums the partials in f64 in a fixed order (every block gets the same bits; block 0 stores the
-// norm), then per tile finds the segment holding its first element by binary search in the device table; a
-// thread whose 8 elements lie inside that segment takes the vector path (16-byte accesses, one decay for all),
-// and only a thread straddling a segment boundary or a gap goes element by element.
+// norm, and with skip_nonfinite every block returns at once when it is not finite, all alike), then per tile
+// finds the segment holding its first element by binary search in the device table; a thread whose 8 elements lie
+// inside that segment takes the vector path (16-byte accesses, one decay for all), and only a thread straddling a
+// segment boundary or a gap goes element by element.
 void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
                      const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx);
 

@@ -31,14 +31,21 @@ double grad_norm_ref(const float* grads, size_t n) {
   return std::sqrt(s);
 }
 
-double clip_grad_norm_ref(float* grads, size_t n, double max_norm) {
-  const double norm = grad_norm_ref(grads, n);
+void unscale_clip_grads_ref(float* grads, size_t n, double norm, double max_norm, double grad_scale) {
+  double coef = 1.0 / grad_scale;
   if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      for (size_t i = 0; i < n; ++i) grads[i] = static_cast<float>(grads[i] * coef);
-    }
+    const double clip = max_norm / (norm + 1e-6);
+    if (clip < 1.0) coef *= clip;
   }
+  if (coef == 1.0) return;
+  for (size_t i = 0; i < n; ++i) grads[i] = static_cast<float>(grads[i] * coef);
+}
+
+double clip_grad_norm_ref(float* grads, size_t n, double max_norm, double grad_scale) {
+  TS_CHECK(grad_scale > 0 && std::isfinite(grad_scale), "clip_grad_norm: the gradient scale must be a positive "
+           "number, got ", grad_scale);
+  const double norm = grad_norm_ref(grads, n) / grad_scale;
+  unscale_clip_grads_ref(grads, n, norm, max_norm, grad_scale);
   return norm;
 }
 
