@@ -142,6 +142,11 @@ void Gpt::norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Ten
 }
 
 double Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
+  forward_async(tokens, targets, B, T, opt);
+  return targets ? read_loss() : 0.0;
+}
+
+void Gpt::forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
   reserve(B, T);
   const int64_t N = static_cast<int64_t>(B) * T;
   // Bad token ids are caught here on the host, before they reach a kernel as out-of-range rows.
@@ -151,7 +156,6 @@ double Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
   copy_bytes(acts_.tokens.data(), ctx_->device(), tokens, Device::cpu(), N * sizeof(int32_t), *ctx_);
   if (targets) copy_bytes(acts_.targets.data(), ctx_->device(), targets, Device::cpu(), N * sizeof(int32_t), *ctx_);
   forward_device(B, T, targets != nullptr, opt);
-  return targets ? read_loss() : 0.0;
 }
 
 void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& opt) {

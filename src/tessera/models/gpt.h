@@ -73,6 +73,9 @@ class Gpt {
   // Host convenience: copies tokens (B*T) and targets (or null) in, runs forward_device and, with targets,
   // returns the mean loss (one explicit device-to-host copy); without, returns 0.
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
+  // The same without reading the loss back: the step stays on the device (loss() holds the mean loss), and the
+  // training loop reads it once per step, after the optimizer.
+  void forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
   // The mean loss of the last forward with targets: a device scalar in the stat dtype.
   Tensor loss() const { return loss_; }
   double read_loss() const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -406,6 +407,9 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   // single process is unchanged), while the stream counter advances alike on every rank and is what is saved.
   RngState rank_rng = state.rng;
   rank_rng.seed += static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
+  // The micro-steps' mean losses of one step, on the device (the loss's stat dtype: f32, or f64 for an f64 model).
+  const size_t loss_bytes = model->dtype() == DType::F64 ? sizeof(double) : sizeof(float);
+  const Buffer step_losses(static_cast<size_t>(o.accum) * loss_bytes, ctx.device(), "the step's micro-batch losses");
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
@@ -417,21 +421,21 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     }
     model->zero_grad();
     const double scale = o.loss_scaling ? scaler.scale() : 1.0;
-    double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
       rank_rng.next_stream = state.rng.next_stream;
-      const double l = model->forward(x.data(), y.data(), o.batch, o.seq,
-                                     {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng});
+      model->forward_async(x.data(), y.data(), o.batch, o.seq,
+                           {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng});
       state.rng.next_stream = rank_rng.next_stream;
-      TS_CHECK(std::isfinite(l), "training diverged: loss is ", l, " at step ", step, " (try a lower --lr)");
+      // Each micro-step's mean loss stays on the device until the step's one read, after the optimizer.
+      copy_bytes(static_cast<char*>(step_losses.data()) + micro * loss_bytes, ctx.device(), model->loss().data(),
+                 ctx.device(), loss_bytes, ctx);
       // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
       const bool sync = micro == o.accum - 1;
       if (dp) dp->begin_backward(*model, sync);
       // With loss scaling the gradients accumulate as S * g; the optimizer divides S out again.
       model->backward(scale / o.accum);
       if (dp) dp->end_backward(*model, sync);
-      loss += l / o.accum;
     }
     if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
     TS_CHECK(optimizer->step_count() == state.optimizer_step, "internal: optimizer at step ", optimizer->step_count(),
@@ -449,6 +453,24 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
     const StepReport report = optimizer->read_step();
     const double norm = report.grad_norm;
+    // The micro-steps' losses: the stream is idle after read_step, so this copy waits for nothing.
+    double loss = 0;
+    {
+      std::vector<unsigned char> raw(static_cast<size_t>(o.accum) * loss_bytes);
+      copy_bytes(raw.data(), Device::cpu(), step_losses.data(), ctx.device(), raw.size(), ctx);
+      std::vector<double> each(static_cast<size_t>(o.accum));
+      for (int micro = 0; micro < o.accum; ++micro) {
+        if (loss_bytes == sizeof(double)) std::memcpy(&each[micro], raw.data() + micro * sizeof(double), sizeof(double));
+        else {
+          float f = 0;
+          std::memcpy(&f, raw.data() + micro * sizeof(float), sizeof(float));
+          each[micro] = f;
+        }
+        TS_CHECK(std::isfinite(each[micro]), "training diverged: loss is ", each[micro], " at step ", step,
+                 " (try a lower --lr)");
+        loss += each[micro] / o.accum;
+      }
+    }
     if (o.loss_scaling) {
       scaler.update(report.skipped, step);
       state.loss_scale = scaler.scale();
