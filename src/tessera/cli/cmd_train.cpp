@@ -181,7 +181,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("zero", "1", "under mpirun: ZeRO-1, the optimizer state sharded across ranks (instead of --ddp)");
   a.add("comm-timeout", "S", "under mpirun: seconds a collective may wait before the run fails (default 300)");
   a.add("comm-sms", "N", "under mpirun on GPUs: SMs (CTAs) each NCCL collective may use; the GEMMs that overlap "
-                         "them plan for the rest (default 16; 0: NCCL's choice, GEMMs plan for every SM)");
+                         "them plan for the rest (default 0: NCCL's choice, GEMMs plan for every SM)");
   if (!a.parse(argc, argv, 2)) return 0;
 
   const bool lead = ranks.rank() == 0;  // the one rank that writes files and prints

@@ -31,8 +31,9 @@ struct DataParallelOptions {
   double timeout_s = 300;  // --comm-timeout: the longest any collective may wait
   // --comm-sms (NCCL): the CTAs each collective may use (ncclConfig_t::maxCTAs), and, for the forms that overlap
   // the backward (overlap, bucket), the GEMMs plan for the GPU's SMs less these (Context::set_gemm_sm_target).
-  // 0: NCCL's own choice, and GEMMs on every SM.
-  int comm_sms = 16;
+  // 0 (the default): NCCL's own choice, and GEMMs on every SM. Measured on 2 x H200 (gpt2-124m, B 16, T 1024,
+  // bucket 25 MB): 0 gave 95.3% scaling, 16 gave 92.5% and 32 gave 89.6%, so the cap is off unless asked for.
+  int comm_sms = 0;
 };
 
 class DataParallelRun final : public DataParallel {
