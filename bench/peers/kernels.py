@@ -110,6 +110,11 @@ def main():
     bench("embedding fwd", emb)
     out = emb()
     bench("embedding bwd", grad_of(out, [wte, wpe], rand(B, T, C)))
+    # Zipf ids (P(id k) ∝ 1/(k+1)), as text has them: tessera's "embedding bwd (zipf ids)" row.
+    zipf = torch.multinomial(1.0 / torch.arange(1, V + 1, device=dev, dtype=torch.float64), N, replacement=True,
+                             generator=gen).view(B, T)
+    out_z = F.embedding(zipf, wte) + wpe
+    bench("embedding bwd (zipf ids)", grad_of(out_z, [wte, wpe], rand(B, T, C)))
 
     # layernorm (N, C)
     x, w, b = rand(N, C, requires_grad=True), rand(C, requires_grad=True), rand(C, requires_grad=True)
