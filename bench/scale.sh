@@ -14,7 +14,8 @@
 #   --cpu-smoke  the same flow on CPU ranks (--device cpu, --backend mpi-cpu, 64KB and 1MB, tiny models, a few steps,
 #              f32, no peers, a 64 MiB "GPU" for the preset rule), so the parsing, tables and checks run without GPUs
 #   --bin PATH   use this tessera and skip the build (the CI test passes build-cpu's)
-# Environment: TESSERA_MPIRUN (default "mpirun --allow-run-as-root --oversubscribe --bind-to none"), OMP_NUM_THREADS.
+# Environment: TESSERA_MPIRUN (default "mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE"),
+# OMP_NUM_THREADS (default 4 a rank on GPUs, 1 on CPU ranks).
 # Exit status: 0 when every run succeeded and the report was written (targets not met are not failures), 1 otherwise.
 set -uo pipefail
 usage="usage: bench/scale.sh OUT_DIR [--ranks \"2 4 8\"] [--parts build,allreduce,train,zero] [--cpu-smoke] [--bin PATH]"
@@ -44,9 +45,10 @@ CORES=$(getconf _NPROCESSORS_ONLN)  # not nproc: it answers OMP_NUM_THREADS when
 
 # NVLink multicast (NVLS) stays off: the device notes require it (NCCL and torch's NCCL both read this).
 export NCCL_NVLS_ENABLE=0
-MPIRUN=${TESSERA_MPIRUN:-mpirun --allow-run-as-root --oversubscribe --bind-to none}
+MPIRUN=${TESSERA_MPIRUN:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE}
 rc=0
 note() { echo "scale.sh: $*" | tee -a "$OUT/notes.txt"; }
+why() { grep -m1 'tessera: error' "$1" || grep -v '^[- ]*$' "$1" | tail -1; }  # a failed run's log -> one line
 
 # ---- what this run is: mode, ranks, sizes, models ----
 if [ "$SMOKE" = 1 ]; then
@@ -57,7 +59,7 @@ if [ "$SMOKE" = 1 ]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   # A container without CAP_SYS_PTRACE refuses OpenMPI's process_vm_readv between CPU ranks.
   export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
-  PRESET=tiny DEVICE="--device cpu" TB=2 TT=64 STEPS=8 PREC=f32
+  PRESET=tiny DEVICE="--device cpu" TB=2 TT=64 STEPS=8 PREC=f32 PREC_FLAG=""
   # The preset rule on a pretend 64 MiB GPU, over candidates that straddle it (tiny fits, cs336-small does not).
   CANDIDATES="cs336-small gpt2-124m tiny" ZB=2 ZT=64 ZERO_STEPS=2 GPU_MIB=64
 else
@@ -68,7 +70,7 @@ else
   SIZES=1MB,10MB,100MB,1GB DTYPES="f32 bf16" AR_ITERS="--warmup 5 --iters 20"
   AR_FLAGS="--backend nccl-cuda --peer"
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-  PRESET=gpt2-124m DEVICE="" TB=16 TT=1024 STEPS=30 PREC=bf16
+  PRESET=gpt2-124m DEVICE="" TB=16 TT=1024 STEPS=30 PREC=bf16 PREC_FLAG="--precision bf16"
   CANDIDATES="cs336-2.7b cs336-xl cs336-large cs336-medium cs336-small" ZB=4 ZT=1024 ZERO_STEPS=3
   GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1 | tr -d ' ')
 fi
@@ -124,7 +126,7 @@ if has_part allreduce; then
     for dt in $DTYPES; do
       f=$OUT/allreduce_${dt}_n$n
       $MPIRUN -np "$n" "$BIN" bench allreduce $AR_FLAGS --dtype "$dt" --sizes "$SIZES" $AR_ITERS --out "$f.md" \
-        >"$f.log" 2>&1 || { rc=1; note "all-reduce $dt N = $n failed (exit $?): $(tail -1 "$f.log")"; rm -f "$f.md"; }
+        >"$f.log" 2>&1 || { rc=1; note "all-reduce $dt N = $n failed: $(why "$f.log")"; rm -f "$f.md"; }
       [ -f "$f.md" ] && echo "all-reduce $dt N = $n: $(grep -c '^| tessera' "$f.md") sizes"
     done
   done
@@ -145,11 +147,10 @@ prune() { rm -rf "$1/checkpoint" "$1/best" "$1/data"; }
 
 # ---- 2. gpt2-124m data parallel: N = 1 (one process), then --ddp bucket and --zero 1 at each N ----
 if has_part train; then
-  train_args="--preset $PRESET $DEVICE --batch $TB --seq $TT --steps $STEPS --warmup 5 $common"
-  [ "$SMOKE" = 0 ] && train_args="$train_args --precision $PREC"
+  train_args="--preset $PRESET $DEVICE $PREC_FLAG --batch $TB --seq $TT --steps $STEPS --warmup 5 $common"
   echo "batch $TB seq $TT steps $STEPS precision $PREC" >"$OUT/train_config.txt"
   "$BIN" train $train_args --out "$OUT/train_single_n1" >"$OUT/train_single_n1.log" 2>&1 ||
-    { rc=1; note "training N = 1 failed: $(tail -1 "$OUT/train_single_n1.log")"; }
+    { rc=1; note "training N = 1 failed: $(why "$OUT/train_single_n1.log")"; }
   prune "$OUT/train_single_n1"
   # One process prints no optimizer line; its AdamW m+v is tessera info's unsharded figure.
   "$BIN" info --preset "$PRESET" --batch "$TB" --seq "$TT" --precision "$PREC" >"$OUT/info_train.txt" 2>&1 || true
@@ -158,7 +159,7 @@ if has_part train; then
       flags=$([ $form = bucket ] && echo "--ddp bucket" || echo "--zero 1")
       d=$OUT/train_${form}_n$n
       $MPIRUN -np "$n" "$BIN" train $train_args $flags --out "$d" >"$d.log" 2>&1 ||
-        { rc=1; note "training $flags N = $n failed: $(grep 'tessera: error' "$d.log" | head -1)"; }
+        { rc=1; note "training $flags N = $n failed: $(why "$d.log")"; }
       prune "$d"
       echo "training $flags N = $n: $(grep -o 'AdamW m+v.*' "$d.log" | head -1)"
     done
@@ -187,11 +188,11 @@ print(int(float(v) * {'B': 2**-20, 'KiB': 2**-10, 'MiB': 1, 'GiB': 2**10, 'TiB':
     if [ $((mib * 10)) -gt $((GPU_MIB * 9)) ]; then echo "$line: over 90%, skipped" >>"$OUT/zero_pick.txt"; continue; fi
     d=$OUT/fit_$preset
     "$BIN" train --preset "$preset" $DEVICE --batch "$ZB" --seq "$ZT" --steps 2 --warmup 1 $common \
-      $([ "$SMOKE" = 0 ] && echo "--precision $PREC") --out "$d" >"$d.log" 2>&1
+      $PREC_FLAG --out "$d" >"$d.log" 2>&1
     trial=$?
     prune "$d"
     if [ $trial -ne 0 ]; then
-      echo "$line: fits by the estimate, but 2 steps on one GPU failed: $(grep -m1 'error' "$d.log")" >>"$OUT/zero_pick.txt"
+      echo "$line: fits by the estimate, but 2 steps on one GPU failed: $(why "$d.log")" >>"$OUT/zero_pick.txt"
       continue
     fi
     echo "$line: fits; 2 steps on one GPU trained ($(grep -m1 -o 'peak .* on the GPU' "$d.log" || echo "no GPU peak reported"))" \
@@ -207,10 +208,11 @@ print(int(float(v) * {'B': 2**-20, 'KiB': 2**-10, 'MiB': 1, 'GiB': 2**10, 'TiB':
     note "ZeRO check skipped: it needs N >= 2 (--ranks)"
   else
     d=$OUT/zero_${pick}_n$NMAX
-    zargs="--preset $pick $DEVICE --batch $ZB --seq $ZT --steps $ZERO_STEPS --warmup 1 $common --zero 1"
-    [ "$SMOKE" = 0 ] && zargs="$zargs --precision $PREC"
+    # Rank 0 gathers m and v (27 GB for cs336-2.7b) and writes the final checkpoint while the others wait for it: a
+    # longer --comm-timeout than the default 300 s.
+    zargs="--preset $pick $DEVICE $PREC_FLAG --batch $ZB --seq $ZT --steps $ZERO_STEPS --warmup 1 $common --zero 1 --comm-timeout 1800"
     $MPIRUN -np "$NMAX" "$BIN" train $zargs --out "$d" >"$d.log" 2>&1 ||
-      { rc=1; note "ZeRO run $pick N = $NMAX failed: $(grep 'tessera: error' "$d.log" | head -1)"; }
+      { rc=1; note "ZeRO run $pick N = $NMAX failed: $(why "$d.log")"; }
     prune "$d"
     grep -o 'AdamW m+v.*' "$d.log" | head -1
   fi

@@ -72,7 +72,7 @@ def allreduce_rows(out, dt):
     for path in glob.glob(os.path.join(out, "allreduce_%s_n*.md" % dt)):
         text = read(path)
         for line in text.splitlines():
-            if re.match(r"- peer skipped|- the peer", line):
+            if re.match(r"- peer skipped|- the peer|- backend", line):
                 notes.append("N = %s: %s" % (re.search(r"_n(\d+)\.md$", path).group(1), line[2:]))
         for r in parse_md_table(text):
             n = int(r["world size"])
@@ -117,7 +117,10 @@ def plot_busbw(out, dt, rows):
             ax.plot([r["bytes"] for r in peer], [r["torch_busbw"] for r in peer], "x--", color=color, alpha=0.6,
                     label="torch.distributed, N = %d" % n)
     ax.set_xscale("log")
-    ax.set_xlabel("size per rank (bytes)")
+    sizes = sorted({(r["bytes"], r["size"]) for r in rows if r["bytes"]})
+    ax.set_xticks([b for b, _ in sizes], [name for _, name in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("size per rank")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title("all-reduce bus bandwidth, %s" % dt)
     ax.grid(True, which="both", alpha=0.3)
@@ -242,7 +245,8 @@ def main():
     env = read(os.path.join(out, "env.txt"))
     envd = dict(l.split(": ", 1) for l in env.splitlines() if ": " in l)
     smoke = envd.get("mode") == "cpu-smoke"
-    problems, notes = [], [l for l in read(os.path.join(out, "notes.txt")).splitlines() if l]
+    problems = []
+    notes = list(dict.fromkeys(l for l in read(os.path.join(out, "notes.txt")).splitlines() if l))  # calls repeat them
     md_parts, targets = [], []
 
     # all-reduce
