@@ -9,8 +9,13 @@
 #   summary.md, busbw_<dt>.png    written by bench/scale_report.py from whatever of the above is in OUT, with the
 #                                 issue's targets met or not; summary.md is meant to be copied under bench/results/
 # Usage: bench/scale.sh OUT_DIR [--ranks "2 4 8"] [--parts build,allreduce,train,zero] [--cpu-smoke] [--bin PATH]
+#   --ranks    the N to run (default 2 4 8; on GPUs those above the GPU count are dropped): all-reduce at each N >= 2,
+#              training at N = 1 (always: the baseline) and each N >= 2, the ZeRO check at the largest
 #   --parts    which parts to run (default all four); the report is always rewritten from what OUT holds, so the
-#              sweep can be split over calls of 10 minutes: --parts build,allreduce, then train, then zero
+#              sweep can be split over calls of 10 minutes: --parts build,allreduce, then train, then zero. Where each
+#              call starts with an empty output folder (the lent GPU machines), point OUT_DIR at an ignored path of
+#              the tree that outlives the call (runs/scale) and copy it out after each; or gather every call's files
+#              into one folder and run python3 bench/scale_report.py on it
 #   --cpu-smoke  the same flow on CPU ranks (--device cpu, --backend mpi-cpu, 64KB and 1MB, tiny models, a few steps,
 #              f32, no peers, a 64 MiB "GPU" for the preset rule), so the parsing, tables and checks run without GPUs
 #   --bin PATH   use this tessera and skip the build (the CI test passes build-cpu's)
