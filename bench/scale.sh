@@ -146,8 +146,9 @@ if { has_part train || has_part zero; } && [ ! -f "$DATA/train_000000.bin" ]; th
   "$BIN" prepare --text "$OUT/corpus.txt" --out "$DATA" >"$OUT/prepare.log" 2>&1 || { cat "$OUT/prepare.log"; exit 1; }
   rm -f "$OUT/corpus.txt"
 fi
-# A run's directory keeps metrics.jsonl; its checkpoints (1.5 GB for gpt2-124m, ~38 GB for cs336-2.7b) are removed.
-common="--data $DATA --val-every 0 --val-batches 1 --ckpt-every 0 --no-progress --sample-tokens 0 --force"
+# A run's directory keeps metrics.jsonl and no checkpoint (--no-checkpoint: 1.5 GB for gpt2-124m, ~38 GB for
+# cs336-2.7b, minutes to write); prune removes anything else a run may leave.
+common="--data $DATA --val-every 0 --val-batches 1 --no-checkpoint --no-progress --sample-tokens 0 --force"
 prune() { rm -rf "$1/checkpoint" "$1/best" "$1/data"; }
 
 # ---- 2. gpt2-124m data parallel: N = 1 (one process), then --ddp bucket and --zero 1 at each N ----
@@ -213,8 +214,7 @@ print(int(float(v) * {'B': 2**-20, 'KiB': 2**-10, 'MiB': 1, 'GiB': 2**10, 'TiB':
     note "ZeRO check skipped: it needs N >= 2 (--ranks)"
   else
     d=$OUT/zero_${pick}_n$NMAX
-    # Rank 0 gathers m and v (27 GB for cs336-2.7b) and writes the final checkpoint while the others wait for it: a
-    # longer --comm-timeout than the default 300 s.
+    # A longer --comm-timeout than the default 300 s: the first steps of a big preset are slow to start.
     zargs="--preset $pick $DEVICE $PREC_FLAG --batch $ZB --seq $ZT --steps $ZERO_STEPS --warmup 1 $common --zero 1 --comm-timeout 1800"
     $MPIRUN -np "$NMAX" "$BIN" train $zargs --out "$d" >"$d.log" 2>&1 ||
       { rc=1; note "ZeRO run $pick N = $NMAX failed: $(why "$d.log")"; }

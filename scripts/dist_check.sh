@@ -73,7 +73,7 @@ print("%.1f" % statistics.median(16 * 1024 * int(sys.argv[2]) / r["tokens_per_s"
 EOF
 }
 train_args="--preset gpt2-124m --data $OUT/corpus.txt --batch 16 --seq 1024 --steps $STEPS --warmup 5 --val-every 0 \
-  --val-batches 1 --ckpt-every 0 --no-progress --sample-tokens 0 --force"
+  --val-batches 1 --no-checkpoint --no-progress --sample-tokens 0 --force"
 $B train $train_args --out "$OUT/run_single" >"$OUT/run_single.log" 2>&1 || rc=1
 single=$(step_ms "$OUT/run_single" 1)
 {

@@ -176,6 +176,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
+  a.add_switch("no-checkpoint", "write no checkpoint (benchmark runs: a big model's checkpoint is gigabytes); an "
+                                "interrupted run then has nothing to resume from");
   a.add("ddp", "naive|flat|overlap|bucket", "under mpirun: how gradients are averaged across ranks (default bucket)");
   a.add("bucket-mb", "M", "under mpirun, --ddp bucket: MB of gradients per all-reduce (default 25)");
   a.add("zero", "1", "under mpirun: ZeRO-1, the optimizer state sharded across ranks (instead of --ddp)");
@@ -207,6 +209,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (a.has("steps")) TS_CHECK(a.integer("steps", 0) > 0, "--steps must be positive, got ", a.str("steps"));
     o.steps = a.integer("steps", o.resume.empty() ? o.steps : 0);
     o.stop_after = a.integer("stop-after", 0);
+    o.checkpoints = !a.has("no-checkpoint");
+    TS_CHECK(o.checkpoints || !a.has("stop-after"),
+             "--stop-after stops with a checkpoint to resume from: drop --no-checkpoint");
     o.trace = a.str("trace", "");
     o.trace_step = a.integer("trace-step", 2);
     TS_CHECK(!a.has("trace-step") || a.has("trace"), "--trace-step needs --trace FILE.json");
@@ -410,6 +415,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   const std::string resume_cmd = launcher + shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
                                  (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
                                  dist_flags;
+  if (r.interrupted && r.checkpoint.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: %s at step %lld: --no-checkpoint, so nothing was written to resume from\n",
+                 g_stop == SIGTERM ? "terminated" : "interrupted", static_cast<long long>(r.last_step));
+    return 128 + g_stop;
+  }
   if (r.interrupted) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
@@ -422,7 +433,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (r.loss_scale > 0)
     std::printf(", %lld skipped (f16 overflow), loss scale %g", static_cast<long long>(r.skipped_steps), r.loss_scale);
   if (r.last_val_loss > 0) std::printf(", val loss %.4f", r.last_val_loss);
-  std::printf("\ncheckpoint: %s\n", r.checkpoint.c_str());
+  std::printf("\ncheckpoint: %s\n", r.checkpoint.empty() ? "none (--no-checkpoint)" : r.checkpoint.c_str());
   if (r.best_step > 0)
     std::printf("best:       %s (step %lld, val loss %.4f)\n", r.best_checkpoint.c_str(),
                 static_cast<long long>(r.best_step), r.best_val_loss);
@@ -430,7 +441,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (r.peak_device_bytes > 0)
     std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
                 "context)\n", human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());
-  if (r.last_step < o.steps)
+  if (r.last_step < o.steps && !r.checkpoint.empty())
     std::printf("stopped after step %lld; continue with: %s\n", static_cast<long long>(r.last_step), resume_cmd.c_str());
   if (g_stop != 0) return 128 + g_stop;  // a signal after the last step: the run is complete, skip the sample
 

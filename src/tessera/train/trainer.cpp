@@ -519,14 +519,14 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       TS_CHECK(std::fwrite(line.data(), 1, line.size(), metrics) == line.size() && std::fflush(metrics) == 0,
                "cannot write ", metrics_path);
     }
-    if (new_best) {
+    if (new_best && o.checkpoints) {
       save(best_dir);
       result.best_val_loss = result.last_val_loss;
       result.best_step = step;
       result.best_checkpoint = best_dir;
     }
     const bool periodic = (o.ckpt_every > 0 && step % o.ckpt_every == 0) || time_due;
-    if (periodic || last) {
+    if (o.checkpoints && (periodic || last)) {
       save(ckpt_dir);
       last_ckpt = std::chrono::steady_clock::now();
       if (control.on_checkpoint) control.on_checkpoint(step);
@@ -551,7 +551,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   bar.finish();
   result.loss_scale = o.loss_scaling ? scaler.scale() : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  result.checkpoint = ckpt_dir;
+  result.checkpoint = o.checkpoints ? ckpt_dir : "";
   result.model = std::move(model);
   result.context = std::move(setup.context);
   return result;

@@ -46,6 +46,9 @@ struct TrainOptions {
   std::string trace;
   int trace_step = 2;          // the second step by default: the first pays one-time costs (plans, handles)
   bool progress = true;
+  // --no-checkpoint: write no checkpoint at all (benchmark runs of big models, where each one is gigabytes). Not
+  // saved with the run. An interrupted run then stops with nothing to resume from.
+  bool checkpoints = true;
   // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
   std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
   std::string precision;       // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU

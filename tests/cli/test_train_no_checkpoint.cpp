@@ -1,0 +1,44 @@
+// `tessera train --no-checkpoint`: a benchmark run that writes its metrics and no checkpoint, and the flags it
+// cannot go with.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cli_run.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera {
+namespace {
+
+std::string train_args(const fs::path& out, const std::string& extra) {
+  return "train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 2 " +
+         "--no-progress --sample-tokens 0 --device cpu --steps 4 " + extra;
+}
+
+TEST(TrainNoCheckpoint, WritesMetricsAndNoCheckpoint) {
+  const fs::path dir = fs::temp_directory_path() / ("tessera_nockpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const test::CliRun r = test::run(train_args(dir / "run", "--no-checkpoint"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint")) << "--no-checkpoint wrote the final checkpoint";
+  EXPECT_FALSE(fs::exists(dir / "run" / "best")) << "--no-checkpoint wrote the best checkpoint";
+  EXPECT_NE(r.out.find("checkpoint: none (--no-checkpoint)"), std::string::npos) << r.out;
+  // Without the flag the same run writes both (so the checks above can fail).
+  const test::CliRun with = test::run(train_args(dir / "run2", ""));
+  ASSERT_EQ(with.code, 0) << with.err;
+  EXPECT_TRUE(fs::exists(dir / "run2" / "checkpoint"));
+  EXPECT_TRUE(fs::exists(dir / "run2" / "best"));
+  const test::CliRun stop = test::run(train_args(dir / "run3", "--no-checkpoint --stop-after 2"));
+  EXPECT_EQ(stop.code, 2);
+  EXPECT_NE(stop.err.find("--stop-after stops with a checkpoint to resume from: drop --no-checkpoint"),
+            std::string::npos) << stop.err;
+  EXPECT_FALSE(fs::exists(dir / "run3"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
