@@ -42,6 +42,7 @@ goes on. Without torch, transformers, or (for --device cuda) a GPU it exits with
 import argparse
 import gc
 import json
+import re
 import statistics
 import sys
 import time
@@ -177,7 +178,7 @@ def main():
     ap.add_argument("--regions", default="fwd,fwd-bwd,step", help="comma list of fwd, fwd-bwd, step")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N (tessera's device) or cpu")
     args = ap.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -186,6 +187,8 @@ def main():
         bad = [v for v in got if v not in known]
         if bad or not got:
             sys.exit(f"peer: unknown {what} '{','.join(bad)}' (known: {', '.join(known)})")
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", args.device):
+        sys.exit(f"peer: --device must be cpu, cuda or cuda:N, got '{args.device}'")
     if args.batch < 1 or args.seq < 1 or args.steps < 1 or args.warmup < 0:
         sys.exit("peer: --batch, --seq and --steps must be >= 1 and --warmup >= 0")
     too_long = [s for s in sizes if args.seq > PRESETS[s][6]]
@@ -200,13 +203,16 @@ def main():
         import transformers
     except ImportError as e:
         sys.exit(f"peer: transformers is not importable ({e})")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
         sys.exit("peer: no GPU visible to torch")
-    if args.precision == "bf16" and args.device == "cpu":
+    if ":" in args.device:
+        torch.cuda.set_device(torch.device(args.device))  # the allocator's statistics are the current device's
+    if args.precision == "bf16" and not cuda:
         sys.exit("peer: bf16 is timed on a GPU only (tessera's CPU bench is f32)")
     common = {"warmup": args.warmup, "steps": args.steps, "batch": args.batch, "seq": args.seq,
               "precision": args.precision,
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "device": torch.cuda.get_device_name() if cuda else "cpu",
               "torch": torch.__version__, "transformers": transformers.__version__}
     # f32 stays exact (torch's default, TF32 off for matmuls), as tessera's f32 model computes its GEMMs.
 
@@ -224,7 +230,7 @@ def main():
                 if hasattr(torch, "_dynamo"):
                     torch._dynamo.reset()  # the next size compiles afresh, under no recompile limit
             gc.collect()
-            if args.device == "cuda":
+            if cuda:
                 torch.cuda.empty_cache()
             print(json.dumps({**common, **rec}), flush=True)
     return 0

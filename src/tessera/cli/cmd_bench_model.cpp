@@ -126,7 +126,7 @@ struct ModelPeer {
 };
 
 ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
-                         const ModelBenchConfig& bc, const std::string& precision, bool gpu) {
+                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device) {
   ModelPeer p;
   std::string args = "'" TESSERA_PEERS_DIR "/model.py' --sizes ";
   for (size_t i = 0; i < sizes.size(); ++i) args.append(i ? "," : "").append(sizes[i]);
@@ -138,7 +138,7 @@ ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vecto
     if (on) regions.append(regions.empty() ? "" : ",").append(name);
   args += regions + " --batch " + std::to_string(bc.batch) + " --seq " + std::to_string(bc.seq) + " --precision " +
           precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) +
-          " --device " + (gpu ? "cuda" : "cpu");
+          " --device " + device;
   p.note = run_peer_script(args, "model.py", [&](const nlohmann::json& j) {
     std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
     if (!f) return false;
@@ -297,7 +297,7 @@ int cmd_bench_model(int argc, char** argv) {
   if (with_peer) {
     std::printf("  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
     std::fflush(stdout);
-    peer = run_model_peer(names, peer_modes, bc, prec, ctx.is_cuda());
+    peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str());  // "cpu" or "cuda:N"
     std::printf("  peer: %s\n", peer.note.empty() ? "done" : peer.note.c_str());
     std::fflush(stdout);
   }
