@@ -6,6 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/core/memory.h"
@@ -302,6 +304,48 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     row.mfu = gemm_flops_per_s > 0 ? flops / s / gemm_flops_per_s : 0.0;
   }
   return row;
+}
+
+std::optional<double> ModelPeerFigures::region_ms(const std::string& region) const {
+  if (region == "fwd") return fwd_ms;
+  if (region == "fwd-bwd") return fwd_bwd_ms;
+  if (region == "step") return step_ms;
+  return std::nullopt;
+}
+
+std::optional<ModelPeerFigures> model_peer_figures_from_json(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("size") || !j.contains("mode") || !j["size"].is_string() ||
+      !j["mode"].is_string())
+    return std::nullopt;
+  ModelPeerFigures f;
+  f.size = j["size"].get<std::string>();
+  f.mode = j["mode"].get<std::string>();
+  auto number = [&](const char* key, double scale) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    TS_CHECK(j[key].is_number(), "bench model peer: ", key, " of ", f.size, " (", f.mode, ") is not a number: ",
+             j[key].dump());
+    return j[key].get<double>() * scale;
+  };
+  f.oom = j.contains("oom") && j["oom"].is_boolean() && j["oom"].get<bool>();
+  if (j.contains("error") && j["error"].is_string()) f.error = j["error"].get<std::string>();
+  if (const auto p = number("params", 1.0)) f.params = static_cast<int64_t>(*p);
+  f.fwd_ms = number("fwd_ms", 1.0);
+  f.fwd_bwd_ms = number("fwd_bwd_ms", 1.0);
+  f.step_ms = number("step_ms", 1.0);
+  // Whole bytes, as tessera's own memory figures are.
+  auto bytes = [](std::optional<double> v) { return v ? std::optional<double>(std::round(*v)) : v; };
+  f.fwd_mem_bytes = bytes(number("fwd_mem_gib", kGiB));
+  f.train_mem_bytes = bytes(number("train_mem_gib", kGiB));
+  return f;
+}
+
+std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer) {
+  if (row.oom || !peer.ran() || row.rate_region.empty()) return std::nullopt;
+  const std::optional<RegionTiming>& t =
+      row.rate_region == "step" ? row.step : row.rate_region == "fwd-bwd" ? row.fwd_bwd : row.fwd;
+  const std::optional<double> p = peer.region_ms(row.rate_region);
+  if (!t || !p || t->t.median_ms <= 0) return std::nullopt;
+  return *p / t->t.median_ms;
 }
 
 }  // namespace tessera

@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "tessera/bench/harness.h"
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
@@ -129,5 +131,31 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
 
 // True for tessera's allocation failures ("out of GPU memory: ...", "out of memory: ...").
 bool is_out_of_memory(const std::string& message);
+
+// ---- the PyTorch peer (bench/peers/model.py, run by `tessera bench model --peer`) ----
+//
+// One record the peer printed: the Hugging Face model of one size in one mode ("eager" or "compile"), timed over
+// the same regions, batch, sequence length and runs as tessera's row. Times are medians in ms; memory is
+// torch.cuda.max_memory_allocated above what was allocated before the model (bytes; nullopt on the CPU, where the
+// peer measures none). A size the peer could not run has oom and/or error set and no figures.
+struct ModelPeerFigures {
+  std::string size, mode;
+  bool oom = false;
+  std::string error;  // "<type>: <message>" of the failure; "" when it ran
+  int64_t params = 0; // of the Hugging Face model (a tied matrix once): must equal ModelBenchRow::params
+  std::optional<double> fwd_ms, fwd_bwd_ms, step_ms;
+  std::optional<double> fwd_mem_bytes, train_mem_bytes;
+  bool ran() const { return !oom && error.empty(); }
+  // The time of a region as ModelBenchRow::rate_region names it ("fwd", "fwd-bwd", "step").
+  std::optional<double> region_ms(const std::string& region) const;
+};
+
+// Reads one JSON object of the peer; nullopt when it is not a record (no "size" and "mode" strings). Throws Error
+// for a record with a figure of the wrong type.
+std::optional<ModelPeerFigures> model_peer_figures_from_json(const nlohmann::json& j);
+
+// How many times faster tessera's row is than the peer's record over the row's rate region:
+// peer ms / tessera ms (> 1: tessera is faster). nullopt when either has no time for that region.
+std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer);
 
 }  // namespace tessera

@@ -2,20 +2,25 @@
 // and the whole training step (AdamW) in ms (median ± standard deviation), peak memory of the forward and of
 // training, tokens/s and MFU against a GEMM rate measured in the same run; out-of-memory sizes marked OOM.
 // Markdown (--out), JSON (--json), CSV (--csv), a Chrome trace of one step (--trace) and the memory timeline
-// of one step (--memory-timeline: a PNG plot and its CSV). The measurement itself is bench/model.h.
+// of one step (--memory-timeline: a PNG plot and its CSV). The measurement itself is bench/model.h. With --peer,
+// bench/peers/model.py then times the Hugging Face model of each size (eager and/or torch.compile) the same way,
+// and a second table sets its step ms and memory beside tessera's, with the speedup (peer ms / tessera ms).
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/bench/harness.h"
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/bench/model.h"
+#include "tessera/bench/peer.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -24,6 +29,10 @@
 #include "tessera/core/file_io.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
 
 namespace tessera::cli {
 
@@ -105,6 +114,53 @@ nlohmann::ordered_json timing_json(const std::optional<RegionTiming>& r) {
 
 std::string csv_num(double v) { return fmt("%.6g", v); }
 
+// What bench/peers/model.py printed: its records by (size, mode), the versions it ran with, or a one-line reason
+// why there is none (run_peer_script's note).
+struct ModelPeer {
+  std::map<std::pair<std::string, std::string>, ModelPeerFigures> figures;
+  std::string note, torch, transformers, device;
+  const ModelPeerFigures* find(const std::string& size, const std::string& mode) const {
+    const auto it = figures.find({size, mode});
+    return it == figures.end() ? nullptr : &it->second;
+  }
+};
+
+ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
+                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device) {
+  ModelPeer p;
+  std::string args = "'" TESSERA_PEERS_DIR "/model.py' --sizes ";
+  for (size_t i = 0; i < sizes.size(); ++i) args.append(i ? "," : "").append(sizes[i]);
+  args += " --modes ";
+  for (size_t i = 0; i < modes.size(); ++i) args.append(i ? "," : "").append(modes[i]);
+  args += " --regions ";
+  std::string regions;
+  for (const auto& [on, name] : {std::pair{bc.fwd, "fwd"}, {bc.fwd_bwd, "fwd-bwd"}, {bc.step, "step"}})
+    if (on) regions.append(regions.empty() ? "" : ",").append(name);
+  args += regions + " --batch " + std::to_string(bc.batch) + " --seq " + std::to_string(bc.seq) + " --precision " +
+          precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) +
+          " --device " + device;
+  p.note = run_peer_script(args, "model.py", [&](const nlohmann::json& j) {
+    std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
+    if (!f) return false;
+    for (auto [key, dst] : {std::pair{"torch", &p.torch}, {"transformers", &p.transformers}, {"device", &p.device}})
+      if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
+    p.figures[{f->size, f->mode}] = std::move(*f);
+    return true;
+  });
+  return p;
+}
+
+std::string ms_text(double ms) { return fmt(ms < 10 ? "%.3f" : "%.2f", ms); }
+
+// A peer cell: "OOM", "failed", "–" when the peer printed nothing for it, else the value.
+std::string peer_cell(const ModelPeerFigures* f, const std::optional<double>& v, bool bytes) {
+  if (!f) return "–";
+  if (f->oom) return "OOM";
+  if (!f->error.empty()) return "failed";
+  if (!v) return "–";
+  return bytes ? human_bytes(*v) : ms_text(*v);
+}
+
 }  // namespace
 
 int cmd_bench_model(int argc, char** argv) {
@@ -128,6 +184,9 @@ int cmd_bench_model(int argc, char** argv) {
   a.add("trace", "FILE.json", "Chrome trace (Perfetto) of one more step; FILE.<size>.json for several sizes");
   a.add("memory-timeline", "FILE.png", "plot memory over one training step per op, phases shaded, and write "
                                        "FILE.csv beside it (FILE.<size>.png for several sizes)");
+  a.add_switch("peer", "then time the Hugging Face model of each size (bench/peers/model.py: PyTorch eager and "
+                       "torch.compile, same regions and runs) and show its step ms, memory and tessera's speedup");
+  a.add("peer-mode", "eager|compile|both", "which PyTorch modes --peer times (default both)");
   if (!a.parse(argc, argv, 3)) return 0;
 
   TS_CHECK(!(a.has("preset") && a.has("sizes")), "bench model: give --preset or --sizes, not both");
@@ -158,6 +217,13 @@ int cmd_bench_model(int argc, char** argv) {
   }
   bc.trace = a.has("trace");
   bc.memory_timeline = a.has("memory-timeline");
+  const bool with_peer = a.has("peer");
+  TS_CHECK(with_peer || !a.has("peer-mode"), "bench model: --peer-mode needs --peer");
+  const std::string peer_mode = a.str("peer-mode", "both");
+  TS_CHECK(peer_mode == "eager" || peer_mode == "compile" || peer_mode == "both",
+           "bench model: --peer-mode must be eager, compile or both, got '", peer_mode, "'");
+  const std::vector<std::string> peer_modes =
+      peer_mode == "both" ? std::vector<std::string>{"eager", "compile"} : std::vector<std::string>{peer_mode};
 
   Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
   const std::string prec = a.str("precision", ctx.is_cuda() ? "bf16" : "f32");
@@ -226,6 +292,16 @@ int cmd_bench_model(int argc, char** argv) {
     }
   }
 
+  // The peer runs after every size of tessera's is done and its buffers are gone (one process on the device).
+  ModelPeer peer;
+  if (with_peer) {
+    std::printf("  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
+    std::fflush(stdout);
+    peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str());  // "cpu" or "cuda:N"
+    std::printf("  peer: %s\n", peer.note.empty() ? "done" : peer.note.c_str());
+    std::fflush(stdout);
+  }
+
   // ---- markdown ----
   const bool gpu = ctx.is_cuda();
   std::string md = "# tessera bench model\n\n";
@@ -254,6 +330,61 @@ int cmd_bench_model(int argc, char** argv) {
   for (const ModelBenchRow& r : rows)
     if (r.oom) md += "\n- " + r.size + ": OOM: " + r.oom_reason;
   if (std::any_of(rows.begin(), rows.end(), [](const ModelBenchRow& r) { return r.oom; })) md += "\n";
+  // The region compared with the peer: the one tokens/s comes from.
+  const std::string region = bc.step ? "step" : bc.fwd_bwd ? "fwd-bwd" : "fwd";
+  const std::string region_label = region == "fwd-bwd" ? "fwd+bwd" : region;
+  const std::string mem_label = region == "fwd" ? "fwd mem" : "train mem";
+  if (with_peer) {
+    md += "\n## PyTorch peer (same run)\n\n";
+    if (peer.figures.empty()) {
+      md += "- peer (bench/peers/model.py): " + peer.note + "\n";
+    } else {
+      md += "- bench/peers/model.py: Hugging Face GPT2LMHeadModel (gpt2 presets) / LlamaForCausalLM (cs336), torch " +
+            peer.torch + ", transformers " + peer.transformers + ", on " + peer.device + "; f32 weights" +
+            (prec == "bf16" ? " + torch.autocast(bfloat16)" : "") + ", AdamW" + (gpu ? "(fused=True)" : "") +
+            ", clipping 1.0; " + (peer_mode == "both" ? std::string("eager and torch.compile(model)")
+                                                        : peer_mode == "eager" ? std::string("eager")
+                                                                               : std::string("torch.compile(model)")) +
+            "; the same regions, runs and host-clock timing\n";
+      md += "- speedup = torch " + region_label + " ms / tessera " + region_label +
+            " ms (> 1: tessera is faster); torch memory: " +
+            (gpu ? "torch.cuda.max_memory_allocated above the start (tessera's: device memory in use, above)"
+                 : "not measured on the CPU") +
+            "\n";
+      if (!peer.note.empty()) md += "- " + peer.note + "\n";
+      md += "\n| size | tessera " + region_label + " ms | tessera " + mem_label + " |";
+      std::string rule = "\n|---|---:|---:|";
+      for (const std::string& m : peer_modes) {
+        md += " torch " + m + " " + region_label + " ms | torch " + m + " " + mem_label + " | speedup vs " + m + " |";
+        rule += "---:|---:|---:|";
+      }
+      md += rule + "\n";
+      std::string notes;
+      for (const ModelBenchRow& r : rows) {
+        const std::optional<RegionTiming>& t = region == "step" ? r.step : region == "fwd-bwd" ? r.fwd_bwd : r.fwd;
+        const std::optional<size_t>& tm = region == "fwd" ? r.mem_fwd : r.mem_train;
+        md += "| " + r.size + " | " + (r.oom ? std::string("OOM") : t ? ms_text(t->t.median_ms) : std::string("–")) +
+              " | " + cell_bytes(tm, r.oom) + " |";
+        for (const std::string& m : peer_modes) {
+          const ModelPeerFigures* f = peer.find(r.size, m);
+          const std::optional<double> speedup = f ? model_peer_speedup(r, *f) : std::nullopt;
+          // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "lit" + std::string here.
+          md.append(" ").append(peer_cell(f, f ? f->region_ms(region) : std::nullopt, false)).append(" | ");
+          md.append(peer_cell(f, f ? (region == "fwd" ? f->fwd_mem_bytes : f->train_mem_bytes) : std::nullopt, true));
+          md.append(" | ").append(speedup ? fmt("%.2f×", *speedup) : std::string("–")).append(" |");
+          if (!f) continue;
+          if (!f->ran())
+            notes += "- torch " + m + " " + r.size + ": " + (f->oom ? "OOM" : "failed") +
+                     (f->error.empty() ? "" : ": " + f->error) + "\n";
+          else if (f->params != r.params)
+            notes += "- torch " + m + " " + r.size + ": the Hugging Face model has " + std::to_string(f->params) +
+                     " parameters, tessera's " + std::to_string(r.params) + " (bench/peers/model.py's PRESETS differ)\n";
+        }
+        md += "\n";
+      }
+      if (!notes.empty()) md += "\n" + notes;
+    }
+  }
   print_bench_markdown(md, out);
 
   // ---- JSON ----
@@ -296,9 +427,47 @@ int cmd_bench_model(int argc, char** argv) {
       o["rate_region"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.rate_region);
       o["tokens_per_s"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.tokens_per_s);
       o["mfu"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.mfu);
+      if (with_peer) {
+        nlohmann::ordered_json po;
+        for (const std::string& m : peer_modes) {
+          const ModelPeerFigures* f = peer.find(r.size, m);
+          if (!f) {
+            po[m] = nullptr;
+            continue;
+          }
+          auto num = [](const std::optional<double>& v) {
+            return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+          };
+          auto bytes = [](const std::optional<double>& v) {
+            return v ? nlohmann::ordered_json(static_cast<int64_t>(*v)) : nlohmann::ordered_json(nullptr);
+          };
+          const std::optional<double> speedup = model_peer_speedup(r, *f);
+          po[m] = {{"oom", f->oom},
+                   {"error", f->error.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(f->error)},
+                   {"params", f->params},
+                   {"fwd_ms", num(f->fwd_ms)},
+                   {"fwd_bwd_ms", num(f->fwd_bwd_ms)},
+                   {"step_ms", num(f->step_ms)},
+                   {"fwd_mem_bytes", bytes(f->fwd_mem_bytes)},
+                   {"train_mem_bytes", bytes(f->train_mem_bytes)},
+                   {"speedup", num(speedup)}};
+        }
+        o["peer"] = std::move(po);
+      }
       arr.push_back(std::move(o));
     }
     j["rows"] = std::move(arr);
+    if (with_peer) {
+      nlohmann::ordered_json pj;
+      pj["script"] = "bench/peers/model.py";
+      pj["modes"] = peer_modes;
+      pj["region"] = region;
+      pj["note"] = peer.note.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(peer.note);
+      pj["torch"] = peer.torch;
+      pj["transformers"] = peer.transformers;
+      pj["device"] = peer.device;
+      j["peer"] = std::move(pj);
+    }
     write_file_atomic(json_path, j.dump(2) + "\n");
     std::printf("wrote %s\n", json_path.c_str());
   }
@@ -308,7 +477,12 @@ int cmd_bench_model(int argc, char** argv) {
     std::string csv = "size,d_model,d_ff,n_layers,n_heads,params,status";
     for (const char* region : {"fwd", "fwd_bwd", "step"})
       for (const char* stat : {"median_ms", "min_ms", "max_ms", "std_ms"}) csv += std::string(",") + region + "_" + stat;
-    csv += ",mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu\n";
+    csv += ",mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu";
+    if (with_peer)
+      for (const std::string& m : peer_modes)
+        for (const char* col : {"status", "fwd_ms", "fwd_bwd_ms", "step_ms", "fwd_mem_bytes", "train_mem_bytes", "speedup"})
+          csv.append(",torch_").append(m).append("_").append(col);
+    csv += "\n";
     for (const ModelBenchRow& r : rows) {
       std::vector<std::string> f = {r.size, std::to_string(r.cfg.d_model), std::to_string(r.cfg.d_ff),
                                     std::to_string(r.cfg.n_layers), std::to_string(r.cfg.n_heads),
@@ -322,6 +496,18 @@ int cmd_bench_model(int argc, char** argv) {
       f.push_back(r.mem_train ? std::to_string(*r.mem_train) : std::string());
       f.push_back(r.oom ? std::string() : csv_num(r.tokens_per_s));
       f.push_back(r.oom ? std::string() : csv_num(r.mfu));
+      if (with_peer)
+        for (const std::string& m : peer_modes) {
+          const ModelPeerFigures* p = peer.find(r.size, m);
+          auto num = [](const std::optional<double>& v) { return v ? csv_num(*v) : std::string(); };
+          auto bytes = [](const std::optional<double>& v) { return v ? fmt("%.0f", *v) : std::string(); };
+          f.push_back(!p ? "missing" : p->oom ? "oom" : !p->error.empty() ? "failed" : "ok");
+          for (auto v : {&ModelPeerFigures::fwd_ms, &ModelPeerFigures::fwd_bwd_ms, &ModelPeerFigures::step_ms})
+            f.push_back(p ? num(p->*v) : std::string());
+          for (auto v : {&ModelPeerFigures::fwd_mem_bytes, &ModelPeerFigures::train_mem_bytes})
+            f.push_back(p ? bytes(p->*v) : std::string());
+          f.push_back(p ? num(model_peer_speedup(r, *p)) : std::string());
+        }
       for (size_t i = 0; i < f.size(); ++i) {
         if (i) csv.push_back(',');
         csv.append(f[i]);
