@@ -42,3 +42,24 @@ TEST(TrainNoCheckpoint, WritesMetricsAndNoCheckpoint) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A run stopped early prints the command that continues it; precision is not saved with a run, so the command
+// repeats the --precision given (an f16 run must resume in f16, with its loss scaler).
+TEST(TrainResumeCommand, RepeatsThePrecisionGiven) {
+  const fs::path dir = fs::temp_directory_path() / ("tessera_resume_cmd_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const test::CliRun r = test::run(train_args(dir / "run", "--precision f32 --stop-after 2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("continue with: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string cmd = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(cmd.find(" train --resume "), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find(" --precision f32"), std::string::npos) << cmd;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -329,9 +329,12 @@ TEST(CudaGemm, PaddedRowStrides) {
 TEST(CudaGemm, SmCountTargetKeepsTheProduct) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
+  struct Reset {
+    Context& c;
+    ~Reset() { c.set_gemm_sm_target(0); }
+  } reset{ctx};
   ctx.set_gemm_sm_target(ctx.gpu().sm_count - 16);
   for (const GemmMode& mode : kModes) run_gemm_shape(mode, {256, 768, 3072}, ctx, rng);
-  ctx.set_gemm_sm_target(0);
 }
 
 // The CPU entry (no GPU needed): batches loop over gemm_ref, and the supports() answers.

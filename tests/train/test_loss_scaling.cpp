@@ -305,3 +305,33 @@ TEST(LossScaling, SetupRefusesBadFlagsAndF16OnTheCpu) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Without loss scaling an inf gradient is applied (the parameters become NaN): the run stops with one line at that
+// step, before anything is saved, so the checkpoint of the step before stays the last good one.
+TEST(Diverged, ANonFiniteGradientStopsTheRunBeforeItOverwritesTheCheckpoint) {
+  const fs::path d = test::temp_dir("diverged_grad");
+  TrainOptions o = options(d);
+  o.ckpt_every = 1;
+  o.out = (d / "run").string();
+  TrainControl c;
+  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+    if (step == 3) m.params().host_grad<float>()[7] = std::numeric_limits<float>::infinity();
+  };
+  try {
+    train(train_setup(o), c);
+    FAIL() << "a run with an inf gradient finished";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged: the gradient norm is inf at step 3"), std::string::npos)
+        << e.what();
+  }
+  const std::string ckpt = (d / "run" / "checkpoint").string();
+  const TrainState st = load_train_state(ckpt, *load_checkpoint_model(ckpt));
+  EXPECT_EQ(st.step, 2) << "the checkpoint of step 2 must stay the last one written";
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,6 +1,7 @@
 #include "tessera/bench/kernels.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>

@@ -412,9 +412,16 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                  : dist.zero  ? " --zero 1"
                                               : " --ddp " + std::string(ddp_mode_name(dist.ddp)) +
                                                     (a.has("bucket-mb") ? " --bucket-mb " + a.str("bucket-mb") : "");
+  // Precision, master weights and the loss-scale interval are not saved with a run (a checkpoint resumes on any
+  // device): the command repeats the ones given, so that an f16 run resumes in f16 with its scaler state.
+  std::string precision_flags;
+  if (a.has("precision")) precision_flags.append(" --precision ").append(a.str("precision"));
+  if (a.has("master-weights")) precision_flags.append(" --master-weights ").append(a.str("master-weights"));
+  if (a.has("loss-scale-interval"))
+    precision_flags.append(" --loss-scale-interval ").append(a.str("loss-scale-interval"));
   const std::string resume_cmd = launcher + shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
                                  (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
-                                 dist_flags;
+                                 dist_flags + precision_flags;
   if (r.interrupted && r.checkpoint.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: --no-checkpoint, so nothing was written to resume from\n",

@@ -68,10 +68,27 @@ struct NcclCommunicator::Impl {
   // aborted (comm is null) and the stream is not waited for: its kernels may wait on a peer that is gone.
   ~Impl() {
     if (comm) {
-      try {  // finalize flushes what was issued; bounded by the timeout like every other wait (which aborts)
-        settle(ncclCommFinalize(comm), "finalizing the NCCL communicator");
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "tessera: warning: %s\n", e.what());
+      // A blocking communicator's finalize waits for every collective issued, however long: wait for its stream
+      // first, bounded by the timeout like every other wait, and abort instead when it does not drain (a rank
+      // unwinding from an error with a collective in flight whose peer is gone).
+      bool drained = false;
+      const auto start = Clock::now();
+      for (int polls = 0;; ++polls) {
+        const cudaError_t e = cudaStreamQuery(stream);
+        if (e == cudaSuccess) drained = true;
+        if (e != cudaErrorNotReady || (*timeout_s > 0 && seconds_since(start) > *timeout_s)) break;
+        pause(polls);
+      }
+      if (!drained) {
+        std::fprintf(stderr, "tessera: warning: rank %d: NCCL work still pending at exit; aborting the communicator\n",
+                     rank);
+        abort();
+      } else {
+        try {
+          settle(ncclCommFinalize(comm), "finalizing the NCCL communicator");
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "tessera: warning: %s\n", e.what());
+        }
       }
       if (comm) ncclCommDestroy(comm);
     }
@@ -115,8 +132,9 @@ struct NcclCommunicator::Impl {
     }
   }
 
-  // A call on a non-blocking communicator may return before it is done (ncclInProgress, while connecting): poll
-  // its state until it settles, within the timeout.
+  // Turns a call's result into an Error (aborting the communicator). The communicator is blocking, so calls return
+  // ncclSuccess or an error; ncclInProgress, which only a non-blocking communicator returns, is still polled
+  // against the timeout should NCCL ever report it.
   void settle(ncclResult_t result, const std::string& what) {
     if (result != ncclSuccess && result != ncclInProgress) {
       const std::string msg = std::string(ncclGetErrorString(result)) + " (" + ncclGetLastError(comm) + ")";
@@ -210,10 +228,17 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   // a 1 MB all-reduce took 0.081 ms against 0.027 ms blocking), which overlapped DDP pays once per bucket. Its
   // collectives return once enqueued either way, so they are still watched against the timeout (NcclOp::wait). The
   // join itself blocks: it runs on a helper thread, watched here against the timeout; a join that never ends
-  // (a peer gone between the id's broadcast and the join) leaves that thread to the process's exit. Every
+  // (a peer gone between the id's broadcast and the join) leaves that thread to the process's exit, and one that
+  // ends after the timeout aborts what it made. Every
   // connection is made during the join (NCCL_RUNTIME_CONNECT=0 unless the user set it), so that no later
   // collective blocks the host while connecting to a peer that may be gone.
-  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  // Set for the join only, and unset after it (NCCL reads it once, at its first join), so that a child process
+  // started later (bench allreduce's torch peer) inherits the user's environment.
+  struct RuntimeConnectOff {
+    bool set_here = std::getenv("NCCL_RUNTIME_CONNECT") == nullptr;
+    RuntimeConnectOff() { if (set_here) setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); }
+    ~RuntimeConnectOff() { if (set_here) unsetenv("NCCL_RUNTIME_CONNECT"); }
+  } runtime_connect_off;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   if (max_ctas > 0) config.maxCTAs = max_ctas;
@@ -221,6 +246,7 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
     std::mutex m;
     std::condition_variable cv;
     bool done = false;
+    bool abandoned = false;  // the constructor gave up waiting: a join that completes later aborts its communicator
     ncclResult_t result = ncclSuccess;
     ncclComm_t comm = nullptr;
   };
@@ -230,6 +256,10 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     const std::lock_guard<std::mutex> lock(join->m);
+    if (join->abandoned) {
+      if (comm) ncclCommAbort(comm);
+      return;
+    }
     join->result = r;
     join->comm = comm;
     join->done = true;
@@ -238,8 +268,10 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   const std::string what = "joining the NCCL communicator on " + ctx.device().str();
   std::unique_lock<std::mutex> lock(join->m);
   if (timeout_s_ > 0) {
-    if (!join->cv.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return join->done; }))
+    if (!join->cv.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return join->done; })) {
+      join->abandoned = true;
       throw_comm_timeout(what, rank_, size_, timeout_s_);
+    }
   } else {
     join->cv.wait(lock, [&] { return join->done; });
   }

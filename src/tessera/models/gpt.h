@@ -92,8 +92,8 @@ class Gpt {
   using GradReadyHook = std::function<void(size_t begin, size_t end)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
-  // Logits of the last forward: (B*T, V) in the compute dtype, on the device.
-  // (B*T, logits_stride()): row n's V logits start at n * logits_stride().
+  // Logits of the last forward, in the compute dtype, on the device: (B*T, logits_stride()), row n's V logits
+  // starting at n * logits_stride().
   Tensor logits() const;
   int64_t logits_stride() const { return logits_stride(cfg_, dtype_); }
   // The row stride of the logits buffer: V for f32 / f64 models; for 16-bit ones V rounded up to a multiple of 64

@@ -453,6 +453,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
     const StepReport report = optimizer->read_step();
     const double norm = report.grad_norm;
+    // A non-finite gradient that was not skipped (no loss scaling) has been applied: the parameters are NaN now.
+    // Stop before anything is saved over the last good checkpoint.
+    TS_CHECK(report.skipped || std::isfinite(norm), "training diverged: the gradient norm is ", norm,
+             " at step ", step, " (try a lower --lr; the last checkpoint was not overwritten)");
     // The micro-steps' losses: the stream is idle after read_step, so this copy waits for nothing.
     double loss = 0;
     {

@@ -24,7 +24,7 @@ bool gemm_supports(const GemmParams& p, DType dtype, Device device, std::string*
     return false;
   }
   if (p.batch > 1 && p.stride_c < (p.M - 1) * p.ld_c() + p.N) {
-    if (why) *why = "batched outputs overlap: stride_c " + std::to_string(p.stride_c) + " < M*N";
+    if (why) *why = "batched outputs overlap: stride_c " + std::to_string(p.stride_c) + " < (M-1)*ldc + N";
     return false;
   }
   // The K == 0 / bias fallback kernel puts the batch on gridDim.y.

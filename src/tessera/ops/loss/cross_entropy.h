@@ -38,7 +38,7 @@ void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const 
 }  // namespace tessera
 
 // ---- Tensor-level entries (cross_entropy.cpp): route to the reference or the CUDA kernels by device and dtype. ----
-// logits, d_logits: (N, V) in the compute dtype (rows p.row_stride() apart: at least (N-1)·ld + V elements); targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
+// logits, d_logits: (N, V) in the compute dtype (rows p.row_stride() apart: N·row_stride() elements); targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
 // computation), whatever the compute dtype. The count of counted rows lives on the device (no host round trip):
 // cross_entropy_loss_sum writes it, and cross_entropy_backward can read it to form the mean loss's gradient.
 namespace tessera {
