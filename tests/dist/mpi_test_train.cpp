@@ -164,7 +164,8 @@ class Training : public ::testing::TestWithParam<Backend> {
 
   // The same run on every rank, data parallel.
   DistRun parallel(TrainOptions o, const DataParallelOptions& d, const std::string& tag,
-                  std::function<void(int64_t, Gpt&)> before_optimizer_step = {}) {
+                  std::function<void(int64_t, Gpt&)> before_optimizer_step = {},
+                  std::function<void(int64_t, Gpt&)> before_grad_sync = {}) {
     o.world_size = N();
     o.out = (dir_ / tag).string();
     TrainSetup setup = train_setup(o);
@@ -175,6 +176,7 @@ class Training : public ::testing::TestWithParam<Backend> {
     TrainControl control;
     control.on_start = [&](size_t state_bytes, size_t) { run.state_bytes = state_bytes; };
     control.before_optimizer_step = std::move(before_optimizer_step);
+    control.before_grad_sync = std::move(before_grad_sync);
     run.result = train(std::move(setup), control);
     run.params = run.result.model->params().read_f32(run.result.model->context());
     run.grad_stats = dp.gradients().stats();
@@ -293,6 +295,30 @@ TEST_P(Training, LossScalingSkipsTheSameStepOnEveryRank) {
       }
       EXPECT_EQ(step, kSteps) << tag;
     }
+  }
+}
+
+// An overflow in one rank's backward alone: the reduction carries the inf to every rank (inf survives a sum), and
+// every rank skips that step with the same halving, so the ranks stay identical.
+TEST_P(Training, OneRanksOverflowSkipsTheStepOnEveryRank) {
+  TrainOptions o = base(gpt2_style());
+  o.loss_scaling = true;
+  o.loss_scale_init = 1024;
+  o.loss_scale_interval = 1000;
+  auto plant_on_last_rank = [&](int64_t step, Gpt& m) {
+    if (step != 2 || rank() != N() - 1) return;
+    const float inf = std::numeric_limits<float>::infinity();
+    const size_t at = m.params().segments().back().offset;
+    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(),
+               sizeof inf, m.context());
+    m.context().synchronize();
+  };
+  for (const DdpMode mode : {DdpMode::Naive, DdpMode::Flat}) {
+    const std::string tag = std::string("one_rank_inf_") + ddp_mode_name(mode);
+    const DistRun run = parallel(o, {.ddp = mode}, tag, {}, plant_on_last_rank);
+    EXPECT_EQ(run.result.skipped_steps, 1) << tag << " on rank " << rank();
+    EXPECT_EQ(run.result.loss_scale, 512.0) << tag << " on rank " << rank();
+    EXPECT_TRUE(same_on_all_ranks(run.params)) << tag;
   }
 }
 

@@ -80,16 +80,20 @@ RandomTensor random_tensor(int64_t rows, int64_t cols, DType dtype, Rng& rng, Co
 }
 
 // n random ids in [0, V) as i32 on ctx's device; *distinct gets the number of different ids.
-RandomTensor random_ids(int64_t n, int V, Rng& rng, Context& ctx, int64_t* distinct) {
-  std::vector<int32_t> host(static_cast<size_t>(n));
-  std::unordered_set<int32_t> seen;
-  for (auto& id : host) seen.insert(id = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(V)));
-  if (distinct) *distinct = static_cast<int64_t>(seen.size());
+// Token ids on the device, and how many distinct ones there are.
+RandomTensor upload_ids(const std::vector<int32_t>& host, Context& ctx, int64_t* distinct) {
+  if (distinct) *distinct = static_cast<int64_t>(std::unordered_set<int32_t>(host.begin(), host.end()).size());
   RandomTensor r{.buf = Buffer(host.size() * 4, ctx.device(), "benchmark token ids"), .t = {}};
-  r.t = r.buf.view(DType::I32, {n});
+  r.t = r.buf.view(DType::I32, {static_cast<int64_t>(host.size())});
   copy_bytes(r.t.data(), ctx.device(), host.data(), Device::cpu(), host.size() * 4, ctx);
   ctx.synchronize();
   return r;
+}
+
+RandomTensor random_ids(int64_t n, int V, Rng& rng, Context& ctx, int64_t* distinct) {
+  std::vector<int32_t> host(static_cast<size_t>(n));
+  for (auto& id : host) id = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(V));
+  return upload_ids(host, ctx, distinct);
 }
 
 // Token ids drawn from a Zipf law, P(rank k) ∝ 1/k over V ranks, rank k being id k - 1: text's shape (a few ids
@@ -100,18 +104,11 @@ RandomTensor zipf_ids(int64_t n, int V, Rng& rng, Context& ctx, int64_t* distinc
   double total = 0;
   for (int k = 0; k < V; ++k) cdf[k] = total += 1.0 / (k + 1);
   std::vector<int32_t> host(static_cast<size_t>(n));
-  std::unordered_set<int32_t> seen;
   for (auto& id : host) {
     const double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53 * total;
     id = static_cast<int32_t>(std::min<ptrdiff_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), V - 1));
-    seen.insert(id);
   }
-  if (distinct) *distinct = static_cast<int64_t>(seen.size());
-  RandomTensor r{.buf = Buffer(host.size() * 4, ctx.device(), "benchmark token ids"), .t = {}};
-  r.t = r.buf.view(DType::I32, {n});
-  copy_bytes(r.t.data(), ctx.device(), host.data(), Device::cpu(), host.size() * 4, ctx);
-  ctx.synchronize();
-  return r;
+  return upload_ids(host, ctx, distinct);
 }
 
 std::string shape2(int64_t a, int64_t b) {

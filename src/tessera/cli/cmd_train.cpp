@@ -403,7 +403,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   {
     StopSignals signals;
     r = train(std::move(setup),
-              {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {}});
+              {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
+               .before_grad_sync = {}});
   }
   if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
   // A data-parallel run resumes at its world size, with its form of gradient reduction.

@@ -435,6 +435,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       if (dp) dp->begin_backward(*model, sync);
       // With loss scaling the gradients accumulate as S * g; the optimizer divides S out again.
       model->backward(scale / o.accum);
+      if (sync && control.before_grad_sync) control.before_grad_sync(step, *model);
       if (dp) dp->end_backward(*model, sync);
     }
     if (control.before_optimizer_step) control.before_optimizer_step(step, *model);

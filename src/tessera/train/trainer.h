@@ -135,6 +135,10 @@ struct TrainControl {
   // Called after the backward of each step, before the optimizer step: the tests plant an overflow here (an inf
   // written into model.params().grad()) to watch loss scaling skip the step.
   std::function<void(int64_t step, Gpt& model)> before_optimizer_step;
+  // Test hook: on the last micro-step of each step, after this rank's backward and before the data-parallel
+  // reduction completes (for --ddp naive and flat, before it starts), so that a test can plant a value into one
+  // rank's gradient and see it reach the others.
+  std::function<void(int64_t step, Gpt& model)> before_grad_sync;
 };
 
 struct TrainResult {
