@@ -67,6 +67,16 @@ TEST(CudaGpt, F32MatchesCpuLlamaStyle) { compare_with_cpu(llama_style(), DType::
 // bf16 keeps 8 mantissa bits in every stored activation: the loss agrees to about 1%, gradients to a few %.
 TEST(CudaGpt, Bf16FollowsCpuGpt2Style) { compare_with_cpu(gpt2_style(), DType::BF16, 2e-2, 8e-2); }
 TEST(CudaGpt, Bf16FollowsCpuLlamaStyle) { compare_with_cpu(llama_style(), DType::BF16, 2e-2, 8e-2); }
+// The split lm_head GEMMs at their edges (the 97 of the tests above gives 64 + a tail of 33): a vocab below 64 is
+// all tail (the main GEMMs are empty), and a multiple of 64 is one GEMM with no tail.
+TEST(CudaGpt, Bf16LmHeadSplitEdges) {
+  for (const int vocab : {50, 128}) {
+    ModelConfig c = gpt2_style();
+    c.vocab = vocab;
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    compare_with_cpu(c, DType::BF16, 2e-2, 8e-2);
+  }
+}
 
 std::string corpus() {
   std::ifstream f(std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt");
