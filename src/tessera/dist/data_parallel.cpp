@@ -58,9 +58,10 @@ DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const Data
   if (ctx.is_cuda()) {
 #ifdef TESSERA_WITH_NCCL
     grads_ = std::make_unique<NcclCommunicator>(control_, ctx, opt.timeout_s, opt.comm_sms);
+    // Only while the collectives overlap the backward (begin_backward to end_backward of a synced step).
     const bool overlaps = opt.zero == 0 && (opt.ddp == DdpMode::Overlap || opt.ddp == DdpMode::Bucket);
     if (overlaps && opt.comm_sms > 0 && world.size() > 1)
-      ctx.set_gemm_sm_target(std::max(1, ctx.gpu().sm_count - opt.comm_sms));
+      overlap_sm_target_ = std::max(1, ctx.gpu().sm_count - opt.comm_sms);
 #else
     TS_THROW("training on ", ctx.device().str(), " across ranks needs NCCL, and this tessera was built without it "
              "(NCCL's nccl.h and libnccl were not found at configure time); use --device cpu or rebuild with NCCL");
@@ -118,11 +119,13 @@ void DataParallelRun::begin_backward(Gpt& model, bool sync) {
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   }
+  if (sync && overlap_sm_target_ > 0) model.context().set_gemm_sm_target(overlap_sm_target_);
   if (sync_) sync_->begin_backward(model, sync);
 }
 
 void DataParallelRun::end_backward(Gpt& model, bool sync) {
   if (sync_) sync_->end_backward(model, sync);
+  if (overlap_sm_target_ > 0) model.context().set_gemm_sm_target(0);
 }
 
 void DataParallelRun::sum_host(std::vector<double>& values) {

@@ -30,7 +30,8 @@ struct DataParallelOptions {
   int zero = 0;            // 1: ZeRO-1 (the gradients are reduce-scattered by the optimizer; ddp is unused)
   double timeout_s = 300;  // --comm-timeout: the longest any collective may wait
   // --comm-sms (NCCL): the CTAs each collective may use (ncclConfig_t::maxCTAs), and, for the forms that overlap
-  // the backward (overlap, bucket), the GEMMs plan for the GPU's SMs less these (Context::set_gemm_sm_target).
+  // the backward (overlap, bucket), the GEMMs of a synced backward plan for the GPU's SMs less these
+  // (Context::set_gemm_sm_target, set in begin_backward and reset in end_backward).
   // 0 (the default): NCCL's own choice, and GEMMs on every SM. Measured on 2 x H200 (gpt2-124m, B 16, T 1024,
   // bucket 25 MB): 0 gave 95.3% scaling, 16 gave 92.5% and 32 gave 89.6%, so the cap is off unless asked for.
   int comm_sms = 0;
@@ -68,6 +69,7 @@ class DataParallelRun final : public DataParallel {
   int fault_rank_ = -1;     // TESSERA_DIST_FAULT, parsed once
   int64_t fault_step_ = 0;
   bool fault_hang_ = false;
+  int overlap_sm_target_ = 0;  // --comm-sms: the SMs the GEMMs plan for while collectives overlap; 0: all
 };
 
 // Runs `fn` on every rank and agrees on the outcome: when it throws an Error on any rank, every rank throws a
