@@ -109,12 +109,7 @@ int cmd_bench(int argc, char** argv) {
                         .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
                         .timing = timing};
   const std::string out = a.str("out");
-  if (!out.empty()) {  // fail on an unwritable directory now, not after minutes of timing (and create nothing)
-    const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
-    TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--out ", out,
-             ": directory ", parent.string(), " does not exist or is not writable");
-    TS_CHECK(!std::filesystem::is_directory(out), "--out ", out, " is a directory; give a file name");
-  }
+  if (!out.empty()) check_output_path("out", out);
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";

@@ -105,11 +105,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     timeout = a.number("comm-timeout", timeout);
     TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
     out = a.str("out");
-    if (!out.empty() && lead) {  // an unwritable directory fails now, not after minutes of timing
-      const std::filesystem::path parent = std::filesystem::absolute(out).parent_path();
-      TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--out ", out,
-               ": directory ", parent.string(), " does not exist or is not writable");
-    }
+    if (!out.empty() && lead) check_output_path("out", out);
   });
   if (help) return 0;
   control.set_timeout(timeout);

@@ -78,15 +78,6 @@ size_t parse_bytes(const std::string& v) {
   return static_cast<size_t>(x * mult);
 }
 
-// Fails now, before minutes of timing, when `path` cannot be written (and creates nothing).
-void check_output_path(const std::string& flag, const std::string& path) {
-  TS_CHECK(!path.empty(), "--", flag, " needs a file name");
-  const fs::path parent = fs::absolute(path).parent_path();
-  TS_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--", flag, " ", path, ": directory ",
-           parent.string(), " does not exist or is not writable");
-  TS_CHECK(!fs::is_directory(path), "--", flag, " ", path, " is a directory; give a file name");
-}
-
 // FILE.ext for one size; FILE.<size>.ext when the sweep has several.
 std::string per_size_path(const std::string& path, const std::string& size, bool several) {
   if (!several) return path;

@@ -1,6 +1,9 @@
 #include "tessera/cli/common.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <ctime>
 
 #include "tessera/core/error.h"
@@ -82,6 +85,14 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
   return buf;
+}
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  TS_CHECK(!path.empty(), "--", flag, " needs a file name");
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--", flag, " ", path,
+           ": directory ", parent.string(), " does not exist or is not writable");
+  TS_CHECK(!std::filesystem::is_directory(path), "--", flag, " ", path, " is a directory; give a file name");
 }
 
 void print_bench_markdown(const std::string& md, const std::string& out) {

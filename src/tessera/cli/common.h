@@ -24,6 +24,9 @@ std::string utc_now();
 // A bench's markdown: printed without its title line (the title is for the file), and written atomically to
 // `out` when given.
 void print_bench_markdown(const std::string& md, const std::string& out);
+// Fails now, before minutes of timing, when `path` (the value of --`flag`) cannot be written: its directory is
+// missing or not writable, or it names a directory. Creates nothing.
+void check_output_path(const std::string& flag, const std::string& path);
 std::string human_count(double n);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
