@@ -164,6 +164,7 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("kernels --device tpu", "tpu");
   expect_usage_error("speed", "speed");
   expect_usage_error("kernels --device cpu --out " + (dir / "missing" / "x.md").string(), "--out");
+  expect_usage_error("attention --device cpu --out " + dir.string(), "is a directory; give a file name");
   EXPECT_FALSE(fs::exists(dir / "x.md"));
 }
 
