@@ -6,22 +6,8 @@
 
 namespace tessera {
 
-namespace {
-class Event {
- public:
-  Event() { TS_CHECK_CUDA(cudaEventCreate(&e_)); }
-  ~Event() { cudaEventDestroy(e_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-}  // namespace
-
 double time_launch_cuda(Context& ctx, Stream after, const std::function<CommHandle()>& launch) {
-  Event start, stop;
+  CudaEvent start, stop;
   // Both events on the communicator's stream: the figure is the collective's own time there.
   TS_CHECK_CUDA(cudaEventRecord(start.get(), after));
   CommHandle h = launch();

@@ -8,19 +8,6 @@ namespace tessera {
 
 namespace {
 
-// One cudaEvent, destroyed with its owner.
-class Event {
- public:
-  Event() { TS_CHECK_CUDA(cudaEventCreate(&e_)); }
-  ~Event() { cudaEventDestroy(e_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
 // Every thread XORs its 16-byte words of buf; the sink is written only when a thread's XOR equals a value that
 // buf (filled with zeros once) never produces, so the loads stay and the L2 receives no writes.
 __global__ void read_flush(const uint4* __restrict__ buf, size_t words, uint32_t* sink) {
@@ -47,7 +34,7 @@ std::vector<double> time_cuda_runs(Context& ctx, const std::function<void()>& fn
   const cudaStream_t s = ctx.stream();
   std::vector<double> ms;
   ms.reserve(iters);
-  Event start, stop;
+  CudaEvent start, stop;
   for (int i = 0; i < iters; ++i) {
     before();
     TS_CHECK_CUDA(cudaEventRecord(start.get(), s));

@@ -20,3 +20,20 @@
     TS_CHECK_CUDA(cudaDeviceSynchronize()); \
   } while (0)
 #endif
+
+namespace tessera {
+
+// One timing cudaEvent, destroyed with its owner (the bench harnesses' start and stop marks).
+class CudaEvent {
+ public:
+  CudaEvent() { TS_CHECK_CUDA(cudaEventCreate(&e_)); }
+  ~CudaEvent() { cudaEventDestroy(e_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+}  // namespace tessera
