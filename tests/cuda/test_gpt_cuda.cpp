@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_test_util.h"
+#include "cuda_train_util.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
@@ -78,28 +79,6 @@ TEST(CudaGpt, Bf16LmHeadSplitEdges) {
   }
 }
 
-std::string corpus() {
-  std::ifstream f(std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-TrainOptions tiny_run(const fs::path& d, const std::string& out, const std::string& device,
-                      const std::string& precision, int steps) {
-  TrainOptions o;
-  o.model = model_preset("tiny");
-  o.data = (d / "data").string();
-  o.out = (d / out).string();
-  o.steps = steps;
-  o.progress = false;
-  o.val_every = 0;
-  o.ckpt_every = 0;
-  o.device = device;
-  o.precision = precision;
-  return o;
-}
-
 std::vector<double> losses(const std::string& metrics) {
   std::vector<double> out;
   std::ifstream f(metrics);
@@ -112,7 +91,7 @@ std::vector<double> losses(const std::string& metrics) {
 TEST(CudaGpt, TinyTrainingFollowsCpuAndIsReproducible) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_train");
-  prepare_text(corpus(), (d / "data").string());
+  prepare_text(bundled_corpus(), (d / "data").string());
   const TrainResult cpu = train(tiny_run(d, "cpu", "cpu", "f32", 50));
   const TrainResult gpu = train(tiny_run(d, "gpu", "cuda", "f32", 50));
   const auto lc = losses(cpu.checkpoint + "/../metrics.jsonl"), lg = losses(gpu.checkpoint + "/../metrics.jsonl");
@@ -143,7 +122,7 @@ TEST(CudaGpt, TinyTrainingFollowsCpuAndIsReproducible) {
 TEST(CudaGpt, Gpt2Bf16FollowsF32For200Steps) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_gpt2_bf16");
-  prepare_text(corpus(), (d / "data").string());
+  prepare_text(bundled_corpus(), (d / "data").string());
   auto run = [&](const std::string& precision) {
     TrainOptions o = tiny_run(d, precision, "cuda", precision, 200);
     o.model = model_preset("gpt2-124m");
@@ -175,7 +154,7 @@ TEST(CudaGpt, Gpt2Bf16FollowsF32For200Steps) {
 TEST(CudaGpt, ResumeOnGpuIsBitExact) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_resume");
-  prepare_text(corpus(), (d / "data").string());
+  prepare_text(bundled_corpus(), (d / "data").string());
   const TrainResult full = train(tiny_run(d, "straight", "cuda", "bf16", 20));
   TrainOptions first = tiny_run(d, "split", "cuda", "bf16", 20);
   first.stop_after = 10;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_test_util.h"
+#include "cuda_train_util.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
@@ -19,27 +20,6 @@ namespace tessera::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string corpus() {
-  std::ifstream f(std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-TrainOptions tiny_run(const fs::path& d, const std::string& out, const std::string& precision, int steps) {
-  TrainOptions o;
-  o.model = model_preset("tiny");
-  o.data = (d / "data").string();
-  o.out = (d / out).string();
-  o.steps = steps;
-  o.progress = false;
-  o.val_every = 0;
-  o.ckpt_every = 0;
-  o.device = "cuda";
-  o.precision = precision;
-  return o;
-}
 
 std::vector<nlohmann::json> metrics(const std::string& out) {
   std::vector<nlohmann::json> recs;
@@ -72,8 +52,8 @@ constexpr int64_t kPlantStep = 5;
 TEST(CudaLossScaling, F16SkipsAPlantedOverflowAndHalvesTheScale) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_f16_skip");
-  prepare_text(corpus(), (d / "data").string());
-  TrainOptions o = tiny_run(d, "planted", "f16", 30);
+  prepare_text(bundled_corpus(), (d / "data").string());
+  TrainOptions o = tiny_run(d, "planted", "cuda", "f16", 30);
   o.loss_scale_init = 1024.0;  // small enough that the tiny model does not overflow by itself (checked below)
   std::vector<std::vector<float>> before(o.steps + 2);
   TrainControl c;
@@ -111,7 +91,7 @@ TEST(CudaLossScaling, F16SkipsAPlantedOverflowAndHalvesTheScale) {
 
   // Stopped after step 8 and resumed in f16: the same weights as the straight run (the scaler's state and the
   // optimizer's step came back from the checkpoint).
-  TrainOptions first = tiny_run(d, "split", "f16", 30);
+  TrainOptions first = tiny_run(d, "split", "cuda", "f16", 30);
   first.loss_scale_init = 1024.0;
   first.stop_after = 8;
   train(train_setup(first), c);
@@ -133,9 +113,9 @@ TEST(CudaLossScaling, F16SkipsAPlantedOverflowAndHalvesTheScale) {
 TEST(CudaLossScaling, F16FollowsF32) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_f16_f32");
-  prepare_text(corpus(), (d / "data").string());
-  const TrainResult r32 = train(tiny_run(d, "f32", "f32", 60));
-  const TrainResult r16 = train(tiny_run(d, "f16", "f16", 60));
+  prepare_text(bundled_corpus(), (d / "data").string());
+  const TrainResult r32 = train(tiny_run(d, "f32", "cuda", "f32", 60));
+  const TrainResult r16 = train(tiny_run(d, "f16", "cuda", "f16", 60));
   const auto l32 = metrics((d / "f32").string()), l16 = metrics((d / "f16").string());
   ASSERT_EQ(l32.size(), 60u);
   ASSERT_EQ(l16.size(), 60u);

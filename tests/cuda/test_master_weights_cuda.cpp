@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_test_util.h"
+#include "cuda_train_util.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
@@ -18,24 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string corpus() {
-  std::ifstream f(std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-TrainOptions tiny_run(const fs::path& d, const std::string& out, bool master, int steps) {
-  TrainOptions o;
-  o.model = model_preset("tiny");
-  o.data = (d / "data").string();
-  o.out = (d / out).string();
-  o.steps = steps;
-  o.progress = false;
-  o.val_every = 0;
-  o.ckpt_every = 0;
-  o.device = "cuda";
-  o.precision = "bf16";
+// `tiny` in bf16 on the GPU, with or without f32 master weights.
+TrainOptions bf16_run(const fs::path& d, const std::string& out, bool master, int steps) {
+  TrainOptions o = tiny_run(d, out, "cuda", "bf16", steps);
   o.master_weights = master;
   return o;
 }
@@ -56,9 +42,9 @@ double tail_mean(const std::vector<double>& l) {
 TEST(CudaMasterWeights, OffTrainsChecksInF32AndResumesExactly) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_masterless");
-  prepare_text(corpus(), (d / "data").string());
-  const TrainResult on = train(tiny_run(d, "on", true, 60));
-  const TrainResult off = train(tiny_run(d, "off", false, 60));
+  prepare_text(bundled_corpus(), (d / "data").string());
+  const TrainResult on = train(bf16_run(d, "on", true, 60));
+  const TrainResult off = train(bf16_run(d, "off", false, 60));
   EXPECT_TRUE(on.model->params().has_master());
   EXPECT_FALSE(off.model->params().has_master()) << "--master-weights off must not allocate f32 masters";
 
@@ -77,7 +63,7 @@ TEST(CudaMasterWeights, OffTrainsChecksInF32AndResumesExactly) {
   for (size_t i = 0; i < w.size(); i += 97) ASSERT_EQ(w[i], round_to(DType::BF16, w[i])) << "element " << i;
 
   // Stopped after step 30 and resumed (still master-less): the same parameters as the straight run.
-  TrainOptions first = tiny_run(d, "split", false, 60);
+  TrainOptions first = bf16_run(d, "split", false, 60);
   first.stop_after = 30;
   train(first);
   TrainOptions rest;
@@ -98,8 +84,8 @@ TEST(CudaMasterWeights, OffTrainsChecksInF32AndResumesExactly) {
 TEST(CudaMasterWeights, OffWithF16AndLossScaling) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path d = temp_dir("cuda_masterless_f16");
-  prepare_text(corpus(), (d / "data").string());
-  TrainOptions o = tiny_run(d, "f16", false, 30);
+  prepare_text(bundled_corpus(), (d / "data").string());
+  TrainOptions o = bf16_run(d, "f16", false, 30);
   o.precision = "f16";
   const TrainResult r = train(o);
   EXPECT_FALSE(r.model->params().has_master());
