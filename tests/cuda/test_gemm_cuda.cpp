@@ -367,3 +367,131 @@ TEST(CudaGemm, CpuEntryBatchesAndSupports) {
 
 }  // namespace
 }  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+// GELU (tanh form) and its derivative in f64, as activation.h defines them.
+double gelu_f64(double u) { return 0.5 * u * (1.0 + std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u))); }
+double gelu_grad_f64(double u) {
+  const double k = 0.7978845608028654, th = std::tanh(k * (u + 0.044715 * u * u * u));
+  return 0.5 * (1.0 + th) + 0.5 * u * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * u * u);
+}
+
+struct GeluCase {
+  int M, N, K;
+  bool trans_b;
+  int offset;  // elements into each buffer: 1 leaves every pointer only element-aligned
+};
+// A GPT-2 fc layer's shape in small (N = d_ff a multiple of 8: cuBLASLt's epilogue takes it), the same with B
+// transposed as the model's forward has it, a width that is not a multiple of 8 (the unfused fallback), one
+// element, and unaligned pointers.
+constexpr GeluCase kGeluCases[] = {{130, 3072, 64, true, 0}, {130, 3072, 64, false, 0}, {33, 13, 47, true, 0},
+                                   {1, 8, 1, false, 0},      {37, 64, 40, true, 1}};
+
+// gemm_gelu_forward / gemm_gelu_backward against the f64 formulas: pre = A B + bias, out = gelu(pre);
+// d_pre = (A B) ⊙ gelu'(pre0) for a given pre0, d_bias += Σ_m d_pre. Outputs NaN-poisoned, d_bias prefilled.
+void run_gemm_gelu(const GemmMode& mode, const GeluCase& c, Context& ctx, std::mt19937_64& rng) {
+  const DType dt = mode.dt;
+  const int M = c.M, N = c.N, K = c.K, o = c.offset;
+  const size_t MN = static_cast<size_t>(M) * N;
+  const auto a = rounded(dt, randn<double>(static_cast<size_t>(M) * K, rng));  // (M, K)
+  const auto b = rounded(dt, randn<double>(static_cast<size_t>(K) * N, rng));  // op(B): (K, N)
+  const auto bias = rounded(dt, randn<double>(N, rng));
+  const auto pre0 = rounded(dt, randn<double>(MN, rng));  // the backward's saved pre-activation
+  const auto d_bias0 = rounded(dt, randn<double>(N, rng));
+  std::vector<double> prod(MN), prod_abs(MN);
+  gemm_loop_ref<double>({.M = M, .N = N, .K = K}, prod.data(), a.data(), b.data(), nullptr);
+  gemm_loop_ref<double>({.M = M, .N = N, .K = K}, prod_abs.data(), abs_of(a).data(), abs_of(b).data(), nullptr);
+  std::vector<double> ref_pre(MN), mag_pre(MN), ref_out(MN), ref_d_pre(MN), mag_d_pre(MN);
+  std::vector<double> ref_d_bias = d_bias0;
+  for (size_t i = 0; i < MN; ++i) {
+    ref_pre[i] = prod[i] + bias[i % N];
+    mag_pre[i] = prod_abs[i] + std::fabs(bias[i % N]);
+    ref_out[i] = gelu_f64(ref_pre[i]);
+    ref_d_pre[i] = prod[i] * gelu_grad_f64(pre0[i]);
+    mag_d_pre[i] = prod_abs[i] * std::fabs(gelu_grad_f64(pre0[i]));
+    ref_d_bias[i % N] += ref_d_pre[i];
+  }
+  // Stored operands (with an element in front when offset), and outputs NaN-poisoned.
+  auto with_offset = [&](const std::vector<double>& v) {
+    std::vector<double> w(v.size() + o, 0.0);
+    std::copy(v.begin(), v.end(), w.begin() + o);
+    return w;
+  };
+  DeviceArena dev(ctx);
+  auto view = [&](const Tensor& t, int64_t n) { return t.slice1d(o, n); };
+  const Tensor ta = view(dev.upload(dt, with_offset(a)), int64_t{M} * K);
+  const Tensor tb = view(dev.upload(dt, with_offset(c.trans_b ? transposed(b, K, N) : b)), int64_t{K} * N);
+  const Tensor tbias = view(dev.upload(dt, with_offset(bias)), N);
+  const Tensor tout = view(dev.poisoned(dt, MN + o), MN), tpre = view(dev.poisoned(dt, MN + o), MN);
+  const Tensor tpre0 = view(dev.upload(dt, with_offset(pre0)), MN);
+  const Tensor td_pre = view(dev.poisoned(dt, MN + o), MN), td_bias = view(dev.upload(dt, with_offset(d_bias0)), N);
+  const GemmParams p{.M = M, .N = N, .K = K, .trans_b = c.trans_b, .allow_tf32 = mode.tf32};
+  gemm_gelu_forward(p, tout, tpre, ta, tb, tbias, ctx);
+  gemm_gelu_backward(p, td_pre, td_bias, ta, tb, tpre0, ctx);
+  const std::string what = std::string(mode.name) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                           std::to_string(K) + (c.trans_b ? " trans_b" : "") + (o ? " unaligned" : "");
+  expect_close_to_terms(dev.download(tpre), ref_pre, mag_pre, dt, "gemm_gelu pre " + what, tolerance_scale(mode));
+  // out is GELU of the f32 pre-activation: its error is pre's, times |gelu'| <= 1.13, plus the epilogue's tanh.
+  expect_close_to_terms(dev.download(tout), ref_out, mag_pre, dt, "gemm_gelu out " + what,
+                        2.0 * tolerance_scale(mode));
+  expect_close_to_terms(dev.download(td_pre), ref_d_pre, mag_d_pre, dt, "gemm_gelu d_pre " + what,
+                        2.0 * tolerance_scale(mode));
+  expect_close(dev.download(td_bias), ref_d_bias, dt, "gemm_gelu d_bias " + what, 2.0 * tolerance_scale(mode));
+}
+
+TEST(CudaGemmGelu, MatchesReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (const GemmMode& mode : kModes)
+    for (const GeluCase& c : kGeluCases) run_gemm_gelu(mode, c, ctx, rng);
+}
+
+// The model's fc shapes in bf16 and f16 must take cuBLASLt's fused epilogues (else the test above checks only the
+// fallback): the launchers report whether they ran.
+TEST(CudaGemmGelu, GptShapesTakeTheFusedEpilogue) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  const int M = 256, C = 768, F = 3072;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    DeviceArena dev(ctx);
+    const Tensor x = dev.alloc(dt, int64_t{M} * C), w1 = dev.alloc(dt, int64_t{F} * C), b1 = dev.alloc(dt, F);
+    const Tensor pre = dev.alloc(dt, int64_t{M} * F), out = dev.alloc(dt, int64_t{M} * F);
+    const Tensor d_out = dev.alloc(dt, int64_t{M} * C), w2 = dev.alloc(dt, int64_t{C} * F);
+    for (const Tensor* t : {&x, &w1, &b1, &pre, &d_out, &w2}) fill_bytes(*t, 0, ctx);
+    EXPECT_TRUE(gemm_gelu_forward_cuda({.M = M, .N = F, .K = C, .trans_b = true}, dt, out.data(), pre.data(),
+                                       x.data(), w1.data(), b1.data(), ctx))
+        << dtype_label(dt);
+    EXPECT_TRUE(gemm_dgelu_cuda({.M = M, .N = F, .K = C}, dt, out.data(), d_out.data(), w2.data(), pre.data(), ctx))
+        << dtype_label(dt);
+    ctx.synchronize();
+  }
+}
+
+TEST(CudaGemmGelu, IsDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const int M = 1024, N = 3072, K = 768;
+  DeviceArena dev(ctx);
+  const DType dt = DType::BF16;
+  const Tensor a = dev.upload(dt, randn<double>(static_cast<size_t>(M) * K, rng));
+  const Tensor b = dev.upload(dt, randn<double>(static_cast<size_t>(K) * N, rng));
+  const Tensor bias = dev.upload(dt, randn<double>(N, rng));
+  const Tensor pre0 = dev.upload(dt, randn<double>(static_cast<size_t>(M) * N, rng));
+  std::vector<double> first[3];
+  for (int run = 0; run < 3; ++run) {
+    const Tensor out = dev.alloc(dt, int64_t{M} * N), pre = dev.alloc(dt, int64_t{M} * N);
+    const Tensor d_pre = dev.alloc(dt, int64_t{M} * N), d_bias = dev.alloc(dt, N);
+    fill_bytes(d_bias, 0, ctx);
+    gemm_gelu_forward({.M = M, .N = N, .K = K}, out, pre, a, b, bias, ctx);
+    gemm_gelu_backward({.M = M, .N = N, .K = K}, d_pre, d_bias, a, b, pre0, ctx);
+    const std::vector<double> got[3] = {dev.download(out), dev.download(d_pre), dev.download(d_bias)};
+    for (int i = 0; i < 3; ++i) {
+      if (run == 0) first[i] = got[i];
+      else ASSERT_EQ(got[i], first[i]) << "output " << i << " differs between identical runs";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::test

@@ -191,7 +191,9 @@ TEST(GptPlan, PresetPlansReachTheLargestLiveSet) {
     const MemoryPlan plan = Gpt::activation_plan(cfg, c.B, c.T, c.dtype);
     SCOPED_TRACE(std::string(c.preset) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T));
     EXPECT_LE(plan.peak(), plan.max_live().bytes + plan.max_live().bytes / 100);
-    EXPECT_LT(plan.peak(), plan.total() * 2 / 3);
+    // Sharing: the peak is well below the sum of all buffers (bf16 gpt2-124m at B 4, T 256: 68%, its GELU fused
+    // into the fc GEMMs, so without d_fc_act; f32: 60%).
+    EXPECT_LT(plan.peak(), plan.total() * 7 / 10);
     EXPECT_EQ(plan.peak(), Gpt::activation_bytes(cfg, c.B, c.T, c.dtype));
     for (size_t i = 0; i < plan.size(); ++i)
       for (size_t j = i + 1; j < plan.size(); ++j) {

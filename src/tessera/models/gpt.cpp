@@ -284,9 +284,15 @@ void Gpt::layer_forward(int l, int B, int T) {
   at(StepOp::Ln2, l);
   norm_forward(N, ln2, A.ln2_mean, A.ln2_rstd, mid, o.ln2_w, o.ln2_b);
   at(StepOp::Fc, l);
-  mm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor());
-  at(StepOp::Act, l);
-  activation_forward({.N = N, .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, p(o.fc_b, Fin), *ctx_);
+  if (fuses_gelu(cfg_, dtype_)) {
+    // fc_pre = ln2 W1ᵀ + b1 and fc_act = gelu(fc_pre) from one GEMM (cuBLASLt's GELU epilogue).
+    gemm_gelu_forward({.M = N, .N = F, .K = C, .trans_b = true}, fc_act, fc_pre, ln2, p(o.fc_w, int64_t{F} * C),
+                      p(o.fc_b, F), *ctx_);
+  } else {
+    mm({.M = N, .N = Fin, .K = C, .trans_b = true}, fc_pre, ln2, p(o.fc_w, int64_t{Fin} * C), Tensor());
+    at(StepOp::Act, l);
+    activation_forward({.N = N, .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, p(o.fc_b, Fin), *ctx_);
+  }
   at(StepOp::Fcp, l);
   mm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor());
   at(StepOp::Res2, l);
@@ -348,8 +354,7 @@ void Gpt::layer_backward(int l, int B, int T) {
   const int64_t CC = int64_t{C} * C;
   const Tensor d_res = rows(acts_.d_res, N, C);  // d of this layer's output; becomes d of its input
   const Tensor d_tmp = rows(A.d_tmp, N, C), d_ln = rows(A.d_ln, N, C), d_att = rows(A.d_att, N, C);
-  const Tensor d_qkv = rows(A.d_qkv, N, 3 * C), d_fc_act = rows(A.d_fc_act, N, F);
-  const Tensor d_fc_pre = rows(A.d_fc_pre, N, Fin);
+  const Tensor d_qkv = rows(A.d_qkv, N, 3 * C), d_fc_pre = rows(A.d_fc_pre, N, Fin);
   const Tensor fc_act = rows(A.fc_act, N, F), fc_pre = rows(A.fc_pre, N, Fin), ln2 = rows(A.ln2, N, C);
   const Tensor mid = rows(A.mid, N, C), att = rows(A.att, N, C), qkv = rows(A.qkv, N, 3 * C), ln1 = rows(A.ln1, N, C);
 
@@ -360,10 +365,18 @@ void Gpt::layer_backward(int l, int B, int T) {
   at(StepOp::FcpW, l);
   mm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor());
   at(StepOp::FcpX, l);
-  mm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());
-  at(StepOp::ActBwd, l);
-  activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, Fin), d_fc_act, fc_pre,
-                      p(o.fc_b, Fin), *ctx_);
+  if (fuses_gelu(cfg_, dtype_)) {
+    // d_fc_pre = (d_tmp W2) ⊙ gelu'(fc_pre) from one GEMM (cuBLASLt's DGELU epilogue; fc_pre holds the bias), then
+    // b1's gradient.
+    gemm_gelu_backward({.M = N, .N = F, .K = C}, d_fc_pre, g(o.fc_b, F), d_tmp, p(o.fcp_w, int64_t{C} * F), fc_pre,
+                       *ctx_);
+  } else {
+    const Tensor d_fc_act = rows(A.d_fc_act, N, F);
+    mm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());
+    at(StepOp::ActBwd, l);
+    activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, Fin), d_fc_act, fc_pre,
+                        p(o.fc_b, Fin), *ctx_);
+  }
   at(StepOp::FcW, l);
   mm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor());
   at(StepOp::FcX, l);

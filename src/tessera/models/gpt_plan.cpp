@@ -159,15 +159,18 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     add_l(A.ln2, "ln2", dt, {N, C}, life(StepOp::Ln2, StepOp::FcW));
     if (layernorm) add_l(A.ln2_mean, "ln2.mean", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
     add_l(A.ln2_rstd, "ln2.rstd", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
-    add_l(A.fc_pre, "fc_pre", dt, {N, Fin}, life(StepOp::Fc, StepOp::ActBwd));
-    add_l(A.fc_act, "fc_act", dt, {N, F}, life(StepOp::Act, StepOp::FcpW));
+    // With the GELU fused into the fc GEMMs (fuses_gelu) the Act and ActBwd ops are gone: the fc GEMM writes fc_pre
+    // (with the bias) and fc_act, and the fc proj dx GEMM reads fc_pre and writes d_fc_pre; there is no d_fc_act.
+    const bool fused = fuses_gelu(cfg, dt);
+    add_l(A.fc_pre, "fc_pre", dt, {N, Fin}, life(StepOp::Fc, fused ? StepOp::FcpX : StepOp::ActBwd));
+    add_l(A.fc_act, "fc_act", dt, {N, F}, life(fused ? StepOp::Fc : StepOp::Act, StepOp::FcpW));
     // The layer's output: read as the next layer's input until that layer's backward (or by the final norm's).
     add(acts.res[l + 1], "res." + std::to_string(l + 1), dt, {N, C}, ev(StepOp::Res2, l),
         l + 1 < L ? ev(StepOp::Ln1Bwd, l + 1) : ev(StepOp::LnFBwd));
     // Gradient temporaries: born and dead inside this layer's backward.
     add_l(A.d_tmp, "d_tmp", dt, {N, C}, life(StepOp::Res2Bwd, StepOp::ProjX));
-    add_l(A.d_fc_act, "d_fc_act", dt, {N, F}, life(StepOp::FcpX, StepOp::ActBwd));
-    add_l(A.d_fc_pre, "d_fc_pre", dt, {N, Fin}, life(StepOp::ActBwd, StepOp::FcX));
+    if (!fused) add_l(A.d_fc_act, "d_fc_act", dt, {N, F}, life(StepOp::FcpX, StepOp::ActBwd));
+    add_l(A.d_fc_pre, "d_fc_pre", dt, {N, Fin}, life(fused ? StepOp::FcpX : StepOp::ActBwd, StepOp::FcX));
     add_l(A.d_ln, "d_ln", dt, {N, C}, life(StepOp::FcX, StepOp::Ln1Bwd));
     add_l(A.d_att, "d_att", dt, {N, C}, life(StepOp::ProjX, StepOp::AttnBwd));
     add_l(A.d_qkv, "d_qkv", dt, {N, 3 * C}, life(StepOp::AttnBwd, StepOp::QkvX));

@@ -1,4 +1,5 @@
 // Tensor-level GEMM and bias gradient: checks, then the reference (CPU) or cuBLASLt (CUDA).
+#include "tessera/ops/activation/activation.h"
 #include "tessera/ops/dispatch.h"
 #include "tessera/ops/gemm/gemm.h"
 
@@ -76,6 +77,60 @@ void gemm(const GemmParams& p, const Tensor& c, const Tensor& a, const Tensor& b
       gemm_ref<T>(p, c.as<T>() + i * p.stride_c, a.as<T>() + i * p.stride_a, b.as<T>() + i * p.stride_b,
                   bias.as<T>());
   });
+}
+
+namespace {
+
+// The fused GELU GEMMs take the plain case only: alpha 1, beta 0, one product, packed rows.
+void check_gemm_gelu(const char* op, const GemmParams& p, DType dt, const Context& ctx) {
+  std::string why;
+  require_supported(gemm_supports(p, dt, ctx.device(), &why), op, why);
+  TS_CHECK(p.alpha == 1.0f && p.beta == 0.0f && p.batch == 1 && p.ld_a() == p.a_cols() && p.ld_b() == p.b_cols() &&
+               p.ld_c() == p.N,
+           op, ": takes alpha 1, beta 0, batch 1 and packed rows only");
+}
+
+}  // namespace
+
+void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
+                       const Tensor& bias, Context& ctx) {
+  constexpr const char* op = "gemm_gelu_forward";
+  const DType dt = a.dtype();
+  check_gemm_gelu(op, p, dt, ctx);
+  const int64_t MN = static_cast<int64_t>(p.M) * p.N;
+  expect(a, op, "a", dt, p.a_rows() * p.a_cols(), ctx);
+  expect(b, op, "b", dt, p.b_rows() * p.b_cols(), ctx);
+  expect(out, op, "out", dt, MN, ctx);
+  expect(pre, op, "pre", dt, MN, ctx);
+  expect(bias, op, "bias", dt, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda() && gemm_gelu_forward_cuda(p, dt, out.data(), pre.data(), a.data(), b.data(), bias.data(), ctx))
+    return;
+#endif
+  gemm(p, pre, a, b, bias, ctx);
+  activation_forward({.N = p.M, .d_ff = p.N, .kind = Activation::Gelu}, out, pre, Tensor(), ctx);
+}
+
+void gemm_gelu_backward(const GemmParams& p, const Tensor& d_pre, const Tensor& d_bias, const Tensor& a,
+                        const Tensor& b, const Tensor& pre, Context& ctx) {
+  constexpr const char* op = "gemm_gelu_backward";
+  const DType dt = a.dtype();
+  check_gemm_gelu(op, p, dt, ctx);
+  const int64_t MN = static_cast<int64_t>(p.M) * p.N;
+  expect(a, op, "a", dt, p.a_rows() * p.a_cols(), ctx);
+  expect(b, op, "b", dt, p.b_rows() * p.b_cols(), ctx);
+  expect(d_pre, op, "d_pre", dt, MN, ctx);
+  expect(pre, op, "pre", dt, MN, ctx);
+  expect(d_bias, op, "d_bias", dt, p.N, ctx, /*optional=*/true);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda() && gemm_dgelu_cuda(p, dt, d_pre.data(), a.data(), b.data(), pre.data(), ctx)) {
+    if (d_bias.defined()) bias_grad({.M = p.M, .N = p.N}, d_bias, d_pre, ctx);
+    return;
+  }
+#endif
+  // d_pre first holds the product, then (in place: each element read, then written, by one thread) its GELU gradient.
+  gemm(p, d_pre, a, b, Tensor(), ctx);
+  activation_backward({.N = p.M, .d_ff = p.N, .kind = Activation::Gelu}, d_pre, d_bias, d_pre, pre, Tensor(), ctx);
 }
 
 void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c, Context& ctx) {

@@ -102,8 +102,20 @@ struct LtPlan {
 // algorithm fits (the caller then retries without the bias epilogue). The heuristic query costs a few
 // microseconds of host time per call (it is not cached, by design: no global state); at GPT-2 sizes that is
 // well below one GEMM's GPU time, and CUDA-graph capture removes it from the step altogether.
+// The epilogue of one cublasLtMatmul: none, the bias, or GELU with its input as the aux matrix (forward: bias, then
+// GELU, the pre-activation written to aux; backward: the product times GELU's derivative at aux).
+struct LtEpilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  const void* aux = nullptr;  // (M, N) row-major, packed: column-major (N, M) with leading dimension N
+};
+
+LtEpilogue bias_epilogue(const void* bias) {
+  return {.kind = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, .bias = bias};
+}
+
 bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, const void* a, const void* b,
-                 const void* bias, Context& ctx) {
+                 const LtEpilogue& epi, Context& ctx) {
   auto lt = static_cast<cublasLtHandle_t>(ctx.cublaslt());
   const cudaDataType_t type = lt_data_type(dt);
   const size_t es = dtype_size(dt);
@@ -121,17 +133,26 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
   if (const int32_t sms = ctx.gemm_sm_target(); sms > 0)
     check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)),
              "set SM_COUNT_TARGET", p, dt);
-  if (bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+  if (epi.kind != CUBLASLT_EPILOGUE_DEFAULT)
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi.kind, sizeof(epi.kind)),
              "set EPILOGUE", p, dt);
+  if (epi.bias) {
     // The heuristic reads the pointer's alignment; the bias type defaults to the output type.
-    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof(epi.bias)),
              "set BIAS_POINTER", p, dt);
     const int64_t bias_stride = 0;  // one bias for every product of a batch
     check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
                                             sizeof(bias_stride)),
              "set BIAS_BATCH_STRIDE", p, dt);
+  }
+  if (epi.aux) {
+    // The aux matrix has D's layout and type (packed rows: leading dimension N, which cuBLASLt wants divisible by 8).
+    const int64_t aux_ld = p.N;
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &epi.aux,
+                                            sizeof(epi.aux)),
+             "set EPILOGUE_AUX_POINTER", p, dt);
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+             "set EPILOGUE_AUX_LD", p, dt);
   }
   // Column-major layouts (rows, cols, leading dimension) of the memory as stored.
   // A stored matrix of r rows of c elements, ld apart, row-major, is column-major (c, r) with leading dimension ld.
@@ -226,10 +247,10 @@ void gemm_cuda(const GemmParams& p, DType dt, void* c, const void* a, const void
   const LtPlan* plan = &fused;
   LtPlan plain;
   bool bias_after = false;
-  if (!plan_matmul(fused, p, dt, c, a, b, bias, ctx)) {
+  if (!plan_matmul(fused, p, dt, c, a, b, bias_epilogue(bias), ctx)) {
     // No algorithm with the bias epilogue for this shape / alignment: multiply, then add the bias separately.
     TS_CHECK(bias, "cuBLASLt found no algorithm for ", gemm_shape_str(p, dt));
-    TS_CHECK(plan_matmul(plain, p, dt, c, a, b, nullptr, ctx), "cuBLASLt found no algorithm for ",
+    TS_CHECK(plan_matmul(plain, p, dt, c, a, b, bias_epilogue(nullptr), ctx), "cuBLASLt found no algorithm for ",
              gemm_shape_str(p, dt));
     plan = &plain;
     bias_after = true;
@@ -246,6 +267,34 @@ void gemm_cuda(const GemmParams& p, DType dt, void* c, const void* a, const void
       using T = decltype(t);
       launch_scale_add_bias<T>(p, static_cast<T*>(c), static_cast<const T*>(bias), /*beta=*/1.0f, ctx);
     });
+}
+
+namespace {
+// One cublasLtMatmul with a GELU epilogue, or false when cuBLASLt has no algorithm for it (the caller then runs the
+// unfused ops). c is D; epi.aux the GELU input matrix.
+bool matmul_with_gelu_epilogue(const GemmParams& p, DType dt, void* c, const void* a, const void* b,
+                               const LtEpilogue& epi, Context& ctx) {
+  if (p.M == 0 || p.N == 0 || p.K == 0 || p.N % 8 != 0) return false;  // cuBLASLt: aux ld divisible by 8
+  LtPlan plan;
+  if (!plan_matmul(plan, p, dt, c, a, b, epi, ctx)) return false;
+  auto lt = static_cast<cublasLtHandle_t>(ctx.cublaslt());
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(lt, plan.desc.d, &alpha, b, plan.la.d, a, plan.lb.d, &beta, c, plan.lc.d, c, plan.lc.d,
+                          &plan.heuristic.algo, ctx.gemm_workspace(), ctx.gemm_workspace_bytes(), ctx.stream()),
+           "Matmul (GELU epilogue)", p, dt);
+  return true;
+}
+}  // namespace
+
+bool gemm_gelu_forward_cuda(const GemmParams& p, DType dt, void* out, void* pre, const void* a, const void* b,
+                            const void* bias, Context& ctx) {
+  return matmul_with_gelu_epilogue(p, dt, out, a, b,
+                                   {.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, .bias = bias, .aux = pre}, ctx);
+}
+
+bool gemm_dgelu_cuda(const GemmParams& p, DType dt, void* d_pre, const void* a, const void* b, const void* pre,
+                     Context& ctx) {
+  return matmul_with_gelu_epilogue(p, dt, d_pre, a, b, {.kind = CUBLASLT_EPILOGUE_DGELU, .aux = pre}, ctx);
 }
 
 void bias_grad_cuda(const BiasGradParams& p, DType dt, void* d_bias, const void* d_c, Context& ctx) {
