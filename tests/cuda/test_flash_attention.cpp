@@ -247,6 +247,12 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
     ScopedFlashPath scoped("mma");
     EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
   }
+  if (flash_hopper_available(ctx)) {
+    ScopedFlashPath scoped("auto");
+    const AttentionParams p128{.B = 1, .T = 5, .H = 1, .Dh = 128, .causal = true};
+    EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::BF16, ctx));  // measured slower at Dh 64
+    EXPECT_TRUE(flash_forward_uses_hopper(p128, DType::BF16, ctx));
+  }
   {
     ScopedFlashPath scoped("bogus");
     EXPECT_THROW(flash_forward_uses_hopper(p64, DType::BF16, ctx), Error);

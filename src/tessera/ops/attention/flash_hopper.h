@@ -8,7 +8,8 @@
 // qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
 // 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a.
 //
-// TESSERA_FLASH_PATH chooses the forward: unset or "auto" — Hopper where eligible, else mma.sync; "mma" — always
+// TESSERA_FLASH_PATH chooses the forward: unset or "auto" — Hopper where eligible except Dh 64 (measured slower than
+// mma.sync there, see flash_forward_uses_hopper), else mma.sync; "mma" — always
 // mma.sync; "hopper" — like auto, but an Error when this device or build cannot run the Hopper kernels at all
 // (shapes outside its coverage still run mma.sync). The tests set it to run both paths on the same inputs.
 #pragma once
