@@ -322,7 +322,7 @@ bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Cont
   switch (flash_forward_path_requested()) {
     case FlashForwardPath::Mma: return false;
     // Auto leaves Dh 64 to mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16) the Hopper forward
-    // took 2.77 ms over 12 layers against mma.sync's 2.14 (H200, bench/results/2026-11-30-session3-h200.md): its
+    // took 2.77 ms over 12 layers against mma.sync's 2.14 (H200, bench/results/2026-11-30-step-fusions-h200.md): its
     // consumers run each QKᵀ, softmax and PV in series, with no overlap inside a warpgroup.
     case FlashForwardPath::Auto: return p.Dh != 64 && flash_hopper_forward_eligible(p, dtype, ctx);
     case FlashForwardPath::Hopper:
