@@ -99,36 +99,18 @@ __global__ void __launch_bounds__(kThreads)
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  // The run is walked kGroup rows at a time: the group's keys and row ids, then its d_out rows, are loaded together
-  // (kGroup loads in flight, where a row-by-row walk had one: text's frequent ids make runs of hundreds of rows),
-  // and added in the run's order, so the sum is the row-by-row sum, bit for bit. The keys are sorted, so the rows of
-  // the run in a group are a prefix of it.
-  constexpr int kGroup = 4;
-  for (int j = i;; j += kGroup) {
-    int64_t e[kGroup];
-    bool in[kGroup];
+  for (int j = i; j < n && sorted_keys[j] == tok; ++j) {
+    const int64_t e0 = static_cast<int64_t>(sorted_rows[j]) * a.C + c0;
+    float g[W];
+    cuda::load_f32<T, W>(d_out + e0, g);
+    if (a.dropout > 0.0f) {
+      float f[W];
+      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
 #pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      in[q] = j + q < n && sorted_keys[j + q] == tok;
-      e[q] = in[q] ? static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0 : 0;
+      for (int k = 0; k < W; ++k) g[k] *= f[k];
     }
-    float g[kGroup][W];
 #pragma unroll
-    for (int q = 0; q < kGroup; ++q)
-      if (in[q]) cuda::load_f32<T, W>(d_out + e[q], g[q]);
-#pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      if (!in[q]) break;
-      if (a.dropout > 0.0f) {
-        float f[W];
-        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e[q]), a.dropout, a.keep_scale, f);
-#pragma unroll
-        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
-      }
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
-    }
-    if (!in[kGroup - 1]) break;
+    for (int k = 0; k < W; ++k) acc[k] += g[k];
   }
   T* dw = d_wte + static_cast<int64_t>(tok) * a.C + c0;
   float cur[W];
