@@ -91,7 +91,8 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd", "residual fwd",
-                   "residual bwd", "gelu fwd", "gelu bwd", "cross-entropy fwd+bwd"});
+                   "residual bwd", "gelu fwd", "gelu bwd", "cross-entropy fwd+bwd",
+                   "cross-entropy fused fwd+bwd"});
   EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
 }
 

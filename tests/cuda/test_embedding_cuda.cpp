@@ -1,4 +1,8 @@
 // Fused embedding: the CUDA kernels against the f64 reference, through the Tensor-level entries.
+#include <algorithm>
+#include <iterator>
+#include <random>
+
 #include "cuda_test_util.h"
 #include "tessera/ops/embedding/embedding.h"
 
@@ -22,12 +26,14 @@ struct EmbOptions {
   int pos_offset = 0;
 };
 
-void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt19937_64& rng) {
+// tokens_in: the B*T token ids to use instead of random ones in [0, e.distinct).
+void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt19937_64& rng,
+                        const std::vector<int32_t>* tokens_in = nullptr) {
   const int BT = e.B * e.T, max_seq = o.pos_offset + e.T + 3;
   const EmbeddingParams p{.B = e.B, .T = e.T, .C = e.C, .V = e.V, .max_seq = max_seq, .pos_offset = o.pos_offset,
                           .scale = o.scale, .padding_id = o.padding ? 0 : -1, .dropout = o.dropout, .seed = rng(),
                           .stream = rng() % 1000};
-  std::vector<int32_t> tokens = randint(BT, e.distinct, rng);
+  std::vector<int32_t> tokens = tokens_in ? *tokens_in : randint(BT, e.distinct, rng);
   const size_t VC = static_cast<size_t>(e.V) * e.C, SC = static_cast<size_t>(max_seq) * e.C;
   const size_t NC = static_cast<size_t>(BT) * e.C;
   const auto wte = rounded(dt, randn<double>(VC, rng)), wpe = rounded(dt, randn<double>(SC, rng));
@@ -118,6 +124,78 @@ TEST(CudaEmbedding, BackwardIsDeterministic) {
     } else {
       ASSERT_EQ(wte, first_wte) << "d_wte differs between identical runs";
       ASSERT_EQ(wpe, first_wpe) << "d_wpe differs between identical runs";
+    }
+  }
+}
+
+// ---- Long runs of one token id: the backward sums a run in chunks of 32 sorted positions (pass 1 writes the
+// partial of every chunk that begins inside a run, pass 2 adds them after the run's first piece). ----
+
+// n ids drawn from a Zipf law over [0, V): P(id k) ∝ 1 / (k + 1), text's shape (id 0 takes ~1/ln(V) of the rows).
+std::vector<int32_t> zipf_tokens(size_t n, int V, std::mt19937_64& rng) {
+  std::vector<double> w(static_cast<size_t>(V));
+  for (int k = 0; k < V; ++k) w[k] = 1.0 / (k + 1);
+  std::discrete_distribution<int32_t> d(w.begin(), w.end());
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// Runs whose lengths straddle the chunk boundaries once sorted: id k gets lengths[k] rows, shuffled over the batch.
+// Sorted, id 0 fills positions 0-30, id 1 position 31, id 2 exactly chunk 1, id 3 chunks 2 and 3 (one row), ...,
+// and the last id more than 32 chunks (pass 2 reads the continuing chunks' keys 32 at a time).
+std::vector<int32_t> straddling_tokens(size_t n, std::mt19937_64& rng) {
+  const int lengths[] = {31, 1, 32, 33, 64, 65, 97, 1, 2, 2100};
+  std::vector<int32_t> t;
+  for (int k = 0; k < static_cast<int>(std::size(lengths)); ++k) t.insert(t.end(), lengths[k], k);
+  t.resize(n, static_cast<int32_t>(std::size(lengths)));  // the rest: one more id (or the list cut short)
+  std::shuffle(t.begin(), t.end(), rng);
+  return t;
+}
+
+TEST(CudaEmbedding, LongRunsMatchReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (int C : {40, 64}) {  // 40: the scalar path (not a multiple of the 8-wide pack); 64: packs
+      // Every row the same id (one run over every chunk), with B*T = 4100 not a multiple of 32.
+      const EmbCase same{4, 1025, C, 11, 1};
+      const std::vector<int32_t> sevens(4100, 7);
+      run_embedding_case(dt, same, {}, ctx, rng, &sevens);
+      run_embedding_case(dt, same, {.positions = false, .dropout = 0.1f, .scale = 2.0f}, ctx, rng, &sevens);
+      // Zipf ids over GPT-2's vocab; padding_id = 0 takes the most frequent id out of the sort.
+      const EmbCase zipf{8, 512, C, 50257, 50257};
+      const auto z = zipf_tokens(8 * 512, 50257, rng);
+      run_embedding_case(dt, zipf, {}, ctx, rng, &z);
+      run_embedding_case(dt, zipf, {.padding = true, .dropout = 0.1f, .scale = 0.5f, .pos_offset = 3}, ctx, rng, &z);
+      // Runs that begin, end and straddle at every place relative to the chunks.
+      const EmbCase straddle{2, 1500, C, 12, 12};
+      const auto st = straddling_tokens(3000, rng);
+      run_embedding_case(dt, straddle, {}, ctx, rng, &st);
+      run_embedding_case(dt, straddle, {.positions = false, .dropout = 0.2f}, ctx, rng, &st);
+    }
+}
+
+// Long runs give bit-identical d_wte on reruns (f32, where a change of summation order shows in the low bits).
+TEST(CudaEmbedding, LongRunsAreDeterministic) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const EmbeddingParams p{.B = 16, .T = 1024, .C = 768, .V = 50257, .max_seq = 1024, .dropout = 0.1f, .seed = 5};
+  const size_t n = static_cast<size_t>(p.B) * p.T, NC = n * p.C;
+  DeviceArena dev(ctx);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor tdo = dev.upload(dt, randn<double>(NC, rng));
+    for (const auto& tokens : {std::vector<int32_t>(n, 42), zipf_tokens(n, p.V, rng)}) {
+      const Tensor ttok = dev.upload_i32(tokens);
+      std::vector<double> first;
+      for (int run = 0; run < 3; ++run) {
+        const Tensor tdwte = dev.alloc(dt, static_cast<int64_t>(p.V) * p.C);
+        fill_bytes(tdwte, 0, ctx);
+        embedding_backward(p, tdwte, Tensor(), tdo, ttok, ctx);
+        const auto wte = dev.download(tdwte);
+        if (run == 0) first = wte;
+        else ASSERT_EQ(wte, first) << dtype_label(dt) << ": d_wte differs between identical runs";
+      }
     }
   }
 }

@@ -216,6 +216,15 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
           cross_entropy_forward(p, losses.t, lse.t, logits.t, targets.t, ctx);
           cross_entropy_backward(p, logits.t, logits.t, lse.t, targets.t, /*d_loss=*/1.0 / N, Tensor(), ctx);
         });
+    // The same work by the fused op, as a training step runs it: the count kernel reads the targets (4N), then one
+    // read of the logits (N·V) and targets (4N), losses and lse written (2 × 4N), the gradient written over the
+    // logits (N·V). Total 2·N·V·es + 16·N. The torch peer is the same F.cross_entropy forward + backward.
+    Buffer count(sizeof(int32_t), ctx.device(), "benchmark count");
+    const Tensor count_t = count.view(DType::I32, {1});
+    run("cross-entropy fused fwd+bwd", "N=" + std::to_string(s.N()) + " V=" + std::to_string(s.V),
+        2 * es * N * V + 16 * N, [&] {
+          cross_entropy_forward_backward(p, losses.t, lse.t, logits.t, targets.t, /*d_loss=*/1.0, count_t, ctx);
+        });
   }
   return rows;
 }

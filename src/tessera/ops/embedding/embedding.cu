@@ -79,57 +79,121 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
   rows[r] = r;
 }
 
-// d_wte[tok, c] += scale * Σ_{rows r of tok, ascending} f_{r*C+c} * d_out[r, c].
+// Long runs. Text makes runs of thousands of rows for its frequent ids, and one warp walking such a run alone
+// was the whole cost (1.5 ms of a gpt2-124m step on byte-level text). So the sorted positions are cut into chunks
+// of kChunk = 32 rows aligned to multiples of 32, and a run is summed piece by piece: its first piece (from its
+// start to the end of its chunk) by the run's own warp, every later piece (a chunk that begins inside the run) by
+// a warp of its own in an earlier launch, into partial[chunk] (f32). The run's warp then adds the partials in
+// chunk order: a fixed order, so the result is deterministic, and no atomics. A run of L rows costs its warp at
+// most 32 rows and L / 32 partials. Runs of one or two rows (uniform ids) see only the first piece: the same work
+// as a walk, done with one coalesced load of the chunk's keys and rows instead of one load per row.
+constexpr int kChunk = 32;  // = the warp: lane l reads the chunk's key and row at position chunk * 32 + l
+
+// acc[k] += Σ_{q = 0..count-1} f · d_out[row_q, c0 + k] for the rows row_q = shfl(my_row, first + q) of this
+// warp's chunk, in ascending q (the sorted order): the per-row loads are independent of each other (the row ids
+// are already in registers), so the loop can keep several in flight.
+template <typename T, int W>
+__device__ __forceinline__ void embedding_sum_chunk_rows(float (&acc)[W], const T* __restrict__ d_out,
+                                                         int32_t my_row, int first, int count, int c0,
+                                                         const EmbedArgs& a) {
+#pragma unroll 4
+  for (int q = 0; q < count; ++q) {
+    const int32_t r = __shfl_sync(0xffffffffu, my_row, first + q);
+    const int64_t e0 = static_cast<int64_t>(r) * a.C + c0;
+    float g[W];
+    if (c0 < a.C) cuda::load_f32<T, W>(d_out + e0, g);
+    else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) g[k] = 0.0f;
+    }
+    if (a.dropout > 0.0f) {
+      float f[W];
+      cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
+#pragma unroll
+      for (int k = 0; k < W; ++k) g[k] *= f[k];
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] += g[k];
+  }
+}
+
+// Pass 1: partial[chunk, c] = Σ_{the rows of the chunk's run that lie in the chunk, ascending} f · d_out[r, c],
+// for every chunk whose first position continues a run of a real token (its key equals the previous position's).
+// sorted_keys, sorted_rows: (n); partial: (ceil(n / 32), C) f32, only those chunks' rows written. Grid
+// (ceil(n / 32 / 8), ceil(C / W / 32)), 8 warps per block, warp i of the grid on chunk i; lane l owns columns
+// (blockIdx.y*32 + l)*W .. +W-1. A chunk that starts a run (every chunk, on uniform ids) returns after 2 loads.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    embedding_backward_wte_chunk_partials(float* __restrict__ partial, const T* __restrict__ d_out,
+                                          const int32_t* __restrict__ sorted_keys,
+                                          const int32_t* __restrict__ sorted_rows, int n, EmbedArgs a) {
+  const int chunk = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const int start = chunk * kChunk;
+  if (start >= n || chunk == 0) return;
+  const int32_t tok = sorted_keys[start];
+  if (tok == a.V || sorted_keys[start - 1] != tok) return;
+  const int pos = start + lane;
+  const int32_t key = pos < n ? sorted_keys[pos] : a.V;
+  const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
+  // Sorted keys: the positions of tok form a prefix of the chunk.
+  const int count = __popc(__ballot_sync(0xffffffffu, key == tok));
+  const int c0 = (blockIdx.y * 32 + lane) * W;
+  float acc[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc[k] = 0.0f;
+  embedding_sum_chunk_rows<T, W>(acc, d_out, my_row, /*first=*/0, count, c0, a);
+  if (c0 >= a.C) return;
+  float* dst = partial + static_cast<int64_t>(chunk) * a.C + c0;
+#pragma unroll
+  for (int k = 0; k < W; ++k) dst[k] = acc[k];
+}
+
+// Pass 2: d_wte[tok, c] += scale * (first piece + Σ_{later chunks of the run, in order} partial[chunk, c]), where
+// the first piece is Σ_{the run's rows in its first chunk, ascending} f_{r*C+c} * d_out[r, c].
 // sorted_keys, sorted_rows: (n) from the stable radix sort, so the rows of one token are contiguous and ascending.
 // Grid (ceil(n / 8), ceil(C / W / 32)), 8 warps per block: warp i of the grid looks at sorted position i and, when
-// i starts a run of a real token, walks the run; lane l owns columns (blockIdx.y*32 + l)*W .. +W-1. Each d_wte
+// i starts a run of a real token, sums the run; lane l owns columns (blockIdx.y*32 + l)*W .. +W-1. Each d_wte
 // element is written by exactly one lane (one run per token), and its sum has a fixed order: deterministic.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_sorted_runs(T* __restrict__ d_wte, const T* __restrict__ d_out,
                                        const int32_t* __restrict__ sorted_keys,
-                                       const int32_t* __restrict__ sorted_rows, int n, EmbedArgs a) {
+                                       const int32_t* __restrict__ sorted_rows,
+                                       const float* __restrict__ partial, int n, EmbedArgs a) {
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
   const int32_t tok = sorted_keys[i];
   if (tok == a.V || (i > 0 && sorted_keys[i - 1] == tok)) return;
+  const int chunk = i / kChunk, pos = chunk * kChunk + lane;
+  const int32_t key = pos < n ? sorted_keys[pos] : a.V;
+  const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
+  // The run's positions in this chunk: lanes i % 32 .. i % 32 + count - 1 (keys are sorted and the run starts
+  // at i, so the lanes holding tok are exactly those).
+  const unsigned in_run = __ballot_sync(0xffffffffu, key == tok);
   const int c0 = (blockIdx.y * 32 + lane) * W;
-  if (c0 >= a.C) return;
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  // The run is walked kGroup rows at a time: the group's keys and row ids, then its d_out rows, are loaded together
-  // (kGroup loads in flight, where a row-by-row walk had one: text's frequent ids make runs of hundreds of rows),
-  // and added in the run's order, so the sum is the row-by-row sum, bit for bit. The keys are sorted, so the rows of
-  // the run in a group are a prefix of it.
-  constexpr int kGroup = 4;
-  for (int j = i;; j += kGroup) {
-    int64_t e[kGroup];
-    bool in[kGroup];
+  embedding_sum_chunk_rows<T, W>(acc, d_out, my_row, /*first=*/i - chunk * kChunk, __popc(in_run), c0, a);
+  // The run reaches its chunk's last position: the chunks after it that begin with tok continue it. Their first
+  // keys are read 32 at a time (lane l: chunk c1 + l); they form a prefix, as the keys are sorted. The partials of
+  // one batch are then independent loads, added in chunk order.
+  for (int c1 = chunk + 1; in_run >> 31; c1 += 32) {
+    const int64_t p1 = static_cast<int64_t>(c1 + lane) * kChunk;
+    const int more = __popc(__ballot_sync(0xffffffffu, p1 < n && sorted_keys[p1] == tok));
+    if (c0 < a.C) {
+#pragma unroll 4
+      for (int q = 0; q < more; ++q) {
+        const float* src = partial + static_cast<int64_t>(c1 + q) * a.C + c0;
 #pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      in[q] = j + q < n && sorted_keys[j + q] == tok;
-      e[q] = in[q] ? static_cast<int64_t>(sorted_rows[j + q]) * a.C + c0 : 0;
-    }
-    float g[kGroup][W];
-#pragma unroll
-    for (int q = 0; q < kGroup; ++q)
-      if (in[q]) cuda::load_f32<T, W>(d_out + e[q], g[q]);
-#pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      if (!in[q]) break;
-      if (a.dropout > 0.0f) {
-        float f[W];
-        cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e[q]), a.dropout, a.keep_scale, f);
-#pragma unroll
-        for (int k = 0; k < W; ++k) g[q][k] *= f[k];
+        for (int k = 0; k < W; ++k) acc[k] += src[k];
       }
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += g[q][k];
     }
-    if (!in[kGroup - 1]) break;
+    if (more < 32) break;
   }
+  if (c0 >= a.C) return;
   T* dw = d_wte + static_cast<int64_t>(tok) * a.C + c0;
   float cur[W];
   cuda::load_f32<T, W>(dw, cur);
@@ -206,10 +270,16 @@ size_t cub_sort_bytes(int rows, int V) {
   return bytes;
 }
 
+// The f32 partial sums of the chunks that continue a run: one row of C per chunk of kChunk sorted positions.
+size_t chunk_partial_bytes(int rows, int C) {
+  return align256(static_cast<size_t>(ceil_div(rows, kChunk)) * static_cast<size_t>(C) * sizeof(float));
+}
+
 }  // namespace
 
-size_t embedding_backward_scratch_bytes(int rows, int V) {
-  return 4 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) + align256(cub_sort_bytes(rows, V));
+size_t embedding_backward_scratch_bytes(int rows, int V, int C) {
+  return 4 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) + chunk_partial_bytes(rows, C) +
+         align256(cub_sort_bytes(rows, V));
 }
 
 void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
@@ -239,15 +309,17 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   if (n == 0) return;
   const EmbedArgs a = embed_args(p);
 
-  // Scratch: keys, rows, sorted keys, sorted rows, then cub's temporary storage.
-  const size_t arr = align256(static_cast<size_t>(n) * sizeof(int32_t));
+  // Scratch (embedding_backward_scratch_bytes): keys, rows, sorted keys, sorted rows, the chunk partials, then
+  // cub's temporary storage.
+  const size_t arr = align256(static_cast<size_t>(n) * sizeof(int32_t)), part = chunk_partial_bytes(n, p.C);
   size_t sort_bytes = cub_sort_bytes(n, p.V);
-  char* base = static_cast<char*>(ctx.scratch(4 * arr + align256(sort_bytes)));
+  char* base = static_cast<char*>(ctx.scratch(4 * arr + part + align256(sort_bytes)));
   int32_t* keys = reinterpret_cast<int32_t*>(base);
   int32_t* rows = reinterpret_cast<int32_t*>(base + arr);
   int32_t* sorted_keys = reinterpret_cast<int32_t*>(base + 2 * arr);
   int32_t* sorted_rows = reinterpret_cast<int32_t*>(base + 3 * arr);
-  void* sort_temp = base + 4 * arr;
+  float* partial = reinterpret_cast<float*>(base + 4 * arr);
+  void* sort_temp = base + 4 * arr + part;
 
   embedding_backward_keys<<<ceil_div(n, kThreads), kThreads, 0, ctx.stream()>>>(keys, rows, tokens, n, p.V,
                                                                                    p.padding_id);
@@ -261,9 +333,14 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
     constexpr int V = cuda::Pack<T>::kVec;
     const auto launch = [&](auto w) {
       constexpr int W = decltype(w)::value;
-      const dim3 grid(ceil_div(n, kWarps), ceil_div(p.C / W, 32));
+      const unsigned col_blocks = ceil_div(p.C / W, 32);
+      const dim3 chunk_grid(ceil_div(ceil_div(n, kChunk), kWarps), col_blocks);
+      embedding_backward_wte_chunk_partials<T, W><<<chunk_grid, kThreads, 0, ctx.stream()>>>(
+          partial, static_cast<const T*>(d_out), sorted_keys, sorted_rows, n, a);
+      TS_CHECK_LAUNCH();
+      const dim3 grid(ceil_div(n, kWarps), col_blocks);
       embedding_backward_wte_sorted_runs<T, W><<<grid, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(d_wte), static_cast<const T*>(d_out), sorted_keys, sorted_rows, n, a);
+          static_cast<T*>(d_wte), static_cast<const T*>(d_out), sorted_keys, sorted_rows, partial, n, a);
       TS_CHECK_LAUNCH();
       if (d_wpe) {
         const int64_t units = static_cast<int64_t>(p.T) * p.C / W;

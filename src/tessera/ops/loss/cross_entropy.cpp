@@ -116,4 +116,29 @@ void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits,
   });
 }
 
+void cross_entropy_forward_backward(const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse,
+                                    const Tensor& logits, const Tensor& targets, double d_loss, const Tensor& count,
+                                    Context& ctx) {
+  constexpr const char* op = "cross_entropy_forward_backward";
+  check_ce(op, p, logits.dtype(), ctx);
+  const DType dt = logits.dtype(), st = stat_dtype(dt);
+  expect(logits, op, "logits", dt, logits_extent(p), ctx);
+  expect(targets, op, "targets", DType::I32, p.N, ctx);
+  expect(losses, op, "losses", st, p.N, ctx);
+  expect(lse, op, "lse", st, p.N, ctx);
+  expect(count, op, "count", DType::I32, 1, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    cross_entropy_forward_backward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(),
+                                        targets.as<int32_t>(), static_cast<float>(d_loss), count.as<int32_t>(), ctx);
+    return;
+  }
+#endif
+  dispatch_ref(dt, op, [&](auto t) {
+    using T = decltype(t);
+    count.as<int32_t>()[0] = static_cast<int32_t>(cross_entropy_forward_backward_ref<T>(
+        p, losses.as<T>(), lse.as<T>(), logits.as<T>(), targets.as<int32_t>(), d_loss));
+  });
+}
+
 }  // namespace tessera

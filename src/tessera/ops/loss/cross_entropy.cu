@@ -200,6 +200,149 @@ __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_backward_inplace_
   for (int j = split.head + split.packs * kVec + threadIdx.x; j < V; j += blockDim.x) d[j] = grad(j, to_f32(z[j]));
 }
 
+// targets: (N) i32 -> count[0] = #(targets != ignore_index). One block; each thread counts a strided slice, then a
+// fixed-order block sum (an integer sum: exact in any order anyway).
+__global__ void __launch_bounds__(kLossSumThreads) cross_entropy_count_block(int32_t* __restrict__ count,
+                                                                             const int32_t* __restrict__ targets,
+                                                                             int N, int ignore_index) {
+  int c = 0;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] != ignore_index;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  __shared__ int sm_c[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) sm_c[warp] = c;
+  __syncthreads();
+  if (warp != 0) return;
+  c = lane < warps ? sm_c[lane] : 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (lane == 0) count[0] = c;
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+): the copies of a whole row can be in flight
+// at once, which a register-staged loop (a few loads per thread) cannot match.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Shared memory for one row of the fused kernel: V elements, plus up to kVec - 1 of shift so that the row's
+// 16-byte-aligned body lands 16-byte aligned in shared memory too (rows of an odd V start at any 2-byte offset).
+size_t fused_row_smem_bytes(int V, size_t elem_bytes) {
+  return (static_cast<size_t>(V) + 16 / elem_bytes) * elem_bytes;
+}
+
+// Blocks per SM the fused kernel is built for: 2 rows of ~100 KB (bf16, V = 50257) fill an H200's 228 KB, and 2 ×
+// 512 threads keeps registers at ≤ 64 a thread. While one block waits for its row, the other computes and stores.
+constexpr int kFusedBlocksPerSm = 2;
+
+// logits: (N, V) T row-major, rows ld apart, read then overwritten with the gradient; targets: (N) i32; losses,
+// lse: (N) f32; count: (1) i32, written before this launch. Grid N, one block per row, dynamic shared memory
+// fused_row_smem_bytes(V, sizeof(T)). The block
+//   1. copies the row into shared memory s (cp.async for the aligned body, plain loads for the head and tail);
+//   2. runs the online max/sum and Σ z over its own elements of s (each thread reads back what it copied, so no
+//      barrier is needed before this), then merges the block's states in a fixed order (deterministic):
+//        lse = m + log s,  loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
+//   3. writes d[j] = (exp(z[j] - lse) - eps / V - (j == y ? 1 - eps : 0)) * d_loss / max(count, 1) from s over the
+//      row (0 on an ignored row).
+// The numerics are those of cross_entropy_forward_online_row and cross_entropy_backward_inplace_row (f32 state,
+// the same lse in the gradient); only the split of the row among threads differs.
+template <typename T>
+__global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entropy_forward_backward_smem_row(
+    float* __restrict__ losses, float* __restrict__ lse, T* logits, const int32_t* __restrict__ targets,
+    const int32_t* __restrict__ count, int V, int64_t ld, float eps, int ignore_index, float d_loss) {
+  constexpr int kVec = cuda::Pack<T>::kVec;
+  extern __shared__ __align__(16) unsigned char ce_row_smem[];
+  const int row = blockIdx.x;
+  T* z = logits + static_cast<size_t>(row) * ld;
+  const RowSplit<T> split(z, V, /*vec=*/true);
+  const int tail0 = split.head + split.packs * kVec;
+  T* s = reinterpret_cast<T*>(ce_row_smem) + (split.head ? kVec - split.head : 0);  // s[j] holds z[j]
+  cuda::Pack<T>* s_body = reinterpret_cast<cuda::Pack<T>*>(s + split.head);
+  cuda::Pack<T>* z_body = reinterpret_cast<cuda::Pack<T>*>(z + split.head);
+
+  // 1. The copy: the whole body in flight before the first wait.
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) cp_async_16(s_body + k, z_body + k);
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) s[j] = z[j];
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) s[j] = z[j];
+  cp_async_wait_all();
+
+  // 2. Statistics over this thread's elements, then the block merge (as in the forward kernel).
+  OnlineMaxSum st;
+  float zsum = 0.0f;
+  auto take = [&](float x) {
+    st.add(x);
+    zsum += x;
+  };
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) take(to_f32(s[j]));
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
+    const cuda::Pack<T> pk = s_body[k];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) take(to_f32(pk.v[i]));
+  }
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) take(to_f32(s[j]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, st.m, o), s2 = __shfl_xor_sync(0xffffffffu, st.s, o);
+    st.merge(m2, s2);
+  }
+  zsum = cuda::warp_sum(zsum);
+  __shared__ float sm_m[32], sm_s[32], sm_z[32], sm_lse;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+    sm_m[warp] = st.m;
+    sm_s[warp] = st.s;
+    sm_z[warp] = zsum;
+  }
+  __syncthreads();  // also: every thread's copies (and head/tail stores) are visible block-wide from here
+  const int32_t y = targets[row];
+  if (warp == 0) {
+    OnlineMaxSum all;
+    if (lane < warps) {
+      all.m = sm_m[lane];
+      all.s = sm_s[lane];
+    }
+    float zs = lane < warps ? sm_z[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, all.m, o), s2 = __shfl_xor_sync(0xffffffffu, all.s, o);
+      all.merge(m2, s2);
+    }
+    zs = cuda::warp_sum(zs);
+    if (lane == 0) {
+      const float l = all.m + logf(all.s);
+      float loss;
+      if (y == ignore_index) loss = 0.0f;
+      else if (y < 0 || y >= V) loss = NAN;
+      else loss = l - (1.0f - eps) * to_f32(s[y]) - eps / static_cast<float>(V) * zs;
+      lse[row] = l;
+      losses[row] = loss;
+      sm_lse = l;
+    }
+  }
+  __syncthreads();
+
+  // 3. The gradient over the row, from shared memory (the global row is only written from here on).
+  const bool ignored = y == ignore_index;  // uniform over the block: no divergence
+  const float scale = d_loss / static_cast<float>(max(count[0], 1));
+  const float l = ignored ? 0.0f : sm_lse, smooth = eps / static_cast<float>(V), on = 1.0f - eps;
+  auto grad = [&](int j, float x) {
+    return from_f32<T>(ignored ? 0.0f : (expf(x - l) - smooth - (j == y ? on : 0.0f)) * scale);
+  };
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) z[j] = grad(j, to_f32(s[j]));
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
+    const cuda::Pack<T> pz = s_body[k];
+    cuda::Pack<T> pd;
+    const int j0 = split.head + k * kVec;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) pd.v[i] = grad(j0 + i, to_f32(pz.v[i]));
+    z_body[k] = pd;
+  }
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) z[j] = grad(j, to_f32(s[j]));
+}
+
 // Threads per row block: enough for one 16-byte pack per thread up to kCeMaxThreads, a multiple of 32.
 int ce_threads(int V, int vec) {
   const int want = (V + vec - 1) / vec;
@@ -236,6 +379,39 @@ void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void*
     cross_entropy_backward_inplace_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
         static_cast<T*>(d_logits), static_cast<const T*>(logits), lse, targets, count, p.V, p.row_stride(),
         p.label_smoothing, p.ignore_index, d_loss, vec);
+    TS_CHECK_LAUNCH();
+  });
+}
+
+bool cross_entropy_fused_row_fits(const CrossEntropyParams& p, DType dtype, const Context& ctx) {
+  // The static shared memory of the block merge (~400 bytes) is counted with a margin.
+  constexpr size_t kStaticMargin = 1024;
+  return fused_row_smem_bytes(p.V, dtype_size(dtype)) + kStaticMargin <= ctx.gpu().smem_per_block_optin;
+}
+
+void cross_entropy_forward_backward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
+                                         void* logits, const int32_t* targets, float d_loss, int32_t* count,
+                                         Context& ctx) {
+  cross_entropy_count_block<<<1, kLossSumThreads, 0, ctx.stream()>>>(count, targets, p.N, p.ignore_index);
+  TS_CHECK_LAUNCH();
+  if (p.N == 0) return;
+  if (!cross_entropy_fused_row_fits(p, dtype, ctx)) {
+    cross_entropy_forward_cuda(p, dtype, losses, lse, logits, targets, ctx);
+    cross_entropy_backward_cuda(p, dtype, logits, logits, lse, targets, d_loss, count, ctx);
+    return;
+  }
+  cuda::dispatch_float(dtype, "cross_entropy_forward_backward", [&](auto t) {
+    using T = decltype(t);
+    const size_t smem = fused_row_smem_bytes(p.V, sizeof(T));
+    const auto kernel = cross_entropy_forward_backward_smem_row<T>;
+    TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    // All of the unified L1/shared storage as shared memory: 2 rows of ~100 KB per SM need it, and the kernel
+    // reads every global byte once (nothing for L1 to cache).
+    TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+    kernel<<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), smem, ctx.stream()>>>(
+        losses, lse, static_cast<T*>(logits), targets, count, p.V, p.row_stride(), p.label_smoothing,
+        p.ignore_index, d_loss);
     TS_CHECK_LAUNCH();
   });
 }

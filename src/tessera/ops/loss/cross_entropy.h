@@ -8,6 +8,9 @@
 // mean loss = Σ losses / count, matching torch.nn.functional.cross_entropy(label_smoothing=eps).
 // logits: (N, V); targets: (N) int32; losses, lse: (N). d_logits is overwritten; for a mean loss pass
 // d_loss = 1 / count.
+// Two ways to run it: cross_entropy_forward (validation, and any caller that wants the loss alone), then
+// cross_entropy_backward; or cross_entropy_forward_backward, which computes losses, lse and d_logits with one
+// read of the logits and one write of the gradient over them (the training step's case).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,6 +37,12 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
 template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss);
+// The two above composed, in place: losses and lse as the forward writes them, then logits[n] <- d_logits[n] with
+// d_loss_n = d_loss / max(count, 1) (the gradient of d_loss × mean loss). Returns count, the rows whose target is
+// not ignore_index.
+template <typename T>
+long cross_entropy_forward_backward_ref(const CrossEntropyParams& p, T* losses, T* lse, T* logits,
+                                        const int32_t* targets, double d_loss);
 
 }  // namespace tessera
 
@@ -65,6 +74,18 @@ void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits,
                             const Tensor& lse, const Tensor& targets, double d_loss, const Tensor& count,
                             Context& ctx);
 
+// The training step's loss and gradient in one op: losses and lse as cross_entropy_forward writes them, then the
+// logits are overwritten with d_logits = (softmax(logits[n]) - p_smoothed) * d_loss / max(count, 1) (0 for an
+// ignored row; the padding columns [V, ld) are neither read nor written). count: (1) i32, written first (on the
+// device, before any gradient, so that the scale is known when a row's gradient is written): the rows whose
+// target is not ignore_index. Pass d_loss = loss_scale for the gradient of loss_scale * mean loss. The result
+// equals cross_entropy_forward, cross_entropy_loss_sum (for the count), then cross_entropy_backward in place;
+// cross_entropy_loss_sum still forms Σ losses and the mean from the losses written here. cross_entropy_supports
+// answers for it.
+void cross_entropy_forward_backward(const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse,
+                                    const Tensor& logits, const Tensor& targets, double d_loss, const Tensor& count,
+                                    Context& ctx);
+
 // ---- CUDA launchers (cross_entropy.cu), on ctx's stream; pointers are device memory in `dtype` unless typed. ----
 // Forward: one block per row, one pass over the vocabulary with an online max and sum (plus Σ logits for the
 // smoothing term); 16-byte loads over the row's aligned body, scalar loads for the unaligned head and the tail
@@ -79,5 +100,18 @@ void cross_entropy_loss_sum_cuda(const CrossEntropyParams& p, float* sum_mean, i
 void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void* d_logits, const void* logits,
                                  const float* lse, const int32_t* targets, float d_loss, const int32_t* count,
                                  Context& ctx);
+// Forward + backward: first one block counts the non-ignored targets into count[0] (a separate launch: every row's
+// scale needs the count of all rows, and 4N bytes of targets cost ~2 µs against ~1 ms of logits). Then one block
+// per row copies the row into shared memory (cp.async, 16 bytes a thread, the whole row in flight at once; scalar
+// head and tail as above), runs the online max/sum over shared memory, merges the block's states, writes loss and
+// lse, and writes the gradient over the row from shared memory: the logits are read once and written once (2
+// passes instead of the separate ops' 3). A bf16 row of V = 50257 takes ~100 KB, so 2 blocks of 512 threads share
+// an SM and one block's copy overlaps the other's math and stores. A row that does not fit in a block's shared
+// memory (cross_entropy_fused_row_fits false: f32 beyond ~56K columns, 16-bit beyond ~113K) runs the forward and
+// backward kernels above instead (3 passes, same results up to rounding).
+void cross_entropy_forward_backward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
+                                         void* logits, const int32_t* targets, float d_loss, int32_t* count,
+                                         Context& ctx);
+bool cross_entropy_fused_row_fits(const CrossEntropyParams& p, DType dtype, const Context& ctx);
 
 }  // namespace tessera

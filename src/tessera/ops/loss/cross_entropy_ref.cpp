@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/core/parallel.h"
@@ -61,6 +62,15 @@ void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const 
   }
 }
 
+template <typename T>
+long cross_entropy_forward_backward_ref(const CrossEntropyParams& p, T* losses, T* lse, T* logits,
+                                        const int32_t* targets, double d_loss) {
+  const long count = cross_entropy_forward_ref<T>(p, losses, lse, logits, targets);
+  // In place is safe: each gradient element needs only its own logit and the row's lse.
+  cross_entropy_backward_ref<T>(p, logits, logits, lse, targets, d_loss / static_cast<double>(std::max(count, 1L)));
+  return count;
+}
+
 template long cross_entropy_forward_ref<float>(const CrossEntropyParams&, float*, float*, const float*,
                                                const int32_t*);
 template long cross_entropy_forward_ref<double>(const CrossEntropyParams&, double*, double*, const double*,
@@ -69,5 +79,9 @@ template void cross_entropy_backward_ref<float>(const CrossEntropyParams&, float
                                                 const int32_t*, double);
 template void cross_entropy_backward_ref<double>(const CrossEntropyParams&, double*, const double*, const double*,
                                                  const int32_t*, double);
+template long cross_entropy_forward_backward_ref<float>(const CrossEntropyParams&, float*, float*, float*,
+                                                        const int32_t*, double);
+template long cross_entropy_forward_backward_ref<double>(const CrossEntropyParams&, double*, double*, double*,
+                                                         const int32_t*, double);
 
 }  // namespace tessera
