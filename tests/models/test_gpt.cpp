@@ -120,6 +120,43 @@ TEST(GptConfig, JsonRoundTrip) {
 }
 
 // Causality: changing a later token leaves earlier logits unchanged.
+// A training forward that also writes the loss gradient (ForwardOptions::loss_grad_scale, the fused
+// cross-entropy) gives the loss and every gradient of a plain forward followed by backward, bit for bit on the CPU;
+// a backward with another scale is refused.
+TEST(Gpt, LossGradInTheForwardEqualsTheSeparateBackward) {
+  ModelConfig cfg = tiny_gpt2();
+  cfg.dropout = 0.1f;
+  cfg.padding_id = 0;
+  std::mt19937_64 rng(test::test_seed());
+  const int B = 2, T = 6;
+  auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
+  targets[4] = cfg.padding_id;
+  auto run = [&](bool fused) {
+    Gpt m(cfg, DType::F32);
+    m.init_weights(7);
+    RngState rs{99, 0};
+    ForwardOptions fo{.training = true, .label_smoothing = 0.1f, .rng = &rs};
+    if (fused) fo.loss_grad_scale = 0.5;
+    m.zero_grad();
+    const double loss = m.forward(tokens.data(), targets.data(), B, T, fo);
+    m.backward(0.5);
+    std::vector<float> g(m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size());
+    return std::pair{loss, g};
+  };
+  const auto [loss_plain, grad_plain] = run(false);
+  const auto [loss_fused, grad_fused] = run(true);
+  EXPECT_EQ(loss_fused, loss_plain);
+  EXPECT_EQ(grad_fused, grad_plain);
+  double norm = 0;
+  for (float v : grad_plain) norm += static_cast<double>(v) * v;
+  EXPECT_GT(norm, 0.0);
+
+  Gpt m(cfg, DType::F32);
+  m.init_weights(7);
+  m.forward(tokens.data(), targets.data(), B, T, {.loss_grad_scale = 2.0});
+  EXPECT_THROW(m.backward(1.0), Error);
+}
+
 TEST(Gpt, IsCausal) {
   Gpt m(tiny_llama(), DType::F64);
   m.init_weights(3);

@@ -205,10 +205,13 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     const ForwardOptions fo{.training = true, .label_smoothing = 0.0f, .rng = &rng};
     const size_t param_bytes =
         model.params().size() * (2 * dtype_size(bc.dtype) + (model.params().has_master() ? 4 : 0));
+    // The forward alone computes the loss; a training step's forward also writes the loss gradient (as train does).
+    ForwardOptions fo_train = fo;
+    fo_train.loss_grad_scale = 1.0;
     auto forward = [&] { model.forward_device(B, T, /*with_targets=*/true, fo); };
     auto forward_backward = [&] {
       model.zero_grad();
-      forward();
+      model.forward_device(B, T, /*with_targets=*/true, fo_train);
       model.backward();
     };
 
@@ -246,7 +249,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       };
       const bool full = opt != nullptr;  // a training step whenever the optimizer exists
       model.zero_grad();
-      forward();
+      model.forward_device(B, T, /*with_targets=*/true, full || bc.fwd_bwd ? fo_train : fo);
       sample("after forward");
       if (full || bc.fwd_bwd) {
         model.backward();

@@ -164,6 +164,7 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   T_ = T;
   const int N = B * T, C = cfg_.d_model, V = cfg_.vocab;
   has_targets_ = with_targets;
+  fused_loss_grad_scale_.reset();
   begin_step();
   const RangesCloser close_ranges{*this};
 
@@ -208,8 +209,14 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   const CrossEntropyParams cp{
       .N = N, .V = V, .label_smoothing = opt.label_smoothing, .ignore_index = cfg_.padding_id, .ld = ld};
   at(StepOp::Loss);
-  cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, ld),
-                        acts_.targets.slice1d(0, N), *ctx_);
+  fused_loss_grad_scale_ = opt.loss_grad_scale;
+  if (opt.loss_grad_scale)
+    cross_entropy_forward_backward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N),
+                                   rows(acts_.logits, N, ld), acts_.targets.slice1d(0, N), *opt.loss_grad_scale,
+                                   acts_.count, *ctx_);
+  else
+    cross_entropy_forward(cp, acts_.losses.slice1d(0, N), acts_.ce_lse.slice1d(0, N), rows(acts_.logits, N, ld),
+                          acts_.targets.slice1d(0, N), *ctx_);
   // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
   cross_entropy_loss_sum(cp, acts_.loss, acts_.count, acts_.losses.slice1d(0, N), acts_.targets.slice1d(0, N),
                          *ctx_);
@@ -312,8 +319,15 @@ void Gpt::backward(double loss_scale) {
   // In place: each element of the gradient needs only its own logit and the row's lse. The scale is
   // loss_scale / count, with the count read on the device (an all-ignored batch gives zero gradients).
   at(StepOp::LossBwd);
-  cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), loss_scale,
-                         acts_.count, *ctx_);
+  if (fused_loss_grad_scale_) {
+    // The forward wrote d_logits already (ForwardOptions::loss_grad_scale).
+    TS_CHECK(*fused_loss_grad_scale_ == loss_scale, "backward: loss scale ", loss_scale,
+             " differs from the forward's loss_grad_scale ", *fused_loss_grad_scale_);
+    fused_loss_grad_scale_.reset();
+  } else {
+    cross_entropy_backward(cp, logits, logits, acts_.ce_lse.slice1d(0, N), acts_.targets.slice1d(0, N), loss_scale,
+                           acts_.count, *ctx_);
+  }
 
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
   at(StepOp::LmHeadW);

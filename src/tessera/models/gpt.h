@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tessera/core/arena.h"
@@ -38,6 +39,11 @@ struct ForwardOptions {
   bool training = false;        // dropout on
   float label_smoothing = 0.0f;
   RngState* rng = nullptr;      // dropout streams are taken from here when training with dropout > 0
+  // Set when backward(*loss_grad_scale) follows this forward (a training step): the forward then also writes the
+  // loss gradient over the logits (cross_entropy_forward_backward: the logits read once and written once, where a
+  // forward's loss and the backward's gradient read them twice), and backward() starts from it. The logits are
+  // gone after such a forward.
+  std::optional<double> loss_grad_scale;
 };
 
 class Gpt {
@@ -227,6 +233,7 @@ class Gpt {
   uint64_t dropout_seed_ = 0;   // dropout of the last forward (0 probability when off)
   float dropout_p_ = 0.0f;
   float label_smoothing_ = 0;
+  std::optional<double> fused_loss_grad_scale_;  // the last forward wrote d_logits with this scale
   bool has_targets_ = false;
   GradReadyHook grad_ready_;
 };

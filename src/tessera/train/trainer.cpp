@@ -424,8 +424,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     for (int micro = 0; micro < o.accum; ++micro) {
       next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
       rank_rng.next_stream = state.rng.next_stream;
+      // The forward also writes the loss gradient (one pass over the logits fewer); backward continues from it.
       model->forward_async(x.data(), y.data(), o.batch, o.seq,
-                           {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng});
+                           {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng,
+                            .loss_grad_scale = scale / o.accum});
       state.rng.next_stream = rank_rng.next_stream;
       // Each micro-step's mean loss stays on the device until the step's one read, after the optimizer.
       copy_bytes(static_cast<char*>(step_losses.data()) + micro * loss_bytes, ctx.device(), model->loss().data(),
