@@ -160,30 +160,39 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
 }
 
 // d_x += rstd * (g - mean(g) - xhat * mean(g * xhat))  (LayerNorm; RMSNorm drops mean(g)), g = d_out * w: one
-// group reduction per row for the two sums. Each thread sums its columns' d_w (d_out * xhat) and d_b (d_out)
-// over the rows it sees in f32 registers; at the end the R groups of the block add theirs in group order in
-// shared memory, and the block writes one row of partial_w / partial_b (gridDim.x, C) f32, which
-// norm_param_grad_reduce adds in a fixed order: deterministic, no atomics.
+// group reduction per row for the two sums. Each thread sums its columns' d_w (d_out * xhat) and d_b (d_out) over
+// the rows it sees in f32, in shared memory that only it touches (acc: a row of 2 K U + 1 floats per thread, d_w's
+// then d_b's; the odd length puts a warp's 32 accesses in 32 banks, and the offsets are compile-time constants, which
+// a [K U][thread] layout's runtime stride G was not): in registers these sums took 48 of 128 registers and held the
+// kernel to 2 blocks per SM, 25% occupancy, stalled on memory latency (ncu on the H200, (16384, 768) bf16). The
+// registers freed now load d_x together with d_out and x: one memory round trip per row, not two. (3 blocks per SM
+// would cap registers at 80: the bf16 instance then spills, as ptxas -v shows, so the bound stays at 2.)
+// At the end the R groups of the block add theirs in group order, and the block writes one row of partial_w /
+// partial_b (gridDim.x, C) f32, which norm_param_grad_reduce adds in a fixed order: deterministic, no atomics.
+template <int U>
+constexpr size_t norm_backward_smem_bytes() {
+  return (2 * static_cast<size_t>(kUnits<U>) * U + 1) * kThreads * sizeof(float);
+}
+
 template <typename T, bool kLayerNorm, int U>
 __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
     T* __restrict__ d_x, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ d_out,
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
     int N, int C, int G) {
-  constexpr int K = kUnits<U>;
+  constexpr int K = kUnits<U>, KU = K * U, S = 2 * KU + 1;
   __shared__ float2 red[kThreads / 32];
-  __shared__ float acc_w[kNormMaxC], acc_b[kNormMaxC];
+  extern __shared__ float acc[];  // norm_backward_smem_bytes<U>(): thread i's row at acc + i * S
   const int t = threadIdx.x % G, group = threadIdx.x / G, R = kThreads / G, units = C / U;
-  float dw[K][U], db[K][U];
+  float* acc_w = acc + threadIdx.x * S;  // element j of d_w: acc_w[j]; of d_b: acc_w[KU + j]
+  float* acc_b = acc_w + KU;
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int i = 0; i < U; ++i) dw[k][i] = db[k][i] = 0.0f;
+  for (int j = 0; j < KU; ++j) acc_w[j] = acc_b[j] = 0.0f;
   for (int row0 = blockIdx.x * R; row0 < N; row0 += gridDim.x * R) {  // uniform over the block
     const int row = row0 + group;
     const bool live = row < N;
     const size_t off = static_cast<size_t>(live ? row : 0) * C;
     const float m = kLayerNorm && live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
-    Unit<T, U> dy[K], xv[K];
+    Unit<T, U> dy[K], xv[K], dxv[K];
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -191,6 +200,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
       if (live && u < units) {
         dy[k] = load_raw<T, U>(d_out + off + u * U);
         xv[k] = load_raw<T, U>(x + off + u * U);
+        dxv[k] = load_raw<T, U>(d_x + off + u * U);
       }
     }
 #pragma unroll
@@ -219,64 +229,57 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
       if (u < units) {
         float wv[U], dx[U];
         load_unit<T, U>(w + u * U, wv);
-        load_unit<T, U>(d_x + off + u * U, dx);
 #pragma unroll
         for (int i = 0; i < U; ++i) {
           const float dyi = to_f32(dy[k].v[i]), xh = (to_f32(xv[k].v[i]) - m) * rs;
-          dx[i] += rs * (__fmul_rn(dyi, wv[i]) - mean_g - xh * mean_gx);
-          dw[k][i] += dyi * xh;
-          db[k][i] += dyi;
+          dx[i] = to_f32(dxv[k].v[i]) + rs * (__fmul_rn(dyi, wv[i]) - mean_g - xh * mean_gx);
+          acc_w[k * U + i] += dyi * xh;
+          acc_b[k * U + i] += dyi;
         }
         store_unit<T, U>(d_x + off + u * U, dx);
       }
     }
   }
-  // The block's sums: group 0 stores, groups 1 .. R-1 add in order.
-  for (int r = 0; r < R; ++r) {
-    if (group == r) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int u = t + k * G;
-        if (u < units)
-#pragma unroll
-          for (int i = 0; i < U; ++i) {
-            const int c = u * U + i;
-            acc_w[c] = r == 0 ? dw[k][i] : acc_w[c] + dw[k][i];
-            acc_b[c] = r == 0 ? db[k][i] : acc_b[c] + db[k][i];
-          }
-      }
-    }
-    __syncthreads();
-  }
+  // The block's sums, column by column: groups 0 .. R-1 added in order.
+  __syncthreads();
   for (int c = threadIdx.x; c < C; c += kThreads) {
-    partial_w[static_cast<size_t>(blockIdx.x) * C + c] = acc_w[c];
-    if (partial_b) partial_b[static_cast<size_t>(blockIdx.x) * C + c] = acc_b[c];
+    const int u = c / U, j = (u / G) * U + c % U, tc = u % G;
+    float sw = 0.0f, sb = 0.0f;
+    for (int r = 0; r < R; ++r) {
+      const float* a = acc + (r * G + tc) * S + j;
+      sw += a[0];
+      sb += a[KU];
+    }
+    partial_w[static_cast<size_t>(blockIdx.x) * C + c] = sw;
+    if (partial_b) partial_b[static_cast<size_t>(blockIdx.x) * C + c] = sb;
   }
 }
 
 // d_w[c] += Σ_blocks partial_w[block, c], and d_b likewise (blockIdx.y: 0 for w, 1 for b). Block (32 columns,
-// 8 lanes): lane y sums blocks y, y + 8, ... in order, then lane 0 adds the 8 lane sums in order: the same
-// order on every run.
+// 32 lanes): lane y sums blocks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order: the same order
+// on every run. (8 lanes left each thread a chain of blocks / 8 dependent loads: 4.9 µs for 528 x 768 x 2 partials,
+// 10% occupancy, on the H200.)
+constexpr int kReduceLanes = 32;
 template <typename T>
-__global__ void __launch_bounds__(256) norm_param_grad_reduce(T* __restrict__ d_w, T* __restrict__ d_b,
-                                                              const float* __restrict__ partial_w,
-                                                              const float* __restrict__ partial_b, int blocks, int C) {
-  __shared__ float lanes[8][33];
+__global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(T* __restrict__ d_w, T* __restrict__ d_b,
+                                                                            const float* __restrict__ partial_w,
+                                                                            const float* __restrict__ partial_b,
+                                                                            int blocks, int C) {
+  __shared__ float lanes[kReduceLanes][33];
   T* out = blockIdx.y == 0 ? d_w : d_b;
   const float* partial = blockIdx.y == 0 ? partial_w : partial_b;
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  // Unrolled so that 8 loads are in flight before the (ordered) adds: a rolled loop waits one memory latency
-  // per partial.
+  // Unrolled so that 4 loads are in flight before the (ordered) adds.
   if (c < C)
-#pragma unroll 8
-    for (int i = threadIdx.y; i < blocks; i += 8) s += partial[static_cast<size_t>(i) * C + c];
+#pragma unroll 4
+    for (int i = threadIdx.y; i < blocks; i += kReduceLanes) s += partial[static_cast<size_t>(i) * C + c];
   lanes[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y != 0 || c >= C) return;
   float total = 0.0f;
 #pragma unroll
-  for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x];
+  for (int y = 0; y < kReduceLanes; ++y) total += lanes[y][threadIdx.x];
   out[c] = from_f32<T>(to_f32(out[c]) + total);
 }
 
@@ -290,14 +293,14 @@ bool rows_vectorizable(int C, std::initializer_list<const void*> ptrs) {
 }
 
 // Blocks to launch: as many as fit on the GPU at once (the kernels loop over rows), never more than the rows need.
-template <auto kKernel>
+template <auto kKernel, size_t kSmem = 0>
 int resident_blocks(int rows_per_block, int N, const Context& ctx) {
   // Asked once per kernel (a template on the kernel itself, so each has its own static; the answer depends on the
   // kernel and the architecture only): the query costs microseconds of host time, which a 20-microsecond kernel
   // would wait for.
   static const int per_sm = [] {
     int n = 0;
-    TS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0));
+    TS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, kSmem));
     return n;
   }();
   return std::max(1, std::min(std::max(per_sm, 1) * ctx.gpu().sm_count, static_cast<int>(ceil_div(N, rows_per_block))));
@@ -336,15 +339,21 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
       constexpr int U = decltype(unit)::value;
       const int G = group_size(p.C / U, kUnits<U>);
       constexpr auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
-      const int blocks = resident_blocks<kernel>(kThreads / G, p.N, ctx);
+      constexpr size_t smem = norm_backward_smem_bytes<U>();
+      static const bool smem_set = [&] {  // once per instance: above 48 KB a kernel must ask for it
+        TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        return true;
+      }();
+      (void)smem_set;
+      const int blocks = resident_blocks<kernel, smem>(kThreads / G, p.N, ctx);
       const size_t partial = static_cast<size_t>(blocks) * p.C;
       float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
       float* partial_b = d_b ? partial_w + partial : nullptr;
-      kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(d_x), partial_w, partial_b,
+      kernel<<<blocks, kThreads, smem, ctx.stream()>>>(static_cast<T*>(d_x), partial_w, partial_b,
                                                     static_cast<const T*>(d_out), static_cast<const T*>(x),
                                                     static_cast<const T*>(w), mean, rstd, p.N, p.C, G);
       TS_CHECK_LAUNCH();
-      norm_param_grad_reduce<T><<<dim3(ceil_div(p.C, 32), d_b ? 2 : 1), dim3(32, 8), 0, ctx.stream()>>>(
+      norm_param_grad_reduce<T><<<dim3(ceil_div(p.C, 32), d_b ? 2 : 1), dim3(32, kReduceLanes), 0, ctx.stream()>>>(
           static_cast<T*>(d_w), static_cast<T*>(d_b), partial_w, partial_b, blocks, p.C);
       TS_CHECK_LAUNCH();
     };

@@ -54,8 +54,8 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
 // the row in registers; G = 32 for C = 768 in 16-bit, so the reductions are warp shuffles), R = 256 / G rows per
 // block, as many blocks as are resident, looping over the rows; 16-byte loads when the rows allow them.
 // Forward: one pass (Σx and Σx² together, the LightSeq formulation) over the row held in registers.
-// Backward: one group reduction per row for the two sums that d_x needs; d_w / d_b are summed per thread in
-// registers, then per block in group order, then over blocks in a fixed order (deterministic, no atomics) and
+// Backward: one group reduction per row for the two sums that d_x needs (d_out, x and d_x of a row loaded together);
+// d_w / d_b are summed per thread in its own row of shared memory, then per block in group order, then over blocks in a fixed order (deterministic, no atomics) and
 // added to d_w / d_b. Needs C <= kNormMaxC.
 constexpr int kNormMaxC = 4096;
 void layernorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
