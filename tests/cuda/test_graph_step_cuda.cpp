@@ -13,6 +13,7 @@
 
 #include "cuda_test_util.h"
 #include "cuda_train_util.h"
+#include "tessera/bench/model.h"
 #include "tessera/core/cuda_graph.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
@@ -157,6 +158,24 @@ TEST(CudaGraphStep, F16PlantedOverflowSkipsAndRecapturesLikeEager) {
   EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
   EXPECT_EQ(r.graph.graph_captures, 2) << "the new loss scale needs a new capture of the backward";
   fs::remove_all(d);
+}
+
+// `bench model`'s regions as graph replays (the default on a GPU), with dropout on: they run, say so, and take
+// time; with cuda_graph off the same rows are eager.
+TEST(CudaGraphStep, BenchModelTimesGraphReplays) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  Context ctx(Device::cuda(0));
+  ModelConfig cfg = model_preset("tiny");
+  cfg.dropout = 0.1f;
+  ModelBenchConfig bc{.batch = 2, .seq = 64, .dtype = DType::BF16, .warmup = 1, .steps = 2};
+  const ModelBenchRow graph = bench_model(cfg, bc, ctx, 0.0);
+  EXPECT_TRUE(graph.cuda_graph);
+  ASSERT_TRUE(graph.fwd && graph.fwd_bwd && graph.step);
+  EXPECT_GT(graph.step->t.median_ms, 0.0);
+  bc.cuda_graph = false;
+  const ModelBenchRow eager = bench_model(cfg, bc, ctx, 0.0);
+  EXPECT_FALSE(eager.cuda_graph);
+  ASSERT_TRUE(eager.step);
 }
 
 // A synchronize inside a capture is illegal: the capture ends, the Error says so, and the stream works after it
