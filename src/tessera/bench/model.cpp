@@ -9,11 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/buffer.h"
+#include "tessera/core/cuda_graph.h"
 #include "tessera/core/error.h"
 #include "tessera/core/memory.h"
 #include "tessera/models/gpt.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/ops/gemm/gemm.h"
+#include "tessera/train/graph_step.h"
 #include "tessera/train/optimizer.h"
 
 namespace tessera {
@@ -162,6 +164,14 @@ GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOpti
   return r;
 }
 
+std::string model_bench_graph_refusal(bool cuda_graph, const Context& ctx) {
+  if (!cuda_graph) return "--cuda-graph off";
+  if (!ctx.is_cuda()) return "the CPU has no CUDA graphs";
+  if (!cuda_graph_capture_supported())
+    return "a Debug build synchronizes after every kernel launch (TS_CHECK_LAUNCH), which a capture forbids";
+  return "";
+}
+
 ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s) {
   TS_CHECK(bc.batch > 0 && bc.seq > 0, "bench model: --batch and --seq must be positive");
   TS_CHECK(bc.seq <= cfg.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", cfg.max_seq, " of ", cfg.preset);
@@ -203,6 +213,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     }
     RngState rng{bc.seed, 0};
     const ForwardOptions fo{.training = true, .label_smoothing = 0.0f, .rng = &rng};
+    // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
+    constexpr float kLr = 1e-5f;
     const size_t param_bytes =
         model.params().size() * (2 * dtype_size(bc.dtype) + (model.params().has_master() ? 4 : 0));
     // The forward alone computes the loss; a training step's forward also writes the loss gradient (as train does).
@@ -215,22 +227,38 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       model.backward();
     };
 
+    // A region as CUDA graphs: the same launches replayed (GraphStep's first run is eager, its second captures;
+    // both run untimed here, before the warm-up runs).
+    const bool graphs = model_bench_graph_refusal(bc.cuda_graph, ctx).empty();
+    row.cuda_graph = graphs;
+    std::vector<std::unique_ptr<GraphStep>> graph_steps;
+    auto as_graph = [&](const std::function<void()>& eager, bool backward, AdamW* opt) -> std::function<void()> {
+      if (!graphs) return eager;
+      graph_steps.push_back(std::make_unique<GraphStep>(
+          model, opt, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = opt != nullptr,
+                                      .upload_batch = false}));
+      GraphStep* g = graph_steps.back().get();
+      std::function<void()> replay = [g, &rng] { g->run(kLr, /*loss_scale=*/1.0, &rng); };
+      replay();
+      replay();
+      return replay;
+    };
+
     if (bc.fwd) {
-      row.fwd = time_region(ctx, forward, bc.warmup, bc.steps);
+      row.fwd = time_region(ctx, as_graph(forward, /*backward=*/false, nullptr), bc.warmup, bc.steps);
       row.mem_fwd = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak();
     }
-    if (bc.fwd_bwd) row.fwd_bwd = time_region(ctx, forward_backward, bc.warmup, bc.steps);
+    if (bc.fwd_bwd)
+      row.fwd_bwd = time_region(ctx, as_graph(forward_backward, /*backward=*/true, nullptr), bc.warmup, bc.steps);
 
     std::unique_ptr<AdamW> opt;
     if (needs_optimizer) opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
-    // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
-    constexpr float kLr = 1e-5f;
     auto step = [&] {
       forward_backward();
       opt->step(model.params(), kLr);
     };
     if (bc.step) {
-      row.step = time_region(ctx, step, bc.warmup, bc.steps);
+      row.step = time_region(ctx, as_graph(step, /*backward=*/true, opt.get()), bc.warmup, bc.steps);
       row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak() + opt->state_bytes();
     }
 

@@ -9,6 +9,8 @@
 //   fwd      forward_device with targets (embedding .. cross-entropy loss, on the device; no host copy)
 //   fwd-bwd  zero_grad + forward + backward (the gradients of every parameter)
 //   step     zero_grad + forward + backward + AdamW step (clipping at 1.0, as the trainer's default)
+// On a GPU each region is replayed as CUDA graphs by default (ModelBenchConfig::cuda_graph), as `train` steps:
+// the figure is then the GPU's time with almost no launch overhead; --cuda-graph off times the eager launches.
 //
 // Memory. On a GPU: the device memory in use as the driver counts it (Context::device_memory_used, what
 // TrainResult::peak_device_bytes reports) after the region, minus what was in use before the model was made
@@ -60,7 +62,16 @@ struct ModelBenchConfig {
   bool trace = false;           // record one step with a Tracer (ModelBenchRow::trace)
   bool memory_timeline = false; // fill ModelBenchRow::timeline from one training step
   uint64_t seed = 1;
+  // Each region replayed as CUDA graphs (train/graph_step.h: the launches captured once, the dropout streams and
+  // AdamW's scalars read from device memory), after two more untimed runs: an eager one (it sets up what a capture
+  // may not) and the one that captures. Applies where model_bench_graph_refusal is empty; the --trace /
+  // --memory-timeline step stays eager.
+  bool cuda_graph = true;
 };
+
+// Why bench_model times its regions eagerly on ctx with cuda_graph asked or not ("" when they are graphs):
+// "--cuda-graph off", the CPU, a Debug build.
+std::string model_bench_graph_refusal(bool cuda_graph, const Context& ctx);
 
 // Median, min, max (timing_summary) and mean and standard deviation of the timed runs of one region.
 struct RegionTiming {
@@ -107,6 +118,7 @@ struct ModelBenchRow {
   // Peak memory of the forward and of the training step (device: measured; CPU: planned); nullopt when the
   // region was not run.
   std::optional<size_t> mem_fwd, mem_train;
+  bool cuda_graph = false;    // the regions were timed as CUDA graph replays
   bool mem_measured = false;  // true on a GPU
   double flops_fwd = 0;       // per forward (model_forward_flops)
   // tokens/s and MFU from the most complete region timed (step, else fwd-bwd, else fwd).

@@ -168,6 +168,8 @@ int cmd_bench_model(int argc, char** argv) {
   a.add("warmup", "N", "untimed runs of each region first (default 5)");
   a.add("steps", "N", "timed runs of each region; the table shows their median ± standard deviation (default 10)");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
+  a.add("cuda-graph", "on|off", "on a GPU, replay each region as CUDA graphs, as train steps (default on); off times "
+        "the eager launches");
   a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add("json", "FILE", "also write the rows as JSON to FILE");
@@ -225,6 +227,17 @@ int cmd_bench_model(int argc, char** argv) {
   TS_CHECK(ctx.is_cuda() || prec == "f32", "bench model: --precision ", prec,
            " needs a GPU: the CPU reference computes in f32 (use --precision f32, or --device cuda)");
   bc.dtype = prec == "bf16" ? DType::BF16 : DType::F32;
+  if (a.has("cuda-graph")) {
+    const std::string graph = a.str("cuda-graph");
+    TS_CHECK(graph == "on" || graph == "off", "bench model: --cuda-graph must be on or off, got '", graph, "'");
+    bc.cuda_graph = graph == "on";
+    const std::string why = model_bench_graph_refusal(bc.cuda_graph, ctx);
+    TS_CHECK(!bc.cuda_graph || why.empty(), "bench model: --cuda-graph on: ", why);
+  }
+  const std::string no_graph = model_bench_graph_refusal(bc.cuda_graph, ctx);
+  const std::string regions_line = no_graph.empty()
+                                       ? "regions: CUDA graph replays (one eager and one capturing run untimed first)"
+                                       : "regions: eager launches (" + no_graph + ")";
 
   const std::string default_sizes =
       ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
@@ -245,6 +258,7 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
   std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
               device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
+  std::printf("%s\n", regions_line.c_str());
   std::fflush(stdout);
 
   // The GEMM rate of this run: bf16 cuBLASLt on a GPU, f32 on the CPU.
@@ -301,6 +315,7 @@ int cmd_bench_model(int argc, char** argv) {
         std::to_string(bc.warmup) + " warm-up + " + std::to_string(bc.steps) +
         " timed runs per region, each between two synchronizations (host clock); cells: median ± std ms\n";
   md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
+  md += "- " + regions_line + "\n";
   md += "- " + gemm_line + "\n";
   md += std::string("- memory: ") +
         (gpu ? "device memory in use after the region (cudaMemGetInfo) above what was in use before the size was built"
@@ -389,6 +404,7 @@ int cmd_bench_model(int argc, char** argv) {
     j["seq"] = bc.seq;
     j["warmup"] = bc.warmup;
     j["steps"] = bc.steps;
+    j["cuda_graph"] = no_graph.empty();
     j["memory"] = gpu ? "measured" : "planned";
     j["gemm"] = {{"n", gemm_n},
                  {"dtype", std::string(dtype_name(gemm_dt))},

@@ -162,6 +162,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         "f16 trains with dynamic loss scaling, skipping the steps that overflow");
   a.add("master-weights", "on|off", "bf16/f16 on a GPU: keep f32 master weights (on, the default), or only the 16-bit "
         "parameters, updated in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less)");
+  a.add("cuda-graph", "on|off", "on a GPU, replay each training step as CUDA graphs (forward, backward and AdamW; "
+        "the same results, fewer launches): on by default where the step can be one (a single process), off steps "
+        "eagerly; the log says which and why");
   a.add("loss-scale-init", "X", "--precision f16: the first loss scale (default 65536 = 2^16)");
   a.add("loss-scale-interval", "N", "--precision f16: steps without overflow before the loss scale doubles "
         "(default 2000)");
@@ -231,6 +234,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     const std::string master = a.str("master-weights", "on");
     TS_CHECK(master == "on" || master == "off", "--master-weights must be on or off, got '", master, "'");
     o.master_weights = master == "on";
+    if (a.has("cuda-graph")) {
+      const std::string graph = a.str("cuda-graph");
+      TS_CHECK(graph == "on" || graph == "off", "--cuda-graph must be on or off, got '", graph, "'");
+      o.cuda_graph = cuda_graph_mode_from_name(graph);
+    }
     o.loss_scale_init = a.number("loss-scale-init", o.loss_scale_init);
     o.loss_scale_interval = a.integer("loss-scale-interval", o.loss_scale_interval);
     o.val_every = a.integer("val-every", o.val_every);
@@ -376,6 +384,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                                      : std::string("the CPU");
   if (lead) {
     std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
+    const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
+    if (no_graph.empty())
+      std::printf("step: CUDA graphs (forward and backward, then AdamW; the first step%s runs eagerly)\n",
+                  o.trace.empty() ? "" : " and the --trace step");
+    else
+      std::printf("step: eager (%s)\n", no_graph.c_str());
     if (ranks.world) {
       std::printf("data parallel: %d ranks x batch %d = %d sequences a micro-step, %s\n", ranks.size(), o.batch,
                   ranks.size() * o.batch,

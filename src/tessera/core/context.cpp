@@ -24,6 +24,7 @@ void* Context::gemm_workspace() const { TS_THROW("internal: gemm_workspace() on 
 size_t Context::gemm_workspace_bytes() const { return 0; }
 const GpuInfo& Context::gpu() const { TS_THROW("internal: gpu() on a CPU context"); }
 void* Context::scratch(size_t) { TS_THROW("internal: scratch() on a CPU context"); }
+int64_t Context::scratch_generation() const { return 0; }
 void Context::synchronize() const {}
 size_t Context::device_memory_used() const { return 0; }
 #endif

@@ -5,6 +5,7 @@
 // handle with a 32 MiB workspace, and reads the device properties; all are released by its destructor (RAII).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -57,8 +58,12 @@ class Context {
   const GpuInfo& gpu() const;
   // Device scratch of at least `bytes`, owned by the Context and reused by every op that needs temporary
   // memory (partial sums of deterministic reductions). Grows by reallocating, which synchronizes the device:
-  // callers that capture CUDA graphs reserve it first. Ops running on one stream may share it, one at a time.
+  // callers that capture CUDA graphs run the step once eagerly first, and a growth asked for during a capture is
+  // an Error. Ops running on one stream may share it, one at a time.
   void* scratch(size_t bytes);
+  // How many times the scratch has been reallocated: a CUDA graph that baked its address in is stale once this
+  // changes (train/graph_step.h recaptures then). 0 on the CPU.
+  int64_t scratch_generation() const;
   // Waits for all work queued on the stream (a no-op on the CPU).
   void synchronize() const;
   // Device memory in use as the driver counts it (total − free: tessera's buffers, the CUDA context and anything
@@ -73,10 +78,18 @@ class Context {
   int gemm_sm_target() const { return gemm_sm_target_; }
   void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
 
+  // Dropout under a CUDA graph. While set (a device pointer to one uint64_t), every dropout kernel (embedding,
+  // residual) draws Philox stream *base + its op's `stream` instead of `stream`: a graph captured with streams
+  // relative to the step (0, 1, ...) then draws the step's own streams at each replay, from a base that one copy
+  // before the replay writes (train/graph_step.h). Null, the default: `stream` as given. Read when an op is queued.
+  const uint64_t* philox_stream_base() const { return philox_stream_base_; }
+  void set_philox_stream_base(const uint64_t* device_base) { philox_stream_base_ = device_base; }
+
  private:
   struct Cuda;
   Device device_;
   int gemm_sm_target_ = 0;
+  const uint64_t* philox_stream_base_ = nullptr;
   std::unique_ptr<Cuda> cuda_;
 };
 

@@ -42,6 +42,7 @@ struct Context::Cuda {
   void* gemm_ws = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  int64_t scratch_generation = 0;
   int device = 0;
 
   ~Cuda() {
@@ -109,14 +110,22 @@ void* Context::scratch(size_t bytes) {
   TS_CHECK(cuda_, "internal: scratch() on a CPU context");
   if (bytes <= cuda_->scratch_bytes) return cuda_->scratch;
   const size_t grown = std::max(bytes, cuda_->scratch_bytes * 2);
+  // A graph being captured cannot synchronize or allocate: say why, rather than leave the capture invalidated.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TS_CHECK_CUDA(cudaStreamIsCapturing(cuda_->stream, &capturing));
+  TS_CHECK(capturing == cudaStreamCaptureStatusNone, "internal: the context's scratch must grow from ",
+           cuda_->scratch_bytes, " to ", bytes, " bytes during a CUDA graph capture (a step must run eagerly first)");
   TS_CHECK_CUDA(cudaStreamSynchronize(cuda_->stream));
   if (cuda_->scratch) TS_CHECK_CUDA(cudaFree(cuda_->scratch));
   cuda_->scratch = nullptr;
   cuda_->scratch_bytes = 0;
   TS_CHECK_CUDA(cudaMalloc(&cuda_->scratch, grown));
   cuda_->scratch_bytes = grown;
+  cuda_->scratch_generation++;
   return cuda_->scratch;
 }
+
+int64_t Context::scratch_generation() const { return cuda_ ? cuda_->scratch_generation : 0; }
 
 void Context::synchronize() const {
   if (cuda_) TS_CHECK_CUDA(cudaStreamSynchronize(cuda_->stream));

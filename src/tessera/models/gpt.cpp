@@ -146,13 +146,17 @@ double Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
   return targets ? read_loss() : 0.0;
 }
 
-void Gpt::forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
-  reserve(B, T);
-  const int64_t N = static_cast<int64_t>(B) * T;
+void Gpt::check_tokens(const int32_t* tokens, int B, int T) const {
   // Bad token ids are caught here on the host, before they reach a kernel as out-of-range rows.
   embedding_check({.B = B, .T = T, .C = cfg_.d_model, .V = cfg_.vocab, .max_seq = cfg_.max_seq,
                    .padding_id = cfg_.padding_id},
                   tokens, cfg_.positions == PositionKind::Learned);
+}
+
+void Gpt::forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) {
+  reserve(B, T);
+  const int64_t N = static_cast<int64_t>(B) * T;
+  check_tokens(tokens, B, T);
   copy_bytes(acts_.tokens.data(), ctx_->device(), tokens, Device::cpu(), N * sizeof(int32_t), *ctx_);
   if (targets) copy_bytes(acts_.targets.data(), ctx_->device(), targets, Device::cpu(), N * sizeof(int32_t), *ctx_);
   forward_device(B, T, targets != nullptr, opt);

@@ -43,7 +43,7 @@ struct ForwardOptions {
   // loss gradient over the logits (cross_entropy_forward_backward: the logits read once and written once, where a
   // forward's loss and the backward's gradient read them twice), and backward() starts from it. The logits are
   // gone after such a forward.
-  std::optional<double> loss_grad_scale;
+  std::optional<double> loss_grad_scale = std::nullopt;
 };
 
 class Gpt {
@@ -82,6 +82,10 @@ class Gpt {
   // The same without reading the loss back: the step stays on the device (loss() holds the mean loss), and the
   // training loop reads it once per step, after the optimizer.
   void forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
+  // The host-side check of a batch's token ids that forward_async makes before its copy (embedding_check): a bad
+  // id is an Error here, before it reaches a kernel as an out-of-range row. A caller that copies batches in itself
+  // (a CUDA graph's staging, train/graph_step.h) calls it.
+  void check_tokens(const int32_t* tokens, int B, int T) const;
   // The mean loss of the last forward with targets: a device scalar in the stat dtype.
   Tensor loss() const { return loss_; }
   double read_loss() const;

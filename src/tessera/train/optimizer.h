@@ -58,6 +58,18 @@ class Optimizer {
   virtual void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step) = 0;
   // Bytes of optimizer state on this rank's device (m, v), for reports.
   virtual size_t state_bytes() const = 0;
+
+  // CUDA graphs (train/graph_step.h): step() in its two halves, so that a captured graph replays the device half
+  // with each step's own scalars. stage_step is step()'s host half: its checks and bookkeeping (step_count() counts
+  // the step from here, and read_step() must follow as after step()), and the step's scalars written to `host`
+  // (graph_scalar_bytes() of pinned memory, which the caller copies to `device` before the device half runs).
+  // enqueue_graph_step queues the device half, whose kernels read the scalars from `device` when they run: a graph
+  // captures it once. Its `scaling` gives the structure only (skip_nonfinite); the scale comes from the scalars.
+  // graph_scalar_bytes() 0: this optimizer has no graph form (ZeRO-1 communicates inside its step), and the other
+  // two throw.
+  virtual size_t graph_scalar_bytes() const { return 0; }
+  virtual void stage_step(ParamBuffer& params, float lr, const GradScaling& scaling, void* host);
+  virtual void enqueue_graph_step(ParamBuffer& params, const GradScaling& scaling, const void* device);
 };
 
 class AdamW final : public Optimizer {
@@ -84,8 +96,17 @@ class AdamW final : public Optimizer {
   void load_state(const std::vector<float>& m, const std::vector<float>& v, int64_t step) override;
   size_t state_bytes() const override { return m_.bytes() + v_.bytes(); }
 
+  // CUDA only (0 on the CPU, which has no graphs): one AdamWStepScalars.
+  size_t graph_scalar_bytes() const override;
+  void stage_step(ParamBuffer& params, float lr, const GradScaling& scaling, void* host) override;
+  void enqueue_graph_step(ParamBuffer& params, const GradScaling& scaling, const void* device) override;
+
  private:
   bool tracks_norm() const { return cfg_.track_grad_norm || cfg_.grad_clip > 0.0f; }
+  // The kernel parameters of step t = step_ + 1 at lr, and the host bookkeeping of that step (shared by step()
+  // and stage_step).
+  AdamWParams begin_step(ParamBuffer& params, float lr, const GradScaling& scaling);
+  void enqueue(ParamBuffer& params, const AdamWParams& p, const AdamWStepScalars* device_scalars);
 
   AdamWConfig cfg_;
   Context* ctx_;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "tessera/core/cuda_graph.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
@@ -19,6 +20,7 @@
 #include "tessera/train/optimizer.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/graph_step.h"
 #include "tessera/train/loss_scaler.h"
 #include "tessera/train/progress.h"
 
@@ -70,6 +72,25 @@ float lr_at(int64_t step, int64_t total, const TrainOptions& o) {
   const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
   const double min_lr = o.lr * o.min_lr_ratio;
   return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (o.lr - min_lr));
+}
+
+CudaGraphMode cuda_graph_mode_from_name(const std::string& name) {
+  if (name == "on") return CudaGraphMode::On;
+  if (name == "off") return CudaGraphMode::Off;
+  if (name == "auto") return CudaGraphMode::Auto;
+  TS_THROW("--cuda-graph must be on or off, got '", name, "'");
+}
+
+std::string train_cuda_graph_refusal(const TrainOptions& o, const Context& ctx) {
+  if (o.cuda_graph == CudaGraphMode::Off) return "--cuda-graph off";
+  if (o.world_size > 1)
+    return "data-parallel runs step eagerly: their NCCL collectives and the ranks' agreement are not captured";
+  if (!ctx.is_cuda()) return "the CPU has no CUDA graphs";
+  if (!cuda_graph_capture_supported())
+    return "a Debug build synchronizes after every kernel launch (TS_CHECK_LAUNCH), which a capture forbids";
+  if (plan_debug_from_env().poison_dead)
+    return "TESSERA_POISON_DEAD checks the activation buffers on the host inside the step";
+  return "";
 }
 
 namespace {
@@ -294,6 +315,10 @@ TrainSetup train_setup(TrainOptions o) {
   // f16's range (6e-8 to 65504) loses small gradients without a loss scale; bf16 has f32's range.
   if (s.dtype == DType::F16) o.loss_scaling = true;
   if (o.loss_scaling) LossScaler{loss_scaler_config(o)};  // checks the flags now, before anything is written
+  if (o.cuda_graph == CudaGraphMode::On) {
+    const std::string why = train_cuda_graph_refusal(o, *s.context);
+    TS_CHECK(why.empty(), "--cuda-graph on: ", why, "; drop the flag to step eagerly here");
+  }
   // Host memory: on the CPU the f32 params, grads, AdamW m and v and the planned activations; on a GPU the f32
   // host copy that a checkpoint is written from. Both: the host copies of m and v a checkpoint carries
   // (TrainState) and the checkpoint writer's one temporary. (A resumed run already holds some of this: the
@@ -410,6 +435,14 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   // The micro-steps' mean losses of one step, on the device (the loss's stat dtype: f32, or f64 for an f64 model).
   const size_t loss_bytes = model->dtype() == DType::F64 ? sizeof(double) : sizeof(float);
   const Buffer step_losses(static_cast<size_t>(o.accum) * loss_bytes, ctx.device(), "the step's micro-batch losses");
+  // The step as CUDA graphs where it can be (train/graph_step.h): the same launches, replayed, so the same bits.
+  std::unique_ptr<GraphStep> graph;
+  if (train_cuda_graph_refusal(o, ctx).empty() && !model->plan_debug().poison_dead)
+    graph = std::make_unique<GraphStep>(*model, optimizer.get(),
+                                        GraphStepConfig{.B = o.batch, .T = o.seq, .accum = o.accum,
+                                                        .losses = step_losses.data(),
+                                                        .label_smoothing = o.label_smoothing,
+                                                        .skip_nonfinite = o.loss_scaling});
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
@@ -419,34 +452,49 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       tracer = std::make_unique<Tracer>(ctx);
       model->set_tracer(tracer.get());
     }
-    model->zero_grad();
     const double scale = o.loss_scaling ? scaler.scale() : 1.0;
-    for (int micro = 0; micro < o.accum; ++micro) {
-      next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
-      rank_rng.next_stream = state.rng.next_stream;
-      // The forward also writes the loss gradient (one pass over the logits fewer); backward continues from it.
-      model->forward_async(x.data(), y.data(), o.batch, o.seq,
-                           {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng,
-                            .loss_grad_scale = scale / o.accum});
-      state.rng.next_stream = rank_rng.next_stream;
-      // Each micro-step's mean loss stays on the device until the step's one read, after the optimizer.
-      copy_bytes(static_cast<char*>(step_losses.data()) + micro * loss_bytes, ctx.device(), model->loss().data(),
-                 ctx.device(), loss_bytes, ctx);
-      // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
-      const bool sync = micro == o.accum - 1;
-      if (dp) dp->begin_backward(*model, sync);
-      // With loss scaling the gradients accumulate as S * g; the optimizer divides S out again.
-      model->backward(scale / o.accum);
-      if (sync && control.before_grad_sync) control.before_grad_sync(step, *model);
-      if (dp) dp->end_backward(*model, sync);
-    }
-    if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
     TS_CHECK(optimizer->step_count() == state.optimizer_step, "internal: optimizer at step ", optimizer->step_count(),
              ", the run's count of applied steps ", state.optimizer_step);
-    {
-      const TraceScope optim(tracer.get(), "OPTIM_STEP");
-      optimizer->step(model->params(), lr,
-                      {.scale = static_cast<float>(scale), .skip_nonfinite = o.loss_scaling});
+    if (graph && !tracer) {
+      // The batches go straight into the graph's pinned staging, checked there; the graph copies them in.
+      for (int micro = 0; micro < o.accum; ++micro) {
+        next_batch_share(train_data, o.batch, o.seq, rank, world, graph->tokens(micro), graph->targets(micro));
+        model->check_tokens(graph->tokens(micro), o.batch, o.seq);
+      }
+      rank_rng.next_stream = state.rng.next_stream;
+      graph->run(lr, scale, &rank_rng, [&] {
+        // World size 1: the last micro-step's backward is done and there is no reduction.
+        if (control.before_grad_sync) control.before_grad_sync(step, *model);
+        if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
+      });
+      state.rng.next_stream = rank_rng.next_stream;
+    } else {
+      model->zero_grad();
+      for (int micro = 0; micro < o.accum; ++micro) {
+        next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
+        rank_rng.next_stream = state.rng.next_stream;
+        // The forward also writes the loss gradient (one pass over the logits fewer); backward continues from it.
+        model->forward_async(x.data(), y.data(), o.batch, o.seq,
+                             {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng,
+                              .loss_grad_scale = scale / o.accum});
+        state.rng.next_stream = rank_rng.next_stream;
+        // Each micro-step's mean loss stays on the device until the step's one read, after the optimizer.
+        copy_bytes(static_cast<char*>(step_losses.data()) + micro * loss_bytes, ctx.device(), model->loss().data(),
+                   ctx.device(), loss_bytes, ctx);
+        // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
+        const bool sync = micro == o.accum - 1;
+        if (dp) dp->begin_backward(*model, sync);
+        // With loss scaling the gradients accumulate as S * g; the optimizer divides S out again.
+        model->backward(scale / o.accum);
+        if (sync && control.before_grad_sync) control.before_grad_sync(step, *model);
+        if (dp) dp->end_backward(*model, sync);
+      }
+      if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
+      {
+        const TraceScope optim(tracer.get(), "OPTIM_STEP");
+        optimizer->step(model->params(), lr,
+                        {.scale = static_cast<float>(scale), .skip_nonfinite = o.loss_scaling});
+      }
     }
     if (tracer) {
       model->set_tracer(nullptr);
@@ -557,6 +605,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   }
   bar.finish();
   result.loss_scale = o.loss_scaling ? scaler.scale() : 0.0;
+  if (graph) {
+    result.graph_steps = graph->replays();
+    result.graph_captures = graph->captures();
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.checkpoint = o.checkpoints ? ckpt_dir : "";
   result.model = std::move(model);

@@ -18,6 +18,13 @@
 
 namespace tessera {
 
+// --cuda-graph: whether each step is replayed as CUDA graphs (train/graph_step.h).
+enum class CudaGraphMode {
+  Auto,  // where the step can be a graph (train_cuda_graph_refusal is empty), else eagerly, the reason logged
+  On,    // a graph, or refuse to start (train_setup) with the reason
+  Off,   // eagerly
+};
+
 struct TrainOptions {
   ModelConfig model;
   std::string data;            // a directory of train_*/val_* shards, or one shard file
@@ -60,6 +67,9 @@ struct TrainOptions {
   // in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less). Not saved with the run:
   // checkpoints hold f32 either way.
   bool master_weights = true;
+  // --cuda-graph: the step as CUDA graphs (not saved with the run: a checkpoint resumes either way, to the same bits).
+  // The run's first step, and the --trace step, run eagerly.
+  CudaGraphMode cuda_graph = CudaGraphMode::Auto;
   double loss_scale_init = 65536.0;  // --loss-scale-init: the first scale (a power of 2 keeps unscaling exact)
   int loss_scale_interval = 2000;    // --loss-scale-interval: good steps before the scale doubles
   // Data-parallel ranks (mpirun -np N); set by the launcher, not a flag. `batch` is each rank's, so a step takes
@@ -71,6 +81,14 @@ struct TrainOptions {
 nlohmann::json train_options_to_json(const TrainOptions& o);
 // Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress).
 void train_options_from_json(const nlohmann::json& j, TrainOptions& o);
+
+// Parses --cuda-graph: "on", "off" (and "auto", the default); an Error otherwise.
+CudaGraphMode cuda_graph_mode_from_name(const std::string& name);
+
+// Why this run's step cannot be CUDA graphs on ctx ("" when it can): --cuda-graph off; a data-parallel run (its
+// NCCL collectives and the ranks' agreement stay eager); the CPU; a Debug build (TS_CHECK_LAUNCH synchronizes
+// after every launch); TESSERA_POISON_DEAD (the plan's debug mode checks buffers on the host inside the step).
+std::string train_cuda_graph_refusal(const TrainOptions& o, const Context& ctx);
 
 // Learning rate of optimizer step `step` (1-based): linear warm-up to lr over `warmup` steps, then a cosine
 // decay to lr * min_lr_ratio at `total`.
@@ -152,6 +170,8 @@ struct TrainResult {
   int64_t best_step = 0;
   double seconds = 0;
   size_t peak_device_bytes = 0;  // the most device memory in use after any step (GPU runs; 0 on the CPU)
+  int64_t graph_steps = 0;     // steps replayed as CUDA graphs (the others ran eagerly)
+  int64_t graph_captures = 0;  // how many times the step was captured (again when the f16 loss scale changes)
   bool interrupted = false;    // stopped by TrainControl::stop
   std::string checkpoint, best_checkpoint;
   std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`

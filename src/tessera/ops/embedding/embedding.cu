@@ -20,7 +20,13 @@ struct EmbedArgs {
   int T, C, V, pos_offset, padding_id;
   float scale, dropout, keep_scale;
   uint64_t seed, stream;
+  const uint64_t* stream_base;  // Context::philox_stream_base (CUDA graphs): the stream drawn is *stream_base + stream
 };
+
+// The Philox stream the kernel draws: a's own, plus the graph's base when one is set.
+__device__ __forceinline__ void apply_stream_base(EmbedArgs& a) {
+  if (a.stream_base && a.dropout > 0.0f) a.stream += *a.stream_base;
+}
 
 // out[r, c] = 0                                              if tokens[r] == padding_id
 //           = NaN                                            if tokens[r] is outside [0, V) (see embedding.h)
@@ -32,6 +38,7 @@ template <typename T, int W>
 __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe, int64_t units,
                                        EmbedArgs a) {
+  apply_stream_base(a);
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e0 = u * W;
@@ -127,6 +134,7 @@ __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_chunk_partials(float* __restrict__ partial, const T* __restrict__ d_out,
                                           const int32_t* __restrict__ sorted_keys,
                                           const int32_t* __restrict__ sorted_rows, int n, EmbedArgs a) {
+  apply_stream_base(a);
   const int chunk = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   const int start = chunk * kChunk;
@@ -161,6 +169,7 @@ __global__ void __launch_bounds__(kThreads)
                                        const int32_t* __restrict__ sorted_keys,
                                        const int32_t* __restrict__ sorted_rows,
                                        const float* __restrict__ partial, int n, EmbedArgs a) {
+  apply_stream_base(a);
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
@@ -208,6 +217,7 @@ template <typename T, int W>
 __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* __restrict__ d_out,
                                                const int32_t* __restrict__ tokens, int B, int64_t units,
                                                EmbedArgs a) {
+  apply_stream_base(a);
   const int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (u >= units) return;
   const int64_t e = u * W;  // offset within one (T, C) slab
@@ -241,9 +251,10 @@ __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* _
   cuda::store_f32<T, W>(dp, cur);
 }
 
-EmbedArgs embed_args(const EmbeddingParams& p) {
+EmbedArgs embed_args(const EmbeddingParams& p, const Context& ctx) {
   return {.T = p.T, .C = p.C, .V = p.V, .pos_offset = p.pos_offset, .padding_id = p.padding_id, .scale = p.scale,
-          .dropout = p.dropout, .keep_scale = cuda::dropout_keep_scale(p.dropout), .seed = p.seed, .stream = p.stream};
+          .dropout = p.dropout, .keep_scale = cuda::dropout_keep_scale(p.dropout), .seed = p.seed, .stream = p.stream,
+          .stream_base = ctx.philox_stream_base()};
 }
 
 bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
@@ -286,7 +297,7 @@ void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, co
                             const void* wte, const void* wpe, Context& ctx) {
   const int64_t BT = static_cast<int64_t>(p.B) * p.T;
   if (BT == 0) return;
-  const EmbedArgs a = embed_args(p);
+  const EmbedArgs a = embed_args(p, ctx);
   cuda::dispatch_float(dtype, "embedding_forward", [&](auto t) {
     using T = decltype(t);
     constexpr int V = cuda::Pack<T>::kVec;
@@ -307,7 +318,7 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
                              const int32_t* tokens, Context& ctx) {
   const int n = p.B * p.T;
   if (n == 0) return;
-  const EmbedArgs a = embed_args(p);
+  const EmbedArgs a = embed_args(p, ctx);
 
   // Scratch (embedding_backward_scratch_bytes): keys, rows, sorted keys, sorted rows, the chunk partials, then
   // cub's temporary storage.

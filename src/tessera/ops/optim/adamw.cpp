@@ -44,13 +44,31 @@ bool adamw_supports(DType dtype, bool master, Device device, std::string* why) {
   return supports_dtype(dtype, device, why);
 }
 
+AdamWStepScalars adamw_step_scalars(const AdamWParams& p) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  return {.beta1 = p.beta1,
+          .one_minus_beta1 = 1.0f - p.beta1,
+          .beta2 = p.beta2,
+          .one_minus_beta2 = 1.0f - p.beta2,
+          .eps = p.eps,
+          .step_size = static_cast<float>(p.lr / bc1),
+          .inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2)),
+          .keep = 1.0f - p.lr * p.weight_decay,
+          .max_norm = p.max_grad_norm,
+          .skip_nonfinite = p.skip_nonfinite ? 1 : 0,
+          .grad_scale = static_cast<double>(p.grad_scale)};
+}
+
 size_t adamw_scratch_bytes(const Context& ctx) {
   return ctx.is_cuda() ? 8 * static_cast<size_t>(ctx.gpu().sm_count) * sizeof(float) : 0;
 }
 
 void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,
-                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx) {
+                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx,
+                const AdamWStepScalars* device_scalars) {
   constexpr const char* op = "adamw_step";
+  TS_CHECK(!device_scalars || ctx.is_cuda(), op, ": scalars in device memory need a CUDA context");
   const DType dt = params.dtype();
   std::string why;
   require_supported(adamw_supports(dt, master.defined(), ctx.device(), &why), op, why);
@@ -73,7 +91,7 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {
     adamw_step_cuda(p, table, dt, params.data(), grads.data(), master.as<float>(), m.as<float>(), v.as<float>(),
-                    grad_norm.as<float>(), ctx);
+                    grad_norm.as<float>(), ctx, device_scalars);
     return;
   }
 #endif

@@ -15,16 +15,7 @@ constexpr int kAdamThreads = 256;
 constexpr int kAdamPer = 8;                          // consecutive elements per thread: 16 B of bf16, 32 B of f32
 constexpr int kAdamTile = kAdamThreads * kAdamPer;  // elements per block per tile
 
-// The scalars of one step, computed on the host in f64 as adamw_update_ref does, then rounded to f32.
-struct AdamWConsts {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  float step_size;     // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
-  float keep;          // 1 - lr * weight_decay (segments with decay)
-  float max_norm;      // <= 0: no clipping
-  double grad_scale;   // S: the gradients hold S * g (loss scaling); 1: none
-  bool skip_nonfinite; // a non-finite norm: update nothing
-};
+using AdamWConsts = AdamWStepScalars;  // adamw.h
 
 // The smallest s in [lo, hi) with segs[s].end > i, or hi. Segments are sorted and disjoint, so ends increase.
 __device__ __forceinline__ int segment_ending_after(const AdamWSegmentRecord* segs, int lo, int hi, int64_t i) {
@@ -148,7 +139,9 @@ template <typename T>
 __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     T* params, const T* __restrict__ grads, float* master, float* __restrict__ m, float* __restrict__ v,
     const AdamWSegmentRecord* __restrict__ segs, int nseg, int64_t end, const float* __restrict__ partials,
-    int n_partials, float* __restrict__ grad_norm, AdamWConsts c, bool write_params, bool vec) {
+    int n_partials, float* __restrict__ grad_norm, AdamWConsts c, const AdamWConsts* __restrict__ c_device,
+    bool write_params, bool vec) {
+  if (c_device) c = *c_device;  // a CUDA graph's replay: this step's scalars, copied in before it
   // The unscale and the clip in one factor (exact when S is a power of 2: the factor only moves the exponent).
   double coef = 1.0 / c.grad_scale;
   if (partials) {
@@ -227,7 +220,8 @@ int norm_partials_grid(const Context& ctx) { return 8 * ctx.gpu().sm_count; }
 }  // namespace
 
 void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
-                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx) {
+                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx,
+                     const AdamWStepScalars* device_scalars) {
   const int nseg = table.count();
   if (nseg == 0) {  // nothing to update; the norm of no gradients is 0
     if (grad_norm) TS_CHECK_CUDA(cudaMemsetAsync(grad_norm, 0, sizeof(float), ctx.stream()));
@@ -240,19 +234,7 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
   float* w = master ? master : dtype == DType::F32 ? static_cast<float*>(params) : nullptr;
   const bool vec = cuda::aligned16(params) && cuda::aligned16(grads) && (!w || cuda::aligned16(w)) &&
                    cuda::aligned16(m) && cuda::aligned16(v);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
-  const AdamWConsts c{.beta1 = p.beta1,
-                      .one_minus_beta1 = 1.0f - p.beta1,
-                      .beta2 = p.beta2,
-                      .one_minus_beta2 = 1.0f - p.beta2,
-                      .eps = p.eps,
-                      .step_size = static_cast<float>(p.lr / bc1),
-                      .inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2)),
-                      .keep = 1.0f - p.lr * p.weight_decay,
-                      .max_norm = p.max_grad_norm,
-                      .grad_scale = static_cast<double>(p.grad_scale),
-                      .skip_nonfinite = p.skip_nonfinite};
+  const AdamWConsts c = adamw_step_scalars(p);
   // Skipping needs the norm in the same launch that updates, so the partials are always computed then.
   const bool want_norm = grad_norm || p.max_grad_norm > 0.0f || p.skip_nonfinite;
   float* partials = nullptr;
@@ -272,7 +254,7 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     }
     adamw_update_segment_tiles<T><<<grid, kAdamThreads, 0, ctx.stream()>>>(
         static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg, end, partials,
-        n_partials, grad_norm, c, /*write_params=*/w != params, vec);
+        n_partials, grad_norm, c, device_scalars, /*write_params=*/w != params, vec);
     TS_CHECK_LAUNCH();
   });
 }

@@ -88,6 +88,21 @@ class AdamWSegmentTable {
   Device device_kind_;
 };
 
+// The scalars of one step as the CUDA update kernel reads them: computed on the host in f64 as adamw_update_ref
+// does, then rounded to f32. Those that change from step to step (lr, the bias corrections of t, the loss scale)
+// are why a CUDA graph cannot take them as kernel arguments: with `device_scalars` the kernels read them from
+// device memory instead (train/graph_step.h copies them there before each replay). Plain data, 48 bytes.
+struct AdamWStepScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float step_size;      // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)
+  float keep;           // 1 - lr * weight_decay (segments with decay)
+  float max_norm;       // <= 0: no clipping
+  int32_t skip_nonfinite;  // a non-finite norm: update nothing
+  double grad_scale;    // S: the gradients hold S * g (loss scaling); 1: none
+};
+AdamWStepScalars adamw_step_scalars(const AdamWParams& p);
+
 // dtype: the params / grads (compute) dtype; master: whether f32 master weights are separate from the params.
 // CPU: f32 params, no master. CUDA: f32, bf16, f16, each with or without a master (a 16-bit param without one is
 // updated in f32 registers and rounded back: LightSeq's master-less mode).
@@ -108,8 +123,13 @@ bool adamw_supports(DType dtype, bool master, Device device, std::string* why = 
 // otherwise), and
 // one AdamW kernel for every parameter, which reduces the partials itself in a fixed order (no host round trip,
 // deterministic). Uses ctx.scratch(adamw_scratch_bytes(ctx)).
+// device_scalars (CUDA only; null: from p): device memory holding one AdamWStepScalars, which the kernels read
+// when they run, in place of p's lr, step and grad_scale (p still decides which launches there are: its
+// max_grad_norm, skip_nonfinite and grad_norm must match what the scalars hold). A CUDA graph captures this call
+// once and replays it with new scalars copied in before each replay.
 void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tensor& params, const Tensor& grads,
-                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx);
+                const Tensor& master, const Tensor& m, const Tensor& v, const Tensor& grad_norm, Context& ctx,
+                const AdamWStepScalars* device_scalars = nullptr);
 
 // The scratch adamw_step takes on this context (reserve it before capturing a CUDA graph).
 size_t adamw_scratch_bytes(const Context& ctx);
@@ -125,6 +145,7 @@ size_t adamw_scratch_bytes(const Context& ctx);
 // inside that segment takes the vector path (16-byte accesses, one decay for all), and only a thread straddling a
 // segment boundary or a gap goes element by element.
 void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
-                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx);
+                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx,
+                     const AdamWStepScalars* device_scalars = nullptr);
 
 }  // namespace tessera

@@ -21,7 +21,8 @@ constexpr int kBatch = 4;      // rows each backward thread loads before it stor
 template <typename T, int W>
 __global__ void residual_forward_pack(T* out, const T* residual, const T* x, const T* __restrict__ bias,
                                       int64_t units, int C, float dropout, float keep_scale, uint64_t seed,
-                                      uint64_t stream) {
+                                      uint64_t stream, const uint64_t* __restrict__ stream_base) {
+  if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e0 = u * W;
@@ -56,7 +57,9 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 template <typename T, int W>
 __global__ void __launch_bounds__(kTileCols* kTileRows)
     residual_backward_row_tiles(T* d_x, float* __restrict__ partial, const T* d_out, int N, int C, float dropout,
-                                float keep_scale, uint64_t seed, uint64_t stream) {
+                                float keep_scale, uint64_t seed, uint64_t stream,
+                                const uint64_t* __restrict__ stream_base) {
+  if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
   __shared__ float lanes[kTileRows][kTileCols * W];
   const int c0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
   float acc[W];
@@ -126,7 +129,8 @@ void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, cons
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
       residual_forward_pack<T, W><<<grid, kThreads, 0, ctx.stream()>>>(
           static_cast<T*>(out), static_cast<const T*>(residual), static_cast<const T*>(x),
-          static_cast<const T*>(bias), units, p.C, p.dropout, keep_scale, p.seed, p.stream);
+          static_cast<const T*>(bias), units, p.C, p.dropout, keep_scale, p.seed, p.stream,
+          ctx.philox_stream_base());
       TS_CHECK_LAUNCH();
     };
     if (vector_ok(p.C, V, {out, residual, x, bias})) launch(std::integral_constant<int, V>{});
@@ -150,7 +154,7 @@ void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, voi
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       residual_backward_row_tiles<T, W><<<grid, block, 0, ctx.stream()>>>(
           static_cast<T*>(d_x), partial, static_cast<const T*>(d_out), p.N, p.C, p.dropout, keep_scale, p.seed,
-          p.stream);
+          p.stream, ctx.philox_stream_base());
       TS_CHECK_LAUNCH();
       if (d_bias) {
         cuda::column_partials_reduce_add<T><<<cuda::column_partials_reduce_grid(p.C),

@@ -1,0 +1,217 @@
+// The training step as CUDA graphs (train/graph_step.h) against the eager step: the same losses, gradient norms,
+// loss-scale decisions and final parameters, bit for bit, over several steps, with what a graph would freeze
+// changing every step (the lr in warm-up, AdamW's t, the dropout streams), with --accum 2, and in f16 with a planted
+// overflow that is skipped and halves the loss scale (the step graph is captured again). And CudaGraph itself:
+// an illegal call inside a capture ends the capture with a clear Error and leaves the stream usable.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda_test_util.h"
+#include "cuda_train_util.h"
+#include "tessera/bench/model.h"
+#include "tessera/core/cuda_graph.h"
+#include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
+#include "tessera/train/data.h"
+#include "tessera/train/trainer.h"
+
+namespace tessera::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::vector<json> metrics(const std::string& out) {
+  std::vector<json> recs;
+  std::ifstream f(fs::path(out) / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) recs.push_back(json::parse(line));
+  return recs;
+}
+
+bool graphs_here() { return probe_gpu().available && cuda_graph_capture_supported(); }
+
+struct Runs {
+  TrainResult eager, graph;
+  std::vector<json> eager_recs, graph_recs;
+};
+
+// The run `o` twice into d/eager and d/graph, with --cuda-graph off and on, each with the control `c`.
+Runs train_both(const fs::path& d, const TrainOptions& o, const TrainControl& c = {}) {
+  Runs r;
+  TrainOptions e = o, g = o;
+  e.out = (d / "eager").string();
+  e.cuda_graph = CudaGraphMode::Off;
+  g.out = (d / "graph").string();
+  g.cuda_graph = CudaGraphMode::On;
+  r.eager = train(train_setup(e), c);
+  r.graph = train(train_setup(g), c);
+  r.eager_recs = metrics(e.out);
+  r.graph_recs = metrics(g.out);
+  return r;
+}
+
+// Step for step: loss, lr, grad_norm (null on a skipped step), and with loss scaling the scale and the skip; then
+// every parameter (the f32 master weights of a 16-bit model).
+void expect_identical(const Runs& r, int steps) {
+  ASSERT_EQ(r.eager_recs.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(r.graph_recs.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    const json &e = r.eager_recs[i], &g = r.graph_recs[i];
+    EXPECT_EQ(g["loss"], e["loss"]) << "step " << i + 1;
+    EXPECT_EQ(g["lr"], e["lr"]) << "step " << i + 1;
+    EXPECT_EQ(g["grad_norm"], e["grad_norm"]) << "step " << i + 1;
+    EXPECT_EQ(g.value("loss_scale", json()), e.value("loss_scale", json())) << "step " << i + 1;
+    EXPECT_EQ(g.value("skipped", json()), e.value("skipped", json())) << "step " << i + 1;
+  }
+  EXPECT_TRUE(r.eager.model->params().read_f32(*r.eager.context) == r.graph.model->params().read_f32(*r.graph.context))
+      << "the final parameters differ";
+  EXPECT_EQ(r.eager.graph_steps, 0);
+}
+
+// `tiny` with dropout 0.1 (gpt2-124m's) and the lr in warm-up over the whole run, so that the lr, AdamW's t and the
+// dropout streams all change every step.
+TrainOptions changing_every_step(const fs::path& d, const std::string& precision, int steps) {
+  TrainOptions o = tiny_run(d, "unused", "cuda", precision, steps);
+  o.model.dropout = 0.1f;
+  o.warmup = 100;
+  return o;
+}
+
+TEST(CudaGraphStep, Bf16DropoutWarmupMatchesEagerBitForBit) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_bf16");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 8;
+  TrainOptions o = changing_every_step(d, "bf16", kSteps);
+  // An eager step in the middle (the traced one) between replays: the graph must pick up where it left off.
+  o.trace = (d / "trace.json").string();
+  o.trace_step = 4;
+  const Runs r = train_both(d, o);
+  expect_identical(r, kSteps);
+  EXPECT_EQ(r.graph.graph_steps, kSteps - 2) << "step 1 (eager set-up) and the traced step 4 run eagerly";
+  EXPECT_EQ(r.graph.graph_captures, 1);
+  // The dropout is live: the same run without it takes other losses (else the test could not see a frozen stream).
+  TrainOptions plain = o;
+  plain.model.dropout = 0.0f;
+  plain.out = (d / "no_dropout").string();
+  plain.trace.clear();
+  train(train_setup(plain));
+  EXPECT_NE(metrics(plain.out)[2]["loss"], r.graph_recs[2]["loss"]);
+  fs::remove_all(d);
+}
+
+TEST(CudaGraphStep, F32Accum2DropoutMatchesEagerBitForBit) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_accum");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 6;
+  TrainOptions o = changing_every_step(d, "f32", kSteps);
+  o.accum = 2;
+  o.label_smoothing = 0.1f;
+  const Runs r = train_both(d, o);
+  expect_identical(r, kSteps);
+  EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
+  // The checkpoints agree on the RNG stream and the data position, so a resumed run continues the same way.
+  auto ce = load_checkpoint_model(r.eager.checkpoint), cg = load_checkpoint_model(r.graph.checkpoint);
+  const TrainState se = load_train_state(r.eager.checkpoint, *ce), sg = load_train_state(r.graph.checkpoint, *cg);
+  EXPECT_EQ(sg.rng.next_stream, se.rng.next_stream);
+  EXPECT_EQ(sg.data_pos, se.data_pos);
+  EXPECT_EQ(sg.optimizer_step, se.optimizer_step);
+  fs::remove_all(d);
+}
+
+// Writes an f16 +inf into an element of the first parameter segment's gradient (on the device).
+void plant_inf_f16(Gpt& m) {
+  ASSERT_EQ(m.params().dtype(), DType::F16);
+  const size_t at = m.params().segments().front().offset + 3;
+  const uint16_t inf = 0x7c00u;
+  copy_bytes(static_cast<char*>(m.params().grad().data()) + at * sizeof inf, m.params().device(), &inf, Device::cpu(),
+             sizeof inf, m.context());
+  m.context().synchronize();
+}
+
+// f16 with dynamic loss scaling: an overflow planted at step 4 (replayed, between the step graph and the
+// optimizer's) is skipped as in the eager run, the scale halves, the step graph is captured again for the new scale,
+// and every later step still matches.
+TEST(CudaGraphStep, F16PlantedOverflowSkipsAndRecapturesLikeEager) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_f16");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 10, kPlant = 4;
+  TrainOptions o = changing_every_step(d, "f16", kSteps);
+  o.loss_scale_init = 1024.0;  // the tiny model does not overflow by itself there (test_loss_scaling_cuda.cpp)
+  TrainControl c;
+  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+    if (step == kPlant) plant_inf_f16(m);
+  };
+  const Runs r = train_both(d, o, c);
+  expect_identical(r, kSteps);
+  for (int i = 0; i < kSteps; ++i)
+    EXPECT_EQ(r.graph_recs[i]["skipped"].get<bool>(), i + 1 == kPlant) << "step " << i + 1;
+  EXPECT_EQ(r.graph_recs[kPlant]["loss_scale"].get<double>(), 512.0);
+  EXPECT_EQ(r.graph.skipped_steps, 1);
+  EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
+  EXPECT_EQ(r.graph.graph_captures, 2) << "the new loss scale needs a new capture of the backward";
+  fs::remove_all(d);
+}
+
+// `bench model`'s regions as graph replays (the default on a GPU), with dropout on: they run, say so, and take
+// time; with cuda_graph off the same rows are eager.
+TEST(CudaGraphStep, BenchModelTimesGraphReplays) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  Context ctx(Device::cuda(0));
+  ModelConfig cfg = model_preset("tiny");
+  cfg.dropout = 0.1f;
+  ModelBenchConfig bc{.batch = 2, .seq = 64, .dtype = DType::BF16, .warmup = 1, .steps = 2};
+  const ModelBenchRow graph = bench_model(cfg, bc, ctx, 0.0);
+  EXPECT_TRUE(graph.cuda_graph);
+  ASSERT_TRUE(graph.fwd && graph.fwd_bwd && graph.step);
+  EXPECT_GT(graph.step->t.median_ms, 0.0);
+  bc.cuda_graph = false;
+  const ModelBenchRow eager = bench_model(cfg, bc, ctx, 0.0);
+  EXPECT_FALSE(eager.cuda_graph);
+  ASSERT_TRUE(eager.step);
+}
+
+// A synchronize inside a capture is illegal: the capture ends, the Error says so, and the stream works after it
+// (a second capture and its replay give the right bytes).
+TEST(CudaGraph, IllegalCallEndsTheCaptureCleanly) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  Context ctx(Device::cuda(0));
+  Buffer buf(256, ctx.device(), "test");
+  CudaGraph g;
+  try {
+    g.capture(ctx, "a test", [&] {
+      fill_bytes(buf.view(DType::U8, {256}), 1, ctx);
+      ctx.synchronize();
+    });
+    ADD_FAILURE() << "a capture with a synchronize inside succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph capture of a test failed"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(g.ready());
+  g.capture(ctx, "a fill", [&] { fill_bytes(buf.view(DType::U8, {256}), 7, ctx); });
+  ASSERT_TRUE(g.ready());
+  fill_bytes(buf.view(DType::U8, {256}), 0, ctx);
+  g.launch(ctx);
+  std::vector<unsigned char> host(256);
+  copy_bytes(host.data(), Device::cpu(), buf.data(), ctx.device(), host.size(), ctx);
+  EXPECT_EQ(host, std::vector<unsigned char>(256, 7));
+  // The scratch cannot grow inside a capture: a clear Error, not an invalidated stream.
+  const size_t big = 1 << 20;
+  try {
+    g.capture(ctx, "a scratch growth", [&] { ctx.scratch(big); });
+    ADD_FAILURE() << "the scratch grew inside a capture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("during a CUDA graph capture"), std::string::npos) << e.what();
+  }
+  ctx.synchronize();
+}
+
+}  // namespace
+}  // namespace tessera::test
