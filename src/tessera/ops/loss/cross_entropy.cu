@@ -242,13 +242,14 @@ constexpr int kFusedBlocksPerSm = 2;
 // lse: (N) f32; count: (1) i32, written before this launch. Grid N, one block per row, dynamic shared memory
 // fused_row_smem_bytes(V, sizeof(T)). The block
 //   1. copies the row into shared memory s (cp.async for the aligned body, plain loads for the head and tail);
-//   2. runs the online max/sum and Σ z over its own elements of s (each thread reads back what it copied, so no
-//      barrier is needed before this), then merges the block's states in a fixed order (deterministic):
+//   2. takes the max and Σ z over s, then Σ exp(z - max) (exp as one FFMA and one ex2), each merged over the block
+//      in a fixed order (deterministic):
 //        lse = m + log s,  loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
 //   3. writes d[j] = (exp(z[j] - lse) - eps / V - (j == y ? 1 - eps : 0)) * d_loss / max(count, 1) from s over the
 //      row (0 on an ignored row).
-// The numerics are those of cross_entropy_forward_online_row and cross_entropy_backward_inplace_row (f32 state,
-// the same lse in the gradient); only the split of the row among threads differs.
+// f32 state and the same lse in the gradient, as cross_entropy_forward_online_row and
+// cross_entropy_backward_inplace_row; the exponentials are exp2f of a prescaled argument (an absolute error of
+// about |lse| 2^-24 in the argument), and the row's split among threads differs.
 template <typename T>
 __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entropy_forward_backward_smem_row(
     float* __restrict__ losses, float* __restrict__ lse, T* logits, const int32_t* __restrict__ targets,
@@ -269,50 +270,66 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
   for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) s[j] = z[j];
   cp_async_wait_all();
 
-  // 2. Statistics over this thread's elements, then the block merge (as in the forward kernel).
-  OnlineMaxSum st;
-  float zsum = 0.0f;
-  auto take = [&](float x) {
-    st.add(x);
+  // 2. Statistics from shared memory in two passes: the max (and Σ z), then Σ 2^((z - max) log2 e). With the whole
+  // row at hand the online update's compare, branch and accurate expf per element are not needed: this kernel is
+  // as much instruction-bound as memory-bound (gpt2-124m: 50304 logits a row, two exponentials each), and an FFMA
+  // and an ex2 per element are a third of the instructions. Each pass merges over the block in a fixed order.
+  __shared__ float sm_a[32], sm_b[32], sm_bcast;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  constexpr float kLog2e = 1.4426950408889634f;
+  float mx = -INFINITY, zsum = 0.0f;
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) {
+    const float x = to_f32(s[j]);
+    mx = fmaxf(mx, x);
     zsum += x;
-  };
-  for (int j = threadIdx.x; j < split.head; j += blockDim.x) take(to_f32(s[j]));
+  }
   for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
     const cuda::Pack<T> pk = s_body[k];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) take(to_f32(pk.v[i]));
+    for (int i = 0; i < kVec; ++i) {
+      const float x = to_f32(pk.v[i]);
+      mx = fmaxf(mx, x);
+      zsum += x;
+    }
   }
-  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) take(to_f32(s[j]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, st.m, o), s2 = __shfl_xor_sync(0xffffffffu, st.s, o);
-    st.merge(m2, s2);
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) {
+    const float x = to_f32(s[j]);
+    mx = fmaxf(mx, x);
+    zsum += x;
   }
+  mx = cuda::warp_max(mx);
   zsum = cuda::warp_sum(zsum);
-  __shared__ float sm_m[32], sm_s[32], sm_z[32], sm_lse;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (lane == 0) {
-    sm_m[warp] = st.m;
-    sm_s[warp] = st.s;
-    sm_z[warp] = zsum;
+    sm_a[warp] = mx;
+    sm_b[warp] = zsum;
   }
   __syncthreads();  // also: every thread's copies (and head/tail stores) are visible block-wide from here
+  if (warp == 0) {
+    const float m = cuda::warp_max(lane < warps ? sm_a[lane] : -INFINITY);
+    if (lane == 0) sm_bcast = m;
+  }
+  __syncthreads();
+  const float row_max = sm_bcast;
+  const float shift = row_max == -INFINITY ? 0.0f : row_max * kLog2e;  // a row of -inf: Σ = 0, lse = -inf
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) sum += exp2f(fmaf(to_f32(s[j]), kLog2e, -shift));
+  for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
+    const cuda::Pack<T> pk = s_body[k];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sum += exp2f(fmaf(to_f32(pk.v[i]), kLog2e, -shift));
+  }
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) sum += exp2f(fmaf(to_f32(s[j]), kLog2e, -shift));
+  sum = cuda::warp_sum(sum);
+  __syncthreads();  // warp 0 has read sm_a
+  if (lane == 0) sm_a[warp] = sum;
+  __syncthreads();
+  __shared__ float sm_lse;
   const int32_t y = targets[row];
   if (warp == 0) {
-    OnlineMaxSum all;
-    if (lane < warps) {
-      all.m = sm_m[lane];
-      all.s = sm_s[lane];
-    }
-    float zs = lane < warps ? sm_z[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, all.m, o), s2 = __shfl_xor_sync(0xffffffffu, all.s, o);
-      all.merge(m2, s2);
-    }
-    zs = cuda::warp_sum(zs);
+    const float total = cuda::warp_sum(lane < warps ? sm_a[lane] : 0.0f);
+    const float zs = cuda::warp_sum(lane < warps ? sm_b[lane] : 0.0f);
     if (lane == 0) {
-      const float l = all.m + logf(all.s);
+      const float l = row_max + logf(total);
       float loss;
       if (y == ignore_index) loss = 0.0f;
       else if (y < 0 || y >= V) loss = NAN;
@@ -328,8 +345,9 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
   const bool ignored = y == ignore_index;  // uniform over the block: no divergence
   const float scale = d_loss / static_cast<float>(max(count[0], 1));
   const float l = ignored ? 0.0f : sm_lse, smooth = eps / static_cast<float>(V), on = 1.0f - eps;
+  const float l2 = l * kLog2e;  // exp(x - l) = 2^(x log2 e - l log2 e): one FFMA and one ex2
   auto grad = [&](int j, float x) {
-    return from_f32<T>(ignored ? 0.0f : (expf(x - l) - smooth - (j == y ? on : 0.0f)) * scale);
+    return from_f32<T>(ignored ? 0.0f : (exp2f(fmaf(x, kLog2e, -l2)) - smooth - (j == y ? on : 0.0f)) * scale);
   };
   for (int j = threadIdx.x; j < split.head; j += blockDim.x) z[j] = grad(j, to_f32(s[j]));
   for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
