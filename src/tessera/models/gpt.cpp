@@ -384,10 +384,12 @@ void Gpt::layer_backward(int l, int B, int T) {
   mm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor());
   at(StepOp::FcpX, l);
   if (fuses_gelu(cfg_, dtype_)) {
-    // d_fc_pre = (d_tmp W2) ⊙ gelu'(fc_pre) from one GEMM (cuBLASLt's DGELU epilogue; fc_pre holds the bias), then
-    // b1's gradient.
-    gemm_gelu_backward({.M = N, .N = F, .K = C}, d_fc_pre, g(o.fc_b, F), d_tmp, p(o.fcp_w, int64_t{C} * F), fc_pre,
-                       *ctx_);
+    // d_fc_pre = (d_tmp W2) ⊙ gelu'(fc_pre): the product into d_fc_pre, then the GELU gradient in place (fc_pre
+    // holds the bias; b1's gradient summed on the way).
+    mm({.M = N, .N = F, .K = C}, d_fc_pre, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());
+    at(StepOp::ActBwd, l);
+    activation_backward({.N = N, .d_ff = F, .kind = cfg_.mlp}, d_fc_pre, g(o.fc_b, F), d_fc_pre, fc_pre, Tensor(),
+                        *ctx_);
   } else {
     const Tensor d_fc_act = rows(A.d_fc_act, N, F);
     mm({.M = N, .N = F, .K = C}, d_fc_act, d_tmp, p(o.fcp_w, int64_t{C} * F), Tensor());

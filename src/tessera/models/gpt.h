@@ -110,9 +110,10 @@ class Gpt {
   // (50257 -> 50304, as llm.c pads its vocab), so that each row starts 128-byte aligned and cuBLASLt can run the
   // lm_head GEMMs on its aligned tensor-core kernels. The padding columns are never read or written.
   static int64_t logits_stride(const ModelConfig& cfg, DType dtype);
-  // Whether the MLP's GELU runs inside the fc GEMMs (gemm_gelu_forward / gemm_gelu_backward): for GELU with biases in
-  // bf16 / f16, the GPU's dtypes. fc_pre then holds the bias, and the plan has no d_fc_act. f32 and f64 models keep
-  // the separate activation op, so the CPU reference and the f32 GPU model stay op for op the same.
+  // Whether the MLP's GELU runs inside the fc GEMM (gemm_gelu_forward) and its gradient in place over d_fc_pre: for
+  // GELU with biases in bf16 / f16, the GPU's dtypes. fc_pre then holds the bias, and the plan has no d_fc_act. f32
+  // and f64 models keep the separate activation op, so the CPU reference and the f32 GPU model stay op for op the
+  // same.
   static bool fuses_gelu(const ModelConfig& cfg, DType dtype) {
     return cfg.mlp == Activation::Gelu && cfg.bias && (dtype == DType::BF16 || dtype == DType::F16);
   }

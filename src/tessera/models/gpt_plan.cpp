@@ -159,10 +159,11 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     add_l(A.ln2, "ln2", dt, {N, C}, life(StepOp::Ln2, StepOp::FcW));
     if (layernorm) add_l(A.ln2_mean, "ln2.mean", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
     add_l(A.ln2_rstd, "ln2.rstd", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
-    // With the GELU fused into the fc GEMMs (fuses_gelu) the Act and ActBwd ops are gone: the fc GEMM writes fc_pre
-    // (with the bias) and fc_act, and the fc proj dx GEMM reads fc_pre and writes d_fc_pre; there is no d_fc_act.
+    // With the GELU fused into the fc GEMM (fuses_gelu) the Act op is gone: the fc GEMM writes fc_pre (with the
+    // bias) and fc_act; the fc proj dx GEMM writes d_fc_pre, which ActBwd turns in place into the GELU's gradient,
+    // so there is no d_fc_act.
     const bool fused = fuses_gelu(cfg, dt);
-    add_l(A.fc_pre, "fc_pre", dt, {N, Fin}, life(StepOp::Fc, fused ? StepOp::FcpX : StepOp::ActBwd));
+    add_l(A.fc_pre, "fc_pre", dt, {N, Fin}, life(StepOp::Fc, StepOp::ActBwd));
     add_l(A.fc_act, "fc_act", dt, {N, F}, life(fused ? StepOp::Fc : StepOp::Act, StepOp::FcpW));
     // The layer's output: read as the next layer's input until that layer's backward (or by the final norm's).
     add(acts.res[l + 1], "res." + std::to_string(l + 1), dt, {N, C}, ev(StepOp::Res2, l),

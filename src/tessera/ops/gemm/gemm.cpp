@@ -111,28 +111,6 @@ void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre
   activation_forward({.N = p.M, .d_ff = p.N, .kind = Activation::Gelu}, out, pre, Tensor(), ctx);
 }
 
-void gemm_gelu_backward(const GemmParams& p, const Tensor& d_pre, const Tensor& d_bias, const Tensor& a,
-                        const Tensor& b, const Tensor& pre, Context& ctx) {
-  constexpr const char* op = "gemm_gelu_backward";
-  const DType dt = a.dtype();
-  check_gemm_gelu(op, p, dt, ctx);
-  const int64_t MN = static_cast<int64_t>(p.M) * p.N;
-  expect(a, op, "a", dt, p.a_rows() * p.a_cols(), ctx);
-  expect(b, op, "b", dt, p.b_rows() * p.b_cols(), ctx);
-  expect(d_pre, op, "d_pre", dt, MN, ctx);
-  expect(pre, op, "pre", dt, MN, ctx);
-  expect(d_bias, op, "d_bias", dt, p.N, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda() && gemm_dgelu_cuda(p, dt, d_pre.data(), a.data(), b.data(), pre.data(), ctx)) {
-    if (d_bias.defined()) bias_grad({.M = p.M, .N = p.N}, d_bias, d_pre, ctx);
-    return;
-  }
-#endif
-  // d_pre first holds the product, then (in place: each element read, then written, by one thread) its GELU gradient.
-  gemm(p, d_pre, a, b, Tensor(), ctx);
-  activation_backward({.N = p.M, .d_ff = p.N, .kind = Activation::Gelu}, d_pre, d_bias, d_pre, pre, Tensor(), ctx);
-}
-
 void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c, Context& ctx) {
   constexpr const char* op = "bias_grad";
   const DType dt = d_c.dtype();

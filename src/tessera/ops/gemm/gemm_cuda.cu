@@ -102,8 +102,8 @@ struct LtPlan {
 // algorithm fits (the caller then retries without the bias epilogue). The heuristic query costs a few
 // microseconds of host time per call (it is not cached, by design: no global state); at GPT-2 sizes that is
 // well below one GEMM's GPU time, and CUDA-graph capture removes it from the step altogether.
-// The epilogue of one cublasLtMatmul: none, the bias, or GELU with its input as the aux matrix (forward: bias, then
-// GELU, the pre-activation written to aux; backward: the product times GELU's derivative at aux).
+// The epilogue of one cublasLtMatmul: none, the bias, or the bias then GELU with the pre-activation written to the
+// aux matrix.
 struct LtEpilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
@@ -290,11 +290,6 @@ bool gemm_gelu_forward_cuda(const GemmParams& p, DType dt, void* out, void* pre,
                             const void* bias, Context& ctx) {
   return matmul_with_gelu_epilogue(p, dt, out, a, b,
                                    {.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, .bias = bias, .aux = pre}, ctx);
-}
-
-bool gemm_dgelu_cuda(const GemmParams& p, DType dt, void* d_pre, const void* a, const void* b, const void* pre,
-                     Context& ctx) {
-  return matmul_with_gelu_epilogue(p, dt, d_pre, a, b, {.kind = CUBLASLT_EPILOGUE_DGELU, .aux = pre}, ctx);
 }
 
 void bias_grad_cuda(const BiasGradParams& p, DType dt, void* d_bias, const void* d_c, Context& ctx) {
