@@ -54,8 +54,11 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 // Grid (ceil(C / W / 32), groups), block (32, 8): thread (tx, ty) owns columns c0 = (bx*32 + tx)*W .. +W-1 and rows
 // by*8 + ty, stepping gridDim.y*8 (kBatch rows loaded at a time). The 8 row lanes are summed in shared memory
 // in ty order: fixed order, so the partials (and d_bias) are the same on every run. d_x may alias d_out.
+// The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): with f32 copies the kernel took
+// 96 registers, 2 blocks per SM (25% occupancy), and ran at half the copy bandwidth (ncu on the H200, (16384, 768)
+// bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 24 bytes, against 103 registers uncapped).
 template <typename T, int W>
-__global__ void __launch_bounds__(kTileCols* kTileRows)
+__global__ void __launch_bounds__(kTileCols* kTileRows, 3)
     residual_backward_row_tiles(T* d_x, float* __restrict__ partial, const T* d_out, int N, int C, float dropout,
                                 float keep_scale, uint64_t seed, uint64_t stream,
                                 const uint64_t* __restrict__ stream_base) {
@@ -70,24 +73,27 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
     // next row's load above this row's store by itself, and one load in flight per thread halves the bandwidth.
     const int step = gridDim.y * kTileRows;
     for (int n0 = blockIdx.y * kTileRows + threadIdx.y; n0 < N; n0 += kBatch * step) {
-      float g[kBatch][W];
+      cuda::RawUnit<T, W> raw[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j)
-        if (n0 + j * step < N) cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n0 + j * step) * C + c0, g[j]);
+        if (n0 + j * step < N) raw[j] = cuda::load_raw<T, W>(d_out + static_cast<int64_t>(n0 + j * step) * C + c0);
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         if (n0 + j * step >= N) break;
         const int64_t e0 = static_cast<int64_t>(n0 + j * step) * C + c0;
+        float g[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) g[k] = cuda::to_f32(raw[j].v[k]);
         if (dropout > 0.0f) {
           float f[W];
           cuda::dropout_factors_w<W>(seed, stream, static_cast<uint64_t>(e0), dropout, keep_scale, f);
 #pragma unroll
-          for (int k = 0; k < W; ++k) g[j][k] *= f[k];
+          for (int k = 0; k < W; ++k) g[k] *= f[k];
         }
-        cuda::store_f32<T, W>(d_x + e0, g[j]);
+        cuda::store_f32<T, W>(d_x + e0, g);
         // The reference sums d_x as stored (in T).
 #pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] += cuda::round_to<T>(g[j][k]);
+        for (int k = 0; k < W; ++k) acc[k] += cuda::round_to<T>(g[k]);
       }
     }
   }
