@@ -15,14 +15,6 @@ constexpr int kWidth = 1200, kHeight = 660, kScale = 2;
 constexpr int kLeft = 140, kRight = 30, kTop = 60, kBottom = 170;
 constexpr Rgb kWhite{255, 255, 255}, kBlack{0, 0, 0}, kGrid{170, 170, 170}, kText{60, 60, 60};
 
-// 1, 2 or 5 times a power of ten, at least x.
-double nice_step(double x) {
-  const double mag = std::pow(10.0, std::floor(std::log10(x)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (m * mag >= x * (1 - 1e-12)) return m * mag;
-  return 10 * mag;
-}
-
 std::string fmt_g(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);

@@ -370,13 +370,23 @@ std::optional<ModelPeerFigures> model_peer_figures_from_json(const nlohmann::jso
   return f;
 }
 
+std::optional<double> ModelBenchRow::region_ms(const std::string& region) const {
+  const std::optional<RegionTiming>& t = region == "step" ? step : region == "fwd-bwd" ? fwd_bwd : fwd;
+  if (oom || !t || (region != "step" && region != "fwd-bwd" && region != "fwd")) return std::nullopt;
+  return t->t.median_ms;
+}
+
+std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer,
+                                         const std::string& region) {
+  if (row.oom || !peer.ran()) return std::nullopt;
+  const std::optional<double> t = row.region_ms(region), p = peer.region_ms(region);
+  if (!t || !p || *t <= 0) return std::nullopt;
+  return *p / *t;
+}
+
 std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer) {
-  if (row.oom || !peer.ran() || row.rate_region.empty()) return std::nullopt;
-  const std::optional<RegionTiming>& t =
-      row.rate_region == "step" ? row.step : row.rate_region == "fwd-bwd" ? row.fwd_bwd : row.fwd;
-  const std::optional<double> p = peer.region_ms(row.rate_region);
-  if (!t || !p || t->t.median_ms <= 0) return std::nullopt;
-  return *p / t->t.median_ms;
+  if (row.rate_region.empty()) return std::nullopt;
+  return model_peer_speedup(row, peer, row.rate_region);
 }
 
 }  // namespace tessera

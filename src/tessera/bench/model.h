@@ -126,6 +126,8 @@ struct ModelBenchRow {
   double tokens_per_s = 0, mfu = 0;
   std::shared_ptr<Tracer> trace;             // with cfg.trace: one traced training step (or the region timed)
   std::vector<MemoryTimelinePoint> timeline; // with cfg.memory_timeline
+  // The median ms of a region ("fwd", "fwd-bwd", "step"); nullopt when it was not timed (or the size is OOM).
+  std::optional<double> region_ms(const std::string& region) const;
 };
 
 // The GEMM rate MFU is taken against: an n x n x n product through the gemm op in `dtype` (cuBLASLt on a GPU,
@@ -169,5 +171,9 @@ std::optional<ModelPeerFigures> model_peer_figures_from_json(const nlohmann::jso
 // How many times faster tessera's row is than the peer's record over the row's rate region:
 // peer ms / tessera ms (> 1: tessera is faster). nullopt when either has no time for that region.
 std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer);
+// The same over any region ("fwd", "fwd-bwd", "step"): peer ms / tessera ms, nullopt when either has no time
+// for it, the row is OOM or the peer did not run.
+std::optional<double> model_peer_speedup(const ModelBenchRow& row, const ModelPeerFigures& peer,
+                                         const std::string& region);
 
 }  // namespace tessera

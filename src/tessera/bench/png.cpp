@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -192,6 +193,13 @@ std::vector<uint8_t> png_encode(const Image& img) {
 void write_png(const std::string& path, const Image& img) {
   const std::vector<uint8_t> bytes = png_encode(img);
   write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+double nice_step(double x) {
+  const double mag = std::pow(10.0, std::floor(std::log10(x)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * mag >= x * (1 - 1e-12)) return m * mag;
+  return 10 * mag;
 }
 
 }  // namespace tessera

@@ -54,4 +54,7 @@ std::vector<uint8_t> png_encode(const Image& img);
 // png_encode written atomically to `path`.
 void write_png(const std::string& path, const Image& img);
 
+// A plot axis's tick step: 1, 2 or 5 times a power of ten, at least x (> 0).
+double nice_step(double x);
+
 }  // namespace tessera

@@ -40,12 +40,13 @@ namespace {
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|allreduce> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
     "  attention  naive against flash attention (ms, memory) and causal multi-head TFLOP/s\n"
     "  model      the CS336 end-to-end table: fwd, fwd+bwd, step ms, memory, tokens/s, MFU over model sizes\n"
+    "  compare    tessera against PyTorch (Hugging Face, eager and torch.compile) over model sizes, one table\n"
     "  allreduce  all-reduce bandwidth over the ranks of mpirun -np N (MPI on CPUs, NCCL on GPUs)\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
@@ -79,9 +80,10 @@ int cmd_bench(int argc, char** argv) {
   }
   if (which == "attention") return cmd_bench_attention(argc, argv);
   if (which == "model") return cmd_bench_model(argc, argv);
+  if (which == "compare") return cmd_bench_compare(argc, argv);
   if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention, model or allreduce)");
+           "' (kernels, optimizer, attention, model, compare or allreduce)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");

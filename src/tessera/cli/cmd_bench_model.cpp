@@ -20,7 +20,7 @@
 #include "tessera/bench/harness.h"
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/bench/model.h"
-#include "tessera/bench/peer.h"
+#include "tessera/cli/bench_model_common.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -29,10 +29,6 @@
 #include "tessera/core/file_io.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
-
-#ifndef TESSERA_PEERS_DIR
-#define TESSERA_PEERS_DIR "bench/peers"
-#endif
 
 namespace tessera::cli {
 
@@ -43,40 +39,6 @@ namespace fs = std::filesystem;
 // The GEMM MFU is taken against: the 8192³ bf16 on a GPU; on the CPU a size that takes tens of ms on
 // two cores (8192³ in f32 would take minutes there).
 constexpr int kGemmGpu = 8192, kGemmCpu = 1024;
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    std::string item = s.substr(i, j - i);
-    const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
-    TS_CHECK(a != std::string::npos, "--sizes: empty item in '", s, "' (a comma list of presets)");
-    out.push_back(item.substr(a, b - a + 1));
-    i = j + 1;
-  }
-  return out;
-}
-
-// "512MiB", "1.5GiB", "2GB", "1000000": bytes.
-size_t parse_bytes(const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  const std::string unit = end ? end : "";
-  double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB") mult = 1024.0;
-  else if (unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  TS_CHECK(!v.empty() && end != v.c_str() && mult > 0 && std::isfinite(x) && x * mult >= 1 && x * mult < 1e18,
-           "bench model: --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
-  return static_cast<size_t>(x * mult);
-}
 
 // FILE.ext for one size; FILE.<size>.ext when the sweep has several.
 std::string per_size_path(const std::string& path, const std::string& size, bool several) {
@@ -92,64 +54,10 @@ std::string cell_ms(const std::optional<RegionTiming>& r, bool oom) {
          fmt(r->std_ms < 10 ? "%.3f" : "%.2f", r->std_ms);
 }
 
-std::string cell_bytes(const std::optional<size_t>& b, bool oom) {
-  if (oom) return "OOM";
-  return b ? human_bytes(static_cast<double>(*b)) : "–";
-}
-
 nlohmann::ordered_json timing_json(const std::optional<RegionTiming>& r) {
   if (!r) return nullptr;
   return {{"median_ms", r->t.median_ms}, {"min_ms", r->t.min_ms}, {"max_ms", r->t.max_ms},
           {"mean_ms", r->mean_ms},       {"std_ms", r->std_ms},   {"runs", r->t.iters}};
-}
-
-std::string csv_num(double v) { return fmt("%.6g", v); }
-
-// What bench/peers/model.py printed: its records by (size, mode), the versions it ran with, or a one-line reason
-// why there is none (run_peer_script's note).
-struct ModelPeer {
-  std::map<std::pair<std::string, std::string>, ModelPeerFigures> figures;
-  std::string note, torch, transformers, device;
-  const ModelPeerFigures* find(const std::string& size, const std::string& mode) const {
-    const auto it = figures.find({size, mode});
-    return it == figures.end() ? nullptr : &it->second;
-  }
-};
-
-ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
-                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device) {
-  ModelPeer p;
-  std::string args = "'" TESSERA_PEERS_DIR "/model.py' --sizes ";
-  for (size_t i = 0; i < sizes.size(); ++i) args.append(i ? "," : "").append(sizes[i]);
-  args += " --modes ";
-  for (size_t i = 0; i < modes.size(); ++i) args.append(i ? "," : "").append(modes[i]);
-  args += " --regions ";
-  std::string regions;
-  for (const auto& [on, name] : {std::pair{bc.fwd, "fwd"}, {bc.fwd_bwd, "fwd-bwd"}, {bc.step, "step"}})
-    if (on) regions.append(regions.empty() ? "" : ",").append(name);
-  args += regions + " --batch " + std::to_string(bc.batch) + " --seq " + std::to_string(bc.seq) + " --precision " +
-          precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) +
-          " --device " + device;
-  p.note = run_peer_script(args, "model.py", [&](const nlohmann::json& j) {
-    std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
-    if (!f) return false;
-    for (auto [key, dst] : {std::pair{"torch", &p.torch}, {"transformers", &p.transformers}, {"device", &p.device}})
-      if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
-    p.figures[{f->size, f->mode}] = std::move(*f);
-    return true;
-  });
-  return p;
-}
-
-std::string ms_text(double ms) { return fmt(ms < 10 ? "%.3f" : "%.2f", ms); }
-
-// A peer cell: "OOM", "failed", "–" when the peer printed nothing for it, else the value.
-std::string peer_cell(const ModelPeerFigures* f, const std::optional<double>& v, bool bytes) {
-  if (!f) return "–";
-  if (f->oom) return "OOM";
-  if (!f->error.empty()) return "failed";
-  if (!v) return "–";
-  return bytes ? human_bytes(*v) : ms_text(*v);
 }
 
 }  // namespace
@@ -190,13 +98,7 @@ int cmd_bench_model(int argc, char** argv) {
   bc.fwd = mode == "fwd" || mode == "all";
   bc.fwd_bwd = mode == "fwd-bwd" || mode == "all";
   bc.step = mode == "step" || mode == "all";
-  bc.warmup = a.integer("warmup", 5);
-  bc.steps = a.integer("steps", 10);
-  TS_CHECK(bc.warmup >= 0, "bench model: --warmup must be >= 0, got ", bc.warmup);
-  TS_CHECK(bc.steps >= 1, "bench model: --steps must be >= 1, got ", bc.steps);
-  bc.batch = a.integer("batch", 4);
-  TS_CHECK(bc.batch >= 1, "bench model: --batch must be >= 1, got ", bc.batch);
-  if (a.has("max-memory")) bc.max_memory_bytes = parse_bytes(a.str("max-memory"));
+  read_model_bench_runs(a, "bench model", bc);
   const std::string out = a.str("out"), json_path = a.str("json"), csv_path = a.str("csv");
   const std::string trace_path = a.str("trace"), timeline_path = a.str("memory-timeline");
   if (a.has("out")) check_output_path("out", out);
@@ -212,50 +114,19 @@ int cmd_bench_model(int argc, char** argv) {
   bc.memory_timeline = a.has("memory-timeline");
   const bool with_peer = a.has("peer");
   TS_CHECK(with_peer || !a.has("peer-mode"), "bench model: --peer-mode needs --peer");
-  const std::string peer_mode = a.str("peer-mode", "both");
-  TS_CHECK(peer_mode == "eager" || peer_mode == "compile" || peer_mode == "both",
-           "bench model: --peer-mode must be eager, compile or both, got '", peer_mode, "'");
-  const std::vector<std::string> peer_modes =
-      peer_mode == "both" ? std::vector<std::string>{"eager", "compile"} : std::vector<std::string>{peer_mode};
+  const std::vector<std::string> peer_modes = read_peer_modes(a, "bench model");
+  const std::string peer_mode = peer_modes.size() == 2 ? "both" : peer_modes[0];
 
-  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
-  const std::string prec = a.str("precision", ctx.is_cuda() ? "bf16" : "f32");
-  TS_CHECK(prec == "f32" || prec == "bf16" || prec == "f16", "bench model: --precision must be f32, bf16 or f16, got '",
-           prec, "'");
-  TS_CHECK(prec != "f16", "bench model: --precision f16: a training step in f16 needs dynamic loss scaling, which is "
-                          "not built yet; use bf16");
-  TS_CHECK(ctx.is_cuda() || prec == "f32", "bench model: --precision ", prec,
-           " needs a GPU: the CPU reference computes in f32 (use --precision f32, or --device cuda)");
-  bc.dtype = prec == "bf16" ? DType::BF16 : DType::F32;
-  if (a.has("cuda-graph")) {
-    const std::string graph = a.str("cuda-graph");
-    TS_CHECK(graph == "on" || graph == "off", "bench model: --cuda-graph must be on or off, got '", graph, "'");
-    bc.cuda_graph = graph == "on";
-    const std::string why = model_bench_graph_refusal(bc.cuda_graph, ctx);
-    TS_CHECK(!bc.cuda_graph || why.empty(), "bench model: --cuda-graph on: ", why);
-  }
-  const std::string no_graph = model_bench_graph_refusal(bc.cuda_graph, ctx);
-  const std::string regions_line = no_graph.empty()
-                                       ? "regions: CUDA graph replays (one eager and one capturing run untimed first)"
-                                       : "regions: eager launches (" + no_graph + ")";
-
-  const std::string default_sizes =
-      ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
-  const std::vector<std::string> names =
-      a.has("preset") ? std::vector<std::string>{a.str("preset")} : split_list(a.str("sizes", default_sizes));
-  std::vector<ModelConfig> cfgs;
-  int min_max_seq = 1 << 30;
-  for (const std::string& n : names) {
-    cfgs.push_back(model_preset(n));
-    min_max_seq = std::min(min_max_seq, cfgs.back().max_seq);
-  }
-  bc.seq = a.integer("seq", std::min(256, min_max_seq));
-  TS_CHECK(bc.seq >= 1, "bench model: --seq must be >= 1, got ", bc.seq);
-  for (const ModelConfig& c : cfgs)
-    TS_CHECK(bc.seq <= c.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", c.max_seq, " of ", c.preset);
+  ModelBenchTarget target = read_model_bench_target(a, "bench model", bc);
+  Context& ctx = target.ctx;
+  const std::string& prec = target.prec;
+  const std::vector<std::string>& names = target.names;
+  const std::vector<ModelConfig>& cfgs = target.cfgs;
+  const std::string& no_graph = target.no_graph;
+  const std::string& regions_line = target.regions_line;
   const bool several = cfgs.size() > 1;
 
-  const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  const std::string& device = target.device;
   std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
               device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
   std::printf("%s\n", regions_line.c_str());

@@ -1,0 +1,149 @@
+#include "tessera/cli/bench_model_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "tessera/bench/peer.h"
+#include "tessera/cli/common.h"
+#include "tessera/core/error.h"
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
+
+namespace tessera::cli {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    std::string item = s.substr(i, j - i);
+    const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+    TS_CHECK(a != std::string::npos, "--sizes: empty item in '", s, "' (a comma list of presets)");
+    out.push_back(item.substr(a, b - a + 1));
+    i = j + 1;
+  }
+  return out;
+}
+
+size_t parse_bytes(const std::string& what, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  const std::string unit = end ? end : "";
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  TS_CHECK(!v.empty() && end != v.c_str() && mult > 0 && std::isfinite(x) && x * mult >= 1 && x * mult < 1e18,
+           what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
+  return static_cast<size_t>(x * mult);
+}
+
+void read_model_bench_runs(const Flags& a, const std::string& what, ModelBenchConfig& bc) {
+  bc.warmup = a.integer("warmup", 5);
+  bc.steps = a.integer("steps", 10);
+  TS_CHECK(bc.warmup >= 0, what, ": --warmup must be >= 0, got ", bc.warmup);
+  TS_CHECK(bc.steps >= 1, what, ": --steps must be >= 1, got ", bc.steps);
+  bc.batch = a.integer("batch", 4);
+  TS_CHECK(bc.batch >= 1, what, ": --batch must be >= 1, got ", bc.batch);
+  if (a.has("max-memory")) bc.max_memory_bytes = parse_bytes(what, a.str("max-memory"));
+}
+
+ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what, ModelBenchConfig& bc) {
+  ModelBenchTarget t{.ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available()};
+  const Context& ctx = t.ctx;
+  t.prec = a.str("precision", ctx.is_cuda() ? "bf16" : "f32");
+  const std::string& prec = t.prec;
+  TS_CHECK(prec == "f32" || prec == "bf16" || prec == "f16", what, ": --precision must be f32, bf16 or f16, got '",
+           prec, "'");
+  TS_CHECK(prec != "f16", what, ": --precision f16: a training step in f16 needs dynamic loss scaling, which is "
+                                "not built yet; use bf16");
+  TS_CHECK(ctx.is_cuda() || prec == "f32", what, ": --precision ", prec,
+           " needs a GPU: the CPU reference computes in f32 (use --precision f32, or --device cuda)");
+  bc.dtype = prec == "bf16" ? DType::BF16 : DType::F32;
+  if (a.has("cuda-graph")) {
+    const std::string graph = a.str("cuda-graph");
+    TS_CHECK(graph == "on" || graph == "off", what, ": --cuda-graph must be on or off, got '", graph, "'");
+    bc.cuda_graph = graph == "on";
+    const std::string why = model_bench_graph_refusal(bc.cuda_graph, ctx);
+    TS_CHECK(!bc.cuda_graph || why.empty(), what, ": --cuda-graph on: ", why);
+  }
+  t.no_graph = model_bench_graph_refusal(bc.cuda_graph, ctx);
+  t.regions_line = t.no_graph.empty() ? "regions: CUDA graph replays (one eager and one capturing run untimed first)"
+                                      : "regions: eager launches (" + t.no_graph + ")";
+
+  const std::string default_sizes =
+      ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
+  t.names = a.has("preset") ? std::vector<std::string>{a.str("preset")} : split_list(a.str("sizes", default_sizes));
+  int min_max_seq = 1 << 30;
+  for (const std::string& n : t.names) {
+    t.cfgs.push_back(model_preset(n));
+    min_max_seq = std::min(min_max_seq, t.cfgs.back().max_seq);
+  }
+  bc.seq = a.integer("seq", std::min(256, min_max_seq));
+  TS_CHECK(bc.seq >= 1, what, ": --seq must be >= 1, got ", bc.seq);
+  for (const ModelConfig& c : t.cfgs)
+    TS_CHECK(bc.seq <= c.max_seq, what, ": --seq ", bc.seq, " exceeds max_seq ", c.max_seq, " of ", c.preset);
+  t.device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  return t;
+}
+
+std::vector<std::string> read_peer_modes(const Flags& a, const std::string& what) {
+  const std::string peer_mode = a.str("peer-mode", "both");
+  TS_CHECK(peer_mode == "eager" || peer_mode == "compile" || peer_mode == "both", what,
+           ": --peer-mode must be eager, compile or both, got '", peer_mode, "'");
+  return peer_mode == "both" ? std::vector<std::string>{"eager", "compile"} : std::vector<std::string>{peer_mode};
+}
+
+ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
+                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device) {
+  ModelPeer p;
+  std::string args = "'" TESSERA_PEERS_DIR "/model.py' --sizes ";
+  for (size_t i = 0; i < sizes.size(); ++i) args.append(i ? "," : "").append(sizes[i]);
+  args += " --modes ";
+  for (size_t i = 0; i < modes.size(); ++i) args.append(i ? "," : "").append(modes[i]);
+  args += " --regions ";
+  std::string regions;
+  for (const auto& [on, name] : {std::pair{bc.fwd, "fwd"}, {bc.fwd_bwd, "fwd-bwd"}, {bc.step, "step"}})
+    if (on) regions.append(regions.empty() ? "" : ",").append(name);
+  args += regions + " --batch " + std::to_string(bc.batch) + " --seq " + std::to_string(bc.seq) + " --precision " +
+          precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) +
+          " --device " + device;
+  p.note = run_peer_script(args, "model.py", [&](const nlohmann::json& j) {
+    std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
+    if (!f) return false;
+    for (auto [key, dst] : {std::pair{"torch", &p.torch}, {"transformers", &p.transformers}, {"device", &p.device}})
+      if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
+    p.figures[{f->size, f->mode}] = std::move(*f);
+    return true;
+  });
+  return p;
+}
+
+std::string ms_text(double ms) { return fmt(ms < 10 ? "%.3f" : "%.2f", ms); }
+
+std::string csv_num(double v) { return fmt("%.6g", v); }
+
+std::string cell_bytes(const std::optional<size_t>& b, bool oom) {
+  if (oom) return "OOM";
+  return b ? human_bytes(static_cast<double>(*b)) : "–";
+}
+
+std::string peer_cell(const ModelPeerFigures* f, const std::optional<double>& v, bool bytes) {
+  if (!f) return "–";
+  if (f->oom) return "OOM";
+  if (!f->error.empty()) return "failed";
+  if (!v) return "–";
+  return bytes ? human_bytes(*v) : ms_text(*v);
+}
+
+}  // namespace tessera::cli
