@@ -242,14 +242,14 @@ constexpr int kFusedBlocksPerSm = 2;
 // lse: (N) f32; count: (1) i32, written before this launch. Grid N, one block per row, dynamic shared memory
 // fused_row_smem_bytes(V, sizeof(T)). The block
 //   1. copies the row into shared memory s (cp.async for the aligned body, plain loads for the head and tail);
-//   2. takes the max and Σ z over s, then Σ exp(z - max) (exp as one FFMA and one ex2), each merged over the block
+//   2. takes the max and Σ z over s, then Σ exp(z - max) (exp2f of (z - max) log2 e), each merged over the block
 //      in a fixed order (deterministic):
 //        lse = m + log s,  loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
 //   3. writes d[j] = (exp(z[j] - lse) - eps / V - (j == y ? 1 - eps : 0)) * d_loss / max(count, 1) from s over the
 //      row (0 on an ignored row).
 // f32 state and the same lse in the gradient, as cross_entropy_forward_online_row and
-// cross_entropy_backward_inplace_row; the exponentials are exp2f of a prescaled argument (an absolute error of
-// about |lse| 2^-24 in the argument), and the row's split among threads differs.
+// cross_entropy_backward_inplace_row; the exponentials are exp2f of the scaled difference (exact at 0), and the
+// row's split among threads differs.
 template <typename T>
 __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entropy_forward_backward_smem_row(
     float* __restrict__ losses, float* __restrict__ lse, T* logits, const int32_t* __restrict__ targets,
@@ -272,8 +272,10 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
 
   // 2. Statistics from shared memory in two passes: the max (and Σ z), then Σ 2^((z - max) log2 e). With the whole
   // row at hand the online update's compare, branch and accurate expf per element are not needed: this kernel is
-  // as much instruction-bound as memory-bound (gpt2-124m: 50304 logits a row, two exponentials each), and an FFMA
-  // and an ex2 per element are a third of the instructions. Each pass merges over the block in a fixed order.
+  // as much instruction-bound as memory-bound (gpt2-124m: 50304 logits a row, two exponentials each). exp(d) is
+  // exp2f(d log2 e) of the difference d, so that d = 0 gives exactly 1 (a V = 1 row's gradient is exactly 0; the
+  // FFMA form z log2 e - m log2 e left ~1e-7 there, and failed the f32 test on the H200). Each pass merges over the
+  // block in a fixed order.
   __shared__ float sm_a[32], sm_b[32], sm_bcast;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -310,15 +312,15 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
   }
   __syncthreads();
   const float row_max = sm_bcast;
-  const float shift = row_max == -INFINITY ? 0.0f : row_max * kLog2e;  // a row of -inf: Σ = 0, lse = -inf
+  const float shift = row_max == -INFINITY ? 0.0f : row_max;  // a row of -inf: Σ = 0, lse = -inf
   float sum = 0.0f;
-  for (int j = threadIdx.x; j < split.head; j += blockDim.x) sum += exp2f(fmaf(to_f32(s[j]), kLog2e, -shift));
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x) sum += exp2f((to_f32(s[j]) - shift) * kLog2e);
   for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
     const cuda::Pack<T> pk = s_body[k];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) sum += exp2f(fmaf(to_f32(pk.v[i]), kLog2e, -shift));
+    for (int i = 0; i < kVec; ++i) sum += exp2f((to_f32(pk.v[i]) - shift) * kLog2e);
   }
-  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) sum += exp2f(fmaf(to_f32(s[j]), kLog2e, -shift));
+  for (int j = tail0 + threadIdx.x; j < V; j += blockDim.x) sum += exp2f((to_f32(s[j]) - shift) * kLog2e);
   sum = cuda::warp_sum(sum);
   __syncthreads();  // warp 0 has read sm_a
   if (lane == 0) sm_a[warp] = sum;
@@ -345,9 +347,8 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
   const bool ignored = y == ignore_index;  // uniform over the block: no divergence
   const float scale = d_loss / static_cast<float>(max(count[0], 1));
   const float l = ignored ? 0.0f : sm_lse, smooth = eps / static_cast<float>(V), on = 1.0f - eps;
-  const float l2 = l * kLog2e;  // exp(x - l) = 2^(x log2 e - l log2 e): one FFMA and one ex2
-  auto grad = [&](int j, float x) {
-    return from_f32<T>(ignored ? 0.0f : (exp2f(fmaf(x, kLog2e, -l2)) - smooth - (j == y ? on : 0.0f)) * scale);
+  auto grad = [&](int j, float x) {  // exp(x - l) as exp2f((x - l) log2 e): see step 2
+    return from_f32<T>(ignored ? 0.0f : (exp2f((x - l) * kLog2e) - smooth - (j == y ? on : 0.0f)) * scale);
   };
   for (int j = threadIdx.x; j < split.head; j += blockDim.x) z[j] = grad(j, to_f32(s[j]));
   for (int k = threadIdx.x; k < split.packs; k += blockDim.x) {
