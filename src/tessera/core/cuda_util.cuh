@@ -36,6 +36,26 @@ struct alignas(16) Pack {
 
 template <typename T>
 __device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_cast<const Pack<T>*>(p); }
+
+// U elements as stored (one 16-byte pack, U = Pack<T>::kVec, or one element), converted to f32 on use: a bf16 pack
+// held this way is 4 registers where its f32 values are 8 (the norm and residual kernels load rows ahead in it).
+template <typename T, int U>
+struct RawUnit {
+  T v[U];
+};
+template <typename T, int U>
+__device__ __forceinline__ RawUnit<T, U> load_raw(const T* p) {
+  RawUnit<T, U> r;
+  if constexpr (U == 1) {
+    r.v[0] = *p;
+  } else {
+    static_assert(U == Pack<T>::kVec, "a vector access is one 16-byte pack");
+    const Pack<T> q = load_pack(p);
+#pragma unroll
+    for (int i = 0; i < U; ++i) r.v[i] = q.v[i];
+  }
+  return r;
+}
 template <typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
 

@@ -52,24 +52,6 @@ __device__ __forceinline__ float2 group_sum2(float a, float b, int G, float2* re
   return s;
 }
 
-// A unit of U elements in its storage type (one 16-byte pack, or one element), converted to f32 on use.
-template <typename T, int U>
-struct Unit {
-  T v[U];
-};
-template <typename T, int U>
-__device__ __forceinline__ Unit<T, U> load_raw(const T* p) {
-  Unit<T, U> r;
-  if constexpr (U == 1) {
-    r.v[0] = *p;
-  } else {
-    const cuda::Pack<T> q = cuda::load_pack(p);
-#pragma unroll
-    for (int i = 0; i < U; ++i) r.v[i] = q.v[i];
-  }
-  return r;
-}
-
 template <typename T, int U>
 __device__ __forceinline__ void load_unit(const T* p, float (&v)[U]) {
   if constexpr (U == 1) {
@@ -105,23 +87,23 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
   const int t = threadIdx.x % G, R = kThreads / G, units = C / U, stride = gridDim.x * R;
   // The group's next row is loaded while this one is reduced and written (two rows in flight per group: with one,
   // ncu showed the kernel stalled on memory latency at 50% occupancy, (16384, 768) bf16 on the H200).
-  auto load_row = [&](int row, Unit<T, U> (&dst)[K], float& first) {
+  auto load_row = [&](int row, cuda::RawUnit<T, U> (&dst)[K], float& first) {
     if (row >= N) return;
     const T* xr = x + static_cast<size_t>(row) * C;
     first = to_f32(xr[0]);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int u = t + k * G;
-      if (u < units) dst[k] = load_raw<T, U>(xr + u * U);
+      if (u < units) dst[k] = cuda::load_raw<T, U>(xr + u * U);
     }
   };
-  Unit<T, U> v[K];
+  cuda::RawUnit<T, U> v[K];
   float x0 = 0.0f;
   load_row(blockIdx.x * R + threadIdx.x / G, v, x0);
   for (int row0 = blockIdx.x * R; row0 < N; row0 += stride) {  // uniform over the block
     const int row = row0 + threadIdx.x / G;
     const bool live = row < N;
-    Unit<T, U> next[K];
+    cuda::RawUnit<T, U> next[K];
     float next_x0 = 0.0f;
     load_row(row + stride, next, next_x0);
     float s = 0.0f, ss = 0.0f;
@@ -211,15 +193,15 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
     const bool live = row < N;
     const size_t off = static_cast<size_t>(live ? row : 0) * C;
     const float m = kLayerNorm && live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
-    Unit<T, U> dy[K], xv[K], dxv[K];
+    cuda::RawUnit<T, U> dy[K], xv[K], dxv[K];
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int u = t + k * G;
       if (live && u < units) {
-        dy[k] = load_raw<T, U>(d_out + off + u * U);
-        xv[k] = load_raw<T, U>(x + off + u * U);
-        dxv[k] = load_raw<T, U>(d_x + off + u * U);
+        dy[k] = cuda::load_raw<T, U>(d_out + off + u * U);
+        xv[k] = cuda::load_raw<T, U>(x + off + u * U);
+        dxv[k] = cuda::load_raw<T, U>(d_x + off + u * U);
       }
     }
 #pragma unroll

@@ -30,24 +30,6 @@ __device__ __forceinline__ void load_f32(const T* p, float (&v)[W]) {
     for (int k = 0; k < W; ++k) v[k] = to_f32(q.v[k]);
   }
 }
-// W elements as stored (a 16-byte pack is 4 registers, where its f32 values are W): loaded ahead, converted on use.
-template <typename T, int W>
-struct RawUnit {
-  T v[W];
-};
-template <typename T, int W>
-__device__ __forceinline__ RawUnit<T, W> load_raw(const T* p) {
-  RawUnit<T, W> r;
-  if constexpr (W == 1) {
-    r.v[0] = *p;
-  } else {
-    static_assert(W == Pack<T>::kVec, "a vector access is one 16-byte pack");
-    const Pack<T> q = load_pack(p);
-#pragma unroll
-    for (int k = 0; k < W; ++k) r.v[k] = q.v[k];
-  }
-  return r;
-}
 template <typename T, int W>
 __device__ __forceinline__ void store_f32(T* p, const float (&v)[W]) {
   if constexpr (W == 1) {
