@@ -31,17 +31,24 @@ void check_ce(const char* op, const CrossEntropyParams& p, DType dt, const Conte
   std::string why;
   require_supported(cross_entropy_supports(p, dt, ctx.device(), &why), op, why);
 }
-}  // namespace
 
-void cross_entropy_forward(const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse, const Tensor& logits,
-                           const Tensor& targets, Context& ctx) {
-  constexpr const char* op = "cross_entropy_forward";
+// The forward's arguments (the fused op's too): the logits' dtype, after every check.
+DType check_ce_forward(const char* op, const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse,
+                       const Tensor& logits, const Tensor& targets, const Context& ctx) {
   check_ce(op, p, logits.dtype(), ctx);
   const DType dt = logits.dtype(), st = stat_dtype(dt);
   expect(logits, op, "logits", dt, logits_extent(p), ctx);
   expect(targets, op, "targets", DType::I32, p.N, ctx);
   expect(losses, op, "losses", st, p.N, ctx);
   expect(lse, op, "lse", st, p.N, ctx);
+  return dt;
+}
+}  // namespace
+
+void cross_entropy_forward(const CrossEntropyParams& p, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                           const Tensor& targets, Context& ctx) {
+  constexpr const char* op = "cross_entropy_forward";
+  const DType dt = check_ce_forward(op, p, losses, lse, logits, targets, ctx);
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {
     cross_entropy_forward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(), targets.as<int32_t>(), ctx);
@@ -120,12 +127,7 @@ void cross_entropy_forward_backward(const CrossEntropyParams& p, const Tensor& l
                                     const Tensor& logits, const Tensor& targets, double d_loss, const Tensor& count,
                                     Context& ctx) {
   constexpr const char* op = "cross_entropy_forward_backward";
-  check_ce(op, p, logits.dtype(), ctx);
-  const DType dt = logits.dtype(), st = stat_dtype(dt);
-  expect(logits, op, "logits", dt, logits_extent(p), ctx);
-  expect(targets, op, "targets", DType::I32, p.N, ctx);
-  expect(losses, op, "losses", st, p.N, ctx);
-  expect(lse, op, "lse", st, p.N, ctx);
+  const DType dt = check_ce_forward(op, p, losses, lse, logits, targets, ctx);
   expect(count, op, "count", DType::I32, 1, ctx);
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {
