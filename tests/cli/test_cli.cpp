@@ -185,6 +185,13 @@ TEST_F(Cli, UnknownFlagAndCommand) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("unknown command 'fly'"), std::string::npos);
 }
+// Every command's --help works where the command itself could not run: bench allreduce outside mpirun.
+TEST_F(Cli, BenchAllreduceHelpWithoutMpirun) {
+  CliRun r = run("bench allreduce --help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--backend"), std::string::npos) << r.out;
+  expect_error(run("bench allreduce --sizes 1MB"), "start the ranks with mpirun");
+}
 TEST_F(Cli, CorruptSafetensors) {
   fs::create_directories(dir / "ck");
   write_file_atomic((dir / "ck" / "model.safetensors").string(), std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13));

@@ -119,7 +119,6 @@ TEST(GptConfig, JsonRoundTrip) {
   EXPECT_EQ(d.dropout, 0.25f);
 }
 
-// Causality: changing a later token leaves earlier logits unchanged.
 // A training forward that also writes the loss gradient (ForwardOptions::loss_grad_scale, the fused
 // cross-entropy) gives the loss and every gradient of a plain forward followed by backward, bit for bit on the CPU;
 // a backward with another scale is refused.
@@ -157,6 +156,7 @@ TEST(Gpt, LossGradInTheForwardEqualsTheSeparateBackward) {
   EXPECT_THROW(m.backward(1.0), Error);
 }
 
+// Causality: changing a later token leaves earlier logits unchanged.
 TEST(Gpt, IsCausal) {
   Gpt m(tiny_llama(), DType::F64);
   m.init_weights(3);

@@ -66,10 +66,10 @@ Peer run_peer(int world, const std::string& sizes, const std::string& dtype, con
   return p;
 }
 
-int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommunicator& control) {
-  const bool lead = world.rank() == 0;
-  Flags a("bench allreduce",
-          "Times all-reduce (sum) over the ranks that mpirun started: mpirun -np N tessera bench allreduce.");
+std::unique_ptr<Flags> allreduce_flags() {
+  auto flags = std::make_unique<Flags>(
+      "bench allreduce", "Times all-reduce (sum) over the ranks that mpirun started: mpirun -np N tessera bench allreduce.");
+  Flags& a = *flags;
   a.add("backend", "mpi-cpu|nccl-cuda", "MPI on CPU buffers, or NCCL on GPU buffers (default: nccl-cuda when a GPU is "
                                         "visible and tessera has NCCL, else mpi-cpu)");
   a.add("sizes", "LIST", "comma-separated sizes per rank, KB/MB/GB = 1e3/1e6/1e9 bytes, KiB/MiB/GiB = 2^10/20/30 "
@@ -81,6 +81,13 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   a.add("out", "FILE", "also write the table as markdown to FILE (rank 0)");
   a.add_switch("peer", "then run bench/peers/allreduce.py under torchrun (same sizes, one process a rank on this host) "
                        "and show torch.distributed's figures beside tessera's");
+  return flags;
+}
+
+int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommunicator& control) {
+  const bool lead = world.rank() == 0;
+  const std::unique_ptr<Flags> flags = allreduce_flags();
+  Flags& a = *flags;
   TimingOptions timing;
   std::string backend, dtype_s, sizes_s, out;
   std::vector<size_t> sizes;
@@ -186,6 +193,11 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
 }  // namespace
 
 int cmd_bench_allreduce(int argc, char** argv) {
+  // --help works without mpirun, as every command's does.
+  for (int i = 3; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      return allreduce_flags()->parse(argc, argv, 3) ? 2 : 0;
+    }
   TS_CHECK(MpiWorld::launched_by_mpi(), "bench allreduce: start the ranks with mpirun: mpirun -np N tessera bench "
                                         "allreduce (one rank a GPU for nccl-cuda)");
   MpiWorld world;

@@ -103,7 +103,7 @@ int cmd_bench_compare(int argc, char** argv) {
   std::printf("  peer: bench/peers/model.py (%s) ...\n", modes.size() == 2 ? "both" : modes[0].c_str());
   std::fflush(stdout);
   const ModelPeer peer = run_model_peer(target.names, modes, bc, prec, target.ctx.device().str());
-  std::printf("  peer: %s\n", peer.note.empty() ? "done" : peer.note.c_str());
+  std::printf("  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..." itself
   std::fflush(stdout);
 
   // ---- markdown ----

@@ -107,6 +107,8 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
     record();
   } catch (const std::exception& e) {
     failure = e.what();
+  } catch (...) {
+    failure = "a non-standard exception";
   }
   // The capture ends whatever happened, so that the stream is never left capturing.
   cudaGraph_t graph = nullptr;

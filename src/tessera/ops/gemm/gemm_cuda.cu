@@ -288,6 +288,9 @@ bool matmul_with_gelu_epilogue(const GemmParams& p, DType dt, void* c, const voi
 
 bool gemm_gelu_forward_cuda(const GemmParams& p, DType dt, void* out, void* pre, const void* a, const void* b,
                             const void* bias, Context& ctx) {
+  // The heuristic is told the alignment of A, B, C and D but not of the aux matrix: take the epilogue only when
+  // pre is 16-byte aligned (the model's arena buffers are), else the unfused ops run.
+  if (!cuda::aligned16(pre)) return false;
   return matmul_with_gelu_epilogue(p, dt, out, a, b,
                                    {.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, .bias = bias, .aux = pre}, ctx);
 }

@@ -103,8 +103,8 @@ void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void*
 // Forward + backward: first one block counts the non-ignored targets into count[0] (a separate launch: every row's
 // scale needs the count of all rows, and 4N bytes of targets cost ~2 µs against ~1 ms of logits). Then one block
 // per row copies the row into shared memory (cp.async, 16 bytes a thread, the whole row in flight at once; scalar
-// head and tail as above), runs the online max/sum over shared memory, merges the block's states, writes loss and
-// lse, and writes the gradient over the row from shared memory: the logits are read once and written once (2
+// head and tail as above), takes the max and then Σ exp(z − max) over shared memory (each merged over the block in a
+// fixed order), writes loss and lse, and writes the gradient over the row from shared memory: the logits are read once and written once (2
 // passes instead of the separate ops' 3). A bf16 row of V = 50257 takes ~100 KB, so 2 blocks of 512 threads share
 // an SM and one block's copy overlaps the other's math and stores. A row that does not fit in a block's shared
 // memory (cross_entropy_fused_row_fits false: f32 beyond ~56K columns, 16-bit beyond ~113K) runs the forward and

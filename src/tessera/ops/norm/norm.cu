@@ -341,11 +341,9 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
       const int G = group_size(p.C / U, kUnits<U>);
       constexpr auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
       constexpr size_t smem = norm_backward_smem_bytes<U>();
-      static const bool smem_set = [&] {  // once per instance: above 48 KB a kernel must ask for it
-        TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        return true;
-      }();
-      (void)smem_set;
+      // Above 48 KB a kernel must ask for its dynamic shared memory, per device: asked at every launch (a host call
+      // of about a microsecond; allowed inside a graph capture).
+      TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const int blocks = resident_blocks<kernel, smem>(kThreads / G, p.N, ctx);
       const size_t partial = static_cast<size_t>(blocks) * p.C;
       float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
