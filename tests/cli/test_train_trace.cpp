@@ -4,12 +4,15 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
 #include "tessera/core/file_io.h"
+#include "tessera/models/gpt_plan.h"
 
 namespace fs = std::filesystem;
 
@@ -65,6 +68,49 @@ TEST_F(TrainTrace, RecordsTheChosenStep) {
   EXPECT_GT(counters, 0) << "the planned-memory counter";
 }
 
+// --memory-timeline: the PNG and, beside it, one CSV line per op of the step (the activation plan's events), each
+// the static buffers plus the plan's live activations at that op; the arena bounds every line.
+TEST_F(TrainTrace, MemoryTimelineOfTheChosenStep) {
+  const fs::path png = dir / "m.png", csv = dir / "m.csv";
+  const test::CliRun r = test::run(train("--steps 2 --memory-timeline " + png.string() + " --trace-step 2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(png));
+  const std::string image = read_file_text(png.string());
+  ASSERT_GT(image.size(), 8u);
+  EXPECT_EQ(image.substr(1, 3), "PNG");
+  std::istringstream lines(read_file_text(csv.string()));
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line.rfind("event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes", 0), 0u)
+      << line;
+  int n = 0;
+  long long static0 = -1, max_live = 0, arena = 0;
+  std::map<std::string, int> phases;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+    ASSERT_GE(f.size(), 7u) << line;
+    EXPECT_EQ(std::stoi(f[0]), n) << line;
+    ++phases[f[1]];
+    const long long live = std::stoll(f[3]), st = std::stoll(f[4]), planned = std::stoll(f[5]);
+    arena = std::stoll(f[6]) - st;
+    if (static0 < 0) static0 = st;
+    EXPECT_EQ(st, static0) << line;
+    EXPECT_EQ(planned, st + live) << line;
+    EXPECT_LE(live, arena) << line;
+    max_live = std::max(max_live, live);
+    ++n;
+  }
+  EXPECT_EQ(n, step_event(/*n_layers=*/2, StepOp::End) + 1) << "one line per op of the step";
+  EXPECT_GT(static0, 0);
+  EXPECT_GT(max_live, 0);
+  EXPECT_EQ(max_live, arena) << "the plan's peak is the largest live set";
+  EXPECT_GT(phases["forward"], 0);
+  EXPECT_GT(phases["backward"], 0);
+  EXPECT_EQ(phases["optimizer"], 1);
+}
+
 // A step the run does not take, a trace step without a trace, and a missing directory are one-line errors, and
 // nothing is written.
 TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
@@ -78,7 +124,11 @@ TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
   expect_error("--steps 2 --trace " + (dir / "t.json").string() + " --trace-step 5", "--trace-step 5");
   expect_error("--steps 2 --trace-step 1", "--trace-step needs --trace");
   expect_error("--steps 2 --trace " + (dir / "no" / "t.json").string(), "does not exist");
+  expect_error("--steps 2 --memory-timeline " + (dir / "m.jpg").string(), "must end in .png");
+  expect_error("--steps 2 --memory-timeline " + (dir / "no" / "m.png").string(), "does not exist");
+  expect_error("--steps 2 --memory-timeline " + (dir / "m.png").string() + " --trace-step 3", "--trace-step 3");
   EXPECT_FALSE(fs::exists(dir / "t.json"));
+  EXPECT_FALSE(fs::exists(dir / "m.png"));
 }
 
 }  // namespace

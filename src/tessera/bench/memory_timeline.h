@@ -12,6 +12,7 @@
 
 #include "tessera/bench/model.h"
 #include "tessera/bench/png.h"
+#include "tessera/models/gpt.h"
 
 namespace tessera {
 
@@ -28,6 +29,11 @@ inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}
     kColorStatic{200, 200, 200}, kColorPlanned{31, 60, 150}, kColorAllocated{200, 40, 40},
     kColorMeasured{20, 140, 60};
 
+// One point per event of a training step of `model` (its current plan): the plan's live activation bytes at the
+// event, `static_bytes` (parameters, gradients, master weights, optimizer state), the arena; measured_at_phase_end:
+// the device memory at the end of the forward, the backward and the optimizer (GPU), or empty.
+std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t static_bytes,
+                                                        const std::vector<size_t>& measured_at_phase_end);
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points);
 Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const std::string& title,
                            PlotLayout* layout = nullptr);

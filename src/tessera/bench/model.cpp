@@ -1,5 +1,7 @@
 #include "tessera/bench/model.h"
 
+#include "tessera/bench/memory_timeline.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -292,24 +294,9 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       ctx.synchronize();
       row.trace = tracer;
 
-      if (bc.memory_timeline) {
-        const MemoryPlan& plan = model.current_plan();
-        const std::vector<size_t> live = plan.live_bytes();
-        const int L = cfg.n_layers, end = step_event(L, StepOp::End), bwd0 = step_event(L, StepOp::LossBwd);
-        const size_t static_bytes = param_bytes + (opt ? opt->state_bytes() : 0);
-        for (int e = 0; e <= end; ++e) {
-          MemoryTimelinePoint p;
-          p.event = e;
-          const int phase = e < bwd0 ? 0 : e < end ? 1 : 2;
-          p.phase = phase == 0 ? "forward" : phase == 1 ? "backward" : "optimizer";
-          p.name = step_event_name(L, e);
-          p.activations_live = e < static_cast<int>(live.size()) ? live[static_cast<size_t>(e)] : 0;
-          p.static_bytes = static_bytes;
-          p.arena = model.activation_peak();
-          if (ctx.is_cuda() && static_cast<size_t>(phase) < at_phase_end.size()) p.measured = at_phase_end[phase];
-          row.timeline.push_back(std::move(p));
-        }
-      }
+      if (bc.memory_timeline)
+        row.timeline = memory_timeline_points(model, param_bytes + (opt ? opt->state_bytes() : 0),
+                                              ctx.is_cuda() ? at_phase_end : std::vector<size_t>{});
     }
   } catch (const Error& e) {
     if (!is_out_of_memory(e.what())) throw;

@@ -175,7 +175,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)");
   a.add("trace", "FILE.json", "write a Chrome trace (opens in Perfetto) of one training step: FWD_STEP, BWD_STEP, "
         "OPTIM_STEP, each layer and op, the planned activation memory");
-  a.add("trace-step", "N", "the step --trace records (default 2; the first pays one-time costs)");
+  a.add("memory-timeline", "FILE.png", "plot the planned memory of one training step per op (static buffers, live "
+        "activations, the arena; forward, backward and optimizer shaded) and write FILE.csv beside it");
+  a.add("trace-step", "N", "the step --trace and --memory-timeline record (default 2; the first pays one-time costs)");
   a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
@@ -217,7 +219,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
              "--stop-after stops with a checkpoint to resume from: drop --no-checkpoint");
     o.trace = a.str("trace", "");
     o.trace_step = a.integer("trace-step", 2);
-    TS_CHECK(!a.has("trace-step") || a.has("trace"), "--trace-step needs --trace FILE.json");
+    o.memory_timeline = a.str("memory-timeline", "");
+    TS_CHECK(!a.has("trace-step") || a.has("trace") || a.has("memory-timeline"),
+             "--trace-step needs --trace FILE.json or --memory-timeline FILE.png");
     o.batch = a.integer("batch", o.batch);
     o.seq = a.integer("seq", 0);
     if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);

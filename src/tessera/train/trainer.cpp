@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "tessera/core/cuda_graph.h"
+#include "tessera/bench/memory_timeline.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
@@ -261,7 +262,7 @@ TrainSetup train_setup(TrainOptions o) {
     o.resume = resolve_checkpoint_dir(o.resume);
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
     const int steps = o.steps, stop_after = o.stop_after, trace_step = o.trace_step;
-    const std::string out = o.out, resume = o.resume, trace = o.trace;
+    const std::string out = o.out, resume = o.resume, trace = o.trace, memory_timeline = o.memory_timeline;
     const bool progress = o.progress;
     const int world = o.world_size;
     s.model = load_checkpoint_model(o.resume);
@@ -277,6 +278,7 @@ TrainSetup train_setup(TrainOptions o) {
     if (steps > 0) o.steps = steps;
     o.stop_after = stop_after;
     o.trace = trace;
+    o.memory_timeline = memory_timeline;
     o.trace_step = trace_step;
     o.out = out;
     o.resume = resume;
@@ -295,13 +297,19 @@ TrainSetup train_setup(TrainOptions o) {
   }
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
-  if (!o.trace.empty()) {
+  if (!o.trace.empty() || !o.memory_timeline.empty()) {
     const int64_t first = s.model ? s.state.step + 1 : 1;
     TS_CHECK(o.trace_step >= first && o.trace_step <= o.steps, "--trace-step ", o.trace_step,
              " is not a step this run takes (", first, " to ", o.steps, ")");
-    const fs::path parent = fs::path(o.trace).parent_path();
-    TS_CHECK(parent.empty() || fs::is_directory(parent), "--trace: the directory of ", o.trace, " does not exist");
   }
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
+                                   std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline}}) {
+    if (path.empty()) continue;
+    const fs::path parent = fs::path(path).parent_path();
+    TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
+  }
+  TS_CHECK(o.memory_timeline.empty() || fs::path(o.memory_timeline).extension() == ".png", "--memory-timeline ",
+           o.memory_timeline, " must end in .png (the CSV is written beside it as .csv)");
   s.context = std::make_unique<Context>(o.device.empty() ? Context::best_available() : Context::from_name(o.device));
   const bool gpu = s.context->is_cuda();
   const std::string prec = o.precision.empty() ? (gpu ? "bf16" : "f32") : o.precision;
@@ -500,6 +508,17 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       model->set_tracer(nullptr);
       ctx.synchronize();
       tracer->write_chrome_json(o.trace);
+    }
+    if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
+      // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address).
+      const ParamBuffer& pb = model->params();
+      const size_t static_bytes =
+          pb.size() * (2 * dtype_size(model->dtype()) + (pb.has_master() ? 4 : 0)) + optimizer->state_bytes();
+      fs::path csv = o.memory_timeline;
+      csv.replace_extension(".csv");
+      write_memory_timeline(o.memory_timeline, csv.string(), memory_timeline_points(*model, static_bytes, {}),
+                            o.model.preset + ", B " + std::to_string(o.batch) + " x T " + std::to_string(o.seq) +
+                                ", step " + std::to_string(step) + " (planned)");
     }
     // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
     const StepReport report = optimizer->read_step();

@@ -52,6 +52,10 @@ struct TrainOptions {
   // the planned live-activation counter (core/trace.h). Empty: none. Not saved with the run (like out).
   std::string trace;
   int trace_step = 2;          // the second step by default: the first pays one-time costs (plans, handles)
+  // --memory-timeline FILE.png: memory over step trace_step, op by op (bench/memory_timeline.h: static buffers,
+  // the plan's live activations, the arena), and FILE.csv beside it; written by rank 0 after that step. Empty:
+  // none. Not saved with the run.
+  std::string memory_timeline;
   bool progress = true;
   // --no-checkpoint: write no checkpoint at all (benchmark runs of big models, where each one is gigabytes). Not
   // saved with the run. An interrupted run then stops with nothing to resume from.
