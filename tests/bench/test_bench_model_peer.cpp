@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "bench/peer_stand_in.h"
 #include "cli/cli_run.h"
 #include "tessera/bench/model.h"
 #include "tessera/core/file_io.h"
@@ -30,13 +31,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::speedup_cell;
+using test::trim;
 
 const std::string kRun = "bench model --device cpu --preset tiny --batch 2 --seq 16 --warmup 0 --steps 2";
-
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
 
 // The cells of every row of the markdown table whose header line starts with `header_start`, the header first.
 std::vector<std::vector<std::string>> table(const std::string& md, const std::string& header_start) {
@@ -55,46 +53,8 @@ std::vector<std::vector<std::string>> table(const std::string& md, const std::st
   return rows;
 }
 
-std::string speedup_cell(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f×", x);
-  return buf;
-}
-
-class BenchModelPeer : public ::testing::Test {
+class BenchModelPeer : public test::PeerStandIn {
  protected:
-  fs::path dir;
-  std::string saved_python;
-  bool had_python = false;
-
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_bench_model_peer_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    ::setenv("OMP_NUM_THREADS", "1", 1);  // tiny steps on a loaded 2-core machine: barriers cost more than they give
-    const char* old = std::getenv("TESSERA_PYTHON");
-    had_python = old != nullptr;
-    saved_python = old ? old : "";
-  }
-  void TearDown() override {
-    if (had_python) ::setenv("TESSERA_PYTHON", saved_python.c_str(), 1);
-    else ::unsetenv("TESSERA_PYTHON");
-    fs::remove_all(dir);
-  }
-
-  // Makes TESSERA_PYTHON a script that writes its arguments, one a line, to args.txt and then runs `body`.
-  void stand_in(const std::string& body) {
-    const fs::path py = dir / "python";
-    std::string text = "#!/bin/sh\nprintf '%s\\n' \"$@\" > '";
-    text += (dir / "args.txt").string();
-    text += "'\n";
-    text += body;
-    text += "\n";
-    write_file_atomic(py.string(), text);
-    ASSERT_EQ(::chmod(py.c_str(), 0755), 0);
-    ::setenv("TESSERA_PYTHON", py.c_str(), 1);
-  }
   // `echo '<record>'` of the peer for tiny in `mode` with the given step ms and train memory (GiB).
   static std::string record(const std::string& mode, double step_ms, double train_gib, int64_t params) {
     json j = {{"size", "tiny"},       {"mode", mode},          {"params", params},        {"fwd_ms", step_ms / 3},
