@@ -11,13 +11,6 @@ namespace tessera {
 namespace {
 
 constexpr int kLeft = 110, kRight = 30, kTop = 80, kBottom = 130;
-constexpr Rgb kWhite{255, 255, 255}, kBlack{0, 0, 0}, kGrid{170, 170, 170}, kText{60, 60, 60};
-
-std::string fmt_g(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
 
 // A bar's label: three significant figures or the whole number.
 std::string value_label(double v) {
@@ -65,15 +58,15 @@ Image bar_chart(const std::string& title, const std::string& y_label, const std:
   L.n_series = static_cast<int>(series.size());
   const int group_w = (L.x1 - L.x0) / L.n_groups;
   L.bar_w = std::max(3, std::min(90, group_w * 3 / 4 / L.n_series));
-  Image img(kBarChartWidth, kBarChartHeight, kWhite);
+  Image img(kBarChartWidth, kBarChartHeight, kPlotWhite);
 
   // Gridlines and y ticks.
   for (double v = 0; v <= L.y_max * (1 + 1e-9); v += step) {
     const int y = L.value_y(v);
-    img.line(L.x0, y, L.x1 - 1, y, kGrid, 1, /*dash=*/3);
-    img.line(L.x0 - 8, y, L.x0, y, kBlack);
-    const std::string label = fmt_g(v);
-    img.text(L.x0 - 12 - Image::text_width(label, 2), y - 7, label, kText, 2);
+    img.line(L.x0, y, L.x1 - 1, y, kPlotGrid, 1, /*dash=*/3);
+    img.line(L.x0 - 8, y, L.x0, y, kPlotBlack);
+    const std::string label = tick_label(v);
+    img.text(L.x0 - 12 - Image::text_width(label, 2), y - 7, label, kPlotText, 2);
   }
   // The bars, each with its value above it (or "-" on the baseline), and the group's label below.
   for (int g = 0; g < L.n_groups; ++g) {
@@ -84,17 +77,17 @@ Image bar_chart(const std::string& title, const std::string& y_label, const std:
       const int scale = text_scale(label, L.bar_w + 6);
       const int y = v ? L.value_y(*v) : L.y1;
       if (v) img.fill_rect(xa + 1, y, xa + L.bar_w - 1, L.y1, series[s].color);
-      img.text(xc - Image::text_width(label, scale) / 2, y - 6 - 7 * scale, label, kText, scale);
+      img.text(xc - Image::text_width(label, scale) / 2, y - 6 - 7 * scale, label, kPlotText, scale);
     }
     const std::string& label = groups[g].label;
     const int scale = text_scale(label, group_w - 4);
-    img.text(L.x0 + g * group_w + (group_w - Image::text_width(label, scale)) / 2, L.y1 + 14, label, kBlack, scale);
+    img.text(L.x0 + g * group_w + (group_w - Image::text_width(label, scale)) / 2, L.y1 + 14, label, kPlotBlack, scale);
   }
   // Axes, the title, the axis label and the legend.
-  img.line(L.x0, L.y0, L.x0, L.y1, kBlack, 2);
-  img.line(L.x0, L.y1, L.x1 - 1, L.y1, kBlack, 2);
-  img.text(L.x0, 18, title, kBlack, 2);
-  img.text(std::max(4, L.x0 - Image::text_width(y_label, 2) / 2), L.y0 - 34, y_label, kText, 2);
+  img.line(L.x0, L.y0, L.x0, L.y1, kPlotBlack, 2);
+  img.line(L.x0, L.y1, L.x1 - 1, L.y1, kPlotBlack, 2);
+  img.text(L.x0, 18, title, kPlotBlack, 2);
+  img.text(std::max(4, L.x0 - Image::text_width(y_label, 2) / 2), L.y0 - 34, y_label, kPlotText, 2);
   int lx = L.x0, ly = L.y1 + 56;
   for (const BarSeries& s : series) {
     const int w = 28 + Image::text_width(s.label, 2) + 30;
@@ -103,7 +96,7 @@ Image bar_chart(const std::string& title, const std::string& y_label, const std:
       ly += 28;
     }
     img.fill_rect(lx, ly, lx + 18, ly + 14, s.color);
-    img.text(lx + 26, ly, s.label, kText, 2);
+    img.text(lx + 26, ly, s.label, kPlotText, 2);
     lx += w;
   }
   if (layout_out) *layout_out = L;

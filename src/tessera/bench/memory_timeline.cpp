@@ -14,13 +14,6 @@ namespace {
 
 constexpr int kWidth = 1200, kHeight = 660, kScale = 2;
 constexpr int kLeft = 140, kRight = 30, kTop = 60, kBottom = 170;
-constexpr Rgb kWhite{255, 255, 255}, kBlack{0, 0, 0}, kGrid{170, 170, 170}, kText{60, 60, 60};
-
-std::string fmt_g(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
 
 Rgb phase_color(const std::string& phase) {
   return phase == "forward" ? kColorForward : phase == "backward" ? kColorBackward : kColorOptimizer;
@@ -95,7 +88,7 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
   L.y0 = kTop;
   L.y1 = kHeight - kBottom;
   L.y_max = std::ceil(top * 1.05 / step) * step;
-  Image img(kWidth, kHeight, kWhite);
+  Image img(kWidth, kHeight, kPlotWhite);
 
   // Phase bands, then the static part as a filled area.
   for (int e = 0; e < n; ++e)
@@ -106,18 +99,18 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
   // Gridlines and y ticks.
   for (double v = 0; v <= L.y_max * (1 + 1e-9); v += step) {
     const int y = L.bytes_y(v);
-    img.line(L.x0, y, L.x1 - 1, y, kGrid, 1, /*dash=*/3);
-    img.line(L.x0 - 8, y, L.x0, y, kBlack);
-    const std::string label = fmt_g(v / unit) + unit_name;
-    img.text(L.x0 - 12 - Image::text_width(label, kScale), y - 7, label, kText, kScale);
+    img.line(L.x0, y, L.x1 - 1, y, kPlotGrid, 1, /*dash=*/3);
+    img.line(L.x0 - 8, y, L.x0, y, kPlotBlack);
+    const std::string label = tick_label(v / unit) + unit_name;
+    img.text(L.x0 - 12 - Image::text_width(label, kScale), y - 7, label, kPlotText, kScale);
   }
   // x ticks at event indices.
   const int xstep = static_cast<int>(nice_step(std::max(1.0, n / 10.0)));
   for (int e = 0; e < n; e += xstep) {
     const int x = (L.event_x(e, n) + L.event_x(e + 1, n)) / 2;
-    img.line(x, L.y1, x, L.y1 + 8, kBlack);
+    img.line(x, L.y1, x, L.y1 + 8, kPlotBlack);
     const std::string label = std::to_string(e);
-    img.text(x - Image::text_width(label, kScale) / 2, L.y1 + 14, label, kText, kScale);
+    img.text(x - Image::text_width(label, kScale) / 2, L.y1 + 14, label, kPlotText, kScale);
   }
 
   // The series: allocated (dashed), measured, planned (on top).
@@ -142,8 +135,8 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
   step_line([](const MemoryTimelinePoint& p) { return static_cast<double>(p.planned_total()); }, kColorPlanned, 3, 0);
 
   // Axes, phase names in their bands where they fit, the title, the axis label and the legend.
-  img.line(L.x0, L.y0, L.x0, L.y1, kBlack, 2);
-  img.line(L.x0, L.y1, L.x1 - 1, L.y1, kBlack, 2);
+  img.line(L.x0, L.y0, L.x0, L.y1, kPlotBlack, 2);
+  img.line(L.x0, L.y1, L.x1 - 1, L.y1, kPlotBlack, 2);
   for (const char* phase : {"forward", "backward", "optimizer"}) {
     int first = -1, last = -1;
     for (int e = 0; e < n; ++e)
@@ -155,11 +148,11 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
     const std::string label = phase;
     const int xa = L.event_x(first, n), xb = L.event_x(last + 1, n);
     if (Image::text_width(label, kScale) + 8 <= xb - xa)
-      img.text((xa + xb - Image::text_width(label, kScale)) / 2, L.y0 + 8, label, kText, kScale);
+      img.text((xa + xb - Image::text_width(label, kScale)) / 2, L.y0 + 8, label, kPlotText, kScale);
   }
-  img.text(L.x0, 18, "memory over one training step: " + title, kBlack, kScale);
+  img.text(L.x0, 18, "memory over one training step: " + title, kPlotBlack, kScale);
   const std::string xlabel = "op of the step (event of the activation plan)";
-  img.text((L.x0 + L.x1 - Image::text_width(xlabel, kScale)) / 2, L.y1 + 40, xlabel, kText, kScale);
+  img.text((L.x0 + L.x1 - Image::text_width(xlabel, kScale)) / 2, L.y1 + 40, xlabel, kPlotText, kScale);
   const bool any_measured = std::any_of(points.begin(), points.end(), [](const auto& p) { return p.measured.has_value(); });
   struct Entry {
     Rgb c;
@@ -180,7 +173,7 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
       ly += 28;
     }
     img.fill_rect(lx, ly, lx + 18, ly + 14, en.c);
-    img.text(lx + 26, ly, en.label, kText, kScale);
+    img.text(lx + 26, ly, en.label, kPlotText, kScale);
     lx += w;
   }
   if (layout_out) *layout_out = L;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -200,6 +201,12 @@ double nice_step(double x) {
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (m * mag >= x * (1 - 1e-12)) return m * mag;
   return 10 * mag;
+}
+
+std::string tick_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 }  // namespace tessera

@@ -56,5 +56,9 @@ void write_png(const std::string& path, const Image& img);
 
 // A plot axis's tick step: 1, 2 or 5 times a power of ten, at least x (> 0).
 double nice_step(double x);
+// A tick label: v in printf's %g.
+std::string tick_label(double v);
+// The plots' common colours: background, axes, grid lines, text.
+inline constexpr Rgb kPlotWhite{255, 255, 255}, kPlotBlack{0, 0, 0}, kPlotGrid{170, 170, 170}, kPlotText{60, 60, 60};
 
 }  // namespace tessera
