@@ -1,7 +1,8 @@
 // The training step as CUDA graphs (train/graph_step.h) against the eager step: the same losses, gradient norms,
 // loss-scale decisions and final parameters, bit for bit, over several steps, with what a graph would freeze
 // changing every step (the lr in warm-up, AdamW's t, the dropout streams), with --accum 2, and in f16 with a planted
-// overflow that is skipped and halves the loss scale (the step graph is captured again). And CudaGraph itself:
+// overflow that is skipped and halves the loss scale (the step graph is captured again); a failed capture falls
+// back to eager steps. And CudaGraph itself:
 // an illegal call inside a capture ends the capture with a clear Error and leaves the stream usable.
 #include <cmath>
 #include <filesystem>
@@ -157,6 +158,49 @@ TEST(CudaGraphStep, F16PlantedOverflowSkipsAndRecapturesLikeEager) {
   EXPECT_EQ(r.graph.skipped_steps, 1);
   EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
   EXPECT_EQ(r.graph.graph_captures, 2) << "the new loss scale needs a new capture of the backward";
+  fs::remove_all(d);
+}
+
+// A capture that fails (here: the test hook throws inside it, as an illegal call would end it) in the default
+// --cuda-graph mode: a warning, and that step and every later one run eagerly on the same batches, so the run is
+// bit for bit the eager run. With --cuda-graph on the same failure stops the run with the capture's error.
+TEST(CudaGraphStep, FailedCaptureFallsBackToEagerStepsUnlessAskedFor) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_fallback");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 5;
+  TrainOptions o = changing_every_step(d, "bf16", kSteps);
+  o.accum = 2;  // the failed step's two micro-batches must both be the ones drawn for it
+  int attempts = 0;
+  TrainControl c;
+  c.in_graph_capture = [&] {
+    attempts++;
+    TS_THROW("planted capture failure");
+  };
+  Runs r;
+  TrainOptions e = o, a = o;
+  e.out = (d / "eager").string();
+  e.cuda_graph = CudaGraphMode::Off;
+  a.out = (d / "auto").string();
+  a.cuda_graph = CudaGraphMode::Auto;
+  r.eager = train(train_setup(e));
+  r.graph = train(train_setup(a), c);
+  r.eager_recs = metrics(e.out);
+  r.graph_recs = metrics(a.out);
+  expect_identical(r, kSteps);
+  EXPECT_EQ(attempts, 1) << "step 2 tries the capture once; after it fails no step tries again";
+  EXPECT_EQ(r.graph.graph_steps, 0);
+  EXPECT_EQ(r.graph.graph_captures, 0);
+  // Asked for: the run stops at the failed capture, with its error.
+  TrainOptions on = o;
+  on.out = (d / "on").string();
+  on.cuda_graph = CudaGraphMode::On;
+  try {
+    train(train_setup(on), c);
+    ADD_FAILURE() << "--cuda-graph on trained past a failed capture";
+  } catch (const CudaGraphCaptureError& err) {
+    EXPECT_NE(std::string(err.what()).find("planted capture failure"), std::string::npos) << err.what();
+  }
   fs::remove_all(d);
 }
 

@@ -164,7 +164,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         "parameters, updated in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less)");
   a.add("cuda-graph", "on|off", "on a GPU, replay each training step as CUDA graphs (forward, backward and AdamW; "
         "the same results, fewer launches): on by default where the step can be one (a single process), off steps "
-        "eagerly; the log says which and why");
+        "eagerly; the log says which and why. By default a capture that fails is a warning and the run steps eagerly "
+        "from there; with on it is an error");
   a.add("loss-scale-init", "X", "--precision f16: the first loss scale (default 65536 = 2^16)");
   a.add("loss-scale-interval", "N", "--precision f16: steps without overflow before the loss scale doubles "
         "(default 2000)");

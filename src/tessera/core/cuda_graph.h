@@ -51,6 +51,14 @@ class PinnedStaging {
   int device_ = 0;
 };
 
+// What CudaGraph::capture throws when the capture or the instantiation fails (never for an error of the device
+// itself): the stream is usable after it, and the same work can run eagerly, which is what `train` does in its
+// default --cuda-graph mode.
+class CudaGraphCaptureError : public Error {
+ public:
+  using Error::Error;
+};
+
 // One CUDA graph captured from a Context's stream and instantiated for replay.
 class CudaGraph {
  public:
@@ -65,7 +73,7 @@ class CudaGraph {
   // would synchronize or allocate fails the capture; other threads are not affected) and instantiates it; nothing
   // runs. A graph held before is dropped first. When record throws, or the capture fails (an illegal call inside
   // it: a host copy, a synchronize, a cudaMalloc), the capture is ended, its partial graph dropped, the stream
-  // is left usable, and Error says "CUDA graph capture of <what> failed: <why>".
+  // is left usable, and CudaGraphCaptureError says "CUDA graph capture of <what> failed: <why>".
   void capture(Context& ctx, const char* what, const std::function<void()>& record);
   // Queues one replay on ctx's stream (the host does not wait).
   void launch(Context& ctx) const;

@@ -118,7 +118,9 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
   if (!failure.empty()) {
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError();  // an invalidated capture's error is not sticky; clear it so that later calls start clean
-    TS_THROW("CUDA graph capture of ", what, " failed: ", failure, " (run with --cuda-graph off)");
+    throw CudaGraphCaptureError(__FILE__, __LINE__,
+                                detail::concat("CUDA graph capture of ", what, " failed: ", failure,
+                                               " (run with --cuda-graph off)"));
   }
   size_t n = 0;
   cudaGraphGetNodes(graph, nullptr, &n);
@@ -127,8 +129,9 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
   cudaGraphDestroy(graph);  // the executable graph is independent of it
   if (inst != cudaSuccess) {
     cudaGetLastError();
-    TS_THROW("CUDA graph of ", what, ": cannot instantiate it (", cudaGetErrorString(inst), "; ", n,
-             " nodes); run with --cuda-graph off");
+    throw CudaGraphCaptureError(__FILE__, __LINE__,
+                                detail::concat("CUDA graph of ", what, ": cannot instantiate it (",
+                                               cudaGetErrorString(inst), "; ", n, " nodes); run with --cuda-graph off"));
   }
   exec_ = exec;
   nodes_ = n;

@@ -65,6 +65,7 @@ void GraphStep::enqueue_step(double loss_scale, RngState* rng, bool from_device)
   Gpt& model = *model_;
   const int B = cfg_.B, T = cfg_.T;
   const size_t n = static_cast<size_t>(B) * T;
+  if (from_device && cfg_.in_capture) cfg_.in_capture();
   // The scalars of this step (its stream base, the optimizer's), read by the kernels of both graphs.
   if (from_device)
     copy_bytes(device_header_.data(), ctx.device(), staging_.data(), Device::cpu(), header_bytes_, ctx);

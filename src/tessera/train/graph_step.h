@@ -53,6 +53,9 @@ struct GraphStepConfig {
   void* losses = nullptr;       // device: micro-step m's mean loss copied to losses + m * its bytes; null: none
   float label_smoothing = 0.0f;
   bool skip_nonfinite = false;  // the optimizer's GradScaling::skip_nonfinite (dynamic loss scaling)
+  // Test hook: called inside each capture of the step graph, before its first launch (a test makes the capture fail
+  // here, with a synchronize, to watch train fall back to eager steps).
+  std::function<void()> in_capture = {};
 };
 
 class GraphStep {

@@ -450,7 +450,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                                         GraphStepConfig{.B = o.batch, .T = o.seq, .accum = o.accum,
                                                         .losses = step_losses.data(),
                                                         .label_smoothing = o.label_smoothing,
-                                                        .skip_nonfinite = o.loss_scaling});
+                                                        .skip_nonfinite = o.loss_scaling,
+                                                        .in_capture = control.in_graph_capture});
+  // A failed capture's batches (this rank's share of each micro-step), which that step then runs eagerly.
+  std::vector<int32_t> fallback_x, fallback_y;
   for (int64_t step = state.step + 1; step <= o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float lr = lr_at(step, o.steps, o);
@@ -463,6 +466,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     const double scale = o.loss_scaling ? scaler.scale() : 1.0;
     TS_CHECK(optimizer->step_count() == state.optimizer_step, "internal: optimizer at step ", optimizer->step_count(),
              ", the run's count of applied steps ", state.optimizer_step);
+    bool stepped = false;
     if (graph && !tracer) {
       // The batches go straight into the graph's pinned staging, checked there; the graph copies them in.
       for (int micro = 0; micro < o.accum; ++micro) {
@@ -470,16 +474,42 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         model->check_tokens(graph->tokens(micro), o.batch, o.seq);
       }
       rank_rng.next_stream = state.rng.next_stream;
-      graph->run(lr, scale, &rank_rng, [&] {
-        // World size 1: the last micro-step's backward is done and there is no reduction.
-        if (control.before_grad_sync) control.before_grad_sync(step, *model);
-        if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
-      });
-      state.rng.next_stream = rank_rng.next_stream;
-    } else {
+      try {
+        graph->run(lr, scale, &rank_rng, [&] {
+          // World size 1: the last micro-step's backward is done and there is no reduction.
+          if (control.before_grad_sync) control.before_grad_sync(step, *model);
+          if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
+        });
+        state.rng.next_stream = rank_rng.next_stream;
+        stepped = true;
+      } catch (const CudaGraphCaptureError& e) {
+        // A capture fails before anything of the step is queued, so the step can still run eagerly, on the batches
+        // already drawn. With --cuda-graph on the graph was asked for: stop with the error instead.
+        if (o.cuda_graph == CudaGraphMode::On) throw;
+        if (lead)
+          std::fprintf(stderr, "tessera: warning: %s; stepping eagerly from step %lld\n", e.what(),
+                       static_cast<long long>(step));
+        const size_t n = x.size();
+        fallback_x.resize(n * o.accum);
+        fallback_y.resize(n * o.accum);
+        for (int micro = 0; micro < o.accum; ++micro) {
+          std::memcpy(fallback_x.data() + micro * n, graph->tokens(micro), n * sizeof(int32_t));
+          std::memcpy(fallback_y.data() + micro * n, graph->targets(micro), n * sizeof(int32_t));
+        }
+        result.graph_steps = graph->replays();
+        result.graph_captures = graph->captures();
+        graph.reset();
+      }
+    }
+    if (!stepped) {
       model->zero_grad();
       for (int micro = 0; micro < o.accum; ++micro) {
-        next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
+        if (fallback_x.empty()) {
+          next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
+        } else {
+          std::memcpy(x.data(), fallback_x.data() + micro * x.size(), x.size() * sizeof(int32_t));
+          std::memcpy(y.data(), fallback_y.data() + micro * y.size(), y.size() * sizeof(int32_t));
+        }
         rank_rng.next_stream = state.rng.next_stream;
         // The forward also writes the loss gradient (one pass over the logits fewer); backward continues from it.
         model->forward_async(x.data(), y.data(), o.batch, o.seq,
@@ -497,6 +527,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         if (sync && control.before_grad_sync) control.before_grad_sync(step, *model);
         if (dp) dp->end_backward(*model, sync);
       }
+      fallback_x.clear();  // later steps draw their batches again
       if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
       {
         const TraceScope optim(tracer.get(), "OPTIM_STEP");

@@ -161,6 +161,8 @@ struct TrainControl {
   // reduction completes (for --ddp naive and flat, before it starts), so that a test can plant a value into one
   // rank's gradient and see it reach the others.
   std::function<void(int64_t step, Gpt& model)> before_grad_sync;
+  // Test hook: called inside each CUDA graph capture of the step (GraphStepConfig::in_capture).
+  std::function<void()> in_graph_capture = {};
 };
 
 struct TrainResult {
