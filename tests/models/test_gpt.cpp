@@ -1,8 +1,12 @@
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include <omp.h>
+
 #include "tessera/core/error.h"
+#include "tessera/core/philox.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt.h"
 #include "tessera/core/trace.h"
@@ -154,6 +158,43 @@ TEST(Gpt, LossGradInTheForwardEqualsTheSeparateBackward) {
   m.init_weights(7);
   m.forward(tokens.data(), targets.data(), B, T, {.loss_grad_scale = 2.0});
   EXPECT_THROW(m.backward(1.0), Error);
+}
+
+// The init is a pure function of (seed, segment, index): the same bits on 1 core and on 3 (the loop is split over
+// the cores for the 2.7B model). Each weight is philox_normal(seed, segment, index) times 0.02, or 0.02 / sqrt(2 L)
+// for the two projections into the residual stream (attention proj, MLP fcp); gains are 1 and biases 0. A segment
+// large enough to be split (over 65536 elements: the embedding) is among them.
+TEST(Gpt, InitIsTheSameOnAnyNumberOfCores) {
+  ModelConfig cfg = tiny_gpt2();
+  cfg.vocab = 9000;  // wte 9000 x 8 = 72000 elements
+  Gpt one(cfg), three(cfg);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  one.init_weights(21);
+  omp_set_num_threads(3);
+  three.init_weights(21);
+  omp_set_num_threads(threads);
+  Context cpu(Device::cpu());
+  const std::vector<float> a = one.params().read_f32(cpu), b = three.params().read_f32(cpu);
+  ASSERT_EQ(a, b);
+  const double resid = 0.02 / std::sqrt(2.0 * cfg.n_layers);
+  const auto& segs = one.params().segments();
+  bool saw_split = false, saw_resid = false;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const ParamSegment& seg = segs[s];
+    saw_split |= seg.numel > 65536;
+    const bool gain = seg.name.ends_with("ln1.w") || seg.name.ends_with("ln2.w") || seg.name == "lnf.w";
+    const bool bias = seg.name.ends_with(".b"), proj = seg.name.ends_with("proj.w") || seg.name.ends_with("fcp.w");
+    saw_resid |= proj;
+    for (size_t i : {size_t{0}, seg.numel / 2, seg.numel - 1}) {
+      const float want = gain   ? 1.0f
+                         : bias ? 0.0f
+                                : static_cast<float>((proj ? resid : 0.02) * philox_normal(21, s, i));
+      EXPECT_EQ(a[seg.offset + i], want) << seg.name << "[" << i << "]";
+    }
+  }
+  EXPECT_TRUE(saw_split);
+  EXPECT_TRUE(saw_resid);
 }
 
 // Causality: changing a later token leaves earlier logits unchanged.

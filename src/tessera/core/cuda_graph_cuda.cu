@@ -131,7 +131,8 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
     cudaGetLastError();
     throw CudaGraphCaptureError(__FILE__, __LINE__,
                                 detail::concat("CUDA graph of ", what, ": cannot instantiate it (",
-                                               cudaGetErrorString(inst), "; ", n, " nodes); run with --cuda-graph off"));
+                                               cudaGetErrorString(inst), "; ", n,
+                                               " nodes); run with --cuda-graph off"));
   }
   exec_ = exec;
   nodes_ = n;
