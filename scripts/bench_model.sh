@@ -7,9 +7,12 @@
 # on PATH or $TESSERA_PYTHON: it needs torch with CUDA and transformers), in a second table with the speedup.
 # Usage: scripts/bench_model.sh OUT_DIR [eager|compile|both]   (the peer's modes, default both: torch.compile of the
 #   five cs336 sizes takes minutes, so on a machine with a 10-minute limit per command run eager and compile apart)
+# Environment: TESSERA_PEER_TIMEOUT=S stops each peer run after S seconds (bench model --peer-timeout), keeping the
+#   figures it printed by then (default 0: no limit).
 set -uo pipefail
 OUT=${1:?usage: scripts/bench_model.sh OUT_DIR [eager|compile|both]}
 PEER_MODE=${2:-both}
+PEER_TIMEOUT=${TESSERA_PEER_TIMEOUT:-0}
 case $PEER_MODE in eager|compile|both) ;; *) echo "scripts/bench_model.sh: the peer mode is eager, compile or both, got '$PEER_MODE'" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -29,10 +32,10 @@ build-gpu/tests/tessera_tests --gtest_filter='BenchModel*:ModelPeerFigures.*:Png
   >"$OUT/tests.log" 2>&1 || rc=1
 tail -3 "$OUT/tests.log"
 build-gpu/tessera bench model --sizes cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b,gpt2-124m \
-  --batch 4 --seq 256 --precision bf16 --peer --peer-mode "$PEER_MODE" --out "$OUT/model_b4_t256.md" --json "$OUT/model_b4_t256.json" \
+  --batch 4 --seq 256 --precision bf16 --peer --peer-mode "$PEER_MODE" --peer-timeout "$PEER_TIMEOUT" --out "$OUT/model_b4_t256.md" --json "$OUT/model_b4_t256.json" \
   --csv "$OUT/model_b4_t256.csv" --trace "$OUT/trace_b4_t256.json" --memory-timeline "$OUT/memory_b4_t256.png" \
   2>&1 | tee "$OUT/model_b4_t256.log" || rc=1
-build-gpu/tessera bench model --preset gpt2-124m --batch 16 --seq 1024 --precision bf16 --peer --peer-mode "$PEER_MODE" \
+build-gpu/tessera bench model --preset gpt2-124m --batch 16 --seq 1024 --precision bf16 --peer --peer-mode "$PEER_MODE" --peer-timeout "$PEER_TIMEOUT" \
   --out "$OUT/model_gpt2_b16_t1024.md" --json "$OUT/model_gpt2_b16_t1024.json" --csv "$OUT/model_gpt2_b16_t1024.csv" \
   --trace "$OUT/trace_gpt2_b16_t1024.json" --memory-timeline "$OUT/memory_gpt2_b16_t1024.png" \
   2>&1 | tee "$OUT/model_gpt2_b16_t1024.log" || rc=1

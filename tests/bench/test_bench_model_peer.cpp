@@ -231,6 +231,30 @@ TEST_F(BenchModelPeer, BadPeerFlagsAreOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("--peer-mode"), std::string::npos) << r.err;
   }
+  for (const std::string& args :
+       {std::string(" --peer --peer-timeout -1"), std::string(" --peer --peer-timeout soon"),
+        std::string(" --peer-timeout 60")}) {
+    const test::CliRun r = test::run(kRun + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--peer-timeout"), std::string::npos) << r.err;
+  }
+}
+
+// A peer that runs past --peer-timeout (torch.compile of many sizes): stopped there, its eager figure kept in the
+// table, the compile cells –, the note in the file, and the bench succeeds with every output written.
+TEST_F(BenchModelPeer, APeerPastItsTimeoutKeepsWhatItPrinted) {
+  stand_in(record("eager", 10.0, 0.5, model_preset("tiny").num_params()) + "\nsleep 60\n" +
+           record("compile", 5.0, 0.5, model_preset("tiny").num_params()));
+  const fs::path md = dir / "m.md", js = dir / "m.json";
+  const test::CliRun r = test::run(kRun + " --peer --peer-timeout 2 --out " + md.string() + " --json " + js.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = read_file_text(md.string());
+  EXPECT_NE(text.find("peer stopped at --peer-timeout 2 s: the cells it had not reached are –"), std::string::npos)
+      << text;
+  const json j = json::parse(read_file_text(js.string()));
+  EXPECT_EQ(j.at("rows")[0].at("peer").at("eager").at("step_ms"), 10.0) << j.dump();
+  EXPECT_EQ(j.at("rows")[0].at("peer").at("compile"), nullptr) << j.dump();
 }
 
 TEST(ModelPeerFigures, ParsesRecordsAndRejectsBadFigures) {

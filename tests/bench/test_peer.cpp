@@ -1,10 +1,13 @@
 // run_peer_script: the JSON figures of a peer script reach the caller, and every way a peer can fail becomes the
-// one-line note the bench tables print. /bin/sh stands in for python (TESSERA_PYTHON), a shell script for the peer.
+// one-line note the bench tables print, a timeout included (the figures before it stand, and the peer's whole
+// process group is stopped). /bin/sh stands in for python (TESSERA_PYTHON), a shell script for the peer.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,7 @@ class PeerScript : public ::testing::Test {
     fs::remove_all(dir);
   }
   // Runs a peer whose output is `body` (shell commands); collects the objects with a "v" as figures.
-  std::string run(const std::string& body) {
+  std::string run(const std::string& body, double timeout_s = 0) {
     const fs::path script = dir / "peer.sh";
     write_file_atomic(script.string(), body + "\n");
     got.clear();
@@ -45,7 +48,13 @@ class PeerScript : public ::testing::Test {
       if (!j.contains("v")) return false;
       got.push_back(j["v"].get<int>());
       return true;
-    });
+    }, timeout_s);
+  }
+  // Seconds that `run` took.
+  double timed_run(const std::string& body, double timeout_s, std::string* note) {
+    const auto t0 = std::chrono::steady_clock::now();
+    *note = run(body, timeout_s);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   fs::path dir;
   std::string saved;
@@ -69,6 +78,41 @@ TEST_F(PeerScript, NoFiguresIsSkippedWithTheLastLine) {
 TEST_F(PeerScript, FiguresWithAFailingExitAreNoted) {
   EXPECT_EQ(run("echo '{\"v\": 7}'; echo 'Traceback: boom' >&2; exit 3"), "peer exited with code 3: Traceback: boom");
   EXPECT_EQ(got, (std::vector<int>{7}));
+}
+
+TEST_F(PeerScript, ALastLineWithoutItsNewlineCounts) {
+  EXPECT_EQ(run("printf '{\"v\": 4}'"), "");
+  EXPECT_EQ(got, (std::vector<int>{4}));
+}
+
+// At --peer-timeout the peer is stopped: the figures it printed stand, the note says where it stopped, and the
+// call returns at once rather than when the peer would have ended.
+TEST_F(PeerScript, ATimeoutKeepsTheFiguresSoFar) {
+  std::string note;
+  const double s = timed_run("echo '{\"v\": 1}'; sleep 30; echo '{\"v\": 2}'", 1.0, &note);
+  EXPECT_EQ(note, "peer stopped at --peer-timeout 1 s: the cells it had not reached are –");
+  EXPECT_EQ(got, (std::vector<int>{1}));
+  EXPECT_LT(s, 10.0);
+  // No figure before the timeout: skipped, with the peer's last line.
+  timed_run("echo 'compiling'; sleep 30", 0.5, &note);
+  EXPECT_EQ(note, "peer skipped: stopped at --peer-timeout 0.5 s (its last line: compiling)");
+  EXPECT_TRUE(got.empty());
+  // A peer that ends in time is not affected by the limit.
+  EXPECT_EQ(run("echo '{\"v\": 3}'", 30.0), "");
+  EXPECT_EQ(got, (std::vector<int>{3}));
+}
+
+// What the peer started is stopped with it (torch.compile's workers): a background job of the script that would
+// write a file two seconds later never writes it.
+TEST_F(PeerScript, ATimeoutStopsWhatThePeerStarted) {
+  const fs::path mark = dir / "late.txt";
+  std::string note;
+  const double s = timed_run("(sleep 2; echo late > '" + mark.string() + "') & echo '{\"v\": 5}'; wait", 0.5, &note);
+  EXPECT_EQ(got, (std::vector<int>{5}));
+  EXPECT_NE(note.find("--peer-timeout 0.5 s"), std::string::npos) << note;
+  EXPECT_LT(s, 2.0) << "the call waited for the background job";
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  EXPECT_FALSE(fs::exists(mark)) << "the peer's background job outlived the timeout";
 }
 
 TEST_F(PeerScript, AMissingInterpreterIsNamed) {

@@ -104,8 +104,16 @@ std::vector<std::string> read_peer_modes(const Flags& a, const std::string& what
   return peer_mode == "both" ? std::vector<std::string>{"eager", "compile"} : std::vector<std::string>{peer_mode};
 }
 
+double read_peer_timeout(const Flags& a, const std::string& what) {
+  const double s = a.number("peer-timeout", 0.0);
+  TS_CHECK(s >= 0, what, ": --peer-timeout must be 0 (no limit) or a positive number of seconds, got ",
+           a.str("peer-timeout"));
+  return s;
+}
+
 ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
-                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device) {
+                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device,
+                         double timeout_s) {
   ModelPeer p;
   std::string args = "'" TESSERA_PEERS_DIR "/model.py' --sizes ";
   for (size_t i = 0; i < sizes.size(); ++i) args.append(i ? "," : "").append(sizes[i]);
@@ -125,7 +133,7 @@ ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vecto
       if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
     p.figures[{f->size, f->mode}] = std::move(*f);
     return true;
-  });
+  }, timeout_s);
   return p;
 }
 

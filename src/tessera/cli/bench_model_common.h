@@ -40,6 +40,11 @@ ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what
 
 // --peer-mode eager|compile|both (default both) as the modes bench/peers/model.py is asked for.
 std::vector<std::string> read_peer_modes(const Flags& a, const std::string& what);
+// --peer-timeout S: seconds after which the peer is stopped, its figures so far kept (default 0: no limit).
+double read_peer_timeout(const Flags& a, const std::string& what);
+inline constexpr const char* kPeerTimeoutHelp =
+    "stop the peer after S seconds (default: no limit; torch.compile of several sizes takes minutes): the figures "
+    "it printed by then stay, its other cells read –";
 
 // What bench/peers/model.py printed: its records by (size, mode), the versions it ran with, or a one-line reason
 // why there is none (run_peer_script's note).
@@ -52,9 +57,10 @@ struct ModelPeer {
   }
 };
 // Runs bench/peers/model.py ($TESSERA_PYTHON or python3) over the sizes and modes, with bc's regions, batch,
-// sequence length and runs, in `precision` on `device` ("cpu", "cuda:N").
+// sequence length and runs, in `precision` on `device` ("cpu", "cuda:N"); stopped at timeout_s (> 0).
 ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vector<std::string>& modes,
-                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device);
+                         const ModelBenchConfig& bc, const std::string& precision, const std::string& device,
+                         double timeout_s);
 
 // A time in ms: 3 decimals below 10 ms, else 2.
 std::string ms_text(double ms);

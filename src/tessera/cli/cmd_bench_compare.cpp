@@ -63,6 +63,7 @@ int cmd_bench_compare(int argc, char** argv) {
         "off times the eager launches");
   a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes to time (default both)");
+  a.add("peer-timeout", "S", kPeerTimeoutHelp);
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add("json", "FILE", "also write the rows as JSON to FILE");
   a.add("csv", "FILE", "also write the rows as CSV to FILE");
@@ -82,6 +83,7 @@ int cmd_bench_compare(int argc, char** argv) {
     TS_CHECK(fs::path(chart).extension() == ".png", what, ": --chart ", chart, " must end in .png");
   }
   const std::vector<std::string> modes = read_peer_modes(a, what);
+  const double peer_timeout = read_peer_timeout(a, what);
   ModelBenchTarget target = read_model_bench_target(a, what, bc);
   const std::string& prec = target.prec;
   const bool gpu = target.ctx.is_cuda();
@@ -102,7 +104,7 @@ int cmd_bench_compare(int argc, char** argv) {
   // The peer runs after every size of tessera's is done and its buffers are gone (one process on the device).
   std::printf("  peer: bench/peers/model.py (%s) ...\n", modes.size() == 2 ? "both" : modes[0].c_str());
   std::fflush(stdout);
-  const ModelPeer peer = run_model_peer(target.names, modes, bc, prec, target.ctx.device().str());
+  const ModelPeer peer = run_model_peer(target.names, modes, bc, prec, target.ctx.device().str(), peer_timeout);
   std::printf("  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..." itself
   std::fflush(stdout);
 

@@ -88,6 +88,7 @@ int cmd_bench_model(int argc, char** argv) {
   a.add_switch("peer", "then time the Hugging Face model of each size (bench/peers/model.py: PyTorch eager and "
                        "torch.compile, same regions and runs) and show its step ms, memory and tessera's speedup");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes --peer times (default both)");
+  a.add("peer-timeout", "S", kPeerTimeoutHelp);
   if (!a.parse(argc, argv, 3)) return 0;
 
   TS_CHECK(!(a.has("preset") && a.has("sizes")), "bench model: give --preset or --sizes, not both");
@@ -116,6 +117,8 @@ int cmd_bench_model(int argc, char** argv) {
   TS_CHECK(with_peer || !a.has("peer-mode"), "bench model: --peer-mode needs --peer");
   const std::vector<std::string> peer_modes = read_peer_modes(a, "bench model");
   const std::string peer_mode = peer_modes.size() == 2 ? "both" : peer_modes[0];
+  TS_CHECK(with_peer || !a.has("peer-timeout"), "bench model: --peer-timeout needs --peer");
+  const double peer_timeout = read_peer_timeout(a, "bench model");
 
   ModelBenchTarget target = read_model_bench_target(a, "bench model", bc);
   Context& ctx = target.ctx;
@@ -173,7 +176,7 @@ int cmd_bench_model(int argc, char** argv) {
   if (with_peer) {
     std::printf("  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
     std::fflush(stdout);
-    peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str());  // "cpu" or "cuda:N"
+    peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str(), peer_timeout);  // "cpu" or "cuda:N"
     std::printf("  peer: %s\n", peer.note.empty() ? "done" : peer.note.c_str());
     std::fflush(stdout);
   }
