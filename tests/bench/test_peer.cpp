@@ -1,8 +1,12 @@
 // run_peer_script: the JSON figures of a peer script reach the caller, and every way a peer can fail becomes the
 // one-line note the bench tables print, a timeout included (the figures before it stand, and the peer's whole
-// process group is stopped). /bin/sh stands in for python (TESSERA_PYTHON), a shell script for the peer.
+// process group is stopped), as is an interrupt. /bin/sh stands in for python (TESSERA_PYTHON), a shell script for
+// the peer.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cstdlib>
@@ -113,6 +117,25 @@ TEST_F(PeerScript, ATimeoutStopsWhatThePeerStarted) {
   EXPECT_LT(s, 2.0) << "the call waited for the background job";
   std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   EXPECT_FALSE(fs::exists(mark)) << "the peer's background job outlived the timeout";
+}
+
+// A Ctrl-C while the peer runs (the peer has a process group of its own, which the terminal's signal misses): the
+// caller stops the peer's group and then ends by the same signal. Here the caller is a forked copy of the test.
+TEST_F(PeerScript, AnInterruptStopsThePeerAndThenTheCaller) {
+  const fs::path mark = dir / "late.txt";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    run("(sleep 2; echo late > '" + mark.string() + "') & sleep 30", 0);
+    ::_exit(0);  // not reached: the SIGINT ends this process
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(child, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_FALSE(fs::exists(mark)) << "the peer outlived the interrupt";
 }
 
 TEST_F(PeerScript, AMissingInterpreterIsNamed) {
