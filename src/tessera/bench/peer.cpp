@@ -128,7 +128,7 @@ std::string run_peer_script(const std::string& args, const std::string& what,
       signalled = g_signal;
       break;
     }
-    int wait_ms = -1;
+    int wait_ms = 1000;  // a bounded wait even without a timeout: a signal just before poll() is seen within 1 s
     if (timeout_s > 0) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
