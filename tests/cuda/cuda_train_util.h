@@ -1,11 +1,17 @@
-// Helpers for the CUDA training tests: the bundled corpus and the options of a short `tiny` run.
+// Helpers for the CUDA training tests: the bundled corpus, the options of a short `tiny` run, and a planted f16
+// overflow.
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "tessera/core/buffer.h"
 #include "tessera/models/config.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::test {
@@ -32,6 +38,16 @@ inline TrainOptions tiny_run(const std::filesystem::path& d, const std::string& 
   o.device = device;
   o.precision = precision;
   return o;
+}
+
+// Writes an f16 +inf into an element of the first parameter segment's gradient (on the device).
+inline void plant_inf_f16(Gpt& m) {
+  ASSERT_EQ(m.params().dtype(), DType::F16);
+  const size_t at = m.params().segments().front().offset + 3;
+  const uint16_t inf = 0x7c00u;
+  copy_bytes(static_cast<char*>(m.params().grad().data()) + at * sizeof inf, m.params().device(), &inf, Device::cpu(),
+             sizeof inf, m.context());
+  m.context().synchronize();
 }
 
 }  // namespace tessera::test

@@ -126,16 +126,6 @@ TEST(CudaGraphStep, F32Accum2DropoutMatchesEagerBitForBit) {
   fs::remove_all(d);
 }
 
-// Writes an f16 +inf into an element of the first parameter segment's gradient (on the device).
-void plant_inf_f16(Gpt& m) {
-  ASSERT_EQ(m.params().dtype(), DType::F16);
-  const size_t at = m.params().segments().front().offset + 3;
-  const uint16_t inf = 0x7c00u;
-  copy_bytes(static_cast<char*>(m.params().grad().data()) + at * sizeof inf, m.params().device(), &inf, Device::cpu(),
-             sizeof inf, m.context());
-  m.context().synchronize();
-}
-
 // f16 with dynamic loss scaling: an overflow planted at step 4 (replayed, between the step graph and the
 // optimizer's) is skipped as in the eager run, the scale halves, the step graph is captured again for the new scale,
 // and every later step still matches.

@@ -34,16 +34,6 @@ double tail_mean(const std::vector<nlohmann::json>& recs, size_t k) {
   return s / static_cast<double>(k);
 }
 
-// Writes an f16 +inf into an element of the first parameter segment's gradient (on the device).
-void plant_inf_f16(Gpt& m) {
-  ASSERT_EQ(m.params().dtype(), DType::F16);
-  const size_t at = m.params().segments().front().offset + 3;
-  const uint16_t inf = 0x7c00u;
-  copy_bytes(static_cast<char*>(m.params().grad().data()) + at * sizeof inf, m.params().device(), &inf, Device::cpu(),
-             sizeof inf, m.context());
-  m.context().synchronize();
-}
-
 constexpr int64_t kPlantStep = 5;
 
 // The planted step is skipped: the master weights the step after starts from are those of the planted step, the
