@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -27,6 +29,23 @@ inline std::string speedup_cell(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f×", x);
   return buf;
+}
+
+// The cells of every row of the markdown table whose header line starts with `header_start`, the header first.
+inline std::vector<std::vector<std::string>> md_table(const std::string& md, const std::string& header_start) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(md);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(header_start, 0) == 0) inside = true;
+    else if (inside && (line.empty() || line[0] != '|')) break;
+    if (!inside || line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells;
+    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1)
+      cells.push_back(trim(line.substr(i, j - i)));
+    rows.push_back(cells);
+  }
+  return rows;
 }
 
 class PeerStandIn : public ::testing::Test {

@@ -32,26 +32,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::speedup_cell;
+using test::md_table;
 using test::trim;
 
 const std::string kRun = "bench model --device cpu --preset tiny --batch 2 --seq 16 --warmup 0 --steps 2";
-
-// The cells of every row of the markdown table whose header line starts with `header_start`, the header first.
-std::vector<std::vector<std::string>> table(const std::string& md, const std::string& header_start) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream in(md);
-  bool inside = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(header_start, 0) == 0) inside = true;
-    else if (inside && (line.empty() || line[0] != '|')) break;
-    if (!inside || line.rfind("|---", 0) == 0) continue;
-    std::vector<std::string> cells;
-    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1)
-      cells.push_back(trim(line.substr(i, j - i)));
-    rows.push_back(cells);
-  }
-  return rows;
-}
 
 class BenchModelPeer : public test::PeerStandIn {
  protected:
@@ -108,7 +92,7 @@ TEST_F(BenchModelPeer, ShowsThePeerPerModeWithTheSpeedup) {
 
   const std::string text = read_file_text(md.string());
   EXPECT_NE(r.out.find("## PyTorch peer (same run)"), std::string::npos) << r.out;  // printed as well as written
-  const auto t = table(text, "| size | tessera step ms");
+  const auto t = md_table(text, "| size | tessera step ms");
   ASSERT_EQ(t.size(), 2u) << text;
   EXPECT_EQ(t[0], (std::vector<std::string>{"size", "tessera step ms", "tessera train mem", "torch eager step ms",
                                             "torch eager train mem", "speedup vs eager", "torch compile step ms",
@@ -125,7 +109,7 @@ TEST_F(BenchModelPeer, ShowsThePeerPerModeWithTheSpeedup) {
   EXPECT_NE(text.find("torch 2.9.1, transformers 4.57.0, on NVIDIA H200"), std::string::npos) << text;
   EXPECT_EQ(text.find("parameters, tessera's"), std::string::npos) << text;  // the counts agree: no note
   // The main table is still there, unchanged in its columns.
-  EXPECT_EQ(table(text, "| size | d_model").at(0).size(), 13u);
+  EXPECT_EQ(md_table(text, "| size | d_model").at(0).size(), 13u);
 
   const json& pe = j.at("rows")[0].at("peer").at("eager");
   EXPECT_EQ(pe.at("step_ms").get<double>(), 1234.5);
@@ -160,7 +144,7 @@ TEST_F(BenchModelPeer, OomFailuresAndMismatchesAreCellsAndNotes) {
   EXPECT_EQ(arg("--regions"), "fwd-bwd");
   const std::string text = read_file_text(md.string());
   // --mode fwd-bwd: the peer is compared over that region, at its fwd_bwd_ms (0.9 x 10).
-  const auto t = table(text, "| size | tessera fwd+bwd ms");
+  const auto t = md_table(text, "| size | tessera fwd+bwd ms");
   ASSERT_EQ(t.size(), 2u) << text;
   EXPECT_EQ(t[1][3], "9.000");
   EXPECT_NE(t[1][5], "–");
@@ -180,7 +164,7 @@ TEST_F(BenchModelPeer, PeerModeEagerAsksForEagerOnly) {
   const test::CliRun r = test::run(kRun + " --peer --peer-mode eager --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(arg("--modes"), "eager");
-  const auto t = table(read_file_text(md.string()), "| size | tessera step ms");
+  const auto t = md_table(read_file_text(md.string()), "| size | tessera step ms");
   ASSERT_EQ(t.size(), 2u);
   EXPECT_EQ(t[0].size(), 6u);
   EXPECT_EQ(t[0].back(), "speedup vs eager");
@@ -195,8 +179,8 @@ TEST_F(BenchModelPeer, APeerThatFailsIsOneNoteAndTheBenchSucceeds) {
   EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: peer: no GPU visible to torch\n"),
             std::string::npos)
       << text;
-  EXPECT_TRUE(table(text, "| size | tessera step ms").empty()) << text;
-  EXPECT_EQ(table(text, "| size | d_model").size(), 2u);
+  EXPECT_TRUE(md_table(text, "| size | tessera step ms").empty()) << text;
+  EXPECT_EQ(md_table(text, "| size | d_model").size(), 2u);
   const json j = json::parse(read_file_text(js.string()));
   EXPECT_EQ(j.at("peer").at("note"), "peer skipped: peer: no GPU visible to torch");
   EXPECT_EQ(j.at("rows")[0].at("peer").at("eager"), nullptr);

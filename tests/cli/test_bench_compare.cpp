@@ -30,23 +30,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::speedup_cell;
+using test::md_table;
 using test::trim;
 
 const std::string kRun = "bench compare --device cpu --preset tiny --batch 2 --seq 16 --warmup 0 --steps 2";
-
-// The cells of the markdown table's rows (the header first), the rule left out.
-std::vector<std::vector<std::string>> table(const std::string& md) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream in(md);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("| ", 0) != 0) continue;
-    std::vector<std::string> cells;
-    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1)
-      cells.push_back(trim(line.substr(i, j - i)));
-    rows.push_back(cells);
-  }
-  return rows;
-}
 
 // header -> cell of each CSV line after the header.
 std::vector<std::map<std::string, std::string>> read_csv(const fs::path& p) {
@@ -124,7 +111,7 @@ TEST_F(BenchCompare, SpeedupIsThePeersMsOverTesserasPerRegionAndMode) {
   EXPECT_NE(text.find("- device: cpu (CPU)"), std::string::npos) << text;
   EXPECT_NE(text.find("torch 2.9.1, transformers 4.57.0"), std::string::npos) << text;
   EXPECT_NE(r.out.find("| size | peer mode |"), std::string::npos) << r.out;  // printed as well as written
-  const auto t = table(text);
+  const auto t = md_table(text, "| size |");
   ASSERT_EQ(t.size(), 3u) << text;
   EXPECT_EQ(t[0], (std::vector<std::string>{"size", "peer mode", "tessera fwd ms", "peer fwd ms", "fwd speedup",
                                             "tessera fwd+bwd ms", "peer fwd+bwd ms", "fwd+bwd speedup",
@@ -175,7 +162,7 @@ TEST_F(BenchCompare, APeerThatCannotRunIsANoteAndEveryFileIsWritten) {
   const std::string note = "peer skipped: ModuleNotFoundError: No module named 'torch'";
   const std::string text = read_file_text(md.string());
   EXPECT_NE(text.find("\n- peer (bench/peers/model.py): " + note + "\n"), std::string::npos) << text;
-  const auto t = table(text);
+  const auto t = md_table(text, "| size |");
   ASSERT_EQ(t.size(), 2u) << text;  // one mode asked for: one row
   const std::vector<std::string>& row = t[1];
   EXPECT_EQ(row[1], "eager");
