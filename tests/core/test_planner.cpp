@@ -190,6 +190,64 @@ TEST(MemoryPlan, AwkwardCases) {
   }
 }
 
+// Fixed buffers (a model's flat gradients) keep their offsets, unaligned ones included; the others use their
+// memory outside their lives and go around them during them.
+TEST(MemoryPlan, FixedBuffersStayAndOthersFitAround) {
+  {
+    MemoryPlan plan(256);
+    const int grad = plan.add_fixed("grad", 1000, 5, 9, 0);
+    const int early = plan.add("early", 512, 0, 4);  // dead before grad is born: inside its memory
+    const int late = plan.add("late", 300, 6, 8);    // live with grad: above it, at the aligned end of 1000
+    const int span = plan.add("span", 256, 3, 6);    // live with all three
+    plan.assign();
+    EXPECT_EQ(plan[grad].offset, 0u);
+    EXPECT_EQ(plan[early].offset, 0u);
+    EXPECT_EQ(plan[late].offset, 1024u);
+    EXPECT_EQ(plan[span].offset, 1536u);
+    EXPECT_EQ(plan.peak(), 1792u);
+    plan.assign(/*reuse=*/false);
+    EXPECT_EQ(plan[grad].offset, 0u);
+    EXPECT_EQ(plan[early].offset, 1024u);  // without reuse: above the fixed buffers, in order
+    EXPECT_EQ(plan[span].offset, 2048u);
+    EXPECT_EQ(plan.peak(), 2304u);
+  }
+  std::mt19937_64 rng(test::test_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int events = 2 + static_cast<int>(rng() % 30);
+    MemoryPlan plan = random_plan(rng, 1 + static_cast<int>(rng() % 40), events, 16);
+    // Fixed buffers side by side from an unaligned start, each with a random life ending at the last event.
+    std::vector<size_t> at;
+    size_t next = rng() % 100;
+    for (int i = 0; i < 1 + static_cast<int>(rng() % 6); ++i) {
+      const size_t bytes = 1 + rng() % 3000;
+      at.push_back(next);
+      plan.add_fixed(name("fixed", i), bytes, static_cast<int>(rng() % events), events - 1, next);
+      next += bytes;
+    }
+    plan.assign();
+    size_t top = 0, fixed_seen = 0;
+    const auto& bufs = plan.buffers();
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      const PlanBuffer& b = bufs[i];
+      if (b.fixed) EXPECT_EQ(b.offset, at[fixed_seen++]) << b.name;
+      else EXPECT_EQ(b.offset % plan.align(), 0u) << b.name;
+      top = std::max(top, b.offset + b.size);
+      for (size_t j = i + 1; j < bufs.size(); ++j)
+        if (b.lives_overlap(bufs[j]))
+          EXPECT_FALSE(b.memory_overlaps(bufs[j])) << b.name << " and " << bufs[j].name << " are live together";
+    }
+    EXPECT_EQ(plan.peak(), top);
+    EXPECT_GE(plan.peak(), plan.max_live().bytes);
+  }
+  {  // fixed buffers live together in the same memory: refused
+    MemoryPlan plan(16);
+    plan.add_fixed("a", 100, 0, 5, 0);
+    plan.add_fixed("b", 100, 5, 6, 50);
+    EXPECT_THROW(plan.assign(), Error);
+  }
+}
+
 // The arena hands out views at planned offsets, aligned, and refuses any block that does not lie inside it.
 TEST(Arena, ViewsAtPlannedOffsets) {
   MemoryPlan plan(Arena::kAlign);

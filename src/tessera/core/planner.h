@@ -14,6 +14,13 @@
 // buffers: what an arena without reuse needs. Sizes are rounded up to `align` so that every offset stays aligned
 // (the kernels' 16-byte vector accesses need 16; the arena uses 256, the cudaMalloc alignment). A zero-size
 // buffer takes no memory: it sits at offset 0 and collides with nothing.
+//
+// A fixed buffer (add_fixed) comes with its offset: memory laid out by someone else inside the arena, such as a
+// model's flat gradient buffer, whose tensors must stay contiguous for one optimizer launch and one all-reduce.
+// It occupies exactly [offset, offset + bytes) (no rounding: its neighbours are fixed too), is placed before
+// everything else, and the others fit around it: into its memory outside its life, and above or below it during
+// it. Fixed buffers whose lives overlap must not overlap in memory; assign() checks that. With fixed buffers the
+// greedy also runs in a second order, latest death first, and keeps whichever peak is lower (planner.cpp).
 #pragma once
 #include <cstddef>
 #include <string>
@@ -27,7 +34,8 @@ struct PlanBuffer {
   size_t size = 0;    // rounded up to the plan's alignment: the memory it occupies
   int first = 0;      // first event that uses it
   int last = 0;       // last event that uses it (inclusive)
-  size_t offset = 0;  // from assign()
+  size_t offset = 0;  // from assign(), or given (fixed)
+  bool fixed = false;  // placed by the caller (MemoryPlan::add_fixed)
 
   bool live_at(int event) const { return first <= event && event <= last; }
   bool lives_overlap(const PlanBuffer& o) const { return first <= o.last && o.first <= last; }
@@ -50,9 +58,12 @@ class MemoryPlan {
 
   // Declares a buffer living from event `first` to event `last` (inclusive); returns its id (0, 1, ...).
   int add(std::string name, size_t bytes, int first, int last);
+  // Declares a buffer at a given offset (fixed: assign() keeps it there); returns its id.
+  int add_fixed(std::string name, size_t bytes, int first, int last, size_t offset);
 
   // Places every buffer (greedy by size, above). With reuse = false each buffer gets a range of its own, in the
-  // order they were added (peak() == total()): the reference a debug run compares the shared plan against.
+  // order they were added, above the fixed ones (peak() == total() when there are none): the reference a debug
+  // run compares the shared plan against.
   void assign(bool reuse = true);
 
   size_t align() const { return align_; }
@@ -70,6 +81,10 @@ class MemoryPlan {
   size_t align_up(size_t n) const { return (n + align_ - 1) / align_ * align_; }
 
  private:
+  // Places the buffers of `order` one by one at the lowest offset clear of the `placed` ones live with it (and of
+  // those placed before it); returns the highest end, at least `peak`.
+  size_t first_fit(const std::vector<int>& order, std::vector<int> placed, size_t peak);
+
   size_t align_;
   std::vector<PlanBuffer> buffers_;
   int num_events_ = 0;
