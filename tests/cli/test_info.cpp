@@ -28,16 +28,20 @@ TEST(CliInfo, PrintsThePlanTheModelMakes) {
     const char* preset;
     int B, T;
     DType dtype;
+    GradMemory grads;  // as train plans them: in the arena, unless it accumulates
   };
-  for (const Case& c : {Case{"--preset tiny --batch 3 --seq 50", "tiny", 3, 50, DType::F32},
-                        Case{"--preset gpt2-124m --batch 16 --seq 1024 --precision bf16", "gpt2-124m", 16, 1024,
-                             DType::BF16}}) {
+  for (const Case& c :
+       {Case{"--preset tiny --batch 3 --seq 50", "tiny", 3, 50, DType::F32, GradMemory::Planned},
+        Case{"--preset tiny --batch 3 --seq 50 --accum 2", "tiny", 3, 50, DType::F32, GradMemory::Own},
+        Case{"--preset gpt2-124m --batch 16 --seq 1024 --precision bf16", "gpt2-124m", 16, 1024, DType::BF16,
+             GradMemory::Planned}}) {
     SCOPED_TRACE(c.args);
     const test::CliRun r = test::run(std::string("info ") + c.args);
     ASSERT_EQ(r.code, 0) << r.err;
     const ModelConfig cfg = model_preset(c.preset);
     // The environment's debug settings (TESSERA_PLAN_NO_REUSE) apply to the binary and to the model alike.
-    const MemoryPlan plan = Gpt::activation_plan(cfg, c.B, c.T, c.dtype, plan_debug_from_env());
+    const MemoryPlan plan = Gpt::activation_plan(cfg, c.B, c.T, c.dtype, plan_debug_from_env(), c.grads);
+    EXPECT_EQ(r.out.find("activations and grads") != std::string::npos, c.grads == GradMemory::Planned) << r.out;
     EXPECT_EQ(bytes_on_line(r.out, "planned peak"), plan.peak());
     EXPECT_EQ(bytes_on_line(r.out, "sum of buffers"), plan.total());
     EXPECT_EQ(bytes_on_line(r.out, "biggest live set"), plan.max_live().bytes);
@@ -48,6 +52,7 @@ TEST(CliInfo, PrintsThePlanTheModelMakes) {
     }
     if (c.dtype == DType::F32) {  // a model planned for the same (B, T) allocates exactly the printed peak
       Gpt model(cfg);
+      model.set_grad_memory(c.grads);
       model.reserve(c.B, c.T);
       EXPECT_EQ(bytes_on_line(r.out, "planned peak"), model.activation_peak());
     }
@@ -57,14 +62,18 @@ TEST(CliInfo, PrintsThePlanTheModelMakes) {
 TEST(CliInfo, ListsEveryBufferWithItsLife) {
   const test::CliRun r = test::run("info --preset tiny --batch 1 --seq 4 --plan");
   ASSERT_EQ(r.code, 0) << r.err;
-  const MemoryPlan plan = Gpt::activation_plan(model_preset("tiny"), 1, 4, DType::F32, plan_debug_from_env());
+  const MemoryPlan plan =
+      Gpt::activation_plan(model_preset("tiny"), 1, 4, DType::F32, plan_debug_from_env(), GradMemory::Planned);
+  int grad_rows = 0;
   for (const PlanBuffer& b : plan.buffers()) {
+    grad_rows += b.fixed;
     std::string pattern(1, '\n');  // built by appending: GCC 12 warns falsely on "literal" + std::string
     pattern.append(std::regex_replace(b.name, std::regex(R"(\.)"), R"(\.)"));
     pattern.append(" +").append(std::to_string(b.offset)).append(" +").append(std::to_string(b.bytes)).append(" ");
     const std::regex row(pattern);
     EXPECT_TRUE(std::regex_search(r.out, row)) << b.name << " missing or wrong in:\n" << r.out;
   }
+  EXPECT_EQ(grad_rows, model_preset("tiny").n_layers + 2);  // the gradients' ranges are listed among them
   const test::CliRun bad = test::run("info --precision f8");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("unknown precision 'f8'"), std::string::npos) << bad.err;

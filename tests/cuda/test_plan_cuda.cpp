@@ -24,10 +24,12 @@ ModelConfig plan_config(bool llama) {
   return c;
 }
 
-// Three AdamW steps of two micro-batches each: every loss, then the parameters, as f32 bits.
-std::vector<float> train_record(Context& ctx, const ModelConfig& cfg, DType dt, const PlanDebug& debug) {
+// Three AdamW steps of `micros` micro-batches each: every loss, then the parameters, as f32 bits.
+std::vector<float> train_record(Context& ctx, const ModelConfig& cfg, DType dt, const PlanDebug& debug,
+                                GradMemory grads = GradMemory::Own, int micros = 2) {
   Gpt m(cfg, ctx, dt);
   m.set_plan_debug(debug);
+  m.set_grad_memory(grads);
   m.init_weights(13);
   AdamW opt(m.params(), {}, ctx);
   std::mt19937_64 rng(test_seed());
@@ -36,11 +38,15 @@ std::vector<float> train_record(Context& ctx, const ModelConfig& cfg, DType dt, 
   const int B = 3, T = 19;
   for (int step = 0; step < 3; ++step) {
     m.zero_grad();
-    for (int micro = 0; micro < 2; ++micro) {
+    for (int micro = 0; micro < micros; ++micro) {
       const auto x = randint(B * T, cfg.vocab, rng), y = randint(B * T, cfg.vocab, rng);
       out.push_back(static_cast<float>(
           m.forward(x.data(), y.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs})));
       m.backward(0.5);
+    }
+    if (step == 2) {  // the last step's gradients too
+      const std::vector<float> g = m.params().read_grad_f32(ctx);
+      out.insert(out.end(), g.begin(), g.end());
     }
     opt.step(m.params(), 1e-3f);
   }
@@ -65,6 +71,24 @@ TEST(CudaPlan, PoisonedRunsAreBitIdentical) {
       // The mode can fail here too: qkv declared dead before the attention backward reads it.
       EXPECT_FALSE(same_bits(train_record(ctx, cfg, dt, {.poison_dead = true, .plant_early_death = "h.1.qkv"}), base));
       EXPECT_THROW(train_record(ctx, cfg, dt, {.poison_dead = true, .no_reuse = true, .plant_late_birth = "h.0.att"}),
+                   Error);
+    }
+  }
+}
+
+// Gradients planned in the arena (zeroed on the stream at each range's birth) train as gradients in a buffer of
+// their own, bit for bit, with the poisoning on too; and a range declared born one op late is caught.
+TEST(CudaPlan, PlannedGradientsTrainBitForBitAsOwnOnes) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  for (bool llama : {false, true}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(llama ? "llama-style " : "gpt2-style ") + dtype_label(dt));
+      const ModelConfig cfg = plan_config(llama);
+      const std::vector<float> own = train_record(ctx, cfg, dt, {}, GradMemory::Own, 1);
+      EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {}, GradMemory::Planned, 1), own));
+      EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {.poison_dead = true}, GradMemory::Planned, 1), own));
+      EXPECT_THROW(train_record(ctx, cfg, dt, {.poison_dead = true, .no_reuse = true, .plant_late_birth = "grad.h.0"},
+                                GradMemory::Planned, 1),
                    Error);
     }
   }

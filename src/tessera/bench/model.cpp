@@ -126,9 +126,10 @@ PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType d
   const size_t elems = static_cast<size_t>(cfg.num_params()) + 16 * segments;
   const size_t es = dtype_size(dtype);
   PlannedMemory m;
-  m.params = elems * (2 * es + (es < 4 ? 4 : 0));
+  // Parameters and master weights; the gradients are planned with the activations, as the bench runs the model.
+  m.params = elems * (es + (es < 4 ? 4 : 0));
   m.optimizer = elems * 8;
-  m.activations = Gpt::activation_bytes(cfg, B, T, dtype);
+  m.activations = Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Planned);
   return m;
 }
 
@@ -203,6 +204,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
   const int B = bc.batch, T = bc.seq, N = B * T;
   try {
     Gpt model(cfg, ctx, bc.dtype);
+    model.set_grad_memory(GradMemory::Planned);  // as train runs it (no accumulation here)
     bench_init_weights(model);
     {
       std::vector<int32_t> tok(static_cast<size_t>(N)), tgt(tok.size());
@@ -217,8 +219,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     const ForwardOptions fo{.training = true, .label_smoothing = 0.0f, .rng = &rng};
     // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
     constexpr float kLr = 1e-5f;
-    const size_t param_bytes =
-        model.params().size() * (2 * dtype_size(bc.dtype) + (model.params().has_master() ? 4 : 0));
+    const size_t param_bytes = model.params().bytes();
     // The forward alone computes the loss; a training step's forward also writes the loss gradient (as train does).
     ForwardOptions fo_train = fo;
     fo_train.loss_grad_scale = 1.0;

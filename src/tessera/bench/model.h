@@ -82,9 +82,9 @@ struct RegionTiming {
 // The bytes a size needs, by plan (before it is built): an upper bound by at most 16 elements per tensor (the
 // parameter segments' padding).
 struct PlannedMemory {
-  size_t params = 0;      // parameters + gradients (compute dtype) + f32 master weights for 16-bit
+  size_t params = 0;      // parameters (compute dtype) + f32 master weights for 16-bit
   size_t optimizer = 0;   // AdamW m and v (f32)
-  size_t activations = 0; // the activation plan's peak (the arena)
+  size_t activations = 0; // the activation plan's peak (the arena), the gradients planned in it
   size_t total() const { return params + optimizer + activations; }
 };
 PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType dtype);

@@ -120,12 +120,15 @@ int cmd_info(int argc, char** argv) {
   a.add("precision", "f32|bf16|f16", "training precision for the memory figures (default f32)");
   a.add("master-weights", "on|off", "bf16/f16: with f32 master weights (on, the default) or without (off, as "
         "train --master-weights off)");
+  a.add("accum", "N", "micro-batches per step, as train --accum (default 1): with 1 the gradients are planned in the "
+        "activation arena, with more they keep a buffer of their own");
   a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
   a.add("world", "N", "data-parallel ranks, for the optimizer memory of each rank (default 1)");
   a.add("zero", "1", "with --world: ZeRO-1, the optimizer state sharded over the ranks");
   if (!a.parse(argc, argv, 2)) return 0;
-  const int world = a.integer("world", 1), zero = a.integer("zero", 0);
+  const int world = a.integer("world", 1), zero = a.integer("zero", 0), accum = a.integer("accum", 1);
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
+  TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
   TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
   const ModelConfig cfg = a.has("checkpoint") ? load_checkpoint_config(a.str("checkpoint")) : model_from_flags(a);
   const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
@@ -155,28 +158,41 @@ int cmd_info(int argc, char** argv) {
   // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
   // debug settings (TESSERA_PLAN_NO_REUSE), lays out Gpt's arena.
   const PlanDebug debug = plan_debug_from_env();
-  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug);
+  const GradMemory grads = train_grad_memory(accum);
+  const bool planned_grads = grads == GradMemory::Planned;
+  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug, grads);
   const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
   const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
   const double master = master_flag == "on" ? master_on : 0.0;
   const double moments = 8.0 * static_cast<double>(n), act = static_cast<double>(plan.peak());
-  std::printf("memory     %s training%s, batch %d x seq %d:\n", prec.c_str(),
+  std::printf("memory     %s training%s, batch %d x seq %d%s:\n", prec.c_str(),
               master > 0             ? " with f32 master weights"
               : master_on > master ? (" without master weights (saves " + human_bytes(master_on) + ")").c_str()
                                      : "",
-              B, T);
-  std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
-              human_bytes(p).c_str(), master > 0 ? ("master " + human_bytes(master) + ", ").c_str() : "",
-              human_bytes(moments).c_str(), human_bytes(act).c_str());
-  std::printf("             total %s\n", human_bytes(2 * p + master + moments + act).c_str());
+              B, T, accum > 1 ? (", " + std::to_string(accum) + " micro-batches a step").c_str() : "");
+  const std::string master_part = master > 0 ? "master " + human_bytes(master) + ", " : "";
+  if (planned_grads) {
+    // What the same step would need with the gradients in a buffer of their own (as with --accum > 1).
+    const double own = p + static_cast<double>(Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Own));
+    std::printf("             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
+                "%s less than in a buffer of their own)\n",
+                human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str(),
+                human_bytes(p).c_str(), human_bytes(own - act).c_str());
+    std::printf("             total %s\n", human_bytes(p + master + moments + act).c_str());
+  } else {
+    std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
+                human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str());
+    std::printf("             total %s\n", human_bytes(2 * p + master + moments + act).c_str());
+  }
 
   const LiveSet live = plan.max_live();
   const int L = cfg.n_layers;
   auto line = [](const char* what, size_t bytes) {
     std::printf("             %-17s %11s (%zu bytes)", what, human_bytes(static_cast<double>(bytes)).c_str(), bytes);
   };
-  std::printf("activation plan, by lifetime over the %d ops of a training step (forward and backward)%s:\n",
-              step_num_events(L) - 1, debug.no_reuse ? ", without reuse (TESSERA_PLAN_NO_REUSE)" : "");
+  std::printf("activation plan%s, by lifetime over the %d ops of a training step (forward and backward)%s:\n",
+              planned_grads ? " with the gradients" : "", step_num_events(L) - 1,
+              debug.no_reuse ? ", without reuse (TESSERA_PLAN_NO_REUSE)" : "");
   line("planned peak", plan.peak());
   std::printf(": the arena the model allocates\n");
   line("sum of buffers", plan.total());

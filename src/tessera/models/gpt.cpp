@@ -28,33 +28,46 @@ Gpt::Gpt(const ModelConfig& cfg, DType dtype)
 
 Gpt::~Gpt() = default;
 
+Gpt::ParamLayout Gpt::add_params(const ModelConfig& cfg, ParamBuffer& pb) {
+  const int64_t C = cfg.d_model, V = cfg.vocab, F = cfg.d_ff, Fin = cfg.d_ff_in();
+  const bool ln_bias = cfg.norm == NormKind::LayerNorm && cfg.bias;
+  ParamLayout lay;
+  lay.wte = pb.add("wte", {V, C}, true);
+  if (cfg.positions == PositionKind::Learned) lay.wpe = pb.add("wpe", {cfg.max_seq, C}, true);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    LayerOffsets o{};
+    o.ln1_w = pb.add(p + "ln1.w", {C}, false);
+    o.ln1_b = ln_bias ? pb.add(p + "ln1.b", {C}, false) : kNoParam;
+    o.qkv_w = pb.add(p + "qkv.w", {3 * C, C}, true);
+    o.qkv_b = cfg.bias ? pb.add(p + "qkv.b", {3 * C}, false) : kNoParam;
+    o.proj_w = pb.add(p + "proj.w", {C, C}, true);
+    o.proj_b = cfg.bias ? pb.add(p + "proj.b", {C}, false) : kNoParam;
+    o.ln2_w = pb.add(p + "ln2.w", {C}, false);
+    o.ln2_b = ln_bias ? pb.add(p + "ln2.b", {C}, false) : kNoParam;
+    o.fc_w = pb.add(p + "fc.w", {Fin, C}, true);
+    o.fc_b = cfg.bias ? pb.add(p + "fc.b", {Fin}, false) : kNoParam;
+    o.fcp_w = pb.add(p + "fcp.w", {C, F}, true);
+    o.fcp_b = cfg.bias ? pb.add(p + "fcp.b", {C}, false) : kNoParam;
+    lay.layers.push_back(o);
+  }
+  lay.lnf_w = pb.add("lnf.w", {C}, false);
+  lay.lnf_b = ln_bias ? pb.add("lnf.b", {C}, false) : kNoParam;
+  if (!cfg.tied) lay.lm_head = pb.add("lm_head", {V, C}, true);
+  return lay;
+}
+
 void Gpt::build() {
   cfg_.validate();
   TS_CHECK(dtype_is_float(dtype_), "model dtype must be a float type, got ", dtype_name(dtype_));
-  const int64_t C = cfg_.d_model, V = cfg_.vocab, F = cfg_.d_ff, Fin = cfg_.d_ff_in();
-  const bool ln_bias = cfg_.norm == NormKind::LayerNorm && cfg_.bias;
-  wte_ = params_.add("wte", {V, C}, true);
-  if (cfg_.positions == PositionKind::Learned) wpe_ = params_.add("wpe", {cfg_.max_seq, C}, true);
-  for (int l = 0; l < cfg_.n_layers; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    LayerOffsets o{};
-    o.ln1_w = params_.add(p + "ln1.w", {C}, false);
-    o.ln1_b = ln_bias ? params_.add(p + "ln1.b", {C}, false) : kNoParam;
-    o.qkv_w = params_.add(p + "qkv.w", {3 * C, C}, true);
-    o.qkv_b = cfg_.bias ? params_.add(p + "qkv.b", {3 * C}, false) : kNoParam;
-    o.proj_w = params_.add(p + "proj.w", {C, C}, true);
-    o.proj_b = cfg_.bias ? params_.add(p + "proj.b", {C}, false) : kNoParam;
-    o.ln2_w = params_.add(p + "ln2.w", {C}, false);
-    o.ln2_b = ln_bias ? params_.add(p + "ln2.b", {C}, false) : kNoParam;
-    o.fc_w = params_.add(p + "fc.w", {Fin, C}, true);
-    o.fc_b = cfg_.bias ? params_.add(p + "fc.b", {Fin}, false) : kNoParam;
-    o.fcp_w = params_.add(p + "fcp.w", {C, F}, true);
-    o.fcp_b = cfg_.bias ? params_.add(p + "fcp.b", {C}, false) : kNoParam;
-    layers_.push_back(o);
-  }
-  lnf_w_ = params_.add("lnf.w", {C}, false);
-  lnf_b_ = ln_bias ? params_.add("lnf.b", {C}, false) : kNoParam;
-  if (!cfg_.tied) lm_head_ = params_.add("lm_head", {V, C}, true);
+  const int64_t C = cfg_.d_model;
+  ParamLayout lay = add_params(cfg_, params_);
+  wte_ = lay.wte;
+  wpe_ = lay.wpe;
+  lnf_w_ = lay.lnf_w;
+  lnf_b_ = lay.lnf_b;
+  lm_head_ = lay.lm_head;
+  layers_ = std::move(lay.layers);
   params_.finalize(*ctx_);
   TS_CHECK(static_cast<int64_t>(params_.num_params()) == cfg_.num_params(), "internal: parameter count mismatch");
 
@@ -315,8 +328,28 @@ void Gpt::layer_forward(int l, int B, int T) {
                    rows(acts_.res[l + 1], N, C), mid, tmp, p(o.fcp_b, C), *ctx_);
 }
 
+void Gpt::zero_grad() {
+  if (grad_memory_ == GradMemory::Planned) zero_pending_ = true;
+  else params_.zero_grad(*ctx_);
+}
+
+void Gpt::set_grad_memory(GradMemory where) {
+  if (where == grad_memory_) return;
+  grad_memory_ = where;
+  zero_pending_ = false;
+  planned_N_ = 0;  // the next reserve (or forward) plans again, with or without the gradients
+  if (where == GradMemory::Own) {
+    params_.own_grad(*ctx_);
+  } else {
+    params_.release_grad();
+  }
+}
+
 void Gpt::backward(double loss_scale) {
   TS_CHECK(has_targets_, "backward: needs a forward with targets first");
+  TS_CHECK(grad_memory_ == GradMemory::Own || zero_pending_,
+           "backward: the gradients are planned in the activation arena, where the forward has overwritten them; "
+           "call zero_grad() before each backward, or set_grad_memory(GradMemory::Own) to accumulate");
   has_targets_ = false;  // the logits are consumed below
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, V = cfg_.vocab;
   const int64_t ld = logits_stride();
@@ -372,6 +405,7 @@ void Gpt::backward(double loss_scale) {
                      *ctx_);
   if (grad_ready_) grad_ready_(0, layer_begin(0));
   at(StepOp::End);
+  zero_pending_ = false;
 }
 
 void Gpt::layer_backward(int l, int B, int T) {

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tessera/core/arena.h"
@@ -34,6 +35,22 @@
 #include "tessera/ops/gemm/gemm.h"
 
 namespace tessera {
+
+// Where a model keeps its gradients (Gpt::set_grad_memory).
+enum class GradMemory {
+  // A buffer of their own, kept across forwards: backward() adds into it until zero_grad(). Gradient accumulation
+  // over micro-batches needs this; it is the default.
+  Own,
+  // Planned in the activation arena, at the same offsets (still one contiguous range, so the optimizer, the
+  // all-reduce and ZeRO's shards see no difference): the ranges of the final norm and head, of each layer and of
+  // the embeddings are fixed buffers of the plan, each born at the first backward op that writes it (and zeroed
+  // there) and living to the end of the step. Activations use that memory before then, as PyTorch reuses the
+  // memory of dead activations for the gradients it allocates during backward. Every forward overwrites the
+  // gradients, so a backward needs a zero_grad() since the last backward, and they hold until the next forward.
+  Planned,
+};
+// What training uses: planned gradients, unless it accumulates them over micro-batches.
+inline GradMemory train_grad_memory(int accum) { return accum > 1 ? GradMemory::Own : GradMemory::Planned; }
 
 struct ForwardOptions {
   bool training = false;        // dropout on
@@ -93,7 +110,12 @@ class Gpt {
   // Accumulates into params().grad() the gradient of loss_scale * (mean loss of the last forward).
   // Needs a forward with targets just before. Overwrites the logits.
   void backward(double loss_scale = 1.0);
-  void zero_grad() { params_.zero_grad(*ctx_); }
+  // Own gradients: zero-filled now. Planned: each range is zeroed as the next backward reaches its birth.
+  void zero_grad();
+  // Moves the gradients (their values are lost): GradMemory::Planned releases their own buffer and plans them at
+  // the next reserve or forward; Own allocates it again, zero-filled.
+  void set_grad_memory(GradMemory where);
+  GradMemory grad_memory() const { return grad_memory_; }
   // Called during backward() each time a range [begin, end) of the flat gradient buffer (elements, padding
   // included) holds its final gradient for this backward: the LM head and final norm, then layers L-1 .. 0, then
   // the embeddings (wte last, as a tied head adds to it twice). The ranges descend and together cover the buffer
@@ -125,10 +147,13 @@ class Gpt {
   // The activation plan for (B, T): every buffer with its life (in events of the step, gpt_plan.h) and its
   // offset, the planned peak, the sum of all buffers and the largest live set. The model lays out its arena from
   // exactly this plan.
+  // With GradMemory::Planned the gradients are in it too, as fixed buffers (grad.head, grad.h.<l>,
+  // grad.embedding) at offset 0.
   static MemoryPlan activation_plan(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32,
-                                    const PlanDebug& debug = {});
+                                    const PlanDebug& debug = {}, GradMemory grads = GradMemory::Own);
   // Its planned peak: the bytes of the arena.
-  static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32);
+  static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32,
+                                 GradMemory grads = GradMemory::Own);
   // The peak of this model's current plan, and how many plans it has made (generation must not re-plan per token).
   size_t activation_peak() const { return arena_.capacity(); }
   int64_t plan_count() const { return plans_made_; }
@@ -148,6 +173,18 @@ class Gpt {
  private:
   struct LayerOffsets {
     size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
+  };
+  // Where each parameter starts in the flat buffers (kNoParam when the config has none).
+  struct ParamLayout {
+    size_t wte = kNoParam, wpe = kNoParam, lnf_w = kNoParam, lnf_b = kNoParam, lm_head = kNoParam;
+    std::vector<LayerOffsets> layers;
+  };
+  // A range of the flat gradients [begin, end) (elements) that backward writes from one op on: the head, a
+  // layer, the embeddings. `birth`: the event of that op.
+  struct GradRegion {
+    std::string name;
+    size_t begin = 0, end = 0;
+    int birth = 0;
   };
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;  // saved
@@ -170,10 +207,15 @@ class Gpt {
   };
 
   void build();
+  // Adds the model's parameters to `pb` in their order (the flat layout); returns where each starts.
+  static ParamLayout add_params(const ModelConfig& cfg, ParamBuffer& pb);
+  // The gradient ranges, in the order backward reaches them.
+  static std::vector<GradRegion> grad_regions(const ModelConfig& cfg);
   // Declares every activation buffer of a (B, T) step with its life into `mp` (gpt_plan.cpp), and where each
-  // one goes in `acts`.
-  static void declare_plan(const ModelConfig& cfg, DType dtype, int B, int T, const PlanDebug& debug, MemoryPlan& mp,
-                           Acts& acts, std::vector<Slot>& slots);
+  // one goes in `acts` (slots[i] is plan buffer i); then, with planned gradients, one fixed buffer per range of
+  // grad_regions (plan ids slots.size() on).
+  static void declare_plan(const ModelConfig& cfg, DType dtype, int B, int T, const PlanDebug& debug,
+                           GradMemory grads, MemoryPlan& mp, Acts& acts, std::vector<Slot>& slots);
   // The step's events as they run: begin_step() starts a forward, at(op, layer) marks each op before it runs
   // (checking the plan's order), and in the debug mode poisons the buffers that died and checks those born.
   void begin_step();
@@ -217,6 +259,11 @@ class Gpt {
   ParamBuffer params_;
   size_t wte_ = kNoParam, wpe_ = kNoParam, lnf_w_ = kNoParam, lnf_b_ = kNoParam, lm_head_ = kNoParam;
   std::vector<LayerOffsets> layers_;
+  GradMemory grad_memory_ = GradMemory::Own;
+  std::vector<GradRegion> grad_regions_;  // planned gradients: the ranges, by birth
+  std::vector<int> grad_ids_;             // and their plan buffers
+  size_t next_grad_zero_ = 0;             // the next range a pending zero_grad zeroes
+  bool zero_pending_ = false;             // planned gradients: zero_grad() was called since the last backward
   Buffer sinusoid_;  // (max_seq, C) table for sinusoidal positions, in the compute dtype
 
   Arena arena_;

@@ -104,8 +104,28 @@ PlanDebug plan_debug_from_env() {
 // Every activation buffer of a step, with its life. The lives follow the code in gpt.cpp op by op: a buffer is
 // born at the op that first writes it and dies at the op that last reads it. The debug mode (PlanDebug) checks
 // both ends at run time, and tests/models/test_gpt.cpp checks that each declared life is tight.
-void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const PlanDebug& dbg, MemoryPlan& mp,
-                       Acts& acts, std::vector<Slot>& slots) {
+std::vector<Gpt::GradRegion> Gpt::grad_regions(const ModelConfig& cfg) {
+  ParamBuffer pb;  // the layout alone: nothing is allocated
+  const ParamLayout lay = add_params(cfg, pb);
+  const int L = cfg.n_layers;
+  auto ev = [&](StepOp op, int l = 0) { return step_event(L, op, l); };
+  auto layer_begin = [&](int l) { return l < L ? lay.layers[l].ln1_w : lay.lnf_w; };
+  std::vector<GradRegion> r;
+  // The final norm's gradients (and an untied head's, whose dW GEMM comes first).
+  r.push_back({"grad.head", lay.lnf_w, pb.size(), ev(cfg.tied ? StepOp::LnFBwd : StepOp::LmHeadW)});
+  // A layer's from its backward's first op that writes one: the residual's, which sums the fc proj bias, or
+  // without biases the fc proj dW.
+  for (int l = L - 1; l >= 0; --l)
+    r.push_back({"grad.h." + std::to_string(l), layer_begin(l), layer_begin(l + 1),
+                 ev(cfg.bias ? StepOp::Res2Bwd : StepOp::FcpW, l)});
+  // The embeddings' in the embedding's backward, or from the lm_head's dW when wte is the head too.
+  r.push_back({"grad.embedding", 0, layer_begin(0), ev(cfg.tied ? StepOp::LmHeadW : StepOp::EmbeddingBwd)});
+  std::stable_sort(r.begin(), r.end(), [](const GradRegion& a, const GradRegion& b) { return a.birth < b.birth; });
+  return r;
+}
+
+void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const PlanDebug& dbg, GradMemory grads,
+                       MemoryPlan& mp, Acts& acts, std::vector<Slot>& slots) {
   const int L = cfg.n_layers;
   const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model;
   const int64_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
@@ -113,7 +133,7 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
   const bool layernorm = cfg.norm == NormKind::LayerNorm;        // RMSNorm keeps no mean
   auto ev = [&](StepOp op, int l = 0) { return step_event(L, op, l); };
   bool planted_death = dbg.plant_early_death.empty(), planted_birth = dbg.plant_late_birth.empty();
-  auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
+  auto plant = [&](const std::string& name, int& first, int& last) {
     if (name == dbg.plant_early_death) {
       TS_CHECK(last > first, "plan debug: ", name, " lives one event only; it cannot die earlier");
       --last;
@@ -123,6 +143,9 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
       last = std::max(last, ++first);
       planted_birth = true;
     }
+  };
+  auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
+    plant(name, first, last);
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     mp.add(name, static_cast<size_t>(n) * dtype_size(d), first, last);
@@ -186,21 +209,30 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
   add(acts.d_lnf, "d_lnf", dt, {N, C}, ev(StepOp::LmHeadX), ev(StepOp::LnFBwd));
   // d of the residual stream, accumulated in place from the final norm down to the embedding.
   add(acts.d_res, "d_res", dt, {N, C}, ev(StepOp::LnFBwd), ev(StepOp::EmbeddingBwd));
+  // Planned gradients: fixed buffers at their offsets in the flat layout, from the first op that writes each
+  // range to the end of the step (the optimizer and the all-reduce read them after it).
+  if (grads == GradMemory::Planned)
+    for (const GradRegion& r : grad_regions(cfg)) {
+      int first = r.birth, last = end;
+      plant(r.name, first, last);
+      mp.add_fixed(r.name, (r.end - r.begin) * dtype_size(dt), first, last, r.begin * dtype_size(dt));
+    }
   TS_CHECK(planted_death && planted_birth, "plan debug: no activation is named ", dbg.plant_early_death, " ",
            dbg.plant_late_birth);
 }
 
-MemoryPlan Gpt::activation_plan(const ModelConfig& cfg, int B, int T, DType dtype, const PlanDebug& debug) {
+MemoryPlan Gpt::activation_plan(const ModelConfig& cfg, int B, int T, DType dtype, const PlanDebug& debug,
+                                GradMemory grads) {
   MemoryPlan mp(Arena::kAlign);
   Acts acts;
   std::vector<Slot> slots;
-  declare_plan(cfg, dtype, B, T, debug, mp, acts, slots);
+  declare_plan(cfg, dtype, B, T, debug, grads, mp, acts, slots);
   mp.assign(/*reuse=*/!debug.no_reuse);
   return mp;
 }
 
-size_t Gpt::activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype) {
-  return activation_plan(cfg, B, T, dtype).peak();
+size_t Gpt::activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype, GradMemory grads) {
+  return activation_plan(cfg, B, T, dtype, {}, grads).peak();
 }
 
 void Gpt::reserve(int B, int T) {
@@ -212,19 +244,28 @@ void Gpt::reserve(int B, int T) {
   MemoryPlan mp(Arena::kAlign);
   std::vector<Slot> slots;
   acts_ = Acts{};
-  declare_plan(cfg_, dtype_, B, T, debug_, mp, acts_, slots);
+  declare_plan(cfg_, dtype_, B, T, debug_, grad_memory_, mp, acts_, slots);
   mp.assign(/*reuse=*/!debug_.no_reuse);
   arena_ = Arena(mp.peak(), ctx_->device());
   for (size_t i = 0; i < slots.size(); ++i)
     *slots[i].tensor = arena_.tensor_at(mp[static_cast<int>(i)].offset, slots[i].dtype, slots[i].shape);
+  grad_regions_.clear();
+  grad_ids_.clear();
+  if (grad_memory_ == GradMemory::Planned) {
+    grad_regions_ = grad_regions(cfg_);  // plan buffers slots.size() on, in this order
+    for (size_t i = 0; i < grad_regions_.size(); ++i) grad_ids_.push_back(static_cast<int>(slots.size() + i));
+    params_.bind_grad(arena_.at(0, params_.grad_bytes()));
+  }
   plan_ = std::move(mp);
   live_bytes_ = plan_.live_bytes();
-  // The debug mode's order of deaths and births; the buffers that outlive the step are never poisoned.
+  // The debug mode's order of deaths and births. The buffers that outlive the step are never poisoned; planned
+  // gradients are (every forward overwrites them), and their births are checked.
   const int end = step_event(cfg_.n_layers, StepOp::End);
   by_death_.clear();
   for (int i = 0; i < static_cast<int>(plan_.size()); ++i)
     if (plan_[i].last < end) by_death_.push_back(i);
   by_birth_ = by_death_;
+  by_birth_.insert(by_birth_.end(), grad_ids_.begin(), grad_ids_.end());
   std::stable_sort(by_death_.begin(), by_death_.end(), [&](int a, int b) { return plan_[a].last < plan_[b].last; });
   std::stable_sort(by_birth_.begin(), by_birth_.end(), [&](int a, int b) { return plan_[a].first < plan_[b].first; });
   event_ = -1;
@@ -241,10 +282,11 @@ void Gpt::set_plan_debug(const PlanDebug& debug) {
 void Gpt::begin_step() {
   ranges_to(StepOp::End, 0);  // a step that threw left some open
   event_ = -1;
-  next_death_ = next_birth_ = 0;
+  next_death_ = next_birth_ = next_grad_zero_ = 0;
   if (tracer_) tracer_->counter("activation arena (allocated)", static_cast<double>(arena_.capacity()));
   if (!debug_.poison_dead) return;
   for (int id : by_death_) poison(id);
+  for (int id : grad_ids_) poison(id);
 }
 
 void Gpt::at(StepOp op, int layer) {
@@ -256,9 +298,17 @@ void Gpt::at(StepOp op, int layer) {
   ranges_to(op, layer);
   if (tracer_ && op != StepOp::End)
     tracer_->counter("activations live (planned)", static_cast<double>(live_bytes_[e]));
-  if (!debug_.poison_dead) return;
-  while (next_death_ < by_death_.size() && plan_[by_death_[next_death_]].last < e) poison(by_death_[next_death_++]);
-  while (next_birth_ < by_birth_.size() && plan_[by_birth_[next_birth_]].first <= e) check_unborn(by_birth_[next_birth_++]);
+  if (debug_.poison_dead) {
+    while (next_death_ < by_death_.size() && plan_[by_death_[next_death_]].last < e) poison(by_death_[next_death_++]);
+    while (next_birth_ < by_birth_.size() && plan_[by_birth_[next_birth_]].first <= e)
+      check_unborn(by_birth_[next_birth_++]);
+  }
+  // Planned gradients start from zero at their birth (after its check), when a zero_grad() asked for it.
+  for (; zero_pending_ && next_grad_zero_ < grad_regions_.size() && grad_regions_[next_grad_zero_].birth <= e;
+       ++next_grad_zero_) {
+    const GradRegion& r = grad_regions_[next_grad_zero_];
+    fill_bytes(params_.grad().slice1d(static_cast<int64_t>(r.begin), static_cast<int64_t>(r.end - r.begin)), 0, *ctx_);
+  }
 }
 
 void Gpt::poison(int id) {

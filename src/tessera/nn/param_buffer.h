@@ -7,6 +7,10 @@
 // may use 16-byte accesses on any segment; the padding between segments is zero in data, grad and moments and
 // stays zero under AdamW. One contiguous space is what lets one optimizer launch update every parameter, lets
 // data-parallel training all-reduce the gradients in place, and lets ZeRO-1 shard by ranges.
+//
+// The gradient buffer is allocated here by default. A model may instead lay it out inside its activation arena
+// (Gpt, GradMemory::Planned): it releases the buffer's own memory and binds the flat gradients to memory it owns,
+// where they keep the same offsets; grad() is then valid once bound.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -47,7 +51,7 @@ class ParamBuffer {
 
   // Flat views over the whole buffers; master() is undefined for f32/f64 models (the data is its own master).
   Tensor data() const { return data_.view(dtype_, {static_cast<int64_t>(total_)}); }
-  Tensor grad() const { return grad_.view(dtype_, {static_cast<int64_t>(total_)}); }
+  Tensor grad() const;
   Tensor master() const { return has_master() ? master_.view(DType::F32, {static_cast<int64_t>(total_)}) : Tensor(); }
   // The segment at `offset` (numel elements), or an undefined Tensor for kNoParam.
   Tensor data_at(size_t offset, int64_t numel) const;
@@ -55,11 +59,21 @@ class ParamBuffer {
 
   // Host pointers of a CPU model in its dtype (reference code and tests); an error on a GPU or a 16-bit model.
   template <typename T>
-  T* host_data() const { return static_cast<T*>(host_ptr(data_, sizeof(T))); }
+  T* host_data() const { return static_cast<T*>(host_ptr(data_.data(), sizeof(T))); }
   template <typename T>
-  T* host_grad() const { return static_cast<T*>(host_ptr(grad_, sizeof(T))); }
+  T* host_grad() const { return static_cast<T*>(host_ptr(grad().data(), sizeof(T))); }
 
   void zero_grad(Context& ctx) const { fill_bytes(grad(), 0, ctx); }
+  // Where the gradients live. release_grad() frees this buffer's own gradient memory; bind_grad() then points the
+  // flat gradients at grad_bytes() of someone else's memory on the same device (a model's arena), and own_grad()
+  // allocates them here again, zero-filled.
+  bool owns_grad() const { return grad_.data() != nullptr; }
+  size_t grad_bytes() const { return total_ * dtype_size(dtype_); }
+  // The memory this buffer holds: parameters, its own gradients (not bound ones) and master weights.
+  size_t bytes() const { return grad_bytes() * (owns_grad() ? 2 : 1) + (has_master() ? total_ * 4 : 0); }
+  void release_grad();
+  void bind_grad(void* memory);
+  void own_grad(Context& ctx);
   // All parameters as f32 on the host (the master weights when there are any), padding included.
   std::vector<float> read_f32(Context& ctx) const;
   // Sets all parameters from f32 host values (size() of them): the master weights when there are any, and the
@@ -74,13 +88,14 @@ class ParamBuffer {
   int find(const std::string& name) const;
 
  private:
-  void* host_ptr(const Buffer& b, size_t elem) const;
+  void* host_ptr(void* memory, size_t elem) const;
   Device device_;
   DType dtype_;
   MasterWeights master_mode_;
   std::vector<ParamSegment> segments_;
   std::vector<std::vector<int64_t>> shapes_;
   Buffer data_, grad_, master_;
+  void* grad_memory_ = nullptr;  // grad_'s memory, or the memory bound by bind_grad
   size_t total_ = 0, num_params_ = 0;
 };
 

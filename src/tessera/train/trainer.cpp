@@ -333,7 +333,9 @@ TrainSetup train_setup(TrainOptions o) {
   // check is then conservative.)
   const size_t P = static_cast<size_t>(o.model.num_params());
   size_t need = checkpoint_save_host_bytes(o.model) + 8 * P;
-  need += gpu ? 4 * P : 16 * P + Gpt::activation_bytes(o.model, o.batch, o.seq);
+  const GradMemory grads = train_grad_memory(o.accum);
+  need += gpu ? 4 * P : (grads == GradMemory::Planned ? 12 : 16) * P + Gpt::activation_bytes(o.model, o.batch, o.seq,
+                                                                                            DType::F32, grads);
   check_host_memory(need, "training this model");
   s.options = std::move(o);
   return s;
@@ -383,6 +385,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     model->init_weights(o.seed);
     state.rng = RngState{o.seed * 0x9E3779B97F4A7C15ull + 1, 0};
   }
+  // Without accumulation the gradients share the memory of activations that die before them (models/gpt.h).
+  model->set_grad_memory(train_grad_memory(o.accum));
   if (dp) dp->attach(*model);
   const AdamWConfig adam{.beta1 = o.beta1, .beta2 = o.beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay,
                          .grad_clip = o.grad_clip};
@@ -542,9 +546,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     }
     if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
       // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address).
-      const ParamBuffer& pb = model->params();
-      const size_t static_bytes =
-          pb.size() * (2 * dtype_size(model->dtype()) + (pb.has_master() ? 4 : 0)) + optimizer->state_bytes();
+      const size_t static_bytes = model->params().bytes() + optimizer->state_bytes();
       fs::path csv = o.memory_timeline;
       csv.replace_extension(".csv");
       write_memory_timeline(o.memory_timeline, csv.string(), memory_timeline_points(*model, static_bytes, {}),
