@@ -77,7 +77,7 @@ TEST(CudaPlan, PoisonedRunsAreBitIdentical) {
 }
 
 // Gradients planned in the arena (zeroed on the stream at each range's birth) train as gradients in a buffer of
-// their own, bit for bit, with the poisoning on too; and a range declared born one op late is caught.
+// their own, bit for bit, with the poisoning on too; and a range declared born one op late changes the result.
 TEST(CudaPlan, PlannedGradientsTrainBitForBitAsOwnOnes) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   for (bool llama : {false, true}) {
@@ -87,9 +87,8 @@ TEST(CudaPlan, PlannedGradientsTrainBitForBitAsOwnOnes) {
       const std::vector<float> own = train_record(ctx, cfg, dt, {}, GradMemory::Own, 1);
       EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {}, GradMemory::Planned, 1), own));
       EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {.poison_dead = true}, GradMemory::Planned, 1), own));
-      EXPECT_THROW(train_record(ctx, cfg, dt, {.poison_dead = true, .no_reuse = true, .plant_late_birth = "grad.h.0"},
-                                GradMemory::Planned, 1),
-                   Error);
+      // Declared born one op late, a range is zeroed after its first write, which is lost.
+      EXPECT_FALSE(same_bits(train_record(ctx, cfg, dt, {.plant_late_birth = "grad.h.0"}, GradMemory::Planned, 1), own));
     }
   }
 }

@@ -1,8 +1,11 @@
 // tessera/bench/memory_timeline.h — the CS336 assignment's memory-profile figure for one training step, drawn
 // without Python: one point per op of the step (the events of gpt_plan.h; the last, the end of the step, is where
 // AdamW runs), the phases forward / backward / optimizer shaded, and as series
-//   - static: parameters, gradients, master weights and AdamW's moments, held for the whole step (filled grey);
-//   - planned: static + the activation bytes the plan has live at the op (the step line, dark blue);
+//   - static: parameters, master weights and AdamW's moments, held for the whole step, and the gradients when they
+//     have a buffer of their own (filled grey);
+//   - planned: static + the bytes the plan has live at the op (the step line, dark blue): the activations, and the
+//     gradients when they are planned in the arena (GradMemory::Planned, training without accumulation), which
+//     then rise through the backward as each range is born;
 //   - allocated: static + the activation arena (the plan's peak, dashed red): what tessera holds;
 //   - measured (GPU only): the device memory in use above the baseline at the end of each phase (green).
 // The CSV beside the PNG has one line per point with every series in bytes.
@@ -29,8 +32,9 @@ inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}
     kColorStatic{200, 200, 200}, kColorPlanned{31, 60, 150}, kColorAllocated{200, 40, 40},
     kColorMeasured{20, 140, 60};
 
-// One point per event of a training step of `model` (its current plan): the plan's live activation bytes at the
-// event, `static_bytes` (parameters, gradients, master weights, optimizer state), the arena; measured_at_phase_end:
+// One point per event of a training step of `model` (its current plan): the plan's live bytes at the event (the
+// gradients among them when planned), `static_bytes` (parameters, their own gradients if any, master weights,
+// optimizer state: ParamBuffer::bytes() + the optimizer's), the arena; measured_at_phase_end:
 // the device memory at the end of the forward, the backward and the optimizer (GPU), or empty.
 std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t static_bytes,
                                                         const std::vector<size_t>& measured_at_phase_end);

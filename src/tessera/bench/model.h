@@ -98,8 +98,8 @@ struct MemoryTimelinePoint {
   int event = 0;
   std::string phase;  // "forward", "backward", "optimizer"
   std::string name;   // step_event_name
-  size_t activations_live = 0;  // the plan's live bytes at the event
-  size_t static_bytes = 0;      // parameters, gradients, master weights, AdamW state: held for the whole step
+  size_t activations_live = 0;  // the plan's live bytes at the event (planned gradients included)
+  size_t static_bytes = 0;      // parameters, own gradients, master weights, AdamW state: held for the whole step
   size_t arena = 0;             // the activation arena allocated (the plan's peak)
   // GPU: the device memory in use above the baseline, measured (cudaMemGetInfo) at the end of the event's phase;
   // nullopt on the CPU.

@@ -161,6 +161,10 @@ int cmd_info(int argc, char** argv) {
   const GradMemory grads = train_grad_memory(accum);
   const bool planned_grads = grads == GradMemory::Planned;
   const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug, grads);
+  // The gradients as the arena holds them: the flat buffer, with its padding between tensors.
+  double grad_bytes = 0;
+  for (const PlanBuffer& b : plan.buffers())
+    if (b.fixed) grad_bytes += static_cast<double>(b.bytes);
   const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
   const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
   const double master = master_flag == "on" ? master_on : 0.0;
@@ -173,11 +177,11 @@ int cmd_info(int argc, char** argv) {
   const std::string master_part = master > 0 ? "master " + human_bytes(master) + ", " : "";
   if (planned_grads) {
     // What the same step would need with the gradients in a buffer of their own (as with --accum > 1).
-    const double own = p + static_cast<double>(Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Own));
+    const double own = grad_bytes + static_cast<double>(Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Own));
     std::printf("             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
                 "%s less than in a buffer of their own)\n",
                 human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str(),
-                human_bytes(p).c_str(), human_bytes(own - act).c_str());
+                human_bytes(grad_bytes).c_str(), human_bytes(own - act).c_str());
     std::printf("             total %s\n", human_bytes(p + master + moments + act).c_str());
   } else {
     std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),

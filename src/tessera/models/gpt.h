@@ -113,7 +113,8 @@ class Gpt {
   // Own gradients: zero-filled now. Planned: each range is zeroed as the next backward reaches its birth.
   void zero_grad();
   // Moves the gradients (their values are lost): GradMemory::Planned releases their own buffer and plans them at
-  // the next reserve or forward; Own allocates it again, zero-filled.
+  // the next reserve or forward; Own allocates it again, zero-filled. Call it between steps, before a GraphStep is
+  // made for the model: a graph captured earlier keeps the old addresses until a re-plan makes it capture again.
   void set_grad_memory(GradMemory where);
   GradMemory grad_memory() const { return grad_memory_; }
   // Called during backward() each time a range [begin, end) of the flat gradient buffer (elements, padding

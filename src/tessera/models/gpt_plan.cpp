@@ -253,7 +253,24 @@ void Gpt::reserve(int B, int T) {
   grad_ids_.clear();
   if (grad_memory_ == GradMemory::Planned) {
     grad_regions_ = grad_regions(cfg_);  // plan buffers slots.size() on, in this order
-    for (size_t i = 0; i < grad_regions_.size(); ++i) grad_ids_.push_back(static_cast<int>(slots.size() + i));
+    for (size_t i = 0; i < grad_regions_.size(); ++i) {
+      grad_ids_.push_back(static_cast<int>(slots.size() + i));
+      // Zeroed at the birth the plan declares (a planted one included), so that a declared life that misses the
+      // first write loses that write's gradient: tests/models/test_gpt.cpp sees it.
+      grad_regions_[i].birth = mp[grad_ids_.back()].first;
+    }
+    std::vector<size_t> order(grad_regions_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return grad_regions_[a].birth < grad_regions_[b].birth; });
+    std::vector<GradRegion> regions;
+    std::vector<int> ids;
+    for (size_t i : order) {
+      regions.push_back(grad_regions_[i]);
+      ids.push_back(grad_ids_[i]);
+    }
+    grad_regions_ = std::move(regions);
+    grad_ids_ = std::move(ids);
     params_.bind_grad(arena_.at(0, params_.grad_bytes()));
   }
   plan_ = std::move(mp);
