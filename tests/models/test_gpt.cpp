@@ -287,16 +287,19 @@ TEST(GptPlan, PresetPlansReachTheLargestLiveSet) {
   }
 }
 
-// A few training steps (dropout, label smoothing, accumulation of 2, AdamW) and then generation's growing
-// forwards: every loss, the final parameters and the logits, to compare bit for bit.
+// A few training steps (dropout, label smoothing, `micros` micro-batches accumulated a step, AdamW) and then
+// generation's growing forwards: every loss, the last step's gradients, the final parameters and the logits, to
+// compare bit for bit.
 struct RunRecord {
   std::vector<double> losses;
-  std::vector<float> params, logits;
+  std::vector<float> grads, params, logits;
 };
 
-RunRecord train_and_generate(const ModelConfig& cfg, const PlanDebug& debug) {
+RunRecord train_and_generate(const ModelConfig& cfg, const PlanDebug& debug, GradMemory where = GradMemory::Own,
+                             int micros = 2) {
   Gpt m(cfg);
   m.set_plan_debug(debug);
+  m.set_grad_memory(where);
   m.init_weights(11);
   AdamW opt(m.params(), {}, m.context());
   std::mt19937_64 rng(test::test_seed());
@@ -305,12 +308,13 @@ RunRecord train_and_generate(const ModelConfig& cfg, const PlanDebug& debug) {
   const int B = 2, T = 7;
   for (int step = 0; step < 3; ++step) {
     m.zero_grad();
-    for (int micro = 0; micro < 2; ++micro) {
+    for (int micro = 0; micro < micros; ++micro) {
       const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
       r.losses.push_back(
           m.forward(tokens.data(), targets.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs}));
       m.backward(0.5);
     }
+    r.grads = m.params().read_grad_f32(m.context());
     opt.step(m.params(), 1e-2f);
   }
   r.params = m.params().read_f32(m.context());
@@ -348,11 +352,33 @@ TEST(GptPlan, PoisonedAndUnsharedRunsAreBitIdentical) {
                    (debug.no_reuse ? "off" : "on"));
       const RunRecord r = train_and_generate(cfg, debug);
       EXPECT_TRUE(same_bits(r.losses, base.losses));
+      EXPECT_TRUE(same_bits(r.grads, base.grads));
       EXPECT_TRUE(same_bits(r.params, base.params));
       EXPECT_TRUE(same_bits(r.logits, base.logits));
     }
     for (double l : base.losses) EXPECT_TRUE(std::isfinite(l));
   }
+}
+
+// One forward and backward on a fresh model, of inputs fixed by the test seed (dropout, label smoothing): the loss,
+// then every gradient.
+constexpr int kStepB = 2, kStepT = 5;
+std::vector<double> one_step(const ModelConfig& cfg, const PlanDebug& debug, GradMemory where = GradMemory::Own) {
+  std::mt19937_64 rng(test::test_seed());
+  const auto tokens = test::randint(kStepB * kStepT, cfg.vocab, rng);
+  const auto targets = test::randint(kStepB * kStepT, cfg.vocab, rng);
+  Gpt m(cfg);
+  m.set_plan_debug(debug);
+  m.set_grad_memory(where);
+  m.init_weights(5);
+  RngState rs{3, 0};
+  std::vector<double> out{m.forward(tokens.data(), targets.data(), kStepB, kStepT,
+                                    {.training = true, .label_smoothing = 0.1f, .rng = &rs})};
+  m.zero_grad();
+  m.backward();
+  const std::vector<float> g = m.params().read_grad_f32(m.context());
+  out.insert(out.end(), g.begin(), g.end());
+  return out;
 }
 
 // Each declared life is exact at both ends, and the debug mode is what shows it. For every buffer of the step:
@@ -362,24 +388,10 @@ TEST(GptPlan, EveryDeclaredLifeIsTight) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama-style" : "gpt2-style");
     const ModelConfig cfg = plan_test_config(llama);
-    const int B = 2, T = 5;
-    std::mt19937_64 rng(test::test_seed());
-    const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
-    auto step = [&](const PlanDebug& debug) {  // one forward and backward: the loss and the gradients
-      Gpt m(cfg);
-      m.set_plan_debug(debug);
-      m.init_weights(5);
-      RngState rs{3, 0};
-      std::vector<double> out{
-          m.forward(tokens.data(), targets.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs})};
-      m.zero_grad();
-      m.backward();
-      out.insert(out.end(), m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size());
-      return out;
-    };
+    auto step = [&](const PlanDebug& debug) { return one_step(cfg, debug); };
     const std::vector<double> base = step({});
     ASSERT_TRUE(same_bits(step({.poison_dead = true, .no_reuse = true}), base));
-    const MemoryPlan plan = Gpt::activation_plan(cfg, B, T);
+    const MemoryPlan plan = Gpt::activation_plan(cfg, kStepB, kStepT);
     const int end = step_event(cfg.n_layers, StepOp::End);
     int planted = 0;
     for (const PlanBuffer& b : plan.buffers()) {
@@ -404,39 +416,18 @@ TEST(GptPlan, PlannedGradientsTrainBitForBitAsOwnOnes) {
   for (bool llama : {false, true}) {  // a tied head and biases; an untied head without biases
     SCOPED_TRACE(llama ? "llama-style" : "gpt2-style");
     const ModelConfig cfg = plan_test_config(llama);
-    auto run = [&](GradMemory where, const PlanDebug& debug) {
-      Gpt m(cfg);
-      m.set_plan_debug(debug);
-      m.set_grad_memory(where);
-      m.init_weights(11);
-      AdamW opt(m.params(), {}, m.context());
-      std::mt19937_64 rng(test::test_seed());
-      RngState rs{42, 0};
-      RunRecord r;
-      const int B = 2, T = 7;
-      for (int step = 0; step < 3; ++step) {
-        const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
-        m.zero_grad();
-        r.losses.push_back(
-            m.forward(tokens.data(), targets.data(), B, T, {.training = true, .label_smoothing = 0.1f, .rng = &rs}));
-        m.backward(0.5);
-        r.logits = m.params().read_grad_f32(m.context());  // the last step's gradients
-        opt.step(m.params(), 1e-2f);
-      }
-      r.params = m.params().read_f32(m.context());
-      return r;
-    };
-    const RunRecord own = run(GradMemory::Own, {});
+    const RunRecord own = train_and_generate(cfg, {}, GradMemory::Own, /*micros=*/1);
     double norm = 0;
-    for (float g : own.logits) norm += static_cast<double>(g) * g;
+    for (float g : own.grads) norm += static_cast<double>(g) * g;
     ASSERT_GT(norm, 0.0);
     for (const PlanDebug& debug : {PlanDebug{}, PlanDebug{.poison_dead = true}, PlanDebug{.no_reuse = true}}) {
       SCOPED_TRACE(std::string("poison ") + (debug.poison_dead ? "on" : "off") + ", reuse " +
                    (debug.no_reuse ? "off" : "on"));
-      const RunRecord planned = run(GradMemory::Planned, debug);
+      const RunRecord planned = train_and_generate(cfg, debug, GradMemory::Planned, /*micros=*/1);
       EXPECT_TRUE(same_bits(planned.losses, own.losses));
-      EXPECT_TRUE(same_bits(planned.logits, own.logits)) << "gradients";
+      EXPECT_TRUE(same_bits(planned.grads, own.grads)) << "gradients";
       EXPECT_TRUE(same_bits(planned.params, own.params));
+      EXPECT_TRUE(same_bits(planned.logits, own.logits));
     }
   }
 }
@@ -451,23 +442,10 @@ TEST(GptPlan, PlannedGradientBirthsAreTight) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama-style" : "gpt2-style");
     const ModelConfig cfg = plan_test_config(llama);
-    const int B = 2, T = 5;
-    std::mt19937_64 rng(test::test_seed());
-    const auto tokens = test::randint(B * T, cfg.vocab, rng), targets = test::randint(B * T, cfg.vocab, rng);
-    auto step = [&](const PlanDebug& debug) {
-      Gpt m(cfg);
-      m.set_plan_debug(debug);
-      m.set_grad_memory(GradMemory::Planned);
-      m.init_weights(5);
-      RngState rs{3, 0};
-      m.zero_grad();
-      m.forward(tokens.data(), targets.data(), B, T, {.training = true, .rng = &rs});
-      m.backward();
-      return m.params().read_grad_f32(m.context());
-    };
-    const std::vector<float> base = step({});
+    auto step = [&](const PlanDebug& debug) { return one_step(cfg, debug, GradMemory::Planned); };
+    const std::vector<double> base = step({});
     EXPECT_TRUE(same_bits(step({.poison_dead = true, .no_reuse = true}), base));
-    const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, DType::F32, {}, GradMemory::Planned);
+    const MemoryPlan plan = Gpt::activation_plan(cfg, kStepB, kStepT, DType::F32, {}, GradMemory::Planned);
     int ranges = 0;
     for (const PlanBuffer& b : plan.buffers()) {
       if (!b.fixed) continue;
