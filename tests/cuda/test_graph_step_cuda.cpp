@@ -5,6 +5,8 @@
 // back to eager steps. And CudaGraph itself:
 // an illegal call inside a capture ends the capture with a clear Error and leaves the stream usable.
 #include <cmath>
+#include <map>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -196,6 +198,44 @@ TEST(CudaGraphStep, FailedCaptureFallsBackToEagerStepsUnlessAskedFor) {
 
 // `bench model`'s regions as graph replays (the default on a GPU), with dropout on: they run, say so, and take
 // time; with cuda_graph off the same rows are eager.
+// --memory-timeline on a GPU measures its step at the end of the forward, the backward and the optimizer: that
+// step runs eagerly between replays (bit for bit as the eager run), and every line of the CSV carries the
+// measurement of its phase, at least the bytes tessera allocated (static + arena) and within the CUDA libraries'
+// own allocations above them.
+TEST(CudaGraphStep, MemoryTimelineMeasuresItsStepEagerly) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_memory_timeline");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 5;
+  TrainOptions o = changing_every_step(d, "bf16", kSteps);
+  o.memory_timeline = (d / "m.png").string();
+  o.trace_step = 3;
+  const Runs r = train_both(d, o);
+  expect_identical(r, kSteps);
+  EXPECT_EQ(r.graph.graph_steps, kSteps - 2) << "step 1 (eager set-up) and the measured step 3 run eagerly";
+  std::ifstream csv(d / "m.csv");
+  std::string line;
+  std::getline(csv, line);
+  ASSERT_EQ(line, "event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes,"
+                  "measured_bytes");
+  std::map<std::string, long long> by_phase;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+    ASSERT_EQ(f.size(), 8u) << line;
+    const long long allocated = std::stoll(f[6]), measured = std::stoll(f[7]);
+    EXPECT_GE(measured, allocated) << line;
+    EXPECT_LE(measured, allocated + (1ll << 30)) << line;
+    by_phase[f[1]] = measured;
+    ++rows;
+  }
+  EXPECT_EQ(rows, step_num_events(o.model.n_layers));
+  EXPECT_EQ(by_phase.size(), 3u) << "forward, backward and optimizer each measured";
+  fs::remove_all(d);
+}
+
 TEST(CudaGraphStep, BenchModelTimesGraphReplays) {
   if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
   Context ctx(Device::cuda(0));

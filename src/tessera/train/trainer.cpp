@@ -373,6 +373,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   if (lead) ensure_writable_dir(o.out);
   if (!setup.context) setup.context = std::make_unique<Context>(Device::cpu());
   Context& ctx = *setup.context;
+  // What the device holds before the model: --memory-timeline's measured series is the memory in use above it.
+  const size_t memory_baseline = ctx.is_cuda() ? ctx.device_memory_used() : 0;
   // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
   std::unique_ptr<Gpt> model = std::move(setup.model);
   if (!model || !ctx.device().is_cpu() || setup.dtype != DType::F32) {
@@ -468,10 +470,20 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       model->set_tracer(tracer.get());
     }
     const double scale = o.loss_scaling ? scaler.scale() : 1.0;
+    // --memory-timeline on a GPU also measures the device memory at the end of the step's forward, backward and
+    // optimizer (a synchronize each, in this one step, which runs eagerly for it).
+    std::vector<size_t> measured;
+    const bool measure = !o.memory_timeline.empty() && step == o.trace_step && lead && ctx.is_cuda();
+    auto sample = [&] {
+      if (!measure) return;
+      ctx.synchronize();
+      const size_t used = ctx.device_memory_used();
+      measured.push_back(used > memory_baseline ? used - memory_baseline : 0);
+    };
     TS_CHECK(optimizer->step_count() == state.optimizer_step, "internal: optimizer at step ", optimizer->step_count(),
              ", the run's count of applied steps ", state.optimizer_step);
     bool stepped = false;
-    if (graph && !tracer) {
+    if (graph && !tracer && !measure) {
       // The batches go straight into the graph's pinned staging, checked there; the graph copies them in.
       for (int micro = 0; micro < o.accum; ++micro) {
         next_batch_share(train_data, o.batch, o.seq, rank, world, graph->tokens(micro), graph->targets(micro));
@@ -519,6 +531,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         model->forward_async(x.data(), y.data(), o.batch, o.seq,
                              {.training = true, .label_smoothing = o.label_smoothing, .rng = &rank_rng,
                               .loss_grad_scale = scale / o.accum});
+        if (micro == 0) sample();  // after the forward
         state.rng.next_stream = rank_rng.next_stream;
         // Each micro-step's mean loss stays on the device until the step's one read, after the optimizer.
         copy_bytes(static_cast<char*>(step_losses.data()) + micro * loss_bytes, ctx.device(), model->loss().data(),
@@ -532,12 +545,14 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         if (dp) dp->end_backward(*model, sync);
       }
       fallback_x.clear();  // later steps draw their batches again
+      sample();  // after the backward (and the gradients' reduction)
       if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
       {
         const TraceScope optim(tracer.get(), "OPTIM_STEP");
         optimizer->step(model->params(), lr,
                         {.scale = static_cast<float>(scale), .skip_nonfinite = o.loss_scaling});
       }
+      sample();  // after the optimizer
     }
     if (tracer) {
       model->set_tracer(nullptr);
@@ -545,13 +560,15 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       tracer->write_chrome_json(o.trace);
     }
     if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
-      // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address).
+      // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address); on a
+      // GPU with the measured memory at the end of each phase.
       const size_t static_bytes = model->params().bytes() + optimizer->state_bytes();
       fs::path csv = o.memory_timeline;
       csv.replace_extension(".csv");
-      write_memory_timeline(o.memory_timeline, csv.string(), memory_timeline_points(*model, static_bytes, {}),
+      write_memory_timeline(o.memory_timeline, csv.string(), memory_timeline_points(*model, static_bytes, measured),
                             o.model.preset + ", B " + std::to_string(o.batch) + " x T " + std::to_string(o.seq) +
-                                ", step " + std::to_string(step) + " (planned)");
+                                ", step " + std::to_string(step) +
+                                (measured.empty() ? " (planned)" : " (planned; measured at the phase ends)"));
     }
     // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
     const StepReport report = optimizer->read_step();
