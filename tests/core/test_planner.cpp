@@ -230,12 +230,17 @@ TEST(MemoryPlan, FixedBuffersStayAndOthersFitAround) {
     const auto& bufs = plan.buffers();
     for (size_t i = 0; i < bufs.size(); ++i) {
       const PlanBuffer& b = bufs[i];
-      if (b.fixed) EXPECT_EQ(b.offset, at[fixed_seen++]) << b.name;
-      else EXPECT_EQ(b.offset % plan.align(), 0u) << b.name;
+      if (b.fixed) {
+        EXPECT_EQ(b.offset, at[fixed_seen++]) << b.name;
+      } else {
+        EXPECT_EQ(b.offset % plan.align(), 0u) << b.name;
+      }
       top = std::max(top, b.offset + b.size);
-      for (size_t j = i + 1; j < bufs.size(); ++j)
-        if (b.lives_overlap(bufs[j]))
+      for (size_t j = i + 1; j < bufs.size(); ++j) {
+        if (b.lives_overlap(bufs[j])) {
           EXPECT_FALSE(b.memory_overlaps(bufs[j])) << b.name << " and " << bufs[j].name << " are live together";
+        }
+      }
     }
     EXPECT_EQ(plan.peak(), top);
     EXPECT_GE(plan.peak(), plan.max_live().bytes);

@@ -507,7 +507,9 @@ TEST(GptPlan, PlannedGradientsReachTheLargestLiveSet) {
     for (const PlanBuffer& b : planned.buffers()) {
       if (b.fixed) grads += b.bytes;
       for (const PlanBuffer& o : planned.buffers())
-        if (&o < &b && o.lives_overlap(b)) ASSERT_FALSE(o.memory_overlaps(b)) << o.name << " and " << b.name;
+        if (&o < &b && o.lives_overlap(b)) {
+          ASSERT_FALSE(o.memory_overlaps(b)) << o.name << " and " << b.name;
+        }
     }
     // Every parameter's gradient, in bf16, with under 16 elements of padding per tensor.
     const size_t P = static_cast<size_t>(cfg.num_params()), tensors = 3 + 12 * static_cast<size_t>(cfg.n_layers);
