@@ -139,5 +139,25 @@ TEST(AdamW, ClipGradNorm) {
   EXPECT_EQ(small[0], 0.3f);  // below the threshold: untouched
 }
 
+// The CUDA kernels' per-tile index (adamw.cu reads it in place of a search): against a search per tile, over
+// segments smaller than a tile (several start in one), a gap that spans whole tiles, and ends on and off a boundary.
+TEST(AdamW, TileIndexIsTheFirstSegmentEndingAfterEachTileStart) {
+  const size_t T = static_cast<size_t>(kAdamWTileElems);
+  const std::vector<std::pair<size_t, size_t>> spans = {  // (offset, numel), sorted
+      {0, 1}, {8, 5}, {16, T}, {T + 16, 3}, {3 * T + 5, T - 5}, {4 * T, 2 * T + 7}, {6 * T + 16, 1}};
+  std::vector<ParamSegment> segs;
+  for (auto [off, n] : spans) segs.push_back({.name = "s", .offset = off, .numel = n});
+  const std::vector<int32_t> first = adamw_tile_first_segments(segs);
+  const size_t end = segs.back().offset + segs.back().numel;
+  ASSERT_EQ(first.size(), (end + T - 1) / T);
+  for (size_t t = 0; t < first.size(); ++t) {
+    size_t want = 0;
+    while (segs[want].offset + segs[want].numel <= t * T) ++want;
+    EXPECT_EQ(first[t], static_cast<int32_t>(want)) << "tile " << t;
+  }
+  EXPECT_EQ(first[2], 4);  // tile 2 starts in the gap before segment 4: its index, not 3's
+  EXPECT_TRUE(adamw_tile_first_segments({}).empty());
+}
+
 }  // namespace
 }  // namespace tessera

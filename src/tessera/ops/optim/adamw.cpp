@@ -7,6 +7,20 @@
 
 namespace tessera {
 
+std::vector<int32_t> adamw_tile_first_segments(const std::vector<ParamSegment>& sorted) {
+  if (sorted.empty()) return {};
+  const size_t end = sorted.back().offset + sorted.back().numel;
+  const size_t tile = static_cast<size_t>(kAdamWTileElems), tiles = (end + tile - 1) / tile;
+  std::vector<int32_t> first(tiles);
+  size_t s = 0;
+  for (size_t t = 0; t < tiles; ++t) {
+    // Tile t starts below end, so a segment ending after its start exists: s stays in range.
+    while (sorted[s].offset + sorted[s].numel <= t * tile) ++s;
+    first[t] = static_cast<int32_t>(s);
+  }
+  return first;
+}
+
 AdamWSegmentTable::AdamWSegmentTable(const std::vector<ParamSegment>& segments, Context& ctx)
     : device_kind_(ctx.device()) {
   for (const ParamSegment& s : segments)
@@ -27,7 +41,11 @@ AdamWSegmentTable::AdamWSegmentTable(const std::vector<ParamSegment>& segments, 
     const size_t bytes = records.size() * sizeof(AdamWSegmentRecord);
     device_ = Buffer(bytes, ctx.device(), "the AdamW segment table");
     copy_bytes(device_.data(), ctx.device(), records.data(), Device::cpu(), bytes, ctx);
-    ctx.synchronize();  // the host vector goes away; the copy may be staged asynchronously
+    const std::vector<int32_t> first = adamw_tile_first_segments(segments_);
+    const size_t index_bytes = first.size() * sizeof(int32_t);
+    tile_segments_ = Buffer(index_bytes, ctx.device(), "the AdamW tile index");
+    copy_bytes(tile_segments_.data(), ctx.device(), first.data(), Device::cpu(), index_bytes, ctx);
+    ctx.synchronize();  // the host vectors go away; the copies may be staged asynchronously
   }
 }
 

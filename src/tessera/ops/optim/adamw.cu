@@ -14,6 +14,7 @@ using cuda::to_f32;
 constexpr int kAdamThreads = 256;
 constexpr int kAdamPer = 8;                          // consecutive elements per thread: 16 B of bf16, 32 B of f32
 constexpr int kAdamTile = kAdamThreads * kAdamPer;  // elements per block per tile
+static_assert(kAdamTile == kAdamWTileElems, "the tile index of AdamWSegmentTable is built for this tile");
 
 using AdamWConsts = AdamWStepScalars;  // adamw.h
 
@@ -95,18 +96,17 @@ __device__ __forceinline__ double block_sum_f64(double x, double* smem) {
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
     float* __restrict__ partials, const T* __restrict__ grads, const AdamWSegmentRecord* __restrict__ segs, int nseg,
-    int64_t end, bool vec) {
+    const int32_t* __restrict__ tile_seg, int64_t end, bool vec) {
   float acc = 0.0f;
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t t0 = t * kAdamTile, i0 = t0 + threadIdx.x * kAdamPer;
+    const int64_t i0 = t * kAdamTile + threadIdx.x * kAdamPer;
     if (i0 >= end) continue;
-    // The loads go out before the segment search (they do not depend on it; the buffers hold >= end elements).
+    // The loads go out before the segment lookup (they do not depend on it; the buffers hold >= end elements).
     const bool full = vec && i0 + kAdamPer <= end;
     float g[kAdamPer];
     if (full) load_group(grads + i0, g);
-    const int s_tile = segment_ending_after(segs, 0, nseg, t0);
-    const ElementGroup grp = locate_group(segs, nseg, s_tile, i0);
+    const ElementGroup grp = locate_group(segs, nseg, tile_seg[t], i0);
     if (full) {
 #pragma unroll
       for (int e = 0; e < kAdamPer; ++e)
@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
     T* params, const T* __restrict__ grads, float* master, float* __restrict__ m, float* __restrict__ v,
-    const AdamWSegmentRecord* __restrict__ segs, int nseg, int64_t end, const float* __restrict__ partials,
+    const AdamWSegmentRecord* __restrict__ segs, int nseg, const int32_t* __restrict__ tile_seg, int64_t end,
+    const float* __restrict__ partials,
     int n_partials, float* __restrict__ grad_norm, AdamWConsts c, const AdamWConsts* __restrict__ c_device,
     bool write_params, bool vec) {
   if (c_device) c = *c_device;  // a CUDA graph's replay: this step's scalars, copied in before it
@@ -159,9 +160,9 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
   const float factor = static_cast<float>(coef);
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t t0 = t * kAdamTile, i0 = t0 + threadIdx.x * kAdamPer;
+    const int64_t i0 = t * kAdamTile + threadIdx.x * kAdamPer;
     if (i0 >= end) continue;
-    // The loads go out before the segment search (they do not depend on it; the buffers hold >= end elements).
+    // The loads go out before the segment lookup (they do not depend on it; the buffers hold >= end elements).
     // A group straddling a gap loads the gap too, but stores only its in-segment elements.
     const bool full = vec && i0 + kAdamPer <= end;
     float g[kAdamPer], w[kAdamPer], mm[kAdamPer], vv[kAdamPer];
@@ -172,8 +173,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
       load_group(m + i0, mm);
       load_group(v + i0, vv);
     }
-    const int s_tile = segment_ending_after(segs, 0, nseg, t0);
-    const ElementGroup grp = locate_group(segs, nseg, s_tile, i0);
+    const ElementGroup grp = locate_group(segs, nseg, tile_seg[t], i0);
     const bool fast = full && grp.whole;
     if (!full) {
 #pragma unroll
@@ -249,12 +249,13 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
     using T = decltype(t);
     if (want_norm) {
       adamw_grad_sq_partials_tiles<T><<<n_partials, kAdamThreads, 0, ctx.stream()>>>(
-          partials, static_cast<const T*>(grads), table.device_records(), nseg, end, vec);
+          partials, static_cast<const T*>(grads), table.device_records(), nseg, table.device_tile_segments(), end,
+          vec);
       TS_CHECK_LAUNCH();
     }
     adamw_update_segment_tiles<T><<<grid, kAdamThreads, 0, ctx.stream()>>>(
-        static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg, end, partials,
-        n_partials, grad_norm, c, device_scalars, /*write_params=*/w != params, vec);
+        static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg,
+        table.device_tile_segments(), end, partials, n_partials, grad_norm, c, device_scalars, /*write_params=*/w != params, vec);
     TS_CHECK_LAUNCH();
   });
 }
