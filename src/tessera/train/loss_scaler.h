@@ -6,8 +6,12 @@
 //   overflow (the step was skipped):  S ← max(min_scale, S · backoff), the run of good steps restarts
 //   a good step:                      good_steps + 1; at growth_interval, S ← min(max_scale, S · growth), restart
 // S stays a power of 2 when init_scale is one (the default 2^16), so the unscaling is exact.
+//
+// StepLossScaling (below) is how a step takes it, one rule for `train` and `bench model`'s fwd-bwd and step.
 #pragma once
 #include <cstdint>
+
+#include "tessera/train/optimizer.h"
 
 namespace tessera {
 
@@ -38,6 +42,35 @@ class LossScaler {
   LossScalerConfig cfg_;
   double scale_;
   int64_t good_steps_ = 0;
+};
+
+// The loss scaling of a run's steps: off (scale 1, nothing skipped), or on with a LossScaler. A step runs
+//   forward with ForwardOptions::loss_grad_scale = scale() (/ accum), backward(scale()) (GraphStep::run's loss_scale
+//   under CUDA graphs, with GraphStepConfig::skip_nonfinite = on()),
+//   the optimizer with grad_scaling(): it unscales by 1/S and, when on, skips a step whose gradient norm overflowed,
+//   update(optimizer.read_step(), step): the scale halves after a skipped step and grows after growth_interval good
+//   ones. When on, read_step must come before the next step: only it says whether the step was skipped.
+class StepLossScaling {
+ public:
+  StepLossScaling() = default;  // off
+  explicit StepLossScaling(const LossScalerConfig& cfg) : on_(true), scaler_(cfg) {}
+
+  bool on() const { return on_; }
+  // S for the next step's backward; 1 when off.
+  double scale() const { return on_ ? scaler_.scale() : 1.0; }
+  // The optimizer's side of the same step: {S, skip_nonfinite = on()}.
+  GradScaling grad_scaling() const { return {.scale = static_cast<float>(scale()), .skip_nonfinite = on_}; }
+  // After the step's report; nothing when off. Throws as LossScaler::update does (an overflow at the minimum).
+  void update(const StepReport& report, int64_t step) {
+    if (on_) scaler_.update(report.skipped, step);
+  }
+  // The scaler's state (a checkpoint's, a resumed run's); its scale is not used when off.
+  LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
+
+ private:
+  bool on_ = false;
+  LossScaler scaler_;
 };
 
 }  // namespace tessera

@@ -401,9 +401,9 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     optimizer->load_state(state.adam_m, state.adam_v, state.optimizer_step);
   }
   // Loss scaling: the scale of a resumed scaled run, else the initial one.
-  LossScaler scaler(o.loss_scaling ? loss_scaler_config(o) : LossScalerConfig{});
+  StepLossScaling scaling = o.loss_scaling ? StepLossScaling(loss_scaler_config(o)) : StepLossScaling();
   if (o.loss_scaling && resuming && state.loss_scale > 0)
-    scaler.set_state(state.loss_scale, state.loss_scale_good_steps);
+    scaling.scaler().set_state(state.loss_scale, state.loss_scale_good_steps);
   if (!o.loss_scaling) state.loss_scale = 0;
   if (control.on_start) control.on_start(optimizer->state_bytes(), 8 * model->params().size());
   // A checkpoint carries the moments as host vectors, read from the optimizer when one is written (a sharded
@@ -456,7 +456,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                                         GraphStepConfig{.B = o.batch, .T = o.seq, .accum = o.accum,
                                                         .losses = step_losses.data(),
                                                         .label_smoothing = o.label_smoothing,
-                                                        .skip_nonfinite = o.loss_scaling,
+                                                        .skip_nonfinite = scaling.on(),
                                                         .in_capture = control.in_graph_capture});
   // A failed capture's batches (this rank's share of each micro-step), which that step then runs eagerly.
   std::vector<int32_t> fallback_x, fallback_y;
@@ -469,7 +469,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       tracer = std::make_unique<Tracer>(ctx);
       model->set_tracer(tracer.get());
     }
-    const double scale = o.loss_scaling ? scaler.scale() : 1.0;
+    const double scale = scaling.scale();
     // --memory-timeline on a GPU also measures the device memory at the end of the step's forward, backward and
     // optimizer (a synchronize each, in this one step, which runs eagerly for it).
     std::vector<size_t> measured;
@@ -549,8 +549,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
       {
         const TraceScope optim(tracer.get(), "OPTIM_STEP");
-        optimizer->step(model->params(), lr,
-                        {.scale = static_cast<float>(scale), .skip_nonfinite = o.loss_scaling});
+        optimizer->step(model->params(), lr, scaling.grad_scaling());
       }
       sample();  // after the optimizer
     }
@@ -595,10 +594,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         loss += each[micro] / o.accum;
       }
     }
-    if (o.loss_scaling) {
-      scaler.update(report.skipped, step);
-      state.loss_scale = scaler.scale();
-      state.loss_scale_good_steps = scaler.good_steps();
+    scaling.update(report, step);
+    if (scaling.on()) {
+      state.loss_scale = scaling.scale();
+      state.loss_scale_good_steps = scaling.scaler().good_steps();
     }
     if (report.skipped) result.skipped_steps++;
     state.optimizer_step = optimizer->step_count();
@@ -663,7 +662,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     char fields[160];
     const int len = std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
     if (o.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
-      std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaler.scale(),
+      std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaling.scale(),
                     static_cast<long long>(result.skipped_steps));
     bar.update(step, fields);
     if (stop) {
@@ -673,7 +672,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     if (step == o.stop_after) break;
   }
   bar.finish();
-  result.loss_scale = o.loss_scaling ? scaler.scale() : 0.0;
+  result.loss_scale = scaling.on() ? scaling.scale() : 0.0;
   if (graph) {
     result.graph_steps = graph->replays();
     result.graph_captures = graph->captures();
