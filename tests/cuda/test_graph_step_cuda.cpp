@@ -2,7 +2,7 @@
 // loss-scale decisions and final parameters, bit for bit, over several steps, with what a graph would freeze
 // changing every step (the lr in warm-up, AdamW's t, the dropout streams), with --accum 2, and in f16 with a planted
 // overflow that is skipped and halves the loss scale (the step graph is captured again); a failed capture falls
-// back to eager steps. And CudaGraph itself:
+// back to eager steps; bench model's regions as graphs, f16 with train's loss scaling among them. And CudaGraph itself:
 // an illegal call inside a capture ends the capture with a clear Error and leaves the stream usable.
 #include <cmath>
 #include <map>
@@ -250,6 +250,72 @@ TEST(CudaGraphStep, BenchModelTimesGraphReplays) {
   const ModelBenchRow eager = bench_model(cfg, bc, ctx, 0.0);
   EXPECT_FALSE(eager.cuda_graph);
   ASSERT_TRUE(eager.step);
+}
+
+// `bench model --precision f16`: the step with train's loss scaling, as graph replays and eagerly, with dropout.
+// Started at 2^24, the f16 backward overflows by itself (the loss gradient alone is 2^24 / (B·T) = 131072 > 65504):
+// those steps are skipped, leaving the parameters alone, and each halves the scale (the step graph is captured again)
+// until the gradients fit. Both paths take the same decisions and reach the same parameters, bit for bit (the step
+// region alone: the other regions draw dropout streams as often as they run, which differs between the two). Then an
+// overflow planted at step 3 of a run of every region at 1024 skips that step alone and halves the scale.
+TEST(CudaGraphStep, BenchModelF16StepsWithTrainsLossScaling) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  Context ctx(Device::cuda(0));
+  ModelConfig cfg = model_preset("tiny");
+  cfg.dropout = 0.1f;
+  struct Run {
+    ModelBenchRow row;
+    std::map<int64_t, std::vector<float>> params;  // before each optimizer step
+    std::map<int64_t, double> loss;
+  };
+  auto run = [&](bool graph, double init, int64_t plant_at, bool step_only) {
+    Run r;
+    ModelBenchConfig bc{.batch = 2, .seq = 64, .dtype = DType::F16, .warmup = 2, .steps = 6, .cuda_graph = graph};
+    bc.fwd = bc.fwd_bwd = !step_only;
+    bc.loss_scaler = {.init_scale = init, .growth_interval = 1000};
+    bc.before_optimizer_step = [&r, plant_at](int64_t step, Gpt& m) {
+      r.params[step] = m.params().read_f32(m.context());
+      r.loss[step] = m.read_loss();
+      if (step == plant_at) plant_inf_f16(m);
+    };
+    r.row = bench_model(cfg, bc, ctx, 0.0);
+    return r;
+  };
+  const double top = 16777216.0;  // 2^24, LossScalerConfig's max_scale
+  const Run graph = run(true, top, 0, /*step_only=*/true), eager = run(false, top, 0, /*step_only=*/true);
+  EXPECT_TRUE(graph.row.cuda_graph);
+  EXPECT_FALSE(eager.row.cuda_graph);
+  ASSERT_TRUE(graph.row.step && graph.row.loss_scale);
+  ASSERT_TRUE(eager.row.step && eager.row.loss_scale);
+  // Graphs: an eager and a capturing run before the warm-up; eagerly, the warm-up and the timed runs alone.
+  EXPECT_EQ(graph.row.optimizer_steps, 2 + 2 + 6);
+  EXPECT_EQ(eager.row.optimizer_steps, 2 + 6);
+  const int64_t skipped = eager.row.skipped_steps;
+  EXPECT_GE(skipped, 1) << "2^24 should overflow the f16 backward";
+  EXPECT_LT(skipped, 8) << "the scale should come down to one the gradients fit";
+  EXPECT_EQ(*eager.row.loss_scale, std::ldexp(top, -static_cast<int>(skipped)));
+  EXPECT_EQ(graph.row.skipped_steps, skipped);
+  EXPECT_EQ(*graph.row.loss_scale, *eager.row.loss_scale);
+  for (int64_t step = 1; step <= 8; ++step) {
+    EXPECT_EQ(graph.params.at(step), eager.params.at(step)) << "the parameters step " << step << " starts from";
+    EXPECT_EQ(graph.loss.at(step), eager.loss.at(step)) << "step " << step;
+    EXPECT_TRUE(std::isfinite(eager.loss.at(step))) << "step " << step;
+    if (step == 1) continue;
+    // The skipped steps are the first ones: the parameters stay at their start through them, then move.
+    if (step <= skipped + 1) {
+      EXPECT_EQ(eager.params.at(step), eager.params.at(1)) << "step " << step - 1 << " was applied";
+    } else {
+      EXPECT_NE(eager.params.at(step), eager.params.at(step - 1)) << "step " << step - 1 << " changed nothing";
+    }
+  }
+
+  const Run planted = run(true, 1024.0, 3, /*step_only=*/false);
+  ASSERT_TRUE(planted.row.fwd && planted.row.fwd_bwd && planted.row.step && planted.row.loss_scale);
+  EXPECT_EQ(planted.row.skipped_steps, 1);
+  EXPECT_EQ(*planted.row.loss_scale, 512.0);
+  EXPECT_NE(planted.params.at(3), planted.params.at(2));
+  EXPECT_EQ(planted.params.at(4), planted.params.at(3)) << "step 3 overflowed: it must leave the parameters alone";
+  EXPECT_NE(planted.params.at(5), planted.params.at(4));
 }
 
 // A synchronize inside a capture is illegal: the capture ends, the Error says so, and the stream works after it

@@ -167,6 +167,8 @@ GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOpti
   return r;
 }
 
+bool model_bench_loss_scaling(const ModelBenchConfig& bc) { return bc.loss_scaling || bc.dtype == DType::F16; }
+
 std::string model_bench_graph_refusal(bool cuda_graph, const Context& ctx) {
   if (!cuda_graph) return "--cuda-graph off";
   if (!ctx.is_cuda()) return "the CPU has no CUDA graphs";
@@ -220,28 +222,59 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
     constexpr float kLr = 1e-5f;
     const size_t param_bytes = model.params().bytes();
-    // The forward alone computes the loss; a training step's forward also writes the loss gradient (as train does).
-    ForwardOptions fo_train = fo;
-    fo_train.loss_grad_scale = 1.0;
+    // The loss scaling of train's steps (f16): one scaler for the size, carried from region to region.
+    StepLossScaling scaling =
+        model_bench_loss_scaling(bc) ? StepLossScaling(bc.loss_scaler) : StepLossScaling();
+    // The forward alone computes the loss; a training step's forward also writes the loss gradient at the scale its
+    // backward will use (as train does).
     auto forward = [&] { model.forward_device(B, T, /*with_targets=*/true, fo); };
     auto forward_backward = [&] {
+      const double s = scaling.scale();
+      ForwardOptions fo_train = fo;
+      fo_train.loss_grad_scale = s;
       model.zero_grad();
       model.forward_device(B, T, /*with_targets=*/true, fo_train);
-      model.backward();
+      model.backward(s);
+    };
+
+    std::unique_ptr<AdamW> opt;  // made after the fwd and fwd-bwd regions, whose memory it is not part of
+    auto before_optimizer = [&] {
+      if (bc.before_optimizer_step) bc.before_optimizer_step(row.optimizer_steps + 1, model);
+    };
+    // After each optimizer step: with loss scaling, the report that says whether it was skipped (AdamW needs it read
+    // before its next step) moves the scale, as after a train step.
+    auto after_optimizer = [&] {
+      row.optimizer_steps++;
+      if (!scaling.on()) return;
+      const StepReport report = opt->read_step();
+      if (report.skipped) row.skipped_steps++;
+      scaling.update(report, row.optimizer_steps);
+    };
+    auto step = [&] {
+      forward_backward();
+      before_optimizer();
+      opt->step(model.params(), kLr, scaling.grad_scaling());
+      after_optimizer();
     };
 
     // A region as CUDA graphs: the same launches replayed (GraphStep's first run is eager, its second captures;
-    // both run untimed here, before the warm-up runs).
+    // both run untimed here, before the warm-up runs). The scale is the graph's argument, as in train: a changed
+    // one captures the step graph again.
     const bool graphs = model_bench_graph_refusal(bc.cuda_graph, ctx).empty();
     row.cuda_graph = graphs;
     std::vector<std::unique_ptr<GraphStep>> graph_steps;
-    auto as_graph = [&](const std::function<void()>& eager, bool backward, AdamW* opt) -> std::function<void()> {
+    auto as_graph = [&](const std::function<void()>& eager, bool backward, AdamW* optimizer) -> std::function<void()> {
       if (!graphs) return eager;
       graph_steps.push_back(std::make_unique<GraphStep>(
-          model, opt, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = opt != nullptr,
-                                      .upload_batch = false}));
+          model, optimizer, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = optimizer != nullptr,
+                                            .upload_batch = false, .skip_nonfinite = scaling.on()}));
       GraphStep* g = graph_steps.back().get();
-      std::function<void()> replay = [g, &rng] { g->run(kLr, /*loss_scale=*/1.0, &rng); };
+      std::function<void()> between;  // on the host between the step graph and the optimizer's, as train's hooks
+      if (optimizer && bc.before_optimizer_step) between = before_optimizer;
+      std::function<void()> replay = [&, g, optimizer, between] {
+        g->run(kLr, scaling.scale(), &rng, between);
+        if (optimizer) after_optimizer();
+      };
       replay();
       replay();
       return replay;
@@ -253,13 +286,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     }
     if (bc.fwd_bwd)
       row.fwd_bwd = time_region(ctx, as_graph(forward_backward, /*backward=*/true, nullptr), bc.warmup, bc.steps);
-
-    std::unique_ptr<AdamW> opt;
     if (needs_optimizer) opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
-    auto step = [&] {
-      forward_backward();
-      opt->step(model.params(), kLr);
-    };
     if (bc.step) {
       row.step = time_region(ctx, as_graph(step, /*backward=*/true, opt.get()), bc.warmup, bc.steps);
       row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak() + opt->state_bytes();
@@ -279,18 +306,25 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
         if (tracer) tracer->counter(std::string("device memory in use (measured) ") + what, static_cast<double>(used));
       };
       const bool full = opt != nullptr;  // a training step whenever the optimizer exists
+      const bool backward = full || bc.fwd_bwd;
+      ForwardOptions fo_step = fo;
+      if (backward) fo_step.loss_grad_scale = scaling.scale();
       model.zero_grad();
-      model.forward_device(B, T, /*with_targets=*/true, full || bc.fwd_bwd ? fo_train : fo);
+      model.forward_device(B, T, /*with_targets=*/true, fo_step);
       sample("after forward");
-      if (full || bc.fwd_bwd) {
-        model.backward();
+      if (backward) {
+        model.backward(scaling.scale());
         sample("after backward");
       }
       if (full) {
-        const TraceScope optim(tracer.get(), "OPTIM_STEP");
-        opt->step(model.params(), kLr);
+        before_optimizer();
+        {
+          const TraceScope optim(tracer.get(), "OPTIM_STEP");
+          opt->step(model.params(), kLr, scaling.grad_scaling());
+        }
+        after_optimizer();
+        sample("after optimizer");
       }
-      if (full) sample("after optimizer");
       model.set_tracer(nullptr);
       ctx.synchronize();
       row.trace = tracer;
@@ -299,6 +333,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
         row.timeline = memory_timeline_points(model, param_bytes + (opt ? opt->state_bytes() : 0),
                                               ctx.is_cuda() ? at_phase_end : std::vector<size_t>{});
     }
+    if (scaling.on()) row.loss_scale = scaling.scale();
   } catch (const Error& e) {
     if (!is_out_of_memory(e.what())) throw;
     row.oom = true;
@@ -310,6 +345,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     row.mem_train.reset();
     row.trace.reset();
     row.timeline.clear();
+    row.loss_scale.reset();
+    row.optimizer_steps = row.skipped_steps = 0;
     return row;
   }
 

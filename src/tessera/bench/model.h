@@ -9,6 +9,12 @@
 //   fwd      forward_device with targets (embedding .. cross-entropy loss, on the device; no host copy)
 //   fwd-bwd  zero_grad + forward + backward (the gradients of every parameter)
 //   step     zero_grad + forward + backward + AdamW step (clipping at 1.0, as the trainer's default)
+// In f16 (ModelBenchConfig::loss_scaling) fwd-bwd and step take dynamic loss scaling as `train --precision f16`
+// steps, through the same StepLossScaling (train/loss_scaler.h): the forward and backward on S·loss (S = 2^16 at
+// first), and in step AdamW unscaling by 1/S and skipping a step whose gradients overflowed, then the optimizer's
+// report read (the host round trip a train step makes; the unscaled step makes none) and S updated from it. fwd-bwd
+// has no optimizer, hence no overflow check: it runs at the scale the size started with. Under CUDA graphs S is
+// GraphStep's argument, as in train: a changed S captures the step graph again.
 // On a GPU each region is replayed as CUDA graphs by default (ModelBenchConfig::cuda_graph), as `train` steps:
 // the figure is then the GPU's time with almost no launch overhead; --cuda-graph off times the eager launches.
 //
@@ -33,6 +39,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,8 +52,11 @@
 #include "tessera/core/dtype.h"
 #include "tessera/core/trace.h"
 #include "tessera/models/config.h"
+#include "tessera/train/loss_scaler.h"
 
 namespace tessera {
+
+class Gpt;
 
 enum class ModelBenchMode { Fwd, FwdBwd, Step };
 const char* model_bench_mode_name(ModelBenchMode m);  // "fwd", "fwd-bwd", "step"
@@ -67,7 +77,17 @@ struct ModelBenchConfig {
   // may not) and the one that captures. Applies where model_bench_graph_refusal is empty; the --trace /
   // --memory-timeline step stays eager.
   bool cuda_graph = true;
+  // Dynamic loss scaling in fwd-bwd and step (the header comment), from loss_scaler: always for f16, as train_setup
+  // turns it on for f16; an f32 run may ask for it (no flag: the CPU tests drive the f16 step that way).
+  bool loss_scaling = false;
+  LossScalerConfig loss_scaler = {};
+  // Test hook: on the host before each optimizer step of the step region (untimed runs included, and the --trace
+  // step), with its number from 1 (a test reads the parameters there or plants an overflow in the gradient).
+  std::function<void(int64_t step, Gpt& model)> before_optimizer_step = {};
 };
+
+// Whether bench_model scales the loss: loss_scaling, or dtype f16.
+bool model_bench_loss_scaling(const ModelBenchConfig& bc);
 
 // Why bench_model times its regions eagerly on ctx with cuda_graph asked or not ("" when they are graphs):
 // "--cuda-graph off", the CPU, a Debug build.
@@ -124,6 +144,11 @@ struct ModelBenchRow {
   // tokens/s and MFU from the most complete region timed (step, else fwd-bwd, else fwd).
   std::string rate_region;
   double tokens_per_s = 0, mfu = 0;
+  // With loss scaling (model_bench_loss_scaling): the scale after the last step the bench ran (the step region's,
+  // else the scale fwd-bwd ran at), and how many optimizer steps it ran (untimed ones included) and skipped for an
+  // overflow (a skipped step does not update the parameters, so it is cheaper: the figure holds it).
+  std::optional<double> loss_scale;
+  int64_t optimizer_steps = 0, skipped_steps = 0;
   std::shared_ptr<Tracer> trace;             // with cfg.trace: one traced training step (or the region timed)
   std::vector<MemoryTimelinePoint> timeline; // with cfg.memory_timeline
   // The median ms of a region ("fwd", "fwd-bwd", "step"); nullopt when it was not timed (or the size is OOM).
