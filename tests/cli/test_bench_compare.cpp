@@ -206,7 +206,7 @@ TEST_F(BenchCompare, BadFlagsAreOneLineErrorsThatWriteNothing) {
   expect_usage_error("--device cpu --chart " + (dir / "c.jpg").string() + js, ".png");
   expect_usage_error("--device cpu --chart " + (dir / "missing" / "c.png").string() + js, "--chart");
   expect_usage_error("--device cpu --precision bf16" + js, "--precision bf16");
-  expect_usage_error("--device cpu --precision f16" + js, "f16");
+  expect_usage_error("--device cpu --precision f16" + js, "the PyTorch peer times f32 and bf16 only");
   expect_usage_error("--device cpu --preset tiny --sizes tiny" + js, "--preset or --sizes");
   expect_usage_error("--device cpu --sizes tiny,huge" + js, "huge");
   expect_usage_error("--device cpu --preset tiny --seq 65" + js, "max_seq 64");

@@ -135,6 +135,8 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   EXPECT_EQ(j.at("batch"), kB);
   EXPECT_EQ(j.at("seq"), kT);
   EXPECT_EQ(j.at("memory"), "planned");
+  EXPECT_EQ(j.at("precision"), "f32");
+  EXPECT_TRUE(j.at("loss_scaling").is_null()) << "f32 steps without loss scaling";
   const double gemm_flops = j.at("gemm").at("tflops").get<double>() * 1e12;
   EXPECT_GT(gemm_flops, 0);
   ASSERT_EQ(j.at("rows").size(), 2u);
@@ -147,6 +149,7 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   EXPECT_EQ(t.at("size"), "tiny");
   EXPECT_FALSE(t.at("oom").get<bool>());
   EXPECT_EQ(t.at("params"), model_preset("tiny").num_params());
+  EXPECT_TRUE(t.at("loss_scale").is_null());
   // Memory: what a tiny model and its AdamW hold, built here.
   const TinyBytes tb = tiny_bytes();
   EXPECT_EQ(t.at("mem_fwd_bytes").get<size_t>(), tb.params + tb.arena);
@@ -176,6 +179,9 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   EXPECT_EQ(oom_row["step_median_ms"], "");
   EXPECT_EQ(tiny_row["status"], "ok");
   EXPECT_EQ(tiny_row["params"], "834304");
+  EXPECT_EQ(tiny_row["precision"], "f32");
+  EXPECT_EQ(tiny_row["loss_scale"], "");
+  EXPECT_EQ(tiny_row["skipped_steps"], "");
   EXPECT_NEAR(std::stod(tiny_row["step_median_ms"]), step.at("median_ms").get<double>(),
               1e-5 * step.at("median_ms").get<double>());
   EXPECT_NEAR(std::stod(tiny_row["fwd_std_ms"]), t.at("fwd").at("std_ms").get<double>(),
@@ -288,7 +294,8 @@ TEST_F(BenchModel, MemoryTimelineCsvIsThePlanAndThePngDecodes) {
 TEST_F(BenchModel, BadFlagsAreOneLineErrorsThatWriteNothing) {
   const std::string js = " --json " + (dir / "x.json").string();
   expect_usage_error("--device cpu --mode sideways" + js, "--mode");
-  expect_usage_error("--device cpu --precision f16" + js, "f16");
+  expect_usage_error("--device cpu --precision f16" + js, "--precision f16 needs a GPU");
+  expect_usage_error("--device cpu --precision f16 --peer" + js, "--peer with --precision f16");
   expect_usage_error("--device cpu --precision bf16" + js, "--precision bf16");
   expect_usage_error("--device cpu --precision f8" + js, "--precision");
   expect_usage_error("--device cpu --preset tiny --sizes tiny" + js, "--preset or --sizes");

@@ -65,11 +65,10 @@ ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what
   const std::string& prec = t.prec;
   TS_CHECK(prec == "f32" || prec == "bf16" || prec == "f16", what, ": --precision must be f32, bf16 or f16, got '",
            prec, "'");
-  TS_CHECK(prec != "f16", what, ": --precision f16: a training step in f16 needs dynamic loss scaling, which is "
-                                "not built yet; use bf16");
   TS_CHECK(ctx.is_cuda() || prec == "f32", what, ": --precision ", prec,
            " needs a GPU: the CPU reference computes in f32 (use --precision f32, or --device cuda)");
-  bc.dtype = prec == "bf16" ? DType::BF16 : DType::F32;
+  bc.dtype = prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::F32;
+  bc.loss_scaling = bc.dtype == DType::F16;  // as train --precision f16 (model_bench_loss_scaling)
   if (a.has("cuda-graph")) {
     const std::string graph = a.str("cuda-graph");
     TS_CHECK(graph == "on" || graph == "off", what, ": --cuda-graph must be on or off, got '", graph, "'");

@@ -26,10 +26,10 @@ size_t parse_bytes(const std::string& what, const std::string& v);
 void read_model_bench_runs(const Flags& a, const std::string& what, ModelBenchConfig& bc);
 
 // Where and what a model bench runs: --device, --precision, --cuda-graph, --preset / --sizes and --seq, checked
-// (bc.dtype, bc.cuda_graph and bc.seq are set from them).
+// (bc.dtype, bc.loss_scaling (f16), bc.cuda_graph and bc.seq are set from them).
 struct ModelBenchTarget {
   Context ctx;
-  std::string prec = {};           // "f32" or "bf16"
+  std::string prec = {};           // "f32", "bf16" or "f16"
   std::vector<std::string> names = {};  // the presets, in the order given
   std::vector<ModelConfig> cfgs = {};
   std::string device = {};         // "cpu" or "cuda:0 (NVIDIA H200)"

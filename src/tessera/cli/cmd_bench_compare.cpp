@@ -84,6 +84,8 @@ int cmd_bench_compare(int argc, char** argv) {
   }
   const std::vector<std::string> modes = read_peer_modes(a, what);
   const double peer_timeout = read_peer_timeout(a, what);
+  TS_CHECK(a.str("precision") != "f16", what, ": --precision f16: the PyTorch peer times f32 and bf16 only; "
+           "bench model --precision f16 times tessera's f16 step alone");
   ModelBenchTarget target = read_model_bench_target(a, what, bc);
   const std::string& prec = target.prec;
   const bool gpu = target.ctx.is_cuda();

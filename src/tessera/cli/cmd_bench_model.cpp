@@ -2,7 +2,8 @@
 // and the whole training step (AdamW) in ms (median ± standard deviation), peak memory of the forward and of
 // training, tokens/s and MFU against a GEMM rate measured in the same run; out-of-memory sizes marked OOM.
 // Markdown (--out), JSON (--json), CSV (--csv), a Chrome trace of one step (--trace) and the memory timeline
-// of one step (--memory-timeline: a PNG plot and its CSV). The measurement itself is bench/model.h. With --peer,
+// of one step (--memory-timeline: a PNG plot and its CSV). --precision f16 steps with train's dynamic loss scaling
+// and reports the loss scale each size ended at. The measurement itself is bench/model.h. With --peer,
 // bench/peers/model.py then times the Hugging Face model of each size (eager and/or torch.compile) the same way,
 // and a second table sets its step ms and memory beside tessera's, with the speedup (peer ms / tessera ms).
 #include <unistd.h>
@@ -54,6 +55,17 @@ std::string cell_ms(const std::optional<RegionTiming>& r, bool oom) {
          fmt(r->std_ms < 10 ? "%.3f" : "%.2f", r->std_ms);
 }
 
+// The loss-scaling cells: the scale a size ended at, and its skipped steps of the optimizer steps it ran.
+std::string cell_loss_scale(const ModelBenchRow& r) {
+  if (r.oom) return "OOM";
+  return r.loss_scale ? fmt("%g", *r.loss_scale) : "–";
+}
+std::string cell_skipped(const ModelBenchRow& r) {
+  if (r.oom) return "OOM";
+  if (!r.loss_scale || r.optimizer_steps == 0) return "–";
+  return std::to_string(r.skipped_steps) + " of " + std::to_string(r.optimizer_steps);
+}
+
 nlohmann::ordered_json timing_json(const std::optional<RegionTiming>& r) {
   if (!r) return nullptr;
   return {{"median_ms", r->t.median_ms}, {"min_ms", r->t.min_ms}, {"max_ms", r->t.max_ms},
@@ -71,7 +83,8 @@ int cmd_bench_model(int argc, char** argv) {
                             "2.7b on a GPU)");
   a.add("batch", "B", "sequences per step (default 4)");
   a.add("seq", "T", "tokens per sequence (default 256, or the smallest max_seq of the sizes when below)");
-  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
+  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU); f16 (GPU) steps with "
+        "dynamic loss scaling as train --precision f16 does, and reports the loss scale at the end");
   a.add("mode", "fwd|fwd-bwd|step|all", "which regions to time (default all three columns)");
   a.add("warmup", "N", "untimed runs of each region first (default 5)");
   a.add("steps", "N", "timed runs of each region; the table shows their median ± standard deviation (default 10)");
@@ -119,6 +132,8 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string peer_mode = peer_modes.size() == 2 ? "both" : peer_modes[0];
   TS_CHECK(with_peer || !a.has("peer-timeout"), "bench model: --peer-timeout needs --peer");
   const double peer_timeout = read_peer_timeout(a, "bench model");
+  TS_CHECK(!(with_peer && a.str("precision") == "f16"), "bench model: --peer with --precision f16: the PyTorch peer "
+           "times f32 and bf16 only; drop --peer to time tessera's f16 step alone");
 
   ModelBenchTarget target = read_model_bench_target(a, "bench model", bc);
   Context& ctx = target.ctx;
@@ -133,6 +148,14 @@ int cmd_bench_model(int argc, char** argv) {
   std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
               device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
   std::printf("%s\n", regions_line.c_str());
+  // f16: the loss scaling of train's steps (bench/model.h), from the same scaler configuration.
+  const bool scaled = model_bench_loss_scaling(bc);
+  const std::string scaling_line =
+      "loss scaling (as train --precision f16): fwd+bwd and step run the backward on S·loss, S = " +
+      fmt("%g", bc.loss_scaler.init_scale) + " at the start of each size; step: AdamW unscales by 1/S and skips a step "
+      "whose gradients overflowed (S halves; it doubles after " + std::to_string(bc.loss_scaler.growth_interval) +
+      " good steps), and AdamW's report is read after each step, the host round trip a train step makes";
+  if (scaled) std::printf("%s\n", scaling_line.c_str());
   std::fflush(stdout);
 
   // The GEMM rate of this run: bf16 cuBLASLt on a GPU, f32 on the CPU.
@@ -154,6 +177,9 @@ int cmd_bench_model(int argc, char** argv) {
     const ModelBenchRow& r = rows.back();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.oom) std::printf("  %s: OOM (%s)\n", c.preset.c_str(), r.oom_reason.c_str());
+    else if (r.loss_scale)
+      std::printf("  %s: done in %.1f s, loss scale %g at the end, %lld of %lld steps skipped\n", c.preset.c_str(), s,
+                  *r.loss_scale, static_cast<long long>(r.skipped_steps), static_cast<long long>(r.optimizer_steps));
     else std::printf("  %s: done in %.1f s\n", c.preset.c_str(), s);
     std::fflush(stdout);
     if (r.trace) {
@@ -189,6 +215,9 @@ int cmd_bench_model(int argc, char** argv) {
         std::to_string(bc.warmup) + " warm-up + " + std::to_string(bc.steps) +
         " timed runs per region, each between two synchronizations (host clock); cells: median ± std ms\n";
   md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
+  if (scaled)
+    md += "- " + scaling_line + "; loss scale: S at the end; skipped: the steps skipped of the optimizer steps run "
+          "(untimed ones included; a skipped step leaves AdamW's update out)\n";
   md += "- " + regions_line + "\n";
   md += "- " + gemm_line + "\n";
   md += std::string("- memory: ") +
@@ -198,14 +227,20 @@ int cmd_bench_model(int argc, char** argv) {
   md += "- tokens/s and MFU from the step column (else fwd+bwd, else fwd); FLOPs: GEMMs only, attention as the full "
         "T² square, step = 3 x forward\n";
   md += "\n| size | d_model | d_ff | layers | heads | params | fwd ms | fwd+bwd ms | step ms | fwd mem | train mem | "
-        "tokens/s | MFU |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "tokens/s | MFU |";
+  md += scaled ? " loss scale | skipped |\n" : "\n";
+  md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+  md += scaled ? "---:|---:|\n" : "\n";
   for (const ModelBenchRow& r : rows) {
     md += "| " + r.size + " | " + std::to_string(r.cfg.d_model) + " | " + std::to_string(r.cfg.d_ff) + " | " +
           std::to_string(r.cfg.n_layers) + " | " + std::to_string(r.cfg.n_heads) + " | " +
           human_count(static_cast<double>(r.params)) + " | " + cell_ms(r.fwd, r.oom) + " | " +
           cell_ms(r.fwd_bwd, r.oom) + " | " + cell_ms(r.step, r.oom) + " | " + cell_bytes(r.mem_fwd, r.oom) + " | " +
           cell_bytes(r.mem_train, r.oom) + " | " + (r.oom ? "OOM" : human_count(r.tokens_per_s)) + " | " +
-          (r.oom ? "OOM" : fmt("%.1f%%", 100.0 * r.mfu)) + " |\n";
+          (r.oom ? "OOM" : fmt("%.1f%%", 100.0 * r.mfu)) + " |";
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "lit" + std::string here.
+    if (scaled) md.append(" ").append(cell_loss_scale(r)).append(" | ").append(cell_skipped(r)).append(" |");
+    md += "\n";
   }
   for (const ModelBenchRow& r : rows)
     if (r.oom) md += "\n- " + r.size + ": OOM: " + r.oom_reason;
@@ -279,6 +314,11 @@ int cmd_bench_model(int argc, char** argv) {
     j["warmup"] = bc.warmup;
     j["steps"] = bc.steps;
     j["cuda_graph"] = no_graph.empty();
+    if (scaled)
+      j["loss_scaling"] = {{"init_scale", bc.loss_scaler.init_scale},
+                           {"growth_interval", bc.loss_scaler.growth_interval}};
+    else
+      j["loss_scaling"] = nullptr;
     j["memory"] = gpu ? "measured" : "planned";
     j["gemm"] = {{"n", gemm_n},
                  {"dtype", std::string(dtype_name(gemm_dt))},
@@ -308,6 +348,13 @@ int cmd_bench_model(int argc, char** argv) {
       o["rate_region"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.rate_region);
       o["tokens_per_s"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.tokens_per_s);
       o["mfu"] = r.oom ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.mfu);
+      if (r.loss_scale) {
+        o["loss_scale"] = *r.loss_scale;
+        o["optimizer_steps"] = r.optimizer_steps;
+        o["skipped_steps"] = r.skipped_steps;
+      } else {
+        o["loss_scale"] = nullptr;
+      }
       if (with_peer) {
         nlohmann::ordered_json po;
         for (const std::string& m : peer_modes) {
@@ -355,7 +402,7 @@ int cmd_bench_model(int argc, char** argv) {
 
   // ---- CSV ----
   if (!csv_path.empty()) {
-    std::string csv = "size,d_model,d_ff,n_layers,n_heads,params,status";
+    std::string csv = "size,d_model,d_ff,n_layers,n_heads,params,status,precision,loss_scale,skipped_steps";
     for (const char* region : {"fwd", "fwd_bwd", "step"})
       for (const char* stat : {"median_ms", "min_ms", "max_ms", "std_ms"}) csv += std::string(",") + region + "_" + stat;
     csv += ",mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu";
@@ -367,7 +414,9 @@ int cmd_bench_model(int argc, char** argv) {
     for (const ModelBenchRow& r : rows) {
       std::vector<std::string> f = {r.size, std::to_string(r.cfg.d_model), std::to_string(r.cfg.d_ff),
                                     std::to_string(r.cfg.n_layers), std::to_string(r.cfg.n_heads),
-                                    std::to_string(r.params), r.oom ? "oom" : "ok"};
+                                    std::to_string(r.params), r.oom ? "oom" : "ok", prec,
+                                    r.loss_scale ? csv_num(*r.loss_scale) : std::string(),
+                                    r.loss_scale ? std::to_string(r.skipped_steps) : std::string()};
       for (const auto* t : {&r.fwd, &r.fwd_bwd, &r.step}) {
         for (double v : {*t ? (*t)->t.median_ms : -1.0, *t ? (*t)->t.min_ms : -1.0, *t ? (*t)->t.max_ms : -1.0,
                          *t ? (*t)->std_ms : -1.0})
