@@ -63,6 +63,17 @@ TEST(Philox, UniformAndKeepRate) {
   EXPECT_LT(same, 3);
 }
 
+// A dropout element takes 16 bits: element i is half i % 2 (low first) of word i / 2, and the keep rule compares
+// that half / 2^16 with p, so p = k / 2^16 keeps exactly the halves >= k.
+TEST(Philox, DropoutDrawsAreHalfWords) {
+  const uint64_t seed = test::test_seed();
+  for (uint64_t i = 0; i < 4096; ++i) {
+    const uint32_t w = philox_u32(seed, 9, i / 2), half = i % 2 ? w >> 16 : w & 0xffffu;
+    ASSERT_EQ(philox_u16(seed, 9, i), half) << "element " << i;
+    ASSERT_EQ(philox_keep(seed, 9, i, 1000.0f / 65536.0f), half >= 1000u) << "element " << i;
+  }
+}
+
 TEST(Philox, NormalMoments) {
   double s = 0, s2 = 0;
   const int n = 100000;

@@ -52,9 +52,19 @@ TS_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t stream, uint64_t ind
   return static_cast<float>(philox_u32(seed, stream, index) >> 8) * (1.0f / 16777216.0f);
 }
 
-// Dropout keep decision for element `index`: kept with probability 1 - p.
+// The 16-bit draw of element `index`: element i takes half i % 2 of word i / 2 (the low half first), so one
+// Philox block (4 words) serves 8 elements. Dropout needs no more resolution than 2^-16, and a word per element
+// made the Philox rounds the larger part of a dropout kernel's time (the residual op on the H200: 31 us with
+// dropout against 20 without, at (16384, 768) bf16).
+TS_HOST_DEVICE uint32_t philox_u16(uint64_t seed, uint64_t stream, uint64_t index) {
+  const uint32_t w = philox_u32(seed, stream, index >> 1);
+  return (index & 1) ? w >> 16 : w & 0xffffu;
+}
+
+// Dropout keep decision for element `index`: kept when philox_u16 / 2^16 >= p, with probability
+// 1 - ceil(p 2^16) / 2^16 (within 2^-16 of 1 - p; exact when p 2^16 is a whole number, as for p = 0.25).
 TS_HOST_DEVICE bool philox_keep(uint64_t seed, uint64_t stream, uint64_t index, float p) {
-  return philox_uniform(seed, stream, index) >= p;
+  return static_cast<float>(philox_u16(seed, stream, index)) * (1.0f / 65536.0f) >= p;
 }
 
 // Host-side RNG state of a training run: the seed and the next unused stream. Each random draw (a dropout

@@ -46,27 +46,43 @@ __device__ __forceinline__ void store_f32(T* p, const float (&v)[W]) {
 template <typename T>
 __device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v)); }
 
-// Dropout factors of the kN (a multiple of 4) consecutive elements index0 .. index0 + kN - 1, index0 % 4 == 0:
-// one Philox block gives the words of 4 consecutive indices (philox_u32 uses block index >> 2, word index & 3),
-// so a 16-byte pack needs kN / 4 blocks instead of kN. The keep rule is philox_keep's: (word >> 8) / 2^24 >= p.
+// Dropout factors of the kN consecutive elements index0 .. index0 + kN - 1, kN 4 or a multiple of 8 and index0 %
+// kN == 0: one Philox block holds the 16-bit draws of 8 consecutive indices (philox_u16: block index >> 3, word
+// (index >> 1) & 3, half index & 1), so a 16-byte pack of 8 takes one block and a pack of 4 half of one. The keep
+// rule is philox_keep's: u16 / 2^16 >= p.
 template <int kN>
 __device__ __forceinline__ void dropout_factors(uint64_t seed, uint64_t stream, uint64_t index0, float p,
                                                 float keep_scale, float (&f)[kN]) {
-  static_assert(kN % 4 == 0, "dropout_factors takes whole Philox blocks");
-#pragma unroll
-  for (int q = 0; q < kN / 4; ++q) {
-    const uint64_t block = (index0 >> 2) + q;
+  static_assert(kN == 4 || kN % 8 == 0, "dropout_factors takes half a Philox block or whole ones");
+  const auto block_words = [&](uint64_t block) {
     const Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(stream),
                        static_cast<uint32_t>(stream >> 32)}};
-    const Philox4 r = philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    return philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  };
+  const auto factor = [&](uint32_t word, int half) {
+    const uint32_t u = half ? word >> 16 : word & 0xffffu;
+    return static_cast<float>(u) * (1.0f / 65536.0f) >= p ? keep_scale : 0.0f;
+  };
+  if constexpr (kN == 4) {
+    const Philox4 r = block_words(index0 >> 3);
+    const bool upper = (index0 & 4) != 0;  // elements 4..7 of the block: words 2 and 3
+    const uint32_t w0 = upper ? r.v[2] : r.v[0], w1 = upper ? r.v[3] : r.v[1];
+    f[0] = factor(w0, 0);
+    f[1] = factor(w0, 1);
+    f[2] = factor(w1, 0);
+    f[3] = factor(w1, 1);
+  } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      f[4 * q + k] = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f) >= p ? keep_scale : 0.0f;
+    for (int q = 0; q < kN / 8; ++q) {
+      const Philox4 r = block_words((index0 >> 3) + q);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[8 * q + k] = factor(r.v[k >> 1], k & 1);
+    }
   }
 }
 
 // Dropout factors of W consecutive elements from index0: W == 1 draws one word; W > 1 (a pack, index0 % W == 0
-// because rows hold a whole number of packs) draws whole Philox blocks.
+// because rows hold a whole number of packs) draws a Philox block per 8 elements.
 template <int W>
 __device__ __forceinline__ void dropout_factors_w(uint64_t seed, uint64_t stream, uint64_t index0, float p,
                                                   float keep_scale, float (&f)[W]) {
