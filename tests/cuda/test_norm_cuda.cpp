@@ -97,6 +97,80 @@ TEST(CudaNorm, BackwardIsDeterministic) {
   }
 }
 
+// The norm backward fused with the residual add's (norm_residual_backward): against the f64 references composed
+// (norm backward, then residual backward of the d_x it leaves), with the outputs poisoned or prefilled, and against
+// the two unfused CUDA ops: d_x, d_y, d_w and d_b bit for bit (the same arithmetic per element and the same
+// reduction), d_bias to the tolerance of its other summation order. Packed and scalar rows, dropout on and off.
+void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, NormShape s, Context& ctx,
+                            std::mt19937_64& rng) {
+  const int N = s.N, C = s.C;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const NormParams p{.N = N, .C = C, .eps = 1e-5f};
+  const ResidualParams rp{.N = N, .C = C, .dropout = dropout, .seed = rng(), .stream = rng() % 1000};
+  const auto x = rounded(dt, randn<double>(NC, rng, 1.0)), w = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0)), d_x0 = rounded(dt, randn<double>(NC, rng, 1.0));
+  const auto d_w0 = rounded(dt, randn<double>(C, rng, 1.0)), d_b0 = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto d_bias0 = rounded(dt, randn<double>(C, rng, 1.0));
+
+  std::vector<double> out(NC), mean(N), rstd(N), d_x = d_x0, d_w = d_w0, d_b = d_b0, d_y(NC), d_bias = d_bias0;
+  if (layernorm) {
+    layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data());
+    layernorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
+                                   mean.data(), rstd.data());
+  } else {
+    rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), x.data(), w.data());
+    rmsnorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.data());
+  }
+  residual_backward_ref<double>(rp, d_y.data(), bias ? d_bias.data() : nullptr, d_x.data());
+
+  DeviceArena dev(ctx);
+  const Tensor tx = dev.upload(dt, x), tw = dev.upload(dt, w), tdo = dev.upload(dt, d_out);
+  const Tensor tout = dev.alloc(dt, NC), tmean = dev.alloc(DType::F32, N), trstd = dev.alloc(DType::F32, N);
+  if (layernorm) layernorm_forward(p, tout, tmean, trstd, tx, tw, tw, ctx);
+  else rmsnorm_forward(p, tout, trstd, tx, tw, ctx);
+  // Fused, then the two ops one after the other on copies of the same prefilled outputs.
+  struct Outs {
+    Tensor d_x, d_w, d_b, d_y, d_bias;
+  };
+  auto outs = [&] {
+    return Outs{dev.upload(dt, d_x0), dev.upload(dt, d_w0), layernorm ? dev.upload(dt, d_b0) : Tensor(),
+                dev.poisoned(dt, NC), bias ? dev.upload(dt, d_bias0) : Tensor()};
+  };
+  const Outs f = outs(), u = outs();
+  const Tensor m = layernorm ? tmean : Tensor();
+  norm_residual_backward(p, layernorm, f.d_x, f.d_w, f.d_b, tdo, tx, tw, m, trstd, {rp, f.d_y, f.d_bias}, ctx);
+  if (layernorm) layernorm_backward(p, u.d_x, u.d_w, u.d_b, tdo, tx, tw, tmean, trstd, ctx);
+  else rmsnorm_backward(p, u.d_x, u.d_w, tdo, tx, tw, trstd, ctx);
+  residual_backward(rp, u.d_y, u.d_bias, u.d_x, ctx);
+
+  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + " + residual" +
+                           (bias ? " +bias" : "") + " dropout=" + std::to_string(dropout) + " " + dtype_label(dt) +
+                           " N=" + std::to_string(N) + " C=" + std::to_string(C);
+  const auto got_dx = dev.download(f.d_x), got_dy = dev.download(f.d_y);
+  expect_close(got_dx, d_x, dt, what + " d_x", 2.0);
+  expect_close(got_dy, d_y, dt, what + " d_y", 2.0);
+  expect_close(dev.download(f.d_w), d_w, dt, what + " d_w", 2.0);
+  if (layernorm) expect_close(dev.download(f.d_b), d_b, dt, what + " d_b", 2.0);
+  if (bias) expect_close(dev.download(f.d_bias), d_bias, dt, what + " d_bias", 2.0);
+  EXPECT_EQ(got_dx, dev.download(u.d_x)) << what << ": d_x differs from the unfused ops'";
+  EXPECT_EQ(got_dy, dev.download(u.d_y)) << what << ": d_y differs from the unfused ops'";
+  EXPECT_EQ(dev.download(f.d_w), dev.download(u.d_w)) << what << ": d_w differs from the unfused ops'";
+  if (bias) expect_close(dev.download(f.d_bias), dev.download(u.d_bias), dt, what + " d_bias (unfused)", 2.0);
+}
+
+TEST(CudaNorm, ResidualBackwardFusedMatchesReferenceAndUnfusedOps) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  constexpr NormShape kFusedShapes[] = {{1, 1}, {7, 33}, {64, 768}, {37, 1600}, {9, 4095}, {3000, 64}};
+  for (DType dt : kCudaFloatTypes)
+    for (NormShape s : kFusedShapes)
+      for (float dropout : {0.0f, 0.1f}) {
+        run_norm_residual_case(/*layernorm=*/true, /*bias=*/true, dropout, dt, s, ctx, rng);
+        run_norm_residual_case(/*layernorm=*/false, /*bias=*/false, dropout, dt, s, ctx, rng);
+      }
+  run_norm_residual_case(/*layernorm=*/true, /*bias=*/false, 0.2f, DType::BF16, {19, 768}, ctx, rng);
+}
+
 TEST(CudaNorm, RejectsWidthBeyondKernelLimit) {
   std::string why;
   EXPECT_FALSE(norm_supports({.N = 1, .C = kNormMaxC + 1}, DType::BF16, Device::cuda(0), &why));

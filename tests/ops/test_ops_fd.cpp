@@ -259,6 +259,47 @@ TEST_F(OpsFd, ResidualWithDropout) {
   }
 }
 
+// The norm backward fused with the residual add's, through the Tensor-level entry on the CPU: for
+// loss = Σ W ⊙ norm(mid) + Σ V ⊙ mid, mid = r + Drop(y + b) (V: the gradient the residual stream's other reader
+// sends back, which d_x holds before the call), d_x becomes the gradient of r and d_y, d_bias those of y and b.
+// With dropout; LayerNorm with a bias and RMSNorm without.
+TEST_F(OpsFd, NormResidualBackward) {
+  Context cpu(Device::cpu());
+  for (bool layernorm : {true, false}) {
+    const int N = 5, C = 7;
+    const NormParams np{.N = N, .C = C, .eps = 1e-5f};
+    const ResidualParams rp{.N = N, .C = C, .dropout = 0.3f, .seed = 5, .stream = 3};
+    auto r = randn<double>(N * C, rng), y = randn<double>(N * C, rng), b = randn<double>(C, rng);
+    auto nw = randn<double>(C, rng), nb = randn<double>(C, rng);
+    auto W = randn<double>(N * C, rng);
+    const auto V = randn<double>(N * C, rng);
+    std::vector<double> mid(N * C), mean(N), rstd(N);
+    auto forward = [&] {
+      residual_forward_ref(rp, mid.data(), r.data(), y.data(), b.data());
+      auto out = poisoned<double>(W.size());
+      if (layernorm) layernorm_forward_ref(np, out.data(), mean.data(), rstd.data(), mid.data(), nw.data(), nb.data());
+      else rmsnorm_forward_ref(np, out.data(), rstd.data(), mid.data(), nw.data());
+      return weighted_sum(out, W) + weighted_sum(mid, V);
+    };
+    forward();  // mid, mean, rstd of the point the gradients are taken at
+    const auto dbias_pre = prefilled<double>(C, rng), dw_pre = prefilled<double>(C, rng);
+    const auto db_pre = prefilled<double>(C, rng);
+    auto dx = V, dbias = dbias_pre, dw = dw_pre, db = db_pre, dy = poisoned<double>(N * C);
+    auto t = [](std::vector<double>& v) { return Tensor(v.data(), DType::F64, {static_cast<int64_t>(v.size())}); };
+    norm_residual_backward(np, layernorm, t(dx), t(dw), layernorm ? t(db) : Tensor(), t(W), t(mid), t(nw),
+                           layernorm ? t(mean) : Tensor(), t(rstd), {rp, t(dy), t(dbias)}, cpu);
+    const char* what = layernorm ? "layernorm" : "rmsnorm";
+    EXPECT_LT(fd_rel_error(forward, y, dy), kFdTolF64) << what;
+    EXPECT_LT(fd_rel_error(forward, b, added(dbias, dbias_pre)), kFdTolF64) << what;
+    EXPECT_LT(fd_rel_error(forward, r, dx), kFdTolF64) << what;
+    EXPECT_LT(fd_rel_error(forward, nw, added(dw, dw_pre)), kFdTolF64) << what;
+    // d_y in d_x's memory would read a d_x already overwritten: refused.
+    EXPECT_THROW(norm_residual_backward(np, layernorm, t(dx), t(dw), layernorm ? t(db) : Tensor(), t(W), t(mid),
+                                        t(nw), layernorm ? t(mean) : Tensor(), t(rstd), {rp, t(dx), t(dbias)}, cpu),
+                 Error);
+  }
+}
+
 TEST_F(OpsFd, CrossEntropyLabelSmoothingAndIgnore) {
   const CrossEntropyParams p{.N = 6, .V = 9, .label_smoothing = 0.1f, .ignore_index = -100};
   auto logits = randn<double>(p.N * p.V, rng, 2.0);

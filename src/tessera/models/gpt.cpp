@@ -149,10 +149,14 @@ void Gpt::norm_forward(int N, const Tensor& out, const Tensor& mean, const Tenso
 }
 
 void Gpt::norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
-                        const Tensor& mean, const Tensor& rstd) {
+                        const Tensor& mean, const Tensor& rstd, const NormResidualBackward* res) {
   const NormParams np{.N = N, .C = cfg_.d_model, .eps = cfg_.norm_eps};
   const int64_t C = cfg_.d_model;
-  if (cfg_.norm == NormKind::LayerNorm)
+  const bool layernorm = cfg_.norm == NormKind::LayerNorm;
+  if (res)
+    norm_residual_backward(np, layernorm, d_x, g(w, C), layernorm ? g(b, C) : Tensor(), d_out, x, p(w, C),
+                           layernorm ? mean.slice1d(0, N) : Tensor(), rstd.slice1d(0, N), *res, *ctx_);
+  else if (layernorm)
     layernorm_backward(np, d_x, g(w, C), g(b, C), d_out, x, p(w, C), mean.slice1d(0, N), rstd.slice1d(0, N), *ctx_);
   else
     rmsnorm_backward(np, d_x, g(w, C), d_out, x, p(w, C), rstd.slice1d(0, N), *ctx_);
@@ -444,13 +448,13 @@ void Gpt::layer_backward(int l, int B, int T) {
   mm({.M = Fin, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fc_w, int64_t{Fin} * C), d_fc_pre, ln2, Tensor());
   at(StepOp::FcX, l);
   mm({.M = N, .N = C, .K = Fin}, d_ln, d_fc_pre, p(o.fc_w, int64_t{Fin} * C), Tensor());
+  // ln2 = norm(mid), mid = x + Drop(att Woᵀ + bo): d_res += the norm's backward, then d_tmp = Drop'(d_res) and
+  // d bo, in one kernel on the GPU (norm_residual_backward).
   at(StepOp::Ln2Bwd, l);
-  norm_backward(N, d_res, d_ln, mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd);
-
-  // mid = x + Drop(att Woᵀ + bo)
-  at(StepOp::Res1Bwd, l);
-  residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, d_tmp,
-                    g(o.proj_b, C), d_res, *ctx_);
+  const NormResidualBackward res1{
+      .p = {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn},
+      .d_y = d_tmp, .d_bias = g(o.proj_b, C)};
+  norm_backward(N, d_res, d_ln, mid, o.ln2_w, o.ln2_b, A.ln2_mean, A.ln2_rstd, &res1);
   at(StepOp::ProjW, l);
   mm({.M = C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.proj_w, CC), d_tmp, att, Tensor());
   at(StepOp::ProjX, l);

@@ -33,6 +33,7 @@
 #include "tessera/models/gpt_plan.h"
 #include "tessera/nn/param_buffer.h"
 #include "tessera/ops/gemm/gemm.h"
+#include "tessera/ops/norm/norm.h"
 
 namespace tessera {
 
@@ -249,7 +250,8 @@ class Gpt {
   void norm_forward(int N, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, size_t w,
                     size_t b);
   void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
-                     const Tensor& mean, const Tensor& rstd);
+                     const Tensor& mean, const Tensor& rstd,
+                     const NormResidualBackward* res = nullptr);
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
 

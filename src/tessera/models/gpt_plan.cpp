@@ -27,7 +27,7 @@ const char* op_name(StepOp op) {
       "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual", "ln2", "fc", "activation", "fc proj",
       "mlp residual", "ln_f", "logits", "cross-entropy",
       "cross-entropy", "lm_head dW", "lm_head dx", "ln_f",
-      "mlp residual", "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2", "attn residual",
+      "mlp residual", "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + attn residual",
       "attn proj dW", "attn proj dx", "attention", "qkv dW", "qkv dx", "ln1",
       "embedding", "end of step"};
   return names[op_index(op)];

@@ -22,7 +22,7 @@ namespace tessera {
 enum class StepOp {
   Embedding, Ln1, Qkv, Attn, Proj, Res1, Ln2, Fc, Act, Fcp, Res2, LnF, Logits, Loss,
   LossBwd, LmHeadW, LmHeadX, LnFBwd,
-  Res2Bwd, FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, Res1Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
+  Res2Bwd, FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
   EmbeddingBwd, End
 };
 

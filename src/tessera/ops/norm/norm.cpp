@@ -1,6 +1,7 @@
 // Tensor-level LayerNorm / RMSNorm: checks, then the reference (CPU) or the CUDA kernels.
 #include "tessera/ops/dispatch.h"
 #include "tessera/ops/norm/norm.h"
+#include "tessera/ops/residual/residual.h"
 
 namespace tessera {
 
@@ -121,6 +122,42 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
     using T = decltype(t);
     rmsnorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(), rstd.as<T>());
   });
+}
+
+void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d_x, const Tensor& d_w,
+                            const Tensor& d_b, const Tensor& d_out, const Tensor& x, const Tensor& w,
+                            const Tensor& mean, const Tensor& rstd, const NormResidualBackward& res, Context& ctx) {
+  constexpr const char* op = "norm_residual_backward";
+  check_norm(op, p, x, ctx);
+  std::string why;
+  require_supported(residual_supports(res.p, x.dtype(), ctx.device(), &why), op, why);
+  TS_CHECK(res.p.N == p.N && res.p.C == p.C, op, ": the residual's shape (", res.p.N, ", ", res.p.C,
+           ") is not the norm's (", p.N, ", ", p.C, ")");
+  TS_CHECK(layernorm || (!mean.defined() && !d_b.defined()), op, ": RMSNorm has no mean and no bias");
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(x, op, "x", dt, NC, ctx);
+  expect(d_out, op, "d_out", dt, NC, ctx);
+  expect(d_x, op, "d_x", dt, NC, ctx);
+  expect(res.d_y, op, "d_y", dt, NC, ctx);
+  TS_CHECK(res.d_y.data() != d_x.data(), op, ": d_y must not be d_x's memory");
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(d_w, op, "d_w", dt, p.C, ctx);
+  expect(d_b, op, "d_b", dt, p.C, ctx, /*optional=*/true);
+  expect(res.d_bias, op, "d_bias", dt, p.C, ctx, /*optional=*/true);
+  if (layernorm) expect(mean, op, "mean", st, p.N, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    norm_residual_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
+                                layernorm ? mean.as<float>() : nullptr, rstd.as<float>(), res.p, res.d_y.data(),
+                                res.d_bias.data(), ctx);
+    return;
+  }
+#endif
+  if (layernorm) layernorm_backward(p, d_x, d_w, d_b, d_out, x, w, mean, rstd, ctx);
+  else rmsnorm_backward(p, d_x, d_w, d_out, x, w, rstd, ctx);
+  residual_backward(res.p, res.d_y, res.d_bias, d_x, ctx);
 }
 
 }  // namespace tessera

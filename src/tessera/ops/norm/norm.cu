@@ -5,6 +5,7 @@
 
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/norm/norm.h"
+#include "tessera/ops/residual/elementwise_cuda.cuh"
 
 namespace tessera {
 namespace {
@@ -170,24 +171,42 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
 // would cap registers at 80: the bf16 instance then spills, as ptxas -v shows, so the bound stays at 2.)
 // At the end the R groups of the block add theirs in group order, and the block writes one row of partial_w /
 // partial_b (gridDim.x, C) f32, which norm_param_grad_reduce adds in a fixed order: deterministic, no atomics.
-template <int U>
+// With the residual backward fused in (kRes), each thread's row also holds the residual bias sums: 3 K U + 1.
+template <int U, bool kRes = false>
 constexpr size_t norm_backward_smem_bytes() {
-  return (2 * static_cast<size_t>(kUnits<U>) * U + 1) * kThreads * sizeof(float);
+  return ((kRes ? 3 : 2) * static_cast<size_t>(kUnits<U>) * U + 1) * kThreads * sizeof(float);
 }
 
-template <typename T, bool kLayerNorm, int U>
+// The residual add's backward fused into the norm backward (norm_residual_backward_cuda): d_y = f ⊙ d_x (d_x as
+// stored, f the add's dropout factors: residual_backward's Philox draws), and its column sums for the bias.
+template <typename T>
+struct ResidualTail {
+  T* d_y = nullptr;
+  float* partial = nullptr;  // (gridDim.x, C), or null without a bias
+  float dropout = 0.0f, keep_scale = 1.0f;
+  uint64_t seed = 0, stream = 0;
+  const uint64_t* stream_base = nullptr;  // Context::philox_stream_base (CUDA graphs)
+};
+
+template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
     T* __restrict__ d_x, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ d_out,
     const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
-    int N, int C, int G) {
-  constexpr int K = kUnits<U>, KU = K * U, S = 2 * KU + 1;
+    int N, int C, int G, ResidualTail<T> res) {
+  constexpr int K = kUnits<U>, KU = K * U, S = (kRes ? 3 : 2) * KU + 1;
   __shared__ float2 red[kThreads / 32];
-  extern __shared__ float acc[];  // norm_backward_smem_bytes<U>(): thread i's row at acc + i * S
+  extern __shared__ float acc[];  // norm_backward_smem_bytes<U, kRes>(): thread i's row at acc + i * S
   const int t = threadIdx.x % G, group = threadIdx.x / G, R = kThreads / G, units = C / U;
-  float* acc_w = acc + threadIdx.x * S;  // element j of d_w: acc_w[j]; of d_b: acc_w[KU + j]
-  float* acc_b = acc_w + KU;
+  float* acc_w = acc + threadIdx.x * S;  // element j of d_w: acc_w[j]; of d_b: acc_w[KU + j]; of the residual
+  float* acc_b = acc_w + KU;             // bias (kRes): acc_w[2 KU + j]
+  float* acc_r = acc_b + KU;
+  if constexpr (kRes)
+    if (res.stream_base && res.dropout > 0.0f) res.stream += *res.stream_base;
 #pragma unroll
-  for (int j = 0; j < KU; ++j) acc_w[j] = acc_b[j] = 0.0f;
+  for (int j = 0; j < KU; ++j) {
+    acc_w[j] = acc_b[j] = 0.0f;
+    if constexpr (kRes) acc_r[j] = 0.0f;
+  }
   for (int row0 = blockIdx.x * R; row0 < N; row0 += gridDim.x * R) {  // uniform over the block
     const int row = row0 + group;
     const bool live = row < N;
@@ -238,6 +257,23 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
           acc_b[k * U + i] += dyi;
         }
         store_unit<T, U>(d_x + off + u * U, dx);
+        if constexpr (kRes) {
+          // residual_backward on d_x as stored: d_y = f d_x, the bias sums over d_y as stored.
+          float f[U];
+          if (res.dropout > 0.0f) {
+            cuda::dropout_factors_w<U>(res.seed, res.stream, static_cast<uint64_t>(off + u * U), res.dropout,
+                                       res.keep_scale, f);
+          } else {
+#pragma unroll
+            for (int i = 0; i < U; ++i) f[i] = 1.0f;
+          }
+#pragma unroll
+          for (int i = 0; i < U; ++i) {
+            dx[i] = cuda::round_to<T>(dx[i]) * f[i];
+            acc_r[k * U + i] += cuda::round_to<T>(dx[i]);
+          }
+          store_unit<T, U>(res.d_y + off + u * U, dx);
+        }
       }
     }
   }
@@ -245,14 +281,17 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
   __syncthreads();
   for (int c = threadIdx.x; c < C; c += kThreads) {
     const int u = c / U, j = (u / G) * U + c % U, tc = u % G;
-    float sw = 0.0f, sb = 0.0f;
+    float sw = 0.0f, sb = 0.0f, sr = 0.0f;
     for (int r = 0; r < R; ++r) {
       const float* a = acc + (r * G + tc) * S + j;
       sw += a[0];
       sb += a[KU];
+      if constexpr (kRes) sr += a[2 * KU];
     }
     partial_w[static_cast<size_t>(blockIdx.x) * C + c] = sw;
     if (partial_b) partial_b[static_cast<size_t>(blockIdx.x) * C + c] = sb;
+    if constexpr (kRes)
+      if (res.partial) res.partial[static_cast<size_t>(blockIdx.x) * C + c] = sr;
   }
 }
 
@@ -260,15 +299,24 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 // 32 lanes): lane y sums blocks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order: the same order
 // on every run. (8 lanes left each thread a chain of blocks / 8 dependent loads: 4.9 µs for 528 x 768 x 2 partials,
 // 10% occupancy, on the H200.)
+// Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
 template <typename T>
-__global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(T* __restrict__ d_w, T* __restrict__ d_b,
-                                                                            const float* __restrict__ partial_w,
-                                                                            const float* __restrict__ partial_b,
-                                                                            int blocks, int C) {
+struct ParamGradSums {
+  T* out[3] = {};
+  const float* partial[3] = {};
+  int count = 0;
+  void add(T* o, const float* p) {
+    out[count] = o;
+    partial[count++] = p;
+  }
+};
+template <typename T>
+__global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(ParamGradSums<T> sums, int blocks,
+                                                                            int C) {
   __shared__ float lanes[kReduceLanes][33];
-  T* out = blockIdx.y == 0 ? d_w : d_b;
-  const float* partial = blockIdx.y == 0 ? partial_w : partial_b;
+  T* out = sums.out[blockIdx.y];
+  const float* partial = sums.partial[blockIdx.y];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
   // Unrolled so that 4 loads are in flight before the (ordered) adds.
@@ -329,35 +377,56 @@ void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mea
   });
 }
 
+// rp / d_y / d_bias: the fused residual backward when d_y is given (norm_residual_backward_cuda).
 template <bool kLayerNorm>
 void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b, const void* d_out,
-                          const void* x, const void* w, const float* mean, const float* rstd, Context& ctx) {
+                          const void* x, const void* w, const float* mean, const float* rstd, Context& ctx,
+                          const ResidualParams* rp = nullptr, void* d_y = nullptr, void* d_bias = nullptr) {
   if (p.N == 0) return;
   TS_CHECK(p.C <= kNormMaxC, "norm backward: C ", p.C, " exceeds ", kNormMaxC);
-  cuda::dispatch_float(dtype, kLayerNorm ? "layernorm_backward" : "rmsnorm_backward", [&](auto t) {
+  const char* what = d_y ? "norm_residual_backward" : kLayerNorm ? "layernorm_backward" : "rmsnorm_backward";
+  cuda::dispatch_float(dtype, what, [&](auto t) {
     using T = decltype(t);
-    const auto launch = [&](auto unit) {
+    const auto launch = [&](auto unit, auto fused) {
       constexpr int U = decltype(unit)::value;
+      constexpr bool kRes = decltype(fused)::value;
       const int G = group_size(p.C / U, kUnits<U>);
-      constexpr auto kernel = norm_backward_row_groups<T, kLayerNorm, U>;
-      constexpr size_t smem = norm_backward_smem_bytes<U>();
+      constexpr auto kernel = norm_backward_row_groups<T, kLayerNorm, U, kRes>;
+      constexpr size_t smem = norm_backward_smem_bytes<U, kRes>();
       // Above 48 KB a kernel must ask for its dynamic shared memory, per device: asked at every launch (a host call
       // of about a microsecond; allowed inside a graph capture).
       TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const int blocks = resident_blocks<kernel, smem>(kThreads / G, p.N, ctx);
       const size_t partial = static_cast<size_t>(blocks) * p.C;
-      float* partial_w = static_cast<float*>(ctx.scratch(2 * partial * sizeof(float)));
+      float* partial_w = static_cast<float*>(ctx.scratch(3 * partial * sizeof(float)));
       float* partial_b = d_b ? partial_w + partial : nullptr;
+      ResidualTail<T> res;
+      ParamGradSums<T> sums;
+      sums.add(static_cast<T*>(d_w), partial_w);
+      if (d_b) sums.add(static_cast<T*>(d_b), partial_b);
+      if constexpr (kRes) {
+        res = {.d_y = static_cast<T*>(d_y), .partial = d_bias ? partial_w + 2 * partial : nullptr,
+               .dropout = rp->dropout, .keep_scale = cuda::dropout_keep_scale(rp->dropout), .seed = rp->seed,
+               .stream = rp->stream, .stream_base = ctx.philox_stream_base()};
+        if (d_bias) sums.add(static_cast<T*>(d_bias), res.partial);
+      }
       kernel<<<blocks, kThreads, smem, ctx.stream()>>>(static_cast<T*>(d_x), partial_w, partial_b,
                                                     static_cast<const T*>(d_out), static_cast<const T*>(x),
-                                                    static_cast<const T*>(w), mean, rstd, p.N, p.C, G);
+                                                    static_cast<const T*>(w), mean, rstd, p.N, p.C, G, res);
       TS_CHECK_LAUNCH();
-      norm_param_grad_reduce<T><<<dim3(ceil_div(p.C, 32), d_b ? 2 : 1), dim3(32, kReduceLanes), 0, ctx.stream()>>>(
-          static_cast<T*>(d_w), static_cast<T*>(d_b), partial_w, partial_b, blocks, p.C);
+      norm_param_grad_reduce<T><<<dim3(ceil_div(p.C, 32), sums.count), dim3(32, kReduceLanes), 0, ctx.stream()>>>(
+          sums, blocks, p.C);
       TS_CHECK_LAUNCH();
     };
-    if (rows_vectorizable<T>(p.C, {d_x, d_out, x, w})) launch(std::integral_constant<int, cuda::Pack<T>::kVec>{});
-    else launch(std::integral_constant<int, 1>{});
+    const bool vec = rows_vectorizable<T>(p.C, {d_x, d_out, x, w, d_y});
+    constexpr int V = cuda::Pack<T>::kVec;
+    if (d_y) {
+      if (vec) launch(std::integral_constant<int, V>{}, std::true_type{});
+      else launch(std::integral_constant<int, 1>{}, std::true_type{});
+    } else {
+      if (vec) launch(std::integral_constant<int, V>{}, std::false_type{});
+      else launch(std::integral_constant<int, 1>{}, std::false_type{});
+    }
   });
 }
 
@@ -378,6 +447,13 @@ void rmsnorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* rs
 void rmsnorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, const void* d_out, const void* x,
                            const void* w, const float* rstd, Context& ctx) {
   norm_backward_launch<false>(p, dtype, d_x, d_w, nullptr, d_out, x, w, nullptr, rstd, ctx);
+}
+void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b,
+                                 const void* d_out, const void* x, const void* w, const float* mean,
+                                 const float* rstd, const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx) {
+  TS_CHECK(d_y, "norm_residual_backward: d_y is required");
+  if (mean) norm_backward_launch<true>(p, dtype, d_x, d_w, d_b, d_out, x, w, mean, rstd, ctx, &rp, d_y, d_bias);
+  else norm_backward_launch<false>(p, dtype, d_x, d_w, nullptr, d_out, x, w, nullptr, rstd, ctx, &rp, d_y, d_bias);
 }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 
 #include "tessera/core/context.h"
 #include "tessera/core/tensor.h"
+#include "tessera/ops/residual/residual.h"
 
 namespace tessera {
 
@@ -49,6 +50,20 @@ void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd,
 void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
                       const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx);
 
+// The norm backward fused with the backward of the residual add that made the norm's input
+// (x = residual + Drop(y + bias), residual.h): after d_x += norm_backward(d_out),
+//   d_y = Drop'(d_x) (d_x as stored),  d_bias += Σ_rows d_y   — residual_backward(p, d_y, d_bias, d_x)
+// on the GPU in the same kernel, so d_x is not read back and one launch and one bias reduction are saved; the CPU
+// composes the two references. p.N and p.C must be the norm's. d_y: (N, C), overwritten, not d_x's memory;
+// d_bias: (C) or undefined. `mean` is undefined for RMSNorm (then d_b must be too).
+struct NormResidualBackward {
+  ResidualParams p;
+  Tensor d_y, d_bias;
+};
+void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d_x, const Tensor& d_w,
+                            const Tensor& d_b, const Tensor& d_out, const Tensor& x, const Tensor& w,
+                            const Tensor& mean, const Tensor& rstd, const NormResidualBackward& res, Context& ctx);
+
 // ---- CUDA launchers (norm.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
 // Both directions: a row is taken by a group of G threads (a power of two from 32 to 256, the smallest that holds
 // the row in registers; G = 32 for C = 768 in 16-bit, so the reductions are warp shuffles), R = 256 / G rows per
@@ -66,5 +81,11 @@ void rmsnorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* rs
                           Context& ctx);
 void rmsnorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, const void* d_out, const void* x,
                            const void* w, const float* rstd, Context& ctx);
+// The fused norm + residual backward: the norm backward kernel with the residual's dropout factors applied to each
+// d_x unit as it is stored, d_y written beside it, and the bias sums kept with d_w's and d_b's (one more partial
+// row per block, reduced by the same fixed-order kernel). mean null: RMSNorm.
+void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b,
+                                 const void* d_out, const void* x, const void* w, const float* mean,
+                                 const float* rstd, const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx);
 
 }  // namespace tessera
