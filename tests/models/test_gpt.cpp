@@ -532,7 +532,7 @@ std::vector<std::pair<StepOp, int>> expected_step_ops(int L) {
                     StepOp::LnFBwd})
     ops.push_back({op, -1});
   for (int l = L - 1; l >= 0; --l)
-    for (StepOp op : {StepOp::Res2Bwd, StepOp::FcpW, StepOp::FcpX, StepOp::ActBwd, StepOp::FcW, StepOp::FcX,
+    for (StepOp op : {StepOp::FcpW, StepOp::FcpX, StepOp::ActBwd, StepOp::FcW, StepOp::FcX,
                       StepOp::Ln2Bwd, StepOp::ProjW, StepOp::ProjX, StepOp::AttnBwd, StepOp::QkvW,
                       StepOp::QkvX, StepOp::Ln1Bwd})
       ops.push_back({op, l});

@@ -391,7 +391,10 @@ void Gpt::backward(double loss_scale) {
        p(lm + V0 * C, Vt * C), Tensor());
   at(StepOp::LnFBwd);
   fill_bytes(d_res, 0, *ctx_);
-  norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd);
+  // With the last layer's x' = mid + Drop(fc_act W2ᵀ + b2) backward along: its d_tmp and d b2.
+  const NormResidualBackward res2 = mlp_residual_backward(cfg_.n_layers - 1, N);
+  norm_backward(N, d_res, d_ln, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_, lnf_b_, acts_.lnf_mean, acts_.lnf_rstd,
+                &res2);
   // Layer l's parameters are added in one run, from its ln1.w up to the next layer's (or the final norm's).
   auto layer_begin = [&](int l) { return l < cfg_.n_layers ? layers_[l].ln1_w : lnf_w_; };
   if (grad_ready_) grad_ready_(lnf_w_, params_.size());
@@ -423,10 +426,8 @@ void Gpt::layer_backward(int l, int B, int T) {
   const Tensor fc_act = rows(A.fc_act, N, F), fc_pre = rows(A.fc_pre, N, Fin), ln2 = rows(A.ln2, N, C);
   const Tensor mid = rows(A.mid, N, C), att = rows(A.att, N, C), qkv = rows(A.qkv, N, 3 * C), ln1 = rows(A.ln1, N, C);
 
-  // x' = mid + Drop(fc_act W2ᵀ + b2): d_mid = d_res (skip path, kept in place), d_tmp = d of the projection.
-  at(StepOp::Res2Bwd, l);
-  residual_backward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp}, d_tmp,
-                    g(o.fcp_b, C), d_res, *ctx_);
+  // d_tmp (d of the fc proj's output) and d b2 are in place: the norm backward above this layer (the next layer's
+  // ln1, or ln_f) ran this layer's x' = mid + Drop(fc_act W2ᵀ + b2) backward along (mlp_residual_backward).
   at(StepOp::FcpW, l);
   mm({.M = C, .N = F, .K = N, .trans_a = true, .beta = 1.0f}, g(o.fcp_w, int64_t{C} * F), d_tmp, fc_act, Tensor());
   at(StepOp::FcpX, l);
@@ -469,8 +470,22 @@ void Gpt::layer_backward(int l, int B, int T) {
   if (o.qkv_b != kNoParam) bias_grad({.M = N, .N = 3 * C}, g(o.qkv_b, 3 * C), d_qkv, *ctx_);
   at(StepOp::QkvX, l);
   mm({.M = N, .N = C, .K = 3 * C}, d_ln, d_qkv, p(o.qkv_w, 3 * CC), Tensor());
+  // ln1's input is the layer below's output, x' = mid + Drop(fc_act W2ᵀ + b2): its backward comes along (layer 0's
+  // input is the embedding's, whose dropout is the embedding backward's).
   at(StepOp::Ln1Bwd, l);
-  norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
+  if (l > 0) {
+    const NormResidualBackward res2 = mlp_residual_backward(l - 1, N);
+    norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd, &res2);
+  } else {
+    norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
+  }
+}
+
+NormResidualBackward Gpt::mlp_residual_backward(int l, int N) {
+  const int C = cfg_.d_model;
+  const LayerActs& A = acts_.layers[l];
+  return {.p = {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
+          .d_y = rows(A.d_tmp, N, C), .d_bias = g(layers_[l].fcp_b, C)};
 }
 
 }  // namespace tessera

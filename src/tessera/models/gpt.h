@@ -252,6 +252,8 @@ class Gpt {
   void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
                      const Tensor& mean, const Tensor& rstd,
                      const NormResidualBackward* res = nullptr);
+  // The backward of layer l's x' = mid + Drop(fc_act W2ᵀ + b2) as the norm above it runs it: d_tmp and d b2.
+  NormResidualBackward mlp_residual_backward(int l, int N);
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
 

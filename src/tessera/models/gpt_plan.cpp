@@ -16,7 +16,7 @@ namespace {
 
 constexpr int op_index(StepOp op) { return static_cast<int>(op); }
 constexpr int kFwdLayerOps = op_index(StepOp::Res2) - op_index(StepOp::Ln1) + 1;
-constexpr int kBwdLayerOps = op_index(StepOp::Ln1Bwd) - op_index(StepOp::Res2Bwd) + 1;
+constexpr int kBwdLayerOps = op_index(StepOp::Ln1Bwd) - op_index(StepOp::FcpW) + 1;
 constexpr int kHeadOps = op_index(StepOp::LnFBwd) - op_index(StepOp::LnF) + 1;  // LnF .. LnFBwd, between the layers
 constexpr int kNumOps = op_index(StepOp::End) + 1;
 
@@ -26,9 +26,9 @@ const char* op_name(StepOp op) {
   static const char* const names[kNumOps] = {
       "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual", "ln2", "fc", "activation", "fc proj",
       "mlp residual", "ln_f", "logits", "cross-entropy",
-      "cross-entropy", "lm_head dW", "lm_head dx", "ln_f",
-      "mlp residual", "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + attn residual",
-      "attn proj dW", "attn proj dx", "attention", "qkv dW", "qkv dx", "ln1",
+      "cross-entropy", "lm_head dW", "lm_head dx", "ln_f + residual",
+      "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + residual",
+      "attn proj dW", "attn proj dx", "attention", "qkv dW", "qkv dx", "ln1 + residual",
       "embedding", "end of step"};
   return names[op_index(op)];
 }
@@ -54,15 +54,15 @@ const char* range_name(StepOp op) {
 const char* step_op_range_name(StepOp op) { return range_name(op); }
 
 int step_event(int L, StepOp op, int layer) {
-  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::Res2Bwd, StepOp::Ln1Bwd);
+  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::FcpW, StepOp::Ln1Bwd);
   TS_CHECK(!per_layer || (layer >= 0 && layer < L), "internal: step event for layer ", layer, " of ", L);
   const int head = 1 + L * kFwdLayerOps;  // the event of LnF
   const int bwd_layers = head + kHeadOps;  // the first backward event of the last layer
   if (op == StepOp::Embedding) return 0;
   if (in(op, StepOp::Ln1, StepOp::Res2)) return 1 + layer * kFwdLayerOps + (op_index(op) - op_index(StepOp::Ln1));
   if (in(op, StepOp::LnF, StepOp::LnFBwd)) return head + (op_index(op) - op_index(StepOp::LnF));
-  if (in(op, StepOp::Res2Bwd, StepOp::Ln1Bwd))
-    return bwd_layers + (L - 1 - layer) * kBwdLayerOps + (op_index(op) - op_index(StepOp::Res2Bwd));
+  if (in(op, StepOp::FcpW, StepOp::Ln1Bwd))
+    return bwd_layers + (L - 1 - layer) * kBwdLayerOps + (op_index(op) - op_index(StepOp::FcpW));
   if (op == StepOp::EmbeddingBwd) return bwd_layers + L * kBwdLayerOps;
   return bwd_layers + L * kBwdLayerOps + 1;  // End
 }
@@ -84,7 +84,7 @@ std::string step_event_name(int L, int e) {
   }
   if (e < step_event(L, StepOp::EmbeddingBwd)) {
     const int l = L - 1 - (e - bwd_layers) / kBwdLayerOps;
-    const auto op = static_cast<StepOp>(op_index(StepOp::Res2Bwd) + (e - bwd_layers) % kBwdLayerOps);
+    const auto op = static_cast<StepOp>(op_index(StepOp::FcpW) + (e - bwd_layers) % kBwdLayerOps);
     return "backward layer " + std::to_string(l) + " " + op_name(op);
   }
   return e == step_event(L, StepOp::EmbeddingBwd) ? "backward embedding" : "end of step";
@@ -113,11 +113,11 @@ std::vector<Gpt::GradRegion> Gpt::grad_regions(const ModelConfig& cfg) {
   std::vector<GradRegion> r;
   // The final norm's gradients (and an untied head's, whose dW GEMM comes first).
   r.push_back({"grad.head", lay.lnf_w, pb.size(), ev(cfg.tied ? StepOp::LnFBwd : StepOp::LmHeadW)});
-  // A layer's from its backward's first op that writes one: the residual's, which sums the fc proj bias, or
-  // without biases the fc proj dW.
+  // A layer's from the first op that writes one: with biases, the norm backward just before the layer's (the next
+  // layer's ln1, or ln_f), which sums the fc proj bias with the residual's backward; without, the fc proj dW.
   for (int l = L - 1; l >= 0; --l)
     r.push_back({"grad.h." + std::to_string(l), layer_begin(l), layer_begin(l + 1),
-                 ev(cfg.bias ? StepOp::Res2Bwd : StepOp::FcpW, l)});
+                 cfg.bias ? ev(StepOp::FcpW, l) - 1 : ev(StepOp::FcpW, l)});
   // The embeddings' in the embedding's backward, or from the lm_head's dW when wte is the head too.
   r.push_back({"grad.embedding", 0, layer_begin(0), ev(cfg.tied ? StepOp::LmHeadW : StepOp::EmbeddingBwd)});
   std::stable_sort(r.begin(), r.end(), [](const GradRegion& a, const GradRegion& b) { return a.birth < b.birth; });
@@ -192,7 +192,9 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     add(acts.res[l + 1], "res." + std::to_string(l + 1), dt, {N, C}, ev(StepOp::Res2, l),
         l + 1 < L ? ev(StepOp::Ln1Bwd, l + 1) : ev(StepOp::LnFBwd));
     // Gradient temporaries: born and dead inside this layer's backward.
-    add_l(A.d_tmp, "d_tmp", dt, {N, C}, life(StepOp::Res2Bwd, StepOp::ProjX));
+    // d_tmp: born in the norm backward before this layer's (the residual's backward comes along), the event
+    // before fc proj dW.
+    add_l(A.d_tmp, "d_tmp", dt, {N, C}, {ev(StepOp::FcpW, l) - 1, ev(StepOp::ProjX, l)});
     if (!fused) add_l(A.d_fc_act, "d_fc_act", dt, {N, F}, life(StepOp::FcpX, StepOp::ActBwd));
     add_l(A.d_fc_pre, "d_fc_pre", dt, {N, Fin}, life(fused ? StepOp::FcpX : StepOp::ActBwd, StepOp::FcX));
     add_l(A.d_ln, "d_ln", dt, {N, C}, life(StepOp::FcX, StepOp::Ln1Bwd));
@@ -366,7 +368,7 @@ void Gpt::range_pop() {
 
 void Gpt::ranges_to(StepOp op, int layer) {
   const int phase = in(op, StepOp::Embedding, StepOp::Loss) ? 1 : in(op, StepOp::LossBwd, StepOp::EmbeddingBwd) ? 2 : 0;
-  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::Res2Bwd, StepOp::Ln1Bwd);
+  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::FcpW, StepOp::Ln1Bwd);
   const int l = per_layer ? layer : -1;
   if (range_op_open_) {
     range_pop();

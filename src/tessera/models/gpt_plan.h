@@ -16,13 +16,13 @@
 
 namespace tessera {
 
-// The ops of a step in the order they run. The per-layer ops (Ln1 .. Res2 forward, Res2Bwd .. Ln1Bwd backward)
+// The ops of a step in the order they run. The per-layer ops (Ln1 .. Res2 forward, FcpW .. Ln1Bwd backward)
 // run once per layer; the others once per step. `End` is the moment after the step: buffers that outlive it
 // (the inputs, the loss) live until End.
 enum class StepOp {
   Embedding, Ln1, Qkv, Attn, Proj, Res1, Ln2, Fc, Act, Fcp, Res2, LnF, Logits, Loss,
   LossBwd, LmHeadW, LmHeadX, LnFBwd,
-  Res2Bwd, FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
+  FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
   EmbeddingBwd, End
 };
 
