@@ -1,6 +1,7 @@
 // LayerNorm / RMSNorm: the CUDA kernels against the f64 reference, through the Tensor-level entries.
 #include "cuda_test_util.h"
 #include "tessera/ops/norm/norm.h"
+#include "tessera/ops/residual/residual.h"
 
 namespace tessera::test {
 namespace {
@@ -169,6 +170,65 @@ TEST(CudaNorm, ResidualBackwardFusedMatchesReferenceAndUnfusedOps) {
         run_norm_residual_case(/*layernorm=*/false, /*bias=*/false, dropout, dt, s, ctx, rng);
       }
   run_norm_residual_case(/*layernorm=*/true, /*bias=*/false, 0.2f, DType::BF16, {19, 768}, ctx, rng);
+}
+
+// The residual add fused ahead of the norm (norm_residual_forward): against the f64 references composed, with
+// the outputs poisoned first, and against the two unfused CUDA ops: mid bit for bit (the same operations in the
+// same order), the norm's outputs to their tolerance (the fused kernel shifts its one-pass sums by the
+// residual's first element, not mid's). Packed and scalar rows, dropout on and off, with and without a bias.
+void run_norm_residual_forward_case(bool layernorm, bool bias, float dropout, DType dt, NormShape s, Context& ctx,
+                                    std::mt19937_64& rng) {
+  const int N = s.N, C = s.C;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const NormParams p{.N = N, .C = C, .eps = 1e-5f};
+  const ResidualParams rp{.N = N, .C = C, .dropout = dropout, .seed = rng(), .stream = rng() % 1000};
+  // A common offset per row (in the residual) checks that the shifted one-pass variance does not cancel.
+  std::vector<double> r = randn<double>(NC, rng, 1.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) r[static_cast<size_t>(n) * C + c] += 3.0 * (n % 3);
+  r = rounded(dt, r);
+  const auto y = rounded(dt, randn<double>(NC, rng, 1.0)), bv = rounded(dt, randn<double>(C, rng, 1.0));
+  const auto w = rounded(dt, randn<double>(C, rng, 1.0)), b = rounded(dt, randn<double>(C, rng, 1.0));
+  std::vector<double> mid(NC), out(NC), mean(N), rstd(N);
+  residual_forward_ref<double>(rp, mid.data(), r.data(), y.data(), bias ? bv.data() : nullptr);
+  mid = rounded(dt, mid);  // as stored, which the norm reads
+  if (layernorm) layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), mid.data(), w.data(), b.data());
+  else rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), mid.data(), w.data());
+
+  DeviceArena dev(ctx);
+  const Tensor tr = dev.upload(dt, r), ty = dev.upload(dt, y), tbv = bias ? dev.upload(dt, bv) : Tensor();
+  const Tensor tw = dev.upload(dt, w), tb = layernorm ? dev.upload(dt, b) : Tensor();
+  const Tensor fmid = dev.poisoned(dt, NC), fout = dev.poisoned(dt, NC), frstd = dev.poisoned(DType::F32, N);
+  const Tensor fmean = layernorm ? dev.poisoned(DType::F32, N) : Tensor();
+  norm_residual_forward(p, layernorm, rp, fmid, fout, fmean, frstd, tr, ty, tbv, tw, tb, ctx);
+  const Tensor umid = dev.poisoned(dt, NC), uout = dev.poisoned(dt, NC), urstd = dev.poisoned(DType::F32, N);
+  const Tensor umean = dev.poisoned(DType::F32, N);
+  residual_forward(rp, umid, tr, ty, tbv, ctx);
+  if (layernorm) layernorm_forward(p, uout, umean, urstd, umid, tw, tb, ctx);
+  else rmsnorm_forward(p, uout, urstd, umid, tw, ctx);
+
+  const std::string what = std::string("residual + ") + (layernorm ? "layernorm" : "rmsnorm") + (bias ? " +bias" : "") +
+                           " dropout=" + std::to_string(dropout) + " " + dtype_label(dt) + " N=" + std::to_string(N) +
+                           " C=" + std::to_string(C);
+  const auto got_mid = dev.download(fmid);
+  expect_close(got_mid, mid, dt, what + " mid");
+  EXPECT_EQ(got_mid, dev.download(umid)) << what << ": mid differs from the unfused residual op's";
+  expect_close(dev.download(fout), out, dt, what + " out");
+  expect_close(dev.download(frstd), rstd, DType::F32, what + " rstd", 10.0);
+  if (layernorm) expect_close(dev.download(fmean), mean, DType::F32, what + " mean", 10.0);
+  expect_close(dev.download(fout), dev.download(uout), dt, what + " out (unfused)");
+}
+
+TEST(CudaNorm, ResidualForwardFusedMatchesReferenceAndUnfusedOps) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  constexpr NormShape kFusedShapes[] = {{1, 1}, {7, 33}, {64, 768}, {37, 1600}, {9, 4095}, {3000, 64}};
+  for (DType dt : kCudaFloatTypes)
+    for (NormShape s : kFusedShapes)
+      for (float dropout : {0.0f, 0.1f}) {
+        run_norm_residual_forward_case(/*layernorm=*/true, /*bias=*/true, dropout, dt, s, ctx, rng);
+        run_norm_residual_forward_case(/*layernorm=*/false, /*bias=*/false, dropout, dt, s, ctx, rng);
+      }
 }
 
 TEST(CudaNorm, RejectsWidthBeyondKernelLimit) {

@@ -525,7 +525,7 @@ TEST(GptPlan, PlannedGradientsReachTheLargestLiveSet) {
 std::vector<std::pair<StepOp, int>> expected_step_ops(int L) {
   std::vector<std::pair<StepOp, int>> ops{{StepOp::Embedding, -1}};
   for (int l = 0; l < L; ++l)
-    for (StepOp op : {StepOp::Ln1, StepOp::Qkv, StepOp::Attn, StepOp::Proj, StepOp::Res1, StepOp::Ln2, StepOp::Fc,
+    for (StepOp op : {StepOp::Ln1, StepOp::Qkv, StepOp::Attn, StepOp::Proj, StepOp::Res1, StepOp::Fc,
                       StepOp::Act, StepOp::Fcp, StepOp::Res2})
       ops.push_back({op, l});
   for (StepOp op : {StepOp::LnF, StepOp::Logits, StepOp::Loss, StepOp::LossBwd, StepOp::LmHeadW, StepOp::LmHeadX,

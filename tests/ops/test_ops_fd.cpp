@@ -300,6 +300,38 @@ TEST_F(OpsFd, NormResidualBackward) {
   }
 }
 
+// The residual add fused ahead of the norm, through the Tensor-level entry on the CPU: mid and the norm's outputs
+// are the two references' bit for bit (the forward whose backward NormResidualBackward checks).
+TEST_F(OpsFd, NormResidualForwardIsTheResidualThenTheNorm) {
+  Context cpu(Device::cpu());
+  for (bool layernorm : {true, false}) {
+    const int N = 4, C = 9;
+    const NormParams np{.N = N, .C = C, .eps = 1e-5f};
+    const ResidualParams rp{.N = N, .C = C, .dropout = 0.25f, .seed = 9, .stream = 2};
+    auto r = randn<double>(N * C, rng), y = randn<double>(N * C, rng), bias = randn<double>(C, rng);
+    auto w = randn<double>(C, rng), b = randn<double>(C, rng);
+    std::vector<double> mid(N * C), out(N * C), mean(N), rstd(N);
+    residual_forward_ref(rp, mid.data(), r.data(), y.data(), bias.data());
+    if (layernorm) layernorm_forward_ref(np, out.data(), mean.data(), rstd.data(), mid.data(), w.data(), b.data());
+    else rmsnorm_forward_ref(np, out.data(), rstd.data(), mid.data(), w.data());
+    auto got_mid = poisoned<double>(N * C), got_out = poisoned<double>(N * C);
+    auto got_mean = poisoned<double>(N), got_rstd = poisoned<double>(N);
+    auto t = [](std::vector<double>& v) { return Tensor(v.data(), DType::F64, {static_cast<int64_t>(v.size())}); };
+    norm_residual_forward(np, layernorm, rp, t(got_mid), t(got_out), layernorm ? t(got_mean) : Tensor(), t(got_rstd),
+                          t(r), t(y), t(bias), t(w), layernorm ? t(b) : Tensor(), cpu);
+    EXPECT_EQ(got_mid, mid);
+    EXPECT_EQ(got_out, out);
+    EXPECT_EQ(got_rstd, rstd);
+    if (layernorm) {
+      EXPECT_EQ(got_mean, mean);
+    }
+    // mid over the residual would be read after it is overwritten: refused.
+    EXPECT_THROW(norm_residual_forward(np, layernorm, rp, t(r), t(got_out), layernorm ? t(got_mean) : Tensor(),
+                                       t(got_rstd), t(r), t(y), t(bias), t(w), layernorm ? t(b) : Tensor(), cpu),
+                 Error);
+  }
+}
+
 TEST_F(OpsFd, CrossEntropyLabelSmoothingAndIgnore) {
   const CrossEntropyParams p{.N = 6, .V = 9, .label_smoothing = 0.1f, .ignore_index = -100};
   auto logits = randn<double>(p.N * p.V, rng, 2.0);

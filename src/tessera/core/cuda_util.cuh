@@ -58,6 +58,18 @@ __device__ __forceinline__ RawUnit<T, U> load_raw(const T* p) {
 }
 template <typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
+template <typename T, int U>
+__device__ __forceinline__ void store_raw(T* p, const RawUnit<T, U>& r) {
+  if constexpr (U == 1) {
+    *p = r.v[0];
+  } else {
+    static_assert(U == Pack<T>::kVec, "a vector access is one 16-byte pack");
+    Pack<T> q;
+#pragma unroll
+    for (int i = 0; i < U; ++i) q.v[i] = r.v[i];
+    store_pack(p, q);
+  }
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

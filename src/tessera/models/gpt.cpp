@@ -309,12 +309,15 @@ void Gpt::layer_forward(int l, int B, int T) {
   attention_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
   at(StepOp::Proj, l);
   mm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor());
+  // mid = x + Drop(att Woᵀ + bo) and ln2 = norm(mid), in one kernel on the GPU (norm_residual_forward).
   at(StepOp::Res1, l);
-  residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid, x, tmp,
-                   p(o.proj_b, C), *ctx_);
-
-  at(StepOp::Ln2, l);
-  norm_forward(N, ln2, A.ln2_mean, A.ln2_rstd, mid, o.ln2_w, o.ln2_b);
+  {
+    const bool layernorm = cfg_.norm == NormKind::LayerNorm;
+    norm_residual_forward({.N = N, .C = C, .eps = cfg_.norm_eps}, layernorm,
+                          {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid,
+                          ln2, layernorm ? A.ln2_mean.slice1d(0, N) : Tensor(), A.ln2_rstd.slice1d(0, N), x, tmp,
+                          p(o.proj_b, C), p(o.ln2_w, C), layernorm ? p(o.ln2_b, C) : Tensor(), *ctx_);
+  }
   at(StepOp::Fc, l);
   if (fuses_gelu(cfg_, dtype_)) {
     // fc_pre = ln2 W1ᵀ + b1 and fc_act = gelu(fc_pre) from one GEMM (cuBLASLt's GELU epilogue).

@@ -24,7 +24,7 @@ bool in(StepOp op, StepOp lo, StepOp hi) { return op_index(op) >= op_index(lo) &
 
 const char* op_name(StepOp op) {
   static const char* const names[kNumOps] = {
-      "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual", "ln2", "fc", "activation", "fc proj",
+      "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual + ln2", "fc", "activation", "fc proj",
       "mlp residual", "ln_f", "logits", "cross-entropy",
       "cross-entropy", "lm_head dW", "lm_head dx", "ln_f + residual",
       "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + residual",
@@ -179,9 +179,10 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     add_l(A.att, "att", dt, {N, C}, life(StepOp::Attn, StepOp::AttnBwd));
     add_l(A.lse, "lse", st, {N * H}, life(StepOp::Attn, StepOp::AttnBwd));
     add_l(A.mid, "mid", dt, {N, C}, life(StepOp::Res1, StepOp::Ln2Bwd));
-    add_l(A.ln2, "ln2", dt, {N, C}, life(StepOp::Ln2, StepOp::FcW));
-    if (layernorm) add_l(A.ln2_mean, "ln2.mean", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
-    add_l(A.ln2_rstd, "ln2.rstd", st, {N}, life(StepOp::Ln2, StepOp::Ln2Bwd));
+    // ln2 and its statistics come out of the attention residual's op (norm_residual_forward).
+    add_l(A.ln2, "ln2", dt, {N, C}, life(StepOp::Res1, StepOp::FcW));
+    if (layernorm) add_l(A.ln2_mean, "ln2.mean", st, {N}, life(StepOp::Res1, StepOp::Ln2Bwd));
+    add_l(A.ln2_rstd, "ln2.rstd", st, {N}, life(StepOp::Res1, StepOp::Ln2Bwd));
     // With the GELU fused into the fc GEMM (fuses_gelu) the Act op is gone: the fc GEMM writes fc_pre (with the
     // bias) and fc_act; the fc proj dx GEMM writes d_fc_pre, which ActBwd turns in place into the GELU's gradient,
     // so there is no d_fc_act.

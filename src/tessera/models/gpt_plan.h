@@ -20,7 +20,7 @@ namespace tessera {
 // run once per layer; the others once per step. `End` is the moment after the step: buffers that outlive it
 // (the inputs, the loss) live until End.
 enum class StepOp {
-  Embedding, Ln1, Qkv, Attn, Proj, Res1, Ln2, Fc, Act, Fcp, Res2, LnF, Logits, Loss,
+  Embedding, Ln1, Qkv, Attn, Proj, Res1, Fc, Act, Fcp, Res2, LnF, Logits, Loss,
   LossBwd, LmHeadW, LmHeadX, LnFBwd,
   FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
   EmbeddingBwd, End

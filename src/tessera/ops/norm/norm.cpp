@@ -124,6 +124,41 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
   });
 }
 
+void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualParams& rp, const Tensor& mid,
+                           const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                           const Tensor& y, const Tensor& bias, const Tensor& w, const Tensor& b, Context& ctx) {
+  constexpr const char* op = "norm_residual_forward";
+  check_norm(op, p, residual, ctx);
+  std::string why;
+  require_supported(residual_supports(rp, residual.dtype(), ctx.device(), &why), op, why);
+  TS_CHECK(rp.N == p.N && rp.C == p.C, op, ": the residual's shape (", rp.N, ", ", rp.C, ") is not the norm's (",
+           p.N, ", ", p.C, ")");
+  TS_CHECK(layernorm || (!mean.defined() && !b.defined()), op, ": RMSNorm has no mean and no bias");
+  const DType dt = residual.dtype(), st = stat_dtype(dt);
+  const int64_t NC = static_cast<int64_t>(p.N) * p.C;
+  expect(residual, op, "residual", dt, NC, ctx);
+  expect(y, op, "y", dt, NC, ctx);
+  expect(mid, op, "mid", dt, NC, ctx);
+  expect(out, op, "out", dt, NC, ctx);
+  TS_CHECK(mid.data() != residual.data() && mid.data() != y.data() && out.data() != mid.data(), op,
+           ": mid must be memory of its own");
+  expect(bias, op, "bias", dt, p.C, ctx, /*optional=*/true);
+  expect(w, op, "w", dt, p.C, ctx);
+  expect(b, op, "b", dt, p.C, ctx, /*optional=*/true);
+  if (layernorm) expect(mean, op, "mean", st, p.N, ctx);
+  expect(rstd, op, "rstd", st, p.N, ctx);
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    norm_residual_forward_cuda(p, dt, rp, mid.data(), out.data(), layernorm ? mean.as<float>() : nullptr,
+                               rstd.as<float>(), residual.data(), y.data(), bias.data(), w.data(), b.data(), ctx);
+    return;
+  }
+#endif
+  residual_forward(rp, mid, residual, y, bias, ctx);
+  if (layernorm) layernorm_forward(p, out, mean, rstd, mid, w, b, ctx);
+  else rmsnorm_forward(p, out, rstd, mid, w, ctx);
+}
+
 void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d_x, const Tensor& d_w,
                             const Tensor& d_b, const Tensor& d_out, const Tensor& x, const Tensor& w,
                             const Tensor& mean, const Tensor& rstd, const NormResidualBackward& res, Context& ctx) {

@@ -75,38 +75,91 @@ __device__ __forceinline__ void store_unit(T* p, const float (&v)[U]) {
   }
 }
 
+// The residual add fused ahead of the norm forward (norm_residual_forward_cuda): the kernel reads residual and y
+// in place of x and makes x = mid = residual + Drop(y + bias) in registers, in residual_forward's order of
+// operations ((y + bias) f + residual in f32, rounded once), stores it, and normalises that.
+template <typename T>
+struct ResidualHead {
+  T* mid = nullptr;
+  const T* residual = nullptr;
+  const T* y = nullptr;
+  const T* bias = nullptr;  // or null
+  float dropout = 0.0f, keep_scale = 1.0f;
+  uint64_t seed = 0, stream = 0;
+  const uint64_t* stream_base = nullptr;  // Context::philox_stream_base (CUDA graphs)
+};
+
 // x, out: (N, C); mean, rstd: (N) f32. One pass: Σ(x - x0) and Σ(x - x0)² together, shifted by the row's first
-// element so that a large common offset does not cancel the variance away; then out from the registers.
-template <typename T, bool kLayerNorm, int U>
+// element (with the residual fused: the residual's first element) so that a large common offset does not cancel
+// the variance away; then out from the registers.
+template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean,
                                                                     float* __restrict__ rstd,
                                                                     const T* __restrict__ x, const T* __restrict__ w,
                                                                     const T* __restrict__ b, int N, int C, int G,
-                                                                    float eps) {
-  constexpr int K = kUnits<U>;
+                                                                    float eps, ResidualHead<T> res) {
+  constexpr int K = kUnits<U>, KY = kRes ? K : 1;
   __shared__ float2 red[kThreads / 32];
   const int t = threadIdx.x % G, R = kThreads / G, units = C / U, stride = gridDim.x * R;
+  if constexpr (kRes) {
+    if (res.stream_base && res.dropout > 0.0f) res.stream += *res.stream_base;
+    x = res.residual;
+  }
   // The group's next row is loaded while this one is reduced and written (two rows in flight per group: with one,
   // ncu showed the kernel stalled on memory latency at 50% occupancy, (16384, 768) bf16 on the H200).
-  auto load_row = [&](int row, cuda::RawUnit<T, U> (&dst)[K], float& first) {
+  auto load_row = [&](int row, cuda::RawUnit<T, U> (&dst)[K], cuda::RawUnit<T, U> (&dst_y)[KY], float& first) {
     if (row >= N) return;
     const T* xr = x + static_cast<size_t>(row) * C;
     first = to_f32(xr[0]);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int u = t + k * G;
-      if (u < units) dst[k] = cuda::load_raw<T, U>(xr + u * U);
+      if (u < units) {
+        dst[k] = cuda::load_raw<T, U>(xr + u * U);
+        if constexpr (kRes) dst_y[k] = cuda::load_raw<T, U>(res.y + static_cast<size_t>(row) * C + u * U);
+      }
     }
   };
-  cuda::RawUnit<T, U> v[K];
+  cuda::RawUnit<T, U> v[K], vy[KY];
   float x0 = 0.0f;
-  load_row(blockIdx.x * R + threadIdx.x / G, v, x0);
+  load_row(blockIdx.x * R + threadIdx.x / G, v, vy, x0);
   for (int row0 = blockIdx.x * R; row0 < N; row0 += stride) {  // uniform over the block
     const int row = row0 + threadIdx.x / G;
     const bool live = row < N;
-    cuda::RawUnit<T, U> next[K];
+    cuda::RawUnit<T, U> next[K], next_y[KY];
     float next_x0 = 0.0f;
-    load_row(row + stride, next, next_x0);
+    load_row(row + stride, next, next_y, next_x0);
+    if constexpr (kRes) {
+      // mid = (y + bias) f + residual, stored; the norm below reads it from v.
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int u = t + k * G;
+        if (live && u < units) {
+          const size_t e0 = static_cast<size_t>(row) * C + u * U;
+          float m[U], f[U];
+#pragma unroll
+          for (int i = 0; i < U; ++i) m[i] = to_f32(vy[k].v[i]);
+          if (res.bias) {
+            float bv[U];
+            load_unit<T, U>(res.bias + u * U, bv);
+#pragma unroll
+            for (int i = 0; i < U; ++i) m[i] += bv[i];
+          }
+          if (res.dropout > 0.0f) {
+            cuda::dropout_factors_w<U>(res.seed, res.stream, static_cast<uint64_t>(e0), res.dropout, res.keep_scale,
+                                       f);
+#pragma unroll
+            for (int i = 0; i < U; ++i) m[i] *= f[i];
+          }
+#pragma unroll
+          for (int i = 0; i < U; ++i) {
+            m[i] += to_f32(v[k].v[i]);
+            v[k].v[i] = from_f32<T>(m[i]);
+          }
+          cuda::store_raw<T, U>(res.mid + e0, v[k]);
+        }
+      }
+    }
     float s = 0.0f, ss = 0.0f;
     const float shift = kLayerNorm && live ? x0 : 0.0f;
 #pragma unroll
@@ -156,7 +209,10 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
       }
     }
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = next[k];
+    for (int k = 0; k < K; ++k) {
+      v[k] = next[k];
+      if constexpr (kRes) vy[k] = next_y[k];
+    }
     x0 = next_x0;
   }
 }
@@ -355,25 +411,44 @@ int resident_blocks(int rows_per_block, int N, const Context& ctx) {
   return std::max(1, std::min(std::max(per_sm, 1) * ctx.gpu().sm_count, static_cast<int>(ceil_div(N, rows_per_block))));
 }
 
+// rp / mid / residual / y / bias: the fused residual add when mid is given (norm_residual_forward_cuda); x is
+// then unused.
 template <bool kLayerNorm>
 void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
-                         const void* w, const void* b, Context& ctx) {
+                         const void* w, const void* b, Context& ctx, const ResidualParams* rp = nullptr,
+                         void* mid = nullptr, const void* residual = nullptr, const void* y = nullptr,
+                         const void* bias = nullptr) {
   if (p.N == 0) return;
   TS_CHECK(p.C <= kNormMaxC, "norm forward: C ", p.C, " exceeds ", kNormMaxC);
-  cuda::dispatch_float(dtype, kLayerNorm ? "layernorm_forward" : "rmsnorm_forward", [&](auto t) {
+  const char* what = mid ? "norm_residual_forward" : kLayerNorm ? "layernorm_forward" : "rmsnorm_forward";
+  cuda::dispatch_float(dtype, what, [&](auto t) {
     using T = decltype(t);
-    const auto launch = [&](auto unit) {
+    const auto launch = [&](auto unit, auto fused) {
       constexpr int U = decltype(unit)::value;
+      constexpr bool kRes = decltype(fused)::value;
       const int G = group_size(p.C / U, kUnits<U>);
-      constexpr auto kernel = norm_forward_row_groups<T, kLayerNorm, U>;
+      constexpr auto kernel = norm_forward_row_groups<T, kLayerNorm, U, kRes>;
       const int blocks = resident_blocks<kernel>(kThreads / G, p.N, ctx);
+      ResidualHead<T> res;
+      if constexpr (kRes)
+        res = {.mid = static_cast<T*>(mid), .residual = static_cast<const T*>(residual),
+               .y = static_cast<const T*>(y), .bias = static_cast<const T*>(bias), .dropout = rp->dropout,
+               .keep_scale = cuda::dropout_keep_scale(rp->dropout), .seed = rp->seed, .stream = rp->stream,
+               .stream_base = ctx.philox_stream_base()};
       kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
                                                     static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G,
-                                                    p.eps);
+                                                    p.eps, res);
       TS_CHECK_LAUNCH();
     };
-    if (rows_vectorizable<T>(p.C, {x, out, w, b})) launch(std::integral_constant<int, cuda::Pack<T>::kVec>{});
-    else launch(std::integral_constant<int, 1>{});
+    const bool vec = rows_vectorizable<T>(p.C, {x, out, w, b, mid, residual, y, bias});
+    constexpr int V = cuda::Pack<T>::kVec;
+    if (mid) {
+      if (vec) launch(std::integral_constant<int, V>{}, std::true_type{});
+      else launch(std::integral_constant<int, 1>{}, std::true_type{});
+    } else {
+      if (vec) launch(std::integral_constant<int, V>{}, std::false_type{});
+      else launch(std::integral_constant<int, 1>{}, std::false_type{});
+    }
   });
 }
 
@@ -448,6 +523,14 @@ void rmsnorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_
                            const void* w, const float* rstd, Context& ctx) {
   norm_backward_launch<false>(p, dtype, d_x, d_w, nullptr, d_out, x, w, nullptr, rstd, ctx);
 }
+void norm_residual_forward_cuda(const NormParams& p, DType dtype, const ResidualParams& rp, void* mid, void* out,
+                                float* mean, float* rstd, const void* residual, const void* y, const void* bias,
+                                const void* w, const void* b, Context& ctx) {
+  TS_CHECK(mid && residual && y, "norm_residual_forward: mid, residual and y are required");
+  if (mean) norm_forward_launch<true>(p, dtype, out, mean, rstd, nullptr, w, b, ctx, &rp, mid, residual, y, bias);
+  else norm_forward_launch<false>(p, dtype, out, nullptr, rstd, nullptr, w, nullptr, ctx, &rp, mid, residual, y, bias);
+}
+
 void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b,
                                  const void* d_out, const void* x, const void* w, const float* mean,
                                  const float* rstd, const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx) {

@@ -50,6 +50,15 @@ void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd,
 void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
                       const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx);
 
+// The residual add fused with the norm that reads its output (the forward of norm_residual_backward's pair):
+//   mid = residual + Drop(y + bias)  (residual_forward, mid stored in the dtype),  out = norm(mid as stored)
+// with mean / rstd saved as the norm saves them; one kernel on the GPU (mid is not read back), the two references
+// composed on the CPU. p.N and p.C must be the norm's; mid must not be residual's or y's memory. bias, b: (C) or
+// undefined; mean undefined for RMSNorm (then b must be too).
+void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualParams& rp, const Tensor& mid,
+                           const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                           const Tensor& y, const Tensor& bias, const Tensor& w, const Tensor& b, Context& ctx);
+
 // The norm backward fused with the backward of the residual add that made the norm's input
 // (x = residual + Drop(y + bias), residual.h): after d_x += norm_backward(d_out),
 //   d_y = Drop'(d_x) (d_x as stored),  d_bias += Σ_rows d_y   — residual_backward(p, d_y, d_bias, d_x)
@@ -81,6 +90,11 @@ void rmsnorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* rs
                           Context& ctx);
 void rmsnorm_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, const void* d_out, const void* x,
                            const void* w, const float* rstd, Context& ctx);
+// The fused residual + norm forward: the norm forward kernel loading residual and y for each row, with mid made
+// from them in registers (bias, the add's dropout factors), stored, and normalised. mean null: RMSNorm.
+void norm_residual_forward_cuda(const NormParams& p, DType dtype, const ResidualParams& rp, void* mid, void* out,
+                                float* mean, float* rstd, const void* residual, const void* y, const void* bias,
+                                const void* w, const void* b, Context& ctx);
 // The fused norm + residual backward: the norm backward kernel with the residual's dropout factors applied to each
 // d_x unit as it is stored, d_y written beside it, and the bias sums kept with d_w's and d_b's (one more partial
 // row per block, reduced by the same fixed-order kernel). mean null: RMSNorm.
