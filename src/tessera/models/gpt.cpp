@@ -217,9 +217,8 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
     layer_forward(l, B, T);
   }
 
+  // ln_f: made by the last layer's mlp residual op (norm_residual_forward); the event stays, empty.
   at(StepOp::LnF);
-  norm_forward(N, rows(acts_.lnf, N, C), acts_.lnf_mean, acts_.lnf_rstd, rows(acts_.res[cfg_.n_layers], N, C), lnf_w_,
-               lnf_b_);
   const size_t lm = cfg_.tied ? wte_ : lm_head_;
   at(StepOp::Logits);
   const int64_t ld = logits_stride(), V0 = lm_head_split(), Vt = V - V0;
@@ -299,8 +298,10 @@ void Gpt::layer_forward(int l, int B, int T) {
   const Tensor fc_pre = rows(A.fc_pre, N, Fin), fc_act = rows(A.fc_act, N, F);
   const int64_t CC = int64_t{C} * C;
 
+  // ln1 of layers 1 and up is made by the layer below's mlp residual op (norm_residual_forward); the event stays,
+  // empty. Layer 0's input is the embedding's.
   at(StepOp::Ln1, l);
-  norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
+  if (l == 0) norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
   at(StepOp::Qkv, l);
   mm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C));
   if (cfg_.positions == PositionKind::Rope)
@@ -330,9 +331,19 @@ void Gpt::layer_forward(int l, int B, int T) {
   }
   at(StepOp::Fcp, l);
   mm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor());
+  // x' = mid + Drop(fc_act W2ᵀ + b2), and the norm that reads it: the next layer's ln1, or ln_f.
   at(StepOp::Res2, l);
-  residual_forward({.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
-                   rows(acts_.res[l + 1], N, C), mid, tmp, p(o.fcp_b, C), *ctx_);
+  const bool last = l + 1 == cfg_.n_layers;
+  const bool layernorm = cfg_.norm == NormKind::LayerNorm;
+  LayerActs* up = last ? nullptr : &acts_.layers[l + 1];
+  const Tensor& up_mean = last ? acts_.lnf_mean : up->ln1_mean;
+  const Tensor& up_rstd = last ? acts_.lnf_rstd : up->ln1_rstd;
+  const size_t up_w = last ? lnf_w_ : layers_[l + 1].ln1_w, up_b = last ? lnf_b_ : layers_[l + 1].ln1_b;
+  norm_residual_forward({.N = N, .C = C, .eps = cfg_.norm_eps}, layernorm,
+                        {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
+                        rows(acts_.res[l + 1], N, C), rows(last ? acts_.lnf : up->ln1, N, C),
+                        layernorm ? up_mean.slice1d(0, N) : Tensor(), up_rstd.slice1d(0, N), mid, tmp,
+                        p(o.fcp_b, C), p(up_w, C), layernorm ? p(up_b, C) : Tensor(), *ctx_);
 }
 
 void Gpt::zero_grad() {

@@ -25,7 +25,7 @@ bool in(StepOp op, StepOp lo, StepOp hi) { return op_index(op) >= op_index(lo) &
 const char* op_name(StepOp op) {
   static const char* const names[kNumOps] = {
       "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual + ln2", "fc", "activation", "fc proj",
-      "mlp residual", "ln_f", "logits", "cross-entropy",
+      "mlp residual + next norm", "ln_f", "logits", "cross-entropy",
       "cross-entropy", "lm_head dW", "lm_head dx", "ln_f + residual",
       "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + residual",
       "attn proj dW", "attn proj dx", "attention", "qkv dW", "qkv dx", "ln1 + residual",
@@ -172,9 +172,11 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
       add(t, p + name, d, std::move(shape), lf.first, lf.second);
     };
     // Saved for the backward: each dies at the last op of this layer's backward that reads it.
-    add_l(A.ln1, "ln1", dt, {N, C}, life(StepOp::Ln1, StepOp::QkvW));
-    if (layernorm) add_l(A.ln1_mean, "ln1.mean", st, {N}, life(StepOp::Ln1, StepOp::Ln1Bwd));
-    add_l(A.ln1_rstd, "ln1.rstd", st, {N}, life(StepOp::Ln1, StepOp::Ln1Bwd));
+    // ln1 and its statistics: from layer 0's ln1 op, or from the layer below's mlp residual op above it.
+    const int ln1_birth = l == 0 ? ev(StepOp::Ln1, 0) : ev(StepOp::Res2, l - 1);
+    add_l(A.ln1, "ln1", dt, {N, C}, {ln1_birth, ev(StepOp::QkvW, l)});
+    if (layernorm) add_l(A.ln1_mean, "ln1.mean", st, {N}, {ln1_birth, ev(StepOp::Ln1Bwd, l)});
+    add_l(A.ln1_rstd, "ln1.rstd", st, {N}, {ln1_birth, ev(StepOp::Ln1Bwd, l)});
     add_l(A.qkv, "qkv", dt, {N, 3 * C}, life(StepOp::Qkv, StepOp::AttnBwd));
     add_l(A.att, "att", dt, {N, C}, life(StepOp::Attn, StepOp::AttnBwd));
     add_l(A.lse, "lse", st, {N * H}, life(StepOp::Attn, StepOp::AttnBwd));
@@ -202,9 +204,11 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     add_l(A.d_att, "d_att", dt, {N, C}, life(StepOp::ProjX, StepOp::AttnBwd));
     add_l(A.d_qkv, "d_qkv", dt, {N, 3 * C}, life(StepOp::AttnBwd, StepOp::QkvX));
   }
-  add(acts.lnf, "lnf", dt, {N, C}, ev(StepOp::LnF), ev(StepOp::LmHeadW));
-  if (layernorm) add(acts.lnf_mean, "lnf.mean", st, {N}, ev(StepOp::LnF), ev(StepOp::LnFBwd));
-  add(acts.lnf_rstd, "lnf.rstd", st, {N}, ev(StepOp::LnF), ev(StepOp::LnFBwd));
+  // ln_f's output and statistics: from the last layer's mlp residual op (the LnF event itself is empty).
+  const int lnf_birth = ev(StepOp::Res2, L - 1);
+  add(acts.lnf, "lnf", dt, {N, C}, lnf_birth, ev(StepOp::LmHeadW));
+  if (layernorm) add(acts.lnf_mean, "lnf.mean", st, {N}, lnf_birth, ev(StepOp::LnFBwd));
+  add(acts.lnf_rstd, "lnf.rstd", st, {N}, lnf_birth, ev(StepOp::LnFBwd));
   // The cross-entropy backward overwrites the logits with d_logits, in place.
   add(acts.logits, "logits", dt, {N, logits_stride(cfg, dt)}, ev(StepOp::Logits), ev(StepOp::LmHeadX));
   add(acts.losses, "losses", st, {N}, ev(StepOp::Loss), ev(StepOp::Loss));
