@@ -90,8 +90,9 @@ struct ResidualHead {
 };
 
 // x, out: (N, C); mean, rstd: (N) f32. One pass: Σ(x - x0) and Σ(x - x0)² together, shifted by the row's first
-// element (with the residual fused: the residual's first element) so that a large common offset does not cancel
-// the variance away; then out from the registers.
+// element so that a large common offset does not cancel the variance away; then out from the registers.
+// With the residual fused the kernel holds two rows of residual and y (this one and the next): about 100
+// registers for bf16 rows, 2 blocks per SM (bounded to 3 it spills 212 bytes).
 template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean,
                                                                     float* __restrict__ rstd,
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
   };
   cuda::RawUnit<T, U> v[K], vy[KY];
   float x0 = 0.0f;
+  __shared__ float first_mid[kThreads / 32];  // per group, G > 32: mid's first element, the LayerNorm shift
   load_row(blockIdx.x * R + threadIdx.x / G, v, vy, x0);
   for (int row0 = blockIdx.x * R; row0 < N; row0 += stride) {  // uniform over the block
     const int row = row0 + threadIdx.x / G;
@@ -158,6 +160,20 @@ __global__ void __launch_bounds__(kThreads) norm_forward_row_groups(T* __restric
           }
           cuda::store_raw<T, U>(res.mid + e0, v[k]);
         }
+      }
+      // The shift is mid's first element, as the unfused norm's is (x's): a constant row (C = 1) then has a
+      // variance of exactly 0, where the residual's first element left rounding noise as large as eps.
+      if constexpr (kLayerNorm) {
+        float first = t == 0 ? to_f32(v[0].v[0]) : 0.0f;
+        if (G == 32) {
+          first = __shfl_sync(0xffffffffu, first, 0);  // the group is the warp; its thread 0 is lane 0
+        } else {
+          __syncthreads();  // the previous row's reads of first_mid are done
+          if (t == 0) first_mid[threadIdx.x / G] = first;
+          __syncthreads();
+          first = first_mid[threadIdx.x / G];
+        }
+        x0 = first;
       }
     }
     float s = 0.0f, ss = 0.0f;
