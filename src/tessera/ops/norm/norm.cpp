@@ -23,6 +23,17 @@ void check_norm(const char* op, const NormParams& p, const Tensor& x, const Cont
   std::string why;
   require_supported(norm_supports(p, x.dtype(), ctx.device(), &why), op, why);
 }
+// The fused norm + residual ops: both ops supported, one shape, and RMSNorm without a mean or a bias (b: the bias,
+// or its gradient).
+void check_norm_residual(const char* op, const NormParams& p, const ResidualParams& rp, bool layernorm,
+                         const Tensor& x, const Tensor& mean, const Tensor& b, const Context& ctx) {
+  check_norm(op, p, x, ctx);
+  std::string why;
+  require_supported(residual_supports(rp, x.dtype(), ctx.device(), &why), op, why);
+  TS_CHECK(rp.N == p.N && rp.C == p.C, op, ": the residual's shape (", rp.N, ", ", rp.C, ") is not the norm's (", p.N,
+           ", ", p.C, ")");
+  TS_CHECK(layernorm || (!mean.defined() && !b.defined()), op, ": RMSNorm has no mean and no bias");
+}
 }  // namespace
 
 void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -128,12 +139,7 @@ void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualPa
                            const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& residual,
                            const Tensor& y, const Tensor& bias, const Tensor& w, const Tensor& b, Context& ctx) {
   constexpr const char* op = "norm_residual_forward";
-  check_norm(op, p, residual, ctx);
-  std::string why;
-  require_supported(residual_supports(rp, residual.dtype(), ctx.device(), &why), op, why);
-  TS_CHECK(rp.N == p.N && rp.C == p.C, op, ": the residual's shape (", rp.N, ", ", rp.C, ") is not the norm's (",
-           p.N, ", ", p.C, ")");
-  TS_CHECK(layernorm || (!mean.defined() && !b.defined()), op, ": RMSNorm has no mean and no bias");
+  check_norm_residual(op, p, rp, layernorm, residual, mean, b, ctx);
   const DType dt = residual.dtype(), st = stat_dtype(dt);
   const int64_t NC = static_cast<int64_t>(p.N) * p.C;
   expect(residual, op, "residual", dt, NC, ctx);
@@ -161,12 +167,7 @@ void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d
                             const Tensor& d_b, const Tensor& d_out, const Tensor& x, const Tensor& w,
                             const Tensor& mean, const Tensor& rstd, const NormResidualBackward& res, Context& ctx) {
   constexpr const char* op = "norm_residual_backward";
-  check_norm(op, p, x, ctx);
-  std::string why;
-  require_supported(residual_supports(res.p, x.dtype(), ctx.device(), &why), op, why);
-  TS_CHECK(res.p.N == p.N && res.p.C == p.C, op, ": the residual's shape (", res.p.N, ", ", res.p.C,
-           ") is not the norm's (", p.N, ", ", p.C, ")");
-  TS_CHECK(layernorm || (!mean.defined() && !d_b.defined()), op, ": RMSNorm has no mean and no bias");
+  check_norm_residual(op, p, res.p, layernorm, x, mean, d_b, ctx);
   const DType dt = x.dtype(), st = stat_dtype(dt);
   const int64_t NC = static_cast<int64_t>(p.N) * p.C;
   expect(x, op, "x", dt, NC, ctx);
