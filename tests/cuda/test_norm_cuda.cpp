@@ -160,17 +160,22 @@ void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, 
 }
 
 // The fused ops' cases: each dtype and shape with dropout off and on, as LayerNorm with a bias (gpt2) and as
-// RMSNorm without (the cs336 presets). run(layernorm, bias, dropout, dtype, shape, rng).
+// RMSNorm without (the cs336 presets), and RMSNorm with one. The shapes take groups of 32 to 256 threads, packed
+// and scalar rows, and (5000 x 1600, 2000 x 4095, 6000 x 64) more rows than the resident blocks hold, so that
+// blocks loop over rows (the wide groups' shared-memory shift and the backward's running sums included).
+// run(layernorm, bias, dropout, dtype, shape, rng).
 template <typename Run>
 void for_each_fused_case(Run run) {
   std::mt19937_64 rng(test_seed());
-  constexpr NormShape kFusedShapes[] = {{1, 1}, {7, 33}, {64, 768}, {37, 1600}, {9, 4095}, {3000, 64}};
+  constexpr NormShape kFusedShapes[] = {{1, 1},     {7, 33},     {64, 768},   {37, 1600},
+                                        {9, 4095},  {5000, 1600}, {2000, 4095}, {6000, 64}};
   for (DType dt : kCudaFloatTypes)
     for (NormShape s : kFusedShapes)
       for (float dropout : {0.0f, 0.1f}) {
         run(/*layernorm=*/true, /*bias=*/true, dropout, dt, s, rng);
         run(/*layernorm=*/false, /*bias=*/false, dropout, dt, s, rng);
       }
+  run(/*layernorm=*/false, /*bias=*/true, 0.1f, DType::BF16, {300, 768}, rng);
 }
 
 TEST(CudaNorm, ResidualBackwardFusedMatchesReferenceAndUnfusedOps) {

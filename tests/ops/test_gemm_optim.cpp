@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/optim/adamw.h"
 #include "tessera/core/error.h"
@@ -150,9 +152,11 @@ TEST(AdamW, TileIndexIsTheFirstSegmentEndingAfterEachTileStart) {
   const std::vector<int32_t> first = adamw_tile_first_segments(segs);
   const size_t end = segs.back().offset + segs.back().numel;
   ASSERT_EQ(first.size(), (end + T - 1) / T);
+  // Expected by a binary search over the segment ends, as the kernels searched before the index.
+  std::vector<size_t> ends;
+  for (const ParamSegment& sg : segs) ends.push_back(sg.offset + sg.numel);
   for (size_t t = 0; t < first.size(); ++t) {
-    size_t want = 0;
-    while (segs[want].offset + segs[want].numel <= t * T) ++want;
+    const auto want = std::upper_bound(ends.begin(), ends.end(), t * T) - ends.begin();
     EXPECT_EQ(first[t], static_cast<int32_t>(want)) << "tile " << t;
   }
   EXPECT_EQ(first[2], 4);  // tile 2 starts in the gap before segment 4: its index, not 3's

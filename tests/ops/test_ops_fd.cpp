@@ -325,12 +325,13 @@ TEST_F(OpsFd, NormResidualForwardIsTheResidualThenTheNorm) {
     if (layernorm) {
       EXPECT_EQ(got_mean, mean);
     }
-    // In place over y (the plan puts the residual stream there when y dies at this op): the same bits.
-    auto y_in = y;
-    norm_residual_forward(np, layernorm, rp, t(y_in), t(got_out), layernorm ? t(got_mean) : Tensor(), t(got_rstd),
-                          t(r), t(y_in), t(bias), t(w), layernorm ? t(b) : Tensor(), cpu);
-    EXPECT_EQ(y_in, mid);
-    EXPECT_EQ(got_out, out);
+    // mid over y, or out over mid (which the backward reads): refused.
+    EXPECT_THROW(norm_residual_forward(np, layernorm, rp, t(y), t(got_out), layernorm ? t(got_mean) : Tensor(),
+                                       t(got_rstd), t(r), t(y), t(bias), t(w), layernorm ? t(b) : Tensor(), cpu),
+                 Error);
+    EXPECT_THROW(norm_residual_forward(np, layernorm, rp, t(got_mid), t(got_mid), layernorm ? t(got_mean) : Tensor(),
+                                       t(got_rstd), t(r), t(y), t(bias), t(w), layernorm ? t(b) : Tensor(), cpu),
+                 Error);
   }
 }
 

@@ -146,6 +146,9 @@ void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualPa
   expect(y, op, "y", dt, NC, ctx);
   expect(mid, op, "mid", dt, NC, ctx);
   expect(out, op, "out", dt, NC, ctx);
+  for (const void* in : {residual.data(), y.data()})
+    TS_CHECK(mid.data() != in && out.data() != in, op, ": mid and out must not be residual's or y's memory");
+  TS_CHECK(out.data() != mid.data(), op, ": out must not be mid's memory (the backward reads mid)");
   expect(bias, op, "bias", dt, p.C, ctx, /*optional=*/true);
   expect(w, op, "w", dt, p.C, ctx);
   expect(b, op, "b", dt, p.C, ctx, /*optional=*/true);

@@ -53,8 +53,8 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
 // The residual add fused with the norm that reads its output (the forward of norm_residual_backward's pair):
 //   mid = residual + Drop(y + bias)  (residual_forward, mid stored in the dtype),  out = norm(mid as stored)
 // with mean / rstd saved as the norm saves them; one kernel on the GPU (mid is not read back), the two references
-// composed on the CPU. p.N and p.C must be the norm's. In place: mid and out may be the memory of residual or y
-// (each element is read before it is written, by the same thread), as residual_forward's out may. bias, b: (C) or
+// composed on the CPU. p.N and p.C must be the norm's. mid and out are memory of their own: not residual's, y's or
+// each other's (the kernel reads residual and y through __restrict__ pointers, a row ahead). bias, b: (C) or
 // undefined; mean undefined for RMSNorm (then b must be too).
 void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualParams& rp, const Tensor& mid,
                            const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& residual,
