@@ -312,13 +312,7 @@ void Gpt::layer_forward(int l, int B, int T) {
   mm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor());
   // mid = x + Drop(att Woᵀ + bo) and ln2 = norm(mid), in one kernel on the GPU (norm_residual_forward).
   at(StepOp::Res1, l);
-  {
-    const bool layernorm = cfg_.norm == NormKind::LayerNorm;
-    norm_residual_forward({.N = N, .C = C, .eps = cfg_.norm_eps}, layernorm,
-                          {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_attn}, mid,
-                          ln2, layernorm ? A.ln2_mean.slice1d(0, N) : Tensor(), A.ln2_rstd.slice1d(0, N), x, tmp,
-                          p(o.proj_b, C), p(o.ln2_w, C), layernorm ? p(o.ln2_b, C) : Tensor(), *ctx_);
-  }
+  residual_norm_forward(N, A.stream_attn, mid, x, tmp, o.proj_b, ln2, A.ln2_mean, A.ln2_rstd, o.ln2_w, o.ln2_b);
   at(StepOp::Fc, l);
   if (fuses_gelu(cfg_, dtype_)) {
     // fc_pre = ln2 W1ᵀ + b1 and fc_act = gelu(fc_pre) from one GEMM (cuBLASLt's GELU epilogue).
@@ -333,17 +327,26 @@ void Gpt::layer_forward(int l, int B, int T) {
   mm({.M = N, .N = C, .K = F, .trans_b = true}, tmp, fc_act, p(o.fcp_w, int64_t{C} * F), Tensor());
   // x' = mid + Drop(fc_act W2ᵀ + b2), and the norm that reads it: the next layer's ln1, or ln_f.
   at(StepOp::Res2, l);
-  const bool last = l + 1 == cfg_.n_layers;
+  const Tensor x_out = rows(acts_.res[l + 1], N, C);
+  if (l + 1 == cfg_.n_layers) {
+    residual_norm_forward(N, A.stream_mlp, x_out, mid, tmp, o.fcp_b, rows(acts_.lnf, N, C), acts_.lnf_mean,
+                          acts_.lnf_rstd, lnf_w_, lnf_b_);
+  } else {
+    LayerActs& U = acts_.layers[l + 1];
+    residual_norm_forward(N, A.stream_mlp, x_out, mid, tmp, o.fcp_b, rows(U.ln1, N, C), U.ln1_mean, U.ln1_rstd,
+                          layers_[l + 1].ln1_w, layers_[l + 1].ln1_b);
+  }
+}
+
+void Gpt::residual_norm_forward(int N, uint64_t stream, const Tensor& mid, const Tensor& residual, const Tensor& y,
+                                size_t bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, size_t w,
+                                size_t b) {
+  const int C = cfg_.d_model;
   const bool layernorm = cfg_.norm == NormKind::LayerNorm;
-  LayerActs* up = last ? nullptr : &acts_.layers[l + 1];
-  const Tensor& up_mean = last ? acts_.lnf_mean : up->ln1_mean;
-  const Tensor& up_rstd = last ? acts_.lnf_rstd : up->ln1_rstd;
-  const size_t up_w = last ? lnf_w_ : layers_[l + 1].ln1_w, up_b = last ? lnf_b_ : layers_[l + 1].ln1_b;
   norm_residual_forward({.N = N, .C = C, .eps = cfg_.norm_eps}, layernorm,
-                        {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = A.stream_mlp},
-                        rows(acts_.res[l + 1], N, C), rows(last ? acts_.lnf : up->ln1, N, C),
-                        layernorm ? up_mean.slice1d(0, N) : Tensor(), up_rstd.slice1d(0, N), mid, tmp,
-                        p(o.fcp_b, C), p(up_w, C), layernorm ? p(up_b, C) : Tensor(), *ctx_);
+                        {.N = N, .C = C, .dropout = dropout_p_, .seed = dropout_seed_, .stream = stream}, mid, out,
+                        layernorm ? mean.slice1d(0, N) : Tensor(), rstd.slice1d(0, N), residual, y, p(bias, C),
+                        p(w, C), layernorm ? p(b, C) : Tensor(), *ctx_);
 }
 
 void Gpt::zero_grad() {
@@ -487,12 +490,10 @@ void Gpt::layer_backward(int l, int B, int T) {
   // ln1's input is the layer below's output, x' = mid + Drop(fc_act W2ᵀ + b2): its backward comes along (layer 0's
   // input is the embedding's, whose dropout is the embedding backward's).
   at(StepOp::Ln1Bwd, l);
-  if (l > 0) {
-    const NormResidualBackward res2 = mlp_residual_backward(l - 1, N);
-    norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd, &res2);
-  } else {
-    norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd);
-  }
+  const std::optional<NormResidualBackward> below =
+      l > 0 ? std::optional(mlp_residual_backward(l - 1, N)) : std::nullopt;
+  norm_backward(N, d_res, d_ln, rows(acts_.res[l], N, C), o.ln1_w, o.ln1_b, A.ln1_mean, A.ln1_rstd,
+                below ? &*below : nullptr);
 }
 
 NormResidualBackward Gpt::mlp_residual_backward(int l, int N) {

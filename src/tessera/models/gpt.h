@@ -252,6 +252,11 @@ class Gpt {
   void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
                      const Tensor& mean, const Tensor& rstd,
                      const NormResidualBackward* res = nullptr);
+  // mid = residual + Drop(y + bias) and out = norm(mid) with its statistics, in one op (norm_residual_forward);
+  // stream: the add's dropout stream. bias, w, b: parameter offsets (kNoParam: none).
+  void residual_norm_forward(int N, uint64_t stream, const Tensor& mid, const Tensor& residual, const Tensor& y,
+                             size_t bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, size_t w,
+                             size_t b);
   // The backward of layer l's x' = mid + Drop(fc_act W2ᵀ + b2) as the norm above it runs it: d_tmp and d b2.
   NormResidualBackward mlp_residual_backward(int l, int N);
   void layer_forward(int l, int B, int T);
