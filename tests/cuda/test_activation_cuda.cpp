@@ -43,7 +43,9 @@ void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool 
   // and f16 rounding a 1e-9 result to 0), not a kernel fault.
   expect_close(dev.download(tout), out, dt, what + " out", 1.0, 0.1 * norm2(in));
   expect_close(dev.download(tdin), d_in, dt, what + " d_in", 1.0, 0.1 * norm2(d_out));
-  if (bias) expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0);
+  // d_bias is accumulated into d_b0: where d_b0 and the column sum nearly cancel (one row, one column), measure
+  // against the size of the prefilled value (seen on the H200: f16, N = 1, d_ff = 1, 0.44% of a small result).
+  if (bias) expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0, 0.1 * norm2(d_b0));
 }
 
 TEST(CudaActivation, MatchesReferenceOnAwkwardShapes) {

@@ -148,15 +148,19 @@ void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, 
                            (bias ? " +bias" : "") + " dropout=" + std::to_string(dropout) + " " + dtype_label(dt) +
                            " N=" + std::to_string(N) + " C=" + std::to_string(C);
   const auto got_dx = dev.download(f.d_x), got_dy = dev.download(f.d_y);
-  expect_close(got_dx, d_x, dt, what + " d_x", 2.0);
-  expect_close(got_dy, d_y, dt, what + " d_y", 2.0);
-  expect_close(dev.download(f.d_w), d_w, dt, what + " d_w", 2.0);
-  if (layernorm) expect_close(dev.download(f.d_b), d_b, dt, what + " d_b", 2.0);
-  if (bias) expect_close(dev.download(f.d_bias), d_bias, dt, what + " d_bias", 2.0);
+  // Every output but d_y adds to a prefilled value, and where the two nearly cancel (N = 1, C = 1: seen on the
+  // H200, d_bias 3.6% off a small bf16 result) the error is measured against the prefilled value's size.
+  expect_close(got_dx, d_x, dt, what + " d_x", 2.0, 0.1 * norm2(d_x0));
+  expect_close(got_dy, d_y, dt, what + " d_y", 2.0, 0.1 * norm2(d_x0));
+  expect_close(dev.download(f.d_w), d_w, dt, what + " d_w", 2.0, 0.1 * norm2(d_w0));
+  if (layernorm) expect_close(dev.download(f.d_b), d_b, dt, what + " d_b", 2.0, 0.1 * norm2(d_b0));
+  if (bias) expect_close(dev.download(f.d_bias), d_bias, dt, what + " d_bias", 2.0, 0.1 * norm2(d_bias0));
   EXPECT_EQ(got_dx, dev.download(u.d_x)) << what << ": d_x differs from the unfused ops'";
   EXPECT_EQ(got_dy, dev.download(u.d_y)) << what << ": d_y differs from the unfused ops'";
   EXPECT_EQ(dev.download(f.d_w), dev.download(u.d_w)) << what << ": d_w differs from the unfused ops'";
-  if (bias) expect_close(dev.download(f.d_bias), dev.download(u.d_bias), dt, what + " d_bias (unfused)", 2.0);
+  if (bias)
+    expect_close(dev.download(f.d_bias), dev.download(u.d_bias), dt, what + " d_bias (unfused)", 2.0,
+                 0.1 * norm2(d_bias0));
 }
 
 // The fused ops' cases: each dtype and shape with dropout off and on, as LayerNorm with a bias (gpt2) and as
@@ -207,9 +211,6 @@ void run_norm_residual_forward_case(bool layernorm, bool bias, float dropout, DT
   const auto w = rounded(dt, randn<double>(C, rng, 1.0)), b = rounded(dt, randn<double>(C, rng, 1.0));
   std::vector<double> mid(NC), out(NC), mean(N), rstd(N);
   residual_forward_ref<double>(rp, mid.data(), r.data(), y.data(), bias ? bv.data() : nullptr);
-  mid = rounded(dt, mid);  // as stored, which the norm reads
-  if (layernorm) layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), mid.data(), w.data(), b.data());
-  else rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), mid.data(), w.data());
 
   DeviceArena dev(ctx);
   const Tensor tr = dev.upload(dt, r), ty = dev.upload(dt, y), tbv = bias ? dev.upload(dt, bv) : Tensor();
@@ -229,6 +230,12 @@ void run_norm_residual_forward_case(bool layernorm, bool bias, float dropout, DT
   const auto got_mid = dev.download(fmid);
   expect_close(got_mid, mid, dt, what + " mid");
   EXPECT_EQ(got_mid, dev.download(umid)) << what << ": mid differs from the unfused residual op's";
+  // The norm's references read the mid the kernel stored (checked just above): mid rounded from f64 can differ
+  // from mid rounded from f32 by one ulp in an element, which moves a row's rstd by ~5e-4 (seen on the H200 at
+  // N = 7, C = 33, bf16), more than the statistics' f32 tolerance.
+  if (layernorm)
+    layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), got_mid.data(), w.data(), b.data());
+  else rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), got_mid.data(), w.data());
   expect_close(dev.download(fout), out, dt, what + " out");
   expect_close(dev.download(frstd), rstd, DType::F32, what + " rstd", 10.0);
   if (layernorm) expect_close(dev.download(fmean), mean, DType::F32, what + " mean", 10.0);
