@@ -96,11 +96,10 @@ struct ResidualHead {
 // (bounded to 3 blocks per SM, it spilled 212 bytes). One row of two inputs in flight per group, at 3 blocks per SM,
 // keeps as many bytes in flight as the norm alone with its row ahead (packed rows; the scalar path would spill).
 template <typename T, bool kLayerNorm, int U, bool kRes>
-__global__ void __launch_bounds__(kThreads, kRes && U > 1 ? 3 : 1) norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean,
-                                                                    float* __restrict__ rstd,
-                                                                    const T* __restrict__ x, const T* __restrict__ w,
-                                                                    const T* __restrict__ b, int N, int C, int G,
-                                                                    float eps, ResidualHead<T> res) {
+__global__ void __launch_bounds__(kThreads, kRes && U > 1 ? 3 : 1)
+    norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                            const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, int N, int C,
+                            int G, float eps, ResidualHead<T> res) {
   constexpr int K = kUnits<U>, KY = kRes ? K : 1;
   __shared__ float2 red[kThreads / 32];
   const int t = threadIdx.x % G, R = kThreads / G, units = C / U, stride = gridDim.x * R;
