@@ -75,12 +75,17 @@ void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt199
   std::optional<ScopedFlashPath> scoped;
   if (path) scoped.emplace(path);
   const std::string what = label(p, dt) + (path ? std::string(" fwd ") + path : std::string());
-  // The flash family either way; the label names the Hopper forward when it runs.
+  // The flash family either way; the label names the Hopper kernels where they run.
+  const bool fwd_hopper = flash_forward_uses_hopper(p, dt, ctx), bwd_hopper = flash_backward_uses_hopper(p, dt, ctx);
   ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)),
-            flash_forward_uses_hopper(p, dt, ctx) ? "flash-hopper forward, flash-mma backward" : "flash-mma")
+            fwd_hopper && bwd_hopper ? "flash-hopper"
+            : fwd_hopper             ? "flash-hopper forward, flash-mma backward"
+            : bwd_hopper             ? "flash-mma forward, flash-hopper backward"
+                                     : "flash-mma")
       << what;
   if (path) {
-    ASSERT_EQ(flash_forward_uses_hopper(p, dt, ctx), std::string(path) == "hopper") << what;
+    ASSERT_EQ(fwd_hopper, std::string(path) == "hopper") << what;
+    ASSERT_EQ(bwd_hopper, std::string(path) == "hopper") << what;
   }
   const int C = p.H * p.Dh;
   const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
@@ -188,10 +193,10 @@ TEST(CudaFlashAttention, UnalignedViewsFallBackToTiledKernels) {
   expect_close(dev.download(tout), out, dt, "unaligned qkv out");
 }
 
-// The Hopper (wgmma + TMA) forward, on a device and build that have it: against f64 and the 2x-naive rule over
-// the same awkward shapes (T = 1, partial 128-row tiles, one past a tile, several tiles), with the mma.sync
-// backward reading its out and lse (the gradients check that lse is the same quantity), and against the mma.sync
-// forward on the same inputs.
+// The Hopper (wgmma + TMA) forward and backward, on a device and build that have them: against f64 and the
+// 2x-naive rule over the same awkward shapes (T = 1, partial 64- and 128-row tiles, one past a tile, several
+// tiles), the backward reading the Hopper forward's out and lse; and each against its mma.sync counterpart on the
+// same inputs.
 TEST(CudaFlashAttentionHopper, ForwardMatchesReferenceAndNaiveRule) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
@@ -239,6 +244,47 @@ TEST(CudaFlashAttentionHopper, ForwardMatchesMmaForward) {
         }
 }
 
+// The Hopper backward against the mma.sync backward on the same forward results (both within the dtype's
+// tolerance of f64, so within twice it of each other; dQ and dK measured against ‖dV‖ where they vanish, as in
+// run_flash_case), and bit for bit against itself. T: one row, one short of / one past a 64-row tile and a
+// 128-row block, several blocks.
+TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool causal : {true, false})
+      for (int Dh : {64, 128})
+        for (int T : {1, 63, 65, 127, 129, 600}) {
+          const AttentionParams p{.B = 2, .T = T, .H = 2, .Dh = Dh, .causal = causal};
+          const std::string what = label(p, dt);
+          const int C = p.H * p.Dh;
+          const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = NC / p.Dh;
+          DeviceArena dev(ctx);
+          const Tensor tqkv = dev.upload(dt, rounded(dt, randn<double>(3 * NC, rng, 1.5)));
+          const Tensor tdo = dev.upload(dt, rounded(dt, randn<double>(NC, rng, 1.0)));
+          const Tensor out = dev.poisoned(dt, NC), lse = dev.poisoned(DType::F32, n_lse);
+          {
+            ScopedFlashPath scoped("mma");
+            attention_forward(p, out, lse, tqkv, ctx);
+          }
+          auto backward = [&](const char* path) {
+            ScopedFlashPath scoped(path);
+            EXPECT_EQ(flash_backward_uses_hopper(p, dt, ctx), std::string(path) == "hopper") << what;
+            const Tensor d_qkv = dev.poisoned(dt, 3 * NC);
+            attention_backward(p, d_qkv, tdo, tqkv, out, lse, ctx);
+            return dev.download(d_qkv);
+          };
+          const auto h = backward("hopper"), m = backward("mma");
+          const double floor = 0.1 * norm2(part_of(m, 2, N, C));
+          static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
+          for (int part = 0; part < 3; ++part)
+            expect_close(part_of(h, part, N, C), part_of(m, part, N, C), dt,
+                         what + " hopper" + kPart[part] + " vs mma", 2.0, floor);
+          ASSERT_EQ(backward("hopper"), h) << what << ": the Hopper backward differs between identical runs";
+        }
+}
+
 TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   const AttentionParams p64{.B = 1, .T = 5, .H = 1, .Dh = 64, .causal = true};
@@ -246,12 +292,15 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   {
     ScopedFlashPath scoped("mma");
     EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
+    EXPECT_FALSE(flash_backward_uses_hopper(p64, DType::BF16, ctx));
   }
   if (flash_hopper_available(ctx)) {
     ScopedFlashPath scoped("auto");
     const AttentionParams p128{.B = 1, .T = 5, .H = 1, .Dh = 128, .causal = true};
     EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::BF16, ctx));  // measured slower at Dh 64
     EXPECT_TRUE(flash_forward_uses_hopper(p128, DType::BF16, ctx));
+    EXPECT_FALSE(flash_backward_uses_hopper(p64, DType::BF16, ctx));  // measured slower (flash_hopper_backward.cu)
+    EXPECT_FALSE(flash_backward_uses_hopper(p128, DType::F16, ctx));
   }
   {
     ScopedFlashPath scoped("bogus");
@@ -260,9 +309,12 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   ScopedFlashPath scoped("hopper");
   if (!flash_hopper_available(ctx)) {
     EXPECT_THROW(flash_forward_uses_hopper(p64, DType::BF16, ctx), Error);  // asked for, cannot run: an Error
+    EXPECT_THROW(flash_backward_uses_hopper(p64, DType::BF16, ctx), Error);
     return;
   }
   EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
+  EXPECT_TRUE(flash_backward_uses_hopper(p64, DType::F16, ctx));
+  EXPECT_FALSE(flash_backward_uses_hopper(p80, DType::F16, ctx));
   EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::F16, ctx));
   EXPECT_FALSE(flash_forward_uses_hopper(p80, DType::BF16, ctx));  // outside its coverage: mma.sync
   EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::F32, ctx));

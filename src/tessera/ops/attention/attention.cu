@@ -511,8 +511,12 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
     TS_CHECK_LAUNCH();
     if (flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv})) {
       const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv};
-      flash_attention_backward_dq_cuda(p, dtype, a, ctx);
-      flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
+      if (flash_backward_uses_hopper(p, dtype, ctx)) {
+        flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
+      } else {
+        flash_attention_backward_dq_cuda(p, dtype, a, ctx);
+        flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
+      }
       return;
     }
     dispatch_head_pad(p.Dh, [&](auto pad) {
@@ -530,8 +534,12 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
 
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {
   if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0) return "tiled-fma";
-  // The backward is the mma.sync one whichever forward runs (TESSERA_FLASH_PATH, see flash_hopper.h).
-  return flash_forward_uses_hopper(p, dtype, ctx) ? "flash-hopper forward, flash-mma backward" : "flash-mma";
+  // Forward and backward each take the Hopper kernels or mma.sync (TESSERA_FLASH_PATH, see flash_hopper.h).
+  const bool fwd = flash_forward_uses_hopper(p, dtype, ctx), bwd = flash_backward_uses_hopper(p, dtype, ctx);
+  if (fwd && bwd) return "flash-hopper";
+  if (fwd) return "flash-hopper forward, flash-mma backward";
+  if (bwd) return "flash-mma forward, flash-hopper backward";
+  return "flash-mma";
 }
 
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx) {

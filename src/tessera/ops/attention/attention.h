@@ -69,8 +69,9 @@ void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 // 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
 constexpr int kAttentionMaxDh = 128;
 // The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers on ctx's GPU:
-// "flash-mma", "flash-hopper forward, flash-mma backward" (sm_90a, TESSERA_FLASH_PATH auto or hopper) or
-// "tiled-fma" (tests and benchmarks name the path they measure).
+// "flash-mma", or on sm_90a (TESSERA_FLASH_PATH auto or hopper, flash_hopper.h) "flash-hopper",
+// "flash-hopper forward, flash-mma backward" or "flash-mma forward, flash-hopper backward"; else "tiled-fma"
+// (tests and benchmarks name the path they measure).
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);

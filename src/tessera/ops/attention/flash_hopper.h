@@ -1,17 +1,19 @@
-// tessera/ops/attention/flash_hopper.h — the Hopper (sm_90a) FlashAttention forward: wgmma tensor-core products
-// fed by TMA bulk tensor copies, a producer warpgroup and two consumer warpgroups (flash_hopper_forward.cu).
-// Internal to the attention family: attention.cu routes a flash-eligible forward (flash.h) here when
-// flash_forward_uses_hopper(), else to the mma.sync kernel. The backward is the mma.sync one for both: the
-// Hopper forward writes the same out and the same lse (natural-log logsumexp of the scaled scores, (B, H, T) f32).
+// tessera/ops/attention/flash_hopper.h — the Hopper (sm_90a) FlashAttention forward and backward: wgmma
+// tensor-core products fed by TMA bulk tensor copies, a producer warpgroup and two consumer warpgroups
+// (flash_hopper_forward.cu, flash_hopper_backward.cu). Internal to the attention family: attention.cu routes a
+// flash-eligible forward / backward (flash.h) here when flash_forward_uses_hopper() / flash_backward_uses_hopper(),
+// else to the mma.sync kernels. Either backward takes either forward's results: both forwards write the same out
+// and the same lse (natural-log logsumexp of the scaled scores, (B, H, T) f32).
 //
 // Coverage: bf16 / f16, Dh in {64, 128} exactly (the TMA boxes are 64 columns wide and read Q, K, V in place from
 // qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
 // 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a.
 //
-// TESSERA_FLASH_PATH chooses the forward: unset or "auto" — Hopper where eligible except Dh 64 (measured slower than
-// mma.sync there, see flash_forward_uses_hopper), else mma.sync; "mma" — always
-// mma.sync; "hopper" — like auto, but an Error when this device or build cannot run the Hopper kernels at all
-// (shapes outside its coverage still run mma.sync). The tests set it to run both paths on the same inputs.
+// TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper forward where eligible except Dh 64, the mma.sync
+// backward (each measured slower than mma.sync there, see flash_forward_uses_hopper / flash_backward_uses_hopper);
+// "mma" — always mma.sync; "hopper" — Hopper where eligible, and an Error when this device or build cannot run the
+// Hopper kernels at all (shapes outside its coverage still run mma.sync). The tests set it to run both paths on the
+// same inputs.
 #pragma once
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
@@ -35,5 +37,13 @@ bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Cont
 // tensor map cannot be built.
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                          Context& ctx);
+
+// The backward's coverage is the forward's (Dh 64 / 128, bf16 / f16, sm_90a); d_out must be 16-byte aligned too.
+bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
+bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
+// d_qkv <- the gradient through (p, qkv) of d_out, from lse_in and D = rowsum(dO ∘ O) (flash.h's arguments); every
+// element of d_qkv written. An Error when not eligible or a tensor map cannot be built.
+void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                          Context& ctx);
 
 }  // namespace tessera

@@ -49,7 +49,6 @@ constexpr int kConsumerThreads = 256;
 constexpr int kBlockM = 128;              // queries per block, 64 per consumer warpgroup
 constexpr int kBlockN = 128;              // keys per K/V tile
 constexpr int kStages = 2;
-constexpr int kBoxCols = 64;              // 128 bytes of 16-bit values: the 128-byte swizzle span
 constexpr int kBoxBytes = kBlockN * kBoxCols * 2;  // one 128-row box (Q boxes have kBlockM = kBlockN rows)
 static_assert(kBlockM == kBlockN, "one tensor map box shape serves Q, K and V");
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
@@ -223,39 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    else
-      (void)cudaGetLastError();  // leave no sticky runtime error behind
-  });
-  TS_CHECK(fn != nullptr, "attention_forward (Hopper path): the driver has no cuTensorMapEncodeTiled");
-  return fn;
-}
-
-// qkv (B, T, 3C) as a 3-D tensor map with (64-column, 128-row, 1) boxes, 128-byte swizzle, zero fill outside.
+// qkv (B, T, 3C) as a 3-D tensor map with (64-column, 128-row, 1) boxes (make_rows_map).
 CUtensorMap make_qkv_map(const AttentionParams& p, DType dtype, const void* qkv) {
-  const uint64_t C = static_cast<uint64_t>(p.H) * p.Dh;
-  const cuuint64_t dims[3] = {3 * C, static_cast<cuuint64_t>(p.T), static_cast<cuuint64_t>(p.B)};
-  const cuuint64_t strides[2] = {3 * C * 2, 3 * C * 2 * static_cast<uint64_t>(p.T)};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {kBoxCols, kBlockN, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  const CUresult r = tensor_map_encoder()(
-      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-      const_cast<void*>(qkv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TS_CHECK(r == CUDA_SUCCESS, "attention_forward (Hopper path): cuTensorMapEncodeTiled failed with CUresult ",
-           static_cast<int>(r), " for qkv (B=", p.B, ", T=", p.T, ", 3C=", 3 * C, ")");
-  return map;
+  return make_rows_map("attention_forward (Hopper path)", dtype, qkv, 3 * static_cast<uint64_t>(p.H) * p.Dh, p.T,
+                       p.B, kBlockN);
 }
 
 template <typename T, int kD>
@@ -297,6 +267,43 @@ bool compiled_for(const Context& ctx) {
 }
 
 }  // namespace
+
+namespace {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    else
+      (void)cudaGetLastError();  // leave no sticky runtime error behind
+  });
+  TS_CHECK(fn != nullptr, op, ": the driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+}  // namespace
+
+CUtensorMap make_rows_map(const char* op, DType dtype, const void* base, uint64_t cols, int T, int B,
+                          int box_rows) {
+  const cuuint64_t dims[3] = {cols, static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[2] = {cols * 2, cols * 2 * static_cast<uint64_t>(T)};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const CUresult r = tensor_map_encoder(op)(
+      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TS_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
+           " for a (B=", B, ", T=", T, ", ", cols, ") matrix");
+  return map;
+}
+
 }  // namespace flash_hopper
 
 FlashForwardPath flash_forward_path_requested() {

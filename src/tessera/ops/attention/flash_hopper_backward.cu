@@ -1,0 +1,421 @@
+// FlashAttention backward for Hopper (sm_90a): the two deterministic passes of flash.h (a dQ pass per query tile,
+// a dK / dV pass per key tile, no atomics), each product a wgmma fed by TMA, warp-specialized like the forward
+// (flash_hopper_forward.cu). See flash_hopper.h for the contract and flash_hopper_kernel.cuh for the descriptor,
+// swizzle and fragment layouts. Every operand use here is one the forward already makes:
+//   K-major from a row tile (rows = m or n, the head columns = k): Q as A of S = Q Kᵀ, K as B of it;
+//   MN-major from a row tile (rows = k, the head columns = n): V as B of O = P V;
+//   A from registers (an accumulator rounded by flash::c_to_a): P of O = P V.
+//
+// qkv: (B*T, 3C) and d_out: (B*T, C) through 3-D tensor maps with (64-column, 64-row, 1) boxes (rows past T read as
+// zeros); lse, D: (B, H, T) f32; d_qkv: (B*T, 3C), its q columns written by the dQ pass and its k, v columns by the
+// dK / dV pass, each element once by one thread.
+//
+// Block: 384 threads = a producer warpgroup (one thread issues the TMA loads; setmaxnreg 24) and two consumer
+// warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of 64-row tiles.
+//   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
+//     the block's Q and dO stay; per key tile (64 keys, up to the diagonal under a causal mask), for consumer c
+//     (queries q0 + 64c ..; a tile wholly above its diagonal is skipped):
+//       S = Q Kᵀ, dP = dO Vᵀ            wgmma m64n64k16 from shared memory, kD/16 steps each
+//       P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dS = P ∘ (dP - D)
+//       dQ += dS K                       wgmma m64n64k16 per 64 head columns, dS from registers, K MN-major
+//     dQ / sqrt(Dh) stored at the end.
+//   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (64
+//     queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
+//       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ           wgmma m64n64k16 from shared memory
+//       Pᵀ = exp2(Sᵀ log2e / sqrt(Dh) - lse log2e),  dSᵀ = Pᵀ ∘ (dPᵀ - D)  (lse and D per query: per column)
+//       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
+//                                        dO / Q MN-major
+//     dK / sqrt(Dh) and dV stored at the end.
+#include <cmath>
+
+#include "tessera/core/cuda_util.cuh"
+#include "tessera/ops/attention/flash.h"
+#include "tessera/ops/attention/flash_hopper.h"
+#include "tessera/ops/attention/flash_hopper_kernel.cuh"
+#include "tessera/ops/attention/flash_kernel.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash_hopper_backward.cu: wgmma needs the sm_90a target; build with CMAKE_CUDA_ARCHITECTURES=90a"
+#endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TESSERA_FLASH_HOPPER_DEVICE 1
+#endif
+
+namespace tessera {
+namespace flash_hopper {
+namespace {
+
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kBlockRows = 128;  // the block's stationary rows (queries of the dQ pass, keys of dK / dV), 64 a consumer
+constexpr int kStepRows = 64;    // rows of a streamed tile (keys of the dQ pass, queries of dK / dV)
+constexpr int kStages = 2;
+constexpr int kBoxBytes = kStepRows * kBoxCols * 2;  // one TMA box: 64 rows x 128 bytes
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A tile of `rows` rows x kD columns: kD / 64 column boxes of rows x 128 bytes, box after box.
+template <int kD>
+constexpr int step_tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
+template <int kD>
+constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
+template <int kD>
+constexpr size_t smem_bytes() {  // 2 stationary tiles, kStages x 2 streamed tiles, 1024 to align to a swizzle atom
+  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * step_tile_bytes<kD>()) + 1024;
+}
+
+// The byte offset of k16 step kk inside a K-major tile whose column boxes are box_bytes apart.
+__device__ __forceinline__ uint32_t k_step(int kk, int box_bytes) { return (kk / 4) * box_bytes + (kk % 4) * 32; }
+
+// Loads the 128 stationary rows starting at row0 of the matrix at column col of `map` into a block tile at dst
+// (two 64-row boxes per column box), completing on bar.
+template <int kD>
+__device__ __forceinline__ void load_block_tile(uint32_t dst, const CUtensorMap* map, int col, int row0, int b,
+                                                uint64_t* bar) {
+  for (int bx = 0; bx < kD / kBoxCols; ++bx)
+    for (int half = 0; half < 2; ++half)
+      tma_load_3d(dst + bx * 2 * kBoxBytes + half * kBoxBytes, map, col + bx * kBoxCols, row0 + half * kStepRows, b,
+                  bar);
+}
+template <int kD>
+__device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* map, int col, int row0, int b,
+                                               uint64_t* bar) {
+  for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_3d(dst + bx * kBoxBytes, map, col + bx * kBoxCols, row0, b, bar);
+}
+
+// The producer's loop over streamed tiles: tile t (0 ..) of n into stage t % kStages, after the consumers released
+// the tile that used the stage before it; `load(t, stage, bar)` issues the copies.
+template <typename F>
+__device__ __forceinline__ void produce_steps(int n, int bytes, uint64_t* bar_full, uint64_t* bar_empty, F&& load) {
+  for (int t = 0; t < n; ++t) {
+    const int s = t % kStages;
+    if (t >= kStages) mbar_wait(&bar_empty[s], ((t / kStages) - 1) & 1);
+    mbar_arrive_expect_tx(&bar_full[s], bytes);
+    load(t, s, &bar_full[s]);
+  }
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
+                                      const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
+                                      const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
+                                      bool causal, float scale, float scale_log2) {
+#if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kStep = step_tile_bytes<kD>();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_full[kStages], bar_empty[kStages];
+  const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = smem0, sdO = smem0 + kBlockTile;
+  auto sK = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kStep; };
+  auto sV = [&](int s) { return sK(s) + kStep; };
+
+  const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = q_tile * kBlockRows;
+  const int C = H * kD;
+  const int n_kt_all = (seq_len + kStepRows - 1) / kStepRows;
+  const int n_kt = causal ? min((q0 + kBlockRows - 1) / kStepRows + 1, n_kt_all) : n_kt_all;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&qkv_map);
+    tma_prefetch_map(&do_map);
+    mbar_init(&bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&bar_full[s], 1);
+      mbar_init(&bar_empty[s], kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+    regs_release<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(&bar_q, 2 * kBlockTile);
+      load_block_tile<kD>(sQ, &qkv_map, h * kD, q0, b, &bar_q);
+      load_block_tile<kD>(sdO, &do_map, h * kD, q0, b, &bar_q);
+      produce_steps(n_kt, 2 * kStep, bar_full, bar_empty, [&](int j, int s, uint64_t* bar) {
+        load_step_tile<kD>(sK(s), &qkv_map, C + h * kD, j * kStepRows, b, bar);
+        load_step_tile<kD>(sV(s), &qkv_map, 2 * C + h * kD, j * kStepRows, b, bar);
+      });
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  regs_claim<kConsumerRegs>();
+  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int q_first = q0 + cw * 64;             // the warpgroup's first query row
+  const int row_w = q_first + warp * 16;        // this warp's first query row
+  const int row_a = row_w + lane / 4;           // this lane's rows: row_a and row_a + 8
+  const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
+  float lse2[2], Dr[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_a + 8 * half;
+    lse2[half] = r < seq_len ? lse[stat_base + r] * kLog2e : 0.0f;
+    Dr[half] = r < seq_len ? D[stat_base + r] : 0.0f;
+  }
+  float dq[kBoxes][8][4];
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx) flash::zero(dq[bx]);
+  float sacc[8][4], dpacc[8][4];
+  const uint32_t sQw = sQ + cw * 64 * 128, sdOw = sdO + cw * 64 * 128;  // this warpgroup's 64 rows (1024-aligned)
+  mbar_wait(&bar_q, 0);
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int s = j % kStages;
+    const int k0 = j * kStepRows;
+    // Keys wholly past this warpgroup's last query see nothing here (causal). The stage is still waited for and
+    // released: an arrival before the tile is loaded could count toward the release of the tile before it.
+    mbar_wait(&bar_full[s], (j / kStages) & 1);
+    if (!(causal && k0 > q_first + 63)) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_ss_n64<T>(sacc, desc_k_major(sQw + k_step(kk, 2 * kBoxBytes)), desc_k_major(sK(s) + k_step(kk, kBoxBytes)),
+                        kk > 0 ? 1 : 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_ss_n64<T>(dpacc, desc_k_major(sdOw + k_step(kk, 2 * kBoxBytes)),
+                        desc_k_major(sV(s) + k_step(kk, kBoxBytes)), kk > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      flash_hopper::fence_regs(sacc);
+      flash_hopper::fence_regs(dpacc);
+
+      const bool edge = k0 + kStepRows > seq_len || (causal && k0 + kStepRows - 1 > q_first);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), half = e >> 1, row = row_a + 8 * half;
+          const bool masked = edge && (key >= seq_len || (causal && key > row));
+          const float pv = masked ? 0.0f : exp2f(sacc[n][e] * scale_log2 - lse2[half]);
+          sacc[n][e] = pv * (dpacc[n][e] - Dr[half]);  // dS, in place of S
+        }
+      uint32_t dsa[4][4];
+      flash::c_to_a<T, 8>(dsa, sacc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kStepRows / 16; ++kk)
+#pragma unroll
+        for (int bx = 0; bx < kBoxes; ++bx)
+          wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kBoxBytes + kk * 16 * 128), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int bx = 0; bx < kBoxes; ++bx) flash_hopper::fence_regs(dq[bx]);
+    }
+    mbar_arrive(&bar_empty[s]);
+  }
+
+  const float scales[2] = {scale, scale};
+  T* dq_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + static_cast<int64_t>(h) * kD;
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx)
+    flash::store_rows<T, 8>(dq_base + bx * kBoxCols, 3 * C, dq[bx], row_w, seq_len, kBoxCols, scales);
+#endif
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
+                                        const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
+                                        const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
+                                        int H, bool causal, float scale, float scale_log2) {
+#if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kStep = step_tile_bytes<kD>();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
+  const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = smem0, sV = smem0 + kBlockTile;
+  auto sQ = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kStep; };
+  auto sdO = [&](int s) { return sQ(s) + kStep; };
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int k0 = blockIdx.x * kBlockRows;
+  const int C = H * kD;
+  const int n_qt = (seq_len + kStepRows - 1) / kStepRows;
+  const int i_begin = causal ? k0 / kStepRows : 0;  // queries below k0 see none of these keys
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&qkv_map);
+    tma_prefetch_map(&do_map);
+    mbar_init(&bar_kv, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&bar_full[s], 1);
+      mbar_init(&bar_empty[s], kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ---- producer warpgroup ----
+    regs_release<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(&bar_kv, 2 * kBlockTile);
+      load_block_tile<kD>(sK, &qkv_map, C + h * kD, k0, b, &bar_kv);
+      load_block_tile<kD>(sV, &qkv_map, 2 * C + h * kD, k0, b, &bar_kv);
+      produce_steps(n_qt - i_begin, 2 * kStep, bar_full, bar_empty, [&](int t, int s, uint64_t* bar) {
+        const int q0 = (i_begin + t) * kStepRows;
+        load_step_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
+        load_step_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+      });
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  regs_claim<kConsumerRegs>();
+  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int k_first = k0 + cw * 64;        // the warpgroup's first key
+  const int row_w = k_first + warp * 16;   // this warp's first key
+  const int key_a = row_w + lane / 4;      // this lane's keys: key_a and key_a + 8
+  const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
+  float dk[kBoxes][8][4], dv[kBoxes][8][4];
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx) {
+    flash::zero(dk[bx]);
+    flash::zero(dv[bx]);
+  }
+  float st[8][4], dpt[8][4];
+  const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;
+  mbar_wait(&bar_kv, 0);
+
+  for (int i = i_begin; i < n_qt; ++i) {
+    const int t = i - i_begin, s = t % kStages;
+    const int q0 = i * kStepRows;
+    // Queries wholly before this warpgroup's first key see none of its keys (causal); the stage is still waited
+    // for and released (as in the dQ pass).
+    if (causal && q0 + kStepRows - 1 < k_first) {
+      mbar_wait(&bar_full[s], (t / kStages) & 1);
+    } else {
+      mbar_wait(&bar_full[s], (t / kStages) & 1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_ss_n64<T>(st, desc_k_major(sKw + k_step(kk, 2 * kBoxBytes)), desc_k_major(sQ(s) + k_step(kk, kBoxBytes)),
+                        kk > 0 ? 1 : 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_ss_n64<T>(dpt, desc_k_major(sVw + k_step(kk, 2 * kBoxBytes)),
+                        desc_k_major(sdO(s) + k_step(kk, kBoxBytes)), kk > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      flash_hopper::fence_regs(st);
+      flash_hopper::fence_regs(dpt);
+
+      const bool edge = q0 + kStepRows > seq_len || k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2): its lse in log2 units
+          // (+inf past T, so P = 0) and its D.
+          const int q = q0 + n * 8 + 2 * (lane & 3) + c;
+          const float lq = q < seq_len ? __ldg(lse + stat_base + q) * kLog2e : INFINITY;
+          const float dq = q < seq_len ? __ldg(D + stat_base + q) : 0.0f;
+#pragma unroll
+          for (int e = c; e < 4; e += 2) {
+            const int key = key_a + (e >> 1) * 8;
+            const bool masked = edge && (q >= seq_len || key >= seq_len || (causal && key > q));
+            const float pv = masked ? 0.0f : exp2f(st[n][e] * scale_log2 - lq);
+            st[n][e] = pv;                          // Pᵀ, in place of Sᵀ
+            dpt[n][e] = pv * (dpt[n][e] - dq);      // dSᵀ, in place of dPᵀ
+          }
+        }
+      uint32_t pa[4][4], dsa[4][4];
+      flash::c_to_a<T, 8>(pa, st);
+      flash::c_to_a<T, 8>(dsa, dpt);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kStepRows / 16; ++kk)
+#pragma unroll
+        for (int bx = 0; bx < kBoxes; ++bx) {
+          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_mn_major(sdO(s) + bx * kBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_mn_major(sQ(s) + bx * kBoxBytes + kk * 16 * 128), 1);
+        }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int bx = 0; bx < kBoxes; ++bx) {
+        flash_hopper::fence_regs(dv[bx]);
+        flash_hopper::fence_regs(dk[bx]);
+      }
+    }
+    mbar_arrive(&bar_empty[s]);
+  }
+
+  const float k_scales[2] = {scale, scale}, v_scales[2] = {1.0f, 1.0f};
+  T* dk_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + C + static_cast<int64_t>(h) * kD;
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx) {
+    flash::store_rows<T, 8>(dk_base + bx * kBoxCols, 3 * C, dk[bx], row_w, seq_len, kBoxCols, k_scales);
+    flash::store_rows<T, 8>(dk_base + C + bx * kBoxCols, 3 * C, dv[bx], row_w, seq_len, kBoxCols, v_scales);
+  }
+#endif
+}
+
+template <typename T, int kD>
+void launch_backward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
+  constexpr const char* op = "attention_backward (Hopper path)";
+  constexpr size_t smem = smem_bytes<kD>();
+  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, op, ": needs ", smem, " bytes of shared memory per block, the ",
+           "device has ", ctx.gpu().smem_per_block_optin);
+  const int C = p.H * p.Dh;
+  const CUtensorMap qkv_map = make_rows_map(op, dtype, a.qkv, 3 * static_cast<uint64_t>(C), p.T, p.B, kStepRows);
+  const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kStepRows);
+  const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  auto dq = flash_attention_backward_dq_wgmma<T, kD>;
+  auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
+  TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  T* d_qkv = static_cast<T*>(a.d_qkv);
+  dq<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
+                                             scale * kLog2e);
+  TS_CHECK_LAUNCH();
+  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
+                                               scale * kLog2e);
+  TS_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace flash_hopper
+
+bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
+  return flash_hopper_forward_eligible(p, dtype, ctx);
+}
+
+bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+  switch (flash_forward_path_requested()) {
+    case FlashForwardPath::Mma: return false;
+    // Auto keeps mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16, H200, CUDA graph) the Hopper
+    // backward made the step 35.33 ms against 34.20 (two alternated pairs in one call; the traced attention backward
+    // 8.96 ms against about 6.8): each consumer runs its products and the elementwise part in series, and one
+    // block fills an SM. Correct (tests) and kept behind TESSERA_FLASH_PATH=hopper until it is faster.
+    case FlashForwardPath::Auto: return false;
+    case FlashForwardPath::Hopper:
+      TS_CHECK(flash_hopper_available(ctx), "attention_backward: TESSERA_FLASH_PATH=hopper, but this device or ",
+               "build has no sm_90a Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".",
+               ctx.gpu().sm_minor, ")");
+      return flash_hopper_backward_eligible(p, dtype, ctx);
+  }
+  return false;
+}
+
+void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
+                                          Context& ctx) {
+  TS_CHECK(flash_hopper_backward_eligible(p, dtype, ctx), "attention_backward (Hopper path): not eligible for ",
+           "Dh=", p.Dh, ", ", dtype_name(dtype), " on this device");
+  const auto by_dtype = [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if (dtype == DType::BF16) flash_hopper::launch_backward<__nv_bfloat16, kD>(p, dtype, a, ctx);
+    else flash_hopper::launch_backward<__half, kD>(p, dtype, a, ctx);
+  };
+  if (p.Dh == 64) by_dtype(std::integral_constant<int, 64>{});
+  else by_dtype(std::integral_constant<int, 128>{});
+}
+
+}  // namespace tessera
