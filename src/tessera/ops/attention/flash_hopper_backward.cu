@@ -22,7 +22,8 @@
 //   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (64
 //     queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ           wgmma m64n64k16 from shared memory
-//       Pᵀ = exp2(Sᵀ log2e / sqrt(Dh) - lse log2e),  dSᵀ = Pᵀ ∘ (dPᵀ - D)  (lse and D per query: per column)
+//       Pᵀ = exp2(Sᵀ log2e / sqrt(Dh) - lse log2e),  dSᵀ = Pᵀ ∘ (dPᵀ - D)  (lse and D per query, i.e. per column:
+//                                        the producer's warp 1 stages them in shared memory with each tile)
 //       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
 //                                        dO / Q MN-major
 //     dK / sqrt(Dh) and dV stored at the end.
@@ -228,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kStep = step_tile_bytes<kD>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
+  __shared__ float s_lse[kStages][kStepRows], s_D[kStages][kStepRows];  // per query of a stage: lse log2e, D
   const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = smem0, sV = smem0 + kBlockTile;
   auto sQ = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kStep; };
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&do_map);
     mbar_init(&bar_kv, 1);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_full[s], 1);
+      mbar_init(&bar_full[s], 1 + 32);  // the TMA thread's arrival (with the byte count) and warp 1's
       mbar_init(&bar_empty[s], kConsumerThreads);
     }
     mbar_fence_init();
@@ -253,6 +255,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
+    if (threadIdx.x / 32 == 1) {
+      // Warp 1 stages each query tile's lse (log2 units; +inf past T, so P = 0) and D in shared memory, two
+      // queries a lane; its arrival on the stage's full barrier releases them to the consumers (a consumer read
+      // them straight from global memory, per accumulator column, and stalled on those loads: ncu, H200).
+      const int lane = threadIdx.x % 32;
+      const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
+      for (int t = 0; t < n_qt - i_begin; ++t) {
+        const int s = t % kStages;
+        if (t >= kStages) mbar_wait(&bar_empty[s], ((t / kStages) - 1) & 1);
+        for (int c = 0; c < 2; ++c) {
+          const int ql = 2 * lane + c, q = (i_begin + t) * kStepRows + ql;
+          s_lse[s][ql] = q < seq_len ? lse[stat_base + q] * kLog2e : INFINITY;
+          s_D[s][ql] = q < seq_len ? D[stat_base + q] : 0.0f;
+        }
+        mbar_arrive(&bar_full[s]);
+      }
+    }
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_kv, 2 * kBlockTile);
       load_block_tile<kD>(sK, &qkv_map, C + h * kD, k0, b, &bar_kv);
@@ -272,7 +291,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_first = k0 + cw * 64;        // the warpgroup's first key
   const int row_w = k_first + warp * 16;   // this warp's first key
   const int key_a = row_w + lane / 4;      // this lane's keys: key_a and key_a + 8
-  const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
   float dk[kBoxes][8][4], dv[kBoxes][8][4];
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) {
@@ -311,11 +329,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2): its lse in log2 units
-          // (+inf past T, so P = 0) and its D.
-          const int q = q0 + n * 8 + 2 * (lane & 3) + c;
-          const float lq = q < seq_len ? __ldg(lse + stat_base + q) * kLog2e : INFINITY;
-          const float dq = q < seq_len ? __ldg(D + stat_base + q) : 0.0f;
+          // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), its lse and D.
+          const int ql = n * 8 + 2 * (lane & 3) + c, q = q0 + ql;
+          const float lq = s_lse[s][ql], dq = s_D[s][ql];
 #pragma unroll
           for (int e = c; e < 4; e += 2) {
             const int key = key_a + (e >> 1) * 8;
