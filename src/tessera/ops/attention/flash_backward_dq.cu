@@ -53,12 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   const int row_a = q0 + warp * kRowsPerWarp + (lane >> 2);  // this lane's rows: row_a and row_a + 8
   const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
   float lse2[2], Dr[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row_a + 8 * half;
-    lse2[half] = r < seq_len ? lse[stat_base + r] * kLog2e : 0.0f;
-    Dr[half] = r < seq_len ? D[stat_base + r] : 0.0f;
-  }
+  flash::load_row_stats(lse2, Dr, lse, D, stat_base, row_a, seq_len);
   float dq[kD8][4];
   zero(dq);
   const T* sQw = sQ + warp * kRowsPerWarp * kS;

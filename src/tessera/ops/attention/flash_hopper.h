@@ -33,6 +33,12 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
 // The routing decision for a flash-eligible forward, TESSERA_FLASH_PATH included.
 bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
 
+// TESSERA_FLASH_PATH's rule, shared by both directions: mma — false; auto — auto_takes_it and eligible; hopper —
+// eligible, and an Error naming `op` when this device or build has no Hopper kernels at all.
+using FlashEligibility = bool (*)(const AttentionParams&, DType, const Context&);
+bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, bool auto_takes_it, const AttentionParams& p,
+                             DType dtype, const Context& ctx);
+
 // out, lse <- the forward of (p, qkv); an Error (never a silent fallback) when the call is not eligible or the
 // tensor map cannot be built.
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

@@ -84,6 +84,24 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
   for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_3d(dst + bx * kBoxBytes, map, col + bx * kBoxCols, row0, b, bar);
 }
 
+// x = A0 B0ᵀ and y = A1 B1ᵀ (64 x 64 each, f32), one commit group: A0 / A1 the warpgroup's 64 rows of block tiles
+// (column boxes 2 kBoxBytes apart), B0 / B1 64-row step tiles, all K-major over the kD head columns. The dQ pass's
+// S = Q Kᵀ, dP = dO Vᵀ and the dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+template <typename T, int kD>
+__device__ __forceinline__ void issue_two_scores(float (&x)[8][4], float (&y)[8][4], uint32_t a0, uint32_t b0,
+                                                 uint32_t a1, uint32_t b1) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss_n64<T>(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBoxBytes)),
+                    kk > 0 ? 1 : 0);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss_n64<T>(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBoxBytes)),
+                    kk > 0 ? 1 : 0);
+  wgmma_commit();
+}
+
 // The producer's loop over streamed tiles: tile t (0 ..) of n into stage t % kStages, after the consumers released
 // the tile that used the stage before it; `load(t, stage, bar)` issues the copies.
 template <typename F>
@@ -151,12 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_a = row_w + lane / 4;           // this lane's rows: row_a and row_a + 8
   const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
   float lse2[2], Dr[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row_a + 8 * half;
-    lse2[half] = r < seq_len ? lse[stat_base + r] * kLog2e : 0.0f;
-    Dr[half] = r < seq_len ? D[stat_base + r] : 0.0f;
-  }
+  flash::load_row_stats(lse2, Dr, lse, D, stat_base, row_a, seq_len);
   float dq[kBoxes][8][4];
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) flash::zero(dq[bx]);
@@ -171,16 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // released: an arrival before the tile is loaded could count toward the release of the tile before it.
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     if (!(causal && k0 > q_first + 63)) {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_ss_n64<T>(sacc, desc_k_major(sQw + k_step(kk, 2 * kBoxBytes)), desc_k_major(sK(s) + k_step(kk, kBoxBytes)),
-                        kk > 0 ? 1 : 0);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_ss_n64<T>(dpacc, desc_k_major(sdOw + k_step(kk, 2 * kBoxBytes)),
-                        desc_k_major(sV(s) + k_step(kk, kBoxBytes)), kk > 0 ? 1 : 0);
-      wgmma_commit();
+      issue_two_scores<T, kD>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
       wgmma_wait<0>();
       flash_hopper::fence_regs(sacc);
       flash_hopper::fence_regs(dpacc);
@@ -310,16 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_ss_n64<T>(st, desc_k_major(sKw + k_step(kk, 2 * kBoxBytes)), desc_k_major(sQ(s) + k_step(kk, kBoxBytes)),
-                        kk > 0 ? 1 : 0);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_ss_n64<T>(dpt, desc_k_major(sVw + k_step(kk, 2 * kBoxBytes)),
-                        desc_k_major(sdO(s) + k_step(kk, kBoxBytes)), kk > 0 ? 1 : 0);
-      wgmma_commit();
+      issue_two_scores<T, kD>(st, dpt, sKw, sQ(s), sVw, sdO(s));
       wgmma_wait<0>();
       flash_hopper::fence_regs(st);
       flash_hopper::fence_regs(dpt);
@@ -405,20 +400,11 @@ bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const
 }
 
 bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
-  switch (flash_forward_path_requested()) {
-    case FlashForwardPath::Mma: return false;
-    // Auto keeps mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16, H200, CUDA graph) the Hopper
-    // backward made the step 35.33 ms against 34.20 (two alternated pairs in one call; the traced attention backward
-    // 8.96 ms against about 6.8): each consumer runs its products and the elementwise part in series, and one
-    // block fills an SM. Correct (tests) and kept behind TESSERA_FLASH_PATH=hopper until it is faster.
-    case FlashForwardPath::Auto: return false;
-    case FlashForwardPath::Hopper:
-      TS_CHECK(flash_hopper_available(ctx), "attention_backward: TESSERA_FLASH_PATH=hopper, but this device or ",
-               "build has no sm_90a Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".",
-               ctx.gpu().sm_minor, ")");
-      return flash_hopper_backward_eligible(p, dtype, ctx);
-  }
-  return false;
+  // Auto keeps mma.sync: at gpt2-124m's shapes (B 16, T 1024, 12 heads, Dh 64, bf16) ncu on the H200 measured the
+  // two wgmma passes at 275 + 372 us against mma.sync's 250 + 342, and the step was slower with them
+  // (bench/results/2026-11-30-hopper-backward-h200.md). Correct and tested; TESSERA_FLASH_PATH=hopper selects it.
+  return flash_path_takes_hopper("attention_backward", flash_hopper_backward_eligible, /*auto_takes_it=*/false, p,
+                                 dtype, ctx);
 }
 
 void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

@@ -325,20 +325,25 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
   return flash_hopper_available(ctx);
 }
 
-bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, bool auto_takes_it, const AttentionParams& p,
+                             DType dtype, const Context& ctx) {
   switch (flash_forward_path_requested()) {
     case FlashForwardPath::Mma: return false;
-    // Auto leaves Dh 64 to mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16) the Hopper forward
-    // took 2.77 ms over 12 layers against mma.sync's 2.14 (H200, bench/results/2026-11-30-step-fusions-h200.md): its
-    // consumers run each QKᵀ, softmax and PV in series, with no overlap inside a warpgroup.
-    case FlashForwardPath::Auto: return p.Dh != 64 && flash_hopper_forward_eligible(p, dtype, ctx);
+    case FlashForwardPath::Auto: return auto_takes_it && eligible(p, dtype, ctx);
     case FlashForwardPath::Hopper:
-      TS_CHECK(flash_hopper_available(ctx), "attention_forward: TESSERA_FLASH_PATH=hopper, but this ",
-               "device or build has no sm_90a Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".",
-               ctx.gpu().sm_minor, ")");
-      return flash_hopper_forward_eligible(p, dtype, ctx);
+      TS_CHECK(flash_hopper_available(ctx), op, ": TESSERA_FLASH_PATH=hopper, but this device or build has no sm_90a ",
+               "Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".", ctx.gpu().sm_minor, ")");
+      return eligible(p, dtype, ctx);
   }
   return false;
+}
+
+bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+  // Auto leaves Dh 64 to mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16) the Hopper forward
+  // took 2.77 ms over 12 layers against mma.sync's 2.14 (H200, bench/results/2026-11-30-step-fusions-h200.md): its
+  // consumers run each QKᵀ, softmax and PV in series, with no overlap inside a warpgroup.
+  return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, /*auto_takes_it=*/p.Dh != 64, p,
+                                 dtype, ctx);
 }
 
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

@@ -212,6 +212,19 @@ __device__ __forceinline__ void store_rows(T* __restrict__ dst, int64_t ld, cons
   }
 }
 
+// The statistics of this lane's two rows row_a and row_a + 8 of a (B, H, T) plane starting at stat_base: lse in
+// log2 units and D = rowsum(dO ∘ O), 0 past T (the dQ passes' per-row constants).
+__device__ __forceinline__ void load_row_stats(float (&lse2)[2], float (&Dr)[2], const float* __restrict__ lse,
+                                               const float* __restrict__ D, int64_t stat_base, int row_a,
+                                               int seq_len) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_a + 8 * half;
+    lse2[half] = r < seq_len ? lse[stat_base + r] * kLog2e : 0.0f;
+    Dr[half] = r < seq_len ? D[stat_base + r] : 0.0f;
+  }
+}
+
 // Host side: calls f(std::integral_constant<int, kD>{}) for the flash head width that serves Dh.
 template <typename F>
 void dispatch_head(int Dh, F&& f) {
