@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
       for (int e = 0; e < 4; ++e) {
         const int ql = n * 8 + 2 * (lane & 3) + (e & 1), q = q0 + ql, key = key_a + (e >> 1) * 8;
         const bool masked = edge && (q >= seq_len || key >= seq_len || (causal && key > q));
-        const float pv = masked ? 0.0f : exp2f(st[n][e] * scale_log2 - lse2[ql]);
+        const float pv = masked ? 0.0f : flash::exp2_approx(st[n][e] * scale_log2 - lse2[ql]);
         st[n][e] = pv;                         // Pᵀ, in place of Sᵀ
         dpt[n][e] = pv * (dpt[n][e] - Db[ql]);  // dSᵀ, in place of dPᵀ
       }

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), half = e >> 1, row = row_a + 8 * half;
         const bool masked = edge && (key >= seq_len || (causal && key > row));
-        const float pv = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[half]);
+        const float pv = masked ? 0.0f : flash::exp2_approx(s[n][e] * scale_log2 - lse2[half]);
         s[n][e] = pv * (dp[n][e] - Dr[half]);  // dS, in place of S
       }
     uint32_t dsa[kN8 / 2][4];

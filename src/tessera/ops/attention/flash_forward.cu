@@ -85,13 +85,13 @@ __global__ void __launch_bounds__(kThreads)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row: l ^ 1, l ^ 2
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float shift = mx == -INFINITY ? 0.0f : mx;  // a row with nothing valid yet keeps P = 0
-      const float alpha = exp2f(m[half] - shift);
+      const float alpha = flash::exp2_approx(m[half] - shift);
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s[n][e] = exp2f(s[n][e] - shift);
+          s[n][e] = flash::exp2_approx(s[n][e] - shift);
           sum += s[n][e];
         }
       l[half] = l[half] * alpha + sum;

@@ -9,11 +9,10 @@
 // qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
 // 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a.
 //
-// TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper forward where eligible except Dh 64, the mma.sync
-// backward (each measured slower than mma.sync there, see flash_forward_uses_hopper / flash_backward_uses_hopper);
-// "mma" — always mma.sync; "hopper" — Hopper where eligible, and an Error when this device or build cannot run the
-// Hopper kernels at all (shapes outside its coverage still run mma.sync). The tests set it to run both paths on the
-// same inputs.
+// TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper kernels where eligible, mma.sync elsewhere (measured
+// faster in both directions at Dh 64 and 128, see flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
+// as auto, but an Error when this device or build cannot run the Hopper kernels at all (shapes outside their
+// coverage still run mma.sync). The tests set it to run both paths on the same inputs.
 #pragma once
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
@@ -33,11 +32,11 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
 // The routing decision for a flash-eligible forward, TESSERA_FLASH_PATH included.
 bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
 
-// TESSERA_FLASH_PATH's rule, shared by both directions: mma — false; auto — auto_takes_it and eligible; hopper —
-// eligible, and an Error naming `op` when this device or build has no Hopper kernels at all.
+// TESSERA_FLASH_PATH's rule, shared by both directions: mma — false; auto — eligible; hopper — eligible, and an
+// Error naming `op` when this device or build has no Hopper kernels at all.
 using FlashEligibility = bool (*)(const AttentionParams&, DType, const Context&);
-bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, bool auto_takes_it, const AttentionParams& p,
-                             DType dtype, const Context& ctx);
+bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const AttentionParams& p, DType dtype,
+                             const Context& ctx);
 
 // out, lse <- the forward of (p, qkv); an Error (never a silent fallback) when the call is not eligible or the
 // tensor map cannot be built.

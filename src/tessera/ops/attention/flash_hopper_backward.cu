@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), half = e >> 1, row = row_a + 8 * half;
           const bool masked = edge && (key >= seq_len || (causal && key > row));
-          const float pv = masked ? 0.0f : exp2f(sacc[n][e] * scale_log2 - lse2[half]);
+          const float pv = masked ? 0.0f : flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[half]);
           sacc[n][e] = pv * (dpacc[n][e] - Dr[half]);  // dS, in place of S
         }
       uint32_t dsa[4][4];
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e = c; e < 4; e += 2) {
             const int key = key_a + (e >> 1) * 8;
             const bool masked = edge && (q >= seq_len || key >= seq_len || (causal && key > q));
-            const float pv = masked ? 0.0f : exp2f(st[n][e] * scale_log2 - lq);
+            const float pv = masked ? 0.0f : flash::exp2_approx(st[n][e] * scale_log2 - lq);
             st[n][e] = pv;                          // Pᵀ, in place of Sᵀ
             dpt[n][e] = pv * (dpt[n][e] - dq);      // dSᵀ, in place of dPᵀ
           }
@@ -400,11 +400,8 @@ bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const
 }
 
 bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
-  // Auto keeps mma.sync: at gpt2-124m's shapes (B 16, T 1024, 12 heads, Dh 64, bf16) ncu on the H200 measured the
-  // two wgmma passes at 275 + 372 us against mma.sync's 250 + 342, and the step was slower with them
-  // (bench/results/2026-11-30-hopper-backward-h200.md). Correct and tested; TESSERA_FLASH_PATH=hopper selects it.
-  return flash_path_takes_hopper("attention_backward", flash_hopper_backward_eligible, /*auto_takes_it=*/false, p,
-                                 dtype, ctx);
+  // The forward's rule (flash_forward_uses_hopper has the measurements).
+  return flash_path_takes_hopper("attention_backward", flash_hopper_backward_eligible, p, dtype, ctx);
 }
 
 void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

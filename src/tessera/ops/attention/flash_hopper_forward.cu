@@ -162,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float shift = mx == -INFINITY ? 0.0f : mx;  // a row with nothing valid yet keeps P = 0
-      alpha[half] = exp2f(m[half] - shift);
+      alpha[half] = flash::exp2_approx(m[half] - shift);
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          sacc[n][e] = exp2f(sacc[n][e] - shift);
+          sacc[n][e] = flash::exp2_approx(sacc[n][e] - shift);
           sum += sacc[n][e];
         }
       l[half] = l[half] * alpha[half] + sum;
@@ -325,11 +325,11 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
   return flash_hopper_available(ctx);
 }
 
-bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, bool auto_takes_it, const AttentionParams& p,
-                             DType dtype, const Context& ctx) {
+bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const AttentionParams& p, DType dtype,
+                             const Context& ctx) {
   switch (flash_forward_path_requested()) {
     case FlashForwardPath::Mma: return false;
-    case FlashForwardPath::Auto: return auto_takes_it && eligible(p, dtype, ctx);
+    case FlashForwardPath::Auto: return eligible(p, dtype, ctx);
     case FlashForwardPath::Hopper:
       TS_CHECK(flash_hopper_available(ctx), op, ": TESSERA_FLASH_PATH=hopper, but this device or build has no sm_90a ",
                "Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".", ctx.gpu().sm_minor, ")");
@@ -339,11 +339,11 @@ bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, bool aut
 }
 
 bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
-  // Auto leaves Dh 64 to mma.sync: inside the gpt2-124m step (B 16, T 1024, 12 heads, bf16) the Hopper forward
-  // took 2.77 ms over 12 layers against mma.sync's 2.14 (H200, bench/results/2026-11-30-step-fusions-h200.md): its
-  // consumers run each QKᵀ, softmax and PV in series, with no overlap inside a warpgroup.
-  return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, /*auto_takes_it=*/p.Dh != 64, p,
-                                 dtype, ctx);
+  // Auto takes both Hopper kernels wherever eligible: with exp2 on the MUFU unit alone (flash::exp2_approx) they
+  // beat mma.sync at Dh 64 and 128 on the H200 (causal, 32k tokens, T 1k-16k: forward + backward 178-271 against
+  // 160-204 TFLOP/s at Dh 64, 256-379 against 172-224 at Dh 128; gpt2-124m step 32.2 against 33.3-33.7 ms;
+  // bench/results/2026-11-30-fast-exp2-h200.md).
+  return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
 }
 
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

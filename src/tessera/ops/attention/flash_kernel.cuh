@@ -39,6 +39,16 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int kD>
 constexpr int smem_stride() { return kD + 8; }
 
+// 2^x on the MUFU unit alone (ex2.approx.ftz: within 2 ulp, results under 2^-126 flushed to 0), as FlashAttention
+// gets it from --use_fast_math. Without fast math exp2f wraps every MUFU.EX2 in range scaling (a compare and two
+// predicated multiplies), which ncu showed as the largest share of the Hopper dQ kernel's issued instructions.
+// exp2(-inf) is +0, which the masked scores rely on.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two f32 values rounded to one 32-bit register of two 16-bit values (lo in the low half), as mma reads them.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
