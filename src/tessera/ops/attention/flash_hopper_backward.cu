@@ -189,15 +189,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       flash_hopper::fence_regs(sacc);
       flash_hopper::fence_regs(dpacc);
 
-      const bool edge = k0 + kStepRows > seq_len || (causal && k0 + kStepRows - 1 > q_first);
+      // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
+      if (k0 + kStepRows > seq_len || (causal && k0 + kStepRows - 1 > q_first))
+        flash::mask_scores(sacc, k0, row_a, seq_len, causal);
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), half = e >> 1, row = row_a + 8 * half;
-          const bool masked = edge && (key >= seq_len || (causal && key > row));
-          const float pv = masked ? 0.0f : flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[half]);
-          sacc[n][e] = pv * (dpacc[n][e] - Dr[half]);  // dS, in place of S
+          const float pv = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+          sacc[n][e] = pv * (dpacc[n][e] - Dr[e >> 1]);  // dS, in place of S
         }
       uint32_t dsa[4][4];
       flash::c_to_a<T, 8>(dsa, sacc);
@@ -319,19 +319,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       flash_hopper::fence_regs(st);
       flash_hopper::fence_regs(dpt);
 
-      const bool edge = q0 + kStepRows > seq_len || k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63);
+      // Only a tile on the diagonal or with keys past T masks (a warpgroup-uniform branch): Sᵀ = -inf makes P = 0.
+      // Queries past T need no mask: their staged lse is +inf, so P = 2^(S - inf) = 0 (their S is finite: TMA
+      // fills rows past T with zeros).
+      if (k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63)) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q = q0 + n * 8 + 2 * (lane & 3) + (e & 1), key = key_a + (e >> 1) * 8;
+            if (key >= seq_len || (causal && key > q)) st[n][e] = -INFINITY;
+          }
+      }
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), its lse and D.
-          const int ql = n * 8 + 2 * (lane & 3) + c, q = q0 + ql;
+          const int ql = n * 8 + 2 * (lane & 3) + c;
           const float lq = s_lse[s][ql], dq = s_D[s][ql];
 #pragma unroll
           for (int e = c; e < 4; e += 2) {
-            const int key = key_a + (e >> 1) * 8;
-            const bool masked = edge && (q >= seq_len || key >= seq_len || (causal && key > q));
-            const float pv = masked ? 0.0f : flash::exp2_approx(st[n][e] * scale_log2 - lq);
+            const float pv = flash::exp2_approx(st[n][e] * scale_log2 - lq);
             st[n][e] = pv;                          // Pᵀ, in place of Sᵀ
             dpt[n][e] = pv * (dpt[n][e] - dq);      // dSᵀ, in place of dPᵀ
           }

@@ -143,36 +143,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(sacc);
 
+    // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch). The scores stay unscaled: the row
+    // max of raw scores, scaled, is the max of the scaled ones (scale > 0), and each P is one FFMA and one MUFU.
     const int k0 = j * kBlockN;
-    const bool edge = k0 + kBlockN > seq_len || (causal && k0 + kBlockN - 1 > q_first);
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), row = row_a + (e >> 1) * 8;
-        const bool masked = edge && (key >= seq_len || (causal && key > row));
-        sacc[n][e] = masked ? -INFINITY : sacc[n][e] * scale_log2;
-      }
+    if (k0 + kBlockN > seq_len || (causal && k0 + kBlockN - 1 > q_first))
+      flash::mask_scores(sacc, k0, row_a, seq_len, causal);
     float alpha[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float mx = m[half];
+      float mx = -INFINITY;
 #pragma unroll
       for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(sacc[n][2 * half], sacc[n][2 * half + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float shift = mx == -INFINITY ? 0.0f : mx;  // a row with nothing valid yet keeps P = 0
+      const float m_new = fmaxf(m[half], mx * scale_log2);      // log2 units
+      const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing valid yet keeps P = 0
       alpha[half] = flash::exp2_approx(m[half] - shift);
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          sacc[n][e] = flash::exp2_approx(sacc[n][e] - shift);
+          sacc[n][e] = flash::exp2_approx(fmaf(sacc[n][e], scale_log2, -shift));
           sum += sacc[n][e];
         }
       l[half] = l[half] * alpha[half] + sum;
-      m[half] = mx;
+      m[half] = m_new;
     }
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx)

@@ -222,6 +222,22 @@ __device__ __forceinline__ void store_rows(T* __restrict__ dst, int64_t ld, cons
   }
 }
 
+// Sets to -inf each score of this lane's accumulator tile (rows row_a and row_a + 8, key columns k0 + 8n +
+// 2 (lane % 4) + e % 2, the m16n8 / wgmma accumulator layout) whose key is past seq_len or, when causal, after its
+// row's query. Callers run it only on tiles that need it, under a warp-uniform branch, so the tiles inside the
+// sequence and below the diagonal spend no instruction on masking.
+template <int kN8>
+__device__ __forceinline__ void mask_scores(float (&s)[kN8][4], int k0, int row_a, int seq_len, bool causal) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < kN8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), row = row_a + (e >> 1) * 8;
+      if (key >= seq_len || (causal && key > row)) s[n][e] = -INFINITY;
+    }
+}
+
 // The statistics of this lane's two rows row_a and row_a + 8 of a (B, H, T) plane starting at stat_base: lse in
 // log2 units and D = rowsum(dO ∘ O), 0 past T (the dQ passes' per-row constants).
 __device__ __forceinline__ void load_row_stats(float (&lse2)[2], float (&Dr)[2], const float* __restrict__ lse,
