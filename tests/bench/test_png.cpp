@@ -145,6 +145,41 @@ TEST(MemoryTimeline, PlotPutsEachSeriesAtItsBytes) {
   EXPECT_LT(dashes, (L.x1 - L.x0) * 2 / 3 + 10);
 }
 
+TEST(MemoryTimeline, LongTitleBreaksOntoASecondLineInsideTheImage) {
+  // At scale 2 a glyph advances 12 px: 100 px hold 8 characters (the last one 10 px wide).
+  EXPECT_EQ(wrap_title("short", 100), (std::vector<std::string>{"short"}));
+  EXPECT_EQ(wrap_title("a, bc, defgh", 100), (std::vector<std::string>{"a, bc,", "defgh"}));
+  EXPECT_EQ(wrap_title("ab (cd) (efghij)", 100), (std::vector<std::string>{"ab (cd)", "(efghij)"}));
+  EXPECT_EQ(wrap_title("abcdefghijk", 100), (std::vector<std::string>{"abcdefgh", "ijk"}));
+  // The trainer's title for a gpt2 run on a GPU: nothing drawn in the right margin, two lines above the plot.
+  std::vector<MemoryTimelinePoint> pts(3);
+  for (int e = 0; e < 3; ++e) {
+    pts[e].event = e;
+    pts[e].phase = "forward";
+    pts[e].static_bytes = 1 << 20;
+  }
+  PlotLayout L;
+  const Image img = memory_timeline_plot(
+      pts, "gpt2-124m, B 16 x T 1024, step 2 (planned; measured at the phase ends)", &L);
+  auto black_in = [&](int x0, int x1, int y0, int y1) {
+    int n = 0;
+    for (int y = y0; y < y1; ++y)
+      for (int x = x0; x < x1; ++x) n += img.at(x, y) == kPlotBlack;
+    return n;
+  };
+  EXPECT_EQ(black_in(img.width() - 20, img.width(), 0, L.y0), 0);
+  EXPECT_GT(black_in(0, img.width(), 8, 22), 0);   // the first line
+  EXPECT_GT(black_in(0, img.width(), 28, 42), 0);  // the second
+  EXPECT_EQ(black_in(0, img.width(), 42, L.y0 - 2), 0);
+  // ';' is drawn, not left blank.
+  Image semi(6, 7, kPlotWhite);
+  semi.text(0, 0, ";", kPlotBlack, 1);
+  int on = 0;
+  for (int y = 0; y < 7; ++y)
+    for (int x = 0; x < 6; ++x) on += semi.at(x, y) == kPlotBlack;
+  EXPECT_EQ(on, 8);
+}
+
 TEST(MemoryTimeline, CsvQuotesAndLeavesTheMeasurementEmptyWhenAbsent) {
   MemoryTimelinePoint a;
   a.phase = "forward";

@@ -68,6 +68,18 @@ std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points) 
   return csv;
 }
 
+std::vector<std::string> wrap_title(const std::string& title, int max_width) {
+  // Characters that fit: a glyph advances 6 x scale, the last one is 5 x scale wide.
+  const size_t fit = static_cast<size_t>(std::max(1, (max_width + kScale) / (6 * kScale)));
+  if (title.size() <= fit) return {title};
+  size_t cut = fit, next = fit;  // no break point: cut mid-word
+  for (size_t i = 1; i + 1 < title.size() && i < fit; ++i) {
+    if (title.compare(i, 2, ", ") == 0) cut = i + 1, next = i + 2;  // keep the comma on the first line
+    else if (title.compare(i, 2, " (") == 0) cut = i, next = i + 1;
+  }
+  return {title.substr(0, cut), title.substr(next)};
+}
+
 Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const std::string& title,
                            PlotLayout* layout_out) {
   TS_CHECK(!points.empty(), "memory timeline: no points");
@@ -150,7 +162,10 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
     if (Image::text_width(label, kScale) + 8 <= xb - xa)
       img.text((xa + xb - Image::text_width(label, kScale)) / 2, L.y0 + 8, label, kPlotText, kScale);
   }
-  img.text(L.x0, 18, "memory over one training step: " + title, kPlotBlack, kScale);
+  // The title from the left edge, on two lines above the plot where one is too wide for the image.
+  const std::vector<std::string> title_lines = wrap_title("memory over one training step: " + title, kWidth - 40);
+  for (size_t i = 0; i < title_lines.size(); ++i)
+    img.text(20, (title_lines.size() == 1 ? 18 : 8) + static_cast<int>(i) * 20, title_lines[i], kPlotBlack, kScale);
   const std::string xlabel = "op of the step (event of the activation plan)";
   img.text((L.x0 + L.x1 - Image::text_width(xlabel, kScale)) / 2, L.y1 + 40, xlabel, kPlotText, kScale);
   const bool any_measured = std::any_of(points.begin(), points.end(), [](const auto& p) { return p.measured.has_value(); });

@@ -39,6 +39,10 @@ inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}
 std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t static_bytes,
                                                         const std::vector<size_t>& measured_at_phase_end);
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points);
+// `title` as one line, or as two where it is wider than `max_width` pixels at the plot's text scale: broken after the
+// last ", " or before the last " (" that fits, else mid-word. The second line is not wrapped again.
+std::vector<std::string> wrap_title(const std::string& title, int max_width);
+
 Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const std::string& title,
                            PlotLayout* layout = nullptr);
 // Both files, each written atomically.
