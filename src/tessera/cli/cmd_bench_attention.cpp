@@ -12,9 +12,11 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tessera/bench/attention.h"
@@ -115,9 +117,22 @@ int cmd_bench_attention(int argc, char** argv) {
     else peer = run_peer(cfg.small, dtype_name, timing);
   }
   const AttentionSweeps sw = attention_sweeps(cfg.small);
+  // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 64, 128; flash-mma for Dh 16, 32".
   std::string kernel = "cpu reference";
 #ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) kernel = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = 64}, dt, ctx);
+  if (ctx.is_cuda()) {
+    std::set<int> dhs(sw.mem_d.begin(), sw.mem_d.end());
+    dhs.insert(sw.flops_Dh.begin(), sw.flops_Dh.end());
+    std::vector<std::pair<std::string, std::string>> groups;  // kernel, its head sizes
+    for (int dh : dhs) {
+      const std::string k = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = dh}, dt, ctx);
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == k; });
+      if (g == groups.end()) groups.push_back({k, "Dh " + std::to_string(dh)});
+      else g->second += ", " + std::to_string(dh);
+    }
+    kernel.clear();
+    for (const auto& [k, d] : groups) kernel += (kernel.empty() ? "" : "; ") + k + " for " + d;
+  }
 #endif
 
   std::string md = "# tessera bench attention\n\n";
@@ -125,7 +140,7 @@ int cmd_bench_attention(int argc, char** argv) {
         "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
         std::to_string(timing.iters) + " timed runs (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
         ")\n- tessera flash = attention_forward / attention_backward (" + kernel +
-        " for Dh = 64); tessera naive = S and P materialized in the dtype (attention_naive)\n";
+        "); tessera naive = S and P materialized in the dtype (attention_naive)\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";
 
   md += "\n## CS336 table: one head, batch " + std::to_string(sw.mem_batch) +
