@@ -98,6 +98,7 @@ TEST(CudaGraphStep, Bf16DropoutWarmupMatchesEagerBitForBit) {
   expect_identical(r, kSteps);
   EXPECT_EQ(r.graph.graph_steps, kSteps - 2) << "step 1 (eager set-up) and the traced step 4 run eagerly";
   EXPECT_EQ(r.graph.graph_captures, 1);
+  EXPECT_EQ(r.graph.graphs_per_step, 1) << "forward, backward and AdamW in one graph";
   // The dropout is live: the same run without it takes other losses (else the test could not see a frozen stream).
   TrainOptions plain = o;
   plain.model.dropout = 0.0f;
@@ -150,6 +151,7 @@ TEST(CudaGraphStep, F16PlantedOverflowSkipsAndRecapturesLikeEager) {
   EXPECT_EQ(r.graph.skipped_steps, 1);
   EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
   EXPECT_EQ(r.graph.graph_captures, 2) << "the new loss scale needs a new capture of the backward";
+  EXPECT_EQ(r.graph.graphs_per_step, 2) << "the hook runs on the host between the backward's graph and AdamW's";
   fs::remove_all(d);
 }
 

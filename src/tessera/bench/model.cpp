@@ -267,7 +267,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       if (!graphs) return eager;
       graph_steps.push_back(std::make_unique<GraphStep>(
           model, optimizer, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = optimizer != nullptr,
-                                            .upload_batch = false, .skip_nonfinite = scaling.on()}));
+                                            .upload_batch = false, .skip_nonfinite = scaling.on(),
+                                            .host_between = optimizer && bc.before_optimizer_step}));
       GraphStep* g = graph_steps.back().get();
       std::function<void()> between;  // on the host between the step graph and the optimizer's, as train's hooks
       if (optimizer && bc.before_optimizer_step) between = before_optimizer;

@@ -391,7 +391,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
     if (no_graph.empty())
-      std::printf("step: CUDA graphs (forward and backward, then AdamW; the first step%s runs eagerly)\n",
+      std::printf("step: CUDA graphs (one a step: forward, backward and AdamW; the first step%s runs eagerly)\n",
                   o.trace.empty() ? "" : " and the --trace step");
     else
       std::printf("step: eager (%s)\n", no_graph.c_str());

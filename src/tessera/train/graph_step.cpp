@@ -28,6 +28,7 @@ GraphStep::GraphStep(Gpt& model, Optimizer* optimizer, const GraphStepConfig& cf
   TS_CHECK(!cfg.optimizer || (optimizer && optimizer->graph_scalar_bytes() > 0),
            "internal: the graph step's optimizer has no CUDA graph form");
   TS_CHECK(cfg.upload_batch || cfg.accum == 1, "internal: accumulation over one batch held in the model");
+  TS_CHECK(cfg.optimizer || !cfg.host_between, "internal: a host hook before an optimizer the graph step lacks");
   const size_t opt_bytes = cfg.optimizer ? optimizer->graph_scalar_bytes() : 0;
   optimizer_offset_ = 16;  // after the stream base, 16-byte aligned for the scalars' double
   header_bytes_ = round_up(optimizer_offset_ + opt_bytes, 256);
@@ -109,22 +110,26 @@ void GraphStep::capture(double loss_scale, uint64_t seed) {
 
 void GraphStep::capture_graphs(double loss_scale, RngState& relative) {
   Context& ctx = *ctx_;
+  const void* scalars = static_cast<const char*>(device_header_.data()) + optimizer_offset_;
+  auto enqueue_optimizer = [&] {
+    optimizer_->enqueue_graph_step(model_->params(), {.scale = 1.0f, .skip_nonfinite = cfg_.skip_nonfinite}, scalars);
+  };
+  const bool one_graph = cfg_.optimizer && !cfg_.host_between;
   {
     const StreamBaseScope base(ctx, static_cast<const uint64_t*>(device_header_.data()));
-    step_graph_.capture(ctx, "the training step (forward and backward)",
-                        [&] { enqueue_step(loss_scale, &relative, /*from_device=*/true); });
+    step_graph_.capture(ctx, one_graph ? "the training step (forward, backward and optimizer)"
+                                       : "the training step (forward and backward)",
+                        [&] {
+                          enqueue_step(loss_scale, &relative, /*from_device=*/true);
+                          if (one_graph) enqueue_optimizer();
+                        });
   }
-  if (cfg_.optimizer) {
-    const void* scalars = static_cast<const char*>(device_header_.data()) + optimizer_offset_;
-    optimizer_graph_.capture(ctx, "the optimizer step", [&] {
-      optimizer_->enqueue_graph_step(model_->params(), {.scale = 1.0f, .skip_nonfinite = cfg_.skip_nonfinite},
-                                     scalars);
-    });
-  }
+  if (cfg_.optimizer && cfg_.host_between) optimizer_graph_.capture(ctx, "the optimizer step", enqueue_optimizer);
 }
 
 void GraphStep::run(float lr, double loss_scale, RngState* rng, const std::function<void()>& between) {
   Context& ctx = *ctx_;
+  TS_CHECK(!between || cfg_.host_between, "internal: a host hook inside a one-graph step (set host_between)");
   const GradScaling scaling{.scale = static_cast<float>(loss_scale), .skip_nonfinite = cfg_.skip_nonfinite};
   staging_.wait_until_read();
   if (eager_runs_ == 0) {
@@ -146,7 +151,7 @@ void GraphStep::run(float lr, double loss_scale, RngState* rng, const std::funct
   step_graph_.launch(ctx);
   if (rng) rng->next_stream += draws_;
   if (between) between();
-  if (cfg_.optimizer) optimizer_graph_.launch(ctx);
+  if (cfg_.optimizer && cfg_.host_between) optimizer_graph_.launch(ctx);
   replays_++;
 }
 

@@ -1,17 +1,17 @@
 // tessera/train/graph_step.h — a training step replayed as CUDA graphs (issue 8: launch overhead).
 //
 // With static shapes the ~300 launches of a step (gpt2-124m: the forward, the backward, AdamW's two) are captured
-// once and replayed: two graph launches a step instead of hundreds of kernel launches, with the host free as
-// soon as they are queued. The step has one host sync, as the eager one: the trainer's read of the loss and the
+// once and replayed: one graph launch a step instead of hundreds of kernel launches, with the host free as soon
+// as it is queued. The step has one host sync, as the eager one: the trainer's read of the loss and the
 // optimizer's report after it.
 //
-// Two graphs, replayed one after the other on the context's stream:
-//   step graph       copy the staged scalars in (one H2D copy from pinned memory), zero_grad, then for each of
-//                    the `accum` micro-steps: copy its staged tokens and targets into the model's input buffers,
-//                    forward_device, copy its mean loss out, backward(S / accum); then an event the host waits on
-//                    before it rewrites the staging
-//   optimizer graph  the optimizer's device half (Optimizer::enqueue_graph_step: AdamW's norm and update launches)
-// with the host's `between` in between them (the trainer's test hooks that plant a gradient).
+// The step graph, on the context's stream:
+//   copy the staged scalars in (one H2D copy from pinned memory), zero_grad, then for each of the `accum`
+//   micro-steps: copy its staged tokens and targets into the model's input buffers, forward_device, copy its mean
+//   loss out, backward(S / accum); then an event the host waits on before it rewrites the staging; then the
+//   optimizer's device half (Optimizer::enqueue_graph_step: AdamW's norm and update launches).
+// With `host_between` (the trainer's test hooks that plant a gradient) the optimizer's half is a second graph,
+// replayed after the host's `between`.
 //
 // What a graph would freeze, and how each is kept per step:
 //   - lr, the bias corrections of t, the loss scale S in the optimizer: AdamWStepScalars in device memory, copied
@@ -53,6 +53,7 @@ struct GraphStepConfig {
   void* losses = nullptr;       // device: micro-step m's mean loss copied to losses + m * its bytes; null: none
   float label_smoothing = 0.0f;
   bool skip_nonfinite = false;  // the optimizer's GradScaling::skip_nonfinite (dynamic loss scaling)
+  bool host_between = false;    // run()'s `between` is used: the optimizer as a graph of its own, after it
   // Test hook: called inside each capture of the step graph, before its first launch (a test makes the capture fail
   // here, with a synchronize, to watch train fall back to eager steps).
   std::function<void()> in_capture = {};
@@ -70,8 +71,8 @@ class GraphStep {
 
   // One step at learning rate lr with loss scale S (1: none): backward(S / accum), the optimizer's GradScaling
   // {S, skip_nonfinite}. rng: the run's dropout state (null without dropout), advanced by the step's draws as
-  // the eager step advances it. `between` runs on the host after the step graph is queued and before the
-  // optimizer's. Captures first when there is no graph yet or what it captured has changed (above). Queues the
+  // the eager step advances it. `between` (only with cfg.host_between) runs on the host after the forward and
+  // backward are queued and before the optimizer. Captures first when there is no graph yet or what it captured has changed (above). Queues the
   // work and returns without waiting for it.
   void run(float lr, double loss_scale, RngState* rng, const std::function<void()>& between = {});
 
@@ -79,6 +80,7 @@ class GraphStep {
   int64_t replays() const { return replays_; }
   int64_t captures() const { return captures_; }
   size_t nodes() const { return step_graph_.nodes() + optimizer_graph_.nodes(); }
+  int graphs_per_step() const { return cfg_.optimizer && cfg_.host_between ? 2 : 1; }
 
  private:
   // The step's launches (above) on the context's stream, eager or under capture; rng: absolute streams (eager)

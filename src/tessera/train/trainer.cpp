@@ -451,12 +451,15 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   const Buffer step_losses(static_cast<size_t>(o.accum) * loss_bytes, ctx.device(), "the step's micro-batch losses");
   // The step as CUDA graphs where it can be (train/graph_step.h): the same launches, replayed, so the same bits.
   std::unique_ptr<GraphStep> graph;
+  // The test hooks that run on the host before the optimizer; without them the step is one graph.
+  const bool host_hooks = control.before_grad_sync || control.before_optimizer_step;
   if (train_cuda_graph_refusal(o, ctx).empty() && !model->plan_debug().poison_dead)
     graph = std::make_unique<GraphStep>(*model, optimizer.get(),
                                         GraphStepConfig{.B = o.batch, .T = o.seq, .accum = o.accum,
                                                         .losses = step_losses.data(),
                                                         .label_smoothing = o.label_smoothing,
                                                         .skip_nonfinite = scaling.on(),
+                                                        .host_between = host_hooks,
                                                         .in_capture = control.in_graph_capture});
   // A failed capture's batches (this rank's share of each micro-step), which that step then runs eagerly.
   std::vector<int32_t> fallback_x, fallback_y;
@@ -491,11 +494,14 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       }
       rank_rng.next_stream = state.rng.next_stream;
       try {
-        graph->run(lr, scale, &rank_rng, [&] {
-          // World size 1: the last micro-step's backward is done and there is no reduction.
-          if (control.before_grad_sync) control.before_grad_sync(step, *model);
-          if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
-        });
+        std::function<void()> between;
+        if (host_hooks)
+          between = [&] {
+            // World size 1: the last micro-step's backward is done and there is no reduction.
+            if (control.before_grad_sync) control.before_grad_sync(step, *model);
+            if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
+          };
+        graph->run(lr, scale, &rank_rng, between);
         state.rng.next_stream = rank_rng.next_stream;
         stepped = true;
       } catch (const CudaGraphCaptureError& e) {
@@ -514,6 +520,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         }
         result.graph_steps = graph->replays();
         result.graph_captures = graph->captures();
+        result.graphs_per_step = graph->graphs_per_step();
         graph.reset();
       }
     }
@@ -676,6 +683,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   if (graph) {
     result.graph_steps = graph->replays();
     result.graph_captures = graph->captures();
+    result.graphs_per_step = graph->graphs_per_step();
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.checkpoint = o.checkpoints ? ckpt_dir : "";
