@@ -80,7 +80,8 @@ class GraphStep {
   int64_t replays() const { return replays_; }
   int64_t captures() const { return captures_; }
   size_t nodes() const { return step_graph_.nodes() + optimizer_graph_.nodes(); }
-  int graphs_per_step() const { return cfg_.optimizer && cfg_.host_between ? 2 : 1; }
+  // The graphs a replay launches, as captured: 1, 2 with host_between, 0 before the first capture.
+  int graphs_per_step() const { return int{step_graph_.ready()} + int{optimizer_graph_.ready()}; }
 
  private:
   // The step's launches (above) on the context's stream, eager or under capture; rng: absolute streams (eager)

@@ -178,7 +178,7 @@ struct TrainResult {
   size_t peak_device_bytes = 0;  // the most device memory in use after any step (GPU runs; 0 on the CPU)
   int64_t graph_steps = 0;     // steps replayed as CUDA graphs (the others ran eagerly)
   int64_t graph_captures = 0;  // how many times the step was captured (again when the f16 loss scale changes)
-  int graphs_per_step = 0;     // graph launches a replayed step takes: 1, or 2 with host test hooks before AdamW
+  int graphs_per_step = 0;     // graphs a replayed step launches: 1, 2 with host test hooks before AdamW, 0: none
   bool interrupted = false;    // stopped by TrainControl::stop
   std::string checkpoint, best_checkpoint;
   std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`
