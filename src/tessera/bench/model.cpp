@@ -265,13 +265,13 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     std::vector<std::unique_ptr<GraphStep>> graph_steps;
     auto as_graph = [&](const std::function<void()>& eager, bool backward, AdamW* optimizer) -> std::function<void()> {
       if (!graphs) return eager;
+      std::function<void()> between;  // on the host between the step graph and the optimizer's, as train's hooks
+      if (optimizer && bc.before_optimizer_step) between = before_optimizer;
       graph_steps.push_back(std::make_unique<GraphStep>(
           model, optimizer, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = optimizer != nullptr,
                                             .upload_batch = false, .skip_nonfinite = scaling.on(),
-                                            .host_between = optimizer && bc.before_optimizer_step}));
+                                            .host_between = static_cast<bool>(between)}));
       GraphStep* g = graph_steps.back().get();
-      std::function<void()> between;  // on the host between the step graph and the optimizer's, as train's hooks
-      if (optimizer && bc.before_optimizer_step) between = before_optimizer;
       std::function<void()> replay = [&, g, optimizer, between] {
         g->run(kLr, scaling.scale(), &rng, between);
         if (optimizer) after_optimizer();

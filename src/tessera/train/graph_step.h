@@ -72,8 +72,8 @@ class GraphStep {
   // One step at learning rate lr with loss scale S (1: none): backward(S / accum), the optimizer's GradScaling
   // {S, skip_nonfinite}. rng: the run's dropout state (null without dropout), advanced by the step's draws as
   // the eager step advances it. `between` (only with cfg.host_between) runs on the host after the forward and
-  // backward are queued and before the optimizer. Captures first when there is no graph yet or what it captured has changed (above). Queues the
-  // work and returns without waiting for it.
+  // backward are queued and before the optimizer. Captures first when there is no graph yet or what it captured
+  // has changed (above). Queues the work and returns without waiting for it.
   void run(float lr, double loss_scale, RngState* rng, const std::function<void()>& between = {});
 
   int64_t eager_runs() const { return eager_runs_; }
