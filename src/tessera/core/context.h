@@ -64,6 +64,13 @@ class Context {
   // How many times the scratch has been reallocated: a CUDA graph that baked its address in is stale once this
   // changes (train/graph_step.h recaptures then). 0 on the CPU.
   int64_t scratch_generation() const;
+  // kArrivalCounters device counters, zero between launches: a kernel that ends with a reduction across its blocks
+  // counts its blocks' arrivals in them (the last block to arrive does the reduction, and sets its counter back to
+  // 0), instead of launching a second kernel. Allocated with the Context, so CUDA graphs may bake the address in.
+  // Kernels on the Context's one stream may use the same counters, one launch at a time (never two kernels that
+  // can overlap).
+  static constexpr int kArrivalCounters = 1 << 16;
+  uint32_t* arrival_counters() const;
   // Waits for all work queued on the stream (a no-op on the CPU).
   void synchronize() const;
   // Device memory in use as the driver counts it (total − free: tessera's buffers, the CUDA context and anything

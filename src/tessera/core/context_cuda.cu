@@ -42,6 +42,7 @@ struct Context::Cuda {
   void* gemm_ws = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  uint32_t* counters = nullptr;  // kArrivalCounters, zeroed
   int64_t scratch_generation = 0;
   int device = 0;
 
@@ -50,6 +51,7 @@ struct Context::Cuda {
     cudaSetDevice(device);
     if (stream) cudaStreamSynchronize(stream);
     if (scratch) cudaFree(scratch);
+    if (counters) cudaFree(counters);
     if (gemm_ws) cudaFree(gemm_ws);
     if (lt) cublasLtDestroy(lt);
     if (stream) cudaStreamDestroy(stream);
@@ -81,6 +83,9 @@ Context::Context(Device device) : device_(device) {
   const cublasStatus_t st = cublasLtCreate(&c->lt);
   TS_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt: cannot create a handle (status ", static_cast<int>(st), ")");
   TS_CHECK_CUDA(cudaMalloc(&c->gemm_ws, Cuda::kGemmWorkspace));
+  TS_CHECK_CUDA(cudaMalloc(&c->counters, kArrivalCounters * sizeof(uint32_t)));
+  TS_CHECK_CUDA(cudaMemsetAsync(c->counters, 0, kArrivalCounters * sizeof(uint32_t), c->stream));
+  TS_CHECK_CUDA(cudaStreamSynchronize(c->stream));
   cuda_ = std::move(c);
 }
 
@@ -126,6 +131,11 @@ void* Context::scratch(size_t bytes) {
 }
 
 int64_t Context::scratch_generation() const { return cuda_ ? cuda_->scratch_generation : 0; }
+
+uint32_t* Context::arrival_counters() const {
+  TS_CHECK(cuda_, "internal: arrival_counters() on a CPU context");
+  return cuda_->counters;
+}
 
 void Context::synchronize() const {
   if (cuda_) TS_CHECK_CUDA(cudaStreamSynchronize(cuda_->stream));

@@ -50,16 +50,19 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
   }
 }
 
-// d_x[i] = f_i * d_out[i];  partial[group, c] = Σ_{rows n of this block's group} d_x[n, c]  (when partial != null).
+// d_x[i] = f_i * d_out[i];  d_bias[c] += Σ_n d_x[n, c] (as stored in T), when d_bias != null.
 // Grid (ceil(C / W / 32), groups), block (32, 8): thread (tx, ty) owns columns c0 = (bx*32 + tx)*W .. +W-1 and rows
 // by*8 + ty, stepping gridDim.y*8 (kBatch rows loaded at a time). The 8 row lanes are summed in shared memory
-// in ty order: fixed order, so the partials (and d_bias) are the same on every run. d_x may alias d_out.
+// in ty order into partial[group, c]; the chunk's last block adds the groups' rows in order into d_bias
+// (cuda::last_block_of_chunk, counters: one per chunk). A fixed order, so d_bias is the same on every run. d_x may
+// alias d_out.
 // The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): with f32 copies the kernel took
 // 96 registers, 2 blocks per SM (25% occupancy), and ran at half the copy bandwidth (ncu on the H200, (16384, 768)
 // bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 24 bytes, against 103 registers uncapped).
 template <typename T, int W>
 __global__ void __launch_bounds__(kTileCols* kTileRows, 3)
-    residual_backward_row_tiles(T* d_x, float* __restrict__ partial, const T* d_out, int N, int C, float dropout,
+    residual_backward_row_tiles(T* d_x, T* __restrict__ d_bias, float* __restrict__ partial,
+                                uint32_t* __restrict__ counters, const T* d_out, int N, int C, float dropout,
                                 float keep_scale, uint64_t seed, uint64_t stream,
                                 const uint64_t* __restrict__ stream_base) {
   if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, 3)
       }
     }
   }
-  if (partial == nullptr) return;  // uniform over the block
+  if (d_bias == nullptr) return;  // uniform over the block
 #pragma unroll
   for (int k = 0; k < W; ++k) lanes[threadIdx.y][threadIdx.x * W + k] = acc[k];
   __syncthreads();
@@ -110,6 +113,8 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, 3)
       partial[static_cast<size_t>(blockIdx.y) * C + c0 + k] = s;
     }
   }
+  if (cuda::last_block_of_chunk(counters + blockIdx.x, gridDim.y))
+    cuda::column_partials_add<T, W>(d_bias, partial, gridDim.y, C, c0, c0 < C, &lanes[0][0]);
 }
 
 bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
@@ -154,20 +159,18 @@ void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, voi
     const auto launch = [&](auto w) {
       constexpr int W = decltype(w)::value;
       const int col_chunks = static_cast<int>(ceil_div(p.C / W, kTileCols));
-      const int groups = cuda::elementwise_row_groups(p.N, col_chunks, kTileRows, ctx.gpu().sm_count);
+      TS_CHECK(col_chunks <= Context::kArrivalCounters, "residual_backward: C ", p.C, " is too wide");
+      constexpr auto kernel = residual_backward_row_tiles<T, W>;
+      const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
+                                                   cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
+                                                   ctx.gpu().sm_count);
       float* partial =
           d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * p.C * sizeof(float))) : nullptr;
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
-      residual_backward_row_tiles<T, W><<<grid, block, 0, ctx.stream()>>>(
-          static_cast<T*>(d_x), partial, static_cast<const T*>(d_out), p.N, p.C, p.dropout, keep_scale, p.seed,
-          p.stream, ctx.philox_stream_base());
+      kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_x), static_cast<T*>(d_bias), partial,
+                                               ctx.arrival_counters(), static_cast<const T*>(d_out), p.N, p.C,
+                                               p.dropout, keep_scale, p.seed, p.stream, ctx.philox_stream_base());
       TS_CHECK_LAUNCH();
-      if (d_bias) {
-        cuda::column_partials_reduce_add<T><<<cuda::column_partials_reduce_grid(p.C),
-                                            cuda::column_partials_reduce_block(), 0, ctx.stream()>>>(
-            static_cast<T*>(d_bias), partial, groups, p.C);
-        TS_CHECK_LAUNCH();
-      }
     };
     if (vector_ok(p.C, V, {d_x, d_out})) launch(std::integral_constant<int, V>{});
     else launch(std::integral_constant<int, 1>{});
