@@ -17,9 +17,6 @@ constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
 // the bandwidth of the GELU / SwiGLU backward from 0.79 / 0.81 of copy to 0.59 / 0.44 (registers), so 1: the
 // activation math already hides the load latency that the residual backward needs batching for.
 constexpr int kBatch = 1;
-// Bounded to 5 blocks per SM (51 registers) without a gate; the one-wave grid (cuda::one_wave_row_groups) then has
-// 660 blocks: the fused bias sums had taken the kernel to 52 registers, 4 blocks per SM, and 90 µs for (16384,
-// 3072) bf16, against 84.8 µs with the bound. The SwiGLU variant would spill at that bound.
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 // tanh for the GELU of T: the hardware approximation (tanh.approx.f32, one MUFU op, max relative error 2^-10.99)
@@ -107,8 +104,12 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 // (and F + f0 .. for Swiglu) and rows by*8 + ty stepping gridDim.y*8; the 8 row lanes are summed in shared
 // memory in ty order into partial[group, c], and the chunk's last block adds the groups' rows in order into d_bias
 // (cuda::last_block_of_chunk, counters: one per chunk): deterministic.
+// Blocks per SM: 5 without a gate (48 registers; the one-wave grid then has 660 blocks for d_ff = 3072 bf16). The
+// fused bias sums had taken it to 52 registers, 4 blocks per SM, and 90 µs for (16384, 3072) bf16, against 84.8 µs
+// bounded (ncu and bench kernels on the H200). SwiGLU: 3, as before the fused sums (80 registers, no spill; it
+// would spill at 5, and unbounded it took 116, 2 blocks per SM).
 template <typename T, int W, bool kGlu>
-__global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 1 : 5)
+__global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,
                                   uint32_t* __restrict__ counters, const T* d_out, const T* in,
                                   const T* __restrict__ bias, int N, int F, bool gelu) {

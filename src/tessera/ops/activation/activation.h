@@ -52,8 +52,9 @@ void activation_backward(const ActivationParams& p, const Tensor& d_in, const Te
 // (scalar when d_ff is not a multiple of the pack or a pointer is not 16-byte aligned), one read of each input
 // and one write of out. Backward: a grid of (column chunks × row groups) blocks of 32 × 8 threads writes d_in
 // and sums it per column in registers; the 8 row lanes are reduced in shared memory in a fixed order into an
-// f32 partial row per group in ctx.scratch (groups × width floats), which a second kernel adds over groups in
-// order to d_bias: deterministic, no atomics.
+// f32 partial row per group in ctx.scratch (groups × width floats), which the last block of each column chunk to
+// finish (counted in ctx.arrival_counters()) adds over groups in order to d_bias, in the same launch:
+// deterministic, no float atomics. The grid is one wave of blocks.
 void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, const void* in, const void* bias,
                              Context& ctx);
 void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in, void* d_bias, const void* d_out,

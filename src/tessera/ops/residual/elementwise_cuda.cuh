@@ -1,6 +1,7 @@
-// tessera/ops/residual/elementwise_cuda.cuh — device pieces shared by the memory-bound elementwise kernels
-// (residual, activation, embedding): dropout masks from the shared Philox, and the fixed-order column-sum
-// reduction that makes bias gradients deterministic. CUDA sources only.
+// tessera/ops/residual/elementwise_cuda.cuh — pieces shared by the memory-bound kernels (residual, activation,
+// embedding, norm): dropout masks from the shared Philox, the fixed-order column sums that make bias gradients
+// deterministic (finished in the launch by the last block of each column chunk), and the host helpers that size
+// one-wave grids. CUDA sources only.
 #pragma once
 #include <algorithm>
 

@@ -58,7 +58,7 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 // alias d_out.
 // The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): with f32 copies the kernel took
 // 96 registers, 2 blocks per SM (25% occupancy), and ran at half the copy bandwidth (ncu on the H200, (16384, 768)
-// bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 24 bytes, against 103 registers uncapped).
+// bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 12 bytes, against 103 registers uncapped).
 template <typename T, int W>
 __global__ void __launch_bounds__(kTileCols* kTileRows, 3)
     residual_backward_row_tiles(T* d_x, T* __restrict__ d_bias, float* __restrict__ partial,

@@ -45,8 +45,9 @@ void residual_backward(const ResidualParams& p, const Tensor& d_x, const Tensor&
 // aligned); one read of each input, one write of out; dropout words come a whole Philox block (4 elements) at
 // a time. Backward: a grid of (column chunks × row groups) blocks of 32 × 8 threads; each thread writes d_x for
 // its columns down its rows and sums them in registers; the block reduces its 8 row lanes in shared memory in
-// a fixed order to one f32 partial row in ctx.scratch (row groups × C floats), and a second kernel adds the
-// partials over row groups in order to d_bias: deterministic, no atomics.
+// a fixed order to one f32 partial row in ctx.scratch (row groups × C floats), and the last block of each column
+// chunk to finish (counted in ctx.arrival_counters()) adds that chunk's partials over row groups in order to
+// d_bias, in the same launch: deterministic, no float atomics. The grid is one wave of blocks.
 void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, const void* residual, const void* x,
                            const void* bias, Context& ctx);
 void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, void* d_bias, const void* d_out,
