@@ -137,6 +137,14 @@ def main():
     out = gelu()
     bench("gelu bwd", grad_of(out, [h, hb], rand(N, Fd)))
 
+    # swiglu without bias, (N, 2 d_ff) rows [gate | up] -> (N, d_ff)
+    del out, h
+    h2 = rand(N, 2 * Fd, requires_grad=True)
+    swiglu = lambda: F.silu(h2[:, :Fd]) * h2[:, Fd:]
+    bench("swiglu fwd", swiglu)
+    out = swiglu()
+    bench("swiglu bwd", grad_of(out, [h2], rand(N, Fd)))
+
     # cross-entropy with label smoothing 0.1 on 16-bit logits, forward + backward (mean loss)
     del out
     logits = rand(N, V, requires_grad=True)

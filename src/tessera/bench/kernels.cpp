@@ -201,6 +201,18 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     run("gelu bwd", shape, es * (3 * N * F + 3 * F),
         [&] { activation_backward(p, d_in.t, d_bias.t, out.t, in.t, bias.t, ctx); });
   }
+  {  // swiglu, as the Llama-style presets run it (no bias): in, d_in (N, 2F) rows [gate | up]; out, d_out (N, F)
+    const ActivationParams p{.N = s.N(), .d_ff = s.F, .kind = Activation::Swiglu};
+    const RandomTensor in = random_tensor(s.N(), 2 * s.F, dt, rng, ctx, "benchmark swiglu in");
+    const RandomTensor out = random_tensor(s.N(), s.F, dt, rng, ctx, "benchmark swiglu out");
+    const RandomTensor d_in = random_tensor(s.N(), 2 * s.F, dt, rng, ctx, "benchmark swiglu d_in");
+    const std::string shape = shape2(s.N(), 2 * s.F) + " -> " + shape2(s.N(), s.F);
+    // fwd: in (2·N·F) read; out (N·F) written.
+    run("swiglu fwd", shape, es * 3 * N * F, [&] { activation_forward(p, out.t, in.t, Tensor(), ctx); });
+    // bwd: d_out (N·F) and in (2·N·F) read; d_in (2·N·F) written.
+    run("swiglu bwd", shape, es * 5 * N * F,
+        [&] { activation_backward(p, d_in.t, Tensor(), out.t, in.t, Tensor(), ctx); });
+  }
   {  // cross-entropy with label smoothing 0.1: logits (N, V), targets (N) i32, losses, lse (N) f32
     const CrossEntropyParams p{.N = s.N(), .V = s.V, .label_smoothing = 0.1f};
     const RandomTensor logits = random_tensor(s.N(), s.V, dt, rng, ctx, "benchmark logits");
