@@ -17,6 +17,7 @@
 
 #include "cli/cli_run.h"
 #include "tessera/bench/harness.h"
+#include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 
 namespace tessera {
@@ -94,6 +95,32 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
                    "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd",
                    "cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
   EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
+}
+
+// On a GPU each row is set against the 1 GiB copy and against a copy of its own size: both columns are there and
+// hold percentages (no timing is asserted).
+TEST_F(Bench, KernelsOnGpuSetEachRowAgainstBothCopies) {
+  if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
+  const fs::path md = dir / "kernels.md";
+  const test::CliRun r = run_bench("kernels --size small --device cuda --iters 2 --warmup 1 --out " + md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> header;
+  const auto rows = table_rows(read_file_text(md.string()), &header);
+  const auto col = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  const size_t big = col("% of copy"), same = col("% of same-size copy");
+  ASSERT_LT(big, header.size());
+  ASSERT_LT(same, header.size());
+  ASSERT_FALSE(rows.empty());
+  // The small shapes move kilobytes: against the 1 GiB copy that rounds to 0%, against their own size it cannot.
+  for (const auto& [kernel, cells] : rows)
+    for (const size_t c : {big, same}) {
+      const std::string& cell = cells.at(c);
+      ASSERT_EQ(cell.back(), '%') << kernel << ": " << cell;
+      const double pct = std::stod(cell);
+      EXPECT_TRUE(std::isfinite(pct) && (c == big ? pct >= 0 : pct > 0)) << kernel << ": " << cell;
+    }
 }
 
 TEST_F(Bench, OptimizerSmallOnCpu) {
