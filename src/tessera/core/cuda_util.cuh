@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "tessera/core/cuda_check.h"
 #include "tessera/core/dtype.h"
@@ -128,5 +129,34 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a
 
 // True when p is 16-byte aligned (vectorized paths check this before taking the fast route).
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Programmatic dependent launch (sm_90): a kernel launched by launch_dependent may start while the kernel before it
+// on the stream still runs, once every block of that one has called allow_dependent_launch (or exited); it must
+// call wait_for_primary_grid before it reads anything the first one wrote: that returns once the first kernel has
+// finished and its writes are visible. Both are no-ops in a kernel launched the ordinary way. What it saves is the
+// gap between the two kernels and the second one's launch: LayerNorm backward ((16384, 768) bf16, H200), whose
+// small parameter-sum kernel follows the row kernel, ran 35.1 µs against 38.0.
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_primary_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the kernel before it on the stream
+// (see allow_dependent_launch). Captured into CUDA graphs as a programmatic edge.
+template <typename... KArgs, typename... Args>
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TS_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 }  // namespace tessera::cuda
