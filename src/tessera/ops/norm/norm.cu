@@ -373,12 +373,14 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 }
 
 // d_w[c] += Σ_blocks partial_w[block, c], and d_b likewise (blockIdx.y: 0 for w, 1 for b). Block (32 columns,
-// 32 lanes): lane y sums blocks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order: the same order
-// on every run. (8 lanes left each thread a chain of blocks / 8 dependent loads: 4.9 µs for 528 x 768 x 2 partials,
-// 10% occupancy, on the H200.) Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so
-// that its launch and ramp overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead
-// (counted in buckets of 16 blocks, the last of each bucket summing its rows, the last bucket the bucket sums) ran
-// 52 µs against 38, and the last 48 blocks waiting for the rest 39.0 against 37.6 (bench kernels on the H200).
+// 32 lanes): lane y sums blocks y, y + 32, ... in order, all its loads issued at once, then a warp adds a column's
+// 32 lane sums in a fixed tree: the same order on every run. (8 lanes left each thread a chain of blocks / 8
+// dependent loads: 4.9 µs for 528 x 768 x 2 partials, 10% occupancy; 32 lanes with 4 loads in flight still took
+// 5.4 µs for 264 x 768 x 2, no warp eligible in 85% of cycles: ncu on the H200.)
+// Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so that its launch and ramp
+// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead (counted in buckets of
+// 16 blocks, the last of each bucket summing its rows, the last bucket the bucket sums) ran 52 µs against 38, and
+// the last 48 blocks waiting for the rest 39.0 against 37.6 (bench kernels on the H200).
 // Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
 template <typename T>
@@ -400,17 +402,25 @@ __global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(Para
   const float* partial = sums.partial[blockIdx.y];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  // Unrolled so that 4 loads are in flight before the (ordered) adds.
+  // kBatch loads in flight before the (ordered) adds: one L2 round trip for up to 32 kBatch blocks.
+  constexpr int kBatch = 16;
   if (c < C)
-#pragma unroll 4
-    for (int i = threadIdx.y; i < blocks; i += kReduceLanes) s += partial[static_cast<size_t>(i) * C + c];
+    for (int i0 = threadIdx.y; i0 < blocks; i0 += kReduceLanes * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int a = 0; a < kBatch; ++a) {
+        const int i = i0 + a * kReduceLanes;
+        v[a] = i < blocks ? partial[static_cast<size_t>(i) * C + c] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kBatch; ++a) s += v[a];
+    }
   lanes[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-  float total = 0.0f;
-#pragma unroll
-  for (int y = 0; y < kReduceLanes; ++y) total += lanes[y][threadIdx.x];
-  out[c] = from_f32<T>(to_f32(out[c]) + total);
+  // Warp y adds column y's 32 lane sums with a fixed shuffle tree (the odd row length keeps the reads in 32 banks).
+  const int col = blockIdx.x * 32 + threadIdx.y;
+  const float total = cuda::warp_sum(lanes[threadIdx.x][threadIdx.y]);
+  if (threadIdx.x == 0 && col < C) out[col] = from_f32<T>(to_f32(out[col]) + total);
 }
 
 // Packs when every row holds whole, aligned packs; else one element per unit.
