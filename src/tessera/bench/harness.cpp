@@ -49,10 +49,15 @@ Timing BenchHarness::time(const std::function<void()>& fn, const TimingOptions& 
 
 double BenchHarness::copy_bandwidth_gbs(size_t bytes, const TimingOptions& opt) {
   TS_CHECK(ctx_->is_cuda(), "bench: the copy bandwidth is measured on a GPU only");
-  const Buffer src(bytes, ctx_->device(), "the copy-bandwidth source"), dst(bytes, ctx_->device(), "the copy-bandwidth destination");
-  fill_bytes(src.view(DType::U8, {static_cast<int64_t>(bytes)}), 1, *ctx_);
+  if (copy_src_.bytes() < bytes) {
+    copy_src_ = Buffer();  // the old pair goes first: two 1 GiB pairs need not fit at once
+    copy_dst_ = Buffer();
+    copy_src_ = Buffer(bytes, ctx_->device(), "the copy-bandwidth source");
+    copy_dst_ = Buffer(bytes, ctx_->device(), "the copy-bandwidth destination");
+    fill_bytes(copy_src_.view(DType::U8, {static_cast<int64_t>(bytes)}), 1, *ctx_);
+  }
 #if TESSERA_WITH_CUDA
-  const Timing t = time([&] { copy_d2d_async(dst.data(), src.data(), bytes, *ctx_); }, opt);
+  const Timing t = time([&] { copy_d2d_async(copy_dst_.data(), copy_src_.data(), bytes, *ctx_); }, opt);
   return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 #else
   TS_THROW("bench: this tessera was built without CUDA");

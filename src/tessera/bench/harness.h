@@ -41,7 +41,9 @@ class BenchHarness {
   // Runs fn opt.warmup times, then opt.iters times timed; every run waits for the previous one to finish.
   Timing time(const std::function<void()>& fn, const TimingOptions& opt);
   // CUDA only: the device-to-device copy bandwidth in GB/s (1e9 bytes/s) of a `bytes` cudaMemcpyAsync, counting
-  // each byte read once and written once (2 × bytes moved per copy), median of opt.iters runs.
+  // each byte read once and written once (2 × bytes moved per copy), median of opt.iters runs. Every size copies
+  // between the starts of one pair of buffers, allocated at the largest size asked for so far (the first call,
+  // 1 GiB, sets it), so that copies of different sizes differ in their size alone.
   double copy_bandwidth_gbs(size_t bytes, const TimingOptions& opt);
 
   static constexpr size_t kL2FlushBytes = size_t{128} << 20;
@@ -49,6 +51,7 @@ class BenchHarness {
  private:
   Context* ctx_;
   Buffer flush_;  // empty on the CPU
+  Buffer copy_src_, copy_dst_;  // copy_bandwidth_gbs's pair, empty until it is first called
 };
 
 // ---- CUDA side (harness_cuda.cu; built only with TESSERA_WITH_CUDA). ----

@@ -40,11 +40,15 @@ namespace {
 
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
-// The copy that a row of `bytes` moved is also set against: half of them read, half written (16-byte multiples),
-// at most the 1 GiB copy. A small copy pays the launch and the ramp that a 1 GiB one hides: on the H200 a 25 MB
-// copy (50 MB moved, the size of a (16384, 768) bf16 norm) ran at 83% of the 1 GiB copy's rate, 100 MB at 94%.
+// The copy that a row of `bytes` moved is also set against: half of them read, half written, at most the 1 GiB
+// copy. A small copy pays the launch and the ramp that a 1 GiB one hides: on the H200 a copy that
+// moves 50 MB (25 MB copied, what a (16384, 768) bf16 norm moves) ran at 83% of the 1 GiB copy's rate, one that
+// moves 100 MB at 94% (bench/micro/copy_by_size.cu).
+// The size is rounded to whole 64 KiB: cudaMemcpyAsync of 25232896 bytes (half of the LayerNorm forward's) ran 17%
+// slower than one of 24 MiB on the H200, a quirk of the copy at sizes off such a boundary, not of the memory.
 size_t same_size_copy_bytes(double bytes) {
-  const double half = std::max(16.0, std::round(bytes / 2 / 16) * 16);
+  constexpr double kGrain = 64 * 1024;
+  const double half = std::max(kGrain, std::round(bytes / 2 / kGrain) * kGrain);
   return half >= static_cast<double>(kCopyBytes) ? kCopyBytes : static_cast<size_t>(half);
 }
 
@@ -149,13 +153,13 @@ int cmd_bench(int argc, char** argv) {
   if (ctx.is_cuda())
     md += "- device-to-device copy: " + fmt("%.0f", copy_gbs) +
           " GB/s (1 GiB cudaMemcpyAsync, read + write counted); \"same-size copy\": a cudaMemcpyAsync of half the "
-          "row's bytes (at most 1 GiB), timed the same way\n";
+          "row's bytes (in whole 64 KiB, at most 1 GiB), timed the same way\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";
   md += "\n| kernel | shape | MB moved | median ms | min ms | max ms | GB/s |";
-  md += ctx.is_cuda() ? " % of copy | % of same-size copy |" : "";
+  md += ctx.is_cuda() ? " % of copy | same-size copy GB/s | % of same-size copy |" : "";
   md += with_peer ? " torch ms | torch / tessera |" : "";
   md += "\n|---|---|---:|---:|---:|---:|---:|";
-  md += ctx.is_cuda() ? "---:|---:|" : "";
+  md += ctx.is_cuda() ? "---:|---:|---:|" : "";
   md += with_peer ? "---:|---:|" : "";
   md += "\n";
   // GB/s below 10 (a loaded CPU) with 3 significant digits: "0.0" would read as no bandwidth at all.
@@ -167,6 +171,7 @@ int cmd_bench(int argc, char** argv) {
     // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on `" " + std::string` here.
     if (ctx.is_cuda()) {
       md += " " + fmt("%.0f%%", 100.0 * r.gbs() / copy_gbs).append(" |");
+      md += " " + fmt("%.1f", same_copy_gbs[i]).append(" |");
       md += " " + fmt("%.0f%%", 100.0 * r.gbs() / same_copy_gbs[i]).append(" |");
     }
     if (with_peer) {
