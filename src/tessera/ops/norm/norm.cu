@@ -380,10 +380,12 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 // the bench's LayerNorm backward by less than its noise, 35.8-36.1 µs against 35.9-36.4.)
 // Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so that its launch and ramp
 // overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead (counted in buckets of
-// 16 blocks, the last of each bucket summing its rows, the last bucket the bucket sums) ran 52 µs against 38, and
-// the last 48 blocks waiting for the rest 39.0 against 37.6 (bench kernels on the H200).
+// 16 blocks, the last of each bucket summing its rows, the last bucket the bucket sums) ran 52 µs against 38
+// (2026-12-01-copy-size-and-pdl-h200.md), and the last 48 blocks waiting for the rest 39.0 against 37.6
+// (2026-12-01-one-wave-tails-h200.md).
 // Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
+static_assert(kReduceLanes == 32, "a warp adds a column's lane sums: one lane sum per lane");
 template <typename T>
 struct ParamGradSums {
   T* out[3] = {};
@@ -520,6 +522,7 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
       TS_CHECK_LAUNCH();
       cuda::launch_dependent(norm_param_grad_reduce<T>, dim3(ceil_div(p.C, 32), sums.count), dim3(32, kReduceLanes), 0,
                              ctx.stream(), sums, blocks, p.C);
+      TS_CHECK_LAUNCH();
     };
     const bool vec = rows_vectorizable<T>(p.C, {d_x, d_out, x, w, d_y});
     constexpr int V = cuda::Pack<T>::kVec;
