@@ -40,13 +40,16 @@ void run_residual_case(DType dt, ResShape s, bool bias, float dropout, bool misa
                            (bias ? " +bias" : "") + " dropout=" + std::to_string(dropout) +
                            (misalign ? " misaligned" : "");
   expect_close(dev.download(tout), out, dt, what + " out");
-  expect_close(dev.download(tdx), d_x, dt, what + " d_x");
+  const std::vector<double> got_dx = dev.download(tdx);
+  expect_close(got_dx, d_x, dt, what + " d_x");
   if (bias) {
-    // d_bias = d_b0 + S, S = Σ_n d_x, which the kernel sums as stored in dt and the reference in f64: measured
-    // against |d_b0| + |S|, since where the two cancel (one row: d_b0 ≈ -d_x) the sum is far below d_x's rounding.
-    std::vector<double> terms(s.C);
-    for (int c = 0; c < s.C; ++c) terms[c] = std::abs(d_b0[c]) + std::abs(d_b[c] - d_b0[c]);
-    expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0, norm2(terms));
+    // The kernel sums d_x as stored in dt, so its d_bias is checked against d_b0 plus the stored d_x summed in f64:
+    // against the f64 d_x, a column where d_b0 nearly cancels the sum (one row, f16, dropout) failed at random on
+    // d_x's rounding alone (1.4% against 0.4%, seed 2433719051 on the H200).
+    std::vector<double> d_b_stored = d_b0;
+    for (int n = 0; n < s.N; ++n)
+      for (int c = 0; c < s.C; ++c) d_b_stored[c] += got_dx[static_cast<size_t>(n) * s.C + c];
+    expect_close(dev.download(tdb), d_b_stored, dt, what + " d_bias");
   }
 }
 
