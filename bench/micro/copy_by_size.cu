@@ -1,7 +1,7 @@
 // What a device-to-device copy of S bytes reaches on this GPU, by cudaMemcpyAsync and by several kernel shapes, at
-// the sizes of tessera's memory-bound kernels and at 1 GiB: a reference for kernels that move as many bytes (a
-// kernel can beat it: see bench/results/2026-12-01-copy-size-and-pdl-h200.md). Timed as `tessera bench` times: the
-// L2 flushed by reading 128 MiB before each run, cudaEvents around the run, median of 30.
+// the sizes of tessera's memory-bound kernels and at 1 GiB: a reference for kernels that move as many bytes (see
+// bench/results/2026-12-01-copy-size-and-pdl-h200.md). Timed as `tessera bench` times: the L2 flushed by reading
+// 128 MiB before each run, cudaEvents around the run, median of 30.
 //   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -o /tmp/copy_by_size bench/micro/copy_by_size.cu
 //   /tmp/copy_by_size
 // Shapes: "full grid" one thread per 16-byte pack; "wave xB N blk/SM" a grid-stride loop over one wave of N blocks
