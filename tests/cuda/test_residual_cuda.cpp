@@ -23,9 +23,9 @@ void run_residual_case(DType dt, ResShape s, bool bias, float dropout, bool misa
   const auto d_out = rounded(dt, randn<double>(NC, rng));
   const auto d_b0 = rounded(dt, randn<double>(s.C, rng));  // accumulated into: prefilled
 
-  std::vector<double> out(NC), d_x(NC), d_b = d_b0;
+  std::vector<double> out(NC), d_x(NC);
   residual_forward_ref<double>(p, out.data(), res.data(), x.data(), bias ? b.data() : nullptr);
-  residual_backward_ref<double>(p, d_x.data(), bias ? d_b.data() : nullptr, d_out.data());
+  residual_backward_ref<double>(p, d_x.data(), /*d_bias=*/nullptr, d_out.data());  // d_bias: from the stored d_x
 
   DeviceArena dev(ctx);
   const Tensor tres = upload_at(dev, dt, res, misalign), tx = upload_at(dev, dt, x, misalign);
