@@ -11,13 +11,15 @@
 // dK / dV pass, each element once by one thread.
 //
 // Block: 384 threads = a producer warpgroup (one thread issues the TMA loads; setmaxnreg 24) and two consumer
-// warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of 64-row tiles.
+// warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of streamed tiles (128 rows
+// in the dQ pass, 64 in the dK / dV pass).
 //   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
-//     the block's Q and dO stay; per key tile (64 keys, up to the diagonal under a causal mask), for consumer c
+//     the block's Q and dO stay; per key tile (128 keys, up to the diagonal under a causal mask), for consumer c
 //     (queries q0 + 64c ..; a tile wholly above its diagonal is skipped):
-//       S = Q Kᵀ, dP = dO Vᵀ            wgmma m64n64k16 from shared memory, kD/16 steps each
+//       S = Q Kᵀ, dP = dO Vᵀ            wgmma m64n128k16 from shared memory, kD/16 steps each
 //       P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dS = P ∘ (dP - D)
-//       dQ += dS K                       wgmma m64n64k16 per 64 head columns, dS from registers, K MN-major
+//       dQ += dS K                       wgmma m64n64k16 per 64 head columns and 16 keys, dS from registers,
+//                                        K MN-major
 //     dQ / sqrt(Dh) stored at the end.
 //   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (64
 //     queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
@@ -27,6 +29,7 @@
 //       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
 //                                        dO / Q MN-major
 //     dK / sqrt(Dh) and dV stored at the end.
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/core/cuda_util.cuh"
@@ -84,21 +87,26 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
   for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_3d(dst + bx * kBoxBytes, map, col + bx * kBoxCols, row0, b, bar);
 }
 
-// x = A0 B0ᵀ and y = A1 B1ᵀ (64 x 64 each, f32), one commit group: A0 / A1 the warpgroup's 64 rows of block tiles
-// (column boxes 2 kBoxBytes apart), B0 / B1 64-row step tiles, all K-major over the kD head columns. The dQ pass's
-// S = Q Kᵀ, dP = dO Vᵀ and the dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
-template <typename T, int kD>
-__device__ __forceinline__ void issue_two_scores(float (&x)[8][4], float (&y)[8][4], uint32_t a0, uint32_t b0,
-                                                 uint32_t a1, uint32_t b1) {
+// x = A0 B0ᵀ and y = A1 B1ᵀ (64 x kN each, f32), one commit group: A0 / A1 the warpgroup's 64 rows of block tiles
+// (column boxes 2 kBoxBytes apart), B0 / B1 tiles of kN rows (64: step tiles, column boxes kBoxBytes apart; 128:
+// block tiles), all K-major over the kD head columns. The dQ pass's S = Q Kᵀ, dP = dO Vᵀ (kN = 128) and the
+// dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = 64).
+template <typename T, int kD, int kN>
+__device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0,
+                                                 uint32_t b0, uint32_t a1, uint32_t b1) {
+  static_assert(kN == 64 || kN == 128, "one or two 64-row boxes");
+  constexpr int kBBox = kN / 64 * kBoxBytes;  // B's column-box stride
+  auto mma = [](float(&d)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
+    if constexpr (kN == 64) wgmma_ss_n64<T>(d, da, db, scale_d);
+    else wgmma_ss_n128<T>(d, da, db, scale_d);
+  };
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n64<T>(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBoxBytes)),
-                    kk > 0 ? 1 : 0);
+    mma(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n64<T>(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBoxBytes)),
-                    kk > 0 ? 1 : 0);
+    mma(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
   wgmma_commit();
 }
 
@@ -114,6 +122,16 @@ __device__ __forceinline__ void produce_steps(int n, int bytes, uint64_t* bar_fu
   }
 }
 
+// The dQ pass streams K / V tiles of 128 keys (two 64-row TMA boxes per column box, laid out as a block tile), so
+// that S = Q Kᵀ and dP = dO Vᵀ are m64n128k16 products: against 64-key tiles (m64n64k16) forward + backward went
+// from 447-450 to 479-484 TFLOP/s at Dh 128, T 16k, and 444 to 461 at T 4k; at Dh 64 from 329 to 333 at T 4k and
+// within the noise at 1k and 16k (2026-12-01-dq-pass-128-keys-h200.md).
+constexpr int kDqKeys = 128;
+template <int kD>
+constexpr size_t dq_smem_bytes() {  // Q and dO, kStages x (K, V) tiles of kDqKeys rows, 1024 to align
+  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * block_tile_bytes<kD>()) + 1024;
+}
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
@@ -121,19 +139,22 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
                                       bool causal, float scale, float scale_log2) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
-  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kStep = step_tile_bytes<kD>();
+  constexpr int kKeys = kDqKeys;
+  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kKvTile = kBlockTile;
+  constexpr int kKvBoxBytes = kKvTile / kBoxes;  // a column box of the K / V tile: kKeys rows x 128 bytes
+  constexpr int kN8 = kKeys / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_full[kStages], bar_empty[kStages];
   const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = smem0, sdO = smem0 + kBlockTile;
-  auto sK = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kStep; };
-  auto sV = [&](int s) { return sK(s) + kStep; };
+  auto sK = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kKvTile; };
+  auto sV = [&](int s) { return sK(s) + kKvTile; };
 
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kBlockRows;
   const int C = H * kD;
-  const int n_kt_all = (seq_len + kStepRows - 1) / kStepRows;
-  const int n_kt = causal ? min((q0 + kBlockRows - 1) / kStepRows + 1, n_kt_all) : n_kt_all;
+  const int n_kt_all = (seq_len + kKeys - 1) / kKeys;
+  const int n_kt = causal ? min((q0 + kBlockRows - 1) / kKeys + 1, n_kt_all) : n_kt_all;
 
   if (threadIdx.x == 0) {
     tma_prefetch_map(&qkv_map);
@@ -153,9 +174,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(&bar_q, 2 * kBlockTile);
       load_block_tile<kD>(sQ, &qkv_map, h * kD, q0, b, &bar_q);
       load_block_tile<kD>(sdO, &do_map, h * kD, q0, b, &bar_q);
-      produce_steps(n_kt, 2 * kStep, bar_full, bar_empty, [&](int j, int s, uint64_t* bar) {
-        load_step_tile<kD>(sK(s), &qkv_map, C + h * kD, j * kStepRows, b, bar);
-        load_step_tile<kD>(sV(s), &qkv_map, 2 * C + h * kD, j * kStepRows, b, bar);
+      produce_steps(n_kt, 2 * kKvTile, bar_full, bar_empty, [&](int j, int s, uint64_t* bar) {
+        load_block_tile<kD>(sK(s), &qkv_map, C + h * kD, j * kKeys, b, bar);
+        load_block_tile<kD>(sV(s), &qkv_map, 2 * C + h * kD, j * kKeys, b, bar);
       });
     }
     return;
@@ -173,40 +194,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dq[kBoxes][8][4];
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) flash::zero(dq[bx]);
-  float sacc[8][4], dpacc[8][4];
+  float sacc[kN8][4], dpacc[kN8][4];
   const uint32_t sQw = sQ + cw * 64 * 128, sdOw = sdO + cw * 64 * 128;  // this warpgroup's 64 rows (1024-aligned)
   mbar_wait(&bar_q, 0);
 
   for (int j = 0; j < n_kt; ++j) {
     const int s = j % kStages;
-    const int k0 = j * kStepRows;
+    const int k0 = j * kKeys;
     // Keys wholly past this warpgroup's last query see nothing here (causal). The stage is still waited for and
     // released: an arrival before the tile is loaded could count toward the release of the tile before it.
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     if (!(causal && k0 > q_first + 63)) {
-      issue_two_scores<T, kD>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
+      issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
       wgmma_wait<0>();
       flash_hopper::fence_regs(sacc);
       flash_hopper::fence_regs(dpacc);
 
       // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
-      if (k0 + kStepRows > seq_len || (causal && k0 + kStepRows - 1 > q_first))
+      if (k0 + kKeys > seq_len || (causal && k0 + kKeys - 1 > q_first))
         flash::mask_scores(sacc, k0, row_a, seq_len, causal);
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float pv = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
           sacc[n][e] = pv * (dpacc[n][e] - Dr[e >> 1]);  // dS, in place of S
         }
-      uint32_t dsa[4][4];
-      flash::c_to_a<T, 8>(dsa, sacc);
+      uint32_t dsa[kN8 / 2][4];
+      flash::c_to_a<T, kN8>(dsa, sacc);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kStepRows / 16; ++kk)
+      for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
         for (int bx = 0; bx < kBoxes; ++bx)
-          wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kKvBoxBytes + kk * 16 * 128), 1);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
@@ -314,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
-      issue_two_scores<T, kD>(st, dpt, sKw, sQ(s), sVw, sdO(s));
+      issue_two_scores<T, kD, kStepRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
       wgmma_wait<0>();
       flash_hopper::fence_regs(st);
       flash_hopper::fence_regs(dpt);
@@ -380,9 +401,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename T, int kD>
 void launch_backward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
   constexpr const char* op = "attention_backward (Hopper path)";
-  constexpr size_t smem = smem_bytes<kD>();
-  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, op, ": needs ", smem, " bytes of shared memory per block, the ",
-           "device has ", ctx.gpu().smem_per_block_optin);
+  constexpr size_t smem = smem_bytes<kD>(), dq_smem = dq_smem_bytes<kD>();
+  TS_CHECK(std::max(smem, dq_smem) <= ctx.gpu().smem_per_block_optin, op, ": needs ", std::max(smem, dq_smem),
+           " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   const int C = p.H * p.Dh;
   const CUtensorMap qkv_map = make_rows_map(op, dtype, a.qkv, 3 * static_cast<uint64_t>(C), p.T, p.B, kStepRows);
   const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kStepRows);
@@ -390,11 +411,11 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
-  TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   T* d_qkv = static_cast<T*>(a.d_qkv);
-  dq<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
-                                             scale * kLog2e);
+  dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
+                                                scale * kLog2e);
   TS_CHECK_LAUNCH();
   dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
                                                scale * kLog2e);
