@@ -12,7 +12,7 @@
 //
 // Block: 384 threads = a producer warpgroup (one thread issues the TMA loads; setmaxnreg 24) and two consumer
 // warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of streamed tiles (128 rows
-// in the dQ pass, 64 in the dK / dV pass).
+// in the dQ pass; in the dK / dV pass 128 at Dh 64 and 64 at Dh 128: dkdv_query_rows).
 //   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
 //     the block's Q and dO stay; per key tile (128 keys, up to the diagonal under a causal mask), for consumer c
 //     (queries q0 + 64c ..; a tile wholly above its diagonal is skipped):
@@ -21,9 +21,9 @@
 //       dQ += dS K                       wgmma m64n64k16 per 64 head columns and 16 keys, dS from registers,
 //                                        K MN-major
 //     dQ / sqrt(Dh) stored at the end.
-//   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (64
-//     queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
-//       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ           wgmma m64n64k16 from shared memory
+//   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (R =
+//     128 or 64 queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
+//       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ           wgmma m64nRk16 from shared memory
 //       Pᵀ = exp2(Sᵀ log2e / sqrt(Dh) - lse log2e),  dSᵀ = Pᵀ ∘ (dPᵀ - D)  (lse and D per query, i.e. per column:
 //                                        the producer's warp 1 stages them in shared memory with each tile)
 //       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
@@ -63,9 +63,15 @@ template <int kD>
 constexpr int step_tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
 template <int kD>
 constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
+// The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (forward + backward
+// 331-333 -> 344-345 TFLOP/s at T 4k, 367 -> 381-383 at T 16k: 2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128,
+// where a second 64 columns of Sᵀ and dPᵀ beside dK and dV spilled 768 bytes and ran 13-19% slower.
 template <int kD>
-constexpr size_t smem_bytes() {  // 2 stationary tiles, kStages x 2 streamed tiles, 1024 to align to a swizzle atom
-  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * step_tile_bytes<kD>()) + 1024;
+constexpr int dkdv_query_rows() { return kD == 64 ? 128 : 64; }
+template <int kD>
+constexpr size_t smem_bytes() {  // the dK / dV pass: K and V, kStages x (Q, dO) tiles, 1024 to align to a swizzle atom
+  constexpr int q_tile = dkdv_query_rows<kD>() == 128 ? block_tile_bytes<kD>() : step_tile_bytes<kD>();
+  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * q_tile) + 1024;
 }
 
 // The byte offset of k16 step kk inside a K-major tile whose column boxes are box_bytes apart.
@@ -244,17 +250,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int kD>
+template <typename T, int kD, int kQRows>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                         const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
                                         int H, bool causal, float scale, float scale_log2) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
-  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kStep = step_tile_bytes<kD>();
+  static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
+  constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
+  constexpr int kStep = kQRows == 128 ? kBlockTile : step_tile_bytes<kD>();  // a Q or dO tile
+  constexpr int kQBoxBytes = kStep / kBoxes;  // a column box of it: kQRows rows x 128 bytes
+  constexpr int kN8 = kQRows / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
-  __shared__ float s_lse[kStages][kStepRows], s_D[kStages][kStepRows];  // per query of a stage: lse log2e, D
+  __shared__ float s_lse[kStages][kQRows], s_D[kStages][kQRows];  // per query of a stage: lse log2e, D
   const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = smem0, sV = smem0 + kBlockTile;
   auto sQ = [&](int s) { return smem0 + 2 * kBlockTile + 2 * s * kStep; };
@@ -263,8 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = blockIdx.x * kBlockRows;
   const int C = H * kD;
-  const int n_qt = (seq_len + kStepRows - 1) / kStepRows;
-  const int i_begin = causal ? k0 / kStepRows : 0;  // queries below k0 see none of these keys
+  const int n_qt = (seq_len + kQRows - 1) / kQRows;
+  const int i_begin = causal ? k0 / kQRows : 0;  // queries below k0 see none of these keys
 
   if (threadIdx.x == 0) {
     tma_prefetch_map(&qkv_map);
@@ -289,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int t = 0; t < n_qt - i_begin; ++t) {
         const int s = t % kStages;
         if (t >= kStages) mbar_wait(&bar_empty[s], ((t / kStages) - 1) & 1);
-        for (int c = 0; c < 2; ++c) {
-          const int ql = 2 * lane + c, q = (i_begin + t) * kStepRows + ql;
+        for (int c = 0; c < kQRows / 32; ++c) {
+          const int ql = (kQRows / 32) * lane + c, q = (i_begin + t) * kQRows + ql;
           s_lse[s][ql] = q < seq_len ? lse[stat_base + q] * kLog2e : INFINITY;
           s_D[s][ql] = q < seq_len ? D[stat_base + q] : 0.0f;
         }
@@ -302,9 +312,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_block_tile<kD>(sK, &qkv_map, C + h * kD, k0, b, &bar_kv);
       load_block_tile<kD>(sV, &qkv_map, 2 * C + h * kD, k0, b, &bar_kv);
       produce_steps(n_qt - i_begin, 2 * kStep, bar_full, bar_empty, [&](int t, int s, uint64_t* bar) {
-        const int q0 = (i_begin + t) * kStepRows;
-        load_step_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
-        load_step_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+        const int q0 = (i_begin + t) * kQRows;
+        if constexpr (kQRows == 128) {
+          load_block_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
+          load_block_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+        } else {
+          load_step_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
+          load_step_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+        }
       });
     }
     return;
@@ -322,20 +337,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash::zero(dk[bx]);
     flash::zero(dv[bx]);
   }
-  float st[8][4], dpt[8][4];
+  float st[kN8][4], dpt[kN8][4];
   const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;
   mbar_wait(&bar_kv, 0);
 
   for (int i = i_begin; i < n_qt; ++i) {
     const int t = i - i_begin, s = t % kStages;
-    const int q0 = i * kStepRows;
+    const int q0 = i * kQRows;
     // Queries wholly before this warpgroup's first key see none of its keys (causal); the stage is still waited
     // for and released (as in the dQ pass).
-    if (causal && q0 + kStepRows - 1 < k_first) {
+    if (causal && q0 + kQRows - 1 < k_first) {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
-      issue_two_scores<T, kD, kStepRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
+      issue_two_scores<T, kD, kQRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
       wgmma_wait<0>();
       flash_hopper::fence_regs(st);
       flash_hopper::fence_regs(dpt);
@@ -345,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // fills rows past T with zeros).
       if (k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63)) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < kN8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int q = q0 + n * 8 + 2 * (lane & 3) + (e & 1), key = key_a + (e >> 1) * 8;
@@ -353,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), its lse and D.
@@ -366,16 +381,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             dpt[n][e] = pv * (dpt[n][e] - dq);      // dSᵀ, in place of dPᵀ
           }
         }
-      uint32_t pa[4][4], dsa[4][4];
-      flash::c_to_a<T, 8>(pa, st);
-      flash::c_to_a<T, 8>(dsa, dpt);
+      uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
+      flash::c_to_a<T, kN8>(pa, st);
+      flash::c_to_a<T, kN8>(dsa, dpt);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kStepRows / 16; ++kk)
+      for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
         for (int bx = 0; bx < kBoxes; ++bx) {
-          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_mn_major(sdO(s) + bx * kBoxBytes + kk * 16 * 128), 1);
-          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_mn_major(sQ(s) + bx * kBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_mn_major(sdO(s) + bx * kQBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_mn_major(sQ(s) + bx * kQBoxBytes + kk * 16 * 128), 1);
         }
       wgmma_commit();
       wgmma_wait<0>();
@@ -410,13 +425,13 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
-  auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
-  TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
-  TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   T* d_qkv = static_cast<T*>(a.d_qkv);
+  TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
   dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
                                                 scale * kLog2e);
   TS_CHECK_LAUNCH();
+  auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD, dkdv_query_rows<kD>()>;
+  TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
                                                scale * kLog2e);
   TS_CHECK_LAUNCH();
