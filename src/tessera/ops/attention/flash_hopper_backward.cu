@@ -15,7 +15,7 @@
 // in the dQ pass; in the dK / dV pass 128 at Dh 64 and 64 at Dh 128: dkdv_query_rows).
 //   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
 //     the block's Q and dO stay; per key tile (128 keys, up to the diagonal under a causal mask), for consumer c
-//     (queries q0 + 64c ..; a tile wholly above its diagonal is skipped):
+//     (queries q0 + 64c ..; on the diagonal tile consumer 0's 64 keys past its queries are masked, not skipped):
 //       S = Q Kᵀ, dP = dO Vᵀ            wgmma m64n128k16 from shared memory, kD/16 steps each
 //       P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dS = P ∘ (dP - D)
 //       dQ += dS K                       wgmma m64n64k16 per 64 head columns and 16 keys, dS from registers,
@@ -52,9 +52,9 @@ namespace {
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 constexpr int kBlockRows = 128;  // the block's stationary rows (queries of the dQ pass, keys of dK / dV), 64 a consumer
-constexpr int kStepRows = 64;    // rows of a streamed tile (keys of the dQ pass, queries of dK / dV)
+constexpr int kBoxRows = 64;     // rows of a TMA box: a 64-row tile is one, a 128-row (block) tile two
 constexpr int kStages = 2;
-constexpr int kBoxBytes = kStepRows * kBoxCols * 2;  // one TMA box: 64 rows x 128 bytes
+constexpr int kBoxBytes = kBoxRows * kBoxCols * 2;  // one TMA box: 64 rows x 128 bytes
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -65,26 +65,30 @@ template <int kD>
 constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
 // The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (forward + backward
 // 331-333 -> 344-345 TFLOP/s at T 4k, 367 -> 381-383 at T 16k: 2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128,
-// where a second 64 columns of Sᵀ and dPᵀ beside dK and dV spilled 768 bytes and ran 13-19% slower.
+// where a second 64 columns of Sᵀ and dPᵀ beside dK and dV spilled 768 bytes (ptxas C7512: wgmma serialized) and
+// ran 14-20% slower.
 template <int kD>
 constexpr int dkdv_query_rows() { return kD == 64 ? 128 : 64; }
 template <int kD>
-constexpr size_t smem_bytes() {  // the dK / dV pass: K and V, kStages x (Q, dO) tiles, 1024 to align to a swizzle atom
-  constexpr int q_tile = dkdv_query_rows<kD>() == 128 ? block_tile_bytes<kD>() : step_tile_bytes<kD>();
-  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * q_tile) + 1024;
+constexpr int dkdv_query_tile_bytes() {  // a Q or dO tile of the dK / dV pass
+  return dkdv_query_rows<kD>() == 128 ? block_tile_bytes<kD>() : step_tile_bytes<kD>();
+}
+template <int kD>
+constexpr size_t dkdv_smem_bytes() {  // K and V, kStages x (Q, dO) tiles, 1024 to align to a swizzle atom
+  return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * dkdv_query_tile_bytes<kD>()) + 1024;
 }
 
 // The byte offset of k16 step kk inside a K-major tile whose column boxes are box_bytes apart.
 __device__ __forceinline__ uint32_t k_step(int kk, int box_bytes) { return (kk / 4) * box_bytes + (kk % 4) * 32; }
 
-// Loads the 128 stationary rows starting at row0 of the matrix at column col of `map` into a block tile at dst
-// (two 64-row boxes per column box), completing on bar.
+// Loads the 128 rows starting at row0 of the matrix at column col of `map` into a block tile at dst (two 64-row
+// boxes per column box), completing on bar: the stationary tiles, and the 128-row streamed tiles.
 template <int kD>
 __device__ __forceinline__ void load_block_tile(uint32_t dst, const CUtensorMap* map, int col, int row0, int b,
                                                 uint64_t* bar) {
   for (int bx = 0; bx < kD / kBoxCols; ++bx)
     for (int half = 0; half < 2; ++half)
-      tma_load_3d(dst + bx * 2 * kBoxBytes + half * kBoxBytes, map, col + bx * kBoxCols, row0 + half * kStepRows, b,
+      tma_load_3d(dst + bx * 2 * kBoxBytes + half * kBoxBytes, map, col + bx * kBoxCols, row0 + half * kBoxRows, b,
                   bar);
 }
 template <int kD>
@@ -96,7 +100,7 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
 // x = A0 B0ᵀ and y = A1 B1ᵀ (64 x kN each, f32), one commit group: A0 / A1 the warpgroup's 64 rows of block tiles
 // (column boxes 2 kBoxBytes apart), B0 / B1 tiles of kN rows (64: step tiles, column boxes kBoxBytes apart; 128:
 // block tiles), all K-major over the kD head columns. The dQ pass's S = Q Kᵀ, dP = dO Vᵀ (kN = 128) and the
-// dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = 64).
+// dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = dkdv_query_rows: 128 at Dh 64, 64 at Dh 128).
 template <typename T, int kD, int kN>
 __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0,
                                                  uint32_t b0, uint32_t a1, uint32_t b1) {
@@ -130,9 +134,10 @@ __device__ __forceinline__ void produce_steps(int n, int bytes, uint64_t* bar_fu
 
 // The dQ pass streams K / V tiles of 128 keys (two 64-row TMA boxes per column box, laid out as a block tile), so
 // that S = Q Kᵀ and dP = dO Vᵀ are m64n128k16 products: against 64-key tiles (m64n64k16) forward + backward went
-// from 447-450 to 479-484 TFLOP/s at Dh 128, T 16k, and 444 to 461 at T 4k; at Dh 64 from 329 to 333 at T 4k and
-// within the noise at 1k and 16k (2026-12-01-dq-pass-128-keys-h200.md).
+// from 447-450 to 479-484 TFLOP/s at Dh 128, T 16k, and 444 to 461-462 at T 4k; at Dh 64 from 329 to 333 at T 4k
+// and within the noise at 1k and 16k (2026-12-01-dq-pass-128-keys-h200.md).
 constexpr int kDqKeys = 128;
+static_assert(kDqKeys == kBlockRows, "the dQ pass's K / V tiles are laid out and loaded as block tiles");
 template <int kD>
 constexpr size_t dq_smem_bytes() {  // Q and dO, kStages x (K, V) tiles of kDqKeys rows, 1024 to align
   return static_cast<size_t>(2 * block_tile_bytes<kD>() + 2 * kStages * block_tile_bytes<kD>()) + 1024;
@@ -207,8 +212,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < n_kt; ++j) {
     const int s = j % kStages;
     const int k0 = j * kKeys;
-    // Keys wholly past this warpgroup's last query see nothing here (causal). The stage is still waited for and
-    // released: an arrival before the tile is loaded could count toward the release of the tile before it.
+    // The stage is waited for and released even by a consumer that skips the tile: an arrival before the tile is
+    // loaded could count toward the release of the tile before it. (Keys wholly past this warpgroup's last query
+    // would see nothing here, under a causal mask; with 128-key tiles and 128 queries per block, n_kt already stops
+    // at the diagonal tile, so the skip never fires: a guard kept from the 64-key tiles.)
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     if (!(causal && k0 > q_first + 63)) {
       issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
@@ -250,16 +257,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int kD, int kQRows>
+template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                         const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
                                         int H, bool causal, float scale, float scale_log2) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  constexpr int kQRows = dkdv_query_rows<kD>();
   static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
-  constexpr int kStep = kQRows == 128 ? kBlockTile : step_tile_bytes<kD>();  // a Q or dO tile
+  constexpr int kStep = dkdv_query_tile_bytes<kD>();  // a Q or dO tile
   constexpr int kQBoxBytes = kStep / kBoxes;  // a column box of it: kQRows rows x 128 bytes
   constexpr int kN8 = kQRows / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
     if (threadIdx.x / 32 == 1) {
-      // Warp 1 stages each query tile's lse (log2 units; +inf past T, so P = 0) and D in shared memory, two
+      // Warp 1 stages each query tile's lse (log2 units; +inf past T, so P = 0) and D in shared memory, kQRows / 32
       // queries a lane; its arrival on the stage's full barrier releases them to the consumers (a consumer read
       // them straight from global memory, per accumulator column, and stalled on those loads: ncu, H200).
       const int lane = threadIdx.x % 32;
@@ -345,7 +353,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = i - i_begin, s = t % kStages;
     const int q0 = i * kQRows;
     // Queries wholly before this warpgroup's first key see none of its keys (causal); the stage is still waited
-    // for and released (as in the dQ pass).
+    // for and released (as in the dQ pass). With 64-query tiles this skips consumer 1's first tile; with 128 it
+    // never fires (the first tile starts at k0).
     if (causal && q0 + kQRows - 1 < k_first) {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {
@@ -416,12 +425,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename T, int kD>
 void launch_backward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
   constexpr const char* op = "attention_backward (Hopper path)";
-  constexpr size_t smem = smem_bytes<kD>(), dq_smem = dq_smem_bytes<kD>();
+  constexpr size_t smem = dkdv_smem_bytes<kD>(), dq_smem = dq_smem_bytes<kD>();
+  static_assert(std::max(smem, dq_smem) <= 227 * 1024, "more shared memory per block than sm_90 has");
   TS_CHECK(std::max(smem, dq_smem) <= ctx.gpu().smem_per_block_optin, op, ": needs ", std::max(smem, dq_smem),
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   const int C = p.H * p.Dh;
-  const CUtensorMap qkv_map = make_rows_map(op, dtype, a.qkv, 3 * static_cast<uint64_t>(C), p.T, p.B, kStepRows);
-  const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kStepRows);
+  const CUtensorMap qkv_map = make_rows_map(op, dtype, a.qkv, 3 * static_cast<uint64_t>(C), p.T, p.B, kBoxRows);
+  const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kBoxRows);
   const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
@@ -430,7 +440,7 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
                                                 scale * kLog2e);
   TS_CHECK_LAUNCH();
-  auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD, dkdv_query_rows<kD>()>;
+  auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
                                                scale * kLog2e);
