@@ -506,14 +506,24 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(n_rows) * sizeof(float)));
   cuda::dispatch_float(dtype, op, [&](auto t) {
     using T = decltype(t);
-    attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
-        D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
-    TS_CHECK_LAUNCH();
-    if (flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv})) {
-      const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv};
-      if (flash_backward_uses_hopper(p, dtype, ctx)) {
+    const bool flash = flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv});
+    const bool hopper = flash && flash_backward_uses_hopper(p, dtype, ctx);
+    // The Hopper dQ pass computes D itself from the dO tile it holds, when it can read out in 16-byte vectors:
+    // attention_backward_row_dot took 0.11-0.21 ms of the backward at 32k tokens x 2048 (H200, bf16;
+    // bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
+    const bool d_in_dq = hopper && cuda::aligned16(out);
+    if (!d_in_dq) {
+      attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
+          D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
+      TS_CHECK_LAUNCH();
+    }
+    if (flash) {
+      if (hopper) {
+        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .out_in = d_in_dq ? out : nullptr,
+                                   .D_out = D, .d_qkv = d_qkv};
         flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
       } else {
+        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv};
         flash_attention_backward_dq_cuda(p, dtype, a, ctx);
         flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
       }

@@ -10,7 +10,8 @@
 // 64 rows are double-buffered in shared memory by cp.async. Per tile: S = Q Kᵀ (mma), online softmax in the
 // log2 domain (running max m and a lane-partial running sum l in registers), P rounded to the dtype in
 // registers as the A operand of O += P V. lse = (m + log2 l) ln 2.
-// Backward: D = rowsum(dO ∘ O) (attention.cu), then two deterministic passes with no atomics, each recomputing
+// Backward: D = rowsum(dO ∘ O) (attention.cu; the Hopper dQ pass computes it itself), then two deterministic
+// passes with no atomics, each recomputing
 // P = exp2(S log2e / sqrt(Dh) − lse log2e) tile by tile:
 //   dQ (flash_backward_dq.cu): grid over query tiles; per key tile S = Q Kᵀ, dP = dO Vᵀ, dS = P ∘ (dP − D),
 //     dQ += dS K.
@@ -33,6 +34,9 @@ struct FlashAttentionArgs {
   const void* d_out = nullptr; // (B*T, C)       backward input
   const float* lse_in = nullptr;  // (B, H, T)   backward input
   const float* D = nullptr;    // (B, H, T)      backward input: rowsum(dO ∘ O)
+  const void* out_in = nullptr;  // (B*T, C)     Hopper backward input: the forward's out (see D_out)
+  float* D_out = nullptr;      // (B, H, T)      Hopper backward: rowsum(dO ∘ O), which its dQ pass computes from
+                               //                out_in, or reads when out_in is null (computed before)
   void* d_qkv = nullptr;       // (B*T, 3C)      backward output
 };
 

@@ -46,8 +46,10 @@ void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, 
 // The backward's coverage is the forward's (Dh 64 / 128, bf16 / f16, sm_90a); d_out must be 16-byte aligned too.
 bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
 bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
-// d_qkv <- the gradient through (p, qkv) of d_out, from lse_in and D = rowsum(dO ∘ O) (flash.h's arguments); every
-// element of d_qkv written. An Error when not eligible or a tensor map cannot be built.
+// d_qkv <- the gradient through (p, qkv) of d_out, from lse_in and D = rowsum(dO ∘ O) in D_out (flash.h's
+// arguments; a.D is not read): the dQ pass computes D into D_out from out_in (16-byte aligned) and the dO tile it
+// holds, or, when out_in is null, reads it there; the dK / dV pass reads it there. Every element of d_qkv written.
+// An Error when not eligible or a tensor map cannot be built.
 void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                           Context& ctx);
 

@@ -14,7 +14,9 @@
 // warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of streamed tiles (128 rows
 // in the dQ pass; in the dK / dV pass 128 at Dh 64 and 64 at Dh 128: dkdv_query_rows).
 //   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
-//     the block's Q and dO stay; per key tile (128 keys, up to the diagonal under a causal mask), for consumer c
+//     the block's Q and dO stay; each consumer first computes D = rowsum(dO ∘ O) of its 64 rows from O (global)
+//     and the dO tile, and writes it for the dK / dV pass (or, given no O, reads D computed before);
+//     per key tile (128 keys, up to the diagonal under a causal mask), for consumer c
 //     (queries q0 + 64c ..; on the diagonal tile consumer 0's 64 keys past its queries are masked, not skipped):
 //       S = Q Kᵀ, dP = dO Vᵀ            wgmma m64n128k16 from shared memory, kD/16 steps each
 //       P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dS = P ∘ (dP - D)
@@ -101,7 +103,7 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
 // (column boxes 2 kBoxBytes apart), B0 / B1 tiles of kN rows (64: step tiles, column boxes kBoxBytes apart; 128:
 // block tiles), all K-major over the kD head columns. The dQ pass's S = Q Kᵀ, dP = dO Vᵀ (kN = 128) and the
 // dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = dkdv_query_rows: 128 at Dh 64, 64 at Dh 128).
-template <typename T, int kD, int kN>
+template <typename T, int kD, int kN, bool kTwoGroups = false>
 __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0,
                                                  uint32_t b0, uint32_t a1, uint32_t b1) {
   static_assert(kN == 64 || kN == 128, "one or two 64-row boxes");
@@ -114,6 +116,7 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     mma(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+  if constexpr (kTwoGroups) wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     mma(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
@@ -147,8 +150,8 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                       const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
-                                      const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                      bool causal, float scale, float scale_log2) {
+                                      const float* __restrict__ lse, const T* __restrict__ out, float* D,
+                                      int seq_len, int H, bool causal, float scale, float scale_log2) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   constexpr int kKeys = kDqKeys;
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kKvTile = kBlockTile;
@@ -199,14 +202,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q_first = q0 + cw * 64;             // the warpgroup's first query row
   const int row_w = q_first + warp * 16;        // this warp's first query row
   const int row_a = row_w + lane / 4;           // this lane's rows: row_a and row_a + 8
+  const uint32_t sQw = sQ + cw * 64 * 128, sdOw = sdO + cw * 64 * 128;  // this warpgroup's 64 rows (1024-aligned)
   const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
   float lse2[2], Dr[2];
-  flash::load_row_stats(lse2, Dr, lse, D, stat_base, row_a, seq_len);
+  if (out) {
+    // D = rowsum(dO ∘ O) of the warpgroup's 64 rows, from O (loaded now, so the loads overlap the wait for the Q
+    // and dO tiles) and the dO tile in shared memory: thread tid takes row q_first + tid / 2, the half tid % 2 of
+    // its kD columns, in 16-byte chunks. Written for the dK / dV pass, and handed to the lanes that hold the row in
+    // their accumulators by a shuffle (row q_first + 16 w + i is thread 2 i of warp w).
+    constexpr int kChunks = kD / 16;  // 8-column chunks in half a row
+    const int rl = tid / 2, col0 = (tid % 2) * (kD / 2), r = q_first + rl;
+    uint4 o_raw[kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      o_raw[c] = r < seq_len ? *reinterpret_cast<const uint4*>(out + (static_cast<int64_t>(b) * seq_len + r) * C +
+                                                              h * kD + col0 + 8 * c)
+                             : make_uint4(0, 0, 0, 0);
+    mbar_wait(&bar_q, 0);
+    float d = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      // Chunk (col0 + 8c) / 8 of the row: column box col / 64, 16-byte unit u = (col % 64) / 8 of the box's
+      // 128-byte row rl, stored at unit u ^ (rl % 8) (the 128-byte swizzle).
+      const int col = col0 + 8 * c, u = (col % 64) / 8;
+      uint4 g;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(g.x), "=r"(g.y), "=r"(g.z), "=r"(g.w)
+                   : "r"(sdOw + (col / 64) * 2 * kBoxBytes + rl * 128 + ((u ^ (rl % 8)) << 4)));
+      const uint32_t ow[4] = {o_raw[c].x, o_raw[c].y, o_raw[c].z, o_raw[c].w}, gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 of = flash::unpack2<T>(ow[k]), gf = flash::unpack2<T>(gw[k]);
+        d = fmaf(gf.x, of.x, d);
+        d = fmaf(gf.y, of.y, d);
+      }
+    }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    if (tid % 2 == 0 && r < seq_len) D[stat_base + r] = d;
+    Dr[0] = __shfl_sync(0xffffffffu, d, 2 * (lane / 4));
+    Dr[1] = __shfl_sync(0xffffffffu, d, 2 * (lane / 4 + 8));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int rr = row_a + 8 * half;
+      lse2[half] = rr < seq_len ? lse[stat_base + rr] * kLog2e : 0.0f;
+    }
+  } else {
+    flash::load_row_stats(lse2, Dr, lse, D, stat_base, row_a, seq_len);
+  }
   float dq[kBoxes][8][4];
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) flash::zero(dq[bx]);
   float sacc[kN8][4], dpacc[kN8][4];
-  const uint32_t sQw = sQ + cw * 64 * 128, sdOw = sdO + cw * 64 * 128;  // this warpgroup's 64 rows (1024-aligned)
   mbar_wait(&bar_q, 0);
 
   for (int j = 0; j < n_kt; ++j) {
@@ -218,21 +264,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // at the diagonal tile, so the skip never fires: a guard kept from the 64-key tiles.)
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     if (!(causal && k0 > q_first + 63)) {
-      issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
-      wgmma_wait<0>();
+      // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (with the dK / dV
+      // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90 / 14.0-14.1 ms at
+      // T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128: 2026-12-01-split-waits-and-fused-d-h200.md).
+      issue_two_scores<T, kD, kKeys, /*kTwoGroups=*/true>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
+      wgmma_wait<1>();
       flash_hopper::fence_regs(sacc);
-      flash_hopper::fence_regs(dpacc);
-
       // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
       if (k0 + kKeys > seq_len || (causal && k0 + kKeys - 1 > q_first))
         flash::mask_scores(sacc, k0, row_a, seq_len, causal);
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pv = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
-          sacc[n][e] = pv * (dpacc[n][e] - Dr[e >> 1]);  // dS, in place of S
-        }
+        for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+      wgmma_wait<0>();
+      flash_hopper::fence_regs(dpacc);
+#pragma unroll
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
       uint32_t dsa[kN8 / 2][4];
       flash::c_to_a<T, kN8>(dsa, sacc);
       wgmma_fence();
@@ -359,10 +409,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
-      issue_two_scores<T, kD, kQRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
-      wgmma_wait<0>();
+      // Sᵀ and dPᵀ in two commit groups, as in the dQ pass: Pᵀ's exponentials run while dPᵀ is computed.
+      issue_two_scores<T, kD, kQRows, /*kTwoGroups=*/true>(st, dpt, sKw, sQ(s), sVw, sdO(s));
+      wgmma_wait<1>();
       flash_hopper::fence_regs(st);
-      flash_hopper::fence_regs(dpt);
 
       // Only a tile on the diagonal or with keys past T masks (a warpgroup-uniform branch): Sᵀ = -inf makes P = 0.
       // Queries past T need no mask: their staged lse is +inf, so P = 2^(S - inf) = 0 (their S is finite: TMA
@@ -376,20 +426,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (key >= seq_len || (causal && key > q)) st[n][e] = -INFINITY;
           }
       }
+      // This lane's query columns are q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), with lse and D at
+      // ql = 8n + 2 (l % 4) + c of the stage.
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          // This lane's query column q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), its lse and D.
-          const int ql = n * 8 + 2 * (lane & 3) + c;
-          const float lq = s_lse[s][ql], dq = s_D[s][ql];
+        for (int e = 0; e < 4; ++e)
+          st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
+      wgmma_wait<0>();
+      flash_hopper::fence_regs(dpt);
 #pragma unroll
-          for (int e = c; e < 4; e += 2) {
-            const float pv = flash::exp2_approx(st[n][e] * scale_log2 - lq);
-            st[n][e] = pv;                          // Pᵀ, in place of Sᵀ
-            dpt[n][e] = pv * (dpt[n][e] - dq);      // dSᵀ, in place of dPᵀ
-          }
-        }
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
       uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
       flash::c_to_a<T, kN8>(pa, st);
       flash::c_to_a<T, kN8>(dsa, dpt);
@@ -437,13 +487,13 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
   T* d_qkv = static_cast<T*>(a.d_qkv);
   TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
-  dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
-                                                scale * kLog2e);
+  dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, static_cast<const T*>(a.out_in),
+                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e);
   TS_CHECK_LAUNCH();
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D, p.T, p.H, p.causal, scale,
-                                               scale * kLog2e);
+  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.causal,
+                                               scale, scale * kLog2e);
   TS_CHECK_LAUNCH();
 }
 
