@@ -11,8 +11,7 @@
 // log2 domain (running max m and a lane-partial running sum l in registers), P rounded to the dtype in
 // registers as the A operand of O += P V. lse = (m + log2 l) ln 2.
 // Backward: D = rowsum(dO ∘ O) (attention.cu; the Hopper dQ pass computes it itself), then two deterministic
-// passes with no atomics, each recomputing
-// P = exp2(S log2e / sqrt(Dh) − lse log2e) tile by tile:
+// passes with no atomics, each recomputing P = exp2(S log2e / sqrt(Dh) − lse log2e) tile by tile:
 //   dQ (flash_backward_dq.cu): grid over query tiles; per key tile S = Q Kᵀ, dP = dO Vᵀ, dS = P ∘ (dP − D),
 //     dQ += dS K.
 //   dK, dV (flash_backward_dkdv.cu): grid over key tiles; per query tile Sᵀ = K Qᵀ, dPᵀ = V dOᵀ,

@@ -99,11 +99,12 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
   for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_3d(dst + bx * kBoxBytes, map, col + bx * kBoxCols, row0, b, bar);
 }
 
-// x = A0 B0ᵀ and y = A1 B1ᵀ (64 x kN each, f32), one commit group: A0 / A1 the warpgroup's 64 rows of block tiles
+// x = A0 B0ᵀ and y = A1 B1ᵀ (64 x kN each, f32), two commit groups (x's first, so that a wait for all but the
+// latest group makes x alone complete): A0 / A1 the warpgroup's 64 rows of block tiles
 // (column boxes 2 kBoxBytes apart), B0 / B1 tiles of kN rows (64: step tiles, column boxes kBoxBytes apart; 128:
 // block tiles), all K-major over the kD head columns. The dQ pass's S = Q Kᵀ, dP = dO Vᵀ (kN = 128) and the
 // dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = dkdv_query_rows: 128 at Dh 64, 64 at Dh 128).
-template <typename T, int kD, int kN, bool kTwoGroups = false>
+template <typename T, int kD, int kN>
 __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0,
                                                  uint32_t b0, uint32_t a1, uint32_t b1) {
   static_assert(kN == 64 || kN == 128, "one or two 64-row boxes");
@@ -116,7 +117,7 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     mma(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
-  if constexpr (kTwoGroups) wgmma_commit();
+  wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     mma(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
@@ -265,9 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     if (!(causal && k0 > q_first + 63)) {
       // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (with the dK / dV
-      // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90 / 14.0-14.1 ms at
-      // T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128: 2026-12-01-split-waits-and-fused-d-h200.md).
-      issue_two_scores<T, kD, kKeys, /*kTwoGroups=*/true>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
+      // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90-3.91 /
+      // 14.0-14.1 ms at T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128:
+      // 2026-12-01-split-waits-and-fused-d-h200.md).
+      issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
       wgmma_wait<1>();
       flash_hopper::fence_regs(sacc);
       // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
       // Sᵀ and dPᵀ in two commit groups, as in the dQ pass: Pᵀ's exponentials run while dPᵀ is computed.
-      issue_two_scores<T, kD, kQRows, /*kTwoGroups=*/true>(st, dpt, sKw, sQ(s), sVw, sdO(s));
+      issue_two_scores<T, kD, kQRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
       wgmma_wait<1>();
       flash_hopper::fence_regs(st);
 
@@ -511,6 +513,9 @@ bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Con
 
 void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                           Context& ctx) {
+  TS_CHECK(a.D_out != nullptr, "attention_backward (Hopper path): no D_out (the dQ pass computes or reads D in it)");
+  TS_CHECK(a.out_in == nullptr || cuda::aligned16(a.out_in),
+           "attention_backward (Hopper path): out is not 16-byte aligned; pass no out_in and D computed before");
   TS_CHECK(flash_hopper_backward_eligible(p, dtype, ctx), "attention_backward (Hopper path): not eligible for ",
            "Dh=", p.Dh, ", ", dtype_name(dtype), " on this device");
   const auto by_dtype = [&](auto d) {
