@@ -132,6 +132,18 @@ TEST(AdamW, FirstStepIsSignedLrAndDecayIsPerSegment) {
   EXPECT_THROW(adamw_update_ref({.step = 0}, segs, w.data(), g.data(), m.data(), v.data()), Error);
 }
 
+// eps is added to sqrt(v_hat), not under the root: with |g| = 1e-6 the first step is lr * 1e-6 / (1e-6 + 1e-8)
+// (0.99 lr), where lr * 1e-6 / sqrt(1e-12 + 1e-8) would be 0.01 lr. Gradients of order 1 cannot tell the two apart.
+TEST(AdamW, EpsIsAddedOutsideTheSquareRoot) {
+  std::vector<ParamSegment> segs{{"w", 0, 2, false}};
+  std::vector<float> w{0.0f, 0.0f}, g{1e-6f, -1e-6f}, m(2, 0.0f), v(2, 0.0f);
+  adamw_update_ref({.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .step = 1}, segs,
+                   w.data(), g.data(), m.data(), v.data());
+  const double expect = 0.01 * 1e-6 / (1e-6 + 1e-8);
+  EXPECT_NEAR(w[0], -expect, 1e-3 * expect);
+  EXPECT_NEAR(w[1], expect, 1e-3 * expect);
+}
+
 TEST(AdamW, ClipGradNorm) {
   std::vector<float> g{3.0f, 4.0f};
   EXPECT_NEAR(clip_grad_norm_ref(g.data(), 2, 1.0), 5.0, 1e-12);

@@ -2,6 +2,8 @@
 // Outputs an op overwrites are filled with NaN before the call (a value it fails to write shows up), and
 // outputs it accumulates into (+=, as the op headers say: weight, bias and norm-input gradients) are filled
 // with random values first; the test then checks result - prefill against the true gradient.
+#include <cmath>
+
 #include "tessera/core/philox.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
@@ -205,6 +207,27 @@ TEST_F(OpsFd, Rope) {
   for (int r = 0; r < p.B * p.T; ++r)
     for (int c = 2 * C; c < 3 * C; ++c) EXPECT_EQ(y[r * 3 * C + c], qkv[r * 3 * C + c]);
   EXPECT_NEAR(weighted_sum(y, y), weighted_sum(qkv, qkv), 1e-9);
+}
+
+// The rotation itself, against its definition (the finite-difference check above holds for any rotation the
+// forward and backward share): head element i < Dh/2 of q and k at sequence position pos_offset + t pairs with
+// i + Dh/2 and turns by the angle (pos_offset + t) / theta^(2i/Dh).
+TEST_F(OpsFd, RopeAnglesArePositionOverThetaPower) {
+  const RopeParams p{.B = 2, .T = 4, .H = 2, .Dh = 8, .theta = 10000.0f, .pos_offset = 3};
+  const int C = p.H * p.Dh, half = p.Dh / 2;
+  const auto qkv = randn<double>(p.B * p.T * 3 * C, rng);
+  std::vector<double> y = qkv;
+  rope_forward_ref(p, y.data());
+  for (int b = 0; b < p.B; ++b)
+    for (int t = 0; t < p.T; ++t)
+      for (int part = 0; part < 2; ++part)
+        for (int h = 0; h < p.H; ++h)
+          for (int i = 0; i < half; ++i) {
+            const size_t at = (static_cast<size_t>(b) * p.T + t) * 3 * C + part * C + h * p.Dh + i;
+            const double angle = (p.pos_offset + t) / std::pow(10000.0, 2.0 * i / p.Dh);
+            EXPECT_NEAR(y[at], qkv[at] * std::cos(angle) - qkv[at + half] * std::sin(angle), 1e-12);
+            EXPECT_NEAR(y[at + half], qkv[at + half] * std::cos(angle) + qkv[at] * std::sin(angle), 1e-12);
+          }
 }
 
 TEST_F(OpsFd, Activations) {

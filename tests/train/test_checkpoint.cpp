@@ -53,13 +53,23 @@ TEST(Checkpoint, Gpt2UsesHuggingFaceNamesAndConv1DLayout) {
   const auto st = SafetensorsFile::load((d / "ck" / "model.safetensors").string());
   EXPECT_EQ(st.meta("format"), "pt");
   EXPECT_FALSE(st.has("lm_head.weight"));  // tied
-  const auto& e = st.entry("transformer.h.1.attn.c_attn.weight");
-  ASSERT_EQ(e.shape, (std::vector<int64_t>{16, 48}));  // Conv1D: (in, out)
-  const float* hf = reinterpret_cast<const float*>(st.data("transformer.h.1.attn.c_attn.weight"));
-  const int seg = m.params().find("h.1.qkv.w");
-  const float* ours = m.params().host_data<float>() + m.params().segments()[seg].offset;  // (out=48, in=16)
-  for (int o = 0; o < 48; ++o)
-    for (int i = 0; i < 16; ++i) ASSERT_EQ(hf[i * 48 + o], ours[o * 16 + i]);
+  // Every matrix is stored as Conv1D's (in, out), the transpose of ours (out, in); a square one (attn.c_proj) has the
+  // right shape either way, so each is checked element by element.
+  struct Matrix {
+    const char* hf;
+    const char* ours;
+    int in, out;
+  };
+  for (const Matrix& x : {Matrix{"transformer.h.1.attn.c_attn.weight", "h.1.qkv.w", 16, 48},
+                          Matrix{"transformer.h.1.attn.c_proj.weight", "h.1.proj.w", 16, 16},
+                          Matrix{"transformer.h.1.mlp.c_fc.weight", "h.1.fc.w", 16, 24},
+                          Matrix{"transformer.h.1.mlp.c_proj.weight", "h.1.fcp.w", 24, 16}}) {
+    ASSERT_EQ(st.entry(x.hf).shape, (std::vector<int64_t>{x.in, x.out})) << x.hf;
+    const float* hf = reinterpret_cast<const float*>(st.data(x.hf));
+    const float* ours = m.params().host_data<float>() + m.params().segments()[m.params().find(x.ours)].offset;
+    for (int o = 0; o < x.out; ++o)
+      for (int i = 0; i < x.in; ++i) ASSERT_EQ(hf[i * x.out + o], ours[o * x.in + i]) << x.hf;
+  }
   const auto cfg = nlohmann::json::parse(read_file_text((d / "ck" / "config.json").string()));
   EXPECT_EQ(cfg["model_type"], "gpt2");
   EXPECT_EQ(cfg["n_embd"], 16);

@@ -163,6 +163,22 @@ TEST(Checkpoints, BestHoldsTheLowestValidationLoss) {
   EXPECT_EQ(load_train_state(r.best_checkpoint, *m).step, best_step);
   EXPECT_EQ(r.best_step, best_step);
   EXPECT_EQ(r.best_val_loss, best);
+
+  // Interrupted right after the best step and resumed: the resumed run must remember that best (from its metrics),
+  // so the later, worse validation losses do not overwrite best/.
+  o.stop_after = best_step;
+  o.out = (d / "split").string();
+  train(o);
+  TrainOptions resume;
+  resume.resume = (d / "split" / "checkpoint").string();
+  resume.out = o.out;
+  resume.steps = 0;  // the saved run's
+  resume.progress = false;
+  const TrainResult rr = train(resume);
+  EXPECT_EQ(rr.best_step, best_step);
+  EXPECT_EQ(rr.best_val_loss, best);
+  auto mr = load_checkpoint_model(rr.best_checkpoint);
+  EXPECT_EQ(load_train_state(rr.best_checkpoint, *mr).step, best_step) << "best/ was overwritten after the resume";
   fs::remove_all(d);
 }
 
