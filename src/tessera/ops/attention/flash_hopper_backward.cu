@@ -213,12 +213,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // their accumulators by a shuffle (row q_first + 16 w + i is thread 2 i of warp w).
     constexpr int kChunks = kD / 16;  // 8-column chunks in half a row
     const int rl = tid / 2, col0 = (tid % 2) * (kD / 2), r = q_first + rl;
-    uint4 o_raw[kChunks];
+    cuda::RawUnit<T, 8> o_raw[kChunks];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      o_raw[c] = r < seq_len ? *reinterpret_cast<const uint4*>(out + (static_cast<int64_t>(b) * seq_len + r) * C +
-                                                              h * kD + col0 + 8 * c)
-                             : make_uint4(0, 0, 0, 0);
+      o_raw[c] = r < seq_len ? cuda::load_raw<T, 8>(out + (static_cast<int64_t>(b) * seq_len + r) * C + h * kD +
+                                                    col0 + 8 * c)
+                             : cuda::RawUnit<T, 8>{};
     mbar_wait(&bar_q, 0);
     float d = 0.0f;
 #pragma unroll
@@ -230,13 +230,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(g.x), "=r"(g.y), "=r"(g.z), "=r"(g.w)
                    : "r"(sdOw + (col / 64) * 2 * kBoxBytes + rl * 128 + ((u ^ (rl % 8)) << 4)));
-      const uint32_t ow[4] = {o_raw[c].x, o_raw[c].y, o_raw[c].z, o_raw[c].w}, gw[4] = {g.x, g.y, g.z, g.w};
+      const auto gu = __builtin_bit_cast(cuda::RawUnit<T, 8>, g);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 of = flash::unpack2<T>(ow[k]), gf = flash::unpack2<T>(gw[k]);
-        d = fmaf(gf.x, of.x, d);
-        d = fmaf(gf.y, of.y, d);
-      }
+      for (int k = 0; k < 8; ++k) d = fmaf(cuda::to_f32(gu.v[k]), cuda::to_f32(o_raw[c].v[k]), d);
     }
     d += __shfl_xor_sync(0xffffffffu, d, 1);
     if (tid % 2 == 0 && r < seq_len) D[stat_base + r] = d;

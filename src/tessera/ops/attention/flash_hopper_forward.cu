@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Ping-pong: a consumer issues its products only in its turn (named barrier 1 + cw, completed by its own 128
   // threads and the other consumer's 128 arrivals), and hands the turn over once they are issued, so that one
-  // consumer's softmax runs while the other's products do. Both take n_kt + 1 turns; consumer 1's last hand-over
-  // is never waited for, which leaves barrier 1 part-arrived when the block exits.
+  // consumer's softmax runs while the other's products do. Both take n_kt + 1 turns, and every arrival is waited
+  // for: consumer 1 makes no hand-over after the last turn, so no named barrier is left part-arrived at exit.
   auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
   auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
   if (cw == 1) turn_pass();  // consumer 0 goes first
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   turn_wait();
   issue_pv(n_kt - 1);
-  turn_pass();
+  if (cw == 0) turn_pass();  // consumer 1's last turn; nobody waits for a hand-over after it
   wgmma_wait<0>();
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) fence_regs(o[bx]);
