@@ -275,6 +275,10 @@ TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
             ScopedFlashPath scoped(path);
             EXPECT_EQ(flash_backward_uses_hopper(p, dt, ctx), std::string(path) == "hopper") << what;
             const Tensor d_qkv = dev.poisoned(dt, 3 * NC);
+            // D lives in the Context's scratch: poison it, so that a path that fails to compute D cannot pass on
+            // the D an earlier call left there.
+            const int64_t n_d = static_cast<int64_t>(n_lse);
+            fill_bytes(Tensor(ctx.scratch(n_lse * sizeof(float)), DType::F32, {n_d}, ctx.device()), 0xff, ctx);
             attention_backward(p, d_qkv, tdo, tqkv, o, lse, ctx);
             return dev.download(d_qkv);
           };
