@@ -22,7 +22,8 @@
 //       P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dS = P ∘ (dP - D)
 //       dQ += dS K                       wgmma m64n64k16 per 64 head columns and 16 keys, dS from registers,
 //                                        K MN-major
-//     dQ / sqrt(Dh) stored at the end.
+//     the two consumers take turns issuing (S and dP in one turn, dQ += dS K in the next), so that one's
+//     exponentials run while the other's products do; dQ / sqrt(Dh) stored at the end.
 //   dK / dV pass, grid (ceil(T/128), H, B), block x = key tile x: the block's K and V stay; per query tile (R =
 //     128 or 64 queries, from the diagonal on under a causal mask), for consumer c (keys k0 + 64c ..):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ           wgmma m64nRk16 from shared memory
@@ -252,48 +253,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   float sacc[kN8][4], dpacc[kN8][4];
   mbar_wait(&bar_q, 0);
 
+  // The consumers take turns issuing their products, as in the forward: a consumer issues only in its turn (named
+  // barrier 1 + cw, completed by its own 128 threads and the other consumer's 128 arrivals) and hands the turn over
+  // once they are issued, so that one consumer's exponentials and dS run while the other's products do. Two turns a
+  // tile: S and dP, then dQ += dS K. Consumer 0 goes first; consumer 1 makes no hand-over after its last turn, so
+  // every arrival is waited for. The turns took 2-5% off the backward at Dh 64 and 1-2% at Dh 128; the same turns
+  // in the dK / dV pass made it slower (bench/results/2026-12-01-backward-turns-h200.md). No tile is skipped: with
+  // 128-key tiles and 128 queries a block, n_kt stops at the diagonal tile, which both warpgroups need, and both
+  // must take the same number of turns.
+  static_assert(kKeys == kBlockRows, "a tile wholly past a warpgroup's last query would need a skip, and its turns");
+  auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1) turn_pass();
   for (int j = 0; j < n_kt; ++j) {
     const int s = j % kStages;
     const int k0 = j * kKeys;
-    // The stage is waited for and released even by a consumer that skips the tile: an arrival before the tile is
-    // loaded could count toward the release of the tile before it. (Keys wholly past this warpgroup's last query
-    // would see nothing here, under a causal mask; with 128-key tiles and 128 queries per block, n_kt already stops
-    // at the diagonal tile, so the skip never fires: a guard kept from the 64-key tiles.)
     mbar_wait(&bar_full[s], (j / kStages) & 1);
-    if (!(causal && k0 > q_first + 63)) {
-      // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (with the dK / dV
-      // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90-3.91 /
-      // 14.0-14.1 ms at T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128:
-      // 2026-12-01-split-waits-and-fused-d-h200.md).
-      issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
-      wgmma_wait<1>();
-      flash_hopper::fence_regs(sacc);
-      // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
-      if (k0 + kKeys > seq_len || (causal && k0 + kKeys - 1 > q_first))
-        flash::mask_scores(sacc, k0, row_a, seq_len, causal);
+    // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (with the dK / dV
+    // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90-3.91 /
+    // 14.0-14.1 ms at T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128:
+    // 2026-12-01-split-waits-and-fused-d-h200.md).
+    turn_wait();
+    issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
+    turn_pass();
+    wgmma_wait<1>();
+    flash_hopper::fence_regs(sacc);
+    // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
+    if (k0 + kKeys > seq_len || (causal && k0 + kKeys - 1 > q_first))
+      flash::mask_scores(sacc, k0, row_a, seq_len, causal);
 #pragma unroll
-      for (int n = 0; n < kN8; ++n)
+    for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
-      wgmma_wait<0>();
-      flash_hopper::fence_regs(dpacc);
+      for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+    wgmma_wait<0>();
+    flash_hopper::fence_regs(dpacc);
 #pragma unroll
-      for (int n = 0; n < kN8; ++n)
+    for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
-      uint32_t dsa[kN8 / 2][4];
-      flash::c_to_a<T, kN8>(dsa, sacc);
-      wgmma_fence();
+      for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
+    uint32_t dsa[kN8 / 2][4];
+    flash::c_to_a<T, kN8>(dsa, sacc);
+    turn_wait();
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
+    for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
-        for (int bx = 0; bx < kBoxes; ++bx)
-          wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kKvBoxBytes + kk * 16 * 128), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
+      for (int bx = 0; bx < kBoxes; ++bx)
+        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kKvBoxBytes + kk * 16 * 128), 1);
+    wgmma_commit();
+    if (cw == 0 || j + 1 < n_kt) turn_pass();
+    wgmma_wait<0>();
 #pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx) flash_hopper::fence_regs(dq[bx]);
-    }
+    for (int bx = 0; bx < kBoxes; ++bx) flash_hopper::fence_regs(dq[bx]);
     mbar_arrive(&bar_empty[s]);
   }
 
