@@ -176,6 +176,56 @@ TEST(CudaEmbedding, LongRunsMatchReference) {
     }
 }
 
+// The backward's f32 sums, bit for bit: each id's rows in ascending row order (the stable sort), its first
+// chunk of 32 sorted positions summed row by row, then each later chunk's own row-by-row sum added in chunk order
+// (embedding.cu). Emulated here in f32; a sort that is not stable, or a chunk added out of order, changes the
+// rounding. Ids with runs straddling the chunks, padding (id 0, never summed) and ids past V among them.
+TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const EmbeddingParams p{.B = 3, .T = 1100, .C = 24, .V = 40, .max_seq = 1100, .padding_id = 0};
+  const int n = p.B * p.T;
+  std::vector<int32_t> tokens = straddling_tokens(static_cast<size_t>(n), rng);
+  for (int k = 0; k < 200; ++k) tokens[rng() % n] = static_cast<int32_t>(rng() % 45);  // 0: padding; 40+: past V
+  const auto f32 = [](std::vector<double> v) {
+    for (double& x : v) x = static_cast<float>(x);
+    return v;
+  };
+  const auto d_out = f32(randn<double>(static_cast<size_t>(n) * p.C, rng));
+  const auto d_wte0 = f32(randn<double>(static_cast<size_t>(p.V) * p.C, rng));
+  // The emulation: sorted positions of the summed rows (stable), their chunks, and the sums in f32.
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) order[r] = r;
+  const auto key = [&](int32_t r) { return tokens[r] <= 0 || tokens[r] >= p.V ? p.V : tokens[r]; };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+  std::vector<double> want = d_wte0;
+  for (int i = 0; i < n;) {
+    const int id = key(order[i]);
+    int end = i;
+    while (end < n && key(order[end]) == id) ++end;
+    if (id != p.V)
+      for (int c = 0; c < p.C; ++c) {
+        float acc = 0.0f;
+        for (int q = i; q < end;) {  // the run's piece in each chunk it touches, in chunk order
+          const int chunk_end = std::min(end, (q / 32 + 1) * 32);
+          const bool first = q == i;
+          float piece = 0.0f;
+          for (; q < chunk_end; ++q) piece += static_cast<float>(d_out[static_cast<size_t>(order[q]) * p.C + c]);
+          acc = first ? piece : acc + piece;
+        }
+        const size_t e = static_cast<size_t>(id) * p.C + c;
+        want[e] = static_cast<float>(static_cast<float>(d_wte0[e]) + acc);
+      }
+    i = end;
+  }
+  DeviceArena dev(ctx);
+  const Tensor tdwte = dev.upload(DType::F32, d_wte0);
+  embedding_backward(p, tdwte, Tensor(), dev.upload(DType::F32, d_out), dev.upload_i32(tokens), ctx);
+  const auto got = dev.download(tdwte);
+  for (size_t e = 0; e < got.size(); ++e)
+    ASSERT_EQ(got[e], want[e]) << "d_wte element " << e << " (id " << e / p.C << "): not the stable order's sum";
+}
+
 // Long runs give bit-identical d_wte on reruns (f32, where a change of summation order shows in the low bits).
 TEST(CudaEmbedding, LongRunsAreDeterministic) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);

@@ -1,7 +1,9 @@
 // Fused embedding kernels: forward in one pass, backward by a device sort of rows by token id (see embedding.h).
 #include <cub/cub.cuh>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <type_traits>
 
@@ -79,14 +81,81 @@ __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __res
   }
 }
 
-// Sort input: keys[r] = tokens[r], or V (after every real id) for padded and out-of-range rows; rows[r] = r.
-__global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __restrict__ rows,
-                                        const int32_t* __restrict__ tokens, int n, int V, int padding_id) {
+// The stable sort of the rows by key, as a bucket sort (the same output as a stable radix sort: keys ascending,
+// each key's rows ascending). cub's radix sort spent about 30 µs on 16384 rows of GPT-2's vocab (two onesweep
+// passes of 11 µs on 2 blocks each, a histogram and a scan: latency, not bandwidth). Against it, this one took
+// the backward from 74 to 57 µs on uniform ids, and from 72 to 75 on Zipf ids, where a few buckets hold
+// thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md).
+// Step 1: keys[r] = tokens[r], or V (after every real id) for padded and out-of-range rows; slot[r] = r's place
+// among its key's rows in whatever order the integer atomics ran (counts zeroed before): one atomic per key a warp
+// holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
+// atomics, and step 3 makes the order deterministic.
+__global__ void embedding_backward_count(int32_t* __restrict__ keys, int32_t* __restrict__ slot,
+                                         int32_t* __restrict__ counts, const int32_t* __restrict__ tokens, int n,
+                                         int V, int padding_id) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool valid = r < n;
+  const int32_t tok = valid ? tokens[r] : V;
+  const int32_t key = (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
+  const unsigned in = __ballot_sync(0xffffffffu, valid);
+  if (!valid) return;
+  const unsigned peers = __match_any_sync(in, key);
+  const int lane = threadIdx.x & 31, leader = __ffs(peers) - 1;
+  int first = 0;
+  if (lane == leader) first = atomicAdd(&counts[key], __popc(peers));
+  first = __shfl_sync(peers, first, leader);
+  keys[r] = key;
+  slot[r] = first + __popc(peers & ((1u << lane) - 1));
+}
+
+// Step 2, after offsets = the exclusive prefix sum of counts: bucket[offsets[key] + slot[r]] = r, each key's rows
+// together in the atomics' order.
+__global__ void embedding_backward_scatter(int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
+                                           const int32_t* __restrict__ slot, const int32_t* __restrict__ offsets,
+                                           int n) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= n) return;
-  const int32_t tok = tokens[r];
-  keys[r] = (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
-  rows[r] = r;
+  bucket[offsets[keys[r]] + slot[r]] = r;
+}
+
+// Step 3: thread j takes bucket position j (row r, key k) and places it at offsets[k] + the number of k's rows
+// below r: the stable order. A bucket of up to kWalk rows each lane walks alone (uniform ids: 1 or 2). A longer
+// one (text's frequent ids: about 1400 of 16384 rows for GPT-2's most frequent id) the warp reads together, 32
+// entries a coalesced load, each lane counting the entries below its row through shuffles: a lone walk of such a
+// bucket is a chain of dependent-latency loads that cost the zipf case 20 µs. The rows of key V (padded /
+// invalid, never summed) keep the atomics' order.
+constexpr int kWalk = 64;
+__global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32_t* __restrict__ sorted_rows,
+                                        const int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
+                                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ counts,
+                                        int n, int V) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
+  const bool valid = j < n;
+  const int32_t r = valid ? bucket[j] : 0, key = valid ? keys[r] : V, base = valid ? offsets[key] : 0;
+  const int m = key != V ? counts[key] : 0;
+  int rank = j - base;
+  const bool big = m > kWalk;
+  if (key != V && !big) {
+    rank = 0;
+#pragma unroll 8
+    for (int q = 0; q < m; ++q) rank += bucket[base + q] < r;
+  }
+  for (unsigned todo = __ballot_sync(0xffffffffu, big); todo;) {
+    const int leader = __ffs(todo) - 1;
+    const int gbase = __shfl_sync(0xffffffffu, base, leader), gm = __shfl_sync(0xffffffffu, m, leader);
+    const bool mine = big && base == gbase;
+    int below = 0;
+    for (int q0 = 0; q0 < gm; q0 += 32) {
+      const int32_t v = q0 + lane < gm ? bucket[gbase + q0 + lane] : INT32_MAX;
+#pragma unroll
+      for (int src = 0; src < 32; ++src) below += __shfl_sync(0xffffffffu, v, src) < r;
+    }
+    if (mine) rank = below;
+    todo &= ~__ballot_sync(0xffffffffu, mine);
+  }
+  if (!valid) return;
+  sorted_keys[base + rank] = key;
+  sorted_rows[base + rank] = r;
 }
 
 // Long runs. Text makes runs of thousands of rows for its frequent ids, and one warp walking such a run alone
@@ -162,18 +231,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // Pass 2: d_wte[tok, c] += scale * (first piece + Σ_{later chunks of the run, in order} partial[chunk, c]), where
 // the first piece is Σ_{the run's rows in its first chunk, ascending} f_{r*C+c} * d_out[r, c].
-// sorted_keys, sorted_rows: (n) from the stable radix sort, so the rows of one token are contiguous and ascending.
+// sorted_keys, sorted_rows: (n) from the stable sort, so the rows of one token are contiguous and ascending.
 // Grid (ceil(n / 8), ceil(C / W / 32)), 8 warps per block: warp i of the grid looks at sorted position i and, when
 // i starts a run of a real token, sums the run; lane l owns columns (blockIdx.y*32 + l)*W .. +W-1. Each d_wte
 // element is written by exactly one lane (one run per token), and its sum has a fixed order: deterministic.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads)
-    embedding_backward_wte_sorted_runs(T* __restrict__ d_wte, const T* __restrict__ d_out,
-                                       const int32_t* __restrict__ sorted_keys,
-                                       const int32_t* __restrict__ sorted_rows,
-                                       const float* __restrict__ partial, int n, EmbedArgs a) {
-  apply_stream_base(a);
-  const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
+__device__ __forceinline__ void embedding_backward_wte_sorted_runs(
+    T* __restrict__ d_wte, const T* __restrict__ d_out, const int32_t* __restrict__ sorted_keys,
+    const int32_t* __restrict__ sorted_rows, const float* __restrict__ partial, int n, const EmbedArgs& a, int bx,
+    int by) {
+  const int i = bx * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
   const int32_t tok = sorted_keys[i];
@@ -184,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
   // The run's positions in this chunk: lanes i % 32 .. i % 32 + count - 1 (keys are sorted and the run starts
   // at i, so the lanes holding tok are exactly those).
   const unsigned in_run = __ballot_sync(0xffffffffu, key == tok);
-  const int c0 = (blockIdx.y * 32 + lane) * W;
+  const int c0 = (by * 32 + lane) * W;
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
@@ -217,11 +284,10 @@ __global__ void __launch_bounds__(kThreads)
 // d_wpe[pos_offset + t, c] += Σ_{b = 0..B-1, in order, row r = b*T + t not padded / invalid} f_{r*C+c} d_out[r, c].
 // One thread per (t, W-element unit): units = T * C / W; coalesced along c. Each element written by one thread.
 template <typename T, int W>
-__global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* __restrict__ d_out,
-                                               const int32_t* __restrict__ tokens, int B, int64_t units,
-                                               EmbedArgs a) {
-  apply_stream_base(a);
-  const int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+__device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* __restrict__ d_out,
+                                                               const int32_t* __restrict__ tokens, int B,
+                                                               int64_t units, const EmbedArgs& a, int bx) {
+  const int64_t u = bx * static_cast<int64_t>(kThreads) + threadIdx.x;
   if (u >= units) return;
   const int64_t e = u * W;  // offset within one (T, C) slab
   const int t = static_cast<int>(e / a.C);
@@ -254,6 +320,25 @@ __global__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* _
   cuda::store_f32<T, W>(dp, cur);
 }
 
+// Pass 2 and d_wpe in one launch: blocks [0, runs_x * runs_y) take pass 2 (block (x, y) = (b % runs_x,
+// b / runs_x)), the rest d_wpe's columns. The two read the same d_out independently; in one grid, d_wpe's blocks
+// fill the SMs as pass 2's blocks (most of whose warps find no run start) retire: 4-10 µs less than two launches
+// on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md).
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads)
+    embedding_backward_wte_runs_and_wpe(T* __restrict__ d_wte, T* __restrict__ d_wpe, const T* __restrict__ d_out,
+                                        const int32_t* __restrict__ tokens, const int32_t* __restrict__ sorted_keys,
+                                        const int32_t* __restrict__ sorted_rows, const float* __restrict__ partial,
+                                        int n, int B, int64_t wpe_units, int runs_x, int runs_blocks, EmbedArgs a) {
+  apply_stream_base(a);
+  const int blk = static_cast<int>(blockIdx.x);
+  if (blk < runs_blocks)
+    embedding_backward_wte_sorted_runs<T, W>(d_wte, d_out, sorted_keys, sorted_rows, partial, n, a, blk % runs_x,
+                                             blk / runs_x);
+  else
+    embedding_backward_wpe_columns<T, W>(d_wpe, d_out, tokens, B, wpe_units, a, blk - runs_blocks);
+}
+
 EmbedArgs embed_args(const EmbeddingParams& p, const Context& ctx) {
   return {.T = p.T, .C = p.C, .V = p.V, .pos_offset = p.pos_offset, .padding_id = p.padding_id, .scale = p.scale,
           .dropout = p.dropout, .keep_scale = cuda::dropout_keep_scale(p.dropout), .seed = p.seed, .stream = p.stream,
@@ -267,20 +352,13 @@ bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Bits the radix sort needs for keys in [0, V]: the sentinel V included.
-int key_bits(int V) {
-  int bits = 1;
-  while (bits < 31 && (1LL << bits) <= V) ++bits;
-  return bits;
-}
-
 size_t align256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
 
-size_t cub_sort_bytes(int rows, int V) {
+// cub's temporary storage for the exclusive prefix sum of the V + 1 bucket counts.
+size_t scan_bytes(int V) {
   size_t bytes = 0;
-  TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
-                                                static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                static_cast<int32_t*>(nullptr), rows, 0, key_bits(V)));
+  TS_CHECK_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                              static_cast<int32_t*>(nullptr), V + 1));
   return bytes;
 }
 
@@ -289,12 +367,40 @@ size_t chunk_partial_bytes(int rows, int C) {
   return align256(static_cast<size_t>(ceil_div(rows, kChunk)) * static_cast<size_t>(C) * sizeof(float));
 }
 
+// Scratch layout: keys, slots, bucket, sorted keys, sorted rows (rows int32 each); counts and offsets (V + 1
+// int32 each); the chunk partials; cub's scan storage.
+struct BackwardScratch {
+  int32_t *keys, *slot, *bucket, *sorted_keys, *sorted_rows, *counts, *offsets;
+  float* partial;
+  void* scan_temp;
+  size_t scan_bytes;
+};
+size_t backward_scratch_bytes(int rows, int V, int C) {
+  return 5 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) +
+         2 * align256(static_cast<size_t>(V + 1) * sizeof(int32_t)) + chunk_partial_bytes(rows, C) +
+         align256(scan_bytes(V));
+}
+BackwardScratch backward_scratch(int rows, int V, int C, Context& ctx) {
+  const size_t arr = align256(static_cast<size_t>(rows) * sizeof(int32_t));
+  const size_t cnt = align256(static_cast<size_t>(V + 1) * sizeof(int32_t));
+  char* base = static_cast<char*>(ctx.scratch(backward_scratch_bytes(rows, V, C)));
+  BackwardScratch s{};
+  s.keys = reinterpret_cast<int32_t*>(base);
+  s.slot = reinterpret_cast<int32_t*>(base + arr);
+  s.bucket = reinterpret_cast<int32_t*>(base + 2 * arr);
+  s.sorted_keys = reinterpret_cast<int32_t*>(base + 3 * arr);
+  s.sorted_rows = reinterpret_cast<int32_t*>(base + 4 * arr);
+  s.counts = reinterpret_cast<int32_t*>(base + 5 * arr);
+  s.offsets = reinterpret_cast<int32_t*>(base + 5 * arr + cnt);
+  s.partial = reinterpret_cast<float*>(base + 5 * arr + 2 * cnt);
+  s.scan_temp = base + 5 * arr + 2 * cnt + chunk_partial_bytes(rows, C);
+  s.scan_bytes = scan_bytes(V);
+  return s;
+}
+
 }  // namespace
 
-size_t embedding_backward_scratch_bytes(int rows, int V, int C) {
-  return 4 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) + chunk_partial_bytes(rows, C) +
-         align256(cub_sort_bytes(rows, V));
-}
+size_t embedding_backward_scratch_bytes(int rows, int V, int C) { return backward_scratch_bytes(rows, V, C); }
 
 void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
                             const void* wte, const void* wpe, Context& ctx) {
@@ -325,23 +431,23 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   if (n == 0) return;
   const EmbedArgs a = embed_args(p, ctx);
 
-  // Scratch (embedding_backward_scratch_bytes): keys, rows, sorted keys, sorted rows, the chunk partials, then
-  // cub's temporary storage.
-  const size_t arr = align256(static_cast<size_t>(n) * sizeof(int32_t)), part = chunk_partial_bytes(n, p.C);
-  size_t sort_bytes = cub_sort_bytes(n, p.V);
-  char* base = static_cast<char*>(ctx.scratch(4 * arr + part + align256(sort_bytes)));
-  int32_t* keys = reinterpret_cast<int32_t*>(base);
-  int32_t* rows = reinterpret_cast<int32_t*>(base + arr);
-  int32_t* sorted_keys = reinterpret_cast<int32_t*>(base + 2 * arr);
-  int32_t* sorted_rows = reinterpret_cast<int32_t*>(base + 3 * arr);
-  float* partial = reinterpret_cast<float*>(base + 4 * arr);
-  void* sort_temp = base + 4 * arr + part;
-
-  embedding_backward_keys<<<ceil_div(n, kThreads), kThreads, 0, ctx.stream()>>>(keys, rows, tokens, n, p.V,
-                                                                                   p.padding_id);
+  const BackwardScratch sc = backward_scratch(n, p.V, p.C, ctx);
+  int32_t* const sorted_keys = sc.sorted_keys;
+  int32_t* const sorted_rows = sc.sorted_rows;
+  float* const partial = sc.partial;
+  const unsigned row_blocks = ceil_div(n, kThreads);
+  TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
+  embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
+                                                                      p.padding_id);
   TS_CHECK_LAUNCH();
-  TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, rows, sorted_rows, n, 0,
-                                                key_bits(p.V), ctx.stream()));
+  size_t scan_temp_bytes = sc.scan_bytes;
+  TS_CHECK_CUDA(
+      cub::DeviceScan::ExclusiveSum(sc.scan_temp, scan_temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
+  TS_CHECK_LAUNCH();
+  embedding_backward_scatter<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.bucket, sc.keys, sc.slot, sc.offsets, n);
+  TS_CHECK_LAUNCH();
+  embedding_backward_rank<<<row_blocks, kThreads, 0, ctx.stream()>>>(sorted_keys, sorted_rows, sc.bucket, sc.keys,
+                                                                     sc.offsets, sc.counts, n, p.V);
   TS_CHECK_LAUNCH();
 
   cuda::dispatch_float(dtype, "embedding_backward", [&](auto t) {
@@ -354,16 +460,13 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
       embedding_backward_wte_chunk_partials<T, W><<<chunk_grid, kThreads, 0, ctx.stream()>>>(
           partial, static_cast<const T*>(d_out), sorted_keys, sorted_rows, n, a);
       TS_CHECK_LAUNCH();
-      const dim3 grid(ceil_div(n, kWarps), col_blocks);
-      embedding_backward_wte_sorted_runs<T, W><<<grid, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(d_wte), static_cast<const T*>(d_out), sorted_keys, sorted_rows, partial, n, a);
+      const int runs_x = ceil_div(n, kWarps), runs_blocks = runs_x * static_cast<int>(col_blocks);
+      const int64_t wpe_units = d_wpe ? static_cast<int64_t>(p.T) * p.C / W : 0;
+      const int wpe_blocks = static_cast<int>(ceil_div(wpe_units, kThreads));
+      embedding_backward_wte_runs_and_wpe<T, W><<<runs_blocks + wpe_blocks, kThreads, 0, ctx.stream()>>>(
+          static_cast<T*>(d_wte), static_cast<T*>(d_wpe), static_cast<const T*>(d_out), tokens, sorted_keys,
+          sorted_rows, partial, n, p.B, wpe_units, runs_x, runs_blocks, a);
       TS_CHECK_LAUNCH();
-      if (d_wpe) {
-        const int64_t units = static_cast<int64_t>(p.T) * p.C / W;
-        embedding_backward_wpe_columns<T, W><<<ceil_div(units, kThreads), kThreads, 0, ctx.stream()>>>(
-            static_cast<T*>(d_wpe), static_cast<const T*>(d_out), tokens, p.B, units, a);
-        TS_CHECK_LAUNCH();
-      }
     };
     if (vector_ok(p.C, V, {d_wte, d_wpe, d_out})) launch(std::integral_constant<int, V>{});
     else launch(std::integral_constant<int, 1>{});

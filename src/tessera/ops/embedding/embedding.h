@@ -57,18 +57,19 @@ void embedding_backward(const EmbeddingParams& p, const Tensor& d_wte, const Ten
 // ---- CUDA launchers (embedding.cu), on ctx's stream; pointers are device memory (floats in `dtype`). ----
 // Forward (embedding_forward_pack): one thread per 16-byte pack of out (scalar when C is not a multiple of the
 // pack or a table is not 16-byte aligned): token row, position row, scale, padding and dropout in one pass.
-// Backward, deterministic and without atomics:
-//   d_wte: keys (token id, or V for padded / invalid rows) and row indices are sorted by key on the device with
-//   cub::DeviceRadixSort (stable, so each token's rows stay in ascending order). The sorted positions are cut
-//   into chunks of 32 aligned to multiples of 32. Pass 1: one warp per chunk that begins inside a run (its first
-//   key equals the previous one) sums the run's rows within the chunk into an f32 partial (scratch). Pass 2: one
-//   warp per run (and 32-pack column block) sums the run's rows in its first chunk, adds the partials of the
-//   chunks that continue the run in chunk order, and adds scale × sum to d_wte. A fixed order: deterministic, no
-//   atomics; a run of L rows costs its warp ≤ 32 rows + L / 32 partials (text's frequent ids make runs of
-//   thousands), and uniform ids (runs of 1-2 rows) only the first piece.
-//   d_wpe: one thread per (t, pack) sums over b in order and adds to d_wpe[pos_offset + t].
-// Scratch: embedding_backward_scratch_bytes(B*T, V, C) bytes of ctx.scratch (4 × B*T int32, the chunk partials
-// ceil(B*T / 32) × C f32, and cub's temporary storage).
+// Backward, deterministic, with no float atomics:
+//   d_wte: the rows are sorted by key (token id, or V for padded / invalid rows) on the device, stably, so each
+//   token's rows stay in ascending order: a bucket sort (integer atomics count each key's rows, cub's prefix sum
+//   places the buckets, and each row's rank among its bucket's rows, counted, places it). The sorted positions
+//   are cut into chunks of 32 aligned to multiples of 32. Pass 1: one warp per chunk that begins inside a run (its
+//   first key equals the previous one) sums the run's rows within the chunk into an f32 partial (scratch). Pass 2:
+//   one warp per run (and 32-pack column block) sums the run's rows in its first chunk, adds the partials of the
+//   chunks that continue the run in chunk order, and adds scale × sum to d_wte. A fixed order: deterministic; a
+//   run of L rows costs its warp ≤ 32 rows + L / 32 partials (text's frequent ids make runs of thousands), and
+//   uniform ids (runs of 1-2 rows) only the first piece.
+//   d_wpe: one thread per (t, pack) sums over b in order and adds to d_wpe[pos_offset + t], in pass 2's launch.
+// Scratch: embedding_backward_scratch_bytes(B*T, V, C) bytes of ctx.scratch (5 × B*T int32, 2 × (V + 1) int32, the
+// chunk partials ceil(B*T / 32) × C f32, and cub's prefix-sum storage).
 size_t embedding_backward_scratch_bytes(int rows, int V, int C);
 void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
                             const void* wte, const void* wpe, Context& ctx);
