@@ -179,14 +179,21 @@ TEST(CudaEmbedding, LongRunsMatchReference) {
 // The backward's f32 sums, bit for bit: each id's rows in ascending row order (the stable sort), its first
 // chunk of 32 sorted positions summed row by row, then each later chunk's own row-by-row sum added in chunk order
 // (embedding.cu). Emulated here in f32; a sort that is not stable, or a chunk added out of order, changes the
-// rounding. Ids with runs straddling the chunks, padding (id 0, never summed) and ids past V among them.
-TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
-  TS_CUDA_CONTEXT_OR_SKIP(ctx);
-  std::mt19937_64 rng(test_seed());
-  const EmbeddingParams p{.B = 3, .T = 1100, .C = 24, .V = 40, .max_seq = 1100, .padding_id = 0};
-  const int n = p.B * p.T;
-  std::vector<int32_t> tokens = straddling_tokens(static_cast<size_t>(n), rng);
-  for (int k = 0; k < 200; ++k) tokens[rng() % n] = static_cast<int32_t>(rng() % 45);  // 0: padding; 40+: past V
+// rounding. Run on both sorts: the bucket sort (B*T up to kEmbeddingBucketSortMaxRows) and the radix sort.
+void check_stable_order_sums(int B, int T, std::mt19937_64& rng, Context& ctx) {
+  const EmbeddingParams p{.B = B, .T = T, .C = 24, .V = 40, .max_seq = T, .padding_id = 0};
+  const int n = B * T;
+  // Id k + 1 gets lengths[k] rows; padding (0) and ids past V (never summed) sort after them all, so the sorted
+  // positions are fixed: runs ending one short of a chunk, one row, starting on a chunk boundary, exactly one
+  // chunk, one past it, the bucket sort's per-lane walk limit (64) and one past it (65, read by the whole warp),
+  // and a run of thousands. The remaining rows take id 12.
+  const int lengths[] = {31, 1, 32, 33, 64, 65, 97, 2, 130, 2100, 40};
+  std::vector<int32_t> tokens;
+  for (int k = 0; k < static_cast<int>(std::size(lengths)); ++k) tokens.insert(tokens.end(), lengths[k], k + 1);
+  tokens.insert(tokens.end(), 50, 0);
+  for (int k = 0; k < 30; ++k) tokens.push_back(40 + k % 5);
+  tokens.resize(static_cast<size_t>(n), 12);
+  std::shuffle(tokens.begin(), tokens.end(), rng);
   const auto f32 = [](std::vector<double> v) {
     for (double& x : v) x = static_cast<float>(x);
     return v;
@@ -223,7 +230,16 @@ TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
   embedding_backward(p, tdwte, Tensor(), dev.upload(DType::F32, d_out), dev.upload_i32(tokens), ctx);
   const auto got = dev.download(tdwte);
   for (size_t e = 0; e < got.size(); ++e)
-    ASSERT_EQ(got[e], want[e]) << "d_wte element " << e << " (id " << e / p.C << "): not the stable order's sum";
+    ASSERT_EQ(got[e], want[e]) << "B*T=" << n << " d_wte element " << e << " (id " << e / p.C
+                               << "): not the stable order's sum";
+}
+
+TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  check_stable_order_sums(3, 1100, rng, ctx);  // the bucket sort
+  static_assert(41 * 1000 > kEmbeddingBucketSortMaxRows);
+  check_stable_order_sums(41, 1000, rng, ctx);  // the radix sort
 }
 
 // Long runs give bit-identical d_wte on reruns (f32, where a change of summation order shows in the low bits).

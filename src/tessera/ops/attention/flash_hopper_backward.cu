@@ -412,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = i - i_begin, s = t % kStages;
     const int q0 = i * kQRows;
     // Queries wholly before this warpgroup's first key see none of its keys (causal); the stage is still waited
-    // for and released (as in the dQ pass). With 64-query tiles this skips consumer 1's first tile; with 128 it
-    // never fires (the first tile starts at k0).
+    // for and released: an arrival before the tile is loaded could count toward the release of the tile before
+    // it. With 64-query tiles this skips consumer 1's first tile; with 128 it never fires (the first tile starts
+    // at k0).
     if (causal && q0 + kQRows - 1 < k_first) {
       mbar_wait(&bar_full[s], (t / kStages) & 1);
     } else {

@@ -81,11 +81,24 @@ __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __res
   }
 }
 
+// The radix sort's input (above kBucketSortMaxRows rows): keys[r] = tokens[r], or V (after every real id) for
+// padded and out-of-range rows; rows[r] = r.
+__global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __restrict__ rows,
+                                        const int32_t* __restrict__ tokens, int n, int V, int padding_id) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  const int32_t tok = tokens[r];
+  keys[r] = (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
+  rows[r] = r;
+}
+
 // The stable sort of the rows by key, as a bucket sort (the same output as a stable radix sort: keys ascending,
 // each key's rows ascending). cub's radix sort spent about 30 µs on 16384 rows of GPT-2's vocab (two onesweep
 // passes of 11 µs on 2 blocks each, a histogram and a scan: latency, not bandwidth). Against it, this one took
-// the backward from 74 to 57 µs on uniform ids, and from 72 to 75 on Zipf ids, where a few buckets hold
-// thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md).
+// the backward from 74 to 57 µs on uniform ids, and from 72 to 70 on Zipf ids, where a few buckets hold
+// thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its ranking grows with the square
+// of the largest bucket (step 3: every row one id costs about n² / 32 shuffles, ~30 µs at 16384 rows), so above
+// kBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
 // Step 1: keys[r] = tokens[r], or V (after every real id) for padded and out-of-range rows; slot[r] = r's place
 // among its key's rows in whatever order the integer atomics ran (counts zeroed before): one atomic per key a warp
 // holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
@@ -121,10 +134,10 @@ __global__ void embedding_backward_scatter(int32_t* __restrict__ bucket, const i
 // Step 3: thread j takes bucket position j (row r, key k) and places it at offsets[k] + the number of k's rows
 // below r: the stable order. A bucket of up to kWalk rows each lane walks alone (uniform ids: 1 or 2). A longer
 // one (text's frequent ids: about 1400 of 16384 rows for GPT-2's most frequent id) the warp reads together, 32
-// entries a coalesced load, each lane counting the entries below its row through shuffles: a lone walk of such a
-// bucket is a chain of dependent-latency loads that cost the zipf case 20 µs. The rows of key V (padded /
-// invalid, never summed) keep the atomics' order.
-constexpr int kWalk = 64;
+// entries a coalesced load (kBigLoads of them in flight), each lane counting the entries below its row through
+// shuffles: a lone walk of such a bucket waited on one load after another, 17-25 µs on Zipf ids. The rows of key
+// V (padded / invalid, never summed) keep the atomics' order.
+constexpr int kWalk = 64, kBigLoads = 4;
 __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32_t* __restrict__ sorted_rows,
                                         const int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
                                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ counts,
@@ -145,10 +158,17 @@ __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32
     const int gbase = __shfl_sync(0xffffffffu, base, leader), gm = __shfl_sync(0xffffffffu, m, leader);
     const bool mine = big && base == gbase;
     int below = 0;
-    for (int q0 = 0; q0 < gm; q0 += 32) {
-      const int32_t v = q0 + lane < gm ? bucket[gbase + q0 + lane] : INT32_MAX;
+    for (int q0 = 0; q0 < gm; q0 += 32 * kBigLoads) {  // kBigLoads loads in flight, then their entries counted
+      int32_t v[kBigLoads];
 #pragma unroll
-      for (int src = 0; src < 32; ++src) below += __shfl_sync(0xffffffffu, v, src) < r;
+      for (int u = 0; u < kBigLoads; ++u) {
+        const int q = q0 + 32 * u + lane;
+        v[u] = q < gm ? bucket[gbase + q] : INT32_MAX;
+      }
+#pragma unroll
+      for (int u = 0; u < kBigLoads; ++u)
+#pragma unroll
+        for (int src = 0; src < 32; ++src) below += __shfl_sync(0xffffffffu, v[u], src) < r;
     }
     if (mine) rank = below;
     todo &= ~__ballot_sync(0xffffffffu, mine);
@@ -232,9 +252,10 @@ __global__ void __launch_bounds__(kThreads)
 // Pass 2: d_wte[tok, c] += scale * (first piece + Σ_{later chunks of the run, in order} partial[chunk, c]), where
 // the first piece is Σ_{the run's rows in its first chunk, ascending} f_{r*C+c} * d_out[r, c].
 // sorted_keys, sorted_rows: (n) from the stable sort, so the rows of one token are contiguous and ascending.
-// Grid (ceil(n / 8), ceil(C / W / 32)), 8 warps per block: warp i of the grid looks at sorted position i and, when
-// i starts a run of a real token, sums the run; lane l owns columns (blockIdx.y*32 + l)*W .. +W-1. Each d_wte
-// element is written by exactly one lane (one run per token), and its sum has a fixed order: deterministic.
+// Blocks (bx, by) of ceil(n / 8) x ceil(C / W / 32) (embedding_backward_wte_runs_and_wpe), 8 warps per block: warp
+// i = 8 bx + w looks at sorted position i and, when i starts a run of a real token, sums the run; lane l owns
+// columns (by*32 + l)*W .. +W-1. Each d_wte element is written by exactly one lane (one run per token), and its
+// sum has a fixed order: deterministic.
 template <typename T, int W>
 __device__ __forceinline__ void embedding_backward_wte_sorted_runs(
     T* __restrict__ d_wte, const T* __restrict__ d_out, const int32_t* __restrict__ sorted_keys,
@@ -354,6 +375,21 @@ bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
 
 size_t align256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
 
+// Bits the radix sort needs for keys in [0, V]: the sentinel V included.
+int key_bits(int V) {
+  int bits = 1;
+  while (bits < 31 && (1LL << bits) <= V) ++bits;
+  return bits;
+}
+size_t radix_sort_bytes(int rows, int V) {
+  size_t bytes = 0;
+  TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), rows, 0, key_bits(V)));
+  return bytes;
+}
+bool use_bucket_sort(int rows) { return rows <= kEmbeddingBucketSortMaxRows; }
+
 // cub's temporary storage for the exclusive prefix sum of the V + 1 bucket counts.
 size_t scan_bytes(int V) {
   size_t bytes = 0;
@@ -368,17 +404,17 @@ size_t chunk_partial_bytes(int rows, int C) {
 }
 
 // Scratch layout: keys, slots, bucket, sorted keys, sorted rows (rows int32 each); counts and offsets (V + 1
-// int32 each); the chunk partials; cub's scan storage.
+// int32 each); the chunk partials; cub's scan storage (or its radix sort's, above kEmbeddingBucketSortMaxRows rows).
 struct BackwardScratch {
   int32_t *keys, *slot, *bucket, *sorted_keys, *sorted_rows, *counts, *offsets;
   float* partial;
-  void* scan_temp;
-  size_t scan_bytes;
+  void* temp;
+  size_t temp_bytes;  // cub's storage: the prefix sum's, or the radix sort's
 };
 size_t backward_scratch_bytes(int rows, int V, int C) {
   return 5 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) +
          2 * align256(static_cast<size_t>(V + 1) * sizeof(int32_t)) + chunk_partial_bytes(rows, C) +
-         align256(scan_bytes(V));
+         align256(use_bucket_sort(rows) ? scan_bytes(V) : radix_sort_bytes(rows, V));
 }
 BackwardScratch backward_scratch(int rows, int V, int C, Context& ctx) {
   const size_t arr = align256(static_cast<size_t>(rows) * sizeof(int32_t));
@@ -393,8 +429,8 @@ BackwardScratch backward_scratch(int rows, int V, int C, Context& ctx) {
   s.counts = reinterpret_cast<int32_t*>(base + 5 * arr);
   s.offsets = reinterpret_cast<int32_t*>(base + 5 * arr + cnt);
   s.partial = reinterpret_cast<float*>(base + 5 * arr + 2 * cnt);
-  s.scan_temp = base + 5 * arr + 2 * cnt + chunk_partial_bytes(rows, C);
-  s.scan_bytes = scan_bytes(V);
+  s.temp = base + 5 * arr + 2 * cnt + chunk_partial_bytes(rows, C);
+  s.temp_bytes = use_bucket_sort(rows) ? scan_bytes(V) : radix_sort_bytes(rows, V);
   return s;
 }
 
@@ -436,19 +472,28 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   int32_t* const sorted_rows = sc.sorted_rows;
   float* const partial = sc.partial;
   const unsigned row_blocks = ceil_div(n, kThreads);
-  TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
-  embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
-                                                                      p.padding_id);
-  TS_CHECK_LAUNCH();
-  size_t scan_temp_bytes = sc.scan_bytes;
-  TS_CHECK_CUDA(
-      cub::DeviceScan::ExclusiveSum(sc.scan_temp, scan_temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
-  TS_CHECK_LAUNCH();
-  embedding_backward_scatter<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.bucket, sc.keys, sc.slot, sc.offsets, n);
-  TS_CHECK_LAUNCH();
-  embedding_backward_rank<<<row_blocks, kThreads, 0, ctx.stream()>>>(sorted_keys, sorted_rows, sc.bucket, sc.keys,
-                                                                     sc.offsets, sc.counts, n, p.V);
-  TS_CHECK_LAUNCH();
+  size_t temp_bytes = sc.temp_bytes;
+  if (use_bucket_sort(n)) {
+    TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
+    embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
+                                                                        p.padding_id);
+    TS_CHECK_LAUNCH();
+    TS_CHECK_CUDA(
+        cub::DeviceScan::ExclusiveSum(sc.temp, temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
+    TS_CHECK_LAUNCH();
+    embedding_backward_scatter<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.bucket, sc.keys, sc.slot, sc.offsets, n);
+    TS_CHECK_LAUNCH();
+    embedding_backward_rank<<<row_blocks, kThreads, 0, ctx.stream()>>>(sorted_keys, sorted_rows, sc.bucket, sc.keys,
+                                                                       sc.offsets, sc.counts, n, p.V);
+    TS_CHECK_LAUNCH();
+  } else {
+    embedding_backward_keys<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, tokens, n, p.V,
+                                                                       p.padding_id);
+    TS_CHECK_LAUNCH();
+    TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sc.temp, temp_bytes, sc.keys, sorted_keys, sc.slot,
+                                                  sorted_rows, n, 0, key_bits(p.V), ctx.stream()));
+    TS_CHECK_LAUNCH();
+  }
 
   cuda::dispatch_float(dtype, "embedding_backward", [&](auto t) {
     using T = decltype(t);
