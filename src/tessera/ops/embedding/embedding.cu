@@ -81,7 +81,7 @@ __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __res
   }
 }
 
-// The radix sort's input (above kBucketSortMaxRows rows): keys[r] = tokens[r], or V (after every real id) for
+// The radix sort's input (above kEmbeddingBucketSortMaxRows rows): keys[r] = tokens[r], or V (after every real id) for
 // padded and out-of-range rows; rows[r] = r.
 __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __restrict__ rows,
                                         const int32_t* __restrict__ tokens, int n, int V, int padding_id) {
@@ -98,7 +98,7 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 // the backward from 74 to 57 µs on uniform ids, and from 72 to 70 on Zipf ids, where a few buckets hold
 // thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its ranking grows with the square
 // of the largest bucket (step 3: every row one id costs about n² / 32 shuffles, ~30 µs at 16384 rows), so above
-// kBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
+// kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
 // Step 1: keys[r] = tokens[r], or V (after every real id) for padded and out-of-range rows; slot[r] = r's place
 // among its key's rows in whatever order the integer atomics ran (counts zeroed before): one atomic per key a warp
 // holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
