@@ -121,6 +121,18 @@ TEST(GptConfig, JsonRoundTrip) {
   EXPECT_EQ(d.positions, PositionKind::Rope);
   EXPECT_FALSE(d.tied);
   EXPECT_EQ(d.dropout, 0.25f);
+  // Integer fields must be JSON integers within int's range: get<int> would truncate these to 128 and 256.
+  for (const auto& [field, value] : {std::pair<const char*, nlohmann::json>{"d_model", 4294967424ull},
+                                     std::pair<const char*, nlohmann::json>{"vocab", 256.7}}) {
+    nlohmann::json j = model_config_to_json(c);
+    j[field] = value;
+    try {
+      model_config_from_json(j);
+      ADD_FAILURE() << field << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A training forward that also writes the loss gradient (ForwardOptions::loss_grad_scale, the fused

@@ -1,3 +1,4 @@
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -122,6 +123,16 @@ TEST(Checkpoint, RejectsCorruptAndMismatchedFiles) {
   b3[8] = '#';
   p = write("json.safetensors", b3);
   EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("not valid JSON"), std::string::npos);
+  // A data offset that is not an integer (the JSON parser would truncate 0.5 to 0).
+  {
+    const std::string header = R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0.5,4]}})";
+    std::vector<uint8_t> b(8 + header.size() + 4, 0);
+    b[0] = static_cast<uint8_t>(header.size());
+    std::memcpy(b.data() + 8, header.data(), header.size());
+    p = write("offset.safetensors", b);
+    EXPECT_NE(error_of([&] { SafetensorsFile::load(p); }).find("data_offsets entry that is not an integer: 0.5"),
+              std::string::npos);
+  }
   // Too short to hold a header length.
   p = write("tiny.safetensors", {1, 2, 3});
   EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("truncated"), std::string::npos);
@@ -221,6 +232,39 @@ TrainState state_at(int64_t step, size_t n) {
   s.adam_m.assign(n, static_cast<float>(step));
   s.adam_v.assign(n, static_cast<float>(step) / 2);
   return s;
+}
+
+// A save whose write fails (here a file-size limit, as a full disk would) throws, leaves no <dir>.tmp behind and
+// keeps the previous checkpoint.
+TEST(Checkpoint, AFailedWriteLeavesNoTemporaryDirectory) {
+  const fs::path d = temp_dir("full");
+  const std::string ck = (d / "ck").string();
+  Gpt m1(small(false)), m2(small(false));
+  m1.init_weights(1);
+  m2.init_weights(2);
+  const size_t n = m1.params().size();
+  const TrainState s1 = state_at(1, n), s2 = state_at(2, n);
+  save_checkpoint(ck, m1, &s1);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      save_checkpoint(ck, m2, &s2);
+    } catch (const Error&) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3) << "the save past the size limit did not fail with an Error";
+  EXPECT_FALSE(fs::exists(d / "ck.tmp")) << "the failed save left its temporary directory";
+  auto loaded = load_checkpoint_model(ck);
+  EXPECT_EQ(load_train_state(ck, *loaded).step, 1);
 }
 
 // A save killed at any step leaves a checkpoint that loads (the old one or the new one, whole), and the next

@@ -218,6 +218,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.checkpoints = !a.has("no-checkpoint");
     TS_CHECK(o.checkpoints || !a.has("stop-after"),
              "--stop-after stops with a checkpoint to resume from: drop --no-checkpoint");
+    for (const char* f : {"out", "resume", "trace", "memory-timeline", "data", "device", "prompt"})
+      TS_CHECK(!a.has(f) || !a.str(f).empty(), "--", f, " is empty");
     o.trace = a.str("trace", "");
     o.trace_step = a.integer("trace-step", 2);
     o.memory_timeline = a.str("memory-timeline", "");
@@ -324,9 +326,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     }
 
     // 4. The output directory: one run each.
-    if (o.resume.empty() && holds_run(o.out) && !a.has("force"))
-      TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
-               (fs::path(o.out) / "checkpoint").string(), ", or replace it with --force");
+    if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
+      if (fs::is_directory(fs::path(o.out) / "checkpoint"))
+        TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
+                 (fs::path(o.out) / "checkpoint").string(), ", or replace it with --force");
+      TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume: replace it with "
+               "--force, or choose another --out");
+    }
   });
 
   // The gradient communicator (MPI for a CPU model, NCCL for a GPU one) joins every rank: a collective. Then the

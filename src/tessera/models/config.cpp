@@ -1,6 +1,8 @@
 #include "tessera/models/config.h"
 
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
@@ -20,7 +22,18 @@ void ModelConfig::validate() const {
   TS_CHECK(max_seq > 0, "config: max_seq must be positive, got ", max_seq);
   TS_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
   TS_CHECK(padding_id >= -1 && padding_id < vocab, "config: padding_id ", padding_id, " is outside [-1, vocab)");
-  TS_CHECK(norm_eps > 0, "config: norm_eps must be positive");
+  TS_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "config: norm_eps must be positive and finite, got ", norm_eps);
+  TS_CHECK(emb_scale > 0 && std::isfinite(emb_scale), "config: emb_scale must be positive and finite, got ",
+           emb_scale);
+  TS_CHECK(positions != PositionKind::Rope || (rope_theta > 0 && std::isfinite(rope_theta)),
+           "config: rope_theta must be positive and finite, got ", rope_theta);
+  // Bounds far past any real model, so that every size product fits its integer type (and the activation plan,
+  // whose cost grows with the square of the layer count, stays seconds).
+  TS_CHECK(n_layers <= kMaxLayers, "config: n_layers ", n_layers, " is more than ", kMaxLayers);
+  TS_CHECK(d_model <= kMaxWidth, "config: d_model ", d_model, " is more than ", kMaxWidth);
+  TS_CHECK(d_ff <= kMaxWidth, "config: d_ff ", d_ff, " is more than ", kMaxWidth);
+  TS_CHECK(vocab <= kMaxVocab, "config: vocab ", vocab, " is more than ", kMaxVocab);
+  TS_CHECK(max_seq <= kMaxSeq, "config: max_seq ", max_seq, " is more than ", kMaxSeq);
 }
 
 int64_t ModelConfig::num_params() const {
@@ -187,16 +200,31 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"preset", c.preset}};
 }
 
+namespace {
+// An integer field of a saved config: a JSON integer within int's range (nlohmann's get<int> would truncate
+// 2^32 + 128 to 128, or 256.7 to 256).
+int json_int(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  TS_CHECK(v.is_number_integer(), "config: ", key, " must be an integer, got ", v.dump());
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
+                        : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                              v.get<int64_t>() <= std::numeric_limits<int>::max();
+  TS_CHECK(fits, "config: ", key, " ", v.dump(), " is out of range");
+  return static_cast<int>(v.get<int64_t>());
+}
+}  // namespace
+
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   TS_CHECK(j.is_object(), "config: expected a JSON object");
   ModelConfig c;
   try {
-    c.vocab = j.at("vocab").get<int>();
-    c.d_model = j.at("d_model").get<int>();
-    c.n_layers = j.at("n_layers").get<int>();
-    c.n_heads = j.at("n_heads").get<int>();
-    c.d_ff = j.at("d_ff").get<int>();
-    c.max_seq = j.at("max_seq").get<int>();
+    c.vocab = json_int(j, "vocab");
+    c.d_model = json_int(j, "d_model");
+    c.n_layers = json_int(j, "n_layers");
+    c.n_heads = json_int(j, "n_heads");
+    c.d_ff = json_int(j, "d_ff");
+    c.max_seq = json_int(j, "max_seq");
     model_config_set(c, "norm", j.at("norm").get<std::string>());
     model_config_set(c, "mlp", j.at("mlp").get<std::string>());
     model_config_set(c, "positions", j.at("positions").get<std::string>());
@@ -204,7 +232,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.tied = j.at("tied").get<bool>();
     c.dropout = j.at("dropout").get<float>();
     c.emb_scale = j.at("emb_scale").get<float>();
-    c.padding_id = j.at("padding_id").get<int>();
+    c.padding_id = json_int(j, "padding_id");
     c.norm_eps = j.at("norm_eps").get<float>();
     c.rope_theta = j.at("rope_theta").get<float>();
     c.preset = j.value("preset", std::string("custom"));

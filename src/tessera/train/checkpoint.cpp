@@ -269,30 +269,35 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   TS_CHECK(!ec, "cannot create checkpoint directory ", tmp.string(), ": ", ec.message());
-  write_model_files(tmp.string(), model);
-  if (state) {
-    SafetensorsWriter w;
-    const int64_t n = static_cast<int64_t>(model.params().size());
-    TS_CHECK(static_cast<int64_t>(state->adam_m.size()) == n && static_cast<int64_t>(state->adam_v.size()) == n,
-             "internal: optimizer state does not match the model");
-    w.add("adam.m", DType::F32, {n}, state->adam_m.data());
-    w.add("adam.v", DType::F32, {n}, state->adam_v.data());
-    w.set_metadata("format", "pt");
-    w.set_metadata("step", std::to_string(state->step));
-    w.set_metadata("optimizer_step", std::to_string(state->optimizer_step < 0 ? state->step : state->optimizer_step));
-    if (state->loss_scale > 0) {
-      char scale[40];
-      std::snprintf(scale, sizeof scale, "%.17g", state->loss_scale);
-      w.set_metadata("loss_scale", scale);
-      w.set_metadata("loss_scale_good_steps", std::to_string(state->loss_scale_good_steps));
+  try {  // a failed write (a full disk) leaves no half-written <dir>.tmp behind
+    write_model_files(tmp.string(), model);
+    if (state) {
+      SafetensorsWriter w;
+      const int64_t n = static_cast<int64_t>(model.params().size());
+      TS_CHECK(static_cast<int64_t>(state->adam_m.size()) == n && static_cast<int64_t>(state->adam_v.size()) == n,
+               "internal: optimizer state does not match the model");
+      w.add("adam.m", DType::F32, {n}, state->adam_m.data());
+      w.add("adam.v", DType::F32, {n}, state->adam_v.data());
+      w.set_metadata("format", "pt");
+      w.set_metadata("step", std::to_string(state->step));
+      w.set_metadata("optimizer_step", std::to_string(state->optimizer_step < 0 ? state->step : state->optimizer_step));
+      if (state->loss_scale > 0) {
+        char scale[40];
+        std::snprintf(scale, sizeof scale, "%.17g", state->loss_scale);
+        w.set_metadata("loss_scale", scale);
+        w.set_metadata("loss_scale_good_steps", std::to_string(state->loss_scale_good_steps));
+      }
+      w.set_metadata("rng_seed", std::to_string(state->rng.seed));
+      w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
+      w.set_metadata("data_pos", std::to_string(state->data_pos));
+      w.set_metadata("options", state->options_json);
+      w.write((tmp / "optimizer.safetensors").string());
     }
-    w.set_metadata("rng_seed", std::to_string(state->rng.seed));
-    w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
-    w.set_metadata("data_pos", std::to_string(state->data_pos));
-    w.set_metadata("options", state->options_json);
-    w.write((tmp / "optimizer.safetensors").string());
+    fsync_dir(tmp.string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  fsync_dir(tmp.string());
   fault_point("ckpt-after-write");
 
   // Put the finished directory in place so that at every moment a whole checkpoint sits at `target`, or (on

@@ -111,6 +111,15 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
       const json& v = it.value();
       SafetensorsEntry e;
       e.dtype = dtype_from_name(v.at("dtype").get<std::string>());
+      // Integers only: nlohmann's get<> would truncate 164864.5 to 164864.
+      for (const char* field : {"shape", "data_offsets"}) {
+        const json& list = v.at(field);
+        TS_CHECK(list.is_array(), "safetensors: ", path, ": tensor ", it.key(), " has a ", field,
+                 " that is not a list");
+        for (const json& x : list)
+          TS_CHECK(x.is_number_integer(), "safetensors: ", path, ": tensor ", it.key(), " has a ", field,
+                   " entry that is not an integer: ", x.dump());
+      }
       e.shape = v.at("shape").get<std::vector<int64_t>>();
       const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
       TS_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, "safetensors: ", path, ": tensor ",

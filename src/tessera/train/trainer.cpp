@@ -302,11 +302,17 @@ TrainSetup train_setup(TrainOptions o) {
     TS_CHECK(o.trace_step >= first && o.trace_step <= o.steps, "--trace-step ", o.trace_step,
              " is not a step this run takes (", first, " to ", o.steps, ")");
   }
+  if (o.stop_after > 0) {
+    const int64_t first = s.model ? s.state.step + 1 : 1;
+    TS_CHECK(o.stop_after >= first && o.stop_after <= o.steps, "--stop-after ", o.stop_after,
+             " is not a step this run takes (", first, " to ", o.steps, ")");
+  }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
                                    std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline}}) {
     if (path.empty()) continue;
     const fs::path parent = fs::path(path).parent_path();
     TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
+    TS_CHECK(!fs::is_directory(path), flag, ": ", path, " is a directory, not a file to write");
   }
   TS_CHECK(o.memory_timeline.empty() || fs::path(o.memory_timeline).extension() == ".png", "--memory-timeline ",
            o.memory_timeline, " must end in .png (the CSV is written beside it as .csv)");
