@@ -43,4 +43,10 @@ inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}
   return r;
 }
 
+// `train` arguments for a tiny CPU run of 4 steps into `out` (seconds), plus `extra`.
+inline std::string small_train_args(const std::filesystem::path& out, const std::string& extra) {
+  return "train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 2 " +
+         "--no-progress --sample-tokens 0 --device cpu --steps 4 " + extra;
+}
+
 }  // namespace tessera::test

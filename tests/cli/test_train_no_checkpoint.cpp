@@ -13,10 +13,7 @@ namespace fs = std::filesystem;
 namespace tessera {
 namespace {
 
-std::string train_args(const fs::path& out, const std::string& extra) {
-  return "train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 2 " +
-         "--no-progress --sample-tokens 0 --device cpu --steps 4 " + extra;
-}
+std::string train_args(const fs::path& out, const std::string& extra) { return test::small_train_args(out, extra); }
 
 TEST(TrainNoCheckpoint, WritesMetricsAndNoCheckpoint) {
   const fs::path dir = fs::temp_directory_path() / ("tessera_nockpt_" + std::to_string(::getpid()));
