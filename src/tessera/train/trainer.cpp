@@ -297,16 +297,13 @@ TrainSetup train_setup(TrainOptions o) {
   }
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
-  if (!o.trace.empty() || !o.memory_timeline.empty()) {
-    const int64_t first = s.model ? s.state.step + 1 : 1;
-    TS_CHECK(o.trace_step >= first && o.trace_step <= o.steps, "--trace-step ", o.trace_step,
-             " is not a step this run takes (", first, " to ", o.steps, ")");
-  }
-  if (o.stop_after > 0) {
-    const int64_t first = s.model ? s.state.step + 1 : 1;
-    TS_CHECK(o.stop_after >= first && o.stop_after <= o.steps, "--stop-after ", o.stop_after,
-             " is not a step this run takes (", first, " to ", o.steps, ")");
-  }
+  const int64_t first_step = s.model ? s.state.step + 1 : 1;  // the first step this run takes
+  const auto check_step = [&](const char* flag, int64_t step) {
+    TS_CHECK(step >= first_step && step <= o.steps, flag, " ", step, " is not a step this run takes (", first_step,
+             " to ", o.steps, ")");
+  };
+  if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step);
+  if (o.stop_after > 0) check_step("--stop-after", o.stop_after);
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
                                    std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline}}) {
     if (path.empty()) continue;

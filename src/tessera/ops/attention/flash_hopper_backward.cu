@@ -253,18 +253,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float sacc[kN8][4], dpacc[kN8][4];
   mbar_wait(&bar_q, 0);
 
-  // The consumers take turns issuing their products, as in the forward: a consumer issues only in its turn (named
-  // barrier 1 + cw, completed by its own 128 threads and the other consumer's 128 arrivals) and hands the turn over
-  // once they are issued, so that one consumer's exponentials and dS run while the other's products do. Two turns a
+  // The consumers take turns issuing their products, as in the forward: a consumer issues only in its turn
+  // (turn_wait / turn_pass, flash_hopper_kernel.cuh) and hands the turn over once they are issued, so that one
+  // consumer's exponentials and dS run while the other's products do. Two turns a
   // tile: S and dP, then dQ += dS K. Consumer 0 goes first; consumer 1 makes no hand-over after its last turn, so
   // every arrival is waited for. The turns took 2-5% off the backward at Dh 64 and 1-2% at Dh 128; the same turns
   // in the dK / dV pass made it slower (bench/results/2026-12-01-backward-turns-h200.md). No tile is skipped: with
   // 128-key tiles and 128 queries a block, n_kt stops at the diagonal tile, which both warpgroups need, and both
   // must take the same number of turns.
   static_assert(kKeys == kBlockRows, "a tile wholly past a warpgroup's last query would need a skip, and its turns");
-  auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-  auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
-  if (cw == 1) turn_pass();
+  if (cw == 1) turn_pass(cw);
   for (int j = 0; j < n_kt; ++j) {
     const int s = j % kStages;
     const int k0 = j * kKeys;
@@ -273,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90-3.91 /
     // 14.0-14.1 ms at T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128:
     // 2026-12-01-split-waits-and-fused-d-h200.md).
-    turn_wait();
+    turn_wait(cw);
     issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
-    turn_pass();
+    turn_pass(cw);
     wgmma_wait<1>();
     flash_hopper::fence_regs(sacc);
     // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
@@ -293,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
     uint32_t dsa[kN8 / 2][4];
     flash::c_to_a<T, kN8>(dsa, sacc);
-    turn_wait();
+    turn_wait(cw);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
@@ -301,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int bx = 0; bx < kBoxes; ++bx)
         wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kKvBoxBytes + kk * 16 * 128), 1);
     wgmma_commit();
-    if (cw == 0 || j + 1 < n_kt) turn_pass();
+    if (cw == 0 || j + 1 < n_kt) turn_pass(cw);
     wgmma_wait<0>();
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx) flash_hopper::fence_regs(dq[bx]);

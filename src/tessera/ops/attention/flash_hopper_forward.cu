@@ -137,13 +137,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pa[kN8 / 2][4];  // P of the tile whose P V is next, as wgmma A fragments
   mbar_wait(&bar_q, 0);
 
-  // Ping-pong: a consumer issues its products only in its turn (named barrier 1 + cw, completed by its own 128
-  // threads and the other consumer's 128 arrivals), and hands the turn over once they are issued, so that one
-  // consumer's softmax runs while the other's products do. Both take n_kt + 1 turns, and every arrival is waited
-  // for: consumer 1 makes no hand-over after the last turn, so no named barrier is left part-arrived at exit.
-  auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-  auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
-  if (cw == 1) turn_pass();  // consumer 0 goes first
+  // Ping-pong: a consumer issues its products only in its turn (turn_wait / turn_pass, flash_hopper_kernel.cuh),
+  // and hands the turn over once they are issued, so that one consumer's softmax runs while the other's products
+  // do. Both take n_kt + 1 turns, and every arrival is waited for: consumer 1 makes no hand-over after the last
+  // turn, so no named barrier is left part-arrived at exit.
+  if (cw == 1) turn_pass(cw);  // consumer 0 goes first
 
   // S = Q K_jᵀ into sacc, one commit group.
   auto issue_scores = [&](int j) {
@@ -216,19 +214,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // j - 1's P V, so the exponentials of tile j run while the tensor cores add P_{j-1} V_{j-1}. K_j's stage is
   // released once S_j is read, V_j's once P_j V_j is.
   float alpha[2];
-  turn_wait();
+  turn_wait(cw);
   issue_scores(0);
-  turn_pass();
+  turn_pass(cw);
   wgmma_wait<0>();
   fence_regs(sacc);
   mbar_arrive(&bar_empty_k[0]);
   softmax(0, alpha);
   flash::c_to_a<T, kN8>(pa, sacc);
   for (int j = 1; j < n_kt; ++j) {
-    turn_wait();
+    turn_wait(cw);
     issue_scores(j);
     issue_pv(j - 1);
-    turn_pass();
+    turn_pass(cw);
     wgmma_wait<1>();  // S_j (committed first) is complete; P_{j-1} V_{j-1} may still run
     fence_regs(sacc);
     mbar_arrive(&bar_empty_k[j % kStages]);
@@ -240,9 +238,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     rescale_o(alpha);
     flash::c_to_a<T, kN8>(pa, sacc);
   }
-  turn_wait();
+  turn_wait(cw);
   issue_pv(n_kt - 1);
-  if (cw == 0) turn_pass();  // consumer 1's last turn; nobody waits for a hand-over after it
+  if (cw == 0) turn_pass(cw);  // consumer 1's last turn; nobody waits for a hand-over after it
   wgmma_wait<0>();
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) fence_regs(o[bx]);

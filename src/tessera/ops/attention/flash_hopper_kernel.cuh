@@ -63,6 +63,16 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return make_desc(addr, 16, 1024); }
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr) { return make_desc(addr, 1024, 1024); }
 
+// ---- turns between the two consumer warpgroups (cw 0 / 1) ----
+// Consumer cw's turn is named barrier 1 + cw, completed by its own 128 threads syncing on it and the other
+// consumer's 128 arriving: turn_wait blocks until the other consumer hands the turn over with turn_pass.
+// Consumer 1 passes once before its first wait, so consumer 0 goes first; a kernel leaves no barrier part-arrived
+// when both take the same number of turns and consumer 1 skips its last hand-over.
+__device__ __forceinline__ void turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
+__device__ __forceinline__ void turn_pass(int cw) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+}
+
 // ---- wgmma ordering ----
 // fence: before the first wgmma of a batch whose accumulators or A registers other instructions wrote.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

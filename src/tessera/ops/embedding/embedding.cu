@@ -81,14 +81,17 @@ __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __res
   }
 }
 
-// The radix sort's input (above kEmbeddingBucketSortMaxRows rows): keys[r] = tokens[r], or V (after every real id) for
-// padded and out-of-range rows; rows[r] = r.
+// A row's sort key: its token id, or V (after every real id) for padded and out-of-range rows.
+__device__ __forceinline__ int32_t backward_key(int32_t tok, int V, int padding_id) {
+  return (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
+}
+
+// The radix sort's input (above kEmbeddingBucketSortMaxRows rows): keys[r] = backward_key(tokens[r]); rows[r] = r.
 __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __restrict__ rows,
                                         const int32_t* __restrict__ tokens, int n, int V, int padding_id) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= n) return;
-  const int32_t tok = tokens[r];
-  keys[r] = (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
+  keys[r] = backward_key(tokens[r], V, padding_id);
   rows[r] = r;
 }
 
@@ -99,7 +102,7 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 // thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its ranking grows with the square
 // of the largest bucket (step 3: every row one id costs about n² / 32 shuffles, ~30 µs at 16384 rows), so above
 // kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
-// Step 1: keys[r] = tokens[r], or V (after every real id) for padded and out-of-range rows; slot[r] = r's place
+// Step 1: keys[r] = backward_key(tokens[r]); slot[r] = r's place
 // among its key's rows in whatever order the integer atomics ran (counts zeroed before): one atomic per key a warp
 // holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
 // atomics, and step 3 makes the order deterministic.
@@ -108,8 +111,7 @@ __global__ void embedding_backward_count(int32_t* __restrict__ keys, int32_t* __
                                          int V, int padding_id) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const bool valid = r < n;
-  const int32_t tok = valid ? tokens[r] : V;
-  const int32_t key = (tok < 0 || tok >= V || tok == padding_id) ? V : tok;
+  const int32_t key = backward_key(valid ? tokens[r] : V, V, padding_id);
   const unsigned in = __ballot_sync(0xffffffffu, valid);
   if (!valid) return;
   const unsigned peers = __match_any_sync(in, key);
@@ -411,15 +413,17 @@ struct BackwardScratch {
   void* temp;
   size_t temp_bytes;  // cub's storage: the prefix sum's, or the radix sort's
 };
-size_t backward_scratch_bytes(int rows, int V, int C) {
+size_t cub_temp_bytes(int rows, int V) { return use_bucket_sort(rows) ? scan_bytes(V) : radix_sort_bytes(rows, V); }
+size_t backward_scratch_bytes(int rows, int V, int C, size_t temp_bytes) {
   return 5 * align256(static_cast<size_t>(rows) * sizeof(int32_t)) +
          2 * align256(static_cast<size_t>(V + 1) * sizeof(int32_t)) + chunk_partial_bytes(rows, C) +
-         align256(use_bucket_sort(rows) ? scan_bytes(V) : radix_sort_bytes(rows, V));
+         align256(temp_bytes);
 }
 BackwardScratch backward_scratch(int rows, int V, int C, Context& ctx) {
   const size_t arr = align256(static_cast<size_t>(rows) * sizeof(int32_t));
   const size_t cnt = align256(static_cast<size_t>(V + 1) * sizeof(int32_t));
-  char* base = static_cast<char*>(ctx.scratch(backward_scratch_bytes(rows, V, C)));
+  const size_t temp_bytes = cub_temp_bytes(rows, V);
+  char* base = static_cast<char*>(ctx.scratch(backward_scratch_bytes(rows, V, C, temp_bytes)));
   BackwardScratch s{};
   s.keys = reinterpret_cast<int32_t*>(base);
   s.slot = reinterpret_cast<int32_t*>(base + arr);
@@ -430,13 +434,15 @@ BackwardScratch backward_scratch(int rows, int V, int C, Context& ctx) {
   s.offsets = reinterpret_cast<int32_t*>(base + 5 * arr + cnt);
   s.partial = reinterpret_cast<float*>(base + 5 * arr + 2 * cnt);
   s.temp = base + 5 * arr + 2 * cnt + chunk_partial_bytes(rows, C);
-  s.temp_bytes = use_bucket_sort(rows) ? scan_bytes(V) : radix_sort_bytes(rows, V);
+  s.temp_bytes = temp_bytes;
   return s;
 }
 
 }  // namespace
 
-size_t embedding_backward_scratch_bytes(int rows, int V, int C) { return backward_scratch_bytes(rows, V, C); }
+size_t embedding_backward_scratch_bytes(int rows, int V, int C) {
+  return backward_scratch_bytes(rows, V, C, cub_temp_bytes(rows, V));
+}
 
 void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
                             const void* wte, const void* wpe, Context& ctx) {
