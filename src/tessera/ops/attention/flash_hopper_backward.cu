@@ -114,14 +114,15 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
     if constexpr (kN == 64) wgmma_ss_n64<T>(d, da, db, scale_d);
     else wgmma_ss_n128<T>(d, da, db, scale_d);
   };
+  const uint64_t da0 = desc_k_major(a0), db0 = desc_k_major(b0), da1 = desc_k_major(a1), db1 = desc_k_major(b1);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    mma(x, desc_k_major(a0 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b0 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+    mma(x, desc_plus(da0, k_step(kk, 2 * kBoxBytes)), desc_plus(db0, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    mma(y, desc_k_major(a1 + k_step(kk, 2 * kBoxBytes)), desc_k_major(b1 + k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+    mma(y, desc_plus(da1, k_step(kk, 2 * kBoxBytes)), desc_plus(db1, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
   wgmma_commit();
 }
 
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumer warpgroups ----
   regs_claim<kConsumerRegs>();
-  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int cw = warpgroup_uniform(128), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int q_first = q0 + cw * 64;             // the warpgroup's first query row
   const int row_w = q_first + warp * 16;        // this warp's first query row
   const int row_a = row_w + lane / 4;           // this lane's rows: row_a and row_a + 8
@@ -291,13 +292,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
     uint32_t dsa[kN8 / 2][4];
     flash::c_to_a<T, kN8>(dsa, sacc);
+    const uint64_t dK = desc_mn_major(sK(s));
     turn_wait(cw);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
       for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_mn_major(sK(s) + bx * kKvBoxBytes + kk * 16 * 128), 1);
+        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_plus(dK, bx * kKvBoxBytes + kk * 16 * 128), 1);
     wgmma_commit();
     if (cw == 0 || j + 1 < n_kt) turn_pass(cw);
     wgmma_wait<0>();
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumer warpgroups ----
   regs_claim<kConsumerRegs>();
-  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int cw = warpgroup_uniform(128), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int k_first = k0 + cw * 64;        // the warpgroup's first key
   const int row_w = k_first + warp * 16;   // this warp's first key
   const int key_a = row_w + lane / 4;      // this lane's keys: key_a and key_a + 8
@@ -451,13 +453,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
       flash::c_to_a<T, kN8>(pa, st);
       flash::c_to_a<T, kN8>(dsa, dpt);
+      const uint64_t ddO = desc_mn_major(sdO(s)), dQ = desc_mn_major(sQ(s));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
         for (int bx = 0; bx < kBoxes; ++bx) {
-          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_mn_major(sdO(s) + bx * kQBoxBytes + kk * 16 * 128), 1);
-          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_mn_major(sQ(s) + bx * kQBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(ddO, bx * kQBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(dQ, bx * kQBoxBytes + kk * 16 * 128), 1);
         }
       wgmma_commit();
       wgmma_wait<0>();

@@ -67,6 +67,16 @@ constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align
   return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
 }
 
+// The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
+// base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
+// in one build, stepping took the forward from 396 / 597 / 695 to 402 / 611 / 710 TFLOP/s at Dh 128 (T 1k / 4k /
+// 16k) and from 288 / 439 / 514 down to 282 / 405 / 459 at Dh 64 (2026-12-01-wgmma-descriptors-h200.md).
+template <int kD, typename Make>
+__device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
+  if constexpr (kD == 128) return desc_plus(make(base), off);
+  else return make(base + off);
+}
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
@@ -124,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumer warpgroups ----
   regs_claim<kConsumerRegs>();
-  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int cw = warpgroup_uniform(128), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int row_w = q0 + cw * 64 + warp * 16;  // this warp's first query row
   const int row_a = row_w + lane / 4;          // this lane's rows: row_a and row_a + 8
   const int q_first = q0 + cw * 64;            // the warpgroup's first query row
@@ -151,8 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t k_off = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      wgmma_ss_n128<T>(sacc, desc_k_major(sQ + k_off + cw * 64 * 128), desc_k_major(sK(s) + k_off),
-                       /*scale_d=*/kk > 0 ? 1 : 0);
+      wgmma_ss_n128<T>(sacc, desc_at<kD>(desc_k_major, sQ + cw * 64 * 128, k_off),
+                       desc_at<kD>(desc_k_major, sK(s), k_off), /*scale_d=*/kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -165,7 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk)
 #pragma unroll
       for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(o[bx], pa[kk], desc_mn_major(sV(s) + bx * kBoxBytes + kk * 16 * 128), /*scale_d=*/1);
+        wgmma_rs_n64<T>(o[bx], pa[kk], desc_at<kD>(desc_mn_major, sV(s), bx * kBoxBytes + kk * 16 * 128),
+                        /*scale_d=*/1);
     wgmma_commit();
   };
   // The online softmax of tile j's scores (in sacc, complete): sacc becomes P, l and m advance, and alpha is the

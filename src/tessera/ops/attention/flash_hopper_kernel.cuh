@@ -62,6 +62,20 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
 }
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return make_desc(addr, 16, 1024); }
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr) { return make_desc(addr, 1024, 1024); }
+// The descriptor of the same operand `bytes` further on (a multiple of 16): make_desc(addr + bytes, ...) for a
+// descriptor made at addr. Every shared address is below 2^18, so the start-address field (bits 0-13) takes the
+// add without a carry, and only the low word changes. The kernels make each tile's descriptor once and step
+// through it with this: building every k16 step's descriptor from its address cost ~11 integer instructions per
+// wgmma (mask, shift, or, and four moves to uniform registers), a third of the backward's instructions at Dh 64.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4), hi = static_cast<uint32_t>(desc >> 32);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+// The consumer warpgroup index as a value the compiler knows is the same in every lane (a broadcast from lane 0),
+// so that addresses and descriptors derived from it live in uniform registers.
+__device__ __forceinline__ int warpgroup_uniform(int threads_before) {
+  return __shfl_sync(0xffffffffu, (static_cast<int>(threadIdx.x) - threads_before) / 128, 0);
+}
 
 // ---- turns between the two consumer warpgroups (cw 0 / 1) ----
 // Consumer cw's turn is named barrier 1 + cw, completed by its own 128 threads syncing on it and the other
