@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/models/config.h"
 
 namespace tessera::test {
@@ -123,6 +125,24 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// Rewrites the JSON header of safetensors file `path` in place with `edit`, keeping the data section as it is.
+inline void edit_safetensors_header(const std::filesystem::path& path,
+                                    const std::function<void(nlohmann::json&)>& edit) {
+  const std::vector<uint8_t> bytes = read_file_bytes(path.string());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  const auto data = bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n);
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, data);
+  edit(header);
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::vector<uint8_t> out(8);
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  out.insert(out.end(), text.begin(), text.end());
+  out.insert(out.end(), data, bytes.end());
+  write_file_atomic(path.string(), out.data(), out.size());
 }
 
 // The message of the tessera::Error that f throws, or "" when it throws none.

@@ -2,10 +2,10 @@
 
 #include <charconv>
 #include <cmath>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/core/json_fields.h"
 
 namespace tessera {
 
@@ -200,45 +200,29 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"preset", c.preset}};
 }
 
-namespace {
-// An integer field of a saved config: a JSON integer within int's range (nlohmann's get<int> would truncate
-// 2^32 + 128 to 128, or 256.7 to 256).
-int json_int(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = j.at(key);
-  TS_CHECK(v.is_number_integer(), "config: ", key, " must be an integer, got ", v.dump());
-  const bool fits = v.is_number_unsigned()
-                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
-                        : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
-                              v.get<int64_t>() <= std::numeric_limits<int>::max();
-  TS_CHECK(fits, "config: ", key, " ", v.dump(), " is out of range");
-  return static_cast<int>(v.get<int64_t>());
-}
-}  // namespace
-
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   TS_CHECK(j.is_object(), "config: expected a JSON object");
+  // Each field checked by type, and integers within int's range (nlohmann's get<int> would truncate 2^32 + 128 to
+  // 128, or 256.7 to 256); a missing or mistyped field is named.
+  constexpr std::string_view kWhere = "config";
   ModelConfig c;
-  try {
-    c.vocab = json_int(j, "vocab");
-    c.d_model = json_int(j, "d_model");
-    c.n_layers = json_int(j, "n_layers");
-    c.n_heads = json_int(j, "n_heads");
-    c.d_ff = json_int(j, "d_ff");
-    c.max_seq = json_int(j, "max_seq");
-    model_config_set(c, "norm", j.at("norm").get<std::string>());
-    model_config_set(c, "mlp", j.at("mlp").get<std::string>());
-    model_config_set(c, "positions", j.at("positions").get<std::string>());
-    c.bias = j.at("bias").get<bool>();
-    c.tied = j.at("tied").get<bool>();
-    c.dropout = j.at("dropout").get<float>();
-    c.emb_scale = j.at("emb_scale").get<float>();
-    c.padding_id = json_int(j, "padding_id");
-    c.norm_eps = j.at("norm_eps").get<float>();
-    c.rope_theta = j.at("rope_theta").get<float>();
-    c.preset = j.value("preset", std::string("custom"));
-  } catch (const nlohmann::json::exception& e) {
-    TS_THROW("config: malformed model config (", e.what(), ")");
-  }
+  c.vocab = json_int(j, "vocab", kWhere);
+  c.d_model = json_int(j, "d_model", kWhere);
+  c.n_layers = json_int(j, "n_layers", kWhere);
+  c.n_heads = json_int(j, "n_heads", kWhere);
+  c.d_ff = json_int(j, "d_ff", kWhere);
+  c.max_seq = json_int(j, "max_seq", kWhere);
+  model_config_set(c, "norm", json_string(j, "norm", kWhere));
+  model_config_set(c, "mlp", json_string(j, "mlp", kWhere));
+  model_config_set(c, "positions", json_string(j, "positions", kWhere));
+  c.bias = json_bool(j, "bias", kWhere);
+  c.tied = json_bool(j, "tied", kWhere);
+  c.dropout = static_cast<float>(json_number(j, "dropout", kWhere));
+  c.emb_scale = static_cast<float>(json_number(j, "emb_scale", kWhere));
+  c.padding_id = json_int(j, "padding_id", kWhere);
+  c.norm_eps = static_cast<float>(json_number(j, "norm_eps", kWhere));
+  c.rope_theta = static_cast<float>(json_number(j, "rope_theta", kWhere));
+  c.preset = j.contains("preset") ? json_string(j, "preset", kWhere) : "custom";
   c.validate();
   return c;
 }

@@ -60,6 +60,8 @@ std::string norm_kind_name(NormKind k);
 std::string position_kind_name(PositionKind k);
 
 nlohmann::json model_config_to_json(const ModelConfig& cfg);
+// The config saved by model_config_to_json, validated; throws Error "config: missing field 'vocab'" (or a field of the
+// wrong type, or an invalid config).
 ModelConfig model_config_from_json(const nlohmann::json& j);
 
 }  // namespace tessera

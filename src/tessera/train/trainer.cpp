@@ -14,6 +14,7 @@
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/json_fields.h"
 #include "tessera/core/memory.h"
 #include "tessera/core/trace.h"
 #include "tessera/models/gpt.h"
@@ -40,31 +41,32 @@ json train_options_to_json(const TrainOptions& o) {
 }
 
 void train_options_from_json(const json& j, TrainOptions& o) {
-  try {
-    o.model = model_config_from_json(j.at("model"));
-    o.data = j.at("data").get<std::string>();
-    o.batch = j.at("batch").get<int>();
-    o.seq = j.at("seq").get<int>();
-    o.accum = j.at("accum").get<int>();
-    o.lr = j.at("lr").get<float>();
-    o.min_lr_ratio = j.at("min_lr_ratio").get<float>();
-    o.warmup = j.at("warmup").get<int>();
-    o.weight_decay = j.at("weight_decay").get<float>();
-    o.beta1 = j.at("beta1").get<float>();
-    o.beta2 = j.at("beta2").get<float>();
-    o.adam_eps = j.value("adam_eps", 1e-8f);  // absent in checkpoints written before it was saved
-    o.grad_clip = j.at("grad_clip").get<float>();
-    o.label_smoothing = j.at("label_smoothing").get<float>();
-    o.seed = j.at("seed").get<uint64_t>();
-    o.val_every = j.at("val_every").get<int>();
-    o.val_batches = j.at("val_batches").get<int>();
-    o.ckpt_every = j.at("ckpt_every").get<int>();
-    o.ckpt_minutes = j.value("ckpt_minutes", 10.0);  // absent in checkpoints written before it existed
-    o.steps = j.at("steps").get<int>();
-    o.world_size = j.value("world_size", 1);  // absent in checkpoints of single-process runs before it existed
-  } catch (const json::exception& e) {
-    TS_THROW("checkpoint: malformed training options (", e.what(), ")");
-  }
+  // Each field checked by type and named when missing or mistyped; the keys added over time have defaults.
+  constexpr std::string_view kWhere = "training options";
+  o.model = model_config_from_json(json_field(j, "model", kWhere));
+  o.data = json_string(j, "data", kWhere);
+  o.batch = json_int(j, "batch", kWhere);
+  o.seq = json_int(j, "seq", kWhere);
+  o.accum = json_int(j, "accum", kWhere);
+  o.lr = static_cast<float>(json_number(j, "lr", kWhere));
+  o.min_lr_ratio = static_cast<float>(json_number(j, "min_lr_ratio", kWhere));
+  o.warmup = json_int(j, "warmup", kWhere);
+  o.weight_decay = static_cast<float>(json_number(j, "weight_decay", kWhere));
+  o.beta1 = static_cast<float>(json_number(j, "beta1", kWhere));
+  o.beta2 = static_cast<float>(json_number(j, "beta2", kWhere));
+  // Absent in checkpoints written before it was saved.
+  o.adam_eps = j.contains("adam_eps") ? static_cast<float>(json_number(j, "adam_eps", kWhere)) : 1e-8f;
+  o.grad_clip = static_cast<float>(json_number(j, "grad_clip", kWhere));
+  o.label_smoothing = static_cast<float>(json_number(j, "label_smoothing", kWhere));
+  o.seed = json_u64(j, "seed", kWhere);
+  o.val_every = json_int(j, "val_every", kWhere);
+  o.val_batches = json_int(j, "val_batches", kWhere);
+  o.ckpt_every = json_int(j, "ckpt_every", kWhere);
+  // Absent in checkpoints written before it existed.
+  o.ckpt_minutes = j.contains("ckpt_minutes") ? json_number(j, "ckpt_minutes", kWhere) : 10.0;
+  o.steps = json_int(j, "steps", kWhere);
+  // Absent in checkpoints of single-process runs before it existed.
+  o.world_size = j.contains("world_size") ? json_int(j, "world_size", kWhere) : 1;
 }
 
 float lr_at(int64_t step, int64_t total, const TrainOptions& o) {
@@ -273,7 +275,11 @@ TrainSetup train_setup(TrainOptions o) {
     } catch (const json::exception&) {
       TS_THROW("checkpoint ", o.resume, ": training options are not valid JSON");
     }
-    train_options_from_json(saved, o);
+    try {
+      train_options_from_json(saved, o);
+    } catch (const Error& e) {
+      TS_THROW("checkpoint ", o.resume, ": ", e.what());
+    }
     // The schedule spans the saved run's steps unless the caller extends it.
     if (steps > 0) o.steps = steps;
     o.stop_after = stop_after;

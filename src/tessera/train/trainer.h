@@ -83,7 +83,8 @@ struct TrainOptions {
 };
 
 nlohmann::json train_options_to_json(const TrainOptions& o);
-// Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress).
+// Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress). Throws Error
+// "training options: missing field 'batch'" (or a field of the wrong type).
 void train_options_from_json(const nlohmann::json& j, TrainOptions& o);
 
 // Parses --cuda-graph: "on", "off" (and "auto", the default); an Error otherwise.

@@ -1,0 +1,119 @@
+// A checkpoint that lacks something, or holds it as the wrong type, is refused with one line that names what (which
+// tensor, which field, which metadata key): never with the JSON library's exception text ("[json.exception.
+// type_error.304] cannot use at() with null"), never with a count ("has 15 tensors, the model expects 16"), and
+// never read as something else (std::stoll took "3x" as 3).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/train/checkpoint.h"
+#include "tessera/train/safetensors.h"
+#include "tessera/train/trainer.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::error_of;
+
+// One line that holds `what`, and none of nlohmann's exception text ("[json.exception.type_error.304] ...").
+void expect_named(const std::string& err, const std::string& what) {
+  EXPECT_NE(err.find(what), std::string::npos) << "expected '" << what << "' in: " << err;
+  EXPECT_EQ(err.find("json.exception"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
+// A training checkpoint of a small GPT-2-named model (its embedding is "transformer.wte.weight"), written afresh
+// before each edit.
+class BadCheckpoint : public ::testing::Test {
+ protected:
+  fs::path dir, ck;
+  std::unique_ptr<Gpt> model;
+  void SetUp() override { fresh_checkpoint(); }
+  void TearDown() override { fs::remove_all(dir); }
+  void fresh_checkpoint() {
+    dir = test::temp_dir("bad_ckpt");
+    ck = dir / "ck";
+    model = std::make_unique<Gpt>(test::small_config(/*vocab=*/256, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2,
+                                                     /*d_ff=*/24, /*max_seq=*/16));
+    model->init_weights(1);
+    TrainOptions o;
+    o.model = model->config();
+    TrainState s;
+    s.step = 3;
+    s.adam_m.assign(model->params().size(), 0.0f);
+    s.adam_v = s.adam_m;
+    s.options_json = train_options_to_json(o).dump();
+    save_checkpoint(ck.string(), *model, &s);
+  }
+  fs::path model_file() const { return ck / "model.safetensors"; }
+  fs::path optimizer_file() const { return ck / "optimizer.safetensors"; }
+  // The error of loading the model after `edit` of model.safetensors's header.
+  std::string model_error(const std::function<void(json&)>& edit) {
+    fresh_checkpoint();
+    test::edit_safetensors_header(model_file(), edit);
+    return error_of([&] { load_checkpoint_model(ck.string()); });
+  }
+  // The error of loading the training state after `edit` of optimizer.safetensors's header.
+  std::string state_error(const std::function<void(json&)>& edit) {
+    fresh_checkpoint();
+    test::edit_safetensors_header(optimizer_file(), edit);
+    return error_of([&] { load_train_state(ck.string(), *model); });
+  }
+  // The error of resuming (train_setup) after `edit` of the training options saved in optimizer.safetensors.
+  std::string resume_error(const std::function<void(json&)>& edit) {
+    fresh_checkpoint();
+    test::edit_safetensors_header(optimizer_file(), [&](json& h) {
+      json o = json::parse(h["__metadata__"]["options"].get<std::string>());
+      edit(o);
+      h["__metadata__"]["options"] = o.dump();
+    });
+    TrainOptions o;
+    o.resume = ck.string();
+    o.steps = 10;
+    return error_of([&] { train_setup(o); });
+  }
+};
+
+constexpr const char* kWte = "transformer.wte.weight";
+
+// The config in the metadata: each field named when missing or of the wrong type.
+TEST_F(BadCheckpoint, SavedConfigNamesTheMissingOrMistypedField) {
+  const auto config_edit = [&](const std::function<void(json&)>& edit) {
+    return model_error([&](json& h) {
+      json c = json::parse(h["__metadata__"]["tessera_config"].get<std::string>());
+      edit(c);
+      h["__metadata__"]["tessera_config"] = c.dump();
+    });
+  };
+  expect_named(config_edit([](json& c) { c.erase("vocab"); }), "config: missing field 'vocab'");
+  expect_named(config_edit([](json& c) { c["norm"] = 5; }), "config: field 'norm' must be a string, got 5");
+  expect_named(config_edit([](json& c) { c["bias"] = "yes"; }), "config: field 'bias' must be true or false");
+  expect_named(config_edit([](json& c) { c["dropout"] = nullptr; }), "config: field 'dropout' must be a number");
+  expect_named(config_edit([](json& c) { c = json::array(); }), "config: expected a JSON object");
+  // A config without "preset" loads, as "custom" (written before presets were saved).
+  EXPECT_EQ(config_edit([](json& c) { c.erase("preset"); }), "");
+}
+
+TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
+  expect_named(resume_error([](json& o) { o.erase("batch"); }),
+               "checkpoint " + ck.string() + ": training options: missing field 'batch'");
+  expect_named(resume_error([](json& o) { o["batch"] = 2.5; }), "training options: field 'batch' must be an integer");
+  expect_named(resume_error([](json& o) { o["seed"] = -1; }), "training options: field 'seed' must be an integer >= 0");
+  expect_named(resume_error([](json& o) { o["adam_eps"] = "x"; }), "training options: field 'adam_eps' must be a number");
+  expect_named(resume_error([](json& o) { o.erase("model"); }), "training options: missing field 'model'");
+  expect_named(resume_error([](json& o) { o["model"].erase("d_ff"); }), "config: missing field 'd_ff'");
+}
+
+}  // namespace
+}  // namespace tessera
