@@ -87,6 +87,28 @@ class BadCheckpoint : public ::testing::Test {
 
 constexpr const char* kWte = "transformer.wte.weight";
 
+TEST_F(BadCheckpoint, SafetensorsHeaderNamesTheTensorAndTheField) {
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    expect_named(model_error([&](json& h) { h[kWte].erase(field); }),
+                 std::string("tensor '") + kWte + "' has no " + field);
+  }
+  expect_named(model_error([](json& h) { h[kWte] = nullptr; }),
+               std::string("tensor '") + kWte + "' is null, not an object of dtype, shape and data_offsets");
+  expect_named(model_error([](json& h) { h[kWte] = 5; }), "is a number, not an object of dtype, shape");
+  expect_named(model_error([](json& h) { h[kWte]["dtype"] = 32; }), "has a dtype that is a number, not a string");
+  expect_named(model_error([](json& h) { h[kWte]["dtype"] = "F99"; }),
+               std::string("tensor '") + kWte + "': unsupported dtype 'F99'");
+  expect_named(model_error([](json& h) { h[kWte]["data_offsets"] = {0}; }), "has 1 data_offsets, not two");
+  expect_named(model_error([](json& h) { h[kWte]["shape"] = {-1, 16}; }), "has a negative dim");
+  // (2^62 + 4096) f32 elements are 2^64 + 16384 bytes: wrapped, the very size of the data (256 x 16 floats).
+  expect_named(model_error([](json& h) { h[kWte]["shape"] = {(uint64_t{1} << 62) + 4096}; }),
+               "has a shape whose size overflows");
+  expect_named(model_error([](json& h) { h["__metadata__"]["format"] = 5; }),
+               "metadata 'format' is a number, not a string");
+  expect_named(model_error([](json& h) { h["__metadata__"] = json::array({1}); }),
+               "__metadata__ is not a JSON object");
+}
+
 // The config in the metadata: each field named when missing or of the wrong type.
 TEST_F(BadCheckpoint, SavedConfigNamesTheMissingOrMistypedField) {
   const auto config_edit = [&](const std::function<void(json&)>& edit) {

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/json_fields.h"
 
 namespace tessera {
 
@@ -102,48 +104,68 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
     TS_THROW("safetensors: ", path, ": header is not valid JSON");
   }
   TS_CHECK(header.is_object(), "safetensors: ", path, ": header is not a JSON object");
-  try {
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        for (auto m = it.value().begin(); m != it.value().end(); ++m) f.metadata_[m.key()] = m.value().get<std::string>();
-        continue;
+  // Every field is checked before it is read, so that a malformed header is named in the message (which tensor,
+  // which field) and the JSON library's own exception text never reaches the user.
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      TS_CHECK(v.is_object(), "safetensors: ", path, ": __metadata__ is not a JSON object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        TS_CHECK(m.value().is_string(), "safetensors: ", path, ": metadata '", m.key(), "' is ",
+                 json_kind(m.value()), ", not a string");
+        f.metadata_[m.key()] = m.value().get<std::string>();
       }
-      const json& v = it.value();
-      SafetensorsEntry e;
-      e.dtype = dtype_from_name(v.at("dtype").get<std::string>());
-      // Integers only: nlohmann's get<> would truncate 164864.5 to 164864.
-      for (const char* field : {"shape", "data_offsets"}) {
-        const json& list = v.at(field);
-        TS_CHECK(list.is_array(), "safetensors: ", path, ": tensor ", it.key(), " has a ", field,
-                 " that is not a list");
-        for (const json& x : list)
-          TS_CHECK(x.is_number_integer(), "safetensors: ", path, ": tensor ", it.key(), " has a ", field,
-                   " entry that is not an integer: ", x.dump());
-      }
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      TS_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, "safetensors: ", path, ": tensor ",
-               it.key(), " has data offsets outside the file");
-      for (int64_t s : e.shape) TS_CHECK(s >= 0, "safetensors: ", path, ": tensor ", it.key(), " has a negative dim");
-      e.begin = off[0];
-      e.end = off[1];
-      TS_CHECK(e.end - e.begin == static_cast<size_t>(e.numel()) * dtype_size(e.dtype), "safetensors: ", path,
-               ": tensor ", it.key(), " has ", e.end - e.begin, " bytes for shape ", shape_str(e.shape));
-      f.entries_[it.key()] = e;
+      continue;
     }
-  } catch (const json::exception& ex) {
-    TS_THROW("safetensors: ", path, ": malformed header (", ex.what(), ")");
-  } catch (const Error& ex) {
-    const std::string msg = ex.what();
-    if (msg.rfind("safetensors:", 0) == 0) throw;
-    TS_THROW("safetensors: ", path, ": ", msg);
+    TS_CHECK(v.is_object(), "safetensors: ", path, ": tensor '", name, "' is ", json_kind(v),
+             ", not an object of dtype, shape and data_offsets");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      TS_CHECK(v.contains(field), "safetensors: ", path, ": tensor '", name, "' has no ", field);
+    TS_CHECK(v["dtype"].is_string(), "safetensors: ", path, ": tensor '", name, "' has a dtype that is ",
+             json_kind(v["dtype"]), ", not a string");
+    // Integers only: nlohmann's get<> would truncate 164864.5 to 164864.
+    for (const char* field : {"shape", "data_offsets"}) {
+      const json& list = v[field];
+      TS_CHECK(list.is_array(), "safetensors: ", path, ": tensor '", name, "' has a ", field, " that is not a list");
+      for (const json& x : list)
+        TS_CHECK(x.is_number_integer(), "safetensors: ", path, ": tensor '", name, "' has a ", field,
+                 " entry that is not an integer: ", x.dump());
+    }
+    SafetensorsEntry e;
+    try {
+      e.dtype = dtype_from_name(v["dtype"].get<std::string>());
+    } catch (const Error& ex) {
+      TS_THROW("safetensors: ", path, ": tensor '", name, "': ", ex.what());
+    }
+    // The byte count of the shape, checked for overflow: dims whose product wraps would pass the size check.
+    size_t nbytes = dtype_size(e.dtype);
+    for (const json& x : v["shape"]) {
+      TS_CHECK(x.is_number_unsigned(), "safetensors: ", path, ": tensor '", name, "' has a negative dim");
+      const uint64_t dim = x.get<uint64_t>();
+      TS_CHECK(dim <= static_cast<uint64_t>(INT64_MAX) && !__builtin_mul_overflow(nbytes, dim, &nbytes),
+               "safetensors: ", path, ": tensor '", name, "' has a shape whose size overflows (dim ", x.dump(), ")");
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const json& off = v["data_offsets"];
+    TS_CHECK(off.size() == 2, "safetensors: ", path, ": tensor '", name, "' has ", off.size(),
+             " data_offsets, not two (begin, end)");
+    for (const json& x : off)
+      TS_CHECK(x.is_number_unsigned(), "safetensors: ", path, ": tensor '", name, "' has a negative data offset");
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    TS_CHECK(e.begin <= e.end && e.end <= data_size, "safetensors: ", path, ": tensor '", name,
+             "' has data offsets outside the file");
+    TS_CHECK(e.end - e.begin == nbytes, "safetensors: ", path, ": tensor '", name, "' has ", e.end - e.begin,
+             " bytes for shape ", shape_str(e.shape));
+    f.entries_[name] = e;
   }
   return f;
 }
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto it = entries_.find(name);
-  TS_CHECK(it != entries_.end(), "safetensors: ", path_, ": missing tensor ", name);
+  TS_CHECK(it != entries_.end(), "safetensors: ", path_, ": missing tensor '", name, "'");
   return it->second;
 }
 
@@ -162,10 +184,10 @@ const std::string& SafetensorsFile::meta(const std::string& key) const {
 const SafetensorsEntry& SafetensorsFile::checked_float_entry(const std::string& name,
                                                              const std::vector<int64_t>& shape) const {
   const SafetensorsEntry& e = entry(name);
-  TS_CHECK(e.shape == shape, "safetensors: ", path_, ": tensor ", name, " has shape ", shape_str(e.shape),
+  TS_CHECK(e.shape == shape, "safetensors: ", path_, ": tensor '", name, "' has shape ", shape_str(e.shape),
            ", the model expects ", shape_str(shape));
   TS_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16, "safetensors: ", path_,
-           ": tensor ", name, " has dtype ", dtype_name(e.dtype), ", expected a float");
+           ": tensor '", name, "' has dtype ", dtype_name(e.dtype), ", expected a float");
   return e;
 }
 

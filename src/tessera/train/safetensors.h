@@ -58,8 +58,9 @@ class SafetensorsWriter {
 class SafetensorsFile {
  public:
   // Maps the file and validates its header. Throws Error "safetensors: <path>: <reason>" for a missing,
-  // truncated or corrupt file (bad header length, bad JSON, unknown dtype, offsets outside the data or not
-  // matching the shape). The data is read from the mapping as it is used.
+  // truncated or corrupt file (bad header length, bad JSON, a tensor without dtype, shape or data_offsets or
+  // with one of the wrong type, unknown dtype, offsets outside the data or not matching the shape, metadata
+  // that is not strings), naming the tensor and the field. The data is read from the mapping as it is used.
   static SafetensorsFile load(const std::string& path);
 
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
