@@ -199,6 +199,23 @@ TEST_F(Cli, CorruptSafetensors) {
   write_file_atomic((dir / "ck" / "model.safetensors").string(), std::string("abc"));
   expect_error(run("info --checkpoint " + (dir / "ck").string()), "truncated");
 }
+// What a checkpoint lacks is named in the one line (it used to be the JSON library's text, or a tensor count).
+TEST_F(Cli, CheckpointThatLacksSomethingNamesIt) {
+  Gpt m(model_preset("tiny"));
+  const fs::path ck = dir / "ck", file = ck / "model.safetensors";
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) { h["transformer.wte.weight"].erase("data_offsets"); });
+  expect_error(run("generate --checkpoint " + ck.string()), "tensor 'transformer.wte.weight' has no data_offsets");
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) { h["transformer.wte.weight"] = nullptr; });
+  expect_error(run("info --checkpoint " + ck.string()), "tensor 'transformer.wte.weight' is null, not an object");
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) { h.erase("transformer.wte.weight"); });
+  expect_error(run("generate --checkpoint " + ck.string()), "missing tensor 'transformer.wte.weight'");
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) { h["__metadata__"].erase("tessera_config"); });
+  expect_error(run("info --checkpoint " + ck.string()), "header has no tessera_config metadata");
+}
 TEST_F(Cli, MismatchedSafetensors) {
   // A training checkpoint whose optimizer state belongs to another model.
   ModelConfig a = model_preset("tiny"), b = a;

@@ -109,6 +109,50 @@ TEST_F(BadCheckpoint, SafetensorsHeaderNamesTheTensorAndTheField) {
                "__metadata__ is not a JSON object");
 }
 
+TEST_F(BadCheckpoint, ModelFileNamesTheMissingConfigOrTensor) {
+  expect_named(model_error([](json& h) { h["__metadata__"].erase("tessera_config"); }),
+               "checkpoint " + model_file().string() + ": header has no tessera_config metadata");
+  expect_named(model_error([](json& h) { h.erase("__metadata__"); }), "header has no tessera_config metadata");
+  // A tensor the model needs: named, where the count alone ("has 8 tensors, the model expects 9") used to be said.
+  const std::string missing = model_error([](json& h) { h.erase(kWte); });
+  expect_named(missing, "checkpoint " + model_file().string() + ": missing tensor '" + kWte + "'");
+  // Two missing: the first named, the other counted.
+  expect_named(model_error([](json& h) {
+                 h.erase(kWte);
+                 h.erase("transformer.wpe.weight");
+               }),
+               "(and 1 more)");
+  // Renamed: the missing one named first, not the stranger.
+  expect_named(model_error([](json& h) {
+                 h["bogus"] = h[kWte];
+                 h.erase(kWte);
+               }),
+               std::string("missing tensor '") + kWte + "'");
+  expect_named(model_error([](json& h) { h["bogus"] = h[kWte]; }), "tensor 'bogus' is not one of the model's");
+}
+
+TEST_F(BadCheckpoint, TrainingStateNamesTheMissingOrMalformedKey) {
+  for (const char* key : {"step", "rng_seed", "rng_next_stream", "data_pos", "options"}) {
+    expect_named(state_error([&](json& h) { h["__metadata__"].erase(key); }),
+                 "checkpoint " + optimizer_file().string() + ": optimizer state has no '" + key + "' metadata");
+  }
+  expect_named(state_error([](json& h) { h["__metadata__"]["step"] = "abc"; }),
+               "metadata 'step' is not a whole number: 'abc'");
+  // std::stoll read "3x" as 3, and std::stoull "-1" as 2^64 - 1.
+  expect_named(state_error([](json& h) { h["__metadata__"]["step"] = "3x"; }),
+               "metadata 'step' is not a whole number: '3x'");
+  expect_named(state_error([](json& h) { h["__metadata__"]["step"] = "-1"; }), "step -1 is negative");
+  expect_named(state_error([](json& h) { h["__metadata__"]["data_pos"] = "-1"; }),
+               "metadata 'data_pos' is not a whole number >= 0: '-1'");
+  expect_named(state_error([](json& h) { h["__metadata__"]["loss_scale"] = "big"; }),
+               "metadata 'loss_scale' is not a number: 'big'");
+  expect_named(state_error([](json& h) { h.erase("adam.m"); }), "missing tensor 'adam.m'");
+  // Without optimizer_step (written before loss scaling): it is the step.
+  fresh_checkpoint();
+  test::edit_safetensors_header(optimizer_file(), [](json& h) { h["__metadata__"].erase("optimizer_step"); });
+  EXPECT_EQ(load_train_state(ck.string(), *model).optimizer_step, 3);
+}
+
 // The config in the metadata: each field named when missing or of the wrong type.
 TEST_F(BadCheckpoint, SavedConfigNamesTheMissingOrMistypedField) {
   const auto config_edit = [&](const std::function<void(json&)>& edit) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -13,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <type_traits>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -205,13 +208,21 @@ std::string model_file(const std::string& path) {
 }
 
 ModelConfig config_from(const SafetensorsFile& st) {
+  const auto& meta = st.metadata();
+  const auto it = meta.find("tessera_config");
+  TS_CHECK(it != meta.end(), "checkpoint ", st.path(), ": header has no tessera_config metadata, so the model's "
+           "config is unknown (tessera loads the checkpoints that it wrote)");
   json j;
   try {
-    j = json::parse(st.meta("tessera_config"));
+    j = json::parse(it->second);
   } catch (const json::exception&) {
     TS_THROW("checkpoint ", st.path(), ": tessera_config metadata is not valid JSON");
   }
-  return model_config_from_json(j);
+  try {
+    return model_config_from_json(j);
+  } catch (const Error& e) {
+    TS_THROW("checkpoint ", st.path(), ": ", e.what());
+  }
 }
 
 // Copies every tensor from the mapped file into the parameter buffer; transposes are undone while copying.
@@ -224,10 +235,20 @@ void weights_from(const SafetensorsFile& st, Gpt& model) {
   if (!direct) host_copy = params.read_f32(model.context());
   float* base = direct ? params.host_data<float>() : host_copy.data();
   const auto layout = checkpoint_layout(model);
-  TS_CHECK(st.size() == layout.size(), "checkpoint ", file, ": has ", st.size(), " tensors, the model expects ",
-           layout.size());
+  // Named, not counted: the first tensor the model needs that the file lacks, then the first it does not need.
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
   for (const ExportTensor& t : layout) {
-    TS_CHECK(st.has(t.name), "checkpoint ", file, ": missing tensor ", t.name);
+    expected.insert(t.name);
+    if (!st.has(t.name)) missing.push_back(t.name);
+  }
+  TS_CHECK(missing.empty(), "checkpoint ", file, ": missing tensor '", missing.front(), "'",
+           missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : std::string(),
+           "; the config in its metadata needs ", layout.size(), " tensors");
+  for (const std::string& name : st.names())
+    TS_CHECK(expected.count(name), "checkpoint ", file, ": tensor '", name, "' is not one of the model's ",
+             layout.size(), " (a file for another config?)");
+  for (const ExportTensor& t : layout) {
     const ParamSegment& seg = model.params().segments()[t.segment];
     float* dst = base + seg.offset + t.row_begin * t.cols;
     const bool vec = model.params().shape(t.segment).size() == 1;
@@ -349,6 +370,23 @@ std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path, Context& ctx
   return model;
 }
 
+namespace {
+// A whole-integer metadata value of the training state, named when missing or malformed (std::stoll would take
+// "12abc" as 12, and std::stoull "-1" as 2^64 - 1).
+template <typename T>
+T meta_integer(const SafetensorsFile& st, const std::string& key) {
+  const auto& meta = st.metadata();
+  const auto it = meta.find(key);
+  TS_CHECK(it != meta.end(), "checkpoint ", st.path(), ": optimizer state has no '", key, "' metadata");
+  const std::string& text = it->second;
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TS_CHECK(ec == std::errc() && end == text.data() + text.size(), "checkpoint ", st.path(), ": metadata '", key,
+           "' is not a whole number", std::is_unsigned_v<T> ? " >= 0" : "", ": '", text, "'");
+  return value;
+}
+}  // namespace
+
 TrainState load_train_state(const std::string& path, const Gpt& model) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
@@ -360,26 +398,28 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
   s.adam_v.resize(n);
   st.read_f32("adam.m", {n}, s.adam_m.data());
   st.read_f32("adam.v", {n}, s.adam_v.data());
-  try {
-    s.step = std::stoll(st.meta("step"));
-    s.rng.seed = std::stoull(st.meta("rng_seed"));
-    s.rng.next_stream = std::stoull(st.meta("rng_next_stream"));
-    s.data_pos = std::stoull(st.meta("data_pos"));
-    // Absent in checkpoints written before loss scaling: no step was skipped, no scaler ran.
-    const auto& meta = st.metadata();
-    s.optimizer_step = meta.count("optimizer_step") ? std::stoll(meta.at("optimizer_step")) : s.step;
-    if (meta.count("loss_scale")) {
-      s.loss_scale = std::stod(meta.at("loss_scale"));
-      s.loss_scale_good_steps = std::stoll(st.meta("loss_scale_good_steps"));
-    }
-  } catch (const std::logic_error&) {
-    TS_THROW("checkpoint ", file, ": malformed training state metadata");
+  s.step = meta_integer<int64_t>(st, "step");
+  s.rng.seed = meta_integer<uint64_t>(st, "rng_seed");
+  s.rng.next_stream = meta_integer<uint64_t>(st, "rng_next_stream");
+  s.data_pos = meta_integer<uint64_t>(st, "data_pos");
+  // Absent in checkpoints written before loss scaling: no step was skipped, no scaler ran.
+  const auto& meta = st.metadata();
+  s.optimizer_step = meta.count("optimizer_step") ? meta_integer<int64_t>(st, "optimizer_step") : s.step;
+  if (meta.count("loss_scale")) {
+    const std::string& text = meta.at("loss_scale");
+    char* end = nullptr;
+    s.loss_scale = std::strtod(text.c_str(), &end);
+    TS_CHECK(!text.empty() && end == text.c_str() + text.size(), "checkpoint ", file, ": metadata 'loss_scale' is not "
+             "a number: '", text, "'");
+    s.loss_scale_good_steps = meta_integer<int64_t>(st, "loss_scale_good_steps");
   }
+  TS_CHECK(s.step >= 0, "checkpoint ", file, ": step ", s.step, " is negative");
   TS_CHECK(s.optimizer_step >= 0 && s.optimizer_step <= s.step, "checkpoint ", file, ": optimizer step ",
            s.optimizer_step, " is not in [0, step ", s.step, "]");
   TS_CHECK(s.loss_scale == 0 || (std::isfinite(s.loss_scale) && s.loss_scale >= 1), "checkpoint ", file,
            ": malformed loss scale ", s.loss_scale);
-  s.options_json = st.meta("options");
+  TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
+  s.options_json = meta.at("options");
   return s;
 }
 
