@@ -174,6 +174,7 @@ TEST_F(Cli, SequenceLongerThanMaxSeq) {
   expect_error(run("train --seq 65 --out " + (dir / "o").string() + " --no-progress"), "longer than the model's max_seq");
   expect_error(run("generate --checkpoint x --tokens -1"), "--tokens must be >= 0");
   expect_error(run("generate --checkpoint x"), "does not exist");
+  expect_error(run("generate --checkpoint ''"), "--checkpoint is empty");
 }
 TEST_F(Cli, HeadsDoNotDivideWidth) { expect_error(run("info --n-heads 3"), "not divisible by n_heads 3"); }
 TEST_F(Cli, UnknownPreset) { expect_error(run("info --preset gpt5"), "unknown preset 'gpt5'"); }

@@ -7,6 +7,8 @@
 
 #include "cli/cli_run.h"
 #include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -97,6 +99,35 @@ TEST(CliInfo, MasterWeightsOffSavesFourBytesAParameter) {
   const test::CliRun bad = test::run("info --preset tiny --precision bf16 --master-weights maybe");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--master-weights must be on or off"), std::string::npos) << bad.err;
+}
+
+// With --checkpoint the checkpoint fixes the model: a model flag beside it was silently ignored (info printed the
+// checkpoint's d_model under --d-model 64); it is refused, as train --resume refuses it.
+TEST(CliInfo, ModelFlagsAreRefusedBesideACheckpoint) {
+  const std::filesystem::path d = test::temp_dir("info_ckpt");
+  ModelConfig cfg = model_preset("tiny");
+  cfg.d_model = 32;
+  save_checkpoint((d / "ck").string(), Gpt(cfg), nullptr);
+  const std::string ck = " --checkpoint " + (d / "ck").string();
+  for (const char* flag : {"--d-model 64", "--preset gpt2-124m", "--n-layers 2", "--vocab 300"}) {
+    SCOPED_TRACE(flag);
+    const test::CliRun r = test::run(std::string("info ") + flag + ck);
+    EXPECT_EQ(r.code, 2) << r.out;
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_EQ(r.err, "tessera: error: " + name + " cannot be combined with --checkpoint (the checkpoint fixes the "
+                     "model)\n");
+    EXPECT_EQ(r.out, "");
+  }
+  // The flags that are not the model's still apply, and the model is the checkpoint's.
+  const test::CliRun ok = test::run("info --batch 2 --seq 8 --precision bf16" + ck);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("d_model 32,"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("batch 2 x seq 8"), std::string::npos) << ok.out;
+  const test::CliRun empty = test::run("info --checkpoint ''");
+  EXPECT_EQ(empty.err, "tessera: error: --checkpoint is empty\n");
+  const test::CliRun missing = test::run("info --checkpoint " + (d / "nope").string());
+  EXPECT_EQ(missing.err, "tessera: error: checkpoint " + (d / "nope").string() + " does not exist\n");
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ int cmd_generate(int argc, char** argv) {
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
+  TS_CHECK(!given.empty(), "--checkpoint is empty");
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
   const std::string ckpt = resolve_checkpoint_dir(given);
   TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
@@ -130,6 +131,14 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
   TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
   TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
+  if (a.has("checkpoint")) {
+    // As with train --resume: the checkpoint fixes the model, and a model flag would silently be ignored.
+    for (const auto& f : model_flag_names())
+      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --checkpoint (the checkpoint fixes the model)");
+    const std::string given = a.str("checkpoint");
+    TS_CHECK(!given.empty(), "--checkpoint is empty");
+    TS_CHECK(fs::exists(resolve_checkpoint_dir(given)), "checkpoint ", given, " does not exist");
+  }
   const ModelConfig cfg = a.has("checkpoint") ? load_checkpoint_config(a.str("checkpoint")) : model_from_flags(a);
   const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
   TS_CHECK(B > 0 && T > 0, "--batch and --seq must be positive");
