@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli_run.h"
+#include "tessera/train/data.h"
 
 namespace fs = std::filesystem;
 
@@ -79,6 +80,57 @@ TEST(TrainBadFlags, ARunWithoutACheckpointIsNotOfferedToResume) {
   fs::create_directories(dir / "run" / "checkpoint");
   const test::CliRun with = test::run(train_args(dir / "run", ""));
   EXPECT_NE(with.err.find("continue it with --resume"), std::string::npos) << with.err;
+  fs::remove_all(dir);
+}
+
+// train_000000.bin and val_000000.bin in `dir`, 2000 tokens each, cycling through the ids [0, top].
+fs::path shards_up_to(const fs::path& dir, uint16_t top) {
+  std::vector<uint16_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % (top + 1u));
+  fs::create_directories(dir);
+  write_shard((dir / "train_000000.bin").string(), tokens);
+  write_shard((dir / "val_000000.bin").string(), tokens);
+  return dir;
+}
+
+// The sample after training is byte-level text. A model whose tokens are not bytes (a vocab below 256, or shards
+// of another tokenizer) used to skip it without a word, or print its ids masked to bytes: asked for, it is refused
+// before anything is written; by default a line says why there is none.
+TEST(TrainBadFlags, SampleTokensNeedsAByteLevelModel) {
+  const fs::path dir = fresh_dir("tessera_sample_vocab");
+  const fs::path out = dir / "run";
+  const std::string small = " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 0 --no-progress "
+                            "--device cpu --steps 2 --out " + out.string();
+  const std::string vocab100 = "train --vocab 100 --data " + shards_up_to(dir / "d100", 99).string() + small;
+  expect_refused(test::run(vocab100 + " --sample-tokens 20"),
+                 "--sample-tokens 20: no sample can be drawn: the model's vocab of 100 tokens is not the byte vocabulary "
+                 "(256), and the sample is byte-level text", out);
+  expect_refused(test::run(vocab100 + " --prompt Hi"), "--prompt: no sample can be drawn: the model's vocab of 100",
+                 out);
+  const std::string wide = "train --vocab 512 --data " + shards_up_to(dir / "d300", 300).string() + small;
+  expect_refused(test::run(wide + " --sample-tokens 20"),
+                 "--sample-tokens 20: no sample can be drawn: the training data holds token ids up to 300, not bytes",
+                 out);
+  expect_refused(test::run(vocab100 + " --sample-tokens 0 --prompt Hi"),
+                 "--prompt is for the sample after training, which --sample-tokens 0 turns off", out);
+  // By default: the run trains, and says why it prints no sample.
+  const test::CliRun quiet = test::run(vocab100);
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_NE(quiet.out.find("\nno sample: the model's vocab of 100 tokens is not the byte vocabulary (256)"),
+            std::string::npos) << quiet.out;
+  EXPECT_EQ(quiet.out.find("sample (temperature"), std::string::npos) << quiet.out;
+  // A resumed run takes the vocab from the checkpoint.
+  const test::CliRun resumed =
+      test::run("train --resume " + (out / "checkpoint").string() + " --steps 3 --no-progress --sample-tokens 5");
+  EXPECT_EQ(resumed.code, 2) << resumed.out;
+  EXPECT_NE(resumed.err.find("--sample-tokens 5: no sample can be drawn: the model's vocab of 100"), std::string::npos)
+      << resumed.err;
+  // Byte-level shards in a wider vocab still sample.
+  fs::remove_all(out);
+  const test::CliRun bytes =
+      test::run("train --vocab 512 --data " + shards_up_to(dir / "d255", 255).string() + small + " --sample-tokens 5");
+  ASSERT_EQ(bytes.code, 0) << bytes.err;
+  EXPECT_NE(bytes.out.find("sample (temperature"), std::string::npos) << bytes.out;
   fs::remove_all(dir);
 }
 

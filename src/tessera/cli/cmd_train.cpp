@@ -119,6 +119,18 @@ bool is_shard_file(const std::string& path) {
   return full && magic == kShardMagic;
 }
 
+// Why the sample after training, byte-level text as tessera generate's, cannot come from this model; "" when it can.
+// max_token: the largest token id in the training shards (-1 for text, which is tokenized as bytes).
+std::string byte_sample_refusal(int vocab, int max_token) {
+  if (vocab < kByteVocab)
+    return "the model's vocab of " + std::to_string(vocab) + " tokens is not the byte vocabulary (256), and the sample "
+           "is byte-level text";
+  if (max_token >= kByteVocab)
+    return "the training data holds token ids up to " + std::to_string(max_token) + ", not bytes, and the sample is "
+           "byte-level text";
+  return "";
+}
+
 bool holds_run(const fs::path& out) {
   return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
 }
@@ -196,7 +208,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   TrainOptions o;
   TrainSetup setup;
   DataParallelOptions dist;
-  std::string text, text_source;
+  std::string text, text_source, no_sample;
   int sample_flag = kDefaultSampleTokens;
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
@@ -325,7 +337,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       train_open_data(setup);
     }
 
-    // 4. The output directory: one run each.
+    // 4. The sample after training. Asked for where it cannot be drawn, it is an error now, not a sample left out
+    // without a word after the run; by default a line then says why there is none.
+    no_sample = byte_sample_refusal(o.model.vocab, setup.train_data ? setup.train_data->max_token() : -1);
+    if (a.has("sample-tokens") && sample_flag > 0)
+      TS_CHECK(no_sample.empty(), "--sample-tokens ", sample_flag, ": no sample can be drawn: ", no_sample);
+    TS_CHECK(!a.has("prompt") || sample_flag > 0, "--prompt is for the sample after training, which --sample-tokens 0 turns off");
+    TS_CHECK(!a.has("prompt") || no_sample.empty(), "--prompt: no sample can be drawn: ", no_sample);
+
+    // 5. The output directory: one run each.
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
       if (fs::is_directory(fs::path(o.out) / "checkpoint"))
         TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
@@ -485,7 +505,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N, or run "
                 "tessera generate)\n", human_count(static_cast<double>(r.model->config().num_params())).c_str());
   }
-  if (sample_tokens > 0 && r.model->config().vocab >= kByteVocab) {
+  if (sample_tokens > 0 && !no_sample.empty()) {
+    sample_tokens = 0;
+    std::printf("\nno sample: %s\n", no_sample.c_str());
+  }
+  if (sample_tokens > 0) {
     const std::string prompt = a.str("prompt", "The ");
     const auto out_tokens = generate(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
                                      {.temperature = 0.7f, .top_k = 40, .seed = o.seed});

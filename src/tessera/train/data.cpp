@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 // Maps a shard and checks it (see read_shard). Returns the mapping; its tokens start at kShardHeaderInts * 4.
-MappedFile map_shard(const std::string& path, int vocab, size_t* count_out) {
+MappedFile map_shard(const std::string& path, int vocab, size_t* count_out, int* max_out = nullptr) {
   MappedFile file(path, "shard");
   const size_t size = file.size();
   const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
@@ -31,6 +31,7 @@ MappedFile map_shard(const std::string& path, int vocab, size_t* count_out) {
            (size - header_bytes) / 2, ")");
   TS_CHECK(size == expect, "shard ", path, ": ", size - expect, " bytes beyond the ", count,
            " tokens its header declares");
+  int max_token = -1;
   if (vocab > 0 && count > 0) {
     // The mapping is page-aligned and the header 1 KiB, so the tokens are aligned uint16.
     const auto* tokens = reinterpret_cast<const uint16_t*>(file.data() + header_bytes);
@@ -43,8 +44,10 @@ MappedFile map_shard(const std::string& path, int vocab, size_t* count_out) {
       TS_THROW("shard ", path, ": token id ", tokens[i], " at position ", i, " is not below the model's vocab ",
                vocab);
     }
+    max_token = max_id;
   }
   *count_out = count;
+  if (max_out) *max_out = max_token;
   return file;
 }
 }  // namespace
@@ -139,7 +142,9 @@ TokenStream::TokenStream(const std::vector<std::string>& shards, int vocab) {
   for (const auto& path : shards) {
     size_t count = 0;
     Shard s;
-    s.file = map_shard(path, vocab, &count);
+    int shard_max = -1;
+    s.file = map_shard(path, vocab, &count, &shard_max);
+    max_token_ = std::max(max_token_, shard_max);
     s.tokens = reinterpret_cast<const uint16_t*>(s.file.data() + kShardHeaderInts * sizeof(int32_t));
     s.file.advise_sequential();  // batches read the stream front to back
     size_ += count;

@@ -50,6 +50,8 @@ class TokenStream {
   uint64_t position() const { return pos_; }
   void set_position(uint64_t pos);
   size_t size() const { return size_; }
+  // The largest token id in the shards (-1 when they hold none): below 256 for byte-level text.
+  int max_token() const { return max_token_; }
 
  private:
   struct Shard {
@@ -60,6 +62,7 @@ class TokenStream {
   std::vector<Shard> shards_;
   uint64_t size_ = 0;
   uint64_t pos_ = 0;
+  int max_token_ = -1;
   std::string name_;
 };
 
