@@ -190,6 +190,32 @@ TEST(DistCli, BenchAllreduceTabulatesEverySizeFromRankZero) {
   fs::remove_all(d);
 }
 
+// A size that cannot be allocated is one line from one rank that names bench allreduce's own size flag: it was a
+// line from every rank, advising train's --batch and --seq, and then MPI_Abort. Sizes that are no whole number of
+// elements, or too large to round, are refused with the flags too.
+TEST(DistCli, BenchAllreduceSizesThatDoNotFitNameItsOwnFlag) {
+  const fs::path d = test::temp_dir("dist_cli_bench_oom");
+  const std::string args = "allreduce --backend mpi-cpu --warmup 0 --iters 1 --sizes ";
+  const Job oom = mpirun("", 2, args + "4KB,100000GB", d, "bench");
+  EXPECT_EQ(oom.code, 2) << oom.out << oom.err;
+  EXPECT_EQ(count(oom.err, "tessera: error:"), 1u) << oom.err;
+  EXPECT_NE(oom.err.find("tessera: error: out of memory: a 100000 GB buffer on each of the 2 ranks on this host needs "),
+            std::string::npos) << oom.err;
+  EXPECT_NE(oom.err.find(" GiB available (try smaller --sizes)\n"), std::string::npos) << oom.err;
+  EXPECT_EQ(oom.err.find("--batch"), std::string::npos) << oom.err;
+  EXPECT_EQ(oom.err.find("MPI_ABORT"), std::string::npos) << oom.err;
+  EXPECT_EQ(oom.out.find("| tessera"), std::string::npos) << "timed before refusing: " << oom.out;
+  for (const auto& [sizes, message] :
+       {std::pair{"6", "--sizes: 6 B is not a whole number of f32 elements (4 bytes)"},
+        std::pair{"1e30GB", "--sizes: '1e30GB' is more than 1 EB"}}) {
+    const Job bad = mpirun("", 2, args + sizes, d, "bench");
+    EXPECT_EQ(bad.code, 2) << bad.err;
+    EXPECT_EQ(count(bad.err, "tessera: error:"), 1u) << bad.err;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
+  }
+  fs::remove_all(d);
+}
+
 TEST(DistCli, InfoReportsTheOptimizerMemoryOfEachRank) {
   const test::CliRun zero = test::run("info --preset gpt2-124m --world 4 --zero 1");
   ASSERT_EQ(zero.code, 0) << zero.err;

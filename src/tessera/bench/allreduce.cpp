@@ -118,6 +118,8 @@ std::vector<size_t> parse_sizes(const std::string& list) {
       if (u == name) scale = s;
     TS_CHECK(got >= 1 && scale > 0 && value > 0 && std::isfinite(value), "--sizes: '", item,
              "' is not a size (like 1MB, 10MB, 1GB, 64KiB)");
+    // llround of a value past 2^63 is undefined: a size that large is refused before it is rounded.
+    TS_CHECK(value * scale <= 1e18, "--sizes: '", item, "' is more than 1 EB");
     out.push_back(static_cast<size_t>(std::llround(value * scale)));
     if (comma == list.size()) break;
   }

@@ -19,12 +19,14 @@
 #include <vector>
 
 #include "tessera/bench/allreduce.h"
+#include "tessera/bench/model.h"
 #include "tessera/bench/peer.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/memory.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/mpi_communicator.h"
@@ -42,6 +44,9 @@
 namespace tessera::cli {
 
 namespace {
+
+// The advice when a size does not fit: this command's own size flag.
+constexpr const char* kSizesHint = "try smaller --sizes";
 
 // The peer's median and mean ms per size in bytes, or a one-line reason why there is none.
 struct Peer {
@@ -106,6 +111,24 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     TS_CHECK(dtype_s == "f32" || backend == "nccl-cuda", "--dtype bf16 needs --backend nccl-cuda (MPI cannot add bf16)");
     sizes_s = a.str("sizes", "1MB,10MB,100MB,1GB");
     sizes = parse_sizes(sizes_s);
+    const size_t es = dtype_s == "bf16" ? 2 : 4;
+    for (const size_t bytes : sizes)
+      TS_CHECK(bytes >= es && bytes % es == 0, "--sizes: ", size_name(bytes), " is not a whole number of ", dtype_s,
+               " elements (", es, " bytes)");
+    // A size that cannot fit is refused here, by every rank at once in one line, rather than by an allocation
+    // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory;
+    // NCCL: one on each rank's GPU.
+    const size_t largest = *std::max_element(sizes.begin(), sizes.end());
+    if (backend == "mpi-cpu") {
+      const size_t ranks_here = static_cast<size_t>(world.local_size());
+      const std::string what = "a " + size_name(largest) + " buffer on each of the " + std::to_string(ranks_here) +
+                               " ranks on this host";
+      check_host_memory(largest > SIZE_MAX / ranks_here ? SIZE_MAX : largest * ranks_here, what.c_str(),
+                        kSizesHint);
+    } else {
+      TS_CHECK(largest <= gpu.memory_bytes, "out of GPU memory: a ", size_name(largest), " buffer is more than the ",
+               human_bytes(static_cast<double>(gpu.memory_bytes)), " of ", gpu.name, " (", kSizesHint, ")");
+    }
     timing = {.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
     TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
     TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
@@ -209,7 +232,10 @@ int cmd_bench_allreduce(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    const std::string msg = e.what();
+    // An allocation that failed after the checks (memory taken meanwhile, or a GPU's free memory short of its
+    // total): the hint is this command's.
+    std::string msg = dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
+    if (is_out_of_memory(msg)) msg.append(" (").append(kSizesHint).append(")");
     std::fprintf(stderr, "tessera: error: %s%s\n",
                  msg.starts_with("rank ") ? "" : ("rank " + std::to_string(world.rank()) + ": ").c_str(), msg.c_str());
     world.abort(2);

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   } catch (const tessera::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {
-    return fail("out of memory (try a smaller model, --batch or --seq)");
+    // The hint names the flags of the command that failed: --batch and --seq are train's.
+    return fail(cmd == "train" ? "out of memory (try a smaller model, --batch or --seq)" : "out of memory");
   } catch (const std::exception& e) {
     return fail(e.what(), "internal error", 1);
   }

@@ -19,12 +19,12 @@ size_t available_host_memory() {
   return kib * 1024;
 }
 
-void check_host_memory(size_t bytes, const char* what) {
+void check_host_memory(size_t bytes, const char* what, std::string_view hint) {
   const size_t avail = available_host_memory();
   if (avail == 0) return;  // unknown: let the allocation decide
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  TS_CHECK(bytes <= avail, "out of memory: ", what, " needs ", bytes / kGiB, " GiB, ", avail / kGiB,
-           " GiB available (try a smaller model, --batch or --seq)");
+  TS_CHECK(bytes <= avail, "out of memory: ", what, " needs ", bytes / kGiB, " GiB, ", avail / kGiB, " GiB available",
+           hint.empty() ? "" : " (", hint, hint.empty() ? "" : ")");
 }
 
 }  // namespace tessera

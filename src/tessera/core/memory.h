@@ -1,15 +1,18 @@
 // tessera/core/memory.h — host memory available to a new allocation.
 #pragma once
 #include <cstddef>
+#include <string_view>
 
 namespace tessera {
 
 // MemAvailable from /proc/meminfo (what can be allocated without swapping), or 0 when it cannot be read.
 size_t available_host_memory();
 
-// Throws Error "out of memory: <what> needs X GiB, Y GiB available" when `bytes` exceed what is available.
-// Checked before large allocations because Linux overcommits: a too-large std::vector would not fail cleanly
-// but get the process killed once its pages are touched.
-void check_host_memory(size_t bytes, const char* what);
+// Throws Error "out of memory: <what> needs X GiB, Y GiB available (<hint>)" when `bytes` exceed what is
+// available. Checked before large allocations because Linux overcommits: a too-large std::vector would not fail
+// cleanly but get the process killed once its pages are touched. The hint, when given, is the caller's: the
+// flags that size this allocation belong to the command that made it (train's --batch and --seq are not
+// bench allreduce's --sizes), so an allocation deep down names none.
+void check_host_memory(size_t bytes, const char* what, std::string_view hint = {});
 
 }  // namespace tessera
