@@ -396,6 +396,9 @@ TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {
   expect_error(run("generate --top-p 0" + ck), "--top-p must be in (0, 1]");
   expect_error(run("generate --top-p 1.5" + ck), "--top-p must be in (0, 1]");
   expect_error(run("generate --top-k -1" + ck), "--top-k must be >= 0");
+  // --greedy overrode a --temperature given with it, without a word.
+  expect_error(run("generate --greedy --temperature 0.8" + ck),
+               "--greedy takes the most likely token, and --temperature 0.8 samples: give one of them");
 }
 
 TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {

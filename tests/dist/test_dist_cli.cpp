@@ -155,6 +155,12 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   const Job sms = mpirun("", 2, kTiny + " --comm-sms 65 --out run", d);
   EXPECT_EQ(sms.code, 2);
   EXPECT_NE(sms.err.find("--comm-sms must lie in [0, 64], got 65"), std::string::npos) << sms.err;
+  // In range, on CPU ranks (MPI, no CTAs): it was silently ignored.
+  const Job cpu_sms = mpirun("", 2, kTiny + " --comm-sms 4 --out run", d);
+  EXPECT_EQ(cpu_sms.code, 2);
+  EXPECT_EQ(count(cpu_sms.err, "tessera: error:"), 1u) << cpu_sms.err;
+  EXPECT_NE(cpu_sms.err.find("--comm-sms applies to ranks on GPUs (the SMs NCCL's collectives use): these ranks train "
+                             "on the CPU"), std::string::npos) << cpu_sms.err;
   EXPECT_FALSE(fs::exists(d / "run"));
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);

@@ -230,6 +230,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.checkpoints = !a.has("no-checkpoint");
     TS_CHECK(o.checkpoints || !a.has("stop-after"),
              "--stop-after stops with a checkpoint to resume from: drop --no-checkpoint");
+    for (const char* f : {"ckpt-every", "ckpt-minutes"})
+      TS_CHECK(o.checkpoints || !a.has(f), "--", f, " times checkpoints, and --no-checkpoint writes none");
     for (const char* f : {"out", "resume", "trace", "memory-timeline", "data", "device", "prompt"})
       TS_CHECK(!a.has(f) || !a.str(f).empty(), "--", f, " is empty");
     o.trace = a.str("trace", "");
@@ -303,6 +305,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o = setup.options;
     for (const char* f : {"loss-scale-init", "loss-scale-interval"})
       TS_CHECK(!a.has(f) || o.loss_scaling, "--", f, " applies to --precision f16 (dynamic loss scaling)");
+    // CPU ranks all-reduce over MPI, which has no CTAs to limit.
+    TS_CHECK(!a.has("comm-sms") || setup.context->is_cuda(), "--comm-sms applies to ranks on GPUs (the SMs NCCL's "
+             "collectives use): these ranks train on the CPU");
     // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
     TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
              "--precision bf16, or --ddp");

@@ -41,6 +41,8 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(p.temperature >= 0, "--temperature must be >= 0 (0 or --greedy: greedy), got ", a.str("temperature"));
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = all tokens), got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", a.str("top-p"));
+  TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0, "--greedy takes the most likely token, "
+           "and --temperature ", a.str("temperature"), " samples: give one of them");
   if (a.has("greedy")) p.temperature = 0;
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
