@@ -231,6 +231,19 @@ TEST_F(Cli, MismatchedSafetensors) {
   expect_error(run("train --resume " + (dir / "cka").string() + " --out " + (dir / "o").string() + " --steps 3"),
                "has shape", dir / "o");
 }
+// A path that the file system refuses reached the user as "internal error: filesystem error: status: File name too
+// long [...]" with exit code 1.
+TEST_F(Cli, PathTheFileSystemRefusesIsOneLine) {
+  const std::string long_name = (dir / std::string(300, 'a')).string();
+  for (const std::string& args : {"info --checkpoint " + long_name, "generate --checkpoint " + long_name,
+                                  "train --device cpu --no-progress --out " + long_name,
+                                  "train --device cpu --no-progress --data " + long_name + " --out " + (dir / "o").string()}) {
+    SCOPED_TRACE(args);
+    const CliRun r = run(args);
+    expect_error(r, "tessera: error: cannot access " + long_name, dir / "o");  // or a file inside it (--out)
+    EXPECT_NE(r.err.find(": File name too long\n"), std::string::npos) << r.err;
+  }
+}
 TEST_F(Cli, UnwritableOutput) {
   write_file_atomic((dir / "file").string(), std::string("x"));
   expect_error(run("train --out " + (dir / "file" / "sub").string()), "cannot create output directory");

@@ -1,6 +1,7 @@
 // tessera — train and run transformer language models.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <string>
 
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
     return fail("unknown command '" + cmd + "' (see tessera --help)");
   } catch (const tessera::Error& e) {
     return fail(e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path given on the command line that the file system refuses (a name too long, a directory not searchable)
+    // is bad input, said in one line without the library's "filesystem error: status: ..." wording.
+    return fail("cannot access " + e.path1().string() + ": " + e.code().message());
   } catch (const std::bad_alloc&) {
     // The hint names the flags of the command that failed: --batch and --seq are train's.
     return fail(cmd == "train" ? "out of memory (try a smaller model, --batch or --seq)" : "out of memory");
