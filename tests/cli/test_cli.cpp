@@ -235,9 +235,10 @@ TEST_F(Cli, MismatchedSafetensors) {
 // long [...]" with exit code 1.
 TEST_F(Cli, PathTheFileSystemRefusesIsOneLine) {
   const std::string long_name = (dir / std::string(300, 'a')).string();
+  const std::string train = "train --device cpu --no-progress ";
   for (const std::string& args : {"info --checkpoint " + long_name, "generate --checkpoint " + long_name,
-                                  "train --device cpu --no-progress --out " + long_name,
-                                  "train --device cpu --no-progress --data " + long_name + " --out " + (dir / "o").string()}) {
+                                  train + "--out " + long_name, train + "--data " + long_name + " --out " +
+                                  (dir / "o").string()}) {
     SCOPED_TRACE(args);
     const CliRun r = run(args);
     expect_error(r, "tessera: error: cannot access " + long_name, dir / "o");  // or a file inside it (--out)

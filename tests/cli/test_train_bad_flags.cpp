@@ -103,8 +103,8 @@ TEST(TrainBadFlags, SampleTokensNeedsAByteLevelModel) {
                             "--device cpu --steps 2 --out " + out.string();
   const std::string vocab100 = "train --vocab 100 --data " + shards_up_to(dir / "d100", 99).string() + small;
   expect_refused(test::run(vocab100 + " --sample-tokens 20"),
-                 "--sample-tokens 20: no sample can be drawn: the model's vocab of 100 tokens is not the byte vocabulary "
-                 "(256), and the sample is byte-level text", out);
+                 "--sample-tokens 20: no sample can be drawn: the model's vocab of 100 tokens is not the byte "
+                 "vocabulary (256), and the sample is byte-level text", out);
   expect_refused(test::run(vocab100 + " --prompt Hi"), "--prompt: no sample can be drawn: the model's vocab of 100",
                  out);
   const std::string wide = "train --vocab 512 --data " + shards_up_to(dir / "d300", 300).string() + small;

@@ -38,7 +38,8 @@ TEST(TrainNoCheckpoint, WritesMetricsAndNoCheckpoint) {
   for (const char* flag : {"--ckpt-every", "--ckpt-minutes"}) {
     const test::CliRun timed = test::run(train_args(dir / "run4", std::string("--no-checkpoint ") + flag + " 1"));
     EXPECT_EQ(timed.code, 2) << timed.out;
-    EXPECT_EQ(timed.err, std::string("tessera: error: ") + flag + " times checkpoints, and --no-checkpoint writes none\n");
+    EXPECT_EQ(timed.err,
+              std::string("tessera: error: ") + flag + " times checkpoints, and --no-checkpoint writes none\n");
     EXPECT_FALSE(fs::exists(dir / "run4"));
   }
   fs::remove_all(dir);

@@ -205,8 +205,9 @@ TEST(DistCli, BenchAllreduceSizesThatDoNotFitNameItsOwnFlag) {
   const Job oom = mpirun("", 2, args + "4KB,100000GB", d, "bench");
   EXPECT_EQ(oom.code, 2) << oom.out << oom.err;
   EXPECT_EQ(count(oom.err, "tessera: error:"), 1u) << oom.err;
-  EXPECT_NE(oom.err.find("tessera: error: out of memory: a 100000 GB buffer on each of the 2 ranks on this host needs "),
-            std::string::npos) << oom.err;
+  EXPECT_NE(
+      oom.err.find("tessera: error: out of memory: a 100000 GB buffer on each of the 2 ranks on this host needs "),
+      std::string::npos) << oom.err;
   EXPECT_NE(oom.err.find(" GiB available (try smaller --sizes)\n"), std::string::npos) << oom.err;
   EXPECT_EQ(oom.err.find("--batch"), std::string::npos) << oom.err;
   EXPECT_EQ(oom.err.find("MPI_ABORT"), std::string::npos) << oom.err;

@@ -176,7 +176,8 @@ TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
                "checkpoint " + ck.string() + ": training options: missing field 'batch'");
   expect_named(resume_error([](json& o) { o["batch"] = 2.5; }), "training options: field 'batch' must be an integer");
   expect_named(resume_error([](json& o) { o["seed"] = -1; }), "training options: field 'seed' must be an integer >= 0");
-  expect_named(resume_error([](json& o) { o["adam_eps"] = "x"; }), "training options: field 'adam_eps' must be a number");
+  expect_named(resume_error([](json& o) { o["adam_eps"] = "x"; }),
+               "training options: field 'adam_eps' must be a number");
   expect_named(resume_error([](json& o) { o.erase("model"); }), "training options: missing field 'model'");
   expect_named(resume_error([](json& o) { o["model"].erase("d_ff"); }), "config: missing field 'd_ff'");
 }

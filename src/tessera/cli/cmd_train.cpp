@@ -347,7 +347,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     no_sample = byte_sample_refusal(o.model.vocab, setup.train_data ? setup.train_data->max_token() : -1);
     if (a.has("sample-tokens") && sample_flag > 0)
       TS_CHECK(no_sample.empty(), "--sample-tokens ", sample_flag, ": no sample can be drawn: ", no_sample);
-    TS_CHECK(!a.has("prompt") || sample_flag > 0, "--prompt is for the sample after training, which --sample-tokens 0 turns off");
+    TS_CHECK(!a.has("prompt") || sample_flag > 0,
+             "--prompt is for the sample after training, which --sample-tokens 0 turns off");
     TS_CHECK(!a.has("prompt") || no_sample.empty(), "--prompt: no sample can be drawn: ", no_sample);
 
     // 5. The output directory: one run each.
