@@ -4,9 +4,11 @@
 // with random values first; the test then checks result - prefill against the true gradient.
 #include <cmath>
 
+#include "tessera/core/context.h"
 #include "tessera/core/philox.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/attention_naive.h"
 #include "tessera/ops/embedding/embedding.h"
 #include "tessera/ops/loss/cross_entropy.h"
 #include "tessera/ops/norm/norm.h"
@@ -186,6 +188,98 @@ TEST_F(OpsFd, AttentionForwardMatchesExplicitSoftmax) {
       }
     }
   }
+}
+
+// Attention dropout: the gradients of the dropped forward (the mask is a function of seed and stream, so the
+// finite differences see the same one), causal and not.
+TEST_F(OpsFd, AttentionWithDropout) {
+  struct Shape { int B, T, H, Dh; bool causal; };
+  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{2, 6, 2, 3, false}}) {
+    const AttentionParams p{.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal, .dropout = 0.3f,
+                            .seed = 11, .stream = 5};
+    const int C = s.H * s.Dh;
+    auto qkv = randn<double>(s.B * s.T * 3 * C, rng);
+    const auto w = randn<double>(s.B * s.T * C, rng);
+    std::vector<double> out(w.size()), lse(s.B * s.H * s.T);
+    auto loss = [&] {
+      out = poisoned<double>(out.size());
+      lse = poisoned<double>(lse.size());
+      attention_forward_ref(p, out.data(), lse.data(), qkv.data());
+      return weighted_sum(out, w);
+    };
+    loss();
+    std::vector<double> dqkv = poisoned<double>(qkv.size());
+    attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
+    EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << s.B << " T=" << s.T;
+  }
+}
+
+// The dropped forward against the textbook formula: O_i = sum_j softmax(S)_ij Z_ij v_j, with Z drawn here from
+// philox_keep at index ((b H + h) T + i) T + j; lse stays the undropped one; the kept share is near 1 - p; and
+// dropout 0 is the plain forward, bit for bit.
+TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
+  const int B = 2, T = 40, H = 2, Dh = 4, C = H * Dh;
+  const float rate = 0.25f;
+  const AttentionParams p{.B = B, .T = T, .H = H, .Dh = Dh, .causal = false, .dropout = rate, .seed = 3,
+                          .stream = 9};
+  auto qkv = randn<double>(B * T * 3 * C, rng);
+  std::vector<double> out = poisoned<double>(B * T * C), lse = poisoned<double>(B * H * T);
+  attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
+  long kept = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const double* q = &qkv[(b * T + i) * 3 * C + h * Dh];
+        std::vector<double> e(T);
+        double z = 0;
+        for (int j = 0; j < T; ++j) {
+          double dot = 0;
+          for (int d = 0; d < Dh; ++d) dot += q[d] * qkv[(b * T + j) * 3 * C + C + h * Dh + d];
+          e[j] = std::exp(dot / 2.0);
+          z += e[j];
+        }
+        EXPECT_NEAR(lse[(b * H + h) * T + i], std::log(z), 1e-12);
+        for (int d = 0; d < Dh; ++d) {
+          double o = 0;
+          for (int j = 0; j < T; ++j) {
+            const uint64_t index = ((static_cast<uint64_t>(b) * H + h) * T + i) * T + j;
+            if (philox_keep(p.seed, p.stream, index, rate))
+              o += e[j] / z / (1.0 - rate) * qkv[(b * T + j) * 3 * C + 2 * C + h * Dh + d];
+          }
+          EXPECT_NEAR(out[(b * T + i) * C + h * Dh + d], o, 1e-12);
+        }
+        for (int j = 0; j < T; ++j)
+          kept += philox_keep(p.seed, p.stream, ((static_cast<uint64_t>(b) * H + h) * T + i) * T + j, rate);
+      }
+  const double n = static_cast<double>(B) * H * T * T, share = kept / n;
+  EXPECT_NEAR(share, 1.0 - rate, 4.0 * std::sqrt(rate * (1.0 - rate) / n));  // 6400 draws: within 4 sigma
+
+  AttentionParams none = p;
+  none.dropout = 0.0f;
+  std::vector<double> plain = poisoned<double>(out.size()), plain_lse = poisoned<double>(lse.size());
+  std::vector<double> zero = poisoned<double>(out.size()), zero_lse = poisoned<double>(lse.size());
+  attention_forward_ref<double>({.B = B, .T = T, .H = H, .Dh = Dh, .causal = false}, plain.data(),
+                                plain_lse.data(), qkv.data());
+  attention_forward_ref<double>(none, zero.data(), zero_lse.data(), qkv.data());
+  EXPECT_EQ(plain, zero);
+  EXPECT_NE(plain, out);
+}
+
+// Dropout outside [0, 1) is refused by every backend; on a GPU, any dropout is refused in one line that says why,
+// since no CUDA kernel drops yet (the naive path never does).
+TEST_F(OpsFd, AttentionDropoutIsRefusedWhereItIsNotBuilt) {
+  std::string why;
+  for (float bad : {-0.1f, 1.0f, NAN}) {
+    const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = bad};
+    EXPECT_FALSE(attention_supports(p, DType::F32, Device::cpu(), &why)) << bad;
+    EXPECT_NE(why.find("attention dropout must be in [0, 1)"), std::string::npos) << why;
+  }
+  const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = 0.1f};
+  EXPECT_TRUE(attention_supports(p, DType::F32, Device::cpu(), &why)) << why;
+  EXPECT_FALSE(attention_supports(p, DType::BF16, Device::cuda(0), &why));
+  if (built_with_cuda()) EXPECT_NE(why.find("CPU reference only"), std::string::npos) << why;
+  EXPECT_FALSE(attention_naive_supports(p, DType::F32, Device::cpu(), &why));
+  EXPECT_NE(why.find("no attention dropout"), std::string::npos) << why;
 }
 
 TEST_F(OpsFd, Rope) {

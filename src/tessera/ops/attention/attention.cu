@@ -481,6 +481,7 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, double sign, Conte
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx) {
   constexpr const char* op = "attention_forward";
+  TS_CHECK(p.dropout == 0.0f, op, ": attention dropout runs on the CPU reference only so far");
   if (static_cast<long>(p.B) * p.T == 0) return;
   if (flash_attention_eligible(p, dtype, {qkv, out})) {
     const FlashAttentionArgs a{.qkv = qkv, .out = out, .lse = lse};
@@ -501,6 +502,7 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
                              const void* qkv, const void* out, const float* lse, Context& ctx) {
   constexpr const char* op = "attention_backward";
+  TS_CHECK(p.dropout == 0.0f, op, ": attention dropout runs on the CPU reference only so far");
   const long n_rows = static_cast<long>(p.B) * p.T * p.H;
   if (n_rows == 0) return;
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(n_rows) * sizeof(float)));

@@ -89,6 +89,10 @@ GemmParams batched(const AttentionParams& p, int M, int N, int K, bool ta, bool 
 
 bool attention_naive_supports(const AttentionParams& p, DType dtype, Device device, std::string* why) {
   if (!attention_supports(p, dtype, device, why)) return false;
+  if (p.dropout != 0.0f) {
+    if (why) *why = "the naive path has no attention dropout";
+    return false;
+  }
   if (bh(p) > 65535) {
     if (why) *why = "the naive path batches its GEMMs over B*H <= 65535, got " + std::to_string(bh(p));
     return false;

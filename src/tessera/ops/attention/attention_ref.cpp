@@ -4,9 +4,20 @@
 #include <vector>
 
 #include "tessera/core/parallel.h"
+#include "tessera/core/philox.h"
 #include "tessera/ops/attention/attention.h"
 
 namespace tessera {
+
+namespace {
+// Z_ij of attention.h: 1 / (1 - dropout) where (query i, key j) of head (b, h) is kept, 0 where it is dropped, 1
+// without dropout.
+double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
+  if (p.dropout <= 0.0f) return 1.0;
+  const uint64_t index = ((static_cast<uint64_t>(b) * p.H + h) * p.T + i) * p.T + j;
+  return philox_keep(p.seed, p.stream, index, p.dropout) ? 1.0 / (1.0 - static_cast<double>(p.dropout)) : 0.0;
+}
+}  // namespace
 
 template <typename T>
 void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qkv) {
@@ -38,7 +49,7 @@ void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qk
         const double l = mx + std::log(sum);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int j = 0; j < j_end; ++j) {
-          const double pij = std::exp(s[j] - l);
+          const double pij = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
           const T* v = v_base + j * row3;
           for (int d = 0; d < p.Dh; ++d) acc[d] += pij * v[d];
         }
@@ -84,14 +95,14 @@ void attention_backward_ref(const AttentionParams& p, T* d_qkv, const T* d_out, 
             dot += static_cast<double>(q[d]) * k[d];
             dp += static_cast<double>(d_o[d]) * v[d];
           }
-          const double pij = std::exp(dot * scale - l);
-          const double ds = pij * (dp - D);
+          const double pij = std::exp(dot * scale - l), z = dropout_factor(p, b, h, i, j);
+          const double ds = pij * (z * dp - D);
           T* dk = d_qkv + base + j * row3 + C;
           T* dv = dk + C;
           for (int d = 0; d < p.Dh; ++d) {
             dq[d] += ds * k[d];
             dk[d] += static_cast<T>(ds * scale * q[d]);
-            dv[d] += static_cast<T>(pij * d_o[d]);
+            dv[d] += static_cast<T>(pij * z * d_o[d]);
           }
         }
         T* dqi = d_qkv + base + i * row3;
