@@ -114,15 +114,16 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
     if constexpr (kN == 64) wgmma_ss_n64<T>(d, da, db, scale_d);
     else wgmma_ss_n128<T>(d, da, db, scale_d);
   };
-  const uint64_t da0 = desc_k_major(a0), db0 = desc_k_major(b0), da1 = desc_k_major(a1), db1 = desc_k_major(b1);
+  const uint64_t desc_a0 = desc_k_major(a0), desc_b0 = desc_k_major(b0), desc_a1 = desc_k_major(a1),
+                 desc_b1 = desc_k_major(b1);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    mma(x, desc_plus(da0, k_step(kk, 2 * kBoxBytes)), desc_plus(db0, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+    mma(x, desc_plus(desc_a0, k_step(kk, 2 * kBoxBytes)), desc_plus(desc_b0, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
-    mma(y, desc_plus(da1, k_step(kk, 2 * kBoxBytes)), desc_plus(db1, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+    mma(y, desc_plus(desc_a1, k_step(kk, 2 * kBoxBytes)), desc_plus(desc_b1, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
   wgmma_commit();
 }
 
@@ -292,14 +293,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
     uint32_t dsa[kN8 / 2][4];
     flash::c_to_a<T, kN8>(dsa, sacc);
-    const uint64_t dK = desc_mn_major(sK(s));
+    const uint64_t desc_k = desc_mn_major(sK(s));
     turn_wait(cw);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
       for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_plus(dK, bx * kKvBoxBytes + kk * 16 * 128), 1);
+        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_plus(desc_k, bx * kKvBoxBytes + kk * 16 * 128), 1);
     wgmma_commit();
     if (cw == 0 || j + 1 < n_kt) turn_pass(cw);
     wgmma_wait<0>();
@@ -453,14 +454,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
       flash::c_to_a<T, kN8>(pa, st);
       flash::c_to_a<T, kN8>(dsa, dpt);
-      const uint64_t ddO = desc_mn_major(sdO(s)), dQ = desc_mn_major(sQ(s));
+      const uint64_t desc_do = desc_mn_major(sdO(s)), desc_q = desc_mn_major(sQ(s));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
         for (int bx = 0; bx < kBoxes; ++bx) {
-          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(ddO, bx * kQBoxBytes + kk * 16 * 128), 1);
-          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(dQ, bx * kQBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(desc_do, bx * kQBoxBytes + kk * 16 * 128), 1);
+          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(desc_q, bx * kQBoxBytes + kk * 16 * 128), 1);
         }
       wgmma_commit();
       wgmma_wait<0>();

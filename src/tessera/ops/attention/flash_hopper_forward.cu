@@ -69,8 +69,9 @@ constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align
 
 // The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
 // base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
-// in one build, stepping took the forward from 396 / 597 / 695 to 402 / 611 / 710 TFLOP/s at Dh 128 (T 1k / 4k /
-// 16k) and from 288 / 439 / 514 down to 282 / 405 / 459 at Dh 64 (2026-12-01-wgmma-descriptors-h200.md).
+// in one build (the uniform warpgroup index in both), stepping took the forward from 394 / 598 / 695 to 401 / 611
+// / 710 TFLOP/s at Dh 128 (T 1k / 4k / 16k) and from 288 / 439 / 514 down to 282 / 404 / 459 at Dh 64
+// (2026-12-01-wgmma-descriptors-h200.md).
 template <int kD, typename Make>
 __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
   if constexpr (kD == 128) return desc_plus(make(base), off);
