@@ -277,6 +277,34 @@ TEST_F(Cli, SecondSigintExitsAtOnce) {
   EXPECT_FALSE(fs::exists(out / "checkpoint"));
 }
 
+// A model whose vocab is wider than the bytes draws ids above 255; generate printed each masked to its low byte,
+// text the model never wrote. Untrained, a vocab of 4096 draws them nearly always: each is now "<id N>".
+TEST_F(Cli, GeneratePrintsIdsThatAreNoBytesAsIds) {
+  const fs::path out = dir / "o";
+  const CliRun t = run(small_train(out) + " --steps 1 --vocab 4096");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const CliRun r = run("generate --greedy --prompt Hi --tokens 20 --checkpoint " + (out / "checkpoint").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_GE(r.out.size(), 3u);
+  EXPECT_EQ(r.out.substr(0, 2), "Hi");
+  EXPECT_EQ(r.out.back(), '\n');
+  // The 20 tokens: each one byte, or <id N> with N a wide id.
+  int tokens = 0, wide = 0;
+  for (size_t i = 2; i + 1 < r.out.size(); ++tokens) {
+    int id = 0, len = 0;
+    if (std::sscanf(r.out.c_str() + i, "<id %d>%n", &id, &len) == 1 && len > 0) {
+      EXPECT_GE(id, 256) << r.out;
+      EXPECT_LT(id, 4096) << r.out;
+      ++wide;
+      i += static_cast<size_t>(len);
+    } else {
+      ++i;
+    }
+  }
+  EXPECT_EQ(tokens, 20) << r.out;
+  EXPECT_GT(wide, 0) << r.out;
+}
+
 // A crash between the two renames of a checkpoint swap (where RENAME_EXCHANGE is missing) leaves only <dir>.old:
 // generate reads it, as train --resume does.
 TEST_F(Cli, GenerateFallsBackToTheOldCheckpoint) {

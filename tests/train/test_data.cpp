@@ -146,6 +146,12 @@ TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
   fs::remove_all(d);
 }
 
+// An id that is no byte was masked to its low byte: 50256 printed as 'P', text that the model never wrote.
+TEST(Shards, ByteDecodeWritesIdsThatAreNoBytesVisibly) {
+  EXPECT_EQ(byte_decode({72, 105, 0, 255}), std::string("Hi\0\xff", 4));
+  EXPECT_EQ(byte_decode({72, 256, 105, 50256, 10, -1}), "H<id 256>i<id 50256>\n<id -1>");
+}
+
 TEST(Shards, PrepareSplitsText) {
   const fs::path d = temp_dir("prepare");
   const auto [n_train, n_val] = prepare_text("hello world, hello tessera", d.string(), 0.2);

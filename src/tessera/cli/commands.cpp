@@ -25,7 +25,8 @@ namespace tessera::cli {
 namespace fs = std::filesystem;
 
 int cmd_generate(int argc, char** argv) {
-  Flags a("generate", "Continues a prompt with a trained model. Text in and out is byte-level.");
+  Flags a("generate", "Continues a prompt with a trained model. Text in and out is byte-level: a generated id\n"
+                      "above 255 (a model with a wider vocab) is no byte and is printed as <id N>.");
   a.add("checkpoint", "DIR", "checkpoint directory (default runs/tiny/checkpoint)");
   a.add("prompt", "TEXT", "text to continue (default \"The \")");
   a.add("tokens", "N", "tokens to generate (default 200)");

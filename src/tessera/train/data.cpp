@@ -82,7 +82,10 @@ std::vector<uint16_t> byte_encode(const std::string& text) {
 std::string byte_decode(const std::vector<int32_t>& tokens) {
   std::string s;
   s.reserve(tokens.size());
-  for (int32_t t : tokens) s.push_back(static_cast<char>(t & 0xff));
+  for (int32_t t : tokens) {
+    if (t >= 0 && t < kByteVocab) s.push_back(static_cast<char>(t));
+    else s.append("<id ").append(std::to_string(t)).append(">");
+  }
   return s;
 }
 

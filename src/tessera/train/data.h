@@ -24,6 +24,8 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 // The byte-level tokenizer: one token per byte, vocab 256.
 constexpr int kByteVocab = 256;
 std::vector<uint16_t> byte_encode(const std::string& text);
+// Ids 0..255 become their bytes. An id outside them (a model with a wider vocab, or one trained on another
+// tokenizer's shards) is no byte: it is written "<id 50256>", visibly, never masked to a byte that reads as text.
 std::string byte_decode(const std::vector<int32_t>& tokens);
 
 // `tessera prepare`: splits text into train and val (every (1/val_fraction)-th 1 KiB block goes to val; a text
