@@ -169,6 +169,28 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   fs::remove_all(d);
 }
 
+// A path that the file system refuses (a name over 255 bytes) escaped the ranks' agreement as a std::filesystem
+// error: a raw "filesystem error: status: ..." line from every rank, then MPI_Abort. It is one line now, as in one
+// process, also where rank 0 alone meets the path (bench allreduce's --out).
+TEST(DistCli, APathTheFileSystemRefusesIsOneLine) {
+  const fs::path d = test::temp_dir("dist_cli_long_path");
+  const std::string long_name = std::string(300, 'a');
+  for (const auto& [command, args] :
+       {std::pair<std::string, std::string>{"train", kTiny + " --out " + long_name},
+        {"train", kTiny + " --data " + long_name + " --out run"},
+        {"bench", "allreduce --backend mpi-cpu --sizes 4KB --warmup 0 --iters 1 --out " + long_name}}) {
+    SCOPED_TRACE(command + " " + args);
+    const Job j = mpirun("", 2, args, d, command);
+    EXPECT_EQ(j.code, 2) << j.out << j.err;
+    EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
+    EXPECT_EQ(j.err.rfind("tessera: error: cannot access " + long_name, 0), 0u) << j.err;  // or a file inside it
+    EXPECT_NE(j.err.find(": File name too long\n"), std::string::npos) << j.err;
+    EXPECT_EQ(j.err.find("MPI_ABORT"), std::string::npos) << j.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
 // The all-reduce benchmark over MPI: one table from rank 0 with a row per size, whose columns are consistent
 // (algbw = size / median time, busbw = algbw · 2(n−1)/n), and the same markdown in --out.
 TEST(DistCli, BenchAllreduceTabulatesEverySizeFromRankZero) {

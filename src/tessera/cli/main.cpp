@@ -7,6 +7,7 @@
 
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "unknown"
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {
     // A path given on the command line that the file system refuses (a name too long, a directory not searchable)
     // is bad input, said in one line without the library's "filesystem error: status: ..." wording.
-    return fail("cannot access " + e.path1().string() + ": " + e.code().message());
+    return fail(tessera::filesystem_error_message(e));
   } catch (const std::bad_alloc&) {
     // The hint names the flags of the command that failed: --batch and --seq are train's.
     return fail(cmd == "train" ? "out of memory (try a smaller model, --batch or --seq)" : "out of memory");

@@ -117,4 +117,9 @@ void ensure_writable_dir(const std::string& dir) {
   TS_CHECK(::access(dir.c_str(), W_OK) == 0, "output directory ", dir, " is not writable: ", std::strerror(errno));
 }
 
+std::string filesystem_error_message(const std::filesystem::filesystem_error& e) {
+  if (e.path1().empty()) return e.code().message();
+  return "cannot access " + e.path1().string() + ": " + e.code().message();
+}
+
 }  // namespace tessera

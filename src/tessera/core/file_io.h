@@ -1,6 +1,7 @@
 // tessera/core/file_io.h — whole-file reads and atomic writes (temp file, fsync, rename).
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,5 +25,10 @@ void fsync_dir(const std::string& dir);
 
 // Creates `dir` (and parents) if needed and checks that a file can be created in it.
 void ensure_writable_dir(const std::string& dir);
+
+// The one-line error for a path that the file system refuses (a name too long, a directory not searchable), as
+// std::filesystem reports it: "cannot access PATH: File name too long", without the library's "filesystem error:
+// status: ..." wording. The CLI prints it as bad input, in one process (main) and under mpirun (run_collectively).
+std::string filesystem_error_message(const std::filesystem::filesystem_error& e);
 
 }  // namespace tessera

@@ -7,11 +7,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/zero.h"
 #include "tessera/train/optimizer.h"
 
@@ -156,6 +158,11 @@ void run_collectively(Communicator& control, const std::function<void()>& fn) {
   } catch (const Error& e) {
     failed = 1;
     msg = e.what();
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path from the flags that the file system refuses is bad input on every rank that meets it, as in one
+    // process: agreed on like an Error, not a line from each rank and MPI_Abort.
+    failed = 1;
+    msg = filesystem_error_message(e);
   }
   const int n = control.size();
   std::vector<int32_t> all(static_cast<size_t>(n));

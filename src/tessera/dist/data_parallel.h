@@ -72,9 +72,10 @@ class DataParallelRun final : public DataParallel {
   int overlap_sm_target_ = 0;  // --comm-sms: the SMs the GEMMs plan for while collectives overlap; 0: all
 };
 
-// Runs `fn` on every rank and agrees on the outcome: when it throws an Error on any rank, every rank throws a
-// CollectiveError, carrying the message of the lowest failing rank there and quiet on the others. So a bad flag or
-// a missing file ends the job with one line and MPI_Finalize instead of one line per rank and an abort.
+// Runs `fn` on every rank and agrees on the outcome: when it throws an Error (or a std::filesystem error, worded as
+// filesystem_error_message does) on any rank, every rank throws a CollectiveError, carrying the message of the
+// lowest failing rank there and quiet on the others. So a bad flag, a missing file or a path too long ends the job
+// with one line and MPI_Finalize instead of one line per rank and an abort.
 void run_collectively(Communicator& control, const std::function<void()>& fn);
 
 }  // namespace tessera
