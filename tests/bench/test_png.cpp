@@ -8,6 +8,7 @@
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/bench/model.h"
 #include "tessera/bench/png.h"
+#include "tessera/core/memory.h"
 
 namespace tessera {
 namespace {

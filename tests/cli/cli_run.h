@@ -25,12 +25,13 @@ inline std::string binary() {
   return b && *b ? b : TESSERA_BINARY;
 }
 
-// Runs `tessera args` (in `cwd` when given) with no standard input; stdout and stderr come back apart.
-inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}) {
+// Runs `tessera args` (in `cwd` when given, after the shell words `prefix`) with no standard input; stdout and
+// stderr come back apart.
+inline CliRun run_after(const std::string& prefix, const std::string& args, const std::filesystem::path& cwd = {}) {
   namespace fs = std::filesystem;
   const fs::path err_file = fs::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + binary() + " " + args + " 2>" +
-                          err_file.string() + " </dev/null";
+  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + prefix + binary() + " " + args +
+                          " 2>" + err_file.string() + " </dev/null";
   CliRun r;
   std::FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -41,6 +42,15 @@ inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}
   r.err = read_file_text(err_file.string());
   fs::remove(err_file);
   return r;
+}
+
+inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}) { return run_after("", args, cwd); }
+
+// Runs `tessera args` with its address space limited to `mib` MiB (ulimit -v): an allocation past it fails although
+// MemAvailable allows it, as in a shell where a user or a batch system set that limit. With one OpenMP and OpenBLAS
+// thread: each thread reserves address space, and a run that could not start its threads spun instead of failing.
+inline CliRun run_with_address_limit(size_t mib, const std::string& args) {
+  return run_after("ulimit -v " + std::to_string(mib * 1024) + " && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ", args);
 }
 
 // `train` arguments for a tiny CPU run of 4 steps into `out` (seconds), plus `extra`.

@@ -20,6 +20,7 @@
 #include "cli/cli_run.h"
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/memory.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt.h"
 #include "tessera/models/gpt_plan.h"
@@ -187,6 +188,28 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   EXPECT_NEAR(std::stod(tiny_row["fwd_std_ms"]), t.at("fwd").at("std_ms").get<double>(),
               1e-5 * std::max(1e-9, t.at("fwd").at("std_ms").get<double>()) + 1e-12);
   EXPECT_EQ(tiny_row["mem_train_bytes"], std::to_string(tb.params + tb.arena + tb.adam));
+}
+
+// An allocation that fails although MemAvailable allowed it (here under ulimit -v) said "out of host memory: ...",
+// which bench model did not take for an allocation failure: the sweep ended with that error instead of marking the
+// size OOM and going on.
+TEST_F(BenchModel, AnAllocationTheSystemRefusesIsAnOomRow) {
+  // gpt2-124m plans ~1.5 GiB: with less available, it is marked OOM by its plan, before any allocation.
+  if (available_host_memory() < (size_t{2} << 30)) GTEST_SKIP() << "under 2 GiB of host memory available";
+  const fs::path js = dir / "m.json";
+  // Its parameters alone, 475 MiB, are past a 256 MiB address space; the tiny fits in it.
+  const test::CliRun r =
+      test::run_with_address_limit(256, kCommon + " --sizes gpt2-124m,tiny --json " + js.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const json j = json::parse(read_file_text(js.string()));
+  ASSERT_EQ(j.at("rows").size(), 2u);
+  const json& g = j.at("rows")[0];
+  EXPECT_TRUE(g.at("oom").get<bool>());
+  const std::string reason = g.at("oom_reason").get<std::string>();
+  EXPECT_EQ(reason.rfind("out of memory: parameters needs ", 0), 0u) << reason;
+  EXPECT_NE(reason.find("allocating it failed"), std::string::npos) << reason;
+  EXPECT_FALSE(j.at("rows")[1].at("oom").get<bool>());
 }
 
 TEST_F(BenchModel, ModeFwdTimesOnlyTheForward) {

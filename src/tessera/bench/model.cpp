@@ -116,10 +116,6 @@ const char* model_bench_mode_name(ModelBenchMode m) {
   return "?";
 }
 
-bool is_out_of_memory(const std::string& message) {
-  return message.rfind("out of GPU memory", 0) == 0 || message.rfind("out of memory", 0) == 0;
-}
-
 PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType dtype) {
   // Segments: wte, wpe, lnf.w, lnf.b, lm_head and at most 12 per layer; each is padded by under 16 elements.
   const size_t segments = 5 + 12 * static_cast<size_t>(cfg.n_layers);

@@ -28,8 +28,8 @@
 // Out of memory. Before a size is built, its planned bytes (parameters, gradients, master weights, AdamW m and v,
 // the activation plan's peak) are compared with the memory free (the device's, or the host's MemAvailable), or
 // with `max_memory_bytes` when that is smaller; a size above it is marked OOM without being tried. A size that
-// fails an allocation anyway (tessera's "out of GPU memory" / "out of memory" Error) is marked OOM too, and the
-// sweep goes on.
+// fails an allocation anyway (tessera's "out of GPU memory" / "out of memory" Error: is_out_of_memory in
+// core/memory.h) is marked OOM too, and the sweep goes on.
 //
 // FLOPs (for MFU), per step of N = B·T tokens, counted from the GEMMs the model runs (PaLM's rule: matmuls only,
 // attention as the full T x T square although the causal kernels skip about half of it):
@@ -167,9 +167,6 @@ GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOpti
 
 // Benchmarks one size on ctx. `gemm_flops_per_s` is the rate MFU is taken against (0: MFU left at 0).
 ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s);
-
-// True for tessera's allocation failures ("out of GPU memory: ...", "out of memory: ...").
-bool is_out_of_memory(const std::string& message);
 
 // ---- the PyTorch peer (bench/peers/model.py, run by `tessera bench model --peer`) ----
 //

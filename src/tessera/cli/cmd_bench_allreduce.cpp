@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "tessera/bench/allreduce.h"
-#include "tessera/bench/model.h"
 #include "tessera/bench/peer.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"

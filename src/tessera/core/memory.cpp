@@ -27,4 +27,8 @@ void check_host_memory(size_t bytes, const char* what, std::string_view hint) {
            hint.empty() ? "" : " (", hint, hint.empty() ? "" : ")");
 }
 
+bool is_out_of_memory(std::string_view message) {
+  return message.starts_with("out of memory") || message.starts_with("out of GPU memory");
+}
+
 }  // namespace tessera

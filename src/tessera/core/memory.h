@@ -15,4 +15,10 @@ size_t available_host_memory();
 // bench allreduce's --sizes), so an allocation deep down names none.
 void check_host_memory(size_t bytes, const char* what, std::string_view hint = {});
 
+// True for tessera's allocation failures: "out of memory: ..." (check_host_memory, and a host Buffer whose
+// allocation fails although the check passed, under a ulimit -v for one) and "out of GPU memory: ..." (a device
+// Buffer). Whoever goes on past one (bench model marks the size OOM) or adds its own flags to it (bench allreduce's
+// --sizes) recognises them by this, so every such message must start with one of the two.
+bool is_out_of_memory(std::string_view message);
+
 }  // namespace tessera
