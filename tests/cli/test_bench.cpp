@@ -187,6 +187,25 @@ TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
   EXPECT_NE(read_file_text(md.string()).find("peer skipped"), std::string::npos);
 }
 
+// Out of memory at --size full said nothing of the flag that sizes the work (and where std::bad_alloc was thrown, a
+// bare "out of memory"): the line now names --size small, which runs under the same limit. In a 128 MiB address
+// space bench kernels' first full tensor does not fit (tessera's Error); in 256 MiB it does but its random fill
+// does not (std::bad_alloc), nor do AdamW's gpt2-124m parameters or attention's naive scores at T 4096.
+TEST_F(Bench, OutOfMemoryAtSizeFullNamesSizeSmall) {
+  for (const auto& [which, mib] : {std::pair{"kernels", 128}, std::pair{"kernels", 256}, std::pair{"optimizer", 256},
+                                   std::pair{"attention", 256}}) {
+    const std::string args = std::string("bench ") + which + " --device cpu --warmup 0 --iters 1 --size ";
+    SCOPED_TRACE(std::string(which) + " in " + std::to_string(mib) + " MiB");
+    const test::CliRun full = test::run_with_address_limit(mib, args + "full");
+    EXPECT_EQ(full.code, 2) << full.err;
+    EXPECT_EQ(full.err.rfind("tessera: error: out of memory", 0), 0u) << full.err;
+    EXPECT_EQ(std::count(full.err.begin(), full.err.end(), '\n'), 1) << full.err;
+    EXPECT_TRUE(full.err.ends_with(" (try --size small)\n")) << full.err;
+    const test::CliRun small = test::run_with_address_limit(mib, args + "small");
+    EXPECT_EQ(small.code, 0) << small.err;
+  }
+}
+
 TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("kernels --device cpu --itres 2", "--iters");
   expect_usage_error("kernels --device cpu --size huge", "--size");

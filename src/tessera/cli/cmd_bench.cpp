@@ -132,7 +132,10 @@ int cmd_bench(int argc, char** argv) {
               dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
   std::fflush(stdout);
   const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
-  const std::vector<BenchRow> rows = which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
+  // --size full runs out of memory where small would not: the error says so.
+  const std::vector<BenchRow> rows = with_memory_hint(size == "full" ? "try --size small" : "", [&] {
+    return which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
+  });
   std::vector<double> same_copy_gbs(rows.size(), 0.0);
   if (ctx.is_cuda())
     for (size_t i = 0; i < rows.size(); ++i)

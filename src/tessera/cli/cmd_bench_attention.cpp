@@ -109,8 +109,11 @@ int cmd_bench_attention(int argc, char** argv) {
   std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %d timed runs\n", device.c_str(),
               dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
   std::fflush(stdout);
-  const auto mem_rows = bench_attention_memory(cfg, h);
-  const auto flops_rows = bench_attention_flops(cfg, h);
+  // A GPU marks the rows it cannot fit OOM (the CS336 table's point); on the host, or outside the rows, --size full
+  // runs out of memory where small would not, and the error says so.
+  const std::string_view hint = size == "full" ? "try --size small" : "";
+  const auto mem_rows = with_memory_hint(hint, [&] { return bench_attention_memory(cfg, h); });
+  const auto flops_rows = with_memory_hint(hint, [&] { return bench_attention_flops(cfg, h); });
   PeerRows peer;
   if (a.has("peer")) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";

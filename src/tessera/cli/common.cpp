@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <ctime>
+#include <new>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/memory.h"
 #include "tessera/train/data.h"
 
 namespace tessera::cli {
@@ -101,6 +103,18 @@ void print_bench_markdown(const std::string& md, const std::string& out) {
   if (!out.empty()) {
     write_file_atomic(out, md);
     std::printf("wrote %s\n", out.c_str());
+  }
+}
+
+void rethrow_with_memory_hint(std::string_view hint) {
+  if (hint.empty()) throw;
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (!is_out_of_memory(e.what())) throw;
+    TS_THROW(e.what(), " (", hint, ")");
+  } catch (const std::bad_alloc&) {
+    TS_THROW("out of memory (", hint, ")");
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/cli/flags.h"
@@ -30,5 +31,20 @@ void check_output_path(const std::string& flag, const std::string& path);
 std::string human_count(double n);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
+
+// Called in a catch block: rethrows the exception being handled, and where it is an allocation failure (an Error
+// is_out_of_memory knows, or std::bad_alloc) as one Error that ends in "(<hint>)": the hint names the flag of the
+// command that sizes the work ("try --size small"), which an allocation deep down cannot know. An empty hint
+// (the work is as small as the command makes it) rethrows it as it is.
+[[noreturn]] void rethrow_with_memory_hint(std::string_view hint);
+// fn(), its allocation failures worded by rethrow_with_memory_hint.
+template <typename Fn>
+auto with_memory_hint(std::string_view hint, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (...) {
+    rethrow_with_memory_hint(hint);
+  }
+}
 
 }  // namespace tessera::cli
