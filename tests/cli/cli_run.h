@@ -46,11 +46,39 @@ inline CliRun run_after(const std::string& prefix, const std::string& args, cons
 
 inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}) { return run_after("", args, cwd); }
 
-// Runs `tessera args` with its address space limited to `mib` MiB (ulimit -v): an allocation past it fails although
-// MemAvailable allows it, as in a shell where a user or a batch system set that limit. With one OpenMP and OpenBLAS
-// thread: each thread reserves address space, and a run that could not start its threads spun instead of failing.
+// The prefix that runs tessera with its address space limited to `mib` MiB (ulimit -v), with one OpenMP and
+// OpenBLAS thread: each thread reserves address space, and a run that could not start its threads spun instead of
+// failing.
+inline std::string address_limit_prefix(size_t mib) {
+  return "ulimit -v " + std::to_string(mib * 1024) + " && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+}
+
+// The address space tessera takes before it does anything, to 16 MiB: its shared libraries. It depends on the
+// build: built with CUDA, cuBLASLt alone maps hundreds of MiB, and under a limit below that the loader refuses to
+// start the binary at all. Found once per test process, from `tessera --version` (doubling, then halving the gap).
+inline size_t startup_address_mib() {
+  static const size_t mib = [] {
+    const auto starts = [](size_t m) { return run_after(address_limit_prefix(m), "--version").code == 0; };
+    size_t lo = 0, hi = 64;
+    while (!starts(hi)) {
+      lo = hi;
+      hi *= 2;
+      if (hi > (size_t{1} << 20)) return hi;  // 1 TiB and still not starting: let the caller's run fail and say why
+    }
+    while (hi - lo > 16) {
+      const size_t mid = (lo + hi) / 2;
+      (starts(mid) ? hi : lo) = mid;
+    }
+    return hi;
+  }();
+  return mib;
+}
+
+// Runs `tessera args` with `mib` MiB of address space beyond what the binary takes to start (ulimit -v): an
+// allocation past it fails although MemAvailable allows it, as in a shell where a user or a batch system set that
+// limit.
 inline CliRun run_with_address_limit(size_t mib, const std::string& args) {
-  return run_after("ulimit -v " + std::to_string(mib * 1024) + " && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ", args);
+  return run_after(address_limit_prefix(startup_address_mib() + mib), args);
 }
 
 // `train` arguments for a tiny CPU run of 4 steps into `out` (seconds), plus `extra`.
