@@ -200,29 +200,28 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"preset", c.preset}};
 }
 
-ModelConfig model_config_from_json(const nlohmann::json& j) {
-  TS_CHECK(j.is_object(), "config: expected a JSON object");
+ModelConfig model_config_from_json(const nlohmann::json& j, std::string_view where) {
+  TS_CHECK(j.is_object(), where, ": expected a JSON object");
   // Each field checked by type, and integers within int's range (nlohmann's get<int> would truncate 2^32 + 128 to
   // 128, or 256.7 to 256); a missing or mistyped field is named.
-  constexpr std::string_view kWhere = "config";
   ModelConfig c;
-  c.vocab = json_int(j, "vocab", kWhere);
-  c.d_model = json_int(j, "d_model", kWhere);
-  c.n_layers = json_int(j, "n_layers", kWhere);
-  c.n_heads = json_int(j, "n_heads", kWhere);
-  c.d_ff = json_int(j, "d_ff", kWhere);
-  c.max_seq = json_int(j, "max_seq", kWhere);
-  model_config_set(c, "norm", json_string(j, "norm", kWhere));
-  model_config_set(c, "mlp", json_string(j, "mlp", kWhere));
-  model_config_set(c, "positions", json_string(j, "positions", kWhere));
-  c.bias = json_bool(j, "bias", kWhere);
-  c.tied = json_bool(j, "tied", kWhere);
-  c.dropout = static_cast<float>(json_number(j, "dropout", kWhere));
-  c.emb_scale = static_cast<float>(json_number(j, "emb_scale", kWhere));
-  c.padding_id = json_int(j, "padding_id", kWhere);
-  c.norm_eps = static_cast<float>(json_number(j, "norm_eps", kWhere));
-  c.rope_theta = static_cast<float>(json_number(j, "rope_theta", kWhere));
-  c.preset = j.contains("preset") ? json_string(j, "preset", kWhere) : "custom";
+  c.vocab = json_int(j, "vocab", where);
+  c.d_model = json_int(j, "d_model", where);
+  c.n_layers = json_int(j, "n_layers", where);
+  c.n_heads = json_int(j, "n_heads", where);
+  c.d_ff = json_int(j, "d_ff", where);
+  c.max_seq = json_int(j, "max_seq", where);
+  model_config_set(c, "norm", json_string(j, "norm", where));
+  model_config_set(c, "mlp", json_string(j, "mlp", where));
+  model_config_set(c, "positions", json_string(j, "positions", where));
+  c.bias = json_bool(j, "bias", where);
+  c.tied = json_bool(j, "tied", where);
+  c.dropout = static_cast<float>(json_number(j, "dropout", where));
+  c.emb_scale = static_cast<float>(json_number(j, "emb_scale", where));
+  c.padding_id = json_int(j, "padding_id", where);
+  c.norm_eps = static_cast<float>(json_number(j, "norm_eps", where));
+  c.rope_theta = static_cast<float>(json_number(j, "rope_theta", where));
+  c.preset = j.contains("preset") ? json_string(j, "preset", where) : "custom";
   c.validate();
   return c;
 }

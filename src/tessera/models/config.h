@@ -60,8 +60,9 @@ std::string norm_kind_name(NormKind k);
 std::string position_kind_name(PositionKind k);
 
 nlohmann::json model_config_to_json(const ModelConfig& cfg);
-// The config saved by model_config_to_json, validated; throws Error "config: missing field 'vocab'" (or a field of the
-// wrong type, or an invalid config).
-ModelConfig model_config_from_json(const nlohmann::json& j);
+// The config saved by model_config_to_json, validated; throws Error "<where>: missing field 'vocab'" (or a field of
+// the wrong type, or an invalid config). `where` names the place it was read from: the model file's tessera_config
+// ("config") or the training options' copy ("training options: model").
+ModelConfig model_config_from_json(const nlohmann::json& j, std::string_view where = "config");
 
 }  // namespace tessera

@@ -43,7 +43,8 @@ json train_options_to_json(const TrainOptions& o) {
 void train_options_from_json(const json& j, TrainOptions& o) {
   // Each field checked by type and named when missing or mistyped; the keys added over time have defaults.
   constexpr std::string_view kWhere = "training options";
-  o.model = model_config_from_json(json_field(j, "model", kWhere));
+  // Named apart from model.safetensors's tessera_config, whose errors say "config: ...".
+  o.model = model_config_from_json(json_field(j, "model", kWhere), "training options: model");
   o.data = json_string(j, "data", kWhere);
   o.batch = json_int(j, "batch", kWhere);
   o.seq = json_int(j, "seq", kWhere);
