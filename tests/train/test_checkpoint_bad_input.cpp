@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_run.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/train/checkpoint.h"
@@ -146,6 +147,12 @@ TEST_F(BadCheckpoint, TrainingStateNamesTheMissingOrMalformedKey) {
                "metadata 'data_pos' is not a whole number >= 0: '-1'");
   expect_named(state_error([](json& h) { h["__metadata__"]["loss_scale"] = "big"; }),
                "metadata 'loss_scale' is not a number: 'big'");
+  // A count of good steps below 0 was loaded as is (only an f16 run's scaler refused it, and no CPU run has one).
+  expect_named(state_error([](json& h) {
+                 h["__metadata__"]["loss_scale"] = "1024";
+                 h["__metadata__"]["loss_scale_good_steps"] = "-3";
+               }),
+               "checkpoint " + optimizer_file().string() + ": loss_scale_good_steps -3 is negative");
   expect_named(state_error([](json& h) { h.erase("adam.m"); }), "missing tensor 'adam.m'");
   // Without optimizer_step (written before loss scaling): it is the step.
   fresh_checkpoint();
@@ -179,7 +186,43 @@ TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
   expect_named(resume_error([](json& o) { o["adam_eps"] = "x"; }),
                "training options: field 'adam_eps' must be a number");
   expect_named(resume_error([](json& o) { o.erase("model"); }), "training options: missing field 'model'");
-  expect_named(resume_error([](json& o) { o["model"].erase("d_ff"); }), "config: missing field 'd_ff'");
+  // Named apart from a bad tessera_config in model.safetensors, which says "config: missing field ...".
+  expect_named(resume_error([](json& o) { o["model"].erase("d_ff"); }),
+               "checkpoint " + ck.string() + ": training options: model: missing field 'd_ff'");
+  expect_named(resume_error([](json& o) { o["model"] = 5; }), "training options: model: expected a JSON object");
+}
+
+// A checkpoint of an older tessera, written before adam_eps, ckpt_minutes and world_size were saved in the training
+// options and before optimizer_step and the loss scale were saved beside them, resumes with each one's default.
+TEST_F(BadCheckpoint, AnOlderCheckpointWithoutTheLaterKeysResumesWithTheirDefaults) {
+  const fs::path run = dir / "run", run_ck = run / "checkpoint";
+  const test::CliRun first = test::run(test::small_train_args(run, "--stop-after 2"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  test::edit_safetensors_header(run_ck / "optimizer.safetensors", [](json& h) {
+    json& meta = h["__metadata__"];
+    json o = json::parse(meta["options"].get<std::string>());
+    for (const char* key : {"adam_eps", "ckpt_minutes", "world_size"}) {
+      EXPECT_TRUE(o.contains(key)) << key;
+      o.erase(key);
+    }
+    meta["options"] = o.dump();
+    EXPECT_TRUE(meta.contains("optimizer_step"));
+    for (const char* key : {"optimizer_step", "loss_scale", "loss_scale_good_steps"}) meta.erase(key);
+  });
+  TrainOptions o;
+  o.resume = run_ck.string();
+  o.steps = 4;
+  const TrainSetup s = train_setup(o);
+  EXPECT_EQ(s.options.adam_eps, 1e-8f);
+  EXPECT_EQ(s.options.ckpt_minutes, 10.0);
+  EXPECT_EQ(s.options.world_size, 1);
+  EXPECT_EQ(s.state.step, 2);
+  EXPECT_EQ(s.state.optimizer_step, 2);  // no step was skipped before loss scaling existed
+  EXPECT_EQ(s.state.loss_scale, 0);
+  EXPECT_EQ(s.state.loss_scale_good_steps, 0);
+  const test::CliRun resumed = test::run("train --resume " + run_ck.string() + " --no-progress --sample-tokens 0");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("done: 2 steps"), std::string::npos) << resumed.out;
 }
 
 }  // namespace

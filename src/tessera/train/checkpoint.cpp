@@ -418,6 +418,9 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
            s.optimizer_step, " is not in [0, step ", s.step, "]");
   TS_CHECK(s.loss_scale == 0 || (std::isfinite(s.loss_scale) && s.loss_scale >= 1), "checkpoint ", file,
            ": malformed loss scale ", s.loss_scale);
+  // Checked here, where the file is named, and in every run: the scaler checks it again only where it runs (f16).
+  TS_CHECK(s.loss_scale_good_steps >= 0, "checkpoint ", file, ": loss_scale_good_steps ", s.loss_scale_good_steps,
+           " is negative");
   TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
   s.options_json = meta.at("options");
   return s;
