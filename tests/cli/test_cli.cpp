@@ -441,6 +441,13 @@ TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {
   // --greedy overrode a --temperature given with it, without a word.
   expect_error(run("generate --greedy --temperature 0.8" + ck),
                "--greedy takes the most likely token, and --temperature 0.8 samples: give one of them");
+  // And a --top-k or --top-p given with it, as a greedy --temperature 0 did.
+  expect_error(run("generate --greedy --top-k 5" + ck),
+               "--greedy takes the most likely token, and --top-k 5 limits what is sampled: give one of them");
+  expect_error(run("generate --greedy --top-p 0.9" + ck),
+               "--greedy takes the most likely token, and --top-p 0.9 limits what is sampled: give one of them");
+  expect_error(run("generate --temperature 0 --top-k 5" + ck),
+               "--temperature 0 takes the most likely token, and --top-k 5 limits what is sampled");
 }
 
 TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {

@@ -45,6 +45,10 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0, "--greedy takes the most likely token, "
            "and --temperature ", a.str("temperature"), " samples: give one of them");
   if (a.has("greedy")) p.temperature = 0;
+  // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k or top-p cut would be ignored.
+  for (const char* f : {"top-k", "top-p"})
+    TS_CHECK(p.temperature != 0 || !a.has(f), a.has("greedy") ? "--greedy" : "--temperature 0", " takes the most "
+             "likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
