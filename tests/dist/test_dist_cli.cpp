@@ -162,6 +162,11 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_NE(cpu_sms.err.find("--comm-sms applies to ranks on GPUs (the SMs NCCL's collectives use): these ranks train "
                              "on the CPU"), std::string::npos) << cpu_sms.err;
   EXPECT_FALSE(fs::exists(d / "run"));
+  // 0 is the default (NCCL's choice) and asks nothing of MPI: a launch script that always passes it runs on CPU.
+  const Job cpu_default = mpirun("", 2, kTiny + " --steps 1 --comm-sms 0 --out run", d);
+  EXPECT_EQ(cpu_default.code, 0) << cpu_default.out << cpu_default.err;
+  EXPECT_EQ(count(cpu_default.out, "done: 1 steps"), 1u) << cpu_default.out;
+  fs::remove_all(d / "run");
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);
   EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"), std::string::npos)

@@ -305,8 +305,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o = setup.options;
     for (const char* f : {"loss-scale-init", "loss-scale-interval"})
       TS_CHECK(!a.has(f) || o.loss_scaling, "--", f, " applies to --precision f16 (dynamic loss scaling)");
-    // CPU ranks all-reduce over MPI, which has no CTAs to limit.
-    TS_CHECK(!a.has("comm-sms") || setup.context->is_cuda(), "--comm-sms applies to ranks on GPUs (the SMs NCCL's "
+    // CPU ranks all-reduce over MPI, which has no CTAs to limit; 0, the default (NCCL's choice), asks for nothing,
+    // so a launch script that always passes it runs on CPU ranks too.
+    TS_CHECK(dist.comm_sms == 0 || setup.context->is_cuda(), "--comm-sms applies to ranks on GPUs (the SMs NCCL's "
              "collectives use): these ranks train on the CPU");
     // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
     TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
