@@ -29,12 +29,13 @@ struct Job {
 
 // Runs `env mpirun -np N <flags> tessera <command> <args>` (OMP_NUM_THREADS=1: the ranks share CI's 2 cores); stdout
 // and stderr apart. A job that hangs is killed after kJobLimit seconds (exit 124), so a broken timeout fails the
-// test instead of hanging it.
+// test instead of hanging it. `shell` runs first, in the shell that starts mpirun (a ulimit that mpirun and the
+// ranks inherit).
 constexpr int kJobLimit = 120;
 Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd,
-           const std::string& command = "train") {
+           const std::string& command = "train", const std::string& shell = "") {
   const fs::path err_file = cwd / "stderr.txt";
-  const std::string cmd = "cd '" + cwd.string() + "' && env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
+  const std::string cmd = "cd '" + cwd.string() + "' && " + shell + " env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
                           TESSERA_MPI_TEST_ENV + " " + env +
                           " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
                           " 2>" + err_file.string() + " </dev/null";

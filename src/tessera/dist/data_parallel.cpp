@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -150,7 +151,7 @@ const std::vector<GradRange>& DataParallelRun::buckets() const {
   return sync_ ? sync_->buckets() : none;
 }
 
-void run_collectively(Communicator& control, const std::function<void()>& fn) {
+void run_collectively(Communicator& control, const std::function<void()>& fn, std::string_view oom_hint) {
   std::string msg;
   int32_t failed = 0;
   try {
@@ -163,6 +164,12 @@ void run_collectively(Communicator& control, const std::function<void()>& fn) {
     // process: agreed on like an Error, not a line from each rank and MPI_Abort.
     failed = 1;
     msg = filesystem_error_message(e);
+  } catch (const std::bad_alloc&) {
+    // Out of host memory in a phase every rank runs (a text file read whole, under a ulimit -v for one): one line
+    // too, and an agreed end, where it was a line from each rank and MPI_Abort.
+    failed = 1;
+    msg = "out of memory";
+    if (!oom_hint.empty()) msg.append(" (").append(oom_hint).append(")");
   }
   const int n = control.size();
   std::vector<int32_t> all(static_cast<size_t>(n));

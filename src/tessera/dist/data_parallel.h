@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/ddp.h"
@@ -73,9 +74,11 @@ class DataParallelRun final : public DataParallel {
 };
 
 // Runs `fn` on every rank and agrees on the outcome: when it throws an Error (or a std::filesystem error, worded as
-// filesystem_error_message does) on any rank, every rank throws a CollectiveError, carrying the message of the
-// lowest failing rank there and quiet on the others. So a bad flag, a missing file or a path too long ends the job
-// with one line and MPI_Finalize instead of one line per rank and an abort.
-void run_collectively(Communicator& control, const std::function<void()>& fn);
+// filesystem_error_message does, or std::bad_alloc, as "out of memory (<oom_hint>)", which is_out_of_memory
+// recognises) on any rank, every rank throws a CollectiveError, carrying the message of the lowest failing rank
+// there and quiet on the others. So a bad flag, a missing file, a path too long or a host allocation that fails
+// ends the job with one line and MPI_Finalize instead of one line per rank and an abort. The hint names the
+// command's own flags that size what was allocated.
+void run_collectively(Communicator& control, const std::function<void()>& fn, std::string_view oom_hint = {});
 
 }  // namespace tessera
