@@ -115,14 +115,18 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
       TS_CHECK(bytes >= es && bytes % es == 0, "--sizes: ", size_name(bytes), " is not a whole number of ", dtype_s,
                " elements (", es, " bytes)");
     // A size that cannot fit is refused here, by every rank at once in one line, rather than by an allocation
-    // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory;
-    // NCCL: one on each rank's GPU.
+    // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory,
+    // and Open MPI's non-blocking in-place all-reduce scratch of up to twice its size beside it (measured under
+    // ulimit -v: 64 MiB on 2 ranks needs about 3 x 64 MiB a rank more than 4 KB does); NCCL: one on each rank's
+    // GPU. The result is checked without a host copy (check_result), so nothing else grows with the size.
     const size_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (backend == "mpi-cpu") {
       const size_t ranks_here = static_cast<size_t>(world.local_size());
-      const std::string what = "a " + size_name(largest) + " buffer on each of the " + std::to_string(ranks_here) +
-                               " ranks on this host";
-      check_host_memory(largest > SIZE_MAX / ranks_here ? SIZE_MAX : largest * ranks_here, what.c_str(),
+      constexpr size_t kMpiCopies = 3;  // the buffer and MPI's scratch
+      const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) on each of the " +
+                               std::to_string(ranks_here) + " ranks on this host";
+      const size_t per_rank = largest > SIZE_MAX / kMpiCopies ? SIZE_MAX : largest * kMpiCopies;
+      check_host_memory(per_rank > SIZE_MAX / ranks_here ? SIZE_MAX : per_rank * ranks_here, what.c_str(),
                         kSizesHint);
     } else {
       TS_CHECK(largest <= gpu.memory_bytes, "out of GPU memory: a ", size_name(largest), " buffer is more than the ",
@@ -135,7 +139,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
     out = a.str("out");
     if (!out.empty() && lead) check_output_path("out", out);
-  });
+  }, kSizesHint);
   if (help) return 0;
   control.set_timeout(timeout);
   const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
