@@ -254,13 +254,14 @@ TEST(DistCli, BenchAllreduceSizesThatDoNotFitNameItsOwnFlag) {
 }
 
 // What bench allreduce checks against the memory is what it holds: 64 MiB a rank runs under an address limit of
-// about what 4 KB needs (under 150 MB a rank here) plus the 3 x 64 MiB the check counts (the buffer and MPI's
-// scratch). Checking the result through a full host copy of the buffer and of its bytes took 2 x 64 MiB more, and
-// the same run failed inside MPI_Iallreduce.
+// about what 4 KB needs (under 150 MB a rank in a CPU-only build, 64 of them to start the binary) plus the 3 x 64 MiB
+// the check counts (the buffer and MPI's scratch). Checking the result through a full host copy of the buffer and
+// of its bytes took 2 x 64 MiB more, and the same run failed inside MPI_Iallreduce. The limit counts from what the
+// binary takes to start (test::startup_address_mib: with CUDA built, about 900 MiB of shared libraries).
 TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
   const fs::path d = test::temp_dir("dist_cli_bench_peak");
   const Job j = mpirun("", 2, "allreduce --backend mpi-cpu --sizes 64MiB --warmup 0 --iters 1", d, "bench",
-                       "ulimit -v " + std::to_string(420 * 1024) + " &&");
+                       "ulimit -v " + std::to_string((test::startup_address_mib() + 356) * 1024) + " &&");
   EXPECT_EQ(j.code, 0) << j.out << j.err;
   EXPECT_EQ(count(j.out, "| tessera mpi-cpu | 2 | 64 MiB | "), 1u) << j.out;
   fs::remove_all(d);
@@ -273,7 +274,7 @@ TEST(DistCli, OutOfHostMemoryWhileTheRanksAgreeIsOneLine) {
   std::ofstream(d / "big.txt").close();
   fs::resize_file(d / "big.txt", uintmax_t{2} << 30);
   const Job j = mpirun("", 2, kTiny + " --steps 1 --data big.txt --out run", d, "train",
-                       "ulimit -v " + std::to_string(1000 * 1024) + " &&");
+                       "ulimit -v " + std::to_string((test::startup_address_mib() + 936) * 1024) + " &&");
   EXPECT_EQ(j.code, 2) << j.out << j.err;
   EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
   EXPECT_NE(j.err.find("tessera: error: out of memory (try a smaller model, --batch or --seq)\n"), std::string::npos)
