@@ -143,25 +143,28 @@ TEST_F(OpsFd, RmsNorm) {
   EXPECT_LT(fd_rel_error(loss, wt, added(dw, dw_pre)), kFdTolF64);
 }
 
+// The attention reference's d_qkv against central differences of sum(w ∘ out), on fresh random qkv and w.
+void expect_attention_gradients(const AttentionParams& p, std::mt19937_64& rng) {
+  const int C = p.H * p.Dh;
+  auto qkv = randn<double>(p.B * p.T * 3 * C, rng);
+  const auto w = randn<double>(p.B * p.T * C, rng);
+  std::vector<double> out(w.size()), lse(p.B * p.H * p.T);
+  auto loss = [&] {
+    out = poisoned<double>(out.size());
+    lse = poisoned<double>(lse.size());
+    attention_forward_ref(p, out.data(), lse.data(), qkv.data());
+    return weighted_sum(out, w);
+  };
+  loss();
+  std::vector<double> dqkv = poisoned<double>(qkv.size());
+  attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
+  EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << p.B << " T=" << p.T << " dropout=" << p.dropout;
+}
+
 TEST_F(OpsFd, Attention) {
   struct Shape { int B, T, H, Dh; bool causal; };
-  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{1, 1, 2, 4, true}, Shape{2, 6, 2, 3, false}}) {
-    const AttentionParams p{.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal};
-    const int C = s.H * s.Dh;
-    auto qkv = randn<double>(s.B * s.T * 3 * C, rng);
-    const auto w = randn<double>(s.B * s.T * C, rng);
-    std::vector<double> out(w.size()), lse(s.B * s.H * s.T);
-    auto loss = [&] {
-      out = poisoned<double>(out.size());
-      lse = poisoned<double>(lse.size());
-      attention_forward_ref(p, out.data(), lse.data(), qkv.data());
-      return weighted_sum(out, w);
-    };
-    loss();
-    std::vector<double> dqkv = poisoned<double>(qkv.size());
-    attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
-    EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << s.B << " T=" << s.T;
-  }
+  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{1, 1, 2, 4, true}, Shape{2, 6, 2, 3, false}})
+    expect_attention_gradients({.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal}, rng);
 }
 
 // The forward against the textbook formula with an explicit score matrix.
@@ -194,24 +197,10 @@ TEST_F(OpsFd, AttentionForwardMatchesExplicitSoftmax) {
 // finite differences see the same one), causal and not.
 TEST_F(OpsFd, AttentionWithDropout) {
   struct Shape { int B, T, H, Dh; bool causal; };
-  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{2, 6, 2, 3, false}}) {
-    const AttentionParams p{.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal, .dropout = 0.3f,
-                            .seed = 11, .stream = 5};
-    const int C = s.H * s.Dh;
-    auto qkv = randn<double>(s.B * s.T * 3 * C, rng);
-    const auto w = randn<double>(s.B * s.T * C, rng);
-    std::vector<double> out(w.size()), lse(s.B * s.H * s.T);
-    auto loss = [&] {
-      out = poisoned<double>(out.size());
-      lse = poisoned<double>(lse.size());
-      attention_forward_ref(p, out.data(), lse.data(), qkv.data());
-      return weighted_sum(out, w);
-    };
-    loss();
-    std::vector<double> dqkv = poisoned<double>(qkv.size());
-    attention_backward_ref(p, dqkv.data(), w.data(), qkv.data(), out.data(), lse.data());
-    EXPECT_LT(fd_rel_error(loss, qkv, dqkv), kFdTolF64) << "B=" << s.B << " T=" << s.T;
-  }
+  for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{2, 6, 2, 3, false}})
+    expect_attention_gradients({.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal, .dropout = 0.3f,
+                                .seed = 11, .stream = 5},
+                               rng);
 }
 
 // The dropped forward against the textbook formula: O_i = sum_j softmax(S)_ij Z_ij v_j, with Z drawn here from
@@ -277,7 +266,9 @@ TEST_F(OpsFd, AttentionDropoutIsRefusedWhereItIsNotBuilt) {
   const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = 0.1f};
   EXPECT_TRUE(attention_supports(p, DType::F32, Device::cpu(), &why)) << why;
   EXPECT_FALSE(attention_supports(p, DType::BF16, Device::cuda(0), &why));
-  if (built_with_cuda()) EXPECT_NE(why.find("CPU reference only"), std::string::npos) << why;
+  if (built_with_cuda()) {
+    EXPECT_NE(why.find("CPU reference only"), std::string::npos) << why;
+  }
   EXPECT_FALSE(attention_naive_supports(p, DType::F32, Device::cpu(), &why));
   EXPECT_NE(why.find("no attention dropout"), std::string::npos) << why;
 }
