@@ -42,8 +42,6 @@ namespace {
 // Above this many parameters no sample is drawn by default: on the CPU it would take minutes.
 constexpr int64_t kSampleMaxParams = 100'000'000;
 constexpr int kDefaultSampleTokens = 100;
-// What to try when the host runs out of memory: train's flags that size its allocations.
-constexpr const char* kOomHint = "try a smaller model, --batch or --seq";
 
 volatile std::sig_atomic_t g_stop = 0;
 
@@ -146,7 +144,7 @@ struct Ranks {
   int size() const { return world ? world->size() : 1; }
   // Runs fn; under mpirun every rank learns whether it failed anywhere (run_collectively).
   void agree(const std::function<void()>& fn) const {
-    if (launch) run_collectively(*launch, fn, kOomHint);
+    if (launch) run_collectively(*launch, fn, kTrainMemoryHint);
     else fn();
   }
 };
@@ -559,7 +557,7 @@ int cmd_train(int argc, char** argv) {
     }
     return 2;
   } catch (const std::bad_alloc&) {
-    print_rank_error(world.rank(), world.size(), std::string("out of memory (") + kOomHint + ")");
+    print_rank_error(world.rank(), world.size(), std::string("out of memory (") + kTrainMemoryHint + ")");
     world.abort(2);
   } catch (const std::exception& e) {
     // This rank alone failed (a collective timed out, a peer died, a write failed): the others may be waiting in

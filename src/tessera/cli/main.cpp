@@ -8,6 +8,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/train/trainer.h"
 
 #ifndef TESSERA_VERSION
 #define TESSERA_VERSION "unknown"
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
     return fail(tessera::filesystem_error_message(e));
   } catch (const std::bad_alloc&) {
     // The hint names the flags of the command that failed: --batch and --seq are train's.
-    return fail(cmd == "train" ? "out of memory (try a smaller model, --batch or --seq)" : "out of memory");
+    return fail(cmd == "train" ? std::string("out of memory (") + tessera::kTrainMemoryHint + ")" : "out of memory");
   } catch (const std::exception& e) {
     return fail(e.what(), "internal error", 1);
   }

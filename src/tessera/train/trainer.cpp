@@ -346,7 +346,7 @@ TrainSetup train_setup(TrainOptions o) {
   const GradMemory grads = train_grad_memory(o.accum);
   need += gpu ? 4 * P : (grads == GradMemory::Planned ? 12 : 16) * P + Gpt::activation_bytes(o.model, o.batch, o.seq,
                                                                                             DType::F32, grads);
-  check_host_memory(need, "training this model", "try a smaller model, --batch or --seq");
+  check_host_memory(need, "training this model", kTrainMemoryHint);
   s.options = std::move(o);
   return s;
 }

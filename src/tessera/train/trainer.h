@@ -18,6 +18,10 @@
 
 namespace tessera {
 
+// What a training run out of memory advises (the flags that size it): the trainer's memory check, and train's
+// out-of-memory lines for an allocation that fails past it (one process, or a rank under mpirun).
+inline constexpr const char* kTrainMemoryHint = "try a smaller model, --batch or --seq";
+
 // --cuda-graph: whether each step is replayed as CUDA graphs (train/graph_step.h).
 enum class CudaGraphMode {
   Auto,  // where the step can be a graph (train_cuda_graph_refusal is empty), else eagerly, the reason logged
