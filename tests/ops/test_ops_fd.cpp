@@ -3,6 +3,8 @@
 // outputs it accumulates into (+=, as the op headers say: weight, bias and norm-input gradients) are filled
 // with random values first; the test then checks result - prefill against the true gradient.
 #include <cmath>
+#include <set>
+#include <vector>
 
 #include "tessera/core/context.h"
 #include "tessera/core/philox.h"
@@ -203,9 +205,19 @@ TEST_F(OpsFd, AttentionWithDropout) {
                                rng);
 }
 
-// The dropped forward against the textbook formula: O_i = sum_j softmax(S)_ij Z_ij v_j, with Z drawn here from
-// philox_keep at index ((b H + h) T + i) T + j; lse stays the undropped one; the kept share is near 1 - p; and
-// dropout 0 is the plain forward, bit for bit.
+// Attention dropout's draw for (query i, key j) of head bh, written out from attention_dropout.h's formula with the
+// element-indexed philox_u16 (block b's word w, half s is element 8 b + 2 w + s), not with its helpers.
+bool attention_keep_by_formula(uint64_t seed, uint64_t stream, float rate, uint64_t bh, int T, int i, int j) {
+  const uint64_t g = (static_cast<uint64_t>(T) + 15) / 16, gi = 8 * g, gj = 4 * g;
+  const uint64_t ii = 8 * static_cast<uint64_t>(i / 16) + i % 8, jj = 4 * static_cast<uint64_t>(j / 16) + (j / 2) % 4;
+  const uint64_t block = (bh * gi + ii) * gj + jj;
+  const int word = 2 * ((i / 8) % 2) + (j / 8) % 2, half = j % 2;
+  return philox_u16(seed, stream, 8 * block + 2 * word + half) / 65536.0 >= rate;
+}
+
+// The dropped forward against the textbook formula: O_i = sum_j softmax(S)_ij Z_ij v_j, with Z drawn as
+// attention_dropout.h lays the draws out; lse stays the undropped one; the kept share is near 1 - p; no two scores
+// of a head share a draw; and dropout 0 is the plain forward, bit for bit. T = 40: 16-row groups, one partial.
 TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
   const int B = 2, T = 40, H = 2, Dh = 4, C = H * Dh;
   const float rate = 0.25f;
@@ -215,9 +227,11 @@ TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
   std::vector<double> out = poisoned<double>(B * T * C), lse = poisoned<double>(B * H * T);
   attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
   long kept = 0;
+  std::set<uint64_t> draws;  // (block, word, half) of every score: all distinct
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < T; ++i) {
+        const uint64_t bh = static_cast<uint64_t>(b) * H + h;
         const double* q = &qkv[(b * T + i) * 3 * C + h * Dh];
         std::vector<double> e(T);
         double z = 0;
@@ -230,18 +244,21 @@ TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
         EXPECT_NEAR(lse[(b * H + h) * T + i], std::log(z), 1e-12);
         for (int d = 0; d < Dh; ++d) {
           double o = 0;
-          for (int j = 0; j < T; ++j) {
-            const uint64_t index = ((static_cast<uint64_t>(b) * H + h) * T + i) * T + j;
-            if (philox_keep(p.seed, p.stream, index, rate))
+          for (int j = 0; j < T; ++j)
+            if (attention_keep_by_formula(p.seed, p.stream, rate, bh, T, i, j))
               o += e[j] / z / (1.0 - rate) * qkv[(b * T + j) * 3 * C + 2 * C + h * Dh + d];
-          }
           EXPECT_NEAR(out[(b * T + i) * C + h * Dh + d], o, 1e-12);
         }
-        for (int j = 0; j < T; ++j)
-          kept += philox_keep(p.seed, p.stream, ((static_cast<uint64_t>(b) * H + h) * T + i) * T + j, rate);
+        for (int j = 0; j < T; ++j) {
+          kept += attention_keep_by_formula(p.seed, p.stream, rate, bh, T, i, j);
+          const uint64_t g = (T + 15) / 16;
+          const uint64_t block = (bh * 8 * g + 8 * (i / 16) + i % 8) * 4 * g + 4 * (j / 16) + (j / 2) % 4;
+          draws.insert(8 * block + 2 * (2 * ((i / 8) % 2) + (j / 8) % 2) + j % 2);
+        }
       }
   const double n = static_cast<double>(B) * H * T * T, share = kept / n;
   EXPECT_NEAR(share, 1.0 - rate, 4.0 * std::sqrt(rate * (1.0 - rate) / n));  // 6400 draws: within 4 sigma
+  EXPECT_EQ(draws.size(), static_cast<size_t>(n));
 
   AttentionParams none = p;
   none.dropout = 0.0f;
@@ -254,20 +271,22 @@ TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
   EXPECT_NE(plain, out);
 }
 
-// Dropout outside [0, 1) is refused by every backend; on a GPU, any dropout is refused in one line that says why,
-// since no CUDA kernel drops yet (the naive path never does).
-TEST_F(OpsFd, AttentionDropoutIsRefusedWhereItIsNotBuilt) {
+// Dropout outside [0, 1) is refused by every backend; inside it the CPU and the CUDA kernels take it, and the naive
+// path (the yardstick of the flash tests) refuses it in one line that says why.
+TEST_F(OpsFd, AttentionDropoutOutsideItsRangeIsRefused) {
   std::string why;
-  for (float bad : {-0.1f, 1.0f, NAN}) {
-    const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = bad};
-    EXPECT_FALSE(attention_supports(p, DType::F32, Device::cpu(), &why)) << bad;
-    EXPECT_NE(why.find("attention dropout must be in [0, 1)"), std::string::npos) << why;
-  }
+  std::vector<Device> devices = {Device::cpu()};
+  if (built_with_cuda()) devices.push_back(Device::cuda(0));
+  for (float bad : {-0.1f, 1.0f, NAN})
+    for (Device dev : devices) {
+      const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = bad};
+      EXPECT_FALSE(attention_supports(p, DType::F32, dev, &why)) << bad;
+      EXPECT_NE(why.find("attention dropout must be in [0, 1)"), std::string::npos) << why;
+    }
   const AttentionParams p{.B = 1, .T = 4, .H = 1, .Dh = 8, .dropout = 0.1f};
   EXPECT_TRUE(attention_supports(p, DType::F32, Device::cpu(), &why)) << why;
-  EXPECT_FALSE(attention_supports(p, DType::BF16, Device::cuda(0), &why));
   if (built_with_cuda()) {
-    EXPECT_NE(why.find("CPU reference only"), std::string::npos) << why;
+    EXPECT_TRUE(attention_supports(p, DType::BF16, Device::cuda(0), &why)) << why;
   }
   EXPECT_FALSE(attention_naive_supports(p, DType::F32, Device::cpu(), &why));
   EXPECT_NE(why.find("no attention dropout"), std::string::npos) << why;

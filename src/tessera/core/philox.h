@@ -38,13 +38,17 @@ TS_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) 
   return ctr;
 }
 
-// The 32-bit word for element `index` of draw `stream` under `seed`.
-TS_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t stream, uint64_t index) {
-  const uint64_t block = index >> 2;
+// Block `block` of draw `stream` under `seed`: words 4 block .. 4 block + 3 of that draw (counter (block,
+// stream), key seed).
+TS_HOST_DEVICE Philox4 philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
   const Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
                      static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)}};
-  const Philox4 r = philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return r.v[index & 3];
+  return philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The 32-bit word for element `index` of draw `stream` under `seed`.
+TS_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t stream, uint64_t index) {
+  return philox_block(seed, stream, index >> 2).v[index & 3];
 }
 
 // Uniform in [0, 1) with 24 bits: exact in f32.

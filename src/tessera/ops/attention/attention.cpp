@@ -14,10 +14,6 @@ bool attention_supports(const AttentionParams& p, DType dtype, Device device, st
     if (why) *why = "attention dropout must be in [0, 1), got " + std::to_string(p.dropout);
     return false;
   }
-  if (!device.is_cpu() && p.dropout > 0.0f) {
-    if (why) *why = "attention dropout runs on the CPU reference only so far; the CUDA kernels take dropout 0";
-    return false;
-  }
   if (!device.is_cpu() && p.Dh > kAttentionMaxDh) {
     if (why) {
       *why = "the CUDA kernels take head dims Dh up to " + std::to_string(kAttentionMaxDh) + ", got " +

@@ -16,6 +16,7 @@
 
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/attention_dropout.h"
 #include "tessera/ops/attention/flash.h"
 #include "tessera/ops/attention/flash_hopper.h"
 
@@ -72,15 +73,23 @@ __device__ __forceinline__ bool score_valid(int qi, int kj, int seq_len, bool ca
   return qi < seq_len && kj < seq_len && (!causal || kj <= qi);
 }
 
+// Z of attention.h for query qi, key kj of head bh: 1 without dropout, else 1 / (1 - p) or 0 as drawn (one
+// Philox block per score: the f32 path is the correct one, not the fast one).
+__device__ __noinline__ float dropout_z(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi, int kj) {
+  if (!d.threshold) return 1.0f;
+  return attention_dropout_keep(d, bh, seq_len, qi, kj) ? d.scale : 0.0f;
+}
+
 // out: (B*T, C); lse: (B, H, T) f32; qkv: (B*T, 3C) with q, k, v of head h at columns h*Dh, C + h*Dh, 2C + h*Dh.
 // Grid (ceil(T/64), H, B). For each key tile (only those at or below the diagonal when causal):
 //   S = Q Kᵀ * scale (masked: -inf),  m' = max(m, rowmax S),  P = exp(S - m'),  l = l e^(m - m') + rowsum P,
-//   acc = acc e^(m - m') + P V.   At the end out = acc / l and lse = m + log l.
+//   acc = acc e^(m - m') + (P ∘ Z) V.   At the end out = acc / l and lse = m + log l (Z: dropout, attention.h).
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_tiled_online(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                                   int seq_len, int H, int Dh, bool causal, float scale) {
+                                   int seq_len, int H, int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kTile * kStride;
@@ -137,7 +146,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float pij = expf(s[i][j] - shift);
-        sP[(ty + 16 * i) * kPStride + tx + 16 * j] = pij;
+        const float z = dropout_z(drop, static_cast<uint64_t>(b) * H + h, seq_len, qi, k0 + tx + 16 * j);
+        sP[(ty + 16 * i) * kPStride + tx + 16 * j] = pij * z;
         ps += pij;
       }
       l[i] = l[i] * alpha + half_warp_sum(ps);
@@ -163,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + ty + 16 * i;
     if (qi >= seq_len) continue;
-    const float inv = 1.0f / l[i];
+    const float inv = 1.0f / l[i];  // the kept P already carry 1 / (1 - p) (dropout_z)
     T* o = out + (static_cast<long>(b) * seq_len + qi) * C + static_cast<long>(h) * Dh;
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
@@ -194,13 +204,14 @@ __global__ void attention_backward_row_dot(float* __restrict__ D, const T* __res
 }
 
 // dQ for one query tile. Grid (ceil(T/64), H, B). For each key tile at or below the diagonal:
-//   P = exp(S - lse), dP = dO Vᵀ, dS = P ∘ (dP - D), dQ += dS K;  at the end d_qkv[q part] = dQ * scale.
+//   P = exp(S - lse), dP = Z ∘ (dO Vᵀ), dS = P ∘ (dP - D), dQ += dS K;  at the end d_qkv[q part] = dQ * scale.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_tiled(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                 const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                int Dh, bool causal, float scale) {
+                                int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kTile * kStride;
@@ -260,9 +271,10 @@ __global__ void __launch_bounds__(kThreads)
       const int qi = q0 + ty + 16 * i;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float pij =
-            score_valid(qi, k0 + tx + 16 * j, seq_len, causal) ? expf(s[i][j] * scale - row_lse[i]) : 0.0f;
-        sdS[(ty + 16 * i) * kPStride + tx + 16 * j] = pij * (dp[i][j] - row_D[i]);
+        const int kj = k0 + tx + 16 * j;
+        const float pij = score_valid(qi, kj, seq_len, causal) ? expf(s[i][j] * scale - row_lse[i]) : 0.0f;
+        const float z = dropout_z(drop, static_cast<uint64_t>(bh), seq_len, qi, kj);
+        sdS[(ty + 16 * i) * kPStride + tx + 16 * j] = pij * (z * dp[i][j] - row_D[i]);
       }
     }
     __syncthreads();
@@ -294,14 +306,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // dK and dV for one key tile. Grid (ceil(T/64), H, B). For each query tile at or below the diagonal (the
 // transposed view: rows of the micro-tile are keys ty + 16i, columns queries tx + 16j):
-//   Pᵀ = exp(Sᵀ - lse), dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - D),  dV += Pᵀ dO,  dK += dSᵀ Q;
+//   Pᵀ = exp(Sᵀ - lse), dPᵀ = Zᵀ ∘ (V dOᵀ), dSᵀ = Pᵀ ∘ (dPᵀ - D),  dV += (P ∘ Z)ᵀ dO,  dK += dSᵀ Q;
 // at the end d_qkv[k part] = dK * scale and d_qkv[v part] = dV.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_tiled(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                   const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                  int Dh, bool causal, float scale) {
+                                  int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kTile * kStride;
@@ -367,8 +380,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < 4; ++j) {
         const int r = tx + 16 * j;
         const float pij = score_valid(q0 + r, kj, seq_len, causal) ? expf(s[i][j] * scale - sLse[r]) : 0.0f;
-        sPT[(ty + 16 * i) * kPStride + r] = pij;
-        sdST[(ty + 16 * i) * kPStride + r] = pij * (dp[i][j] - sD[r]);
+        const float z = dropout_z(drop, static_cast<uint64_t>(bh), seq_len, q0 + r, kj);
+        sPT[(ty + 16 * i) * kPStride + r] = pij * z;
+        sdST[(ty + 16 * i) * kPStride + r] = pij * (z * dp[i][j] - sD[r]);
       }
     }
     __syncthreads();
@@ -481,7 +495,8 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, double sign, Conte
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx) {
   constexpr const char* op = "attention_forward";
-  TS_CHECK(p.dropout == 0.0f, op, ": attention dropout runs on the CPU reference only so far");
+  const AttentionDropoutDraw drop =
+      attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   if (static_cast<long>(p.B) * p.T == 0) return;
   if (flash_attention_eligible(p, dtype, {qkv, out})) {
     const FlashAttentionArgs a{.qkv = qkv, .out = out, .lse = lse};
@@ -494,7 +509,7 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
     dispatch_head_pad(p.Dh, [&](auto pad) {
       constexpr int kDp = decltype(pad)::value;
       launch_tiled(op, attention_forward_tiled_online<T, kDp>, forward_smem<T, kDp>(), p, ctx, static_cast<T*>(out),
-                   lse, static_cast<const T*>(qkv), p.T, p.H, p.Dh, p.causal, attention_scale(p.Dh));
+                   lse, static_cast<const T*>(qkv), p.T, p.H, p.Dh, p.causal, attention_scale(p.Dh), drop);
     });
   });
 }
@@ -502,7 +517,8 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
                              const void* qkv, const void* out, const float* lse, Context& ctx) {
   constexpr const char* op = "attention_backward";
-  TS_CHECK(p.dropout == 0.0f, op, ": attention dropout runs on the CPU reference only so far");
+  const AttentionDropoutDraw drop =
+      attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   const long n_rows = static_cast<long>(p.B) * p.T * p.H;
   if (n_rows == 0) return;
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(n_rows) * sizeof(float)));
@@ -536,10 +552,10 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
       const float scale = attention_scale(p.Dh);
       launch_tiled(op, attention_backward_dq_tiled<T, kDp>, backward_dq_smem<T, kDp>(), p, ctx,
                    static_cast<T*>(d_qkv), static_cast<const T*>(d_out), static_cast<const T*>(qkv), lse,
-                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale);
+                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale, drop);
       launch_tiled(op, attention_backward_dkdv_tiled<T, kDp>, backward_dkdv_smem<T, kDp>(), p, ctx,
                    static_cast<T*>(d_qkv), static_cast<const T*>(d_out), static_cast<const T*>(qkv), lse,
-                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale);
+                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale, drop);
     });
   });
 }

@@ -5,9 +5,10 @@
 //   S = Q Kᵀ / sqrt(Dh) (entries j > i masked when causal),  lse_i = log Σ_j exp(S_ij),  O = exp(S - lse) V
 // Backward (FlashAttention-2 form, P recomputed from lse): D_i = dO_i · O_i,  dS = P ∘ (dO Vᵀ - D),
 //   dQ = dS K / sqrt(Dh),  dK = dSᵀ Q / sqrt(Dh),  dV = Pᵀ dO.   d_qkv is overwritten.
-// Attention dropout (dropout > 0): O = (P ∘ Z) V with Z_ij = keep_ij / (1 - dropout), keep_ij =
-//   philox_keep(seed, stream, ((b H + h) T + i) T + j, dropout) for query i and key j (the shared Philox draws,
-//   so a GPU kernel can drop the same elements); lse is that of the undropped scores. The backward keeps its form
+// Attention dropout (dropout > 0): O = (P ∘ Z) V with Z_ij = keep_ij / (1 - dropout), keep_ij drawn for query i
+//   and key j of head (b, h) from the shared Philox streams under (seed, stream) as attention_dropout.h lays the
+//   draws out (eight scores per Philox block, in the grouping the tensor-core fragments hold), so the reference and
+//   every CUDA kernel drop the same elements; lse is that of the undropped scores. The backward keeps its form
 //   with dP = Z ∘ (dO Vᵀ): D_i = dO_i · O_i = Σ_j P_ij dP_ij still holds, dS = P ∘ (dP - D), dV = (P ∘ Z)ᵀ dO.
 #pragma once
 #include <cstdint>
@@ -21,7 +22,7 @@ namespace tessera {
 struct AttentionParams {
   int B = 0, T = 0, H = 0, Dh = 0;
   bool causal = true;
-  float dropout = 0.0f;  // in [0, 1): the CPU reference only so far (attention_supports says so for a GPU)
+  float dropout = 0.0f;  // in [0, 1)
   uint64_t seed = 0, stream = 0;
 };
 

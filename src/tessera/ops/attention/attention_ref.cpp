@@ -4,18 +4,20 @@
 #include <vector>
 
 #include "tessera/core/parallel.h"
-#include "tessera/core/philox.h"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/attention_dropout.h"
 
 namespace tessera {
 
 namespace {
 // Z_ij of attention.h: 1 / (1 - dropout) where (query i, key j) of head (b, h) is kept, 0 where it is dropped, 1
-// without dropout.
+// without dropout (the draw of attention_dropout.h).
 double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
   if (p.dropout <= 0.0f) return 1.0;
-  const uint64_t index = ((static_cast<uint64_t>(b) * p.H + h) * p.T + i) * p.T + j;
-  return philox_keep(p.seed, p.stream, index, p.dropout) ? 1.0 / (1.0 - static_cast<double>(p.dropout)) : 0.0;
+  const AttentionDropoutDraw d = attention_dropout_draw(p.dropout, p.seed, p.stream);
+  return attention_dropout_keep(d, static_cast<uint64_t>(b) * p.H + h, p.T, i, j)
+             ? 1.0 / (1.0 - static_cast<double>(p.dropout))
+             : 0.0;
 }
 }  // namespace
 

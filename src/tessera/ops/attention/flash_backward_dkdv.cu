@@ -28,6 +28,8 @@ constexpr size_t dkdv_smem_bytes() {
 // per query step (queries q0 .. q0 + kQ - 1; under a causal mask starting at the diagonal, q0 = k0):
 //   Sᵀ = K Qᵀ,  Pᵀ = exp2(Sᵀ log2e / sqrt(Dh) - lse log2e) (0 where masked),  dPᵀ = V dOᵀ,
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D),  dV += Pᵀ dO,  dK += dSᵀ Q  (Pᵀ, dSᵀ rounded to the dtype in registers).
+// With dropout, dPᵀ = Zᵀ ∘ (V dOᵀ) before dSᵀ, and dV takes (P ∘ Z)ᵀ: the dropped elements zeroed, the kept ones
+// scaled by 1 / (1 - p) (attention.h).
 // At the end dK / sqrt(Dh) and dV are stored; each element is written by one thread once: deterministic.
 // Blocks per SM the compiler must fit. At Dh 64 the kernel wants 187 registers, which leaves room for 2 blocks (8
 // warps); bounded to 3 it takes 168 with a 32-byte spill, and gpt2-124m's attention backward (B 16, T 1024, 12
@@ -41,8 +43,9 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
     flash_attention_backward_dkdv_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out,
                                       const T* __restrict__ qkv, const float* __restrict__ lse,
                                       const float* __restrict__ D, int seq_len, int H, int Dh, bool causal,
-                                      float scale, float scale_log2) {
+                                      float scale, float scale_log2, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kQ = kQueryStep<kD>;
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kStepElems = kQ * kS;
   constexpr int kQ8 = kQ / 8, kD8 = kD / 8;
@@ -108,6 +111,11 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
     warp_gemm_nt<T, kQ8, kD>(dpt, sVw, kS, sdOb, kS);
 
     const int q0 = i * kQ;
+    uint32_t keep = 0;
+    if (drop.threshold) {
+      keep = dropout_keep_bits_key_rows<kQ8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
+      apply_keep_bits<kQ8>(dpt, keep, drop.scale);
+    }
     const bool edge = q0 + kQ > seq_len || k0 + kTileRows > seq_len || (causal && q0 < k0 + kTileRows - 1);
 #pragma unroll
     for (int n = 0; n < kQ8; ++n)
@@ -119,6 +127,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
         st[n][e] = pv;                         // Pᵀ, in place of Sᵀ
         dpt[n][e] = pv * (dpt[n][e] - Db[ql]);  // dSᵀ, in place of dPᵀ
       }
+    if (drop.threshold) apply_keep_bits<kQ8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
     uint32_t pa[kQ8 / 2][4], dsa[kQ8 / 2][4];
     c_to_a<T, kQ8>(pa, st);
     c_to_a<T, kQ8>(dsa, dpt);
@@ -142,9 +151,10 @@ void launch_dkdv(const AttentionParams& p, const FlashAttentionArgs& a, Context&
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
                                                   static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e);
+                                                  p.causal, scale, scale * kLog2e, drop);
   TS_CHECK_LAUNCH();
 }
 

@@ -20,13 +20,17 @@ constexpr size_t dq_smem_bytes() {
 // Per key tile (keys k0 = 64 j ..; under a causal mask only up to the diagonal tile):
 //   S = Q Kᵀ,  P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dP = dO Vᵀ,  dS = P ∘ (dP - D),
 //   dQ += dS K  (dS rounded to the dtype in registers as the A operand).
-// At the end dQ / sqrt(Dh) is stored. Each dQ element is written by one thread once: deterministic.
+// With dropout, dP = Z ∘ (dO Vᵀ) (attention.h): the dropped elements of dO Vᵀ are zeroed, the kept ones scaled
+// by 1 / (1 - p), before dS. At the end dQ / sqrt(Dh) is stored. Each dQ element is written by one thread once:
+// deterministic.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_dq_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                     const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                    int Dh, bool causal, float scale, float scale_log2) {
+                                    int Dh, bool causal, float scale, float scale_log2,
+                                    AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kTileElems;
@@ -78,6 +82,10 @@ __global__ void __launch_bounds__(kThreads)
     warp_gemm_nt<T, kN8, kD>(dp, sdOw, kS, sV + buf * kTileElems, kS);
 
     const int k0 = j * kTileRows;
+    if (drop.threshold) {
+      const uint64_t bh = static_cast<uint64_t>(b) * H + h;
+      apply_keep_bits<kN8>(dp, dropout_keep_bits_query_rows<kN8>(drop, bh, seq_len, row_a, k0), drop.scale);
+    }
     const bool edge = k0 + kTileRows > seq_len || (causal && k0 + kTileRows - 1 > q0);
 #pragma unroll
     for (int n = 0; n < kN8; ++n)
@@ -107,9 +115,10 @@ void launch_dq(const AttentionParams& p, const FlashAttentionArgs& a, Context& c
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
                                                   static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e);
+                                                  p.causal, scale, scale * kLog2e, drop);
   TS_CHECK_LAUNCH();
 }
 

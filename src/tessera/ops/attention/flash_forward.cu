@@ -22,11 +22,15 @@ constexpr size_t forward_smem_bytes() {
 //   x = S log2e / sqrt(Dh)  (-inf where masked),  m' = max(m, rowmax x),  P = exp2(x - m'),
 //   l = l 2^(m - m') + rowsum P (lane-partial: each lane sums its own 16 of the 64 columns),  O = O 2^(m - m') + P V.
 // At the end l is summed over the 4 lanes of the row, out = O / l, lse = (m + log2 l) ln 2.
+// With dropout (drop.threshold > 0, uniform over the grid) the dropped elements of P are zeroed after l has summed
+// them and before P V, and out takes the 1 / (1 - p) of the kept ones: out = O / l / (1 - p).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_mma(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                                int seq_len, int H, int Dh, bool causal, float scale_log2) {
+                                int seq_len, int H, int Dh, bool causal, float scale_log2,
+                                AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
+  attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kTileElems;        // two buffers
@@ -102,6 +106,10 @@ __global__ void __launch_bounds__(kThreads)
         o[n][2 * half + 1] *= alpha;
       }
     }
+    if (drop.threshold) {
+      const uint64_t bh = static_cast<uint64_t>(b) * H + h;
+      apply_keep_bits<kN8>(s, dropout_keep_bits_query_rows<kN8>(drop, bh, seq_len, row_a, k0), 1.0f);
+    }
     uint32_t pa[kN8 / 2][4];
     c_to_a<T, kN8>(pa, s);
     warp_gemm_rn<T, kD8, kTileRows>(o, pa, sV + buf * kTileElems, kS);
@@ -113,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int half = 0; half < 2; ++half) {
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-    inv[half] = 1.0f / l[half];
+    inv[half] = drop.scale / l[half];
   }
   T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * Dh;
   store_rows<T, kD8>(o_base, C, o, row_a - (lane >> 2), seq_len, Dh, inv);
@@ -136,8 +144,9 @@ void launch_forward(const AttentionParams& p, const FlashAttentionArgs& a, Conte
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.out), a.lse, static_cast<const T*>(a.qkv), p.T,
-                                                  p.H, p.Dh, p.causal, scale_log2);
+                                                  p.H, p.Dh, p.causal, scale_log2, drop);
   TS_CHECK_LAUNCH();
 }
 

@@ -380,6 +380,7 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
   if (dtype != DType::BF16 && dtype != DType::F16) return false;
   if (p.Dh != 64 && p.Dh != 128) return false;
   if (p.H > 65535 || p.B > 65535) return false;
+  if (p.dropout > 0.0f) return false;  // attention dropout runs in the mma.sync kernels (flash.h)
   return flash_hopper_available(ctx);
 }
 

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "tessera/core/error.h"
+#include "tessera/ops/attention/attention_dropout.h"
 #include "tessera/ops/attention/flash.h"
 
 namespace tessera::flash {
@@ -236,6 +237,64 @@ __device__ __forceinline__ void mask_scores(float (&s)[kN8][4], int k0, int row_
       const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1), row = row_a + (e >> 1) * 8;
       if (key >= seq_len || (causal && key > row)) s[n][e] = -INFINITY;
     }
+}
+
+// Attention dropout's keep bits (attention_dropout.h) for this lane's 16 x 8 kN8 accumulator tile, bit 4 n + e for
+// element [n][e]. Rows are queries (forward, dQ pass): element [n][e] is query row_a + 8 (e >> 1), key
+// k0 + 8 n + 2 (lane % 4) + (e & 1), with row_a % 16 < 8 and k0 % 16 == 0, so each pair of 8-key column blocks
+// is one Philox block: word w holds column block 2 kk + (w & 1), row half w >> 1, the two keys in its halves.
+template <int kN8>
+__device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh,
+                                                                 int seq_len, int row_a, int k0) {
+  static_assert(kN8 % 2 == 0 && kN8 <= 8, "keep bits: pairs of 8-key blocks, at most 32 elements");
+  const int lane = threadIdx.x & 31;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int kk = 0; kk < kN8 / 2; ++kk) {
+    const Philox4 r = philox_block(
+        d.seed, d.stream, attention_dropout_block(bh, seq_len, row_a, k0 + 16 * kk + 2 * (lane & 3)));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int bit = 4 * (2 * kk + (w & 1)) + 2 * (w >> 1);
+      bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], 0, d.threshold)) << bit;
+      bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], 1, d.threshold)) << (bit + 1);
+    }
+  }
+  return bits;
+}
+
+// The same for a tile whose rows are keys (the dK / dV pass): element [n][e] is key key_a + 8 (e >> 1), query
+// q0 + 8 n + 2 (lane % 4) + (e & 1), key_a % 16 < 8, q0 % 16 == 0. The lane's two queries of a column block differ
+// in bit 0, which the block index holds, so each pair of column blocks takes two Philox blocks (one per query
+// parity) and half of each: word w is column block 2 kk + (w >> 1), key half w & 1, in half bit0(key_a).
+template <int kN8>
+__device__ __noinline__ uint32_t dropout_keep_bits_key_rows(const AttentionDropoutDraw& d, uint64_t bh,
+                                                               int seq_len, int key_a, int q0) {
+  static_assert(kN8 % 2 == 0 && kN8 <= 8, "keep bits: pairs of 8-query blocks, at most 32 elements");
+  const int lane = threadIdx.x & 31, half = key_a & 1;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int kk = 0; kk < kN8 / 2; ++kk)
+#pragma unroll
+    for (int qb = 0; qb < 2; ++qb) {
+      const Philox4 r = philox_block(
+          d.seed, d.stream, attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + qb, key_a));
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int bit = 4 * (2 * kk + (w >> 1)) + 2 * (w & 1) + qb;
+        bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], half, d.threshold)) << bit;
+      }
+    }
+  return bits;
+}
+
+// x[n][e] <- x[n][e] * scale where keep bit 4 n + e is set, else 0 (scale 1: only the drops).
+template <int kN8>
+__device__ __forceinline__ void apply_keep_bits(float (&x)[kN8][4], uint32_t keep, float scale) {
+#pragma unroll
+  for (int n = 0; n < kN8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[n][e] = (keep >> (4 * n + e)) & 1u ? x[n][e] * scale : 0.0f;
 }
 
 // The statistics of this lane's two rows row_a and row_a + 8 of a (B, H, T) plane starting at stat_base: lse in
