@@ -22,6 +22,7 @@ ModelConfig gpt2_style() {
   ModelConfig c = small_config(/*vocab=*/97, /*d_model=*/64, /*n_layers=*/2, /*n_heads=*/4, /*d_ff=*/256,
                                /*max_seq=*/32);
   c.dropout = 0.1f;
+  c.attn_dropout = 0.1f;
   return c;
 }
 
@@ -34,6 +35,7 @@ ModelConfig llama_style() {
   c.tied = false;
   c.d_ff = 160;
   c.dropout = 0.0f;
+  c.attn_dropout = 0.0f;
   return c;
 }
 

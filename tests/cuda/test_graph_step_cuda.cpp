@@ -76,11 +76,12 @@ void expect_identical(const Runs& r, int steps) {
   EXPECT_EQ(r.eager.graph_steps, 0);
 }
 
-// `tiny` with dropout 0.1 (gpt2-124m's) and the lr in warm-up over the whole run, so that the lr, AdamW's t and the
-// dropout streams all change every step.
+// `tiny` with dropout and attention dropout 0.1 (gpt2-124m's) and the lr in warm-up over the whole run, so that the
+// lr, AdamW's t and the dropout streams all change every step.
 TrainOptions changing_every_step(const fs::path& d, const std::string& precision, int steps) {
   TrainOptions o = tiny_run(d, "unused", "cuda", precision, steps);
   o.model.dropout = 0.1f;
+  o.model.attn_dropout = 0.1f;
   o.warmup = 100;
   return o;
 }
@@ -99,13 +100,15 @@ TEST(CudaGraphStep, Bf16DropoutWarmupMatchesEagerBitForBit) {
   EXPECT_EQ(r.graph.graph_steps, kSteps - 2) << "step 1 (eager set-up) and the traced step 4 run eagerly";
   EXPECT_EQ(r.graph.graph_captures, 1);
   EXPECT_EQ(r.graph.graphs_per_step, 1) << "forward, backward and AdamW in one graph";
-  // The dropout is live: the same run without it takes other losses (else the test could not see a frozen stream).
-  TrainOptions plain = o;
-  plain.model.dropout = 0.0f;
-  plain.out = (d / "no_dropout").string();
-  plain.trace.clear();
-  train(train_setup(plain));
-  EXPECT_NE(metrics(plain.out)[2]["loss"], r.graph_recs[2]["loss"]);
+  // Each dropout is live: the same run without it takes other losses (else the test could not see a frozen stream).
+  for (const char* off : {"dropout", "attn_dropout"}) {
+    TrainOptions plain = o;
+    (std::string(off) == "dropout" ? plain.model.dropout : plain.model.attn_dropout) = 0.0f;
+    plain.out = (d / (std::string("no_") + off)).string();
+    plain.trace.clear();
+    train(train_setup(plain));
+    EXPECT_NE(metrics(plain.out)[2]["loss"], r.graph_recs[2]["loss"]) << "without " << off;
+  }
   fs::remove_all(d);
 }
 

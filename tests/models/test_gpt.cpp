@@ -71,6 +71,18 @@ TEST(GptGradient, Gpt2Style) { check_model_gradient(tiny_gpt2(), 0.0f); }
 
 TEST(GptGradient, LlamaStyle) { check_model_gradient(tiny_llama(), 0.1f); }
 
+// Attention dropout: each layer's forward and backward must draw the same stream (a backward that drew another
+// would not be the forward's gradient).
+TEST(GptGradient, AttentionDropout) {
+  ModelConfig c = tiny_gpt2();
+  c.attn_dropout = 0.3f;
+  check_model_gradient(c, 0.0f);
+  ModelConfig l = tiny_llama();
+  l.dropout = 0.1f;
+  l.attn_dropout = 0.25f;
+  check_model_gradient(l, 0.0f);
+}
+
 TEST(GptGradient, SinusoidalReluPaddingScaleDropout) {
   ModelConfig c = tiny_gpt2();
   c.positions = PositionKind::Sinusoidal;
@@ -115,7 +127,16 @@ TEST(GptConfig, RejectsImpossibleConfigs) {
 TEST(GptConfig, JsonRoundTrip) {
   ModelConfig c = tiny_llama();
   c.dropout = 0.25f;
+  c.attn_dropout = 0.125f;
   const ModelConfig d = model_config_from_json(model_config_to_json(c));
+  EXPECT_EQ(d.attn_dropout, 0.125f);
+  {
+    nlohmann::json old = model_config_to_json(c);  // written before attention dropout existed: trained without it
+    old.erase("attn_dropout");
+    EXPECT_EQ(model_config_from_json(old).attn_dropout, 0.0f);
+    old["attn_dropout"] = 1.0;
+    EXPECT_THROW(model_config_from_json(old), Error);
+  }
   EXPECT_EQ(d.num_params(), c.num_params());
   EXPECT_EQ(d.norm, NormKind::RmsNorm);
   EXPECT_EQ(d.positions, PositionKind::Rope);

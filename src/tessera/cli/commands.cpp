@@ -161,10 +161,11 @@ int cmd_info(int argc, char** argv) {
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
               cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
-  std::printf("           norm %s, mlp %s, positions %s, bias %s, tied %s, dropout %g, emb_scale %g, padding_id %d\n",
+  std::printf("           norm %s, mlp %s, positions %s, bias %s, tied %s, dropout %g, attn_dropout %g, emb_scale %g, "
+              "padding_id %d\n",
               norm_kind_name(cfg.norm).c_str(), std::string(activation_name(cfg.mlp)).c_str(),
               position_kind_name(cfg.positions).c_str(), cfg.bias ? "on" : "off", cfg.tied ? "on" : "off", cfg.dropout,
-              cfg.emb_scale, cfg.padding_id);
+              cfg.attn_dropout, cfg.emb_scale, cfg.padding_id);
   const char* naming = cfg.is_gpt2_compatible() ? "Hugging Face GPT2LMHeadModel"
                        : cfg.is_llama_compatible() ? "Hugging Face LlamaForCausalLM"
                                                    : "tessera";

@@ -21,6 +21,7 @@ void ModelConfig::validate() const {
   TS_CHECK(d_ff > 0, "config: d_ff must be positive, got ", d_ff);
   TS_CHECK(max_seq > 0, "config: max_seq must be positive, got ", max_seq);
   TS_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
+  TS_CHECK(attn_dropout >= 0 && attn_dropout < 1, "config: attn_dropout must be in [0, 1), got ", attn_dropout);
   TS_CHECK(padding_id >= -1 && padding_id < vocab, "config: padding_id ", padding_id, " is outside [-1, vocab)");
   TS_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "config: norm_eps must be positive and finite, got ", norm_eps);
   TS_CHECK(emb_scale > 0 && std::isfinite(emb_scale), "config: emb_scale must be positive and finite, got ",
@@ -111,6 +112,7 @@ ModelConfig model_preset(std::string_view name) {
     c.d_ff = 3072;
     c.max_seq = 1024;
     c.dropout = 0.1f;
+    c.attn_dropout = 0.1f;  // GPT-2's attn_pdrop, as the Hugging Face peer trains it
     return c;
   }
   // CS336 assignment 2 model sizes, d_ff = 4 d_model as the assignment's table gives it.
@@ -157,7 +159,7 @@ bool parse_bool(std::string_view field, std::string_view v) {
 
 std::vector<std::string> model_config_fields() {
   return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_seq", "norm", "mlp", "positions",
-          "bias",  "tied",    "dropout",  "emb_scale", "padding_id", "norm_eps", "rope_theta"};
+          "bias",  "tied",    "dropout",  "attn_dropout", "emb_scale", "padding_id", "norm_eps", "rope_theta"};
 }
 
 void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
@@ -180,6 +182,7 @@ void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
   } else if (f == "bias") c.bias = parse_bool(f, v);
   else if (f == "tied") c.tied = parse_bool(f, v);
   else if (f == "dropout") c.dropout = parse_float(f, v);
+  else if (f == "attn_dropout") c.attn_dropout = parse_float(f, v);
   else if (f == "emb_scale") c.emb_scale = parse_float(f, v);
   else if (f == "padding_id") c.padding_id = parse_int(f, v);
   else if (f == "norm_eps") c.norm_eps = parse_float(f, v);
@@ -195,6 +198,7 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"norm", norm_kind_name(c.norm)}, {"mlp", std::string(activation_name(c.mlp))},
           {"positions", position_kind_name(c.positions)}, {"bias", c.bias},
           {"tied", c.tied},           {"dropout", c.dropout},
+          {"attn_dropout", c.attn_dropout},
           {"emb_scale", c.emb_scale}, {"padding_id", c.padding_id},
           {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
           {"preset", c.preset}};
@@ -217,6 +221,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j, std::string_view whe
   c.bias = json_bool(j, "bias", where);
   c.tied = json_bool(j, "tied", where);
   c.dropout = static_cast<float>(json_number(j, "dropout", where));
+  // Files written before attention dropout existed have no attn_dropout: they trained without it.
+  c.attn_dropout = j.contains("attn_dropout") ? static_cast<float>(json_number(j, "attn_dropout", where)) : 0.0f;
   c.emb_scale = static_cast<float>(json_number(j, "emb_scale", where));
   c.padding_id = json_int(j, "padding_id", where);
   c.norm_eps = static_cast<float>(json_number(j, "norm_eps", where));

@@ -30,7 +30,8 @@ struct ModelConfig {
   PositionKind positions = PositionKind::Learned;
   bool bias = true;
   bool tied = true;
-  float dropout = 0.0f;
+  float dropout = 0.0f;       // embedding and residual dropout (HF embd_pdrop, resid_pdrop)
+  float attn_dropout = 0.0f;  // on the attention probabilities (HF attn_pdrop)
   float emb_scale = 1.0f;
   int padding_id = -1;  // -1: none
   float norm_eps = 1e-5f;

@@ -183,6 +183,11 @@ void Gpt::forward_async(const int32_t* tokens, const int32_t* targets, int B, in
   forward_device(B, T, targets != nullptr, opt);
 }
 
+AttentionParams Gpt::attention_params(int l, int B, int T) const {
+  return {.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim(), .causal = true, .dropout = attn_dropout_p_,
+          .seed = dropout_seed_, .stream = acts_.layers[l].stream_probs};
+}
+
 void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& opt) {
   reserve(B, T);
   B_ = B;
@@ -194,10 +199,12 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
   const RangesCloser close_ranges{*this};
 
   const bool dropout_on = opt.training && cfg_.dropout > 0;
-  TS_CHECK(!dropout_on || opt.rng, "forward: training with dropout needs an RNG state");
+  const bool attn_dropout_on = opt.training && cfg_.attn_dropout > 0;
+  TS_CHECK(!(dropout_on || attn_dropout_on) || opt.rng, "forward: training with dropout needs an RNG state");
   acts_.stream_emb = dropout_on ? opt.rng->take() : 0;
-  dropout_seed_ = dropout_on ? opt.rng->seed : 0;
+  dropout_seed_ = dropout_on || attn_dropout_on ? opt.rng->seed : 0;
   dropout_p_ = dropout_on ? cfg_.dropout : 0.0f;
+  attn_dropout_p_ = attn_dropout_on ? cfg_.attn_dropout : 0.0f;
   const EmbeddingParams ep{.B = B, .T = T, .C = C, .V = V, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
                            .padding_id = cfg_.padding_id, .dropout = dropout_p_, .seed = dropout_seed_,
                            .stream = acts_.stream_emb};
@@ -214,6 +221,7 @@ void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& 
       acts_.layers[l].stream_attn = opt.rng->take();
       acts_.layers[l].stream_mlp = opt.rng->take();
     }
+    if (attn_dropout_on) acts_.layers[l].stream_probs = opt.rng->take();
     layer_forward(l, B, T);
   }
 
@@ -307,7 +315,7 @@ void Gpt::layer_forward(int l, int B, int T) {
   if (cfg_.positions == PositionKind::Rope)
     rope_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, qkv, *ctx_);
   at(StepOp::Attn, l);
-  attention_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
+  attention_forward(attention_params(l, B, T), att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
   at(StepOp::Proj, l);
   mm({.M = N, .N = C, .K = C, .trans_b = true}, tmp, att, p(o.proj_w, CC), Tensor());
   // mid = x + Drop(att Woᵀ + bo) and ln2 = norm(mid), in one kernel on the GPU (norm_residual_forward).
@@ -478,8 +486,7 @@ void Gpt::layer_backward(int l, int B, int T) {
   at(StepOp::ProjX, l);
   mm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor());
   at(StepOp::AttnBwd, l);
-  attention_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim()}, d_qkv, d_att, qkv, att,
-                     A.lse.slice1d(0, int64_t{N} * H), *ctx_);
+  attention_backward(attention_params(l, B, T), d_qkv, d_att, qkv, att, A.lse.slice1d(0, int64_t{N} * H), *ctx_);
   if (cfg_.positions == PositionKind::Rope)
     rope_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, d_qkv, *ctx_);
   at(StepOp::QkvW, l);

@@ -32,6 +32,7 @@
 #include "tessera/models/config.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/nn/param_buffer.h"
+#include "tessera/ops/attention/attention.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/norm/norm.h"
 
@@ -191,7 +192,8 @@ class Gpt {
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;  // saved
     Tensor d_tmp, d_ln, d_att, d_qkv, d_fc_act, d_fc_pre;  // gradient temporaries of this layer's backward
-    uint64_t stream_attn = 0, stream_mlp = 0;
+    uint64_t stream_attn = 0, stream_mlp = 0;  // residual dropout after attention and after the MLP
+    uint64_t stream_probs = 0;                 // attention dropout (on the probabilities)
   };
   struct Acts {
     std::vector<Tensor> res;  // L + 1 residual stream states
@@ -260,6 +262,8 @@ class Gpt {
   // The backward of layer l's x' = mid + Drop(fc_act W2ᵀ + b2) as the norm above it runs it: d_tmp and d b2.
   NormResidualBackward mlp_residual_backward(int l, int N);
   void layer_forward(int l, int B, int T);
+  // Layer l's attention call: its shape, causal, and the last forward's attention dropout with layer l's stream.
+  AttentionParams attention_params(int l, int B, int T) const;
   void layer_backward(int l, int B, int T);
 
   ModelConfig cfg_;
@@ -294,6 +298,7 @@ class Gpt {
   int plans_made_ = 0;
   uint64_t dropout_seed_ = 0;   // dropout of the last forward (0 probability when off)
   float dropout_p_ = 0.0f;
+  float attn_dropout_p_ = 0.0f;  // attention dropout of the last forward (0 when off)
   float label_smoothing_ = 0;
   std::optional<double> fused_loss_grad_scale_;  // the last forward wrote d_logits with this scale
   bool has_targets_ = false;

@@ -118,7 +118,7 @@ json hf_config(const ModelConfig& c, CheckpointNaming naming) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab},
             {"n_positions", c.max_seq}, {"n_ctx", c.max_seq}, {"n_embd", c.d_model}, {"n_layer", c.n_layers},
             {"n_head", c.n_heads}, {"n_inner", c.d_ff}, {"activation_function", "gelu_new"},
-            {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", 0.0},
+            {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", c.attn_dropout},
             {"layer_norm_epsilon", c.norm_eps}, {"initializer_range", 0.02}, {"tie_word_embeddings", true},
             {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
   }
@@ -128,8 +128,8 @@ json hf_config(const ModelConfig& c, CheckpointNaming naming) {
             {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_heads}, {"head_dim", c.head_dim()},
             {"max_position_embeddings", c.max_seq}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
             {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied}, {"attention_bias", false},
-            {"mlp_bias", false}, {"attention_dropout", 0.0}, {"bos_token_id", 0}, {"eos_token_id", c.vocab - 1},
-            {"torch_dtype", "float32"}};
+            {"mlp_bias", false}, {"attention_dropout", c.attn_dropout}, {"bos_token_id", 0},
+            {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
   }
   json j = model_config_to_json(c);
   j["model_type"] = "tessera";
