@@ -14,7 +14,8 @@ Table "memory" (the CS336 assignment's): one head, batch 8, no mask, d in {16, 3
 once, retain_graph=True), MiB allocated after the forward (torch.cuda.memory_allocated, inputs included) and
 the peak during the backward (max_memory_allocated). Out of memory: {"oom": true} and the sweep goes on.
 Table "flops": causal, B*T = 32768 tokens, width 2048, Dh in {64, 128}, T in {1024, 4096, 16384}, (B, H, T, Dh)
-tensors: forward ms (no_grad) and forward + backward ms.
+tensors: forward ms (no_grad) and forward + backward ms; with --dropout P, attention dropout P there (SDPA's
+dropout_p, F.dropout on the naive P), as `tessera bench attention --attn-dropout P` runs it.
 
 Timing: warm-up runs, then timed runs between torch.cuda.Event pairs, one run at a time, the median reported;
 a 128 MiB buffer is read before each timed run to flush the L2 (not timed; a read leaves no dirty lines), as tessera's harness does.
@@ -33,7 +34,11 @@ def main():
     ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout in the flops table")
     args = ap.parse_args()
+    if not 0.0 <= args.dropout < 1.0:
+        print(f"--dropout must be in [0, 1), got {args.dropout}")
+        return 2
 
     try:
         import torch
@@ -65,18 +70,19 @@ def main():
             ms.append(start.elapsed_time(end))
         return statistics.median(ms)
 
-    def naive(q, k, v, causal):
+    def naive(q, k, v, causal, p=0.0):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         if causal:
             t = q.shape[-2]
             mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
             s = s.masked_fill(mask, float("-inf"))
-        return torch.softmax(s, dim=-1) @ v
+        a = torch.softmax(s, dim=-1)
+        return (F.dropout(a, p) if p > 0 else a) @ v
 
     def sdpa(backend):
-        def f(q, k, v, causal):
+        def f(q, k, v, causal, p=0.0):
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p)
         return f
 
     impls = [("torch naive", naive), ("torch sdpa flash", sdpa(SDPBackend.FLASH_ATTENTION)),
@@ -135,11 +141,11 @@ def main():
 
                     def fwd():
                         with torch.no_grad():
-                            fn(q, k, v, True)
+                            fn(q, k, v, True, args.dropout)
 
                     def fwd_bwd():
                         q.grad = k.grad = v.grad = None
-                        fn(q, k, v, True).backward(do)
+                        fn(q, k, v, True, args.dropout).backward(do)
 
                     row["fwd_ms"] = time_ms(fwd)
                     row["fwd_bwd_ms"] = time_ms(fwd_bwd)

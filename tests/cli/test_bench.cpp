@@ -179,6 +179,17 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
                 std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
 }
 
+// --attn-dropout runs the TFLOP/s table with attention dropout (the CPU reference takes it too) and says so.
+TEST_F(Bench, AttentionDropoutRunsTheFlopsTableWithIt) {
+  const fs::path md = dir / "dropout.md";
+  const test::CliRun r =
+      run_bench("attention --size small --device cpu --iters 1 --warmup 0 --attn-dropout 0.2 --out " + md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = read_file_text(md.string());
+  EXPECT_NE(text.find("width 128, attention dropout 0.2 (tessera and the peers)"), std::string::npos) << text;
+  EXPECT_NE(text.find("| tessera flash | 64 | 128 | "), std::string::npos) << text;
+}
+
 TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
   const fs::path md = dir / "peer.md";
   const test::CliRun r =
@@ -216,6 +227,8 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("speed", "speed");
   expect_usage_error("kernels --device cpu --out " + (dir / "missing" / "x.md").string(), "--out");
   expect_usage_error("attention --device cpu --out " + dir.string(), "is a directory; give a file name");
+  expect_usage_error("attention --device cpu --attn-dropout 1", "--attn-dropout must be in [0, 1)");
+  expect_usage_error("attention --device cpu --attn-dropout -0.1", "--attn-dropout must be in [0, 1)");
   EXPECT_FALSE(fs::exists(dir / "x.md"));
 }
 

@@ -137,7 +137,8 @@ std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig&
   std::vector<AttentionFlopsRow> rows;
   for (int Dh : sw.flops_Dh)
     for (int T : sw.flops_T) {
-      const AttentionParams p{.B = sw.flops_tokens / T, .T = T, .H = sw.flops_width / Dh, .Dh = Dh, .causal = true};
+      const AttentionParams p{.B = sw.flops_tokens / T, .T = T, .H = sw.flops_width / Dh, .Dh = Dh, .causal = true,
+                              .dropout = cfg.attn_dropout, .seed = 1, .stream = 0};
       AttentionFlopsRow r;
       r.impl = "tessera flash";
       r.B = p.B;

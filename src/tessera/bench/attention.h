@@ -20,6 +20,7 @@ namespace tessera {
 struct AttentionBenchConfig {
   bool small = false;  // tiny shapes (a CPU run takes seconds) instead of the issue's
   DType dtype = DType::BF16;
+  float attn_dropout = 0.0f;  // attention dropout in the TFLOP/s table (the CS336 table has none)
   TimingOptions timing;
 };
 

@@ -46,11 +46,11 @@ struct PeerRows {
   std::string note;
 };
 
-PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t) {
+PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t, float dropout) {
   PeerRows r;
   r.note = run_peer_script("'" TESSERA_PEERS_DIR "/attention.py' --size " + std::string(small ? "small" : "full") +
                                " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                               std::to_string(t.iters),
+                               std::to_string(t.iters) + " --dropout " + fmt("%.9g", dropout),
                            "attention.py", [&](const nlohmann::json& j) {
                              if (!j.contains("table") || !j.contains("impl") || !j.contains("d") || !j.contains("T"))
                                return false;
@@ -84,6 +84,7 @@ int cmd_bench_attention(int argc, char** argv) {
   a.add("warmup", "N", "untimed runs before timing (default 3)");
   a.add("iters", "N", "timed runs; the tables show their median (default 10)");
   a.add("out", "FILE", "also write the tables as markdown to FILE");
+  a.add("attn-dropout", "P", "attention dropout in the TFLOP/s table, for tessera and the peers (default 0)");
   a.add_switch("peer", "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
                        "same call and show its figures (GPU only)");
   if (!a.parse(argc, argv, 3)) return 0;
@@ -100,7 +101,10 @@ int cmd_bench_attention(int argc, char** argv) {
   const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
   TS_CHECK(size == "small" || size == "full", "--size must be small or full, got ", size);
   const DType dt = dtype_name == "bf16" ? DType::BF16 : dtype_name == "f16" ? DType::F16 : DType::F32;
-  const AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .timing = timing};
+  const float attn_dropout = static_cast<float>(a.number("attn-dropout", 0.0));
+  TS_CHECK(attn_dropout >= 0.0f && attn_dropout < 1.0f, "--attn-dropout must be in [0, 1), got ", attn_dropout);
+  const AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout,
+                                 .timing = timing};
   const std::string out = a.str("out");
   if (!out.empty()) check_output_path("out", out);
 
@@ -117,7 +121,7 @@ int cmd_bench_attention(int argc, char** argv) {
   PeerRows peer;
   if (a.has("peer")) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
-    else peer = run_peer(cfg.small, dtype_name, timing);
+    else peer = run_peer(cfg.small, dtype_name, timing, attn_dropout);
   }
   const AttentionSweeps sw = attention_sweeps(cfg.small);
   // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 64, 128; flash-mma for Dh 16, 32".
@@ -135,6 +139,11 @@ int cmd_bench_attention(int argc, char** argv) {
     }
     kernel.clear();
     for (const auto& [k, d] : groups) kernel += (kernel.empty() ? "" : "; ") + k + " for " + d;
+    if (attn_dropout > 0.0f)
+      kernel += "; with dropout, the TFLOP/s table's " +
+                std::string(attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = sw.flops_Dh.front(),
+                                                   .dropout = attn_dropout},
+                                                  dt, ctx));
   }
 #endif
 
@@ -170,6 +179,7 @@ int cmd_bench_attention(int argc, char** argv) {
 
   md += "\n## TFLOP/s: causal, B·T = " + std::to_string(sw.flops_tokens) + " tokens, width " +
         std::to_string(sw.flops_width) +
+        (attn_dropout > 0.0f ? ", attention dropout " + fmt("%g", attn_dropout) + " (tessera and the peers)" : "") +
         "\n\nFLOPs: forward 4·B·H·T²·Dh / 2, forward + backward 3.5x that (FlashAttention's count).\n\n"
         "| impl | Dh | T | B × H | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|\n";
