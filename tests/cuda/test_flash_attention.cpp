@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "tessera/ops/attention/attention.h"
@@ -193,13 +194,27 @@ TEST(CudaFlashAttention, UnalignedViewsFallBackToTiledKernels) {
   expect_close(dev.download(tout), out, dt, "unaligned qkv out");
 }
 
-// Attention dropout on the GPU against the f64 reference under the same (seed, stream): the flash mma.sync kernels
-// in bf16 and f16 (on sm_90a too: the Hopper kernels take no dropout, so a call with it runs mma.sync) and the
-// tiled kernels in f32; out, lse and the three gradients, every output poisoned first. (The naive yardstick has
-// no dropout, so the 2x rule of run_flash_case does not apply; the dtype's tolerance of f64 does.)
-void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng) {
-  const std::string what = label(p, dt) + " dropout " + std::to_string(p.dropout);
-  ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), dt == DType::F32 ? "tiled-fma" : "flash-mma") << what;
+// The kernel family a dropout case must run under TESSERA_FLASH_PATH `path` ("mma" or "hopper").
+std::string expected_kernel(const AttentionParams& p, DType dt, const char* path) {
+  if (dt == DType::F32) return "tiled-fma";
+  return std::string(path) == "hopper" && (p.Dh == 64 || p.Dh == 128) ? "flash-hopper" : "flash-mma";
+}
+
+// The flash paths this device runs: mma.sync, and the Hopper kernels where this device and build have them.
+std::vector<const char*> flash_paths(const Context& ctx) {
+  std::vector<const char*> paths = {"mma"};
+  if (flash_hopper_available(ctx)) paths.push_back("hopper");
+  return paths;
+}
+
+// Attention dropout on the GPU against the f64 reference under the same (seed, stream): the flash kernels in bf16
+// and f16 (mma.sync, and on sm_90a the wgmma kernels at Dh 64 and 128) and the tiled kernels in f32; out, lse and
+// the three gradients, every output poisoned first. (The naive yardstick has no dropout, so the 2x rule of
+// run_flash_case does not apply; the dtype's tolerance of f64 does.)
+void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
+  ScopedFlashPath scoped(path);
+  const std::string what = label(p, dt) + " dropout " + std::to_string(p.dropout) + " path " + path;
+  ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), expected_kernel(p, dt, path)) << what;
   const int C = p.H * p.Dh;
   const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
   const auto qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
@@ -218,7 +233,9 @@ void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt1
   expect_close(dev.download(t_out), out, dt, what + " out", scale);
   expect_close(dev.download(t_lse), lse, DType::F32, what + " lse", 10.0);
   const auto g = dev.download(t_dqkv);
-  const double floor = 0.1 * norm2(part_of(d_qkv, 2, N, C));
+  // dQ and dK vanish at T = 1 (dS = P (Z dP - D) = 0): measured against ‖dO‖, not rounding noise (‖dV‖, the floor of
+  // run_flash_case, shrinks with every dropped element: at T = 1 a dropped row has dV = 0).
+  const double floor = 0.1 * norm2(d_out);
   static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
   for (int part = 0; part < 3; ++part)
     expect_close(part_of(g, part, N, C), part_of(d_qkv, part, N, C), dt, what + kPart[part], 3.0 * scale, floor);
@@ -228,19 +245,23 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
   uint64_t stream = 0;
-  for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (bool causal : {true, false})
-      for (int Dh : {16, 64, 80, 128})
-        for (int T : {1, 17, 64, 127, 200}) {
-          if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
-          run_dropout_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal, .dropout = 0.2f, .seed = 42,
-                            .stream = ++stream},
-                           dt, ctx, rng);
-        }
+  for (const char* path : flash_paths(ctx))
+    for (DType dt : {DType::BF16, DType::F16, DType::F32})
+      for (bool causal : {true, false})
+        for (int Dh : {16, 64, 80, 128})
+          for (int T : {1, 17, 64, 127, 129, 200}) {
+            if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
+            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 16 || Dh == 80)) continue;  // mma's
+            run_dropout_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal, .dropout = 0.2f, .seed = 42,
+                              .stream = ++stream},
+                             dt, ctx, rng, path);
+          }
   // Many key tiles, a high rate, the seed's upper word and a stream past 2^32.
-  run_dropout_case({.B = 1, .T = 1057, .H = 2, .Dh = 64, .causal = true, .dropout = 0.6f, .seed = 0x1234567890ull,
-                    .stream = (1ull << 33) + 5},
-                   DType::BF16, ctx, rng);
+  for (const char* path : flash_paths(ctx))
+    for (int Dh : {64, 128})
+      run_dropout_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true, .dropout = 0.6f,
+                        .seed = 0x1234567890ull, .stream = (1ull << 33) + 5},
+                       DType::BF16, ctx, rng, path);
 }
 
 // The exact elements: with Q = 0 every score is 0, so P_ij = 1 / (keys row i sees); with V_j the unit vector e_j
@@ -250,48 +271,51 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
 TEST(CudaFlashAttention, DropoutDropsTheReferencesElements) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   struct Shape { int T, Dh; };
-  for (DType dt : {DType::BF16, DType::F32})
-    for (bool causal : {true, false})
-      for (Shape s : {Shape{30, 32}, Shape{64, 64}, Shape{80, 80}, Shape{127, 128}}) {
-        const AttentionParams p{.B = 2, .T = s.T, .H = 3, .Dh = s.Dh, .causal = causal, .dropout = 0.5f,
-                                .seed = 7, .stream = static_cast<uint64_t>(s.T)};
-        const std::string what = label(p, dt);
-        const int C = p.H * p.Dh;
-        const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C;
-        std::vector<double> qkv(3 * NC, 0.0), d_out(NC, 0.0);
-        for (size_t n = 0; n < N; ++n)
-          for (int h = 0; h < p.H; ++h) {
-            const int t = static_cast<int>(n % p.T);
-            qkv[n * 3 * C + C + h * p.Dh + (t * 7) % p.Dh] = 1.0;  // K: anything (Q = 0)
-            qkv[n * 3 * C + 2 * C + h * p.Dh + t] = 1.0;           // V_t = e_t
-            d_out[n * C + h * p.Dh + t] = 1.0;                     // dO_t = e_t
+  for (const char* path : flash_paths(ctx))
+    for (DType dt : {DType::BF16, DType::F32})
+      for (bool causal : {true, false})
+        for (Shape s : {Shape{30, 32}, Shape{64, 64}, Shape{80, 80}, Shape{127, 128}}) {
+          const AttentionParams p{.B = 2, .T = s.T, .H = 3, .Dh = s.Dh, .causal = causal, .dropout = 0.5f,
+                                  .seed = 7, .stream = static_cast<uint64_t>(s.T)};
+          ScopedFlashPath scoped(path);
+          const std::string what = label(p, dt) + " path " + path;
+          ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), expected_kernel(p, dt, path)) << what;
+          const int C = p.H * p.Dh;
+          const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C;
+          std::vector<double> qkv(3 * NC, 0.0), d_out(NC, 0.0);
+          for (size_t n = 0; n < N; ++n)
+            for (int h = 0; h < p.H; ++h) {
+              const int t = static_cast<int>(n % p.T);
+              qkv[n * 3 * C + C + h * p.Dh + (t * 7) % p.Dh] = 1.0;  // K: anything (Q = 0)
+              qkv[n * 3 * C + 2 * C + h * p.Dh + t] = 1.0;           // V_t = e_t
+              d_out[n * C + h * p.Dh + t] = 1.0;                     // dO_t = e_t
+            }
+          std::vector<double> out(NC), lse(N * p.H), d_qkv(3 * NC);
+          attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
+          attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data());
+          DeviceArena dev(ctx);
+          const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
+          const Tensor t_out = dev.poisoned(dt, NC), t_lse = dev.poisoned(DType::F32, N * p.H);
+          const Tensor t_dqkv = dev.poisoned(dt, 3 * NC);
+          attention_forward(p, t_out, t_lse, tqkv, ctx);
+          attention_backward(p, t_dqkv, tdo, tqkv, t_out, t_lse, ctx);
+          const auto o = dev.download(t_out), g = dev.download(t_dqkv);
+          const auto dv = part_of(g, 2, N, C), dv_ref = part_of(d_qkv, 2, N, C);
+          long seen = 0, dropped = 0, wrong_out = 0, wrong_dv = 0;
+          for (size_t e = 0; e < NC; ++e) {
+            const int t = static_cast<int>((e / C) % p.T), j = static_cast<int>(e % C % p.Dh);
+            if (j < p.T && (!causal || j <= t)) {  // a score the row sees: zero only where dropped
+              ++seen;
+              dropped += out[e] == 0.0;
+            }
+            wrong_out += (o[e] == 0.0) != (out[e] == 0.0);
+            wrong_dv += (dv[e] == 0.0) != (dv_ref[e] == 0.0);
           }
-        std::vector<double> out(NC), lse(N * p.H), d_qkv(3 * NC);
-        attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
-        attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data());
-        DeviceArena dev(ctx);
-        const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
-        const Tensor t_out = dev.poisoned(dt, NC), t_lse = dev.poisoned(DType::F32, N * p.H);
-        const Tensor t_dqkv = dev.poisoned(dt, 3 * NC);
-        attention_forward(p, t_out, t_lse, tqkv, ctx);
-        attention_backward(p, t_dqkv, tdo, tqkv, t_out, t_lse, ctx);
-        const auto o = dev.download(t_out), g = dev.download(t_dqkv);
-        const auto dv = part_of(g, 2, N, C), dv_ref = part_of(d_qkv, 2, N, C);
-        long seen = 0, dropped = 0, wrong_out = 0, wrong_dv = 0;
-        for (size_t e = 0; e < NC; ++e) {
-          const int t = static_cast<int>((e / C) % p.T), j = static_cast<int>(e % C % p.Dh);
-          if (j < p.T && (!causal || j <= t)) {  // a score the row sees: zero only where dropped
-            ++seen;
-            dropped += out[e] == 0.0;
-          }
-          wrong_out += (o[e] == 0.0) != (out[e] == 0.0);
-          wrong_dv += (dv[e] == 0.0) != (dv_ref[e] == 0.0);
+          EXPECT_NEAR(static_cast<double>(dropped) / seen, 0.5, 0.1) << what;  // the reference drops at the rate
+          EXPECT_EQ(wrong_out, 0) << what << ": out elements whose dropping differs from the reference's";
+          EXPECT_EQ(wrong_dv, 0) << what << ": dV elements whose dropping differs from the reference's";
+          expect_close(o, out, dt, what + " out", dt == DType::F32 ? 10.0 : 1.0);
         }
-        EXPECT_NEAR(static_cast<double>(dropped) / seen, 0.5, 0.1) << what;  // the reference drops at the rate
-        EXPECT_EQ(wrong_out, 0) << what << ": out elements whose dropping differs from the reference's";
-        EXPECT_EQ(wrong_dv, 0) << what << ": dV elements whose dropping differs from the reference's";
-        expect_close(o, out, dt, what + " out", dt == DType::F32 ? 10.0 : 1.0);
-      }
 }
 
 // The Hopper (wgmma + TMA) forward and backward, on a device and build that have them: against f64 and the

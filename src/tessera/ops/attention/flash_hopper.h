@@ -8,7 +8,7 @@
 // Coverage: bf16 / f16, Dh in {64, 128} exactly (the TMA boxes are 64 columns wide and read Q, K, V in place from
 // qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
 // 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a;
-// no attention dropout (a call with dropout runs the mma.sync kernels, which draw it).
+// attention dropout drawn as the mma.sync kernels draw it (flash.h, attention_dropout.h).
 //
 // TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper kernels where eligible, mma.sync elsewhere (measured
 // faster in both directions at Dh 64 and 128, see flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —

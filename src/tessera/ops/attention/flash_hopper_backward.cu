@@ -32,6 +32,8 @@
 //       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
 //                                        dO / Q MN-major
 //     dK / sqrt(Dh) and dV stored at the end.
+//   Attention dropout (flash.h): each pass draws its keep bits while the tensor cores compute dP (dPᵀ); the dQ pass
+//   takes dP = Z ∘ (dO Vᵀ), the dK / dV pass dPᵀ = Zᵀ ∘ (V dOᵀ) and (P ∘ Z)ᵀ for dV.
 #include <algorithm>
 #include <cmath>
 
@@ -155,8 +157,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                       const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                       const float* __restrict__ lse, const T* __restrict__ out, float* D,
-                                      int seq_len, int H, bool causal, float scale, float scale_log2) {
+                                      int seq_len, int H, bool causal, float scale, float scale_log2,
+                                      AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  attention_dropout_resolve(drop);
   constexpr int kKeys = kDqKeys;
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kKvTile = kBlockTile;
   constexpr int kKvBoxBytes = kKvTile / kBoxes;  // a column box of the K / V tile: kKeys rows x 128 bytes
@@ -285,8 +289,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int n = 0; n < kN8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+    uint64_t keep = 0;  // drawn while dP is computed
+    if (drop.threshold)
+      keep = flash::keep_bits_query_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, row_a, k0);
     wgmma_wait<0>();
     flash_hopper::fence_regs(dpacc);
+    if (drop.threshold) flash::apply_keep_bits<kN8>(dpacc, keep, drop.scale);  // dP = Z ∘ (dO Vᵀ)
 #pragma unroll
     for (int n = 0; n < kN8; ++n)
 #pragma unroll
@@ -322,8 +330,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                         const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
-                                        int H, bool causal, float scale, float scale_log2) {
+                                        int H, bool causal, float scale, float scale_log2,
+                                        AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  attention_dropout_resolve(drop);
   constexpr int kQRows = dkdv_query_rows<kD>();
   static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
@@ -444,13 +454,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
+      uint64_t keep = 0;  // drawn while dPᵀ is computed
+      if (drop.threshold)
+        keep = flash::keep_bits_key_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
       wgmma_wait<0>();
       flash_hopper::fence_regs(dpt);
+      if (drop.threshold) flash::apply_keep_bits<kN8>(dpt, keep, drop.scale);  // dPᵀ = Zᵀ ∘ (V dOᵀ)
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
+      if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
       uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
       flash::c_to_a<T, kN8>(pa, st);
       flash::c_to_a<T, kN8>(dsa, dpt);
@@ -496,16 +511,17 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kBoxRows);
   const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
   T* d_qkv = static_cast<T*>(a.d_qkv);
   TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
   dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, static_cast<const T*>(a.out_in),
-                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e);
+                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e, drop);
   TS_CHECK_LAUNCH();
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.causal,
-                                               scale, scale * kLog2e);
+                                               scale, scale * kLog2e, drop);
   TS_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,8 @@
 //                                         to the dtype), B = V from shared memory (MN-major)
 //     At the end out = O / l and lse = (m + log2 l) ln 2: the natural-log logsumexp of the scaled scores, the
 //     same quantity the mma.sync forward saves and both backwards read.
+//     Attention dropout (flash.h): P's dropped elements are zeroed after l has summed them (the draws run with the
+//     softmax, while the tensor cores add the previous tile's P V), and out takes 1 / (1 - p).
 // Overlap, as FlashAttention-3 does it: each consumer issues tile j's S with tile j - 1's P V and runs tile j's
 // softmax while they execute (software pipelining), and the two consumers take turns issuing their products
 // (ping-pong on two named barriers), so that one's softmax runs while the other's products do. Measured on the
@@ -78,11 +80,16 @@ __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t o
   else return make(base + off);
 }
 
-template <typename T, int kD>
+// kDropout: an instance of its own for attention dropout. With the draws behind a runtime branch in the one
+// instance, the forward without dropout lost 4-8% (Dh 64 T 16k: 513 -> 473 TFLOP/s, same run; the backward passes
+// lost nothing: 2026-12-01-attention-dropout-wgmma-h200.md).
+template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
-                                  float* __restrict__ lse, int seq_len, int H, bool causal, float scale_log2) {
+                                  float* __restrict__ lse, int seq_len, int H, bool causal, float scale_log2,
+                                  AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
+  if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty_k[kStages], bar_empty_v[kStages];
@@ -209,6 +216,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       l[half] = l[half] * alpha[half] + sum;
       m[half] = m_new;
     }
+    if constexpr (kDropout)
+      flash::for_each_draw_query_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, row_a, k0,
+                                           [&](int n, int e, bool kept) {
+                                             if (!kept) sacc[n][e] = 0.0f;
+                                           });
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -264,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
     inv[half] = 1.0f / l[half];
+    if constexpr (kDropout) inv[half] *= drop.scale;
   }
   T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * kD;
 #pragma unroll
@@ -289,7 +302,9 @@ CUtensorMap make_qkv_map(const AttentionParams& p, DType dtype, const void* qkv)
 template <typename T, int kD>
 void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
   constexpr size_t smem = smem_bytes<kD>();
-  auto kernel = flash_attention_forward_wgmma<T, kD>;
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  auto kernel =
+      drop.threshold ? flash_attention_forward_wgmma<T, kD, true> : flash_attention_forward_wgmma<T, kD, false>;
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_forward (Hopper path): needs ", smem,
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -297,7 +312,7 @@ void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionA
   const dim3 grid(cuda::ceil_div(p.T, kBlockM), p.H, p.B);
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(map, static_cast<T*>(a.out), a.lse, p.T, p.H, p.causal,
-                                                  scale_log2);
+                                                  scale_log2, drop);
   TS_CHECK_LAUNCH();
 }
 
@@ -317,7 +332,7 @@ void dispatch(int Dh, DType dtype, F&& f) {
 bool compiled_for(const Context& ctx) {
   if (ctx.gpu().sm_major != 9 || ctx.gpu().sm_minor != 0) return false;
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, flash_attention_forward_wgmma<__nv_bfloat16, 64>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, flash_attention_forward_wgmma<__nv_bfloat16, 64, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -380,7 +395,6 @@ bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const 
   if (dtype != DType::BF16 && dtype != DType::F16) return false;
   if (p.Dh != 64 && p.Dh != 128) return false;
   if (p.H > 65535 || p.B > 65535) return false;
-  if (p.dropout > 0.0f) return false;  // attention dropout runs in the mma.sync kernels (flash.h)
   return flash_hopper_available(ctx);
 }
 

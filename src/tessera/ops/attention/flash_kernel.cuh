@@ -239,40 +239,38 @@ __device__ __forceinline__ void mask_scores(float (&s)[kN8][4], int k0, int row_
     }
 }
 
-// Attention dropout's keep bits (attention_dropout.h) for this lane's 16 x 8 kN8 accumulator tile, bit 4 n + e for
-// element [n][e]. Rows are queries (forward, dQ pass): element [n][e] is query row_a + 8 (e >> 1), key
+// Attention dropout's draws (attention_dropout.h) for this lane's 16 x 8 kN8 accumulator tile: f(n, e, kept) for
+// each element [n][e]. Rows are queries (forward, dQ pass): element [n][e] is query row_a + 8 (e >> 1), key
 // k0 + 8 n + 2 (lane % 4) + (e & 1), with row_a % 16 < 8 and k0 % 16 == 0, so each pair of 8-key column blocks
 // is one Philox block: word w holds column block 2 kk + (w & 1), row half w >> 1, the two keys in its halves.
-template <int kN8>
-__device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh,
-                                                                 int seq_len, int row_a, int k0) {
-  static_assert(kN8 % 2 == 0 && kN8 <= 8, "keep bits: pairs of 8-key blocks, at most 32 elements");
+// The accumulator layout of wgmma's m64nN per warp is mma's m16n8 per 8 columns, so both kernel families call it.
+template <int kN8, typename F>
+__device__ __forceinline__ void for_each_draw_query_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                         int row_a, int k0, F&& f) {
+  static_assert(kN8 % 2 == 0, "draws: pairs of 8-key blocks");
   const int lane = threadIdx.x & 31;
-  uint32_t bits = 0;
 #pragma unroll
   for (int kk = 0; kk < kN8 / 2; ++kk) {
     const Philox4 r = philox_block(
         d.seed, d.stream, attention_dropout_block(bh, seq_len, row_a, k0 + 16 * kk + 2 * (lane & 3)));
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      const int bit = 4 * (2 * kk + (w & 1)) + 2 * (w >> 1);
-      bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], 0, d.threshold)) << bit;
-      bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], 1, d.threshold)) << (bit + 1);
+      const int n = 2 * kk + (w & 1), e = 2 * (w >> 1);
+      f(n, e, attention_dropout_keeps(r.v[w], 0, d.threshold));
+      f(n, e + 1, attention_dropout_keeps(r.v[w], 1, d.threshold));
     }
   }
-  return bits;
 }
 
 // The same for a tile whose rows are keys (the dK / dV pass): element [n][e] is key key_a + 8 (e >> 1), query
 // q0 + 8 n + 2 (lane % 4) + (e & 1), key_a % 16 < 8, q0 % 16 == 0. The lane's two queries of a column block differ
 // in bit 0, which the block index holds, so each pair of column blocks takes two Philox blocks (one per query
 // parity) and half of each: word w is column block 2 kk + (w >> 1), key half w & 1, in half bit0(key_a).
-template <int kN8>
-__device__ __noinline__ uint32_t dropout_keep_bits_key_rows(const AttentionDropoutDraw& d, uint64_t bh,
-                                                               int seq_len, int key_a, int q0) {
-  static_assert(kN8 % 2 == 0 && kN8 <= 8, "keep bits: pairs of 8-query blocks, at most 32 elements");
+template <int kN8, typename F>
+__device__ __forceinline__ void for_each_draw_key_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                       int key_a, int q0, F&& f) {
+  static_assert(kN8 % 2 == 0, "draws: pairs of 8-query blocks");
   const int lane = threadIdx.x & 31, half = key_a & 1;
-  uint32_t bits = 0;
 #pragma unroll
   for (int kk = 0; kk < kN8 / 2; ++kk)
 #pragma unroll
@@ -280,17 +278,50 @@ __device__ __noinline__ uint32_t dropout_keep_bits_key_rows(const AttentionDropo
       const Philox4 r = philox_block(
           d.seed, d.stream, attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + qb, key_a));
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int bit = 4 * (2 * kk + (w >> 1)) + 2 * (w & 1) + qb;
-        bits |= static_cast<uint32_t>(attention_dropout_keeps(r.v[w], half, d.threshold)) << bit;
-      }
+      for (int w = 0; w < 4; ++w)
+        f(2 * kk + (w >> 1), 2 * (w & 1) + qb, attention_dropout_keeps(r.v[w], half, d.threshold));
     }
+}
+
+// The draws of for_each_draw_* as keep bits, bit 4 n + e for element [n][e] (kN8 <= 16).
+template <int kN8>
+__device__ __forceinline__ uint64_t keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                         int row_a, int k0) {
+  static_assert(kN8 <= 16, "keep bits: at most 64 elements");
+  uint64_t bits = 0;
+  for_each_draw_query_rows<kN8>(d, bh, seq_len, row_a, k0,
+                                [&](int n, int e, bool kept) { bits |= static_cast<uint64_t>(kept) << (4 * n + e); });
   return bits;
+}
+template <int kN8>
+__device__ __forceinline__ uint64_t keep_bits_key_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                       int key_a, int q0) {
+  static_assert(kN8 <= 16, "keep bits: at most 64 elements");
+  uint64_t bits = 0;
+  for_each_draw_key_rows<kN8>(d, bh, seq_len, key_a, q0,
+                              [&](int n, int e, bool kept) { bits |= static_cast<uint64_t>(kept) << (4 * n + e); });
+  return bits;
+}
+
+// Out of line, for the mma.sync kernels (kN8 <= 8): so that the draws' registers do not raise the kernels'
+// allocation on the path without dropout (inlined, the dQ kernel at Dh 128 went from 168 to 216 registers). The
+// wgmma kernels inline them: a call between a wgmma and its wait would serialize the wgmma.
+template <int kN8>
+__device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh,
+                                                              int seq_len, int row_a, int k0) {
+  static_assert(kN8 <= 8, "keep bits: at most 32 elements");
+  return static_cast<uint32_t>(keep_bits_query_rows<kN8>(d, bh, seq_len, row_a, k0));
+}
+template <int kN8>
+__device__ __noinline__ uint32_t dropout_keep_bits_key_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                            int key_a, int q0) {
+  static_assert(kN8 <= 8, "keep bits: at most 32 elements");
+  return static_cast<uint32_t>(keep_bits_key_rows<kN8>(d, bh, seq_len, key_a, q0));
 }
 
 // x[n][e] <- x[n][e] * scale where keep bit 4 n + e is set, else 0 (scale 1: only the drops).
 template <int kN8>
-__device__ __forceinline__ void apply_keep_bits(float (&x)[kN8][4], uint32_t keep, float scale) {
+__device__ __forceinline__ void apply_keep_bits(float (&x)[kN8][4], uint64_t keep, float scale) {
 #pragma unroll
   for (int n = 0; n < kN8; ++n)
 #pragma unroll
