@@ -5,8 +5,9 @@
 // One Philox4x32-10 block (4 words = 8 draws of 16 bits) serves the eight scores of one head at queries i, i + 8
 // (bit 3 of i) and keys j, j + 1, j + 8, j + 9 (bits 0 and 3 of j): exactly what one lane holds of an m16n8 (or
 // wgmma) accumulator tile over two adjacent 8-key column blocks, when rows are queries. A flash kernel whose rows
-// are queries (forward, dQ pass) draws one block for eight scores; one whose rows are keys (dK / dV pass) holds
-// queries c, c + 1 and so draws two blocks for eight and takes half of each.
+// are queries (forward, dQ pass) draws one block for eight scores; where rows are keys (dK / dV pass) a lane holds
+// queries c, c + 1 and needs half of each of two blocks, which it shares with the lane that holds the other halves
+// (one draws each, and they swap words), so that it too draws one block per eight scores.
 //   block = ((b H + h) Gi + i') Gj + j',  i' = 8 (i >> 4) + (i & 7),  j' = 4 (j >> 4) + ((j >> 1) & 3),
 //   Gi = 8 ceil(T / 16),  Gj = 4 ceil(T / 16);   word = 2 bit3(i) + bit3(j),  half = bit0(j) (the low half first).
 // The score is kept when that 16-bit draw is >= ceil(p 2^16), i.e. when draw / 2^16 >= p, as philox_keep: with

@@ -18,8 +18,8 @@
 //     dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO, dK += dSᵀ Q.
 // Causal: tiles wholly above the diagonal are never visited; only tiles that straddle it (or T) are masked.
 // Attention dropout (attention_dropout.h): each lane draws the keep bits of the scores it holds, one Philox block
-// per eight scores where rows are queries (forward, dQ) and two where rows are keys (dK / dV), under a branch
-// uniform over the grid, so a call without dropout runs the same instructions as before it existed. Forward: the
+// per eight scores (where rows are keys, in the dK / dV pass, two lanes share two blocks by a shuffle), under a
+// branch uniform over the grid, so a call without dropout runs the same instructions as before it existed. Forward: the
 // dropped elements of P are zeroed after l has summed them, out takes 1 / (1 - p); dQ pass: dP = Z ∘ (dO Vᵀ);
 // dK / dV pass: dPᵀ = Zᵀ ∘ (V dOᵀ) and dV += (P ∘ Z)ᵀ dO.
 #pragma once

@@ -264,23 +264,30 @@ __device__ __forceinline__ void for_each_draw_query_rows(const AttentionDropoutD
 
 // The same for a tile whose rows are keys (the dK / dV pass): element [n][e] is key key_a + 8 (e >> 1), query
 // q0 + 8 n + 2 (lane % 4) + (e & 1), key_a % 16 < 8, q0 % 16 == 0. The lane's two queries of a column block differ
-// in bit 0, which the block index holds, so each pair of column blocks takes two Philox blocks (one per query
-// parity) and half of each: word w is column block 2 kk + (w >> 1), key half w & 1, in half bit0(key_a).
+// in bit 0, which the block index holds, so each pair of column blocks needs two Philox blocks (one per query
+// parity), of which it takes half of each word: word w is column block 2 kk + (w >> 1), key half w & 1, in half
+// bit0(key_a). Lane ^ 4 holds key_a ^ 1, so it needs the same two blocks and the other halves: each lane draws the
+// block of query parity bit0(key_a) and the two swap words by a shuffle, one Philox block per 8 scores as in
+// for_each_draw_query_rows. Every lane of the warp must call it (the shuffle).
 template <int kN8, typename F>
 __device__ __forceinline__ void for_each_draw_key_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
                                                        int key_a, int q0, F&& f) {
   static_assert(kN8 % 2 == 0, "draws: pairs of 8-query blocks");
   const int lane = threadIdx.x & 31, half = key_a & 1;
 #pragma unroll
-  for (int kk = 0; kk < kN8 / 2; ++kk)
+  for (int kk = 0; kk < kN8 / 2; ++kk) {
+    const Philox4 mine = philox_block(
+        d.seed, d.stream, attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + half, key_a));
+    Philox4 theirs;  // lane ^ 4's: the block of query parity 1 - half
 #pragma unroll
-    for (int qb = 0; qb < 2; ++qb) {
-      const Philox4 r = philox_block(
-          d.seed, d.stream, attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + qb, key_a));
+    for (int w = 0; w < 4; ++w) theirs.v[w] = __shfl_xor_sync(0xffffffffu, mine.v[w], 4);
+#pragma unroll
+    for (int qb = 0; qb < 2; ++qb)
 #pragma unroll
       for (int w = 0; w < 4; ++w)
-        f(2 * kk + (w >> 1), 2 * (w & 1) + qb, attention_dropout_keeps(r.v[w], half, d.threshold));
-    }
+        f(2 * kk + (w >> 1), 2 * (w & 1) + qb,
+          attention_dropout_keeps(qb == half ? mine.v[w] : theirs.v[w], half, d.threshold));
+  }
 }
 
 // The draws of for_each_draw_* as keep bits, bit 4 n + e for element [n][e] (kN8 <= 16).
