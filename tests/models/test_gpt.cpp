@@ -72,10 +72,25 @@ TEST(GptGradient, Gpt2Style) { check_model_gradient(tiny_gpt2(), 0.0f); }
 TEST(GptGradient, LlamaStyle) { check_model_gradient(tiny_llama(), 0.1f); }
 
 // Attention dropout: each layer's forward and backward must draw the same stream (a backward that drew another
-// would not be the forward's gradient).
+// would not be the forward's gradient); and the dropout is live: it takes a stream per layer and changes the loss
+// (else the gradient check would pass on a model that never drops).
 TEST(GptGradient, AttentionDropout) {
   ModelConfig c = tiny_gpt2();
   c.attn_dropout = 0.3f;
+  {
+    ModelConfig plain = c;
+    plain.attn_dropout = 0.0f;
+    Gpt dropped(c, DType::F64), undropped(plain, DType::F64);
+    dropped.init_weights(test::test_seed());
+    undropped.init_weights(test::test_seed());
+    std::mt19937_64 rng(test::test_seed());
+    const auto tokens = test::randint(2 * 5, c.vocab, rng), targets = test::randint(2 * 5, c.vocab, rng);
+    RngState r1{1234, 0}, r2{1234, 0};
+    const double l1 = dropped.forward(tokens.data(), targets.data(), 2, 5, {.training = true, .rng = &r1});
+    const double l2 = undropped.forward(tokens.data(), targets.data(), 2, 5, {.training = true, .rng = &r2});
+    EXPECT_NE(l1, l2);
+    EXPECT_EQ(r1.next_stream, r2.next_stream + static_cast<uint64_t>(c.n_layers));
+  }
   check_model_gradient(c, 0.0f);
   ModelConfig l = tiny_llama();
   l.dropout = 0.1f;

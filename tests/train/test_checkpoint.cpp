@@ -48,7 +48,10 @@ TEST(Checkpoint, RoundTripEveryNaming) {
 
 TEST(Checkpoint, Gpt2UsesHuggingFaceNamesAndConv1DLayout) {
   const fs::path d = temp_dir("gpt2");
-  Gpt m(small(false));
+  ModelConfig c = small(false);
+  c.dropout = 0.25f;
+  c.attn_dropout = 0.125f;
+  Gpt m(c);
   m.init_weights(5);
   save_checkpoint((d / "ck").string(), m, nullptr);
   const auto st = SafetensorsFile::load((d / "ck" / "model.safetensors").string());
@@ -74,12 +77,17 @@ TEST(Checkpoint, Gpt2UsesHuggingFaceNamesAndConv1DLayout) {
   const auto cfg = nlohmann::json::parse(read_file_text((d / "ck" / "config.json").string()));
   EXPECT_EQ(cfg["model_type"], "gpt2");
   EXPECT_EQ(cfg["n_embd"], 16);
+  EXPECT_EQ(cfg["resid_pdrop"], 0.25);
+  EXPECT_EQ(cfg["embd_pdrop"], 0.25);
+  EXPECT_EQ(cfg["attn_pdrop"], 0.125);  // Hugging Face's name for attention dropout
   fs::remove_all(d);
 }
 
 TEST(Checkpoint, LlamaSplitsFusedMatrices) {
   const fs::path d = temp_dir("llama");
-  Gpt m(small(true));
+  ModelConfig c = small(true);
+  c.attn_dropout = 0.125f;
+  Gpt m(c);
   m.init_weights(6);
   save_checkpoint((d / "ck").string(), m, nullptr);
   const auto st = SafetensorsFile::load((d / "ck" / "model.safetensors").string());
@@ -95,6 +103,7 @@ TEST(Checkpoint, LlamaSplitsFusedMatrices) {
   const auto cfg = nlohmann::json::parse(read_file_text((d / "ck" / "config.json").string()));
   EXPECT_EQ(cfg["model_type"], "llama");
   EXPECT_EQ(cfg["intermediate_size"], 24);
+  EXPECT_EQ(cfg["attention_dropout"], 0.125);
   fs::remove_all(d);
 }
 

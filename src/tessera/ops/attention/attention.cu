@@ -74,10 +74,14 @@ __device__ __forceinline__ bool score_valid(int qi, int kj, int seq_len, bool ca
 }
 
 // Z of attention.h for query qi, key kj of head bh: 1 without dropout, else 1 / (1 - p) or 0 as drawn (one
-// Philox block per score: the f32 path is the correct one, not the fast one).
-__device__ __noinline__ float dropout_z(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi, int kj) {
-  if (!d.threshold) return 1.0f;
+// Philox block per score: the f32 path is the correct one, not the fast one). The draw is out of line, so that its
+// registers do not raise the kernels' allocation, and behind the test, so that no call is made without dropout.
+__device__ __noinline__ float dropout_z_drawn(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi,
+                                              int kj) {
   return attention_dropout_keep(d, bh, seq_len, qi, kj) ? d.scale : 0.0f;
+}
+__device__ __forceinline__ float dropout_z(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi, int kj) {
+  return d.threshold ? dropout_z_drawn(d, bh, seq_len, qi, kj) : 1.0f;
 }
 
 // out: (B*T, C); lse: (B, H, T) f32; qkv: (B*T, 3C) with q, k, v of head h at columns h*Dh, C + h*Dh, 2C + h*Dh.
