@@ -70,6 +70,41 @@ class ScopedFlashPath {
   std::optional<std::string> old_;
 };
 
+// Random inputs of an attention case, rounded to dt, and the f64 reference's forward and backward on them (the
+// backward reading out rounded to dt, as a GPU backward reads its own out).
+struct ReferenceCase {
+  std::vector<double> qkv, d_out, out, lse, d_qkv;
+};
+ReferenceCase reference_case(const AttentionParams& p, DType dt, std::mt19937_64& rng) {
+  const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh;
+  ReferenceCase r;
+  // Scores S ~ N(0, 1.5²) after the 1/sqrt(Dh) scale: peaked enough that the running max moves between tiles.
+  r.qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
+  r.d_out = rounded(dt, randn<double>(NC, rng, 1.0));
+  r.out.resize(NC);
+  r.lse.resize(NC / p.Dh);
+  r.d_qkv.resize(3 * NC);
+  attention_forward_ref<double>(p, r.out.data(), r.lse.data(), r.qkv.data());
+  attention_backward_ref<double>(p, r.d_qkv.data(), r.d_out.data(), r.qkv.data(), rounded(dt, r.out).data(),
+                                 r.lse.data());
+  return r;
+}
+
+// out, lse and d_qkv of the Tensor-level entries on ctx's device: every output poisoned first, the backward reading
+// the forward's own out and lse.
+struct EntryOutputs {
+  std::vector<double> out, lse, d_qkv;
+};
+EntryOutputs run_entries(const AttentionParams& p, DType dt, const Tensor& qkv, const Tensor& d_out,
+                         DeviceArena& dev, Context& ctx) {
+  const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh;
+  const Tensor out = dev.poisoned(dt, NC), lse = dev.poisoned(DType::F32, NC / p.Dh);
+  const Tensor d_qkv = dev.poisoned(dt, 3 * NC);
+  attention_forward(p, out, lse, qkv, ctx);
+  attention_backward(p, d_qkv, d_out, qkv, out, lse, ctx);
+  return {dev.download(out), dev.download(lse), dev.download(d_qkv)};
+}
+
 // `path` names the forward the case must run ("hopper" or "mma"); nullptr leaves the routing to the environment.
 void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng,
                     const char* path = nullptr) {
@@ -90,20 +125,14 @@ void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt199
   }
   const int C = p.H * p.Dh;
   const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
-  // Scores S ~ N(0, 1.5²) after the 1/sqrt(Dh) scale: peaked enough that the running max moves between tiles.
-  const auto qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
-  const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0));
-  std::vector<double> out(NC), lse(n_lse), d_qkv(3 * NC);
-  attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
-  attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), rounded(dt, out).data(), lse.data());
+  const ReferenceCase r = reference_case(p, dt, rng);
+  const auto& out = r.out;
+  const auto& lse = r.lse;
+  const auto& d_qkv = r.d_qkv;
 
   DeviceArena dev(ctx);
-  const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
-  // Flash: every output poisoned, the backward reads the forward's own out and lse.
-  const Tensor f_out = dev.poisoned(dt, NC), f_lse = dev.poisoned(DType::F32, n_lse);
-  const Tensor f_dqkv = dev.poisoned(dt, 3 * NC);
-  attention_forward(p, f_out, f_lse, tqkv, ctx);
-  attention_backward(p, f_dqkv, tdo, tqkv, f_out, f_lse, ctx);
+  const Tensor tqkv = dev.upload(dt, r.qkv), tdo = dev.upload(dt, r.d_out);
+  const EntryOutputs f = run_entries(p, dt, tqkv, tdo, dev, ctx);  // flash
   // Naive in the same dtype.
   const Tensor n_out = dev.poisoned(dt, NC), n_lse_t = dev.poisoned(DType::F32, n_lse);
   const Tensor n_dqkv = dev.poisoned(dt, 3 * NC);
@@ -111,20 +140,22 @@ void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt199
   attention_naive_forward(p, n_out, n_lse_t, tqkv, saved, ctx);
   attention_naive_backward(p, n_dqkv, tdo, saved, ctx);
 
-  const auto fo = dev.download(f_out), no = dev.download(n_out);
+  const auto& fo = f.out;
+  const auto no = dev.download(n_out);
   expect_close(fo, out, dt, what + " flash out");
-  expect_close(dev.download(f_lse), lse, DType::F32, what + " flash lse", 10.0);
+  expect_close(f.lse, lse, DType::F32, what + " flash lse", 10.0);
   expect_close(dev.download(n_lse_t), lse, dt, what + " naive lse");  // from scores rounded to the dtype
   expect_within_2x(rel_error(fo, out, 0.0), rel_error(no, out, 0.0), dt, what + " out");
 
-  const auto fg = dev.download(f_dqkv), ng = dev.download(n_dqkv);
+  const auto& fg = f.d_qkv;
+  const auto ng = dev.download(n_dqkv);
   // dQ and dK vanish at T = 1 (P = 1, so dS = 0): measure them against ‖dV‖ ≈ ‖dO‖, not rounding noise.
   const double floor = 0.1 * norm2(part_of(d_qkv, 2, N, C));
   static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
   for (int part = 0; part < 3; ++part) {
-    const auto ref = part_of(d_qkv, part, N, C), f = part_of(fg, part, N, C), n = part_of(ng, part, N, C);
-    expect_close(f, ref, dt, what + " flash" + kPart[part], 3.0, floor);
-    expect_within_2x(rel_error(f, ref, floor), rel_error(n, ref, floor), dt, what + kPart[part]);
+    const auto ref = part_of(d_qkv, part, N, C), fp = part_of(fg, part, N, C), n = part_of(ng, part, N, C);
+    expect_close(fp, ref, dt, what + " flash" + kPart[part], 3.0, floor);
+    expect_within_2x(rel_error(fp, ref, floor), rel_error(n, ref, floor), dt, what + kPart[part]);
   }
 }
 
@@ -216,32 +247,23 @@ void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt1
   const std::string what = label(p, dt) + " dropout " + std::to_string(p.dropout) + " path " + path;
   ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), expected_kernel(p, dt, path)) << what;
   const int C = p.H * p.Dh;
-  const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
-  const auto qkv = rounded(dt, randn<double>(3 * NC, rng, 1.5));
-  const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0));
-  std::vector<double> out(NC), lse(n_lse), d_qkv(3 * NC);
-  attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
-  attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), rounded(dt, out).data(), lse.data());
-
+  const size_t N = static_cast<size_t>(p.B) * p.T;
+  const ReferenceCase r = reference_case(p, dt, rng);
   DeviceArena dev(ctx);
-  const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
-  const Tensor t_out = dev.poisoned(dt, NC), t_lse = dev.poisoned(DType::F32, n_lse);
-  const Tensor t_dqkv = dev.poisoned(dt, 3 * NC);
-  attention_forward(p, t_out, t_lse, tqkv, ctx);
-  attention_backward(p, t_dqkv, tdo, tqkv, t_out, t_lse, ctx);
+  const EntryOutputs got = run_entries(p, dt, dev.upload(dt, r.qkv), dev.upload(dt, r.d_out), dev, ctx);
   const double scale = dt == DType::F32 ? 10.0 : 1.0;
-  expect_close(dev.download(t_out), out, dt, what + " out", scale);
-  expect_close(dev.download(t_lse), lse, DType::F32, what + " lse", 10.0);
-  const auto g = dev.download(t_dqkv);
+  expect_close(got.out, r.out, dt, what + " out", scale);
+  expect_close(got.lse, r.lse, DType::F32, what + " lse", 10.0);
+  const auto& g = got.d_qkv;
   // dQ and dK vanish at T = 1 (dS = P (Z dP - D) = 0 in exact arithmetic), so there they are rounding noise: with
   // dropout out = Z V is rounded to the dtype (without it, out = V is exact), and D = dO · out carries that rounding
   // into dS. Measured against ‖dO‖ there (the Hopper path's noise read 0.0057 ‖dO‖, above 3 x bf16's tolerance of
   // the 0.1 ‖dO‖ floor used for T > 1); a missing write (NaN) or a wrong gradient is still far past it. (‖dV‖, the
   // floor of run_flash_case, shrinks with every dropped element: at T = 1 a dropped row has dV = 0.)
-  const double floor = (p.T == 1 ? 1.0 : 0.1) * norm2(d_out);
+  const double floor = (p.T == 1 ? 1.0 : 0.1) * norm2(r.d_out);
   static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
   for (int part = 0; part < 3; ++part)
-    expect_close(part_of(g, part, N, C), part_of(d_qkv, part, N, C), dt, what + kPart[part], 3.0 * scale, floor);
+    expect_close(part_of(g, part, N, C), part_of(r.d_qkv, part, N, C), dt, what + kPart[part], 3.0 * scale, floor);
 }
 
 TEST(CudaFlashAttention, DropoutMatchesReference) {
@@ -302,12 +324,9 @@ TEST(CudaFlashAttention, DropoutDropsTheReferencesElements) {
             attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
             attention_backward_ref<double>(p, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data());
             DeviceArena dev(ctx);
-            const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
-            const Tensor t_out = dev.poisoned(dt, NC), t_lse = dev.poisoned(DType::F32, N * p.H);
-            const Tensor t_dqkv = dev.poisoned(dt, 3 * NC);
-            attention_forward(p, t_out, t_lse, tqkv, ctx);
-            attention_backward(p, t_dqkv, tdo, tqkv, t_out, t_lse, ctx);
-            const auto o = dev.download(t_out), g = dev.download(t_dqkv);
+            const EntryOutputs got = run_entries(p, dt, dev.upload(dt, qkv), dev.upload(dt, d_out), dev, ctx);
+            const auto& o = got.out;
+            const auto& g = got.d_qkv;
             const auto dv = part_of(g, 2, N, C), dv_ref = part_of(d_qkv, 2, N, C);
             long seen = 0, dropped = 0, wrong_out = 0, wrong_dv = 0;
             for (size_t e = 0; e < NC; ++e) {
