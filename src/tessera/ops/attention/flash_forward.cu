@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int half = 0; half < 2; ++half) {
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-    inv[half] = drop.scale / l[half];
+    inv[half] = 1.0f / l[half] * drop.scale;  // drop.scale is 1 without dropout: 1 / l exactly, as before
   }
   T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * Dh;
   store_rows<T, kD8>(o_base, C, o, row_a - (lane >> 2), seq_len, Dh, inv);
