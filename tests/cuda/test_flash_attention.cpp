@@ -72,8 +72,10 @@ class ScopedFlashPath {
 
 // Random inputs of an attention case, rounded to dt, and the f64 reference's forward and backward on them (the
 // backward reading out rounded to dt, as a GPU backward reads its own out).
+// With RoPE (p.rope_theta > 0) qkv stays as drawn and `rotated` is it after rope_forward, which the reference
+// attends over; d_qkv is then with respect to qkv before the rotation (rope_backward of the plain gradient).
 struct ReferenceCase {
-  std::vector<double> qkv, d_out, out, lse, d_qkv;
+  std::vector<double> qkv, d_out, out, lse, d_qkv, rotated;
 };
 ReferenceCase reference_case(const AttentionParams& p, DType dt, std::mt19937_64& rng) {
   const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh;
@@ -84,9 +86,16 @@ ReferenceCase reference_case(const AttentionParams& p, DType dt, std::mt19937_64
   r.out.resize(NC);
   r.lse.resize(NC / p.Dh);
   r.d_qkv.resize(3 * NC);
-  attention_forward_ref<double>(p, r.out.data(), r.lse.data(), r.qkv.data());
-  attention_backward_ref<double>(p, r.d_qkv.data(), r.d_out.data(), r.qkv.data(), rounded(dt, r.out).data(),
+  r.rotated = r.qkv;
+  AttentionParams plain = p;
+  plain.rope_theta = 0.0f;
+  if (p.rope_theta > 0.0f) rope_forward_ref<double>(attention_rope(p), r.rotated.data());
+  // The GPU attends over q and k rotated and rounded to the dtype in place.
+  const std::vector<double> attended = p.rope_theta > 0.0f ? rounded(dt, r.rotated) : r.qkv;
+  attention_forward_ref<double>(plain, r.out.data(), r.lse.data(), attended.data());
+  attention_backward_ref<double>(plain, r.d_qkv.data(), r.d_out.data(), attended.data(), rounded(dt, r.out).data(),
                                  r.lse.data());
+  if (p.rope_theta > 0.0f) rope_backward_ref<double>(attention_rope(p), r.d_qkv.data());
   return r;
 }
 
@@ -287,6 +296,61 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
       run_dropout_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true, .dropout = 0.6f,
                         .seed = 0x1234567890ull, .stream = (1ull << 33) + 5},
                        DType::BF16, ctx, rng, path);
+}
+
+// RoPE through the Tensor-level entries against the f64 reference: the forward rotates q and k of qkv in place (the
+// GPU's qkv afterwards must be the reference's rotation, v as it was) and the backward returns d_qkv with respect to
+// q and k before it. The flash passes rotate dQ and dK back in registers where Dh is a compiled width (32, 64, 80,
+// 128; here 64, 80, 128 on mma.sync and 64, 128 on the Hopper path); Dh 48 (padded in the 64 instance) and f32 (the
+// tiled kernels) take the pass over d_qkv after the backward. Positions start at rope_pos_offset.
+void run_rope_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
+  ScopedFlashPath scoped(path);
+  const std::string what = label(p, dt) + " rope theta " + std::to_string(p.rope_theta) + " from " +
+                           std::to_string(p.rope_pos_offset) + " dropout " + std::to_string(p.dropout) + " path " +
+                           path;
+  ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), expected_kernel(p, dt, path)) << what;
+  const int C = p.H * p.Dh;
+  const size_t N = static_cast<size_t>(p.B) * p.T;
+  const ReferenceCase r = reference_case(p, dt, rng);
+  DeviceArena dev(ctx);
+  const Tensor qkv = dev.upload(dt, r.qkv);
+  const EntryOutputs got = run_entries(p, dt, qkv, dev.upload(dt, r.d_out), dev, ctx);
+  const auto rotated = dev.download(qkv);
+  for (int part = 0; part < 2; ++part)
+    expect_close(part_of(rotated, part, N, C), part_of(r.rotated, part, N, C), dt, what + " rotated q / k");
+  EXPECT_EQ(part_of(rotated, 2, N, C), part_of(r.qkv, 2, N, C)) << what << ": v changed";
+  const double scale = dt == DType::F32 ? 10.0 : 1.0;
+  expect_close(got.out, r.out, dt, what + " out", scale);
+  expect_close(got.lse, r.lse, DType::F32, what + " lse", 10.0);
+  // T = 1: dQ and dK are rounding noise (dS = 0 in exact arithmetic), measured against ‖dO‖ as in the dropout case.
+  const double floor = (p.T == 1 ? 1.0 : 0.1) * norm2(r.d_out);
+  static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
+  for (int part = 0; part < 3; ++part) {
+    expect_close(part_of(got.d_qkv, part, N, C), part_of(r.d_qkv, part, N, C), dt, what + kPart[part], 3.0 * scale,
+                 floor);
+  }
+}
+
+TEST(CudaFlashAttention, RopeMatchesReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (const char* path : flash_paths(ctx))
+    for (DType dt : {DType::BF16, DType::F16, DType::F32})
+      for (bool causal : {true, false})
+        for (int Dh : {48, 64, 80, 128})
+          for (int T : {1, 17, 200}) {
+            if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
+            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 48 || Dh == 80)) continue;  // mma's
+            run_rope_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal,
+                           .rope_theta = causal ? 10000.0f : 500000.0f, .rope_pos_offset = T == 17 ? 37 : 0},
+                          dt, ctx, rng, path);
+          }
+  // Many tiles, with attention dropout too, and positions into the thousands (the f64 table's reason).
+  for (const char* path : flash_paths(ctx))
+    for (int Dh : {64, 128})
+      run_rope_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true, .dropout = 0.2f, .seed = 5, .stream = 9,
+                     .rope_theta = 10000.0f, .rope_pos_offset = 3000},
+                    DType::BF16, ctx, rng, path);
 }
 
 // The exact elements: with Q = 0 every score is 0, so P_ij = 1 / (keys row i sees). For a window of Dh positions

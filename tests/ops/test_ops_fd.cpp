@@ -313,6 +313,48 @@ TEST_F(OpsFd, Rope) {
   EXPECT_NEAR(weighted_sum(y, y), weighted_sum(qkv, qkv), 1e-9);
 }
 
+// Attention with RoPE through the Tensor-level entries (the model's path): the forward rotates q and k of qkv in
+// place and attends over them; the backward's d_qkv is the gradient with respect to q and k before the rotation.
+// Finite differences of the whole (rotation, then attention), each evaluation from a fresh copy; and the forward's
+// qkv afterwards is rope_forward's, v untouched.
+TEST_F(OpsFd, AttentionWithRope) {
+  Context ctx;
+  for (const AttentionParams p : {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true,
+                                                  .rope_theta = 10000.0f},
+                                  AttentionParams{.B = 1, .T = 5, .H = 3, .Dh = 4, .causal = false, .dropout = 0.3f,
+                                                  .seed = 4, .stream = 2, .rope_theta = 500.0f, .rope_pos_offset = 7}}) {
+    const int C = p.H * p.Dh;
+    const int64_t N = int64_t{p.B} * p.T;
+    std::vector<double> x = randn<double>(N * 3 * C, rng);  // the point finite differences move
+    const auto w = randn<double>(N * C, rng);
+    std::vector<double> qkv(x.size()), out(N * C), lse(N * p.H), d_qkv = poisoned<double>(x.size());
+    const Tensor tqkv(qkv.data(), DType::F64, {N * 3 * C}), tout(out.data(), DType::F64, {N * C});
+    const Tensor tlse(lse.data(), DType::F64, {N * p.H}), tdqkv(d_qkv.data(), DType::F64, {N * 3 * C});
+    auto w_copy = w;
+    const Tensor tw(w_copy.data(), DType::F64, {N * C});
+    auto loss = [&] {
+      qkv = x;
+      attention_forward(p, tout, tlse, tqkv, ctx);
+      return weighted_sum(out, w);
+    };
+    loss();
+    std::vector<double> rotated = x;
+    rope_forward_ref(attention_rope(p), rotated.data());
+    EXPECT_EQ(qkv, rotated) << "the forward leaves qkv rotated (v untouched)";
+    attention_backward(p, tdqkv, tw, tqkv, tout, tlse, ctx);
+    EXPECT_LT(fd_rel_error(loss, x, d_qkv), kFdTolF64) << "T=" << p.T << " pos_offset=" << p.rope_pos_offset;
+  }
+  std::string why;
+  for (float bad : {-1.0f, NAN, INFINITY}) {
+    EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = bad}, DType::F32,
+                                    Device::cpu(), &why));
+    EXPECT_NE(why.find("rope_theta >= 0 and finite"), std::string::npos) << why;
+  }
+  EXPECT_FALSE(attention_naive_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = 1e4f}, DType::F32,
+                                        Device::cpu(), &why));
+  EXPECT_NE(why.find("no RoPE"), std::string::npos) << why;
+}
+
 // The rotation itself, against its definition (the finite-difference check above holds for any rotation the
 // forward and backward share): head element i < Dh/2 of q and k at sequence position pos_offset + t pairs with
 // i + Dh/2 and turns by the angle (pos_offset + t) / theta^(2i/Dh).

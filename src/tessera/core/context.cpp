@@ -25,6 +25,9 @@ size_t Context::gemm_workspace_bytes() const { return 0; }
 const GpuInfo& Context::gpu() const { TS_THROW("internal: gpu() on a CPU context"); }
 void* Context::scratch(size_t) { TS_THROW("internal: scratch() on a CPU context"); }
 int64_t Context::scratch_generation() const { return 0; }
+const void* Context::device_table(const std::string&, size_t, const std::function<void(void*)>&) {
+  TS_THROW("internal: device_table() on a CPU context");
+}
 uint32_t* Context::arrival_counters() const { TS_THROW("internal: arrival_counters() on a CPU context"); }
 void Context::synchronize() const {}
 size_t Context::device_memory_used() const { return 0; }

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -64,6 +65,11 @@ class Context {
   // How many times the scratch has been reallocated: a CUDA graph that baked its address in is stale once this
   // changes (train/graph_step.h recaptures then). 0 on the CPU.
   int64_t scratch_generation() const;
+  // A device table that ops derive from their parameters once and then keep (RoPE's cos / sin by position): the
+  // first call with `key` allocates `bytes` and has fill(ptr) write them on the stream; later calls with the same
+  // key return the same pointer, valid until the Context is destroyed (CUDA graphs may bake it in). A first call
+  // during a CUDA graph capture is an Error (a step must run eagerly first).
+  const void* device_table(const std::string& key, size_t bytes, const std::function<void(void*)>& fill);
   // kArrivalCounters device counters, zero between launches: a kernel that ends with a reduction across its blocks
   // counts its blocks' arrivals in them (the last block to arrive does the reduction, and sets its counter back to
   // 0), instead of launching a second kernel. Allocated with the Context, so CUDA graphs may bake the address in.

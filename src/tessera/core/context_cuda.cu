@@ -2,6 +2,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <map>
+
 #include "tessera/core/context.h"
 #include "tessera/core/cuda_check.h"
 
@@ -44,6 +47,7 @@ struct Context::Cuda {
   size_t scratch_bytes = 0;
   uint32_t* counters = nullptr;  // kArrivalCounters, zeroed
   int64_t scratch_generation = 0;
+  std::map<std::string, void*> tables;  // device_table()
   int device = 0;
 
   ~Cuda() {
@@ -51,6 +55,7 @@ struct Context::Cuda {
     cudaSetDevice(device);
     if (stream) cudaStreamSynchronize(stream);
     if (scratch) cudaFree(scratch);
+    for (auto& [key, ptr] : tables) cudaFree(ptr);
     if (counters) cudaFree(counters);
     if (gemm_ws) cudaFree(gemm_ws);
     if (lt) cublasLtDestroy(lt);
@@ -131,6 +136,25 @@ void* Context::scratch(size_t bytes) {
 }
 
 int64_t Context::scratch_generation() const { return cuda_ ? cuda_->scratch_generation : 0; }
+
+const void* Context::device_table(const std::string& key, size_t bytes, const std::function<void(void*)>& fill) {
+  TS_CHECK(cuda_, "internal: device_table() on a CPU context");
+  if (auto it = cuda_->tables.find(key); it != cuda_->tables.end()) return it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TS_CHECK_CUDA(cudaStreamIsCapturing(cuda_->stream, &capturing));
+  TS_CHECK(capturing == cudaStreamCaptureStatusNone, "internal: the device table '", key, "' is first asked for ",
+           "during a CUDA graph capture (a step must run eagerly first)");
+  void* ptr = nullptr;
+  TS_CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)));
+  try {
+    fill(ptr);
+  } catch (...) {
+    cudaFree(ptr);
+    throw;
+  }
+  cuda_->tables.emplace(key, ptr);
+  return ptr;
+}
 
 uint32_t* Context::arrival_counters() const {
   TS_CHECK(cuda_, "internal: arrival_counters() on a CPU context");

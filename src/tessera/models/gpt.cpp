@@ -184,8 +184,10 @@ void Gpt::forward_async(const int32_t* tokens, const int32_t* targets, int B, in
 }
 
 AttentionParams Gpt::attention_params(int l, int B, int T) const {
+  // RoPE rides with the attention op: q and k rotated on the way in, dQ and dK rotated back as they are stored.
   return {.B = B, .T = T, .H = cfg_.n_heads, .Dh = cfg_.head_dim(), .causal = true, .dropout = attn_dropout_p_,
-          .seed = dropout_seed_, .stream = acts_.layers[l].stream_probs};
+          .seed = dropout_seed_, .stream = acts_.layers[l].stream_probs,
+          .rope_theta = cfg_.positions == PositionKind::Rope ? cfg_.rope_theta : 0.0f};
 }
 
 void Gpt::forward_device(int B, int T, bool with_targets, const ForwardOptions& opt) {
@@ -312,8 +314,6 @@ void Gpt::layer_forward(int l, int B, int T) {
   if (l == 0) norm_forward(N, ln1, A.ln1_mean, A.ln1_rstd, x, o.ln1_w, o.ln1_b);
   at(StepOp::Qkv, l);
   mm({.M = N, .N = 3 * C, .K = C, .trans_b = true}, qkv, ln1, p(o.qkv_w, 3 * CC), p(o.qkv_b, 3 * C));
-  if (cfg_.positions == PositionKind::Rope)
-    rope_forward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, qkv, *ctx_);
   at(StepOp::Attn, l);
   attention_forward(attention_params(l, B, T), att, A.lse.slice1d(0, int64_t{N} * H), qkv, *ctx_);
   at(StepOp::Proj, l);
@@ -487,8 +487,6 @@ void Gpt::layer_backward(int l, int B, int T) {
   mm({.M = N, .N = C, .K = C}, d_att, d_tmp, p(o.proj_w, CC), Tensor());
   at(StepOp::AttnBwd, l);
   attention_backward(attention_params(l, B, T), d_qkv, d_att, qkv, att, A.lse.slice1d(0, int64_t{N} * H), *ctx_);
-  if (cfg_.positions == PositionKind::Rope)
-    rope_backward({.B = B, .T = T, .H = H, .Dh = cfg_.head_dim(), .theta = cfg_.rope_theta}, d_qkv, *ctx_);
   at(StepOp::QkvW, l);
   mm({.M = 3 * C, .N = C, .K = N, .trans_a = true, .beta = 1.0f}, g(o.qkv_w, 3 * CC), d_qkv, ln1, Tensor());
   if (o.qkv_b != kNoParam) bias_grad({.M = N, .N = 3 * C}, g(o.qkv_b, 3 * C), d_qkv, *ctx_);

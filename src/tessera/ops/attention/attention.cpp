@@ -2,6 +2,8 @@
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/dispatch.h"
 
+#include <cmath>
+
 namespace tessera {
 
 bool attention_supports(const AttentionParams& p, DType dtype, Device device, std::string* why) {
@@ -12,6 +14,10 @@ bool attention_supports(const AttentionParams& p, DType dtype, Device device, st
   }
   if (!(p.dropout >= 0.0f && p.dropout < 1.0f)) {
     if (why) *why = "attention dropout must be in [0, 1), got " + std::to_string(p.dropout);
+    return false;
+  }
+  if (!(p.rope_theta >= 0.0f && std::isfinite(p.rope_theta)) || p.rope_pos_offset < 0) {
+    if (why) *why = "needs rope_theta >= 0 and finite (0: no RoPE) and rope_pos_offset >= 0";
     return false;
   }
   if (!device.is_cpu() && p.Dh > kAttentionMaxDh) {
@@ -37,6 +43,10 @@ namespace {
 int64_t rows(int B, int T) { return static_cast<int64_t>(B) * T; }
 }  // namespace
 
+RopeParams attention_rope(const AttentionParams& p) {
+  return {.B = p.B, .T = p.T, .H = p.H, .Dh = p.Dh, .theta = p.rope_theta, .pos_offset = p.rope_pos_offset};
+}
+
 void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                        Context& ctx) {
   constexpr const char* op = "attention_forward";
@@ -47,15 +57,19 @@ void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor
   expect(qkv, op, "qkv", dt, N * 3 * C, ctx);
   expect(out, op, "out", dt, N * C, ctx);
   expect(lse, op, "lse", st, N * p.H, ctx);
+  // RoPE on the way in: q and k rotated in place, then attention over them without it.
+  AttentionParams plain = p;
+  if (p.rope_theta > 0.0f) rope_forward(attention_rope(p), qkv, ctx);
+  plain.rope_theta = 0.0f;
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {
-    attention_forward_cuda(p, dt, out.data(), lse.as<float>(), qkv.data(), ctx);
+    attention_forward_cuda(plain, dt, out.data(), lse.as<float>(), qkv.data(), ctx);
     return;
   }
 #endif
   dispatch_ref(dt, op, [&](auto t) {
     using T = decltype(t);
-    attention_forward_ref<T>(p, out.as<T>(), lse.as<T>(), qkv.as<T>());
+    attention_forward_ref<T>(plain, out.as<T>(), lse.as<T>(), qkv.as<T>());
   });
 }
 
@@ -77,9 +91,12 @@ void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Ten
     return;
   }
 #endif
+  AttentionParams plain = p;
+  plain.rope_theta = 0.0f;
   dispatch_ref(dt, op, [&](auto t) {
     using T = decltype(t);
-    attention_backward_ref<T>(p, d_qkv.as<T>(), d_out.as<T>(), qkv.as<T>(), out.as<T>(), lse.as<T>());
+    attention_backward_ref<T>(plain, d_qkv.as<T>(), d_out.as<T>(), qkv.as<T>(), out.as<T>(), lse.as<T>());
+    if (p.rope_theta > 0.0f) rope_backward_ref<T>(attention_rope(p), d_qkv.as<T>());
   });
 }
 

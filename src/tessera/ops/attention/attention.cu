@@ -12,6 +12,8 @@
 // the column reads K[tx + 16j][d] hit 16 different banks. Head dims are padded to kDp in {32, 64, 96, 128}
 // (zero-filled); dot products run over the real Dh only.
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "tessera/core/cuda_util.cuh"
@@ -429,31 +431,80 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// qkv: (B*T, 3C), rotated in place. One thread per (row n, pair i < Dh/2): the angle pos * theta^(-2i/Dh),
-// pos = pos_offset + n % T, is formed and its cos / sin taken in f64 as in the reference; then every q and k head
-// of the row rotates (x[i], x[i + Dh/2]) by it (sign = -1: the transposed rotation, for the backward).
+// RoPE's table: {cos a, sin a} at [pos][i] for a = pos * theta^(-2i/Dh), i < Dh/2, in f64 as the reference
+// computes them, rounded to f32.
+__global__ void rope_table_fill(float2* __restrict__ table, long n, int half, int Dh, double theta) {
+  const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const long pos = idx / half;
+  const int i = static_cast<int>(idx % half);
+  double sn, cs;
+  sincos(static_cast<double>(pos) * pow(theta, -2.0 * i / Dh), &sn, &cs);
+  table[idx] = make_float2(static_cast<float>(cs), static_cast<float>(sn));
+}
+
+// qkv: (B*T, 3C), rotated in place; the q and k heads of a row are its first 2H heads of Dh columns.
+// sign = -1: the transposed rotation (the backward). One thread per (row n, 16-byte pack j of the first half's
+// columns, group of kHeads of the 2H heads): the pack's cos / sin are loaded once for its heads, and each head's
+// two packs (columns 8j.. and Dh/2 + 8j.. for bf16) are loaded before any is stored.
+template <typename T, int kHeads>
+__global__ void rope_rotate_packs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int H, int Dh,
+                                  const float2* __restrict__ table, float sign) {
+  constexpr int kV = cuda::Pack<T>::kVec;
+  const int half = Dh / 2, packs = half / kV, groups = (2 * H + kHeads - 1) / kHeads;
+  const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int j = static_cast<int>(idx % packs);
+  const long rest = idx / packs;
+  const int group = static_cast<int>(rest % groups);
+  const long n = rest / groups;
+  if (n >= n_rows) return;
+  const float2* cs = table + static_cast<long>(pos_offset + n % seq_len) * half + j * kV;
+  float c[kV], s[kV];
+#pragma unroll
+  for (int e = 0; e < kV; e += 2) {
+    const float4 t = *reinterpret_cast<const float4*>(cs + e);
+    c[e] = t.x, s[e] = sign * t.y, c[e + 1] = t.z, s[e + 1] = sign * t.w;
+  }
+  T* row = qkv + n * 3L * H * Dh + j * kV;
+  cuda::Pack<T> x1[kHeads], x2[kHeads];
+#pragma unroll
+  for (int k = 0; k < kHeads; ++k) {
+    const int hh = group * kHeads + k;
+    if (hh < 2 * H) x1[k] = cuda::load_pack(row + hh * Dh), x2[k] = cuda::load_pack(row + hh * Dh + half);
+  }
+#pragma unroll
+  for (int k = 0; k < kHeads; ++k) {
+    const int hh = group * kHeads + k;
+    if (hh >= 2 * H) continue;
+    cuda::Pack<T> y1, y2;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const float a = to_f32(x1[k].v[e]), b = to_f32(x2[k].v[e]);
+      y1.v[e] = from_f32<T>(a * c[e] - b * s[e]);
+      y2.v[e] = from_f32<T>(b * c[e] + a * s[e]);
+    }
+    cuda::store_pack(row + hh * Dh, y1);
+    cuda::store_pack(row + hh * Dh + half, y2);
+  }
+}
+
+// The same for any Dh and alignment: one thread per (row n, pair i < Dh/2), over every q and k head of the row.
 template <typename T>
-__global__ void rope_rotate_pairs(T* __restrict__ qkv, long n_rows, int seq_len, int H, int Dh, double theta,
-                                  int pos_offset, double sign) {
+__global__ void rope_rotate_pairs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int H, int Dh,
+                                  const float2* __restrict__ table, float sign) {
   const int half = Dh / 2;
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_rows * half) return;
   const long n = idx / half;
   const int i = static_cast<int>(idx % half);
-  const double pos = static_cast<double>(pos_offset) + static_cast<double>(n % seq_len);
-  const double a = pos * pow(theta, -2.0 * i / Dh);
-  double sn, cs;
-  sincos(a, &sn, &cs);
-  const float c = static_cast<float>(cs), s = static_cast<float>(sign * sn);
-  const int C = H * Dh;
-  T* row = qkv + n * 3L * C;
-  for (int part = 0; part < 2; ++part) {  // q then k
-    for (int hh = 0; hh < H; ++hh) {
-      T* x = row + part * C + hh * Dh;
-      const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
-      x[i] = from_f32<T>(x1 * c - x2 * s);
-      x[i + half] = from_f32<T>(x2 * c + x1 * s);
-    }
+  const float2 t = table[static_cast<long>(pos_offset + n % seq_len) * half + i];
+  const float c = t.x, s = sign * t.y;
+  T* row = qkv + n * 3L * H * Dh;
+  for (int hh = 0; hh < 2 * H; ++hh) {  // q then k heads
+    T* x = row + hh * Dh;
+    const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
+    x[i] = from_f32<T>(x1 * c - x2 * s);
+    x[i + half] = from_f32<T>(x2 * c + x1 * s);
   }
 }
 
@@ -482,14 +533,42 @@ void launch_tiled(const char* op, Kernel kernel, size_t smem, const AttentionPar
 
 float attention_scale(int Dh) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh))); }
 
-void rope_launch(const RopeParams& p, DType dtype, void* qkv, double sign, Context& ctx) {
+// The Context's RoPE table for (theta, Dh) over at least n_pos positions (a power of two of 1024 or more, so that
+// the lengths of one run share a table).
+const float2* rope_table(float theta, int Dh, long n_pos, Context& ctx) {
+  TS_CHECK(n_pos <= (long{1} << 22), "rope: positions up to 2^22, asked for ", n_pos);
+  long rows = 1024;
+  while (rows < n_pos) rows *= 2;
+  const int half = Dh / 2;
+  const long n = rows * half;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &theta, sizeof bits);
+  const std::string key = "rope theta=" + std::to_string(bits) + " Dh=" + std::to_string(Dh) + " positions=" +
+                          std::to_string(rows);
+  return static_cast<const float2*>(ctx.device_table(key, static_cast<size_t>(n) * sizeof(float2), [&](void* at) {
+    if (n == 0) return;
+    rope_table_fill<<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(static_cast<float2*>(at), n, half, Dh,
+                                                                static_cast<double>(theta));
+    TS_CHECK_LAUNCH();
+  }));
+}
+
+void rope_launch(const RopeParams& p, DType dtype, void* qkv, float sign, Context& ctx) {
   const long n_rows = static_cast<long>(p.B) * p.T;
-  const long pairs = n_rows * (p.Dh / 2);
-  if (pairs == 0) return;
+  const int half = p.Dh / 2;
+  if (n_rows * half == 0) return;
+  const float2* table = rope_table(p.theta, p.Dh, static_cast<long>(p.pos_offset) + p.T, ctx);
   cuda::dispatch_float(dtype, sign > 0 ? "rope_forward" : "rope_backward", [&](auto t) {
     using T = decltype(t);
-    rope_rotate_pairs<T><<<ceil_div(pairs, 256), 256, 0, ctx.stream()>>>(
-        static_cast<T*>(qkv), n_rows, p.T, p.H, p.Dh, static_cast<double>(p.theta), p.pos_offset, sign);
+    constexpr int kV = cuda::Pack<T>::kVec, kHeads = 4;
+    if (half % kV == 0 && cuda::aligned16(qkv)) {
+      const long threads = n_rows * (half / kV) * ((2 * p.H + kHeads - 1) / kHeads);
+      rope_rotate_packs<T, kHeads><<<ceil_div(threads, 256), 256, 0, ctx.stream()>>>(
+          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, p.H, p.Dh, table, sign);
+    } else {
+      rope_rotate_pairs<T><<<ceil_div(n_rows * half, 256), 256, 0, ctx.stream()>>>(
+          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, p.H, p.Dh, table, sign);
+    }
     TS_CHECK_LAUNCH();
   });
 }
@@ -499,6 +578,8 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, double sign, Conte
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx) {
   constexpr const char* op = "attention_forward";
+  TS_CHECK(p.rope_theta == 0.0f, "internal: attention_forward_cuda takes q and k rotated (attention_forward ",
+           "applies RoPE)");
   const AttentionDropoutDraw drop =
       attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   if (static_cast<long>(p.B) * p.T == 0) return;
@@ -539,16 +620,24 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
           D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
       TS_CHECK_LAUNCH();
     }
+    // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is a
+    // compiled width (Dh / 2 then a multiple of 8, the pairs in one lane); elsewhere a pass over d_qkv follows.
+    const bool rope = p.rope_theta > 0.0f;
+    const bool rope_in_flash = rope && flash && flash_attention_head_pad(p.Dh) == p.Dh && p.Dh % 16 == 0;
+    const void* rope_cs = rope_in_flash ? rope_table(p.rope_theta, p.Dh, long{p.rope_pos_offset} + p.T, ctx) : nullptr;
     if (flash) {
       if (hopper) {
         const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .out_in = d_in_dq ? out : nullptr,
-                                   .D_out = D, .d_qkv = d_qkv};
+                                   .D_out = D, .d_qkv = d_qkv, .rope_cs = rope_cs,
+                                   .rope_pos_offset = p.rope_pos_offset};
         flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
       } else {
-        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv};
+        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv,
+                                   .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
         flash_attention_backward_dq_cuda(p, dtype, a, ctx);
         flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
       }
+      if (rope && !rope_in_flash) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
       return;
     }
     dispatch_head_pad(p.Dh, [&](auto pad) {
@@ -561,6 +650,7 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
                    static_cast<T*>(d_qkv), static_cast<const T*>(d_out), static_cast<const T*>(qkv), lse,
                    static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale, drop);
     });
+    if (rope) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
   });
 }
 
@@ -575,10 +665,10 @@ const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const C
 }
 
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx) {
-  rope_launch(p, dtype, qkv, 1.0, ctx);
+  rope_launch(p, dtype, qkv, 1.0f, ctx);
 }
 void rope_backward_cuda(const RopeParams& p, DType dtype, void* d_qkv, Context& ctx) {
-  rope_launch(p, dtype, d_qkv, -1.0, ctx);
+  rope_launch(p, dtype, d_qkv, -1.0f, ctx);
 }
 
 }  // namespace tessera

@@ -19,13 +19,21 @@
 
 namespace tessera {
 
+// RoPE (rope_theta > 0, Llama-style models): attention_forward (the Tensor-level entry) first rotates q and k of
+//   qkv IN PLACE as rope_forward does (theta rope_theta, positions rope_pos_offset + t) and attends over them, so
+//   that qkv holds them rotated for the backward; attention_backward's d_qkv is the gradient with respect to q and
+//   k before the rotation (rope_backward of the plain one). The CUDA flash kernels apply that transposed rotation
+//   to dQ and dK in registers as they store them, with no pass over d_qkv of its own (attention.cu).
 struct AttentionParams {
   int B = 0, T = 0, H = 0, Dh = 0;
   bool causal = true;
   float dropout = 0.0f;  // in [0, 1)
   uint64_t seed = 0, stream = 0;
+  float rope_theta = 0.0f;  // 0: no RoPE
+  int rope_pos_offset = 0;
 };
 
+// The references attend over qkv as given (rope_theta must be 0: the Tensor-level entries apply RoPE around them).
 template <typename T>
 void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qkv);
 template <typename T>
@@ -41,6 +49,9 @@ struct RopeParams {
   float theta = 10000.0f;
   int pos_offset = 0;
 };
+
+// The RoPE of an attention call (its rope_theta and rope_pos_offset).
+RopeParams attention_rope(const AttentionParams& p);
 
 template <typename T>
 void rope_forward_ref(const RopeParams& p, T* qkv);
@@ -85,8 +96,13 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
                             Context& ctx);
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
                              const void* qkv, const void* out, const float* lse, Context& ctx);
-// One thread per (row, rotation pair i), cos/sin of pos * theta^(-2i/Dh) in f64 (as the reference; positions in
-// the thousands would lose 1e-4 of the angle in f32), applied to every q and k head of the row.
+// attention_forward_cuda attends over qkv as given (rope_theta must be 0; the Tensor entry rotates first);
+// attention_backward_cuda takes rope_theta > 0: on the flash paths with Dh equal to a compiled width the kernels
+// rotate dQ and dK back as they store them, elsewhere a rope_backward pass over d_qkv follows.
+// RoPE: cos / sin of pos * theta^(-2i/Dh) come from a table per (theta, Dh) in the Context (ctx.device_table),
+// computed once in f64 as the reference does (positions in the thousands would lose 1e-4 of the angle in f32)
+// and rounded to f32. One thread per (row, 16-byte pack of pairs, 4 q / k heads) when Dh / 2 is a whole number of
+// packs and qkv is 16-byte aligned, else one per (row, pair) over every q and k head of the row.
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx);
 void rope_backward_cuda(const RopeParams& p, DType dtype, void* d_qkv, Context& ctx);
 

@@ -93,6 +93,10 @@ bool attention_naive_supports(const AttentionParams& p, DType dtype, Device devi
     if (why) *why = "the naive path has no attention dropout";
     return false;
   }
+  if (p.rope_theta != 0.0f) {
+    if (why) *why = "the naive path has no RoPE (rotate q and k with rope_forward first)";
+    return false;
+  }
   if (bh(p) > 65535) {
     if (why) *why = "the naive path batches its GEMMs over B*H <= 65535, got " + std::to_string(bh(p));
     return false;

@@ -23,6 +23,8 @@ double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
 
 template <typename T>
 void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qkv) {
+  TS_CHECK(p.rope_theta == 0.0f, "internal: attention_forward_ref takes q and k rotated (attention_forward ",
+           "applies RoPE)");
   const int C = p.H * p.Dh;
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
@@ -66,6 +68,8 @@ void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qk
 template <typename T>
 void attention_backward_ref(const AttentionParams& p, T* d_qkv, const T* d_out, const T* qkv, const T* out,
                             const T* lse) {
+  TS_CHECK(p.rope_theta == 0.0f, "internal: attention_backward_ref returns the d_qkv of rotated q and k ",
+           "(attention_backward applies RoPE's backward)");
   const int C = p.H * p.Dh;
   const long row3 = 3L * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));

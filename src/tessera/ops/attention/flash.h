@@ -42,6 +42,8 @@ struct FlashAttentionArgs {
   float* D_out = nullptr;      // (B, H, T)      Hopper backward: rowsum(dO ∘ O), which its dQ pass computes from
                                //                out_in, or reads when out_in is null (computed before)
   void* d_qkv = nullptr;       // (B*T, 3C)      backward output
+  const void* rope_cs = nullptr;  // backward: RoPE's {cos, sin} table (float2 [pos][Dh/2]) when the passes rotate
+  int rope_pos_offset = 0;        // dQ and dK back as they store them (Dh equal to the compiled width); null: not
 };
 
 // The padded head width that serves Dh (32, 64, 80 or 128), or 0 when no flash instance does.

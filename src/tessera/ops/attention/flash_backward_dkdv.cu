@@ -30,7 +30,8 @@ constexpr size_t dkdv_smem_bytes() {
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D),  dV += Pᵀ dO,  dK += dSᵀ Q  (Pᵀ, dSᵀ rounded to the dtype in registers).
 // With dropout, dPᵀ = Zᵀ ∘ (V dOᵀ) before dSᵀ, and dV takes (P ∘ Z)ᵀ: the dropped elements zeroed, the kept ones
 // scaled by 1 / (1 - p) (attention.h).
-// At the end dK / sqrt(Dh) and dV are stored; each element is written by one thread once: deterministic.
+// At the end dK / sqrt(Dh) (with RoPE, rotated back first: rope_rotate_back) and dV are stored; each element is
+// written by one thread once: deterministic.
 // Blocks per SM the compiler must fit. At Dh 64 the kernel wants 187 registers, which leaves room for 2 blocks (8
 // warps); bounded to 3 it takes 168 with a 32-byte spill, and gpt2-124m's attention backward (B 16, T 1024, 12
 // layers, one traced step on the H200) went 6.97 -> 6.68 ms. Also measured there: 32 queries a step with 3 blocks
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
     flash_attention_backward_dkdv_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out,
                                       const T* __restrict__ qkv, const float* __restrict__ lse,
                                       const float* __restrict__ D, int seq_len, int H, int Dh, bool causal,
-                                      float scale, float scale_log2, AttentionDropoutDraw drop) {
+                                      float scale, float scale_log2, AttentionDropoutDraw drop, RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kQ = kQueryStep<kD>;
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
   }
   const int row0 = k0 + warp * kRowsPerWarp;
   T* dk_base = d_qkv + row_b * ld + C + static_cast<int64_t>(h) * Dh;
+  if (rope.cs) rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dk[n]; }, rope, row0, seq_len);
   const float k_scales[2] = {scale, scale}, v_scales[2] = {1.0f, 1.0f};
   store_rows<T, kD8>(dk_base, ld, dk, row0, seq_len, Dh, k_scales);
   store_rows<T, kD8>(dk_base + C, ld, dv, row0, seq_len, Dh, v_scales);
@@ -152,9 +154,11 @@ void launch_dkdv(const AttentionParams& p, const FlashAttentionArgs& a, Context&
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the dK / dV pass rotates back RoPE only at Dh = ", kD);
+  const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
                                                   static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e, drop);
+                                                  p.causal, scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 

@@ -21,14 +21,14 @@ constexpr size_t dq_smem_bytes() {
 //   S = Q Kᵀ,  P = exp2(S log2e / sqrt(Dh) - lse log2e) (0 where masked),  dP = dO Vᵀ,  dS = P ∘ (dP - D),
 //   dQ += dS K  (dS rounded to the dtype in registers as the A operand).
 // With dropout, dP = Z ∘ (dO Vᵀ) (attention.h): the dropped elements of dO Vᵀ are zeroed, the kept ones scaled
-// by 1 / (1 - p), before dS. At the end dQ / sqrt(Dh) is stored. Each dQ element is written by one thread once:
-// deterministic.
+// by 1 / (1 - p), before dS. At the end dQ / sqrt(Dh) is stored (with RoPE, rotated back first: rope_rotate_back).
+// Each dQ element is written by one thread once: deterministic.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_dq_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                     const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
                                     int Dh, bool causal, float scale, float scale_log2,
-                                    AttentionDropoutDraw drop) {
+                                    AttentionDropoutDraw drop, RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
@@ -101,9 +101,10 @@ __global__ void __launch_bounds__(kThreads)
     warp_gemm_rn<T, kD8, kTileRows>(dq, dsa, sKb, kS);
     __syncthreads();
   }
+  const int row0 = row_a - (lane >> 2);
+  if (rope.cs) rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dq[n]; }, rope, row0, seq_len);
   const float scales[2] = {scale, scale};
-  store_rows<T, kD8>(d_qkv + row_b * ld + static_cast<int64_t>(h) * Dh, ld, dq, row_a - (lane >> 2), seq_len, Dh,
-                     scales);
+  store_rows<T, kD8>(d_qkv + row_b * ld + static_cast<int64_t>(h) * Dh, ld, dq, row0, seq_len, Dh, scales);
 }
 
 template <typename T, int kD>
@@ -116,9 +117,11 @@ void launch_dq(const AttentionParams& p, const FlashAttentionArgs& a, Context& c
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the dQ pass rotates back RoPE only at Dh = ", kD);
+  const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
                                                   static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e, drop);
+                                                  p.causal, scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                       const float* __restrict__ lse, const T* __restrict__ out, float* D,
                                       int seq_len, int H, bool causal, float scale, float scale_log2,
-                                      AttentionDropoutDraw drop) {
+                                      AttentionDropoutDraw drop, flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
   constexpr int kKeys = kDqKeys;
@@ -317,6 +317,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_arrive(&bar_empty[s]);
   }
 
+  if (rope.cs) {
+    flash::rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dq[n / 8][n % 8]; }, rope, row_w, seq_len);
+  }
   const float scales[2] = {scale, scale};
   T* dq_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + static_cast<int64_t>(h) * kD;
 #pragma unroll
@@ -331,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                         const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
                                         int H, bool causal, float scale, float scale_log2,
-                                        AttentionDropoutDraw drop) {
+                                        AttentionDropoutDraw drop, flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
   constexpr int kQRows = dkdv_query_rows<kD>();
@@ -489,6 +492,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_arrive(&bar_empty[s]);
   }
 
+  if (rope.cs) {
+    flash::rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dk[n / 8][n % 8]; }, rope, row_w, seq_len);
+  }
   const float k_scales[2] = {scale, scale}, v_scales[2] = {1.0f, 1.0f};
   T* dk_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + C + static_cast<int64_t>(h) * kD;
 #pragma unroll
@@ -512,16 +518,18 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the Hopper passes rotate back RoPE only at Dh = ", kD);
+  const flash::RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   auto dq = flash_attention_backward_dq_wgmma<T, kD>;
   T* d_qkv = static_cast<T*>(a.d_qkv);
   TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
   dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, static_cast<const T*>(a.out_in),
-                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e, drop);
+                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.causal,
-                                               scale, scale * kLog2e, drop);
+                                               scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 

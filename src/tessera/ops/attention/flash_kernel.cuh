@@ -223,6 +223,38 @@ __device__ __forceinline__ void store_rows(T* __restrict__ dst, int64_t ld, cons
   }
 }
 
+// RoPE's transposed rotation (attention.h), applied to this lane's 16-row accumulator tiles of one head's dQ or dK
+// before they are stored: for i < Dh/2 (Dh = 16 kHalf8), (x[i], x[i + Dh/2]) <- (x[i] c + x[i + Dh/2] s,
+// x[i + Dh/2] c - x[i] s), with {c, s} of position pos_offset + row from the table at cs ([pos][Dh/2], float2).
+// Columns i and i + Dh/2 sit in this lane's tiles n and n + kHalf8 at the same place (Dh/2 is a multiple of 8), so
+// the rotation needs no data from another lane. tile(n) is this lane's float[4] of tile n (8 columns, rows row0 +
+// g and row0 + g + 8 as store_rows takes them); rows >= n_rows are left alone.
+struct RopeTable {
+  const float2* cs = nullptr;  // null: no RoPE
+  int pos_offset = 0;
+};
+template <int kHalf8, typename Tile>
+__device__ __forceinline__ void rope_rotate_back(Tile&& tile, const RopeTable& rope, int row0, int n_rows) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 + g + 8 * half;
+    if (r >= n_rows) continue;
+    const float2* cs = rope.cs + static_cast<int64_t>(rope.pos_offset + r) * (8 * kHalf8) + c;
+#pragma unroll
+    for (int n = 0; n < kHalf8; ++n) {
+      const float4 t = *reinterpret_cast<const float4*>(cs + 8 * n);  // columns 8n + c and 8n + c + 1
+      float(&x1)[4] = tile(n);
+      float(&x2)[4] = tile(n + kHalf8);
+      const float a0 = x1[2 * half], b0 = x2[2 * half], a1 = x1[2 * half + 1], b1 = x2[2 * half + 1];
+      x1[2 * half] = a0 * t.x + b0 * t.y;
+      x2[2 * half] = b0 * t.x - a0 * t.y;
+      x1[2 * half + 1] = a1 * t.z + b1 * t.w;
+      x2[2 * half + 1] = b1 * t.z - a1 * t.w;
+    }
+  }
+}
+
 // Sets to -inf each score of this lane's accumulator tile (rows row_a and row_a + 8, key columns k0 + 8n +
 // 2 (lane % 4) + e % 2, the m16n8 / wgmma accumulator layout) whose key is past seq_len or, when causal, after its
 // row's query. Callers run it only on tiles that need it, under a warp-uniform branch, so the tiles inside the
