@@ -301,8 +301,8 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
 // RoPE through the Tensor-level entries against the f64 reference: the forward rotates q and k of qkv in place (the
 // GPU's qkv afterwards must be the reference's rotation, v as it was) and the backward returns d_qkv with respect to
 // q and k before it. The flash passes rotate dQ and dK back in registers where Dh is a compiled width (32, 64, 80,
-// 128; here 64, 80, 128 on mma.sync and 64, 128 on the Hopper path); Dh 48 (padded in the 64 instance) and f32 (the
-// tiled kernels) take the pass over d_qkv after the backward. Positions start at rope_pos_offset.
+// 128 on mma.sync; 64, 128 on the Hopper path); Dh 48 (padded in the 64 instance) and f32 (the tiled kernels) take
+// the pass over d_qkv after the backward. Positions start at rope_pos_offset.
 void run_rope_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
   ScopedFlashPath scoped(path);
   const std::string what = label(p, dt) + " rope theta " + std::to_string(p.rope_theta) + " from " +
@@ -337,10 +337,10 @@ TEST(CudaFlashAttention, RopeMatchesReference) {
   for (const char* path : flash_paths(ctx))
     for (DType dt : {DType::BF16, DType::F16, DType::F32})
       for (bool causal : {true, false})
-        for (int Dh : {48, 64, 80, 128})
+        for (int Dh : {32, 48, 64, 80, 128})
           for (int T : {1, 17, 200}) {
             if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
-            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 48 || Dh == 80)) continue;  // mma's
+            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 32 || Dh == 48 || Dh == 80)) continue;
             run_rope_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal,
                            .rope_theta = causal ? 10000.0f : 500000.0f, .rope_pos_offset = T == 17 ? 37 : 0},
                           dt, ctx, rng, path);

@@ -2,8 +2,9 @@
 // loss-scale decisions and final parameters, bit for bit, over several steps, with what a graph would freeze
 // changing every step (the lr in warm-up, AdamW's t, the dropout streams), with --accum 2, and in f16 with a planted
 // overflow that is skipped and halves the loss scale (the step graph is captured again); a failed capture falls
-// back to eager steps; bench model's regions as graphs, f16 with train's loss scaling among them. And CudaGraph itself:
-// an illegal call inside a capture ends the capture with a clear Error and leaves the stream usable.
+// back to eager steps; a Llama-style (RoPE) model; bench model's regions as graphs, f16 with train's loss scaling
+// among them. And CudaGraph itself: an illegal call inside a capture ends the capture with a clear Error and leaves
+// the stream usable.
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -109,6 +110,22 @@ TEST(CudaGraphStep, Bf16DropoutWarmupMatchesEagerBitForBit) {
     train(train_setup(plain));
     EXPECT_NE(metrics(plain.out)[2]["loss"], r.graph_recs[2]["loss"]) << "without " << off;
   }
+  fs::remove_all(d);
+}
+
+// A Llama-style `tiny` (RoPE; 4 heads of 32, a width the flash backward rotates dQ and dK back in): the RoPE table
+// the first (eager) step makes is the one the graph replays read.
+TEST(CudaGraphStep, Bf16RopeMatchesEagerBitForBit) {
+  if (!graphs_here()) GTEST_SKIP() << "no GPU visible, or a Debug build (no captures)";
+  const fs::path d = temp_dir("cuda_graph_rope");
+  prepare_text(bundled_corpus(), (d / "data").string());
+  constexpr int kSteps = 4;
+  TrainOptions o = changing_every_step(d, "bf16", kSteps);
+  o.model = llama_style(o.model);
+  ASSERT_EQ(o.model.head_dim(), 32);
+  const Runs r = train_both(d, o);
+  expect_identical(r, kSteps);
+  EXPECT_EQ(r.graph.graph_steps, kSteps - 1);
   fs::remove_all(d);
 }
 

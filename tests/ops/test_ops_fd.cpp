@@ -322,7 +322,8 @@ TEST_F(OpsFd, AttentionWithRope) {
   for (const AttentionParams p : {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true,
                                                   .rope_theta = 10000.0f},
                                   AttentionParams{.B = 1, .T = 5, .H = 3, .Dh = 4, .causal = false, .dropout = 0.3f,
-                                                  .seed = 4, .stream = 2, .rope_theta = 500.0f, .rope_pos_offset = 7}}) {
+                                                  .seed = 4, .stream = 2, .rope_theta = 500.0f,
+                                                  .rope_pos_offset = 7}}) {
     const int C = p.H * p.Dh;
     const int64_t N = int64_t{p.B} * p.T;
     std::vector<double> x = randn<double>(N * 3 * C, rng);  // the point finite differences move
@@ -349,6 +350,13 @@ TEST_F(OpsFd, AttentionWithRope) {
     EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = bad}, DType::F32,
                                     Device::cpu(), &why));
     EXPECT_NE(why.find("rope_theta >= 0 and finite"), std::string::npos) << why;
+  }
+  // The GPU's cos / sin table covers 2^22 positions; the CPU computes each angle.
+  const AttentionParams far{.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = 1e4f, .rope_pos_offset = (1 << 22) - 3};
+  EXPECT_TRUE(attention_supports(far, DType::F32, Device::cpu(), &why)) << why;
+  if (built_with_cuda()) {
+    EXPECT_FALSE(attention_supports(far, DType::BF16, Device::cuda(0), &why));
+    EXPECT_NE(why.find("positions up to 4194304"), std::string::npos) << why;
   }
   EXPECT_FALSE(attention_naive_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = 1e4f}, DType::F32,
                                         Device::cpu(), &why));

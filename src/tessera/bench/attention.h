@@ -4,7 +4,8 @@
 //
 // "flash" is attention_forward / attention_backward as the model calls them (on a GPU in bf16 / f16 the
 // tensor-core FlashAttention-2 kernels, in f32 the tiled kernels; on the CPU the reference); "naive" is
-// attention_naive_* (S and P materialized in the compute dtype, GEMMs by the gemm op).
+// attention_naive_* (S and P materialized in the compute dtype, GEMMs by the gemm op). Neither applies RoPE (the
+// peers do not either): a Llama-style model's attention adds its rotation pass before the forward.
 // Memory is the bytes of the buffers the row holds (tessera allocates with cudaMalloc and caches nothing, so this
 // is what the device holds for the work, as torch.cuda.max_memory_allocated counts torch's): "before backward"
 // = inputs, outputs and what the forward saved; "during backward" adds everything the backward allocates.

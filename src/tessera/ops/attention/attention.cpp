@@ -20,6 +20,10 @@ bool attention_supports(const AttentionParams& p, DType dtype, Device device, st
     if (why) *why = "needs rope_theta >= 0 and finite (0: no RoPE) and rope_pos_offset >= 0";
     return false;
   }
+  if (p.rope_theta > 0.0f && !device.is_cpu() && int64_t{p.rope_pos_offset} + p.T > kRopeMaxPositions) {
+    if (why) *why = "RoPE on the GPU takes positions up to " + std::to_string(kRopeMaxPositions);
+    return false;
+  }
   if (!device.is_cpu() && p.Dh > kAttentionMaxDh) {
     if (why) {
       *why = "the CUDA kernels take head dims Dh up to " + std::to_string(kAttentionMaxDh) + ", got " +
@@ -34,6 +38,10 @@ bool rope_supports(const RopeParams& p, DType dtype, Device device, std::string*
   if (!supports_dtype(dtype, device, why)) return false;
   if (p.B < 0 || p.T < 0 || p.H <= 0 || p.Dh <= 0) {
     if (why) *why = "needs B >= 0, T >= 0, H > 0 and Dh > 0";
+    return false;
+  }
+  if (!device.is_cpu() && int64_t{p.pos_offset} + p.T > kRopeMaxPositions) {
+    if (why) *why = "RoPE on the GPU takes positions up to " + std::to_string(kRopeMaxPositions);
     return false;
   }
   return true;

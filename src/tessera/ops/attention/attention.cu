@@ -536,7 +536,7 @@ float attention_scale(int Dh) { return static_cast<float>(1.0 / std::sqrt(static
 // The Context's RoPE table for (theta, Dh) over at least n_pos positions (a power of two of 1024 or more, so that
 // the lengths of one run share a table).
 const float2* rope_table(float theta, int Dh, long n_pos, Context& ctx) {
-  TS_CHECK(n_pos <= (long{1} << 22), "rope: positions up to 2^22, asked for ", n_pos);
+  TS_CHECK(n_pos <= kRopeMaxPositions, "rope: positions up to ", kRopeMaxPositions, ", asked for ", n_pos);
   long rows = 1024;
   while (rows < n_pos) rows *= 2;
   const int half = Dh / 2;

@@ -87,6 +87,8 @@ void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 // Q, K and V are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64,
 // 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
 constexpr int kAttentionMaxDh = 128;
+// RoPE on the GPU reads cos / sin from a table over positions (pos_offset + T at most this).
+constexpr int64_t kRopeMaxPositions = int64_t{1} << 22;
 // The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers on ctx's GPU:
 // "flash-mma", or on sm_90a (TESSERA_FLASH_PATH auto or hopper, flash_hopper.h) "flash-hopper",
 // "flash-hopper forward, flash-mma backward" or "flash-mma forward, flash-hopper backward"; else "tiled-fma"

@@ -19,7 +19,8 @@
 // Causal: tiles wholly above the diagonal are never visited; only tiles that straddle it (or T) are masked.
 // Attention dropout (attention_dropout.h): each lane draws the keep bits of the scores it holds, one Philox block
 // per eight scores (where rows are keys, in the dK / dV pass, two lanes share two blocks by a shuffle), under a
-// branch uniform over the grid, so a call without dropout runs the same instructions as before it existed. Forward: the
+// branch uniform over the grid in the forward, and in instances of their own in the backward passes (a call
+// without dropout runs the instructions it ran before dropout existed). Forward: the
 // dropped elements of P are zeroed after l has summed them, out takes 1 / (1 - p); dQ pass: dP = Z ∘ (dO Vᵀ);
 // dK / dV pass: dPᵀ = Zᵀ ∘ (V dOᵀ) and dV += (P ∘ Z)ᵀ dO.
 #pragma once
@@ -42,8 +43,10 @@ struct FlashAttentionArgs {
   float* D_out = nullptr;      // (B, H, T)      Hopper backward: rowsum(dO ∘ O), which its dQ pass computes from
                                //                out_in, or reads when out_in is null (computed before)
   void* d_qkv = nullptr;       // (B*T, 3C)      backward output
-  const void* rope_cs = nullptr;  // backward: RoPE's {cos, sin} table (float2 [pos][Dh/2]) when the passes rotate
-  int rope_pos_offset = 0;        // dQ and dK back as they store them (Dh equal to the compiled width); null: not
+  // Backward with RoPE: its {cos, sin} table (float2 [pos][Dh/2]) and the first position, when the passes rotate
+  // dQ and dK back as they store them (Dh equal to the compiled width); null: they store them as computed.
+  const void* rope_cs = nullptr;
+  int rope_pos_offset = 0;
 };
 
 // The padded head width that serves Dh (32, 64, 80 or 128), or 0 when no flash instance does.

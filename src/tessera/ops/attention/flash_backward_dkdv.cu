@@ -39,14 +39,14 @@ constexpr size_t dkdv_smem_bytes() {
 template <int kD>
 constexpr int kDkdvMinBlocks = kD == 64 ? 3 : 1;
 
-template <typename T, int kD>
+template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
     flash_attention_backward_dkdv_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out,
                                       const T* __restrict__ qkv, const float* __restrict__ lse,
                                       const float* __restrict__ D, int seq_len, int H, int Dh, bool causal,
                                       float scale, float scale_log2, AttentionDropoutDraw drop, RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
-  attention_dropout_resolve(drop);
+  if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kQ = kQueryStep<kD>;
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kStepElems = kQ * kS;
   constexpr int kQ8 = kQ / 8, kD8 = kD / 8;
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
 
     const int q0 = i * kQ;
     uint32_t keep = 0;
-    if (drop.threshold) {
+    if constexpr (kDropout) {
       keep = dropout_keep_bits_key_rows<kQ8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
       apply_keep_bits<kQ8>(dpt, keep, drop.scale);
     }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
         st[n][e] = pv;                         // Pᵀ, in place of Sᵀ
         dpt[n][e] = pv * (dpt[n][e] - Db[ql]);  // dSᵀ, in place of dPᵀ
       }
-    if (drop.threshold) apply_keep_bits<kQ8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
+    if constexpr (kDropout) apply_keep_bits<kQ8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
     uint32_t pa[kQ8 / 2][4], dsa[kQ8 / 2][4];
     c_to_a<T, kQ8>(pa, st);
     c_to_a<T, kQ8>(dsa, dpt);
@@ -147,13 +147,16 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
 template <typename T, int kD>
 void launch_dkdv(const AttentionParams& p, const FlashAttentionArgs& a, Context& ctx) {
   constexpr size_t smem = dkdv_smem_bytes<kD>();
-  auto kernel = flash_attention_backward_dkdv_mma<T, kD>;
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  // Without dropout, an instance with no trace of it: behind a runtime branch, the call to the keep bits cost the
+  // mma.sync backward 1-7% without dropout (2026-12-01-rope-in-attention-h200.md).
+  const auto kernel = drop.threshold ? flash_attention_backward_dkdv_mma<T, kD, true>
+                                       : flash_attention_backward_dkdv_mma<T, kD, false>;
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_backward: the flash dK/dV kernel needs ", smem,
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
-  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the dK / dV pass rotates back RoPE only at Dh = ", kD);
   const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),

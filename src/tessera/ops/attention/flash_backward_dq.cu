@@ -23,14 +23,20 @@ constexpr size_t dq_smem_bytes() {
 // With dropout, dP = Z ∘ (dO Vᵀ) (attention.h): the dropped elements of dO Vᵀ are zeroed, the kept ones scaled
 // by 1 / (1 - p), before dS. At the end dQ / sqrt(Dh) is stored (with RoPE, rotated back first: rope_rotate_back).
 // Each dQ element is written by one thread once: deterministic.
-template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads)
+// Blocks an SM: 3 (4 at Dh 32), what the kernel reached unbounded while dropout was a runtime branch (164-168
+// registers; 126 at Dh 32). Unbounded, the instance with dropout took 224 at Dh 128 (2 blocks); bounded to 1 block,
+// those without it took 200-228.
+template <int kD>
+constexpr int kDqMinBlocks = kD == 32 ? 4 : 3;
+
+template <typename T, int kD, bool kDropout>
+__global__ void __launch_bounds__(kThreads, kDqMinBlocks<kD>)
     flash_attention_backward_dq_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                     const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
                                     int Dh, bool causal, float scale, float scale_log2,
                                     AttentionDropoutDraw drop, RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
-  attention_dropout_resolve(drop);
+  if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kTileElems;
@@ -82,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
     warp_gemm_nt<T, kN8, kD>(dp, sdOw, kS, sV + buf * kTileElems, kS);
 
     const int k0 = j * kTileRows;
-    if (drop.threshold) {
+    if constexpr (kDropout) {
       const uint64_t bh = static_cast<uint64_t>(b) * H + h;
       apply_keep_bits<kN8>(dp, dropout_keep_bits_query_rows<kN8>(drop, bh, seq_len, row_a, k0), drop.scale);
     }
@@ -110,13 +116,16 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int kD>
 void launch_dq(const AttentionParams& p, const FlashAttentionArgs& a, Context& ctx) {
   constexpr size_t smem = dq_smem_bytes<kD>();
-  auto kernel = flash_attention_backward_dq_mma<T, kD>;
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  // Without dropout, an instance with no trace of it: behind a runtime branch, the call to the keep bits cost the
+  // mma.sync backward 1-7% without dropout (2026-12-01-rope-in-attention-h200.md).
+  const auto kernel = drop.threshold ? flash_attention_backward_dq_mma<T, kD, true>
+                                       : flash_attention_backward_dq_mma<T, kD, false>;
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_backward: the flash dQ kernel needs ", smem,
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
-  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the dQ pass rotates back RoPE only at Dh = ", kD);
   const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
