@@ -342,9 +342,10 @@ __device__ __forceinline__ uint64_t keep_bits_key_rows(const AttentionDropoutDra
   return bits;
 }
 
-// Out of line, for the mma.sync kernels (kN8 <= 8): so that the draws' registers do not raise the kernels'
-// allocation on the path without dropout (inlined, the dQ kernel at Dh 128 went from 168 to 216 registers). The
-// wgmma kernels inline them: a call between a wgmma and its wait would serialize the wgmma.
+// Out of line, for the mma.sync kernels (kN8 <= 8): the forward calls them behind a runtime branch, and inlined
+// they raised its allocation on the path without dropout (so did the dQ kernel's, 168 -> 216 registers at Dh 128,
+// when it had the branch; the backward passes now have instances with and without dropout). The wgmma kernels
+// inline them: a call between a wgmma and its wait would serialize the wgmma.
 template <int kN8>
 __device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh,
                                                               int seq_len, int row_a, int k0) {
