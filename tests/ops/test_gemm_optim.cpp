@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <cstring>
+
+#include <omp.h>
 
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/optim/adamw.h"
@@ -98,6 +101,33 @@ TEST(Gemm, BlasMatchesLoopOnAwkwardShapes) {
       }
     }
   }
+}
+
+// The CPU reference's results must not depend on OMP_NUM_THREADS. gemm_ref split C's rows into one OpenBLAS call
+// per thread, and OpenBLAS rounds an element differently with the rows a call has: 1 and 2 threads then differed
+// in about 4% of the elements of these shapes, and a training run's losses from step 16 on.
+TEST(Gemm, ResultsDoNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test::test_seed());
+  const int threads_before = omp_get_max_threads();
+  for (GemmShape s : {GemmShape{512, 384, 128}, GemmShape{1000, 129, 77}, GemmShape{300, 50, 512}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      const GemmParams p{.M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .alpha = 1.0f, .beta = 1.0f};
+      const auto a = test::randn<float>(s.M * s.K, rng), b = test::randn<float>(s.K * s.N, rng);
+      const auto c0 = test::prefilled<float>(s.M * s.N, rng);
+      std::vector<float> first;
+      for (int threads : {1, 2, 3, 5}) {
+        omp_set_num_threads(threads);
+        auto c = c0;
+        gemm_ref<float>(p, c.data(), a.data(), b.data(), nullptr);
+        if (first.empty()) first = c;
+        size_t differ = 0;
+        for (size_t i = 0; i < c.size(); ++i) differ += std::memcmp(&c[i], &first[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << s.M << "x" << s.N << "x" << s.K << (ta ? " (A transposed)" : "") << ", " << threads
+                              << " threads against 1";
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
 }
 
 TEST(Gemm, BiasGradAccumulates) {

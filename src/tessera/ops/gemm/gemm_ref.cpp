@@ -38,9 +38,14 @@ void gemm_loop_ref(const GemmParams& p, T* c, const T* a, const T* b, const T* b
 
 namespace {
 #ifdef TESSERA_WITH_OPENBLAS
-// Splits C's rows into one block per OpenMP thread, each a single-threaded BLAS call: on small and mid-sized
-// GEMMs (a training step's shapes) this uses the cores far better than OpenBLAS's own threads, and each
-// element is computed by exactly one call, so results do not depend on timing.
+// Splits C's rows into blocks, each a single-threaded BLAS call, spread over the OpenMP threads: on small and
+// mid-sized GEMMs (a training step's shapes) this uses the cores far better than OpenBLAS's own threads. The
+// blocks depend on the shape alone, never on the thread count: OpenBLAS rounds an element differently with the
+// number of rows a call has (a 512-row product split in two calls instead of one differs in 4% of its elements),
+// so a split per thread made the CPU's results depend on OMP_NUM_THREADS. Each element is computed by exactly one
+// call, so they do not depend on timing either.
+constexpr int kBlasBlockMinRows = 128;  // rows of a block, at least (fewer rows than this and packing B dominates)
+constexpr int kBlasMaxBlocks = 64;     // blocks of a GEMM, at most: enough for 64 threads
 template <typename T, typename Blas>
 void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas blas) {
   static const bool single = [] {
@@ -48,9 +53,10 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
     return true;
   }();
   (void)single;
-  const int threads = omp_get_max_threads();
   const long work = static_cast<long>(p.M) * p.N * p.K;
-  const int blocks = (work < 4 * kParallelMinWork || p.M < 2 * threads) ? 1 : threads;
+  const int blocks = work < 4 * kParallelMinWork
+                         ? 1
+                         : std::clamp(p.M / kBlasBlockMinRows, 1, kBlasMaxBlocks);
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int blk = 0; blk < blocks; ++blk) {
     const int m0 = static_cast<int>(static_cast<long>(p.M) * blk / blocks);
