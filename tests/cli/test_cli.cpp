@@ -319,6 +319,88 @@ TEST_F(Cli, GenerateFallsBackToTheOldCheckpoint) {
   EXPECT_EQ(after.out, before.out);
 }
 
+// A training run's directory given where a checkpoint is asked for was "cannot read <run>/model.safetensors".
+TEST_F(Cli, RunDirectoryGivenForACheckpointNamesItsCheckpoints) {
+  const fs::path out = dir / "o";
+  const CliRun t = run(small_train(out) + " --steps 1");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const std::string what = out.string() + " is a training run's directory, not a checkpoint: give " +
+                           (out / "checkpoint").string() + " (the last step)";
+  expect_error(run("generate --checkpoint " + out.string()), what);
+  expect_error(run("info --checkpoint " + out.string()), what);
+  expect_error(run("train --resume " + out.string() + " --out " + (dir / "o2").string()), what, dir / "o2");
+}
+
+// A stop between the micro-batches of a long step abandons the step: with --accum in the thousands a step takes
+// minutes here, and SIGTERM waited for its end (timeout(1)'s one SIGTERM could not stop such a run). The checkpoint
+// is the last whole step's (here the initial one), and resuming from it works.
+TEST_F(Cli, SigtermWithinALongAccumulatedStepStopsAtOnce) {
+  const fs::path out = dir / "o";
+  // Step 1 alone: 100000 micro-batches of 2 x 16 tokens, far more than a minute on any machine.
+  Child c = spawn(small_train(out) + " --steps 2 --accum 100000 --ckpt-every 0", dir);
+  // metrics.jsonl is opened just before the first step, after the signal handlers are in place.
+  for (int i = 0; i < 6000 && !fs::exists(out / "metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(out / "metrics.jsonl")) << read_file_text(c.err.string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // inside step 1's micro-batches
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(c.pid, SIGTERM), 0);
+  int code = -1;
+  for (int i = 0; i < 6000 && code < 0; ++i) {  // up to a minute
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (code < 0) {
+    ::kill(c.pid, SIGKILL);
+    wait_exit(c.pid);
+  }
+  const std::string err = read_file_text(c.err.string());
+  ASSERT_EQ(code, 128 + SIGTERM) << "still running a minute after SIGTERM: " << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+  EXPECT_NE(err.find("tessera: terminated at step 0: checkpoint written to " + (out / "checkpoint").string()),
+            std::string::npos) << err;
+  ASSERT_TRUE(fs::exists(out / "checkpoint")) << err;
+  EXPECT_EQ(checkpoint_step(out / "checkpoint"), 0);
+  EXPECT_EQ(count_lines(out / "metrics.jsonl"), 0);
+  const CliRun r = run("generate --greedy --tokens 2 --checkpoint " + (out / "checkpoint").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// generate printed its text only at the end: 100k tokens on the CPU were minutes of silence, and an interrupt lost
+// them all (as it lost train's summary lines, unflushed, during its sample). Each token is printed as it is drawn.
+TEST_F(Cli, GenerateStreamsItsText) {
+  const fs::path out = dir / "o";
+  const CliRun t = run(small_train(out) + " --steps 1");
+  ASSERT_EQ(t.code, 0) << t.err;
+  Child c = spawn("generate --tokens 10000000 --prompt Hi --checkpoint " + (out / "checkpoint").string(), dir);
+  size_t printed = 0;
+  for (int i = 0; i < 6000 && printed < 12; ++i) {  // the prompt and 10 tokens, within a minute
+    std::error_code ec;
+    const auto n = fs::file_size(c.out, ec);
+    printed = ec ? 0 : n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(c.pid, SIGKILL);
+  wait_exit(c.pid);
+  EXPECT_GE(printed, 12u) << read_file_text(c.err.string());
+  // Flushed token by token: first seen well before stdio's 4096-byte buffer would have filled (about 10 tokens
+  // come in the 10 ms between looks).
+  EXPECT_LT(printed, 1000u);
+  EXPECT_EQ(read_file_text(c.out.string()).substr(0, 2), "Hi");
+}
+
+// Out of memory making the model (past a ulimit -v, where the check of the free memory up front passes) left an
+// empty output directory, and the prepared data in it.
+TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
+  const fs::path out = dir / "o";
+  // cs336-small's f32 parameters alone are 0.48 GiB, more than the limit leaves.
+  const CliRun r = test::run_after(test::address_limit_prefix(test::startup_address_mib() + 256),
+                                   "train --preset cs336-small --batch 1 --seq 16 --steps 1 --no-progress "
+                                   "--sample-tokens 0 --device cpu --out " + out.string());
+  expect_error(r, "out of memory", out);
+}
+
 // Item 13 of the hardening issue: one step of gpt2-124m on the CPU used to be followed by minutes of sampling.
 // Over 100M parameters on the CPU there is no sample unless asked for (about 4 GB and a few seconds here).
 TEST_F(Cli, NoDefaultSampleForLargeModelsOnTheCpu) {
@@ -401,6 +483,7 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--lr -1e-3"), "--lr must be a positive number", out);
   expect_error(run(base + "--lr nan"), "--lr expects a number", out);
   expect_error(run(base + "--accum 0"), "--accum must be positive", out);
+  expect_error(run(base + "--accum 2147483647"), "--accum 2147483647 is more than 1048576 micro-batches a step", out);
   expect_error(run(base + "--min-lr-ratio 2"), "--min-lr-ratio must be in [0, 1]", out);
   expect_error(run(base + "--val-batches -1"), "--val-batches must be >= 0", out);
   expect_error(run(base + "--ckpt-every -2"), "--ckpt-every must be >= 0", out);

@@ -73,8 +73,8 @@ class StopSignals {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-// Removes the directories this command created when it fails before training starts, so that a failed
-// command leaves no empty output directory and no prepared shards.
+// Removes the directories this command created when it fails before its first step, so that a failed command
+// leaves no empty output directory and no prepared shards.
 class CreatedDirs {
  public:
   ~CreatedDirs() {
@@ -185,7 +185,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
   a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
   a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
-  a.add("stop-after", "N", "stop with a checkpoint after step N, as if interrupted (resume later with --resume)");
+  a.add("stop-after", "N",
+        "stop with a checkpoint after step N, as if interrupted (resume later with --resume); 0: off");
   a.add("trace", "FILE.json", "write a Chrome trace (opens in Perfetto) of one training step: FWD_STEP, BWD_STEP, "
         "OPTIM_STEP, each layer and op, the planned activation memory");
   a.add("memory-timeline", "FILE.png", "plot the planned memory of one training step per op (static buffers, live "
@@ -403,7 +404,6 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     setup.options.data = (out / "data").string();
     train_open_data(setup);
   });
-  created.keep();
 
   const int64_t params = o.model.num_params();
   const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
@@ -454,10 +454,20 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   TrainResult r;
   {
     StopSignals signals;
-    r = train(std::move(setup),
-              {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
-               .before_grad_sync = {}});
+    try {
+      r = train(std::move(setup),
+                {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
+                 .before_grad_sync = {}});
+    } catch (...) {
+      // A run that fails before its first step (out of memory making the model, say) leaves nothing behind; one
+      // that fails later keeps its metrics and checkpoints (a diverged run's metrics say how it went).
+      std::error_code ec, ec2;
+      const auto metrics = fs::file_size(out / "metrics.jsonl", ec);  // uintmax_t(-1) and ec set when missing
+      if ((!ec && metrics > 0) || fs::exists(out / "checkpoint", ec2)) created.keep();
+      throw;
+    }
   }
+  created.keep();
   if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
   // A data-parallel run resumes at its world size, with its form of gradient reduction.
   const std::string launcher = ranks.world ? "mpirun -np " + std::to_string(ranks.size()) + " " : "";
@@ -518,11 +528,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   }
   if (sample_tokens > 0) {
     const std::string prompt = a.str("prompt", "The ");
-    const auto out_tokens = generate(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
-                                     {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
-    const std::string sample = byte_decode(out_tokens) + "\n";  // may hold any byte, NUL included
     std::printf("\nsample (temperature 0.7, top-k 40):\n");
-    std::fwrite(sample.data(), 1, sample.size(), stdout);
+    generate_streamed(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
+                      {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
   }
   return 0;
 }

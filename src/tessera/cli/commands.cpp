@@ -59,9 +59,7 @@ int cmd_generate(int argc, char** argv) {
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
   const std::string prompt = a.str("prompt", "The ");
-  const auto out = generate(*model, encode_prompt(prompt, model->config().vocab), n, p);
-  const std::string text = byte_decode(out) + "\n";  // may hold any byte, NUL included
-  std::fwrite(text.data(), 1, text.size(), stdout);
+  generate_streamed(*model, encode_prompt(prompt, model->config().vocab), n, p);
   return 0;
 }
 

@@ -74,6 +74,18 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
   return tokens;
 }
 
+void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
+  const auto put = [](const std::string& text) {  // may hold any byte, NUL included
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  sampler_check(p);  // before anything is printed
+  TS_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  put(byte_decode(prompt));
+  generate(model, prompt, max_new, p, [&](int32_t t) { put(byte_decode({t})); });
+  put("\n");
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);

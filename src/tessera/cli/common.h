@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/cli/flags.h"
+#include "tessera/infer/sampler.h"
 #include "tessera/models/config.h"
 
 namespace tessera::cli {
@@ -31,6 +32,9 @@ void check_output_path(const std::string& flag, const std::string& path);
 std::string human_count(double n);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
+// Prints the prompt, then each generated token's text as it is drawn (stdout flushed each time, so a long sample
+// shows as it comes and an interrupt loses nothing printed before it), then a newline.
+void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
 
 // Called in a catch block: rethrows the exception being handled, and where it is an allocation failure (an Error
 // is_out_of_memory knows, or std::bad_alloc) as one Error that ends in "(<hint>)": the hint names the flag of the

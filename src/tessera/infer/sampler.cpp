@@ -54,7 +54,8 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
   return idx[keep - 1];
 }
 
-std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p) {
+std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+                              const std::function<void(int32_t)>& on_token) {
   sampler_check(p);
   TS_CHECK(!tokens.empty(), "generate: the prompt is empty");
   const int V = model.config().vocab, max_seq = model.config().max_seq;
@@ -68,6 +69,7 @@ std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_n
     model.forward(ctx, nullptr, 1, T, {});
     const std::vector<float> last = model.read_logits_row(T - 1);  // one explicit copy of one row
     tokens.push_back(sample_token(p, last.data(), V, i));
+    if (on_token) on_token(tokens.back());
   }
   return tokens;
 }

@@ -8,6 +8,7 @@
 // infinite logits are errors, never silently turned into another mode.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/models/gpt.h"
@@ -28,7 +29,9 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
 
 // Appends max_new tokens to prompt; the context is the last max_seq tokens. (Recomputes the whole context
 // per token; the KV-cache generator replaces this in the inference issue.) Reserves the model's activations
-// once for the longest context it will run, so the arena is not re-planned per token.
-std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p);
+// once for the longest context it will run, so the arena is not re-planned per token. on_token, when given, sees
+// each new token as soon as it is drawn (the CLI prints the text as it comes).
+std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+                              const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace tessera

@@ -263,7 +263,17 @@ void weights_from(const SafetensorsFile& st, Gpt& model) {
 }  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& path) {
-  if (fs::exists(path)) return path;
+  if (fs::exists(path)) {
+    // A run directory (train's --out) given where its checkpoint was meant: say where the checkpoints are.
+    const fs::path run(path);
+    if (fs::is_directory(run) && !fs::exists(run / "model.safetensors") &&
+        fs::is_regular_file(run / "checkpoint" / "model.safetensors")) {
+      const bool best = fs::is_regular_file(run / "best" / "model.safetensors");
+      TS_THROW(path, " is a training run's directory, not a checkpoint: give ", (run / "checkpoint").string(),
+               " (the last step)", best ? " or " + (run / "best").string() + " (the best validation loss)" : "");
+    }
+    return path;
+  }
   fs::path p = fs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   const fs::path old = p.parent_path() / (p.filename().string() + ".old");

@@ -61,7 +61,8 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
 size_t checkpoint_save_host_bytes(const ModelConfig& cfg);
 
 // The directory a loader reads for checkpoint `path`: `path` itself, or <path>.old when `path` is missing and
-// <path>.old holds a checkpoint (a save interrupted between its two renames).
+// <path>.old holds a checkpoint (a save interrupted between its two renames). A training run's directory (no
+// model.safetensors, a checkpoint/ that has one) is an Error naming the checkpoints in it.
 std::string resolve_checkpoint_dir(const std::string& path);
 
 // Reads the model config stored in a checkpoint directory (or a model.safetensors path).

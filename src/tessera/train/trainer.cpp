@@ -110,6 +110,8 @@ void validate(const TrainOptions& o) {
   TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
   TS_CHECK(o.seq <= o.model.max_seq, "--seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
   TS_CHECK(o.accum > 0, "--accum must be positive, got ", o.accum);
+  // Each micro-batch keeps its loss on the device until the step's one read: a bound keeps that buffer small.
+  TS_CHECK(o.accum <= kMaxAccum, "--accum ", o.accum, " is more than ", kMaxAccum, " micro-batches a step");
   TS_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr must be a positive number, got ", o.lr);
   TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
   TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
@@ -534,9 +536,19 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         graph.reset();
       }
     }
+    bool abandoned = false;
     if (!stepped) {
       model->zero_grad();
+      const uint64_t rng_at_start = state.rng.next_stream;
       for (int micro = 0; micro < o.accum; ++micro) {
+        // A stop asked for between the micro-batches of a step (a long one: --accum) abandons it, so that an
+        // interrupt is prompt: nothing of it has been applied, and the checkpoint is the last whole step's. A
+        // data-parallel step runs to its end (its ranks must issue the same collectives).
+        if (micro > 0 && !dp && control.stop && *control.stop != 0) {
+          state.rng.next_stream = rng_at_start;
+          abandoned = true;
+          break;
+        }
         if (fallback_x.empty()) {
           next_batch_share(train_data, o.batch, o.seq, rank, world, x.data(), y.data());
         } else {
@@ -562,6 +574,13 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
         if (dp) dp->end_backward(*model, sync);
       }
       fallback_x.clear();  // later steps draw their batches again
+      if (abandoned) {
+        if (tracer) model->set_tracer(nullptr);
+        if (o.checkpoints) save(ckpt_dir);
+        result.interrupted = true;
+        result.last_step = state.step;
+        break;
+      }
       sample();  // after the backward (and the gradients' reduction)
       if (control.before_optimizer_step) control.before_optimizer_step(step, *model);
       {

@@ -29,6 +29,9 @@ enum class CudaGraphMode {
   Off,   // eagerly
 };
 
+// The most micro-batches one step may take (--accum).
+constexpr int kMaxAccum = 1 << 20;
+
 struct TrainOptions {
   ModelConfig model;
   std::string data;            // a directory of train_*/val_* shards, or one shard file
@@ -37,7 +40,7 @@ struct TrainOptions {
   int steps = 1000;
   int batch = 8;
   int seq = 0;                 // 0: the model's max_seq
-  int accum = 1;               // micro-batches per optimizer step
+  int accum = 1;               // micro-batches per optimizer step, at most kMaxAccum
   float lr = 3e-3f;
   float min_lr_ratio = 0.1f;   // the cosine schedule ends at lr * min_lr_ratio
   int warmup = 20;
