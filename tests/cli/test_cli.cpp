@@ -216,6 +216,18 @@ TEST_F(Cli, CheckpointThatLacksSomethingNamesIt) {
   save_checkpoint(ck.string(), m, nullptr);
   test::edit_safetensors_header(file, [](nlohmann::json& h) { h["__metadata__"].erase("tessera_config"); });
   expect_error(run("info --checkpoint " + ck.string()), "header has no tessera_config metadata");
+  // Two tensors over the same bytes (both of 128 floats) were read without a word; a dtype that does not fit the
+  // bytes was named only by the byte count.
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) {
+    h["transformer.ln_f.bias"]["data_offsets"] = h["transformer.ln_f.weight"]["data_offsets"];
+  });
+  expect_error(run("generate --checkpoint " + ck.string()),
+               "tensors 'transformer.ln_f.bias' and 'transformer.ln_f.weight' overlap in the data");
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) { h["transformer.ln_f.bias"]["dtype"] = "F16"; });
+  expect_error(run("info --checkpoint " + ck.string()),
+               "tensor 'transformer.ln_f.bias' has 512 bytes for shape (128) of dtype F16 (256 bytes)");
 }
 TEST_F(Cli, MismatchedSafetensors) {
   // A training checkpoint whose optimizer state belongs to another model.

@@ -157,9 +157,19 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
     TS_CHECK(e.begin <= e.end && e.end <= data_size, "safetensors: ", path, ": tensor '", name,
              "' has data offsets outside the file");
     TS_CHECK(e.end - e.begin == nbytes, "safetensors: ", path, ": tensor '", name, "' has ", e.end - e.begin,
-             " bytes for shape ", shape_str(e.shape));
+             " bytes for shape ", shape_str(e.shape), " of dtype ", dtype_name(e.dtype), " (", nbytes, " bytes)");
     f.entries_[name] = e;
   }
+  // Tensors share no bytes (the format's rule): two names over the same bytes are a corrupt or forged file.
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_begin;
+  for (const auto& [name, e] : f.entries_)
+    if (e.end > e.begin) by_begin.emplace_back(&name, &e);
+  std::sort(by_begin.begin(), by_begin.end(),
+            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  for (size_t i = 1; i < by_begin.size(); ++i)
+    TS_CHECK(by_begin[i].second->begin >= by_begin[i - 1].second->end, "safetensors: ", path, ": tensors '",
+             *by_begin[i - 1].first, "' and '", *by_begin[i].first, "' overlap in the data (bytes ",
+             by_begin[i].second->begin, " to ", std::min(by_begin[i].second->end, by_begin[i - 1].second->end), ")");
   return f;
 }
 
