@@ -380,6 +380,55 @@ TEST(Trainer, ResumeIsBitExact) {
   fs::remove_all(d);
 }
 
+// A stop seen between the micro-batches of a step abandons it (a long --accum step held SIGTERM up): the checkpoint
+// is the last whole step's, here the initial state, and the resumed run's losses and weights are an uninterrupted
+// run's, bit for bit, so the abandoned micro-batch's RNG draws and data were given back.
+TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
+  const fs::path d = temp_dir("abandon");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  prepare_text(text, (d / "data").string());
+  TrainOptions o;
+  o.model = small(false);
+  o.model.dropout = 0.1f;
+  o.data = (d / "data").string();
+  o.batch = 2;
+  o.seq = 16;
+  o.accum = 3;
+  o.progress = false;
+  o.val_every = 0;
+  o.steps = 3;
+  o.out = (d / "full").string();
+  train(o);
+  o.out = (d / "split").string();
+  volatile std::sig_atomic_t stop = 0;
+  TrainControl c;
+  c.stop = &stop;
+  c.on_start = [&](size_t, size_t) { stop = 1; };  // pending from the first micro-batch on
+  const TrainResult r = train(train_setup(o), c);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 0);
+  EXPECT_EQ(r.last_step, 0);
+  EXPECT_EQ(fs::file_size(d / "split" / "metrics.jsonl"), 0u);
+  TrainOptions res;
+  res.resume = (d / "split" / "checkpoint").string();
+  res.out = (d / "split").string();
+  res.steps = 0;  // the saved run's 3
+  res.progress = false;
+  train(res);
+  auto losses = [](const fs::path& p) {
+    std::vector<double> out;
+    std::ifstream in(p);
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  EXPECT_EQ(losses(d / "full" / "metrics.jsonl"), losses(d / "split" / "metrics.jsonl"));  // bit for bit
+  auto ma = load_checkpoint_model((d / "full" / "checkpoint").string());
+  auto mb = load_checkpoint_model((d / "split" / "checkpoint").string());
+  EXPECT_EQ(std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4), 0);
+  fs::remove_all(d);
+}
+
 // A run whose checkpoint save was killed resumes and ends with the same weights as an uninterrupted run: the
 // save of step 4 dies right after the swap (the step-4 checkpoint is in place) or, without RENAME_EXCHANGE,
 // between its two renames (only the step-3 one, as ck.old, is there to resume from).

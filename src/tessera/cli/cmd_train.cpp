@@ -80,22 +80,27 @@ class CreatedDirs {
   ~CreatedDirs() {
     if (keep_) return;
     std::error_code ec;
-    for (auto it = created_.rbegin(); it != created_.rend(); ++it) fs::remove_all(*it, ec);
+    // The directories asked for go with what is in them; the parents made on the way only when empty (fs::remove
+    // refuses a directory that is not), so that another run started into the same new parent keeps its files.
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
+      if (it->second) fs::remove_all(it->first, ec);
+      else fs::remove(it->first, ec);
+    }
   }
-  // Creates `dir` (ensure_writable_dir), remembering the topmost directory that did not exist.
+  // Creates `dir` (ensure_writable_dir), remembering each directory on its path that did not exist.
   void create(const std::string& dir) {
-    fs::path top;
+    std::vector<fs::path> missing;
     for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
-      top = p;
+      missing.push_back(p);
       if (p == p.parent_path()) break;
     }
     ensure_writable_dir(dir);
-    if (!top.empty()) created_.push_back(top);
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) created_.emplace_back(*it, it + 1 == missing.rend());
   }
   void keep() { keep_ = true; }
 
  private:
-  std::vector<fs::path> created_;
+  std::vector<std::pair<fs::path, bool>> created_;  // (directory, whether it is one asked for), outermost first
   bool keep_ = false;
 };
 

@@ -82,7 +82,12 @@ void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_n
   sampler_check(p);  // before anything is printed
   TS_CHECK(!prompt.empty(), "generate: the prompt is empty");
   put(byte_decode(prompt));
-  generate(model, prompt, max_new, p, [&](int32_t t) { put(byte_decode({t})); });
+  try {
+    generate(model, prompt, max_new, p, [&](int32_t t) { put(byte_decode({t})); });
+  } catch (...) {
+    put("\n");  // the text so far ends its line; the error follows on stderr
+    throw;
+  }
   put("\n");
 }
 

@@ -267,7 +267,8 @@ std::string resolve_checkpoint_dir(const std::string& path) {
     // A run directory (train's --out) given where its checkpoint was meant: say where the checkpoints are.
     const fs::path run(path);
     if (fs::is_directory(run) && !fs::exists(run / "model.safetensors") &&
-        fs::is_regular_file(run / "checkpoint" / "model.safetensors")) {
+        (fs::is_regular_file(run / "checkpoint" / "model.safetensors") ||
+         fs::is_regular_file(run / "checkpoint.old" / "model.safetensors"))) {
       const bool best = fs::is_regular_file(run / "best" / "model.safetensors");
       TS_THROW(path, " is a training run's directory, not a checkpoint: give ", (run / "checkpoint").string(),
                " (the last step)", best ? " or " + (run / "best").string() + " (the best validation loss)" : "");

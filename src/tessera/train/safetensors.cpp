@@ -164,7 +164,7 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_begin;
   for (const auto& [name, e] : f.entries_)
     if (e.end > e.begin) by_begin.emplace_back(&name, &e);
-  std::sort(by_begin.begin(), by_begin.end(),
+  std::stable_sort(by_begin.begin(), by_begin.end(),  // ties in name order (the map's)
             [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
   for (size_t i = 1; i < by_begin.size(); ++i)
     TS_CHECK(by_begin[i].second->begin >= by_begin[i - 1].second->end, "safetensors: ", path, ": tensors '",

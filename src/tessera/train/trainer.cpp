@@ -417,17 +417,27 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   if (o.loss_scaling && resuming && state.loss_scale > 0)
     scaling.scaler().set_state(state.loss_scale, state.loss_scale_good_steps);
   if (!o.loss_scaling) state.loss_scale = 0;
+  if (scaling.on()) {  // a checkpoint before the first step (an abandoned one) carries the scale it starts from
+    state.loss_scale = scaling.scale();
+    state.loss_scale_good_steps = scaling.scaler().good_steps();
+  }
   if (control.on_start) control.on_start(optimizer->state_bytes(), 8 * model->params().size());
+  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
+  const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
+  const std::string best_dir = (fs::path(o.out) / "best").string();
+  int64_t saved_step = -1;  // the step <out>/checkpoint holds, -1 if unknown or none
+  if (resuming) {
+    std::error_code ec;
+    if (fs::equivalent(o.resume, ckpt_dir, ec)) saved_step = state.step;
+  }
   // A checkpoint carries the moments as host vectors, read from the optimizer when one is written (a sharded
   // optimizer gathers them to rank 0, which writes).
   auto save = [&](const std::string& dir) {
     optimizer->read_state(model->params(), state.adam_m, state.adam_v);
     if (lead) save_checkpoint(dir, *model, &state);
+    if (dir == ckpt_dir) saved_step = state.step;
   };
   state.options_json = train_options_to_json(o).dump();
-  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
-  const std::string ckpt_dir = (fs::path(o.out) / "checkpoint").string();
-  const std::string best_dir = (fs::path(o.out) / "best").string();
   TrainResult result;
   std::FILE* metrics = nullptr;
   if (lead) {
@@ -576,7 +586,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       fallback_x.clear();  // later steps draw their batches again
       if (abandoned) {
         if (tracer) model->set_tracer(nullptr);
-        if (o.checkpoints) save(ckpt_dir);
+        if (o.checkpoints && saved_step != state.step) {  // not when <out>/checkpoint already holds that step
+          save(ckpt_dir);
+          if (control.on_checkpoint) control.on_checkpoint(state.step);
+        }
         result.interrupted = true;
         result.last_step = state.step;
         break;
