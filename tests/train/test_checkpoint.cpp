@@ -325,12 +325,10 @@ TEST(Schedule, WarmupThenCosine) {
   EXPECT_NEAR(lr_at(110, 110, o), 0.1f, 1e-6);
 }
 
-// Stopping and resuming gives the same losses, bit for bit, as one uninterrupted run; with dropout, label
-// smoothing and gradient accumulation so the RNG, optimizer and data position must all be restored.
-TEST(Trainer, ResumeIsBitExact) {
-  const fs::path d = temp_dir("resume");
+// The runs the stop-and-resume tests compare: a small model with dropout on `sentence` x 40, prepared under d/data.
+TrainOptions small_run(const fs::path& d, const std::string& sentence) {
   std::string text;
-  for (int i = 0; i < 40; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  for (int i = 0; i < 40; ++i) text += sentence;
   prepare_text(text, (d / "data").string());
   TrainOptions o;
   o.model = small(false);
@@ -338,11 +336,26 @@ TEST(Trainer, ResumeIsBitExact) {
   o.data = (d / "data").string();
   o.batch = 2;
   o.seq = 16;
+  o.progress = false;
+  return o;
+}
+
+// Whether two checkpoints hold the same weights, bit for bit.
+bool same_weights(const fs::path& a, const fs::path& b) {
+  auto ma = load_checkpoint_model(a.string()), mb = load_checkpoint_model(b.string());
+  return ma->params().size() == mb->params().size() &&
+         std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4) == 0;
+}
+
+// Stopping and resuming gives the same losses, bit for bit, as one uninterrupted run; with dropout, label
+// smoothing and gradient accumulation so the RNG, optimizer and data position must all be restored.
+TEST(Trainer, ResumeIsBitExact) {
+  const fs::path d = temp_dir("resume");
+  TrainOptions o = small_run(d, "the quick brown fox jumps over the lazy dog. ");
   o.accum = 2;
   o.label_smoothing = 0.1f;
   o.warmup = 2;
   o.val_every = 3;
-  o.progress = false;
   o.steps = 6;
   o.out = (d / "full").string();
   train(o);
@@ -373,10 +386,7 @@ TEST(Trainer, ResumeIsBitExact) {
     EXPECT_EQ(a[i].second, b[i].second) << "step " << a[i].first;  // bit for bit
   }
   EXPECT_LT(a.back().second, a.front().second);  // and it learns
-  // The final weights agree too.
-  auto ma = load_checkpoint_model((d / "full" / "checkpoint").string());
-  auto mb = load_checkpoint_model((d / "split" / "checkpoint").string());
-  EXPECT_EQ(std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4), 0);
+  EXPECT_TRUE(same_weights(d / "full" / "checkpoint", d / "split" / "checkpoint"));  // the final weights agree too
   fs::remove_all(d);
 }
 
@@ -385,17 +395,8 @@ TEST(Trainer, ResumeIsBitExact) {
 // run's, bit for bit, so the abandoned micro-batch's RNG draws and data were given back.
 TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
   const fs::path d = temp_dir("abandon");
-  std::string text;
-  for (int i = 0; i < 40; ++i) text += "the quick brown fox jumps over the lazy dog. ";
-  prepare_text(text, (d / "data").string());
-  TrainOptions o;
-  o.model = small(false);
-  o.model.dropout = 0.1f;
-  o.data = (d / "data").string();
-  o.batch = 2;
-  o.seq = 16;
+  TrainOptions o = small_run(d, "the quick brown fox jumps over the lazy dog. ");
   o.accum = 3;
-  o.progress = false;
   o.val_every = 0;
   o.steps = 3;
   o.out = (d / "full").string();
@@ -423,9 +424,7 @@ TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
     return out;
   };
   EXPECT_EQ(losses(d / "full" / "metrics.jsonl"), losses(d / "split" / "metrics.jsonl"));  // bit for bit
-  auto ma = load_checkpoint_model((d / "full" / "checkpoint").string());
-  auto mb = load_checkpoint_model((d / "split" / "checkpoint").string());
-  EXPECT_EQ(std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4), 0);
+  EXPECT_TRUE(same_weights(d / "full" / "checkpoint", d / "split" / "checkpoint"));
   fs::remove_all(d);
 }
 
@@ -434,17 +433,8 @@ TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
 // between its two renames (only the step-3 one, as ck.old, is there to resume from).
 TEST(Trainer, ResumesAfterACrashDuringCheckpointing) {
   const fs::path d = temp_dir("crashresume");
-  std::string text;
-  for (int i = 0; i < 40; ++i) text += "pack my box with five dozen liquor jugs. ";
-  prepare_text(text, (d / "data").string());
-  TrainOptions o;
-  o.model = small(false);
-  o.model.dropout = 0.1f;
-  o.data = (d / "data").string();
-  o.batch = 2;
-  o.seq = 16;
+  TrainOptions o = small_run(d, "pack my box with five dozen liquor jugs. ");
   o.warmup = 2;
-  o.progress = false;
   o.steps = 6;
   o.out = (d / "full").string();
   train(o);
@@ -454,7 +444,6 @@ TEST(Trainer, ResumesAfterACrashDuringCheckpointing) {
   const std::string four = (d / "four" / "checkpoint").string();
   auto m4 = load_checkpoint_model(four);
   const TrainState s4 = load_train_state(four, *m4);
-  auto full = load_checkpoint_model((d / "full" / "checkpoint").string());
 
   for (const char* faults : {"ckpt-after-exchange", "ckpt-no-exchange,ckpt-after-move-old"}) {
     SCOPED_TRACE(faults);
@@ -473,8 +462,8 @@ TEST(Trainer, ResumesAfterACrashDuringCheckpointing) {
     r.out = out.string();
     r.progress = false;
     train(r);
+    EXPECT_TRUE(same_weights(ck, d / "full" / "checkpoint"));
     auto resumed = load_checkpoint_model(ck);
-    EXPECT_EQ(std::memcmp(resumed->params().host_data<float>(), full->params().host_data<float>(), full->params().size() * 4), 0);
     EXPECT_EQ(load_train_state(ck, *resumed).step, 6);
   }
   fs::remove_all(d);
