@@ -128,6 +128,8 @@ __global__ void embedding_backward_count(int32_t* __restrict__ keys, int32_t* __
 __global__ void embedding_backward_scatter(int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
                                            const int32_t* __restrict__ slot, const int32_t* __restrict__ offsets,
                                            int n) {
+  cuda::allow_dependent_launch();
+  cuda::wait_for_primary_grid();  // the prefix sum
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= n) return;
   bucket[offsets[keys[r]] + slot[r]] = r;
@@ -144,6 +146,8 @@ __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32
                                         const int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
                                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ counts,
                                         int n, int V) {
+  cuda::allow_dependent_launch();
+  cuda::wait_for_primary_grid();  // the scatter
   const int j = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
   const bool valid = j < n;
   const int32_t r = valid ? bucket[j] : 0, key = valid ? keys[r] : V, base = valid ? offsets[key] : 0;
@@ -228,6 +232,8 @@ __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_chunk_partials(float* __restrict__ partial, const T* __restrict__ d_out,
                                           const int32_t* __restrict__ sorted_keys,
                                           const int32_t* __restrict__ sorted_rows, int n, EmbedArgs a) {
+  cuda::allow_dependent_launch();
+  cuda::wait_for_primary_grid();  // the sort
   apply_stream_base(a);
   const int chunk = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -346,7 +352,9 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
 // Pass 2 and d_wpe in one launch: blocks [0, runs_x * runs_y) take pass 2 (block (x, y) = (b % runs_x,
 // b / runs_x)), the rest d_wpe's columns. The two read the same d_out independently; in one grid, d_wpe's blocks
 // fill the SMs as pass 2's blocks (most of whose warps find no run start) retire: 4-10 µs less than two launches
-// on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md).
+// on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched as a programmatic
+// dependent (see embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's need nothing they
+// wrote, so they do not wait.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_runs_and_wpe(T* __restrict__ d_wte, T* __restrict__ d_wpe, const T* __restrict__ d_out,
@@ -355,11 +363,13 @@ __global__ void __launch_bounds__(kThreads)
                                         int n, int B, int64_t wpe_units, int runs_x, int runs_blocks, EmbedArgs a) {
   apply_stream_base(a);
   const int blk = static_cast<int>(blockIdx.x);
-  if (blk < runs_blocks)
+  if (blk < runs_blocks) {
+    cuda::wait_for_primary_grid();  // the sort and pass 1; d_wpe's blocks read only d_out and the tokens
     embedding_backward_wte_sorted_runs<T, W>(d_wte, d_out, sorted_keys, sorted_rows, partial, n, a, blk % runs_x,
                                              blk / runs_x);
-  else
+  } else {
     embedding_backward_wpe_columns<T, W>(d_wpe, d_out, tokens, B, wpe_units, a, blk - runs_blocks);
+  }
 }
 
 EmbedArgs embed_args(const EmbeddingParams& p, const Context& ctx) {
@@ -479,6 +489,11 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   float* const partial = sc.partial;
   const unsigned row_blocks = ceil_div(n, kThreads);
   size_t temp_bytes = sc.temp_bytes;
+  // From the scatter on (after the radix sort: from pass 1 on), each kernel is a programmatic dependent of the one
+  // before it (cuda::launch_dependent): it is launched while that one runs, and waits for its writes at its top
+  // (wait_for_primary_grid). Seven short kernels in a row each paid a launch and a ramp: chained, the backward
+  // took 52 µs against 57-58 (uniform ids) and 65 against 69-70 (Zipf ids) on the H200 at 16384 rows
+  // (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
   if (use_bucket_sort(n)) {
     TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
     embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
@@ -487,10 +502,13 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
     TS_CHECK_CUDA(
         cub::DeviceScan::ExclusiveSum(sc.temp, temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
     TS_CHECK_LAUNCH();
-    embedding_backward_scatter<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.bucket, sc.keys, sc.slot, sc.offsets, n);
+    cuda::launch_dependent(embedding_backward_scatter, dim3(row_blocks), dim3(kThreads), 0, ctx.stream(), sc.bucket,
+                           static_cast<const int32_t*>(sc.keys), static_cast<const int32_t*>(sc.slot),
+                           static_cast<const int32_t*>(sc.offsets), n);
     TS_CHECK_LAUNCH();
-    embedding_backward_rank<<<row_blocks, kThreads, 0, ctx.stream()>>>(sorted_keys, sorted_rows, sc.bucket, sc.keys,
-                                                                       sc.offsets, sc.counts, n, p.V);
+    cuda::launch_dependent(embedding_backward_rank, dim3(row_blocks), dim3(kThreads), 0, ctx.stream(), sorted_keys,
+                           sorted_rows, static_cast<const int32_t*>(sc.bucket), static_cast<const int32_t*>(sc.keys),
+                           static_cast<const int32_t*>(sc.offsets), static_cast<const int32_t*>(sc.counts), n, p.V);
     TS_CHECK_LAUNCH();
   } else {
     embedding_backward_keys<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, tokens, n, p.V,
@@ -508,15 +526,18 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
       constexpr int W = decltype(w)::value;
       const unsigned col_blocks = ceil_div(p.C / W, 32);
       const dim3 chunk_grid(ceil_div(ceil_div(n, kChunk), kWarps), col_blocks);
-      embedding_backward_wte_chunk_partials<T, W><<<chunk_grid, kThreads, 0, ctx.stream()>>>(
-          partial, static_cast<const T*>(d_out), sorted_keys, sorted_rows, n, a);
+      cuda::launch_dependent(embedding_backward_wte_chunk_partials<T, W>, chunk_grid, dim3(kThreads), 0, ctx.stream(),
+                             partial, static_cast<const T*>(d_out), static_cast<const int32_t*>(sorted_keys),
+                             static_cast<const int32_t*>(sorted_rows), n, a);
       TS_CHECK_LAUNCH();
       const int runs_x = ceil_div(n, kWarps), runs_blocks = runs_x * static_cast<int>(col_blocks);
       const int64_t wpe_units = d_wpe ? static_cast<int64_t>(p.T) * p.C / W : 0;
       const int wpe_blocks = static_cast<int>(ceil_div(wpe_units, kThreads));
-      embedding_backward_wte_runs_and_wpe<T, W><<<runs_blocks + wpe_blocks, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(d_wte), static_cast<T*>(d_wpe), static_cast<const T*>(d_out), tokens, sorted_keys,
-          sorted_rows, partial, n, p.B, wpe_units, runs_x, runs_blocks, a);
+      cuda::launch_dependent(embedding_backward_wte_runs_and_wpe<T, W>, dim3(runs_blocks + wpe_blocks), dim3(kThreads),
+                             0, ctx.stream(), static_cast<T*>(d_wte), static_cast<T*>(d_wpe),
+                             static_cast<const T*>(d_out), tokens, static_cast<const int32_t*>(sorted_keys),
+                             static_cast<const int32_t*>(sorted_rows), static_cast<const float*>(partial), n, p.B,
+                             wpe_units, runs_x, runs_blocks, a);
       TS_CHECK_LAUNCH();
     };
     if (vector_ok(p.C, V, {d_wte, d_wpe, d_out})) launch(std::integral_constant<int, V>{});
