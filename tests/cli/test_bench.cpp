@@ -127,6 +127,19 @@ TEST_F(Bench, KernelsOnGpuSetEachRowAgainstBothCopies) {
   }
 }
 
+// --size large runs full's widths over 4x the rows (kernels.h), without the cross-entropy rows.
+TEST_F(Bench, KernelsLargeOnGpuHasFourTimesTheRowsAndNoCrossEntropy) {
+  if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
+  const fs::path md = dir / "kernels.md";
+  const test::CliRun r = run_bench("kernels --size large --device cuda --iters 1 --warmup 0 --out " + md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd",
+                   "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd"});
+  const std::string text = read_file_text(md.string());
+  EXPECT_NE(text.find("| layernorm fwd | (65536, 768) |"), std::string::npos) << text;
+  EXPECT_NE(text.find("size large"), std::string::npos) << text;
+}
+
 TEST_F(Bench, OptimizerSmallOnCpu) {
   const fs::path md = dir / "optimizer.md";
   const test::CliRun r = run_bench("optimizer --size small --device cpu --iters 2 --warmup 1 --out " + md.string());
@@ -215,11 +228,16 @@ TEST_F(Bench, OutOfMemoryAtSizeFullNamesSizeSmall) {
     const test::CliRun small = test::run_with_address_limit(mib, args + "small");
     EXPECT_EQ(small.code, 0) << small.err;
   }
+  const test::CliRun large = test::run_with_address_limit(
+      256, "bench kernels --device cpu --warmup 0 --iters 1 --size large");
+  EXPECT_EQ(large.code, 2) << large.err;
+  EXPECT_TRUE(large.err.ends_with(" (try --size small)\n")) << large.err;
 }
 
 TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("kernels --device cpu --itres 2", "--iters");
   expect_usage_error("kernels --device cpu --size huge", "--size");
+  expect_usage_error("optimizer --device cpu --size large", "--size large applies to bench kernels only");
   expect_usage_error("kernels --device cpu --dtype bf16", "--dtype");
   expect_usage_error("kernels --device cpu --iters 0", "--iters");
   expect_usage_error("kernels --device cpu --warmup -1", "--warmup");

@@ -31,6 +31,7 @@ struct Shapes {
 
 Shapes bench_shapes(BenchSize size) {
   if (size == BenchSize::Full) return {.B = 16, .T = 1024, .C = 768, .F = 3072, .V = 50257};
+  if (size == BenchSize::Large) return {.B = 64, .T = 1024, .C = 768, .F = 3072, .V = 50257};
   return {.B = 4, .T = 16, .C = 64, .F = 256, .V = 512};
 }
 
@@ -213,7 +214,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     run("swiglu bwd", shape, es * 5 * N * F,
         [&] { activation_backward(p, d_in.t, Tensor(), out.t, in.t, Tensor(), ctx); });
   }
-  {  // cross-entropy with label smoothing 0.1: logits (N, V), targets (N) i32, losses, lse (N) f32
+  if (cfg.size != BenchSize::Large) {  // cross-entropy with label smoothing 0.1 (kernels.h: not at large): logits (N, V), targets (N) i32, losses, lse (N) f32
     const CrossEntropyParams p{.N = s.N(), .V = s.V, .label_smoothing = 0.1f};
     const RandomTensor logits = random_tensor(s.N(), s.V, dt, rng, ctx, "benchmark logits");
     const RandomTensor targets = random_ids(s.N(), s.V, rng, ctx, nullptr);
@@ -243,6 +244,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
 
 std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
+  TS_CHECK(cfg.size != BenchSize::Large, "bench optimizer: --size large applies to bench kernels only");
   const std::string preset = cfg.size == BenchSize::Full ? "gpt2-124m" : "tiny";
   Gpt model(model_preset(preset), ctx, cfg.dtype);
   ParamBuffer& params = model.params();

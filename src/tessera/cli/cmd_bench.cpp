@@ -102,8 +102,9 @@ int cmd_bench(int argc, char** argv) {
                                 : "Times one AdamW step over a model's flat parameter buffers.");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
   a.add("dtype", "f32|bf16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
-  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab "
-                              "50257, AdamW over gpt2-124m (default: full on a GPU, small on the CPU)");
+  a.add("size", "small|full|large",
+        "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab 50257, AdamW over "
+        "gpt2-124m (default: full on a GPU, small on the CPU); large (kernels only): 65536 rows, no cross-entropy");
   a.add("warmup", "N", "untimed runs before timing (default 5)");
   a.add("iters", "N", "timed runs; the table shows their median (default 20)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
@@ -119,8 +120,9 @@ int cmd_bench(int argc, char** argv) {
   TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
            ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
   const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
-  TS_CHECK(size == "small" || size == "full", "--size must be small or full, got ", size);
-  const BenchConfig cfg{.size = size == "full" ? BenchSize::Full : BenchSize::Small,
+  TS_CHECK(size == "small" || size == "full" || size == "large", "--size must be small, full or large, got ", size);
+  TS_CHECK(size != "large" || which == "kernels", "--size large applies to bench kernels only");
+  const BenchConfig cfg{.size = size == "full" ? BenchSize::Full : size == "large" ? BenchSize::Large : BenchSize::Small,
                         .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
                         .timing = timing};
   const std::string out = a.str("out");
@@ -133,7 +135,7 @@ int cmd_bench(int argc, char** argv) {
   std::fflush(stdout);
   const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
   // --size full runs out of memory where small would not: the error says so.
-  const std::vector<BenchRow> rows = with_memory_hint(size == "full" ? "try --size small" : "", [&] {
+  const std::vector<BenchRow> rows = with_memory_hint(size != "small" ? "try --size small" : "", [&] {
     return which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
   });
   std::vector<double> same_copy_gbs(rows.size(), 0.0);
