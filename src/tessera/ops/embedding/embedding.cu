@@ -324,14 +324,16 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
+  // The row's d_out is loaded whatever its token (the row exists; a padded or invalid one is then skipped), so
+  // that the unrolled rows' loads do not wait on their tokens'.
 #pragma unroll 4
   for (int b = 0; b < B; ++b) {
     const int64_t row = static_cast<int64_t>(b) * a.T + t;
     const int32_t tok = tokens[row];
-    if (tok < 0 || tok >= a.V || tok == a.padding_id) continue;
     const int64_t e0 = row * a.C + c0;
     float g[W];
     cuda::load_f32<T, W>(d_out + e0, g);
+    if (tok < 0 || tok >= a.V || tok == a.padding_id) continue;
     if (a.dropout > 0.0f) {
       float f[W];
       cuda::dropout_factors_w<W>(a.seed, a.stream, static_cast<uint64_t>(e0), a.dropout, a.keep_scale, f);
@@ -349,26 +351,29 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
   cuda::store_f32<T, W>(dp, cur);
 }
 
-// Pass 2 and d_wpe in one launch: blocks [0, runs_x * runs_y) take pass 2 (block (x, y) = (b % runs_x,
-// b / runs_x)), the rest d_wpe's columns. The two read the same d_out independently; in one grid, d_wpe's blocks
-// fill the SMs as pass 2's blocks (most of whose warps find no run start) retire: 4-10 µs less than two launches
-// on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched as a programmatic
-// dependent (see embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's need nothing they
-// wrote, so they do not wait.
+// d_wpe and pass 2 in one launch: blocks [0, wpe_blocks) take d_wpe's columns, the rest pass 2 (block b =
+// blockIdx.x - wpe_blocks is (b % runs_x, b / runs_x)). The two read the same d_out independently: 4-10 µs less
+// than two launches on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched
+// as a programmatic dependent (see embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's
+// need nothing they wrote and do not wait. Each of their threads walks B rows, the longest chain of loads in the
+// launch, so they come first in the grid: there they start with the launch, beside the sort's last kernels; last,
+// they were the launch's tail (the backward at 16384 rows: 43 µs against 49,
+// bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_runs_and_wpe(T* __restrict__ d_wte, T* __restrict__ d_wpe, const T* __restrict__ d_out,
                                         const int32_t* __restrict__ tokens, const int32_t* __restrict__ sorted_keys,
                                         const int32_t* __restrict__ sorted_rows, const float* __restrict__ partial,
-                                        int n, int B, int64_t wpe_units, int runs_x, int runs_blocks, EmbedArgs a) {
+                                        int n, int B, int64_t wpe_units, int runs_x, int wpe_blocks, EmbedArgs a) {
   apply_stream_base(a);
   const int blk = static_cast<int>(blockIdx.x);
-  if (blk < runs_blocks) {
-    cuda::wait_for_primary_grid();  // the sort and pass 1; d_wpe's blocks read only d_out and the tokens
-    embedding_backward_wte_sorted_runs<T, W>(d_wte, d_out, sorted_keys, sorted_rows, partial, n, a, blk % runs_x,
-                                             blk / runs_x);
+  if (blk < wpe_blocks) {
+    embedding_backward_wpe_columns<T, W>(d_wpe, d_out, tokens, B, wpe_units, a, blk);
   } else {
-    embedding_backward_wpe_columns<T, W>(d_wpe, d_out, tokens, B, wpe_units, a, blk - runs_blocks);
+    cuda::wait_for_primary_grid();  // the sort and pass 1; d_wpe's blocks read only d_out and the tokens
+    const int b = blk - wpe_blocks;
+    embedding_backward_wte_sorted_runs<T, W>(d_wte, d_out, sorted_keys, sorted_rows, partial, n, a, b % runs_x,
+                                             b / runs_x);
   }
 }
 
@@ -537,7 +542,7 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
                              0, ctx.stream(), static_cast<T*>(d_wte), static_cast<T*>(d_wpe),
                              static_cast<const T*>(d_out), tokens, static_cast<const int32_t*>(sorted_keys),
                              static_cast<const int32_t*>(sorted_rows), static_cast<const float*>(partial), n, p.B,
-                             wpe_units, runs_x, runs_blocks, a);
+                             wpe_units, runs_x, wpe_blocks, a);
       TS_CHECK_LAUNCH();
     };
     if (vector_ok(p.C, V, {d_wte, d_wpe, d_out})) launch(std::integral_constant<int, V>{});
