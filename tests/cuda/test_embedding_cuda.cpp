@@ -180,7 +180,10 @@ TEST(CudaEmbedding, LongRunsMatchReference) {
 // chunk of 32 sorted positions summed row by row, then each later chunk's own row-by-row sum added in chunk order
 // (embedding.cu). Emulated here in f32; a sort that is not stable, or a chunk added out of order, changes the
 // rounding. Run on both sorts: the bucket sort (B*T up to kEmbeddingBucketSortMaxRows) and the radix sort.
-void check_stable_order_sums(int B, int T, std::mt19937_64& rng, Context& ctx) {
+// `rounds` calls follow one another on the same Context, each with the rows shuffled anew: the backward's kernels
+// are programmatic dependents of each other (embedding.cu), and a kernel that read its scratch before the kernel
+// before it had written it would find the previous call's order there, and sum the wrong rows.
+void check_stable_order_sums(int B, int T, int rounds, std::mt19937_64& rng, Context& ctx) {
   const EmbeddingParams p{.B = B, .T = T, .C = 24, .V = 40, .max_seq = T, .padding_id = 0};
   const int n = B * T;
   // Id k + 1 gets lengths[k] rows; padding (0) and ids past V (never summed) sort after them all, so the sorted
@@ -193,53 +196,56 @@ void check_stable_order_sums(int B, int T, std::mt19937_64& rng, Context& ctx) {
   tokens.insert(tokens.end(), 50, 0);
   for (int k = 0; k < 30; ++k) tokens.push_back(40 + k % 5);
   tokens.resize(static_cast<size_t>(n), 12);
-  std::shuffle(tokens.begin(), tokens.end(), rng);
   const auto f32 = [](std::vector<double> v) {
     for (double& x : v) x = static_cast<float>(x);
     return v;
   };
   const auto d_out = f32(randn<double>(static_cast<size_t>(n) * p.C, rng));
   const auto d_wte0 = f32(randn<double>(static_cast<size_t>(p.V) * p.C, rng));
-  // The emulation: sorted positions of the summed rows (stable), their chunks, and the sums in f32.
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) order[r] = r;
-  const auto key = [&](int32_t r) { return tokens[r] <= 0 || tokens[r] >= p.V ? p.V : tokens[r]; };
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
-  std::vector<double> want = d_wte0;
-  for (int i = 0; i < n;) {
-    const int id = key(order[i]);
-    int end = i;
-    while (end < n && key(order[end]) == id) ++end;
-    if (id != p.V)
-      for (int c = 0; c < p.C; ++c) {
-        float acc = 0.0f;
-        for (int q = i; q < end;) {  // the run's piece in each chunk it touches, in chunk order
-          const int chunk_end = std::min(end, (q / 32 + 1) * 32);
-          const bool first = q == i;
-          float piece = 0.0f;
-          for (; q < chunk_end; ++q) piece += static_cast<float>(d_out[static_cast<size_t>(order[q]) * p.C + c]);
-          acc = first ? piece : acc + piece;
-        }
-        const size_t e = static_cast<size_t>(id) * p.C + c;
-        want[e] = static_cast<float>(static_cast<float>(d_wte0[e]) + acc);
-      }
-    i = end;
-  }
   DeviceArena dev(ctx);
-  const Tensor tdwte = dev.upload(DType::F32, d_wte0);
-  embedding_backward(p, tdwte, Tensor(), dev.upload(DType::F32, d_out), dev.upload_i32(tokens), ctx);
-  const auto got = dev.download(tdwte);
-  for (size_t e = 0; e < got.size(); ++e)
-    ASSERT_EQ(got[e], want[e]) << "B*T=" << n << " d_wte element " << e << " (id " << e / p.C
-                               << "): not the stable order's sum";
+  const Tensor tdo = dev.upload(DType::F32, d_out);
+  for (int round = 0; round < rounds; ++round) {
+    std::shuffle(tokens.begin(), tokens.end(), rng);
+    // The emulation: sorted positions of the summed rows (stable), their chunks, and the sums in f32.
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) order[r] = r;
+    const auto key = [&](int32_t r) { return tokens[r] <= 0 || tokens[r] >= p.V ? p.V : tokens[r]; };
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+    std::vector<double> want = d_wte0;
+    for (int i = 0; i < n;) {
+      const int id = key(order[i]);
+      int end = i;
+      while (end < n && key(order[end]) == id) ++end;
+      if (id != p.V)
+        for (int c = 0; c < p.C; ++c) {
+          float acc = 0.0f;
+          for (int q = i; q < end;) {  // the run's piece in each chunk it touches, in chunk order
+            const int chunk_end = std::min(end, (q / 32 + 1) * 32);
+            const bool first = q == i;
+            float piece = 0.0f;
+            for (; q < chunk_end; ++q) piece += static_cast<float>(d_out[static_cast<size_t>(order[q]) * p.C + c]);
+            acc = first ? piece : acc + piece;
+          }
+          const size_t e = static_cast<size_t>(id) * p.C + c;
+          want[e] = static_cast<float>(static_cast<float>(d_wte0[e]) + acc);
+        }
+      i = end;
+    }
+    const Tensor tdwte = dev.upload(DType::F32, d_wte0);
+    embedding_backward(p, tdwte, Tensor(), tdo, dev.upload_i32(tokens), ctx);
+    const auto got = dev.download(tdwte);
+    for (size_t e = 0; e < got.size(); ++e)
+      ASSERT_EQ(got[e], want[e]) << "B*T=" << n << ", call " << round << ": d_wte element " << e << " (id "
+                                 << e / p.C << "): not the stable order's sum";
+  }
 }
 
 TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
-  check_stable_order_sums(3, 1100, rng, ctx);  // the bucket sort
+  check_stable_order_sums(3, 1100, /*rounds=*/4, rng, ctx);  // the bucket sort
   static_assert(41 * 1000 > kEmbeddingBucketSortMaxRows);
-  check_stable_order_sums(41, 1000, rng, ctx);  // the radix sort
+  check_stable_order_sums(41, 1000, /*rounds=*/2, rng, ctx);  // the radix sort
 }
 
 // Long runs give bit-identical d_wte on reruns (f32, where a change of summation order shows in the low bits).
