@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
+    if args.which == "optimizer" and args.size == "large":
+        ap.error("--size large applies to --which kernels only")
 
     try:
         import torch

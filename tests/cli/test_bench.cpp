@@ -214,8 +214,9 @@ TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
 // Out of memory at --size full said nothing of the flag that sizes the work (and where std::bad_alloc was thrown, a
 // bare "out of memory"): the line now names --size small, which runs under the same limit. In a 128 MiB address
 // space bench kernels' first full tensor does not fit (tessera's Error); in 256 MiB it does but its random fill
-// does not (std::bad_alloc), nor do AdamW's gpt2-124m parameters or attention's naive scores at T 4096.
-TEST_F(Bench, OutOfMemoryAtSizeFullNamesSizeSmall) {
+// does not (std::bad_alloc), nor do AdamW's gpt2-124m parameters or attention's naive scores at T 4096. bench
+// kernels --size large says the same.
+TEST_F(Bench, OutOfMemoryAtSizeFullOrLargeNamesSizeSmall) {
   for (const auto& [which, mib] : {std::pair{"kernels", 128}, std::pair{"kernels", 256}, std::pair{"optimizer", 256},
                                    std::pair{"attention", 256}}) {
     const std::string args = std::string("bench ") + which + " --device cpu --warmup 0 --iters 1 --size ";
@@ -231,6 +232,8 @@ TEST_F(Bench, OutOfMemoryAtSizeFullNamesSizeSmall) {
   const test::CliRun large = test::run_with_address_limit(
       256, "bench kernels --device cpu --warmup 0 --iters 1 --size large");
   EXPECT_EQ(large.code, 2) << large.err;
+  EXPECT_EQ(large.err.rfind("tessera: error: out of memory", 0), 0u) << large.err;
+  EXPECT_EQ(std::count(large.err.begin(), large.err.end(), '\n'), 1) << large.err;
   EXPECT_TRUE(large.err.ends_with(" (try --size small)\n")) << large.err;
 }
 

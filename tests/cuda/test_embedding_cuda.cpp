@@ -180,9 +180,12 @@ TEST(CudaEmbedding, LongRunsMatchReference) {
 // chunk of 32 sorted positions summed row by row, then each later chunk's own row-by-row sum added in chunk order
 // (embedding.cu). Emulated here in f32; a sort that is not stable, or a chunk added out of order, changes the
 // rounding. Run on both sorts: the bucket sort (B*T up to kEmbeddingBucketSortMaxRows) and the radix sort.
-// `rounds` calls follow one another on the same Context, each with the rows shuffled anew: the backward's kernels
-// are programmatic dependents of each other (embedding.cu), and a kernel that read its scratch before the kernel
-// before it had written it would find the previous call's order there, and sum the wrong rows.
+// d_wpe's column sums (each position's rows over the batch, in order, padded and invalid rows skipped) are checked
+// bit for bit too. `rounds` calls follow one another on the same Context, each with other run lengths for the ids
+// and the rows shuffled anew: the backward's kernels are programmatic dependents of each other (embedding.cu), and
+// one that read its scratch before the kernel before it had written it would find the previous call's counts and
+// order there. That is a race, which these calls give a chance to show, not a certainty: a build without the
+// ranking kernel's wait passed the one-call version of this test three times out of three.
 void check_stable_order_sums(int B, int T, int rounds, std::mt19937_64& rng, Context& ctx) {
   const EmbeddingParams p{.B = B, .T = T, .C = 24, .V = 40, .max_seq = T, .padding_id = 0};
   const int n = B * T;
@@ -191,20 +194,22 @@ void check_stable_order_sums(int B, int T, int rounds, std::mt19937_64& rng, Con
   // chunk, one past it, the bucket sort's per-lane walk limit (64) and one past it (65, read by the whole warp),
   // and a run of thousands. The remaining rows take id 12.
   const int lengths[] = {31, 1, 32, 33, 64, 65, 97, 2, 130, 2100, 40};
-  std::vector<int32_t> tokens;
-  for (int k = 0; k < static_cast<int>(std::size(lengths)); ++k) tokens.insert(tokens.end(), lengths[k], k + 1);
-  tokens.insert(tokens.end(), 50, 0);
-  for (int k = 0; k < 30; ++k) tokens.push_back(40 + k % 5);
-  tokens.resize(static_cast<size_t>(n), 12);
+  constexpr int kIds = static_cast<int>(std::size(lengths));
   const auto f32 = [](std::vector<double> v) {
     for (double& x : v) x = static_cast<float>(x);
     return v;
   };
   const auto d_out = f32(randn<double>(static_cast<size_t>(n) * p.C, rng));
   const auto d_wte0 = f32(randn<double>(static_cast<size_t>(p.V) * p.C, rng));
+  const auto d_wpe0 = f32(randn<double>(static_cast<size_t>(T) * p.C, rng));
   DeviceArena dev(ctx);
   const Tensor tdo = dev.upload(DType::F32, d_out);
   for (int round = 0; round < rounds; ++round) {
+    std::vector<int32_t> tokens;  // this round: id (k + round) % kIds + 1 gets lengths[k] rows
+    for (int k = 0; k < kIds; ++k) tokens.insert(tokens.end(), lengths[k], (k + round) % kIds + 1);
+    tokens.insert(tokens.end(), 50, 0);
+    for (int k = 0; k < 30; ++k) tokens.push_back(40 + k % 5);
+    tokens.resize(static_cast<size_t>(n), 12);
     std::shuffle(tokens.begin(), tokens.end(), rng);
     // The emulation: sorted positions of the summed rows (stable), their chunks, and the sums in f32.
     std::vector<int32_t> order(static_cast<size_t>(n));
@@ -231,12 +236,25 @@ void check_stable_order_sums(int B, int T, int rounds, std::mt19937_64& rng, Con
         }
       i = end;
     }
-    const Tensor tdwte = dev.upload(DType::F32, d_wte0);
-    embedding_backward(p, tdwte, Tensor(), tdo, dev.upload_i32(tokens), ctx);
-    const auto got = dev.download(tdwte);
+    std::vector<double> want_wpe = d_wpe0;
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < p.C; ++c) {
+        float acc = 0.0f;
+        for (int b = 0; b < B; ++b) {
+          const size_t row = static_cast<size_t>(b) * T + t;
+          if (key(static_cast<int32_t>(row)) != p.V) acc += static_cast<float>(d_out[row * p.C + c]);
+        }
+        const size_t e = static_cast<size_t>(t) * p.C + c;
+        want_wpe[e] = static_cast<float>(static_cast<float>(d_wpe0[e]) + acc);
+      }
+    const Tensor tdwte = dev.upload(DType::F32, d_wte0), tdwpe = dev.upload(DType::F32, d_wpe0);
+    embedding_backward(p, tdwte, tdwpe, tdo, dev.upload_i32(tokens), ctx);
+    const auto got = dev.download(tdwte), got_wpe = dev.download(tdwpe);
     for (size_t e = 0; e < got.size(); ++e)
       ASSERT_EQ(got[e], want[e]) << "B*T=" << n << ", call " << round << ": d_wte element " << e << " (id "
                                  << e / p.C << "): not the stable order's sum";
+    for (size_t e = 0; e < got_wpe.size(); ++e)
+      ASSERT_EQ(got_wpe[e], want_wpe[e]) << "B*T=" << n << ", call " << round << ": d_wpe element " << e;
   }
 }
 

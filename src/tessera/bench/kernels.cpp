@@ -214,7 +214,9 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     run("swiglu bwd", shape, es * 5 * N * F,
         [&] { activation_backward(p, d_in.t, Tensor(), out.t, in.t, Tensor(), ctx); });
   }
-  if (cfg.size != BenchSize::Large) {  // cross-entropy with label smoothing 0.1 (kernels.h: not at large): logits (N, V), targets (N) i32, losses, lse (N) f32
+  // cross-entropy with label smoothing 0.1 (not at large: kernels.h): logits (N, V), targets (N) i32, losses, lse
+  // (N) f32
+  if (cfg.size != BenchSize::Large) {
     const CrossEntropyParams p{.N = s.N(), .V = s.V, .label_smoothing = 0.1f};
     const RandomTensor logits = random_tensor(s.N(), s.V, dt, rng, ctx, "benchmark logits");
     const RandomTensor targets = random_ids(s.N(), s.V, rng, ctx, nullptr);

@@ -122,7 +122,8 @@ int cmd_bench(int argc, char** argv) {
   const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
   TS_CHECK(size == "small" || size == "full" || size == "large", "--size must be small, full or large, got ", size);
   TS_CHECK(size != "large" || which == "kernels", "--size large applies to bench kernels only");
-  const BenchConfig cfg{.size = size == "full" ? BenchSize::Full : size == "large" ? BenchSize::Large : BenchSize::Small,
+  const BenchSize bench_size = size == "full" ? BenchSize::Full : size == "large" ? BenchSize::Large : BenchSize::Small;
+  const BenchConfig cfg{.size = bench_size,
                         .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
                         .timing = timing};
   const std::string out = a.str("out");
@@ -134,7 +135,7 @@ int cmd_bench(int argc, char** argv) {
               dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
   std::fflush(stdout);
   const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
-  // --size full runs out of memory where small would not: the error says so.
+  // --size full or large runs out of memory where small would not: the error says so.
   const std::vector<BenchRow> rows = with_memory_hint(size != "small" ? "try --size small" : "", [&] {
     return which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
   });

@@ -353,7 +353,8 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
 
 // d_wpe and pass 2 in one launch: blocks [0, wpe_blocks) take d_wpe's columns, the rest pass 2 (block b =
 // blockIdx.x - wpe_blocks is (b % runs_x, b / runs_x)). The two read the same d_out independently: 4-10 µs less
-// than two launches on the H200 at 16384 rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched
+// than two launches on the H200 at 16384 rows, before the launches were chained
+// (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched
 // as a programmatic dependent (see embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's
 // need nothing they wrote and do not wait. Each of their threads walks B rows, the longest chain of loads in the
 // launch, so they come first in the grid: there they start with the launch, beside the sort's last kernels; last,
@@ -370,7 +371,10 @@ __global__ void __launch_bounds__(kThreads)
   if (blk < wpe_blocks) {
     embedding_backward_wpe_columns<T, W>(d_wpe, d_out, tokens, B, wpe_units, a, blk);
   } else {
-    cuda::wait_for_primary_grid();  // the sort and pass 1; d_wpe's blocks read only d_out and the tokens
+    // The sort and pass 1. This wait is also what makes the whole chain finished when this launch is: whatever
+    // follows on the stream sees every write of it. Keep pass 2's blocks (at least one, and waiting before any
+    // return) in this launch.
+    cuda::wait_for_primary_grid();
     const int b = blk - wpe_blocks;
     embedding_backward_wte_sorted_runs<T, W>(d_wte, d_out, sorted_keys, sorted_rows, partial, n, a, b % runs_x,
                                              b / runs_x);
@@ -495,10 +499,12 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   const unsigned row_blocks = ceil_div(n, kThreads);
   size_t temp_bytes = sc.temp_bytes;
   // From the scatter on (after the radix sort: from pass 1 on), each kernel is a programmatic dependent of the one
-  // before it (cuda::launch_dependent): it is launched while that one runs, and waits for its writes at its top
-  // (wait_for_primary_grid). Seven short kernels in a row each paid a launch and a ramp: chained, the backward
-  // took 52 µs against 57-58 (uniform ids) and 65 against 69-70 (Zipf ids) on the H200 at 16384 rows
-  // (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
+  // before it (cuda::launch_dependent): it is launched while that one runs, and waits for its writes
+  // (wait_for_primary_grid) before its first read of them; d_wpe's blocks of the last launch read nothing the chain
+  // writes and never wait. The kernels before the chain (the memset, the count or keys kernel, cub's) are ordinary
+  // launches, so the chain starts after everything earlier on the stream is done. Seven short kernels in a row each
+  // paid a launch and a ramp: chained, the backward took 52 µs against 57-58 on uniform ids on the H200 at 16384
+  // rows (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
   if (use_bucket_sort(n)) {
     TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
     embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
