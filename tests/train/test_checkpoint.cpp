@@ -347,6 +347,28 @@ bool same_weights(const fs::path& a, const fs::path& b) {
          std::memcmp(ma->params().host_data<float>(), mb->params().host_data<float>(), ma->params().size() * 4) == 0;
 }
 
+// Resumes the run in `dir` from its checkpoint, to the saved run's step count.
+void resume_in(const fs::path& dir) {
+  TrainOptions r;
+  r.resume = (dir / "checkpoint").string();
+  r.out = dir.string();
+  r.steps = 0;
+  r.progress = false;
+  train(r);
+}
+
+// (step, loss) for each line of a metrics.jsonl, followed by (-step, val_loss) where the line has one.
+std::vector<std::pair<int64_t, double>> logged_losses(const fs::path& metrics) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    if (j.contains("val_loss")) out.emplace_back(-j["step"].get<int64_t>(), j["val_loss"].get<double>());
+  }
+  return out;
+}
+
 // Stopping and resuming gives the same losses, bit for bit, as one uninterrupted run; with dropout, label
 // smoothing and gradient accumulation so the RNG, optimizer and data position must all be restored.
 TEST(Trainer, ResumeIsBitExact) {
@@ -362,24 +384,8 @@ TEST(Trainer, ResumeIsBitExact) {
   o.stop_after = 3;  // interrupted after step 3 of 6
   o.out = (d / "split").string();
   train(o);
-  TrainOptions r;
-  r.resume = (d / "split" / "checkpoint").string();
-  r.out = (d / "split").string();
-  r.steps = 0;  // the saved run's 6
-  r.progress = false;
-  train(r);
-  auto losses = [](const fs::path& p) {
-    std::vector<std::pair<int64_t, double>> out;
-    std::ifstream in(p);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
-      out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
-      if (j.contains("val_loss")) out.emplace_back(-j["step"].get<int64_t>(), j["val_loss"].get<double>());
-    }
-    return out;
-  };
-  const auto a = losses(d / "full" / "metrics.jsonl"), b = losses(d / "split" / "metrics.jsonl");
+  resume_in(d / "split");  // to the saved run's 6 steps
+  const auto a = logged_losses(d / "full" / "metrics.jsonl"), b = logged_losses(d / "split" / "metrics.jsonl");
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].first, b[i].first);
@@ -411,19 +417,10 @@ TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
   EXPECT_EQ(r.steps, 0);
   EXPECT_EQ(r.last_step, 0);
   EXPECT_EQ(fs::file_size(d / "split" / "metrics.jsonl"), 0u);
-  TrainOptions res;
-  res.resume = (d / "split" / "checkpoint").string();
-  res.out = (d / "split").string();
-  res.steps = 0;  // the saved run's 3
-  res.progress = false;
-  train(res);
-  auto losses = [](const fs::path& p) {
-    std::vector<double> out;
-    std::ifstream in(p);
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return out;
-  };
-  EXPECT_EQ(losses(d / "full" / "metrics.jsonl"), losses(d / "split" / "metrics.jsonl"));  // bit for bit
+  resume_in(d / "split");  // to the saved run's 3 steps
+  const auto full = logged_losses(d / "full" / "metrics.jsonl");
+  ASSERT_FALSE(full.empty());
+  EXPECT_EQ(full, logged_losses(d / "split" / "metrics.jsonl"));  // bit for bit, the final validation's too
   EXPECT_TRUE(same_weights(d / "full" / "checkpoint", d / "split" / "checkpoint"));
   fs::remove_all(d);
 }
