@@ -494,6 +494,7 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--lr 0"), "--lr must be a positive number", out);
   expect_error(run(base + "--lr -1e-3"), "--lr must be a positive number", out);
   expect_error(run(base + "--lr nan"), "--lr expects a number", out);
+  expect_error(run(base + "--lr 0x10"), "--lr expects a number, got '0x10'", out);  // strtod: hex 16
   expect_error(run(base + "--accum 0"), "--accum must be positive", out);
   expect_error(run(base + "--accum 2147483647"), "--accum 2147483647 is more than 1048576 micro-batches a step", out);
   expect_error(run(base + "--min-lr-ratio 2"), "--min-lr-ratio must be in [0, 1]", out);

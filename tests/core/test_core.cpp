@@ -10,6 +10,7 @@
 #include "tessera/core/mmap_file.h"
 #include "tessera/core/philox.h"
 #include "tessera/core/tensor.h"
+#include "tessera/core/units.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -191,6 +192,40 @@ TEST(Context, CpuIsAlwaysThere) {
   EXPECT_EQ(ctx.device().is_cpu(), !info.available);
   EXPECT_EQ(info.available, info.count > 0);
   EXPECT_TRUE(Context(Device::cpu()).device().is_cpu());
+}
+
+// Command-line numbers are decimal: strtod alone read "0x10" as 16 (`--lr 0x10` trained at lr 16) and took
+// "inf", "nan" and leading blanks.
+TEST(Units, DecimalOnly) {
+  size_t used = 99;
+  EXPECT_DOUBLE_EQ(parse_decimal_prefix("3e-4", &used), 3e-4);
+  EXPECT_EQ(used, 4u);
+  EXPECT_DOUBLE_EQ(parse_decimal_prefix("-1.5MB", &used), -1.5);
+  EXPECT_EQ(used, 4u);
+  for (const char* v : {"0x10", "0X1p4", "inf", "nan", " 3", "", "e5", "."}) {
+    const double x = parse_decimal_prefix(v, &used);
+    // "0x10" and "0X1p4" stop after the "0": short of the whole text, so a flag refuses them.
+    EXPECT_TRUE(used == 0 || used < std::string(v).size()) << v;
+    if (used == 0) {
+      EXPECT_EQ(x, 0.0) << v;
+    }
+  }
+  EXPECT_EQ(parse_decimal_prefix("0x10", &used), 0.0);
+  EXPECT_EQ(used, 1u);
+}
+
+TEST(Units, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("4096"), 4096.0);
+  EXPECT_EQ(parse_byte_size("12B"), 12.0);
+  EXPECT_EQ(parse_byte_size("1.5GB"), 1.5e9);
+  EXPECT_EQ(parse_byte_size("10MB"), 1e7);
+  EXPECT_EQ(parse_byte_size("64KiB"), 65536.0);
+  EXPECT_EQ(parse_byte_size("512MiB"), 512.0 * 1048576);
+  EXPECT_EQ(parse_byte_size("2GiB"), 2.0 * 1073741824);
+  EXPECT_EQ(parse_byte_size("1TB"), 1e12);
+  EXPECT_EQ(parse_byte_size("1e3KB"), 1e6);
+  for (const char* v : {"", "MB", "12XB", "1 MB", "1MB junk", "0x10MB", "inf", "nanGB", "1e999GB", "1mb", "1KiBs"})
+    EXPECT_FALSE(parse_byte_size(v).has_value()) << v;
 }
 
 }  // namespace tessera

@@ -152,6 +152,16 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_EQ(j.code, 2);
   EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
   EXPECT_NE(j.err.find("--ddp: unknown form 'ring' (expected naive, flat, overlap or bucket)"), std::string::npos) << j.err;
+  // A flag the parser refuses (unknown here) was a line from every rank, then MPI_Abort; and --help printed the
+  // usage once per rank.
+  const Job typo = mpirun("", 2, kTiny + " --stpes 3 --out run", d);
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_EQ(count(typo.err, "tessera: error:"), 1u) << typo.err;
+  EXPECT_NE(typo.err.find("train: unknown flag --stpes (did you mean --steps?)"), std::string::npos) << typo.err;
+  EXPECT_EQ(typo.err.find("MPI_ABORT"), std::string::npos) << typo.err;
+  const Job help = mpirun("", 2, "--help", d);
+  EXPECT_EQ(help.code, 0) << help.err;
+  EXPECT_EQ(count(help.out, "usage: tessera train"), 1u) << help.out;
   const Job both = mpirun("", 2, kTiny + " --ddp flat --zero 1 --out run", d);
   EXPECT_NE(both.err.find("--zero 1 reduce-scatters the gradients itself: drop --ddp"), std::string::npos) << both.err;
   const Job sms = mpirun("", 2, kTiny + " --comm-sms 65 --out run", d);

@@ -8,6 +8,7 @@
 
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
+#include "tessera/core/units.h"
 
 #ifdef TESSERA_WITH_NCCL
 #include "tessera/dist/nccl_communicator.h"
@@ -112,20 +113,11 @@ std::vector<size_t> parse_sizes(const std::string& list) {
     const size_t comma = std::min(list.find(',', at), list.size());
     const std::string item = list.substr(at, comma - at);
     at = comma + 1;
-    double value = 0;
-    char unit[8] = {};
-    const int got = std::sscanf(item.c_str(), "%lf%7s", &value, unit);
-    const std::string u = got == 2 ? unit : "";
-    double scale = 0;
-    for (const auto& [name, s] : {std::pair{"", 1.0}, std::pair{"B", 1.0}, std::pair{"KB", 1e3}, std::pair{"MB", 1e6},
-                                  std::pair{"GB", 1e9}, std::pair{"KiB", 1024.0}, std::pair{"MiB", 1048576.0},
-                                  std::pair{"GiB", 1073741824.0}})
-      if (u == name) scale = s;
-    TS_CHECK(got >= 1 && scale > 0 && value > 0 && std::isfinite(value), "--sizes: '", item,
-             "' is not a size (like 1MB, 10MB, 1GB, 64KiB)");
+    const std::optional<double> bytes = parse_byte_size(item);
+    TS_CHECK(bytes && *bytes > 0, "--sizes: '", item, "' is not a size (like 1MB, 10MB, 1GB, 64KiB)");
     // llround of a value past 2^63 is undefined: a size that large is refused before it is rounded.
-    TS_CHECK(value * scale <= 1e18, "--sizes: '", item, "' is more than 1 EB");
-    out.push_back(static_cast<size_t>(std::llround(value * scale)));
+    TS_CHECK(*bytes <= 1e18, "--sizes: '", item, "' is more than 1 EB");
+    out.push_back(static_cast<size_t>(std::llround(*bytes)));
     if (comma == list.size()) break;
   }
   return out;

@@ -8,6 +8,7 @@
 #include "tessera/bench/peer.h"
 #include "tessera/cli/common.h"
 #include "tessera/core/error.h"
+#include "tessera/core/units.h"
 
 #ifndef TESSERA_PEERS_DIR
 #define TESSERA_PEERS_DIR "bench/peers"
@@ -30,22 +31,9 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 size_t parse_bytes(const std::string& what, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  const std::string unit = end ? end : "";
-  double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB") mult = 1024.0;
-  else if (unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  TS_CHECK(!v.empty() && end != v.c_str() && mult > 0 && std::isfinite(x) && x * mult >= 1 && x * mult < 1e18,
-           what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
-  return static_cast<size_t>(x * mult);
+  const std::optional<double> x = parse_byte_size(v);
+  TS_CHECK(x && *x >= 1 && *x < 1e18, what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
+  return static_cast<size_t>(*x);
 }
 
 void read_model_bench_runs(const Flags& a, const std::string& what, ModelBenchConfig& bc) {

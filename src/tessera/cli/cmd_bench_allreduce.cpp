@@ -98,7 +98,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   double timeout = 300;
   bool help = false;
   run_collectively(control, [&] {
-    help = !a.parse(argc, argv, 3);
+    help = !a.parse(argc, argv, 3, /*print_help=*/lead);
     if (help) return;
     const GpuInfo gpu = probe_gpu();
     backend = a.str("backend", gpu.available && built_with_nccl() ? "nccl-cuda" : "mpi-cpu");

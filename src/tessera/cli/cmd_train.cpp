@@ -208,9 +208,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   a.add("comm-timeout", "S", "under mpirun: seconds a collective may wait before the run fails (default 300)");
   a.add("comm-sms", "N", "under mpirun on GPUs: SMs (CTAs) each NCCL collective may use; the GEMMs that overlap "
                          "them plan for the rest (default 0: NCCL's choice, GEMMs plan for every SM)");
-  if (!a.parse(argc, argv, 2)) return 0;
-
   const bool lead = ranks.rank() == 0;  // the one rank that writes files and prints
+  // Under mpirun every rank parses the same flags: a bad one is one line (from one rank), not one per rank, and
+  // the job ends without MPI_Abort.
+  bool help = false;
+  ranks.agree([&] { help = !a.parse(argc, argv, 2, /*print_help=*/lead); });
+  if (help) return 0;
+
   TrainOptions o;
   TrainSetup setup;
   DataParallelOptions dist;

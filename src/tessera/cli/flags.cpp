@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "tessera/core/error.h"
+#include "tessera/core/units.h"
 
 namespace tessera::cli {
 
@@ -49,7 +50,7 @@ void Flags::add_switch(const std::string& name, const std::string& help) {
   names_.push_back(name);
 }
 
-bool Flags::parse(int argc, char** argv, int first) {
+bool Flags::parse(int argc, char** argv, int first, bool print_help) {
   std::vector<std::string> args;
   for (int i = argc - 1; i >= first; --i) {  // CLI11 takes the arguments in reverse order
     std::string a = argv[i];
@@ -69,7 +70,7 @@ bool Flags::parse(int argc, char** argv, int first) {
     std::vector<std::string> consumed = args;  // CLI11 pops what it parses
     app_->parse(consumed);
   } catch (const CLI::CallForHelp&) {
-    std::fputs(usage().c_str(), stdout);
+    if (print_help) std::fputs(usage().c_str(), stdout);
     return false;
   } catch (const CLI::ArgumentMismatch&) {
     // A flag without its value: find which (CLI11's message names it, but in its own words).
@@ -143,9 +144,9 @@ uint64_t Flags::u64(const std::string& name, uint64_t fallback) const {
 double Flags::number(const std::string& name, double fallback) const {
   if (!has(name)) return fallback;
   const std::string v = str(name);
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  TS_CHECK(!v.empty() && *end == '\0' && std::isfinite(x), command_, ": --", name,
+  size_t used = 0;
+  const double x = parse_decimal_prefix(v, &used);
+  TS_CHECK(!v.empty() && used == v.size() && std::isfinite(x), command_, ": --", name,
            " expects a number, got '", v, "'");
   return x;
 }

@@ -28,15 +28,15 @@ class Flags {
   // A switch without a value.
   void add_switch(const std::string& name, const std::string& help);
 
-  // Parses argv[first..]. Returns false when --help was asked for (the help is then printed on stdout).
-  // Throws Error on any usage error.
-  bool parse(int argc, char** argv, int first);
+  // Parses argv[first..]. Returns false when --help was asked for (the help is then printed on stdout, when
+  // print_help is true: under mpirun only rank 0 prints it). Throws Error on any usage error.
+  bool parse(int argc, char** argv, int first, bool print_help = true);
 
   bool has(const std::string& name) const;
   std::string str(const std::string& name, const std::string& fallback = "") const;
   int integer(const std::string& name, int fallback) const;
   uint64_t u64(const std::string& name, uint64_t fallback) const;
-  // A finite number.
+  // A finite decimal number ("3e-4", "0.5"; not hex, "inf" or "nan").
   double number(const std::string& name, double fallback) const;
   // Names of the flags (no dashes), in the order they were added.
   const std::vector<std::string>& names() const { return names_; }
