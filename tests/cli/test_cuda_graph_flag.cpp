@@ -94,5 +94,19 @@ TEST(CudaGraphFlag, RefusalReasons) {
   }
 }
 
+// On a GPU the graph step stages a whole step's tokens and targets in pinned host memory: accum x B x T x 8
+// bytes, 2.2 TB here. The host memory check counts it and refuses the run in one line, before anything is
+// written; uncounted, cudaMallocHost failed later as a CUDA error.
+TEST(CudaGraphFlag, TrainCountsTheGraphStepsPinnedStagingInTheHostMemoryCheck) {
+  if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
+  const fs::path out = temp("graph_staging");
+  const test::CliRun r = test::run("train --out " + out.string() + " --batch 4096 --seq 64 --accum 1048576 "
+                                   "--d-model 32 --n-layers 2 --n-heads 2 --device cuda --steps 1 --no-progress "
+                                   "--sample-tokens 0 --no-checkpoint");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("tessera: error: out of memory: training this model needs "), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace tessera
