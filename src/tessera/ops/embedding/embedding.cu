@@ -239,11 +239,15 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int start = chunk * kChunk;
   if (start >= n || chunk == 0) return;
-  const int32_t tok = sorted_keys[start];
-  if (tok == a.V || sorted_keys[start - 1] != tok) return;
+  // One round of loads: the chunk's keys and rows, and (lane 0) the key before the chunk, which with the chunk's
+  // first key decides whether the chunk continues a run. (Loading those two first, then the chunk's keys and rows,
+  // put two L2 round trips before the first d_out load.)
   const int pos = start + lane;
   const int32_t key = pos < n ? sorted_keys[pos] : a.V;
   const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
+  const int32_t before = __shfl_sync(0xffffffffu, lane == 0 ? sorted_keys[start - 1] : 0, 0);
+  const int32_t tok = __shfl_sync(0xffffffffu, key, 0);
+  if (tok == a.V || before != tok) return;
   // Sorted keys: the positions of tok form a prefix of the chunk.
   const int count = __popc(__ballot_sync(0xffffffffu, key == tok));
   const int c0 = (blockIdx.y * 32 + lane) * W;
@@ -272,11 +276,18 @@ __device__ __forceinline__ void embedding_backward_wte_sorted_runs(
   const int i = bx * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
-  const int32_t tok = sorted_keys[i];
-  if (tok == a.V || (i > 0 && sorted_keys[i - 1] == tok)) return;
   const int chunk = i / kChunk, pos = chunk * kChunk + lane;
+  // One round of loads: the chunk's keys and rows, and (lane 0, when i starts the chunk) the key before it; i's
+  // key and the one before it come from those by shuffles. Loaded first on their own, those two keys put a second
+  // L2 round trip before the run's d_out loads: 46.0-46.2 µs against 47.0-48.4 on uniform ids at 16384 rows, 164
+  // against 174 at 65536 (bench/results/2026-12-02-embedding-key-loads-h200.md).
   const int32_t key = pos < n ? sorted_keys[pos] : a.V;
   const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
+  const int at = i - chunk * kChunk;
+  const int32_t outside = __shfl_sync(0xffffffffu, lane == 0 && at == 0 && i > 0 ? sorted_keys[i - 1] : -1, 0);
+  const int32_t tok = __shfl_sync(0xffffffffu, key, at);
+  const int32_t prev = __shfl_sync(0xffffffffu, key, at > 0 ? at - 1 : 0);
+  if (tok == a.V || (at > 0 ? prev : outside) == tok) return;
   // The run's positions in this chunk: lanes i % 32 .. i % 32 + count - 1 (keys are sorted and the run starts
   // at i, so the lanes holding tok are exactly those).
   const unsigned in_run = __ballot_sync(0xffffffffu, key == tok);
