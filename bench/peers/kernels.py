@@ -5,6 +5,9 @@
 prints one JSON object per line, {"kernel": NAME, "ms": MEDIAN}, with the kernel names tessera uses, and exits 0
 with a one-line message (and no figures) when torch or CUDA is missing. It never runs in CI (no GPU there).
 
+`--only FAMILY,...` (tessera's `bench kernels --only`) runs only those families' rows: embedding, layernorm,
+residual, gelu, swiglu, cross-entropy.
+
 Timing: warm-up runs, then timed runs between torch.cuda.Event pairs, one run at a time, the median reported. As
 in tessera's harness, a 128 MiB buffer is read before each timed run to flush the L2 cache (not timed; a read leaves no dirty lines).
 Backward passes are timed alone: torch.autograd.grad on a graph built once, with retain_graph=True.
@@ -47,7 +50,14 @@ def main():
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--only", default="", help="comma list of kernel families to run (default: all)")
     args = ap.parse_args()
+    families = ["embedding", "layernorm", "residual", "gelu", "swiglu", "cross-entropy"]
+    only = [f for f in args.only.split(",") if f] or families
+    for f in only:
+        if f not in families:
+            ap.error(f"--only: unknown kernel family '{f}' (expected {', '.join(families)})")
+    want = lambda family: family in only
     if args.which == "optimizer" and args.size == "large":
         ap.error("--size large applies to --which kernels only")
 
@@ -71,6 +81,8 @@ def main():
         return t.requires_grad_(requires_grad)
 
     def bench(name, fn):
+        if not want(name.split()[0]):  # the family: the name's first word
+            return
         for _ in range(args.warmup):
             fn()
         torch.cuda.synchronize()
@@ -151,7 +163,7 @@ def main():
 
     # cross-entropy with label smoothing 0.1 on 16-bit logits, forward + backward (mean loss); not at large
     del out
-    if args.size == "large":
+    if args.size == "large" or not want("cross-entropy"):
         return 0
     logits = rand(N, V, requires_grad=True)
     targets = torch.randint(0, V, (N,), generator=gen, device=dev)

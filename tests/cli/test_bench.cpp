@@ -97,6 +97,20 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
 }
 
+// --only runs the families named, in table order whatever the order given, a family named twice once.
+TEST_F(Bench, KernelsOnlyRunsTheFamiliesNamed) {
+  const fs::path md = dir / "kernels.md";
+  const test::CliRun r =
+      run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only residual,embedding,residual --out " +
+                md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "residual fwd", "residual bwd"});
+  const fs::path ce = dir / "ce.md";
+  ASSERT_EQ(run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only cross-entropy --out " +
+                      ce.string()).code, 0);
+  expect_rows(ce, {"cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
+}
+
 // On a GPU each row is set against the 1 GiB copy and against a copy of its own size: both columns are there and
 // hold percentages (no timing is asserted).
 TEST_F(Bench, KernelsOnGpuSetEachRowAgainstBothCopies) {
@@ -250,6 +264,12 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("attention --device cpu --out " + dir.string(), "is a directory; give a file name");
   expect_usage_error("attention --device cpu --attn-dropout 1", "--attn-dropout must be in [0, 1)");
   expect_usage_error("attention --device cpu --attn-dropout -0.1", "--attn-dropout must be in [0, 1)");
+  expect_usage_error("kernels --device cpu --only gemm",
+                     "--only: unknown kernel family 'gemm' (expected a comma list of embedding, layernorm, residual, "
+                     "gelu, swiglu, cross-entropy)");
+  expect_usage_error("kernels --device cpu --only embedding,", "--only: unknown kernel family ''");
+  expect_usage_error("kernels --device cpu --size large --only cross-entropy", "--size large has no cross-entropy rows");
+  expect_usage_error("optimizer --device cpu --only embedding", "unknown flag --only");
   EXPECT_FALSE(fs::exists(dir / "x.md"));
 }
 

@@ -126,6 +126,27 @@ constexpr double kIdBytes = 4;
 
 }  // namespace
 
+bool BenchConfig::wants(const std::string& family) const {
+  return only.empty() || std::find(only.begin(), only.end(), family) != only.end();
+}
+
+std::vector<std::string> parse_kernel_families(const std::string& list) {
+  std::string known;
+  for (const char* f : kKernelFamilies) known += (known.empty() ? "" : ", ") + std::string(f);
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    TS_CHECK(std::find(std::begin(kKernelFamilies), std::end(kKernelFamilies), name) != std::end(kKernelFamilies),
+             "--only: unknown kernel family '", name, "' (expected a comma list of ", known, ")");
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    if (comma == list.size()) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
   const Shapes s = bench_shapes(cfg.size);
@@ -139,7 +160,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
                     .timing = h.time(fn, cfg.timing)});
   };
 
-  {  // embedding: tokens (N) i32, wte (V, C), wpe (T, C), out (N, C)
+  if (cfg.wants("embedding")) {  // embedding: tokens (N) i32, wte (V, C), wpe (T, C), out (N, C)
     const EmbeddingParams p{.B = s.B, .T = s.T, .C = s.C, .V = s.V, .max_seq = s.T};
     int64_t distinct = 0;
     const RandomTensor tokens = random_ids(s.N(), s.V, rng, ctx, &distinct);
@@ -163,7 +184,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
         kIdBytes * N + es * (N * C + 2.0 * static_cast<double>(zipf_distinct) * C + 2 * T * C),
         [&] { embedding_backward(p, d_wte.t, d_wpe.t, out.t, zipf.t, ctx); });
   }
-  {  // layernorm: x, out, d_x, d_out (N, C); w, b, d_w, d_b (C); mean, rstd (N) f32
+  // layernorm: x, out, d_x, d_out (N, C); w, b, d_w, d_b (C); mean, rstd (N) f32; residual: the same x, out, d_x
+  if (cfg.wants("layernorm") || cfg.wants("residual")) {
     const NormParams p{.N = s.N(), .C = s.C};
     const RandomTensor x = random_tensor(s.N(), s.C, dt, rng, ctx, "benchmark x");
     const RandomTensor out = random_tensor(s.N(), s.C, dt, rng, ctx, "benchmark out");
@@ -173,22 +195,26 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     const RandomTensor rstd = random_tensor(1, s.N(), DType::F32, rng, ctx, "benchmark rstd");
     const std::string shape = shape2(s.N(), s.C);
     // fwd: x (N·C), w, b (2C) read; out (N·C), mean, rstd (2N f32) written.
-    run("layernorm fwd", shape, es * (2 * N * C + 2 * C) + kStatBytes * 2 * N,
-        [&] { layernorm_forward(p, out.t, mean.t, rstd.t, x.t, w.t, b.t, ctx); });
+    if (cfg.wants("layernorm"))
+      run("layernorm fwd", shape, es * (2 * N * C + 2 * C) + kStatBytes * 2 * N,
+          [&] { layernorm_forward(p, out.t, mean.t, rstd.t, x.t, w.t, b.t, ctx); });
     const RandomTensor d_x = random_tensor(s.N(), s.C, dt, rng, ctx, "benchmark d_x");
     const RandomTensor d_w = random_tensor(1, s.C, dt, rng, ctx, "benchmark d_w");
     const RandomTensor d_b = random_tensor(1, s.C, dt, rng, ctx, "benchmark d_b");
     // bwd: d_out, x (2·N·C), w (C), mean, rstd (2N f32) read; d_x (N·C) and d_w, d_b (2C) accumulated (r + w).
-    run("layernorm bwd", shape, es * (2 * N * C + C + 2 * N * C + 4 * C) + kStatBytes * 2 * N,
-        [&] { layernorm_backward(p, d_x.t, d_w.t, d_b.t, out.t, x.t, w.t, mean.t, rstd.t, ctx); });
+    if (cfg.wants("layernorm"))
+      run("layernorm bwd", shape, es * (2 * N * C + C + 2 * N * C + 4 * C) + kStatBytes * 2 * N,
+          [&] { layernorm_backward(p, d_x.t, d_w.t, d_b.t, out.t, x.t, w.t, mean.t, rstd.t, ctx); });
     // residual: out = residual + (x + bias), no dropout; (N, C) with bias (C).
     const ResidualParams rp{.N = s.N(), .C = s.C};
     // fwd: residual, x (2·N·C) and bias (C) read; out (N·C) written.
-    run("residual fwd", shape, es * (3 * N * C + C), [&] { residual_forward(rp, out.t, x.t, d_x.t, b.t, ctx); });
-    // bwd: d_out (N·C) read, d_x (N·C) written, d_bias (C) accumulated (r + w).
-    run("residual bwd", shape, es * (2 * N * C + 2 * C), [&] { residual_backward(rp, d_x.t, d_b.t, out.t, ctx); });
+    if (cfg.wants("residual")) {
+      run("residual fwd", shape, es * (3 * N * C + C), [&] { residual_forward(rp, out.t, x.t, d_x.t, b.t, ctx); });
+      // bwd: d_out (N·C) read, d_x (N·C) written, d_bias (C) accumulated (r + w).
+      run("residual bwd", shape, es * (2 * N * C + 2 * C), [&] { residual_backward(rp, d_x.t, d_b.t, out.t, ctx); });
+    }
   }
-  {  // gelu: in, out, d_in, d_out (N, F); bias, d_bias (F)
+  if (cfg.wants("gelu")) {  // gelu: in, out, d_in, d_out (N, F); bias, d_bias (F)
     const ActivationParams p{.N = s.N(), .d_ff = s.F, .kind = Activation::Gelu};
     const RandomTensor in = random_tensor(s.N(), s.F, dt, rng, ctx, "benchmark gelu in");
     const RandomTensor out = random_tensor(s.N(), s.F, dt, rng, ctx, "benchmark gelu out");
@@ -202,7 +228,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     run("gelu bwd", shape, es * (3 * N * F + 3 * F),
         [&] { activation_backward(p, d_in.t, d_bias.t, out.t, in.t, bias.t, ctx); });
   }
-  {  // swiglu, as the Llama-style presets run it (no bias): in, d_in (N, 2F) rows [gate | up]; out, d_out (N, F)
+  // swiglu, as the Llama-style presets run it (no bias): in, d_in (N, 2F) rows [gate | up]; out, d_out (N, F)
+  if (cfg.wants("swiglu")) {
     const ActivationParams p{.N = s.N(), .d_ff = s.F, .kind = Activation::Swiglu};
     const RandomTensor in = random_tensor(s.N(), 2 * s.F, dt, rng, ctx, "benchmark swiglu in");
     const RandomTensor out = random_tensor(s.N(), s.F, dt, rng, ctx, "benchmark swiglu out");
@@ -216,7 +243,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
   }
   // cross-entropy with label smoothing 0.1 (not at large: kernels.h): logits (N, V), targets (N) i32, losses, lse
   // (N) f32
-  if (cfg.size != BenchSize::Large) {
+  if (cfg.size != BenchSize::Large && cfg.wants("cross-entropy")) {
     const CrossEntropyParams p{.N = s.N(), .V = s.V, .label_smoothing = 0.1f};
     const RandomTensor logits = random_tensor(s.N(), s.V, dt, rng, ctx, "benchmark logits");
     const RandomTensor targets = random_ids(s.N(), s.V, rng, ctx, nullptr);

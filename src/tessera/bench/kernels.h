@@ -22,11 +22,20 @@ namespace tessera {
 // fill of 3.3G logits on the host would take longer than the rest of the table.
 enum class BenchSize { Small, Full, Large };
 
+// The kernel families of `bench kernels`, in table order: a row's kernel name starts with its family's name.
+inline constexpr const char* kKernelFamilies[] = {"embedding", "layernorm", "residual", "gelu", "swiglu",
+                                                  "cross-entropy"};
+
 struct BenchConfig {
   BenchSize size = BenchSize::Small;
   DType dtype = DType::F32;  // compute dtype of the floats (statistics stay f32)
   TimingOptions timing;
+  std::vector<std::string> only;  // bench kernels: the families to run (names of kKernelFamilies); empty: all
+  bool wants(const std::string& family) const;
 };
+
+// "embedding,layernorm" -> {"embedding", "layernorm"}; throws Error naming the families on an unknown or empty name.
+std::vector<std::string> parse_kernel_families(const std::string& list);
 
 struct BenchRow {
   std::string kernel;  // "layernorm fwd", ...; the PyTorch peer prints the same names
@@ -36,7 +45,8 @@ struct BenchRow {
   double gbs() const { return bytes / (timing.median_ms * 1e-3) / 1e9; }
 };
 
-// embedding fwd/bwd, layernorm fwd/bwd, residual fwd/bwd, gelu fwd/bwd, cross-entropy fwd+bwd.
+// embedding fwd/bwd, layernorm fwd/bwd, residual fwd/bwd, gelu fwd/bwd, swiglu fwd/bwd, cross-entropy fwd+bwd (the
+// families in cfg.only, or all).
 std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h);
 // adamw step over the flat buffers of gpt2-124m (full) or tiny (small), built by Gpt on the harness's context.
 std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h);

@@ -70,11 +70,15 @@ struct PeerResult {
   std::string note;
 };
 
+// only: the families bench kernels runs (names from kKernelFamilies, checked: safe in the command line); empty: all.
 PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype,
-                    const TimingOptions& t) {
+                    const TimingOptions& t, const std::vector<std::string>& only) {
   PeerResult r;
+  std::string only_arg;
+  for (const auto& f : only) only_arg += (only_arg.empty() ? " --only " : ",") + f;
   r.note = run_peer_script("'" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size + " --dtype " +
-                               dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters),
+                               dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
+                               std::to_string(t.iters) + only_arg,
                            "kernels.py", [&](const nlohmann::json& j) {
                              if (!j.contains("kernel") || !j.contains("ms") || !j["ms"].is_number()) return false;
                              r.ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
@@ -105,6 +109,9 @@ int cmd_bench(int argc, char** argv) {
   a.add("size", "small|full|large",
         "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab 50257, AdamW over "
         "gpt2-124m (default: full on a GPU, small on the CPU); large (kernels only): 65536 rows, no cross-entropy");
+  if (which == "kernels")
+    a.add("only", "FAMILY,...", "run only these kernel families: embedding, layernorm, residual, gelu, swiglu, "
+                                "cross-entropy (default: all)");
   a.add("warmup", "N", "untimed runs before timing (default 5)");
   a.add("iters", "N", "timed runs; the table shows their median (default 20)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
@@ -125,7 +132,11 @@ int cmd_bench(int argc, char** argv) {
   const BenchSize bench_size = size == "full" ? BenchSize::Full : size == "large" ? BenchSize::Large : BenchSize::Small;
   const BenchConfig cfg{.size = bench_size,
                         .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
-                        .timing = timing};
+                        .timing = timing,
+                        .only = which == "kernels" && a.has("only") ? parse_kernel_families(a.str("only"))
+                                                                    : std::vector<std::string>{}};
+  TS_CHECK(!(cfg.only.size() == 1 && cfg.only[0] == "cross-entropy" && bench_size == BenchSize::Large),
+           "--only cross-entropy: --size large has no cross-entropy rows (use --size full)");
   const std::string out = a.str("out");
   if (!out.empty()) check_output_path("out", out);
 
@@ -149,7 +160,7 @@ int cmd_bench(int argc, char** argv) {
   PeerResult peer;
   if (a.has("peer")) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
-    else peer = run_peer(which, size, dtype_name, timing);
+    else peer = run_peer(which, size, dtype_name, timing, cfg.only);
   }
   const bool with_peer = !peer.ms.empty();
 
