@@ -482,6 +482,113 @@ TEST_F(Cli, OneOutputDirectoryPerRun) {
   EXPECT_EQ(count_lines(dir / "runs" / "gpt2-124m" / "metrics.jsonl"), 2);
 }
 
+// A run's data path was saved as typed: resumed from another working directory it was not found, or another
+// directory's data of that name was trained on silently; a copied run resumed on the original's data. The
+// run's own OUT/data is now found beside its checkpoint, and a resume checks that the data is the same.
+TEST_F(Cli, ResumeFindsTheRunsOwnDataFromAnywhereAndRefusesOtherData) {
+  const std::string corpus = std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt";
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  // The loss of step `step` in a run's metrics.
+  const auto loss_at = [](const fs::path& metrics, int step) {
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("step").get<int>() == step) return j.at("loss").get<double>();
+    }
+    return -1.0;
+  };
+  CliRun r = run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --n-heads 2 --steps 6 --stop-after 2" +
+                     tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  fs::copy(dir / "a", dir / "b", fs::copy_options::recursive);
+  // The copy b resumes on its own b/data: step 3 as the run would have taken it.
+  r = run("train --resume b/checkpoint --stop-after 3" + tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double step3 = loss_at(dir / "b" / "metrics.jsonl", 3);
+  ASSERT_GT(step3, 0);
+  // a, resumed from another directory that holds an a/data of its own (other text), trains on its own data.
+  std::string upper = read_file_text(corpus);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  write_file_atomic((dir / "upper.txt").string(), upper);
+  fs::create_directories(dir / "elsewhere");
+  ASSERT_EQ(run("prepare --text ../upper.txt --out a/data", dir / "elsewhere").code, 0);
+  r = run("train --resume " + (dir / "a" / "checkpoint").string() + " --stop-after 3" + tail, dir / "elsewhere");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(loss_at(dir / "a" / "metrics.jsonl", 3), step3);
+  // With b/data replaced by other text, b refuses to go on.
+  const std::string metrics = read_file_text((dir / "b" / "metrics.jsonl").string());
+  ASSERT_EQ(run("prepare --text upper.txt --out b/data", dir).code, 0);
+  r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
+  expect_error(r, "--resume: b/data no longer holds the data this run trained on");
+  EXPECT_EQ(read_file_text((dir / "b" / "metrics.jsonl").string()), metrics);
+}
+
+// --resume writes into the checkpoint's own run: into another directory that holds a run (--out B, or RUN/best
+// resumed into RUN, whose checkpoint/ is later) it replaced that run's checkpoint and cut its metrics back.
+TEST_F(Cli, ResumeRefusesToReplaceAnotherRun) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  const std::string model = " --batch 2 --seq 16 --d-model 32 --n-layers 1 --n-heads 2";
+  ASSERT_EQ(run("train --out victim --steps 2" + model + tail, dir).code, 0);
+  ASSERT_EQ(run("train --out src --steps 8 --val-every 2 --stop-after 6" + model + tail, dir).code, 0);
+  const std::string victim = read_file_text((dir / "victim" / "metrics.jsonl").string());
+  CliRun r = run("train --resume src/checkpoint --out victim --stop-after 7" + tail, dir);
+  expect_error(r, "--resume src/checkpoint: output directory victim already holds a run");
+  EXPECT_NE(r.err.find("give --out a new directory"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file_text((dir / "victim" / "metrics.jsonl").string()), victim);
+  r = run("train --resume src/best --stop-after 7" + tail, dir);
+  expect_error(r, "--resume src/best: output directory src already holds a run");
+  EXPECT_EQ(count_lines(dir / "src" / "metrics.jsonl"), 6);
+  // Branching from best into a new directory, and continuing the run itself, both go on.
+  EXPECT_EQ(run("train --resume src/best --out branch --stop-after 7" + tail, dir).code, 0);
+  EXPECT_EQ(run("train --resume src/checkpoint --out src --stop-after 7" + tail, dir).code, 0);
+  EXPECT_EQ(count_lines(dir / "src" / "metrics.jsonl"), 7);
+}
+
+// --force replaces a run only once the new one's data has passed its checks: a text too short for the batch used
+// to be written over OUT/data first, and the old run then resumed on the new data.
+TEST_F(Cli, ForceThatFailsItsDataCheckLeavesTheRunAsItWas) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu --d-model 32 --n-layers 1 --n-heads 2";
+  ASSERT_EQ(run("train --out r --steps 6 --batch 2 --seq 16 --stop-after 2" + tail, dir).code, 0);
+  const std::string shard = read_file_text((dir / "r" / "data" / "train_000000.bin").string());
+  // One byte more than a batch of 200 x 16 needs (3201 tokens): the text passes, its train split does not.
+  write_file_atomic((dir / "short.txt").string(), std::string(3202, 'x'));
+  const CliRun r = run("train --out r --force --steps 2 --batch 200 --seq 16 --data short.txt" + tail, dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("data short.txt: its train split holds"), std::string::npos) << r.err;
+  EXPECT_TRUE(read_file_text((dir / "r" / "data" / "train_000000.bin").string()) == shard) << "the old data changed";
+  EXPECT_FALSE(fs::exists(dir / "r" / ".data.new"));
+  EXPECT_EQ(run("train --resume r/checkpoint --stop-after 3 --no-progress --sample-tokens 0", dir).code, 0);
+}
+
+// SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) killed a run with no checkpoint; they now stop
+// it as SIGTERM does.
+TEST_F(Cli, SighupCheckpointsAndResumes) { interrupt_and_resume(SIGHUP); }
+TEST_F(Cli, ClosedOutputPipeStopsWithACheckpoint) {
+  const fs::path out = dir / "o", script = dir / "pipe.sh";
+  // With the progress bar on (a line every 400 / 20 steps off a terminal), a write after `head` has gone.
+  write_file_atomic(script.string(), test::binary() + " train --out " + out.string() +
+                                         " --batch 2 --seq 16 --d-model 32 --n-layers 1 --sample-tokens 0 --device cpu "
+                                         "--steps 400 --ckpt-every 0 2>&1 | head -c 1 > /dev/null\n"
+                                         "exit ${PIPESTATUS[0]}\n");
+  const int status = std::system(("bash '" + script.string() + "'").c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGPIPE);
+  ASSERT_TRUE(fs::exists(out / "checkpoint"));
+  const int64_t step = checkpoint_step(out / "checkpoint");
+  EXPECT_LT(step, 400);
+  EXPECT_EQ(count_lines(out / "metrics.jsonl"), step);
+}
+
+// An output path the file system refuses (root may "access" /proc, which takes no files) is refused before the
+// work, not after the run or the benchmark.
+TEST_F(Cli, OutputFilesThatCannotBeWrittenAreRefusedFirst) {
+  expect_error(run("train --out o --steps 2 --trace /proc/tessera_x.json --no-progress", dir),
+               "--trace /proc/tessera_x.json: cannot write there", dir / "o");
+  expect_error(run("bench kernels --device cpu --iters 1 --out /proc/tessera_x.md"),
+               "--out /proc/tessera_x.md: cannot write there");
+  expect_error(run("bench kernels --device cpu --iters 1 --out ''"), "--out needs a file name");
+}
+
 TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   // Each of these, with the default data, used to prepare OUT/data before failing.
   const fs::path out = dir / "o";

@@ -138,7 +138,7 @@ int cmd_bench(int argc, char** argv) {
   TS_CHECK(!(cfg.only.size() == 1 && cfg.only[0] == "cross-entropy" && bench_size == BenchSize::Large),
            "--only cross-entropy: --size large has no cross-entropy rows (use --size full)");
   const std::string out = a.str("out");
-  if (!out.empty()) check_output_path("out", out);
+  if (a.has("out")) check_output_path("out", out);
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";

@@ -138,7 +138,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     timeout = a.number("comm-timeout", timeout);
     TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
     out = a.str("out");
-    if (!out.empty() && lead) check_output_path("out", out);
+    if (a.has("out") && lead) check_output_path("out", out);
   }, kSizesHint);
   if (help) return 0;
   control.set_timeout(timeout);

@@ -109,7 +109,7 @@ int cmd_bench_attention(int argc, char** argv) {
   const AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout,
                                  .timing = timing};
   const std::string out = a.str("out");
-  if (!out.empty()) check_output_path("out", out);
+  if (a.has("out")) check_output_path("out", out);
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";

@@ -46,6 +46,9 @@ constexpr int kDefaultSampleTokens = 100;
 volatile std::sig_atomic_t g_stop = 0;
 
 extern "C" void on_stop_signal(int sig) {
+  // A closed output pipe (`tessera train | head`) raises SIGPIPE at every write after the first: only the first
+  // counts, as a stop.
+  if (sig == SIGPIPE && g_stop != 0) return;
   if (g_stop != 0) {  // the second signal: leave now, without a checkpoint
     constexpr char kMsg[] = "\ntessera: interrupted again: exiting without a checkpoint\n";
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
@@ -54,24 +57,32 @@ extern "C" void on_stop_signal(int sig) {
   g_stop = sig;
 }
 
-// SIGINT and SIGTERM set g_stop while training runs; the previous handlers come back afterwards.
+// SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) set g_stop while training
+// runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
+// none. The previous handlers come back afterwards.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 class StopSignals {
  public:
   StopSignals() {
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
   }
   ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
   }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_[std::size(kStopSignals)] {};
 };
+
+// How the stop is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
+// "interrupted".
+const char* stop_word(int sig) {
+  return sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : sig == SIGPIPE ? "stopped: output closed"
+                                                                                    : "interrupted";
+}
 
 // Removes the directories this command created when it fails before its first step, so that a failed command
 // leaves no empty output directory and no prepared shards.
@@ -97,6 +108,8 @@ class CreatedDirs {
     ensure_writable_dir(dir);
     for (auto it = missing.rbegin(); it != missing.rend(); ++it) created_.emplace_back(*it, it + 1 == missing.rend());
   }
+  // Remembers `dir`, made some other way (a rename), to go with what is in it.
+  void track(const fs::path& dir) { created_.emplace_back(fs::absolute(dir).lexically_normal(), true); }
   void keep() { keep_ = true; }
 
  private:
@@ -362,7 +375,19 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
              "--prompt is for the sample after training, which --sample-tokens 0 turns off");
     TS_CHECK(!a.has("prompt") || no_sample.empty(), "--prompt: no sample can be drawn: ", no_sample);
 
-    // 5. The output directory: one run each.
+    // 5. The output directory: one run each. A resumed run continues in the directory of its checkpoint; written
+    // anywhere else that holds a run (--out B, or --resume RUN/best into RUN, whose checkpoint/ is later), it
+    // would replace that run's checkpoint and cut its metrics back, silently.
+    if (!o.resume.empty() && holds_run(o.out)) {
+      const fs::path ck = fs::path(o.resume).lexically_normal();
+      const fs::path ck_dir = ck.has_filename() ? ck : ck.parent_path();
+      std::error_code ec;
+      const bool own = fs::equivalent(ck_dir.has_parent_path() ? ck_dir.parent_path() : fs::path("."), o.out, ec) &&
+                       ck_dir.filename().string().starts_with("checkpoint");
+      TS_CHECK(own, "--resume ", a.str("resume"), ": output directory ", o.out, " already holds a run, which this "
+               "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
+               "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
+    }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
       if (fs::is_directory(fs::path(o.out) / "checkpoint"))
         TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
@@ -391,15 +416,28 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (!lead) return;
     created.create(o.out);
     if (!text_source.empty()) {
-      const std::string data_dir = (out / "data").string();
-      created.create(data_dir);
-      const auto [n_train, n_val] = prepare_text(text, data_dir);
-      // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
+      // Prepared beside the data it replaces, checked there (the train split must hold a batch), and only then
+      // swapped in: a --force whose new text fails the check leaves the old run's data as it was.
+      const fs::path data_dir = out / "data", staging = out / ".data.new";
       std::error_code ec;
+      fs::remove_all(staging, ec);
+      created.create(staging.string());
+      const auto [n_train, n_val] = prepare_text(text, staging.string());
+      const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
+      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train, " tokens, fewer than batch x ",
+               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
+      setup.options.data = staging.string();
+      train_open_data(setup);
+      setup.train_data.reset();
+      setup.val_data.reset();
+      if (!fs::exists(data_dir)) created.track(data_dir);  // new: it goes again if the run fails to start
+      fs::remove_all(data_dir);
+      fs::rename(staging, data_dir);
+      // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
       const fs::path shown = fs::proximate(text_source, ec);
       std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
-                  n_train, n_val, data_dir.c_str());
-      setup.options.data = data_dir;
+                  n_train, n_val, data_dir.string().c_str());
+      setup.options.data = data_dir.string();
       train_open_data(setup);
     }
     // The run that --force replaces goes only once the new one's data has been checked.
@@ -497,13 +535,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (r.interrupted && r.checkpoint.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: --no-checkpoint, so nothing was written to resume from\n",
-                 g_stop == SIGTERM ? "terminated" : "interrupted", static_cast<long long>(r.last_step));
+                 stop_word(g_stop), static_cast<long long>(r.last_step));
     return 128 + g_stop;
   }
   if (r.interrupted) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
-                 g_stop == SIGTERM ? "terminated" : "interrupted", static_cast<long long>(r.last_step),
+                 stop_word(g_stop), static_cast<long long>(r.last_step),
                  r.checkpoint.c_str(), resume_cmd.c_str());
     return 128 + g_stop;
   }

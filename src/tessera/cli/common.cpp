@@ -112,6 +112,7 @@ void check_output_path(const std::string& flag, const std::string& path) {
   TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--", flag, " ", path,
            ": directory ", parent.string(), " does not exist or is not writable");
   TS_CHECK(!std::filesystem::is_directory(path), "--", flag, " ", path, " is a directory; give a file name");
+  check_file_writable(path, "--" + flag);  // before the work whose result it would hold
 }
 
 void print_bench_markdown(const std::string& md, const std::string& out) {

@@ -55,7 +55,9 @@ std::string read_file_text(const std::string& path, const char* what) {
   return read_whole_file<std::string>(path, what);
 }
 
-void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+namespace {
+// The temporary file write_file_atomic writes before renaming it over `path`: ".<name>.tmp.<pid>" beside it.
+std::string atomic_temp_path(const std::string& path) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on `"." + std::string&&`.
@@ -63,7 +65,22 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   tmp_name += target.filename().string();
   tmp_name += ".tmp.";
   tmp_name += std::to_string(::getpid());
-  const std::string tmp = (dir / tmp_name).string();
+  return (dir / tmp_name).string();
+}
+}  // namespace
+
+void check_file_writable(const std::string& path, const std::string& what) {
+  const std::string tmp = atomic_temp_path(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TS_CHECK(fd >= 0 || errno == EEXIST, what, " ", path, ": cannot write there: ", std::strerror(errno));
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const std::string tmp = atomic_temp_path(path);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   TS_CHECK(f, "cannot write ", path, ": ", std::strerror(errno));
   bool ok = true;
@@ -86,7 +103,8 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     std::remove(tmp.c_str());
     TS_THROW("cannot write ", path, ": ", std::strerror(e));
   }
-  fsync_dir(dir.string());
+  const fs::path target(path);
+  fsync_dir((target.has_parent_path() ? target.parent_path() : fs::path(".")).string());
 }
 
 void write_file_atomic(const std::string& path, const void* data, size_t size) {

@@ -20,6 +20,12 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// Checks, before any work, that write_file_atomic(path) could write: creates and removes the temporary file it
+// would use beside `path`. Throws Error "<what> <path>: cannot write there: <reason>" where the file system refuses
+// (a directory that root may "access" but that takes no files, such as /proc; a read-only mount; a full disk of
+// inodes).
+void check_file_writable(const std::string& path, const std::string& what);
+
 // fsync of a directory: makes the renames and creations done in it durable.
 void fsync_dir(const std::string& dir);
 

@@ -32,7 +32,15 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 json train_options_to_json(const TrainOptions& o) {
-  return {{"model", model_config_to_json(o.model)}, {"data", o.data}, {"batch", o.batch}, {"seq", o.seq},
+  std::string data = o.data, base = "absolute";
+  if (!data.empty()) {
+    const fs::path abs = fs::absolute(o.data).lexically_normal();
+    const fs::path rel = abs.lexically_relative(fs::absolute(o.out).lexically_normal());
+    if (!rel.empty() && *rel.begin() != ".." && rel != ".") data = rel.string(), base = "run";
+    else data = abs.string();
+  }
+  return {{"model", model_config_to_json(o.model)}, {"data", data}, {"data_base", base},
+          {"data_fingerprint", o.data_fingerprint}, {"batch", o.batch}, {"seq", o.seq},
           {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
           {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
           {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
@@ -45,7 +53,9 @@ void train_options_from_json(const json& j, TrainOptions& o) {
   constexpr std::string_view kWhere = "training options";
   // Named apart from model.safetensors's tessera_config, whose errors say "config: ...".
   o.model = model_config_from_json(json_field(j, "model", kWhere), "training options: model");
-  o.data = json_string(j, "data", kWhere);
+  o.data = json_string(j, "data", kWhere);  // resolved against the run directory by train_setup ("data_base")
+  // Absent in checkpoints written before it was saved.
+  o.data_fingerprint = j.contains("data_fingerprint") ? json_u64(j, "data_fingerprint", kWhere) : 0;
   o.batch = json_int(j, "batch", kWhere);
   o.seq = json_int(j, "seq", kWhere);
   o.accum = json_int(j, "accum", kWhere);
@@ -220,7 +230,39 @@ struct Fnv {
     add(s.data(), s.size());
   }
 };
+
+// Adds a split's shards to f: names, sizes, and their first and last 64 KiB (a missing split as such).
+void add_split(Fnv& f, const std::string& data, const char* split) {
+  std::vector<std::string> shards;
+  try {
+    shards = find_shards(data, split);
+  } catch (const Error&) {
+    f.add(std::string("no ") + split);
+    return;
+  }
+  constexpr size_t kEdge = 64 * 1024;
+  std::vector<char> buf(kEdge);
+  for (const std::string& path : shards) {
+    f.add(fs::path(path).filename().string());
+    std::FILE* in = std::fopen(path.c_str(), "rb");
+    TS_CHECK(in, "data: cannot read ", path);
+    std::fseek(in, 0, SEEK_END);
+    const long size = std::ftell(in);
+    f.add(&size, sizeof size);
+    for (const long at : {0L, std::max(0L, size - static_cast<long>(kEdge))}) {
+      std::fseek(in, at, SEEK_SET);
+      f.add(buf.data(), std::fread(buf.data(), 1, kEdge, in));
+    }
+    std::fclose(in);
+  }
+}
 }  // namespace
+
+uint64_t data_fingerprint(const std::string& data) {
+  Fnv f;
+  add_split(f, data, "train");
+  return f.h;
+}
 
 uint64_t run_fingerprint(const TrainOptions& o) {
   Fnv f;
@@ -230,30 +272,9 @@ uint64_t run_fingerprint(const TrainOptions& o) {
   f.add(o.resume);
   f.add(o.precision);
   f.add(std::to_string(o.stop_after));
-  constexpr size_t kEdge = 64 * 1024;
-  std::vector<char> buf(kEdge);
-  for (const char* split : {"train", "val"}) {
+  for (const char* split : {"train", "val"}) {  // a missing split is part of what must agree
     if (split == std::string("val") && !fs::is_directory(o.data)) continue;
-    std::vector<std::string> shards;
-    try {
-      shards = find_shards(o.data, split);
-    } catch (const Error&) {
-      f.add(std::string("no ") + split);  // a missing split is part of what must agree
-      continue;
-    }
-    for (const std::string& path : shards) {
-      f.add(fs::path(path).filename().string());
-      std::FILE* in = std::fopen(path.c_str(), "rb");
-      TS_CHECK(in, "data: cannot read ", path);
-      std::fseek(in, 0, SEEK_END);
-      const long size = std::ftell(in);
-      f.add(&size, sizeof size);
-      for (const long at : {0L, std::max(0L, size - static_cast<long>(kEdge))}) {
-        std::fseek(in, at, SEEK_SET);
-        f.add(buf.data(), std::fread(buf.data(), 1, kEdge, in));
-      }
-      std::fclose(in);
-    }
+    add_split(f, o.data, split);
   }
   return f.h;
 }
@@ -282,6 +303,13 @@ TrainSetup train_setup(TrainOptions o) {
       train_options_from_json(saved, o);
     } catch (const Error& e) {
       TS_THROW("checkpoint ", o.resume, ": ", e.what());
+    }
+    // Data inside the run directory (train's OUT/data) is found beside the checkpoint, wherever the run now lies
+    // and whatever the working directory; other data by its absolute path. (Before "data_base" was saved, the
+    // path as typed, from the working directory.)
+    if (saved.contains("data_base") && saved["data_base"] == "run") {
+      const fs::path ck = fs::path(o.resume).lexically_normal();
+      o.data = ((ck.has_filename() ? ck : ck.parent_path()).parent_path() / o.data).lexically_normal().string();
     }
     // The schedule spans the saved run's steps unless the caller extends it.
     if (steps > 0) o.steps = steps;
@@ -319,6 +347,7 @@ TrainSetup train_setup(TrainOptions o) {
     const fs::path parent = fs::path(path).parent_path();
     TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
     TS_CHECK(!fs::is_directory(path), flag, ": ", path, " is a directory, not a file to write");
+    check_file_writable(path, flag);  // not only after the steps up to the traced one
   }
   TS_CHECK(o.memory_timeline.empty() || fs::path(o.memory_timeline).extension() == ".png", "--memory-timeline ",
            o.memory_timeline, " must end in .png (the CSV is written beside it as .csv)");
@@ -368,6 +397,12 @@ void train_open_data(TrainSetup& s) {
   // Too small for one sequence at this length: no validation.
   if (s.val_data && s.val_data->size() <= static_cast<size_t>(o.seq)) s.val_data.reset();
   if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
+  // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
+  // text prepared again into it, a shard set changed), and training on would silently continue another run.
+  const uint64_t fingerprint = data_fingerprint(o.data);
+  TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint, "--resume: ",
+           o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
+  s.options.data_fingerprint = fingerprint;
 }
 
 TrainResult train(TrainOptions o) { return train(train_setup(std::move(o))); }

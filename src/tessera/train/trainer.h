@@ -87,8 +87,19 @@ struct TrainOptions {
   // batch x world sequences. Saved with the run: a checkpoint resumes at the same world size (the global batch
   // and the data position depend on it), and loads anywhere as a model.
   int world_size = 1;
+  // The train split's fingerprint (data_fingerprint below), set when the data is opened: saved with the run and
+  // checked on resume, so that a resumed run never continues on other data than it trained on. 0: unknown (a
+  // checkpoint written before it was saved).
+  uint64_t data_fingerprint = 0;
 };
 
+// A fingerprint of a data path's train split: its shards' names and sizes and their first and last 64 KiB. Text
+// prepared again from another file, another shard set, or a file cut or grown, gives another one.
+uint64_t data_fingerprint(const std::string& data);
+
+// The data path is saved relative to the run directory (o.out) when it lies inside it ("data_base": "run":
+// train's own OUT/data, which then moves with the run), else absolute ("data_base": "absolute"), so that --resume
+// finds the same data from any working directory. Checkpoints from before "data_base" hold the path as typed.
 nlohmann::json train_options_to_json(const TrainOptions& o);
 // Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress). Throws Error
 // "training options: missing field 'batch'" (or a field of the wrong type).
