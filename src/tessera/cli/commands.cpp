@@ -67,7 +67,8 @@ int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns a text file into llm.c-format token shards.");
   a.add("text", "FILE", "UTF-8 text to tokenize (byte-level, vocab 256)");
   a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin");
-  a.add("val-fraction", "X", "share of the text held out for validation (default 0.1)");
+  a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
+        "it, X of them to within one block (default 0.1: every 10th block)");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "tessera prepare: --text FILE is required");
   TS_CHECK(a.has("out"), "tessera prepare: --out DIR is required");

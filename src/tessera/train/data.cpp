@@ -89,20 +89,28 @@ std::string byte_decode(const std::vector<int32_t>& tokens) {
   return s;
 }
 
+namespace {
+constexpr size_t kSplitBlock = 1024;
+
+// ⌊n·f⌋: the val blocks among the first n. The margin keeps exact multiples exact where f is stored below its
+// value: 1/3 is, and 3·(1/3) must give 1, not 0.99999... (it is far below any fraction's step for n < 2^32).
+size_t val_blocks_in(size_t n, double f) { return static_cast<size_t>(std::floor(static_cast<double>(n) * f + 1e-9)); }
+bool is_val_block(size_t b, double f) { return val_blocks_in(b + 1, f) > val_blocks_in(b, f); }
+}  // namespace
+
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction) {
   TS_CHECK(text.size() >= 2, "prepare: the text has ", text.size(), " bytes; at least 2 are needed");
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   ensure_writable_dir(out_dir);
   const std::vector<uint16_t> all = byte_encode(text);
-  // Every period-th block of kBlock bytes goes to val, so val samples the whole text rather than its end.
-  // A text too short for that holds out its last val_fraction instead.
-  constexpr size_t kBlock = 1024;
-  const size_t period = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / val_fraction)));
+  // Block b goes to val when ⌊(b+1)·f⌋ > ⌊b·f⌋, so val samples the whole text rather than its end (see data.h).
+  // A text whose whole blocks give no val block holds out its last val_fraction instead.
   std::vector<uint16_t> train, val;
-  if (all.size() >= period * kBlock) {
-    for (size_t b = 0; b * kBlock < all.size(); ++b) {
-      auto first = all.begin() + b * kBlock, last = all.begin() + std::min(all.size(), (b + 1) * kBlock);
-      (b % period == period - 1 ? val : train).insert(b % period == period - 1 ? val.end() : train.end(), first, last);
+  if (val_blocks_in(all.size() / kSplitBlock, val_fraction) > 0) {
+    for (size_t b = 0; b * kSplitBlock < all.size(); ++b) {
+      auto first = all.begin() + b * kSplitBlock, last = all.begin() + std::min(all.size(), (b + 1) * kSplitBlock);
+      std::vector<uint16_t>& to = is_val_block(b, val_fraction) ? val : train;
+      to.insert(to.end(), first, last);
     }
   } else {
     const size_t n_val = std::max<size_t>(1, static_cast<size_t>(all.size() * val_fraction));

@@ -28,9 +28,13 @@ std::vector<uint16_t> byte_encode(const std::string& text);
 // tokenizer's shards) is no byte: it is written "<id 50256>", visibly, never masked to a byte that reads as text.
 std::string byte_decode(const std::vector<int32_t>& tokens);
 
-// `tessera prepare`: splits text into train and val (every (1/val_fraction)-th 1 KiB block goes to val; a text
-// shorter than that many blocks holds out its last val_fraction) and writes
-// <out>/train_000000.bin and <out>/val_000000.bin. Returns the token counts {train, val}.
+// `tessera prepare`: splits text into train and val and writes <out>/train_000000.bin and <out>/val_000000.bin.
+// Returns the token counts {train, val}.
+//
+// Split: the text is cut into 1 KiB blocks, and block i goes to val when ⌊(i+1)·f⌋ > ⌊i·f⌋ (f = val_fraction),
+// so the first n blocks hold ⌊n·f⌋ val blocks, spread evenly: val samples the whole text, not its end, and its
+// share is f to within one block. (For f = 0.1 that is every 10th block, 9, 19, 29, ...) A text whose whole blocks
+// give no val block (fewer than 1/f of them) holds out its last ⌊size·f⌋ bytes instead, at least one.
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
 
 // Lists the shards of a split in `data`, which is a directory or one file. In a directory, the shards are the
