@@ -265,6 +265,12 @@ TEST_F(Cli, UnwritableOutput) {
                "cannot create output directory");
 }
 
+// An empty --out was "cannot create output directory : Invalid argument".
+TEST_F(Cli, PrepareRefusesAnEmptyOut) {
+  expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out ''"),
+               "tessera: error: --out is empty\n");
+}
+
 TEST_F(Cli, ModelTooLargeForMemory) {
   // About 43B parameters: 16 bytes each for f32 training is far beyond any test machine.
   expect_error(run(train_args(data_with("good_train_000000.bin"), dir / "o") + " --preset cs336-2.7b --n-layers 400"),

@@ -72,6 +72,7 @@ int cmd_prepare(int argc, char** argv) {
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "tessera prepare: --text FILE is required");
   TS_CHECK(a.has("out"), "tessera prepare: --out DIR is required");
+  TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string text = read_file_text(a.str("text"), "text");
