@@ -158,6 +158,10 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(master_flag == "on" || dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 parameters "
            "are their own master)");
   const int64_t n = cfg.num_params();
+  // ZeRO-1 shards in blocks of 16 parameters, at least one a rank: past that the last rank would hold everything.
+  TS_CHECK(!zero || world <= zero_max_world(static_cast<size_t>(n)), "--world ", world, " --zero 1: ZeRO-1 shards the "
+           "optimizer state in blocks of ", kSegmentAlign, " parameters, and the model's ", n, " make ",
+           zero_max_world(static_cast<size_t>(n)), ": give at most that many ranks");
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
               cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
@@ -228,12 +232,22 @@ int cmd_info(int argc, char** argv) {
                   step_event_name(L, b.first).c_str(), step_event_name(L, b.last).c_str());
   }
   if (world > 1 || zero) {
-    // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h); the largest is the last's.
-    const double shard = 8.0 * static_cast<double>(zero_layout(static_cast<size_t>(n), world).count(world - 1));
-    std::printf("           data parallel over %d ranks: AdamW m+v %s on each rank%s\n", world,
-                human_bytes(zero ? shard : moments).c_str(),
-                zero ? (" (ZeRO-1: 1/" + std::to_string(world) + " of " + human_bytes(moments) + ")").c_str()
-                     : " (unsharded; --zero 1 shards it)");
+    // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h): a block of c elements, c a
+    // multiple of 16 rounded down, and the last rank its block and the tail left over.
+    // The tail is below 16 elements a rank: with a small world it is noise, and the last rank's figure stands for
+    // all. A world near the limit leaves the last rank a tail that outweighs its block: both figures are shown.
+    const ZeroLayout z = zero_layout(static_cast<size_t>(n), world);
+    const size_t each = z.count(0), last = z.count(world - 1);
+    const std::string sharded =
+        last - each <= each / 100
+            ? human_bytes(8.0 * static_cast<double>(last)) + " on each rank (ZeRO-1: 1/" + std::to_string(world) +
+                  " of " + human_bytes(moments) + ")"
+            : human_bytes(8.0 * static_cast<double>(each)) + " on each rank, " +
+                  human_bytes(8.0 * static_cast<double>(last)) + " on the last (ZeRO-1: " + human_bytes(moments) +
+                  " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
+                  std::to_string(z.total - z.tail_begin()) + " left over on the last)";
+    std::printf("           data parallel over %d ranks: AdamW m+v %s\n", world,
+                zero ? sharded.c_str() : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
   }
   const GpuInfo gpu = probe_gpu();
   std::printf("backend    CPU (GEMM: %s)%s\n", gemm_uses_blas() ? "OpenBLAS" : "plain loops",
