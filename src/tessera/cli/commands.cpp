@@ -1,7 +1,10 @@
 #include "tessera/cli/commands.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -63,6 +66,41 @@ int cmd_generate(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
+volatile std::sig_atomic_t g_prepare_stop = 0;
+
+extern "C" void on_prepare_signal(int sig) { g_prepare_stop = sig; }
+
+// SIGINT and SIGTERM set g_prepare_stop while prepare runs (it polls the flag, undoes its work and exits 128 +
+// the signal, so neither leaves temporary files or half the new shards); the previous handlers come back after.
+class PrepareSignals {
+ public:
+  PrepareSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_prepare_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~PrepareSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  PrepareSignals(const PrepareSignals&) = delete;
+  PrepareSignals& operator=(const PrepareSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+int prepare_interrupted(int sig, const std::string& out) {
+  std::fprintf(stderr, "tessera: %s: %s left as it was\n", sig == SIGTERM ? "terminated" : "interrupted", out.c_str());
+  return 128 + sig;
+}
+
+}  // namespace
+
 int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns a text file into llm.c-format token shards.");
   a.add("text", "FILE", "UTF-8 text to tokenize (byte-level, vocab 256)");
@@ -75,12 +113,20 @@ int cmd_prepare(int argc, char** argv) {
   TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
+  const std::string out = a.str("out");
+  PrepareSignals signals;
   const std::string text = read_file_text(a.str("text"), "text");
   size_t bad = 0;
   TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (invalid at byte ", bad,
            "); tessera prepare tokenizes text files only");
-  const auto [n_train, n_val] = prepare_text(text, a.str("out"), val_fraction);
-  std::printf("wrote %zu train and %zu val tokens to %s\n", n_train, n_val, a.str("out").c_str());
+  if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);
+  PrepareReport r;
+  try {
+    r = prepare_shards(text, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop});
+  } catch (const PrepareInterrupted& e) {
+    return prepare_interrupted(e.signal(), out);
+  }
+  std::printf("wrote %zu train and %zu val tokens to %s\n", r.n_train, r.n_val, out.c_str());
   return 0;
 }
 
