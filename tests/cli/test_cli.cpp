@@ -294,8 +294,9 @@ TEST_F(Cli, InterruptedPrepareLeavesTheDirectoryAsItWas) {
   const fs::path old = dir / "old";
   ASSERT_EQ(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " + old.string()).code,
             0);
+  fs::copy_file(old / "val_000000.bin", old / "val_000001.bin");  // an earlier shard, kept when interrupted
   const std::vector<std::string> before = listing(old);
-  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(before.size(), 3u);
   for (int sig : {SIGINT, SIGTERM}) {
     for (const fs::path& out : {old, dir / "new" / "sub"}) {
       SCOPED_TRACE(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + " into " + out.string());
@@ -334,6 +335,36 @@ TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
     expect_error(r, "out of memory", out);
   }
   EXPECT_EQ(r.code, 0) << "64 MiB of text should need far less than 2x its size beyond itself: " << r.err;
+}
+
+// Prepare into a directory with an earlier run's train_000001.bin and val_000001.bin left them there, and
+// train --data read all four shards. They are removed with the new shards' renames, and the output says so; a
+// shard of another name that train would read (llm.c's, perhaps a long download) is refused, not removed.
+TEST_F(Cli, PrepareReplacesTheShardsItFinds) {
+  const fs::path out = dir / "stale", text = dir / "small.txt";
+  write_file_atomic(text.string(), std::string(3000, 'x'));
+  ASSERT_EQ(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " + out.string()).code,
+            0);
+  fs::rename(out / "train_000000.bin", out / "train_000001.bin");
+  fs::rename(out / "val_000000.bin", out / "val_000001.bin");
+  write_file_atomic((out / "notes.txt").string(), std::string("mine"));
+  const CliRun r = run("prepare --text " + text.string() + " --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 2700 train and 300 val tokens to " + out.string() +
+                       " (removed 2 earlier shards: train_000001.bin, val_000001.bin)\n");
+  EXPECT_EQ(listing(out), (std::vector<std::string>{"notes.txt 4", "train_000000.bin 6424", "val_000000.bin 1624"}));
+  EXPECT_EQ(find_shards(out.string(), "train").size(), 1u);
+  EXPECT_EQ(find_shards(out.string(), "val").size(), 1u);
+  // Again: nothing else to remove, and nothing said about it.
+  EXPECT_EQ(run("prepare --text " + text.string() + " --out " + out.string()).out,
+            "wrote 2700 train and 300 val tokens to " + out.string() + "\n");
+
+  fs::copy_file(out / "val_000000.bin", out / "fineweb_val_000001.bin");
+  const std::vector<std::string> before = listing(out);
+  expect_error(run("prepare --text " + text.string() + " --out " + out.string()),
+               "tessera: error: prepare: " + out.string() + " holds fineweb_val_000001.bin, a shard that train --data "
+               "would read beside the new ones");
+  EXPECT_EQ(listing(out), before);
 }
 
 // An empty --out was "cannot create output directory : Invalid argument".

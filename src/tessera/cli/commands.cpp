@@ -104,7 +104,8 @@ int prepare_interrupted(int sig, const std::string& out) {
 int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns a text file into llm.c-format token shards.");
   a.add("text", "FILE", "UTF-8 text to tokenize (byte-level, vocab 256)");
-  a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin");
+  a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin (other train_*.bin and val_*.bin shards "
+        "there are removed, so that train --data DIR reads these alone)");
   a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
         "it, X of them to within one block (default 0.1: every 10th block)");
   if (!a.parse(argc, argv, 2)) return 0;
@@ -126,7 +127,13 @@ int cmd_prepare(int argc, char** argv) {
   } catch (const PrepareInterrupted& e) {
     return prepare_interrupted(e.signal(), out);
   }
-  std::printf("wrote %zu train and %zu val tokens to %s\n", r.n_train, r.n_val, out.c_str());
+  // The earlier shards it removed, by name (train would have read them with the new ones): a few, then a count.
+  std::string removed;
+  for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
+  if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
+  const std::string shards = std::to_string(r.removed.size()) + " earlier shard" + (r.removed.size() > 1 ? "s" : "");
+  std::printf("wrote %zu train and %zu val tokens to %s%s\n", r.n_train, r.n_val, out.c_str(),
+              r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
   return 0;
 }
 

@@ -96,6 +96,17 @@ std::string byte_decode(const std::vector<int32_t>& tokens) {
 }
 
 namespace {
+// A <split> shard is a .bin file whose name has <split> as a whole '_'-separated word: tessera's
+// train_000000.bin, and llm.c's fineweb_train_000001.bin or tiny_shakespeare_val.bin. A word that merely
+// contains it (interval_000.bin) does not count.
+bool is_shard_of(const std::string& name, const std::string& split) {
+  if (!name.ends_with(".bin")) return false;
+  std::string words = "_", word = "_";  // appended, not "_" + std::string&& (GCC 12 -Wrestrict false positive)
+  words.append(name, 0, name.size() - 4).append("_");
+  word.append(split).append("_");
+  return words.find(word) != std::string::npos;
+}
+
 constexpr size_t kSplitBlock = 1024;
 constexpr size_t kWriteChunk = size_t{1} << 20;  // tokens a write: 2 MiB, so a stop is seen within milliseconds
 
@@ -222,13 +233,31 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   TS_CHECK(text.size() >= 2, "prepare: the text has ", text.size(), " bytes; at least 2 are needed");
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   const Split split(text.size(), val_fraction);
-  const PrepareReport report{.n_train = split.count(false), .n_val = split.count(true)};
+  PrepareReport report{.n_train = split.count(false), .n_val = split.count(true), .removed = {}};
   const fs::path dir(out_dir);
   constexpr const char* kNames[2] = {"train_000000.bin", "val_000000.bin"};
   const size_t counts[2] = {report.n_train, report.n_val};
   for (int k = 0; k < 2; ++k)
     TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kNames[k]).string(), " would hold ",
              counts[k], " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
+
+  // The directory's other shards that train --data would read beside the new ones: tessera's own names
+  // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
+  // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
+  std::vector<std::string> stale;
+  if (fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      std::error_code ec;
+      if (!e.is_regular_file(ec) || !(is_shard_of(name, "train") || is_shard_of(name, "val"))) continue;
+      if (name == kNames[0] || name == kNames[1]) continue;
+      TS_CHECK(name.starts_with("train_") || name.starts_with("val_"), "prepare: ", out_dir, " holds ", name,
+               ", a shard that train --data would read beside the new ones: move it, or prepare into another "
+               "directory");
+      stale.push_back(name);
+    }
+  }
+  std::sort(stale.begin(), stale.end());
 
   PrepareUndo undo;
   undo.create(out_dir);
@@ -248,8 +277,15 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
       TS_CHECK(std::rename(temps[k].c_str(), path.c_str()) == 0, "cannot write ", path, ": ", std::strerror(errno));
     }
     undo.done();
+    for (const std::string& name : stale) {
+      std::error_code ec;
+      fs::remove(dir / name, ec);
+      TS_CHECK(!ec, "prepare: wrote ", out_dir, "'s shards, but cannot remove the earlier ", name, " beside them: ",
+               ec.message());
+    }
     fsync_dir(out_dir);
   }
+  report.removed = std::move(stale);
   return report;
 }
 
@@ -257,19 +293,6 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
   const PrepareReport r = prepare_shards(text, out_dir, {.val_fraction = val_fraction});
   return {r.n_train, r.n_val};
 }
-
-namespace {
-// A <split> shard is a .bin file whose name has <split> as a whole '_'-separated word: tessera's
-// train_000000.bin, and llm.c's fineweb_train_000001.bin or tiny_shakespeare_val.bin. A word that merely
-// contains it (interval_000.bin) does not count.
-bool is_shard_of(const std::string& name, const std::string& split) {
-  if (!name.ends_with(".bin")) return false;
-  std::string words = "_", word = "_";  // appended, not "_" + std::string&& (GCC 12 -Wrestrict false positive)
-  words.append(name, 0, name.size() - 4).append("_");
-  word.append(split).append("_");
-  return words.find(word) != std::string::npos;
-}
-}  // namespace
 
 std::vector<std::string> find_shards(const std::string& data, const std::string& split) {
   TS_CHECK(fs::exists(data), "data: ", data, " does not exist");

@@ -39,8 +39,10 @@ std::string byte_decode(const std::vector<int32_t>& tokens);
 //
 // All or nothing: both shards are written as hidden temporary files beside their names, encoded a chunk at a time,
 // and only when both are complete and on disk are they renamed into place, with SIGINT and SIGTERM held off
-// during the renames. A prepare that fails or is stopped removes its temporary files and the directories it
-// created, leaving the output directory as it was.
+// during the renames. The directory's other train_*.bin and val_*.bin shards, which train --data would read beside
+// the new ones, are removed with those renames; a directory holding other shards that train would read (llm.c's
+// fineweb_train_000001.bin) is refused before anything is written. A prepare that fails or is stopped removes its
+// temporary files and the directories it created, leaving the output directory as it was.
 struct PrepareParams {
   double val_fraction = 0.1;
   // Polled while the shards are written: once it is nonzero (a signal number, set by a handler), the prepare is
@@ -49,6 +51,7 @@ struct PrepareParams {
 };
 struct PrepareReport {
   size_t n_train = 0, n_val = 0;
+  std::vector<std::string> removed;  // the earlier shards removed (file names, sorted)
 };
 class PrepareInterrupted : public std::exception {
  public:
