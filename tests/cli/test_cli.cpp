@@ -17,6 +17,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/train/checkpoint.h"
+#include "tessera/train/data.h"
 #include "cli/cli_run.h"
 #include "test_util.h"
 
@@ -263,6 +264,113 @@ TEST_F(Cli, UnwritableOutput) {
   expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " +
                    (dir / "file" / "sub").string()),
                "cannot create output directory");
+}
+
+// The names in a directory, sorted, with each file's size: what an interrupted or failed prepare must leave as it was.
+std::vector<std::string> listing(const fs::path& d) {
+  std::vector<std::string> out;
+  if (!fs::exists(d)) return out;
+  for (const auto& e : fs::directory_iterator(d))
+    out.push_back(e.path().filename().string() + " " + std::to_string(e.is_regular_file() ? e.file_size() : 0));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A text of `mib` MiB: long enough that prepare is still writing its shards when a test signals it.
+fs::path big_text(const fs::path& dir, size_t mib) {
+  std::string line = "It is easy to despise what you cannot get.\n", text;
+  text.reserve(mib << 20);
+  while (text.size() < (mib << 20)) text += line;
+  const fs::path p = dir / "big.txt";
+  write_file_atomic(p.string(), text);
+  return p;
+}
+
+// SIGINT or SIGTERM while prepare wrote its shards killed it, leaving .train_000000.bin.tmp.<pid> beside the
+// previous run's val shard, or a new train shard beside an old val one. Now it exits 128 + the signal and leaves
+// the directory as it was: the previous shards, byte for byte, or no directory where it made one.
+TEST_F(Cli, InterruptedPrepareLeavesTheDirectoryAsItWas) {
+  const fs::path text = big_text(dir, 24);
+  const fs::path old = dir / "old";
+  ASSERT_EQ(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " + old.string()).code,
+            0);
+  fs::copy_file(old / "val_000000.bin", old / "val_000001.bin");  // an earlier shard, kept when interrupted
+  const std::vector<std::string> before = listing(old);
+  ASSERT_EQ(before.size(), 3u);
+  for (int sig : {SIGINT, SIGTERM}) {
+    for (const fs::path& out : {old, dir / "new" / "sub"}) {
+      SCOPED_TRACE(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + " into " + out.string());
+      Child c = spawn("prepare --text " + text.string() + " --out " + out.string(), dir);
+      // Signalled once a temporary shard exists: mid-write.
+      bool writing = false;
+      for (int i = 0; i < 20000 && !writing; ++i) {
+        std::error_code ec;  // `out` comes and goes
+        for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec))
+          writing = writing || it->path().filename().string().find(".tmp.") != std::string::npos;
+        if (!writing) std::this_thread::sleep_for(std::chrono::microseconds(500));
+      }
+      ASSERT_TRUE(writing) << "prepare finished before it could be signalled";
+      ASSERT_EQ(::kill(c.pid, sig), 0);
+      EXPECT_EQ(wait_exit(c.pid), 128 + sig) << read_file_text(c.err.string());
+      EXPECT_EQ(listing(out), out == old ? before : std::vector<std::string>{});
+      EXPECT_FALSE(fs::exists(dir / "new")) << "the directories it made are removed again";
+      EXPECT_NE(read_file_text(c.err.string()).find(" left as it was"), std::string::npos)
+          << read_file_text(c.err.string());
+    }
+  }
+  const auto [n_train, n_val] = std::make_pair(read_shard((old / "train_000000.bin").string()).size(),
+                                               read_shard((old / "val_000000.bin").string()).size());
+  EXPECT_EQ(n_train, 25751u);
+  EXPECT_EQ(n_val, 2048u);
+}
+
+// Out of memory (ulimit -v) while it tokenized the text left the empty output directory it had made. Prepare now
+// streams the tokens to disk, needing little beyond the text: it finishes, or fails and removes the directory.
+TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
+  const fs::path text = big_text(dir, 64), out = dir / "o";
+  const CliRun r = test::run_with_address_limit(96, "prepare --text " + text.string() + " --out " + out.string());
+  if (r.code == 0) {
+    EXPECT_EQ(listing(out).size(), 2u) << r.out;
+  } else {
+    expect_error(r, "out of memory", out);
+  }
+  EXPECT_EQ(r.code, 0) << "64 MiB of text should need far less than 2x its size beyond itself: " << r.err;
+}
+
+// Prepare into a directory with an earlier run's train_000001.bin and val_000001.bin left them there, and
+// train --data read all four shards. They are removed with the new shards' renames, and the output says so; a
+// shard of another name that train would read (llm.c's, perhaps a long download) is refused, not removed.
+TEST_F(Cli, PrepareReplacesTheShardsItFinds) {
+  const fs::path out = dir / "stale", text = dir / "small.txt";
+  write_file_atomic(text.string(), std::string(3000, 'x'));
+  ASSERT_EQ(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " + out.string()).code,
+            0);
+  fs::rename(out / "train_000000.bin", out / "train_000001.bin");
+  fs::rename(out / "val_000000.bin", out / "val_000001.bin");
+  write_file_atomic((out / "notes.txt").string(), std::string("mine"));
+  const CliRun r = run("prepare --text " + text.string() + " --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 2700 train and 300 val tokens to " + out.string() +
+                       " (removed 2 earlier shards: train_000001.bin, val_000001.bin)\n");
+  EXPECT_EQ(listing(out), (std::vector<std::string>{"notes.txt 4", "train_000000.bin 6424", "val_000000.bin 1624"}));
+  EXPECT_EQ(find_shards(out.string(), "train").size(), 1u);
+  EXPECT_EQ(find_shards(out.string(), "val").size(), 1u);
+  // Again: nothing else to remove, and nothing said about it.
+  EXPECT_EQ(run("prepare --text " + text.string() + " --out " + out.string()).out,
+            "wrote 2700 train and 300 val tokens to " + out.string() + "\n");
+
+  fs::copy_file(out / "val_000000.bin", out / "fineweb_val_000001.bin");
+  const std::vector<std::string> before = listing(out);
+  expect_error(run("prepare --text " + text.string() + " --out " + out.string()),
+               "tessera: error: prepare: " + out.string() + " holds fineweb_val_000001.bin, a shard that train --data "
+               "would read beside the new ones");
+  EXPECT_EQ(listing(out), before);
+}
+
+// An empty --out was "cannot create output directory : Invalid argument".
+TEST_F(Cli, PrepareRefusesAnEmptyOut) {
+  expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out ''"),
+               "tessera: error: --out is empty\n");
 }
 
 TEST_F(Cli, ModelTooLargeForMemory) {

@@ -130,5 +130,31 @@ TEST(CliInfo, ModelFlagsAreRefusedBesideACheckpoint) {
   std::filesystem::remove_all(d);
 }
 
+// The ZeRO-1 chunk is rounded down to whole blocks of 16 parameters, the tail left to the last rank: past 1 block a
+// rank every chunk was 0, and info --world 100000 --zero 1 printed "6.37 MiB on each rank (ZeRO-1: 1/100000 of
+// 6.37 MiB)"; near that limit the last rank's tail was printed as every rank's share.
+TEST(CliInfo, ZeroFiguresFollowTheLayoutAndAWorldBeyondItsBlocksIsRefused) {
+  // The default model has 834,304 parameters: 52,144 blocks of 16.
+  const test::CliRun over = test::run("info --world 100000 --zero 1");
+  EXPECT_EQ(over.code, 2) << over.out;
+  EXPECT_EQ(over.err, "tessera: error: --world 100000 --zero 1: ZeRO-1 shards the optimizer state in blocks of 16 "
+                      "parameters, and the model's 834304 make 52144: give at most that many ranks\n");
+  EXPECT_EQ(test::run("info --world 52144 --zero 1").code, 0);
+  EXPECT_EQ(test::run("info --world 100000").code, 0);  // unsharded: any world
+  // 40,000 ranks: one block of 16 each (128 bytes of m and v), and the last rank also the 194,304 left over.
+  const test::CliRun near = test::run("info --world 40000 --zero 1");
+  ASSERT_EQ(near.code, 0) << near.err;
+  EXPECT_NE(near.out.find("data parallel over 40000 ranks: AdamW m+v 128.00 B on each rank, 1.48 MiB on the last "
+                          "(ZeRO-1: 6.37 MiB in one block of 16 parameters a rank, and the 194304 left over on the "
+                          "last)\n"),
+            std::string::npos)
+      << near.out;
+  // A small world: the tail is noise, and one figure stands for every rank.
+  const test::CliRun small = test::run("info --world 8 --zero 1");
+  EXPECT_NE(small.out.find("data parallel over 8 ranks: AdamW m+v 814.75 KiB on each rank (ZeRO-1: 1/8 of 6.37 MiB)"),
+            std::string::npos)
+      << small.out;
+}
+
 }  // namespace
 }  // namespace tessera

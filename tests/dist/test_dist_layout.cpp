@@ -29,6 +29,19 @@ TEST(ZeroLayout, RanksOwnContiguousAlignedRangesThatPartitionTheBuffer) {
   }
 }
 
+// The chunk is rounded down to whole blocks of 16: past one block a rank it is 0 and the last rank holds the whole
+// buffer as its tail, sharding nothing. zero_max_world is where that starts; train and info refuse a world past it.
+TEST(ZeroLayout, MaxWorldIsOneBlockARank) {
+  for (size_t total : {size_t{0}, size_t{15}, size_t{16}, size_t{17}, size_t{1000}, size_t{834304}}) {
+    const int max = zero_max_world(total);
+    EXPECT_EQ(max, std::max<size_t>(1, total / kSegmentAlign)) << total;
+    if (total >= kSegmentAlign) {
+      EXPECT_EQ(zero_layout(total, max).chunk, kSegmentAlign) << total;  // one block on every rank
+      EXPECT_EQ(zero_layout(total, max + 1).chunk, 0u) << total;         // none: everything is the last rank's tail
+    }
+  }
+}
+
 TEST(ZeroLayout, SegmentsAreCutToTheRangeAndRebased) {
   const std::vector<ParamSegment> segs{{"a", 0, 10, true}, {"b", 16, 20, false}, {"c", 48, 5, true}};
   const auto cut = segments_in_range(segs, 8, 50);

@@ -1,7 +1,10 @@
 #include "tessera/cli/commands.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -63,22 +66,74 @@ int cmd_generate(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
+volatile std::sig_atomic_t g_prepare_stop = 0;
+
+extern "C" void on_prepare_signal(int sig) { g_prepare_stop = sig; }
+
+// SIGINT and SIGTERM set g_prepare_stop while prepare runs (it polls the flag, undoes its work and exits 128 +
+// the signal, so neither leaves temporary files or half the new shards); the previous handlers come back after.
+class PrepareSignals {
+ public:
+  PrepareSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_prepare_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~PrepareSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  PrepareSignals(const PrepareSignals&) = delete;
+  PrepareSignals& operator=(const PrepareSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+int prepare_interrupted(int sig, const std::string& out) {
+  std::fprintf(stderr, "tessera: %s: %s left as it was\n", sig == SIGTERM ? "terminated" : "interrupted", out.c_str());
+  return 128 + sig;
+}
+
+}  // namespace
+
 int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns a text file into llm.c-format token shards.");
   a.add("text", "FILE", "UTF-8 text to tokenize (byte-level, vocab 256)");
-  a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin");
-  a.add("val-fraction", "X", "share of the text held out for validation (default 0.1)");
+  a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin (other train_*.bin and val_*.bin shards "
+        "there are removed, so that train --data DIR reads these alone)");
+  a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
+        "it, X of them to within one block (default 0.1: every 10th block)");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "tessera prepare: --text FILE is required");
   TS_CHECK(a.has("out"), "tessera prepare: --out DIR is required");
+  TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
+  const std::string out = a.str("out");
+  PrepareSignals signals;
   const std::string text = read_file_text(a.str("text"), "text");
   size_t bad = 0;
   TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (invalid at byte ", bad,
            "); tessera prepare tokenizes text files only");
-  const auto [n_train, n_val] = prepare_text(text, a.str("out"), val_fraction);
-  std::printf("wrote %zu train and %zu val tokens to %s\n", n_train, n_val, a.str("out").c_str());
+  if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);
+  PrepareReport r;
+  try {
+    r = prepare_shards(text, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop});
+  } catch (const PrepareInterrupted& e) {
+    return prepare_interrupted(e.signal(), out);
+  }
+  // The earlier shards it removed, by name (train would have read them with the new ones): a few, then a count.
+  std::string removed;
+  for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
+  if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
+  const std::string shards = std::to_string(r.removed.size()) + " earlier shard" + (r.removed.size() > 1 ? "s" : "");
+  std::printf("wrote %zu train and %zu val tokens to %s%s\n", r.n_train, r.n_val, out.c_str(),
+              r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
   return 0;
 }
 
@@ -156,6 +211,10 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(master_flag == "on" || dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 parameters "
            "are their own master)");
   const int64_t n = cfg.num_params();
+  // ZeRO-1 shards in blocks of 16 parameters, at least one a rank: past that the last rank would hold everything.
+  TS_CHECK(!zero || world <= zero_max_world(static_cast<size_t>(n)), "--world ", world, " --zero 1: ZeRO-1 shards the "
+           "optimizer state in blocks of ", kSegmentAlign, " parameters, and the model's ", n, " make ",
+           zero_max_world(static_cast<size_t>(n)), ": give at most that many ranks");
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
               cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
@@ -226,12 +285,22 @@ int cmd_info(int argc, char** argv) {
                   step_event_name(L, b.first).c_str(), step_event_name(L, b.last).c_str());
   }
   if (world > 1 || zero) {
-    // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h); the largest is the last's.
-    const double shard = 8.0 * static_cast<double>(zero_layout(static_cast<size_t>(n), world).count(world - 1));
-    std::printf("           data parallel over %d ranks: AdamW m+v %s on each rank%s\n", world,
-                human_bytes(zero ? shard : moments).c_str(),
-                zero ? (" (ZeRO-1: 1/" + std::to_string(world) + " of " + human_bytes(moments) + ")").c_str()
-                     : " (unsharded; --zero 1 shards it)");
+    // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h): a block of c elements, c a
+    // multiple of 16 rounded down, and the last rank its block and the tail left over.
+    // The tail is below 16 elements a rank: with a small world it is noise, and the last rank's figure stands for
+    // all. A world near the limit leaves the last rank a tail that outweighs its block: both figures are shown.
+    const ZeroLayout z = zero_layout(static_cast<size_t>(n), world);
+    const size_t each = z.count(0), last = z.count(world - 1);
+    const std::string sharded =
+        last - each <= each / 100
+            ? human_bytes(8.0 * static_cast<double>(last)) + " on each rank (ZeRO-1: 1/" + std::to_string(world) +
+                  " of " + human_bytes(moments) + ")"
+            : human_bytes(8.0 * static_cast<double>(each)) + " on each rank, " +
+                  human_bytes(8.0 * static_cast<double>(last)) + " on the last (ZeRO-1: " + human_bytes(moments) +
+                  " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
+                  std::to_string(z.total - z.tail_begin()) + " left over on the last)";
+    std::printf("           data parallel over %d ranks: AdamW m+v %s\n", world,
+                zero ? sharded.c_str() : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
   }
   const GpuInfo gpu = probe_gpu();
   std::printf("backend    CPU (GEMM: %s)%s\n", gemm_uses_blas() ? "OpenBLAS" : "plain loops",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "tessera/core/error.h"
 #include "tessera/ops/optim/adamw.h"
@@ -15,6 +16,10 @@ ZeroLayout zero_layout(size_t total, int world) {
   l.world = world;
   l.chunk = total / (kSegmentAlign * static_cast<size_t>(world)) * kSegmentAlign;
   return l;
+}
+
+int zero_max_world(size_t total) {
+  return static_cast<int>(std::clamp<size_t>(total / kSegmentAlign, 1, static_cast<size_t>(INT32_MAX)));
 }
 
 std::vector<ParamSegment> segments_in_range(const std::vector<ParamSegment>& segments, size_t begin, size_t end) {
@@ -41,6 +46,10 @@ ZeroAdamW::ZeroAdamW(const ParamBuffer& params, const AdamWConfig& cfg, Communic
            ctx.device().str());
   TS_CHECK(host.size() == grads.size() && host.rank() == grads.rank(),
            "internal: ZeRO's host and gradient communicators disagree on the ranks");
+  TS_CHECK(grads.size() <= zero_max_world(params.size()), "ZeRO-1 over ", grads.size(), " ranks: the ",
+           params.size(), " parameters make ", params.size() / kSegmentAlign, " blocks of ", kSegmentAlign,
+           ", fewer than the ranks, so nothing would be sharded: use --ddp, or at most ",
+           zero_max_world(params.size()), " ranks");
   const size_t b = shard_begin(), n = layout_.count(rank_);
   table_ = std::make_unique<AdamWSegmentTable>(segments_in_range(params.segments(), b, b + n), ctx);
   m_ = Buffer(n * 4, ctx.device(), "ZeRO AdamW moment m (this rank's range)");

@@ -1,7 +1,13 @@
 #include "tessera/train/data.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -89,31 +95,6 @@ std::string byte_decode(const std::vector<int32_t>& tokens) {
   return s;
 }
 
-std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction) {
-  TS_CHECK(text.size() >= 2, "prepare: the text has ", text.size(), " bytes; at least 2 are needed");
-  TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
-  ensure_writable_dir(out_dir);
-  const std::vector<uint16_t> all = byte_encode(text);
-  // Every period-th block of kBlock bytes goes to val, so val samples the whole text rather than its end.
-  // A text too short for that holds out its last val_fraction instead.
-  constexpr size_t kBlock = 1024;
-  const size_t period = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / val_fraction)));
-  std::vector<uint16_t> train, val;
-  if (all.size() >= period * kBlock) {
-    for (size_t b = 0; b * kBlock < all.size(); ++b) {
-      auto first = all.begin() + b * kBlock, last = all.begin() + std::min(all.size(), (b + 1) * kBlock);
-      (b % period == period - 1 ? val : train).insert(b % period == period - 1 ? val.end() : train.end(), first, last);
-    }
-  } else {
-    const size_t n_val = std::max<size_t>(1, static_cast<size_t>(all.size() * val_fraction));
-    train.assign(all.begin(), all.end() - n_val);
-    val.assign(all.end() - n_val, all.end());
-  }
-  write_shard((fs::path(out_dir) / "train_000000.bin").string(), train);
-  write_shard((fs::path(out_dir) / "val_000000.bin").string(), val);
-  return {train.size(), val.size()};
-}
-
 namespace {
 // A <split> shard is a .bin file whose name has <split> as a whole '_'-separated word: tessera's
 // train_000000.bin, and llm.c's fineweb_train_000001.bin or tiny_shakespeare_val.bin. A word that merely
@@ -125,7 +106,193 @@ bool is_shard_of(const std::string& name, const std::string& split) {
   word.append(split).append("_");
   return words.find(word) != std::string::npos;
 }
+
+constexpr size_t kSplitBlock = 1024;
+constexpr size_t kWriteChunk = size_t{1} << 20;  // tokens a write: 2 MiB, so a stop is seen within milliseconds
+
+// ⌊n·f⌋: the val blocks among the first n. The margin keeps exact multiples exact where f is stored below its
+// value: 1/3 is, and 3·(1/3) must give 1, not 0.99999... (it is far below any fraction's step for n < 2^32).
+size_t val_blocks_in(size_t n, double f) { return static_cast<size_t>(std::floor(static_cast<double>(n) * f + 1e-9)); }
+bool is_val_block(size_t b, double f) { return val_blocks_in(b + 1, f) > val_blocks_in(b, f); }
+
+// The split of a text of `size` bytes (see data.h): 1 KiB blocks, or, for a short text, its tail.
+struct Split {
+  size_t size = 0;
+  double f = 0;
+  bool blocks = false;
+  size_t tail = 0;  // without blocks: val is [size - tail, size)
+
+  Split(size_t n, double fraction) : size(n), f(fraction), blocks(val_blocks_in(n / kSplitBlock, fraction) > 0) {
+    if (!blocks) tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * fraction));
+  }
+  // Calls fn(begin, end) for each byte range of the split `val` (true) or train (false), in order.
+  template <typename Fn>
+  void for_each_range(bool val, Fn&& fn) const {
+    if (!blocks) {
+      if (val) fn(size - tail, size);
+      else fn(size_t{0}, size - tail);
+      return;
+    }
+    for (size_t b = 0; b * kSplitBlock < size; ++b)
+      if (is_val_block(b, f) == val) fn(b * kSplitBlock, std::min(size, (b + 1) * kSplitBlock));
+  }
+  size_t count(bool val) const {
+    size_t n = 0;
+    for_each_range(val, [&](size_t b, size_t e) { n += e - b; });
+    return n;
+  }
+};
+
+void throw_if_stopped(const volatile std::sig_atomic_t* stop) {
+  if (stop && *stop != 0) throw PrepareInterrupted(*stop);
+}
+
+// Writes the shard of one side of the split to `tmp`, encoding the text a chunk at a time (no copy of the whole
+// text as tokens), and flushes it to disk. Polls `stop` after every chunk.
+void write_shard_from_text(const std::string& tmp, const std::string& shown, const std::string& text,
+                           const Split& split, bool val, size_t count, const volatile std::sig_atomic_t* stop) {
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  TS_CHECK(f, "cannot write ", shown, ": ", std::strerror(errno));
+  bool ok = true;
+  try {
+    std::vector<int32_t> header(kShardHeaderInts, 0);
+    header[0] = kShardMagic;
+    header[1] = kShardVersion;
+    header[2] = static_cast<int32_t>(count);
+    ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
+    std::vector<uint16_t> buf;
+    buf.reserve(kWriteChunk);
+    auto flush = [&] {
+      ok = ok && (buf.empty() || std::fwrite(buf.data(), sizeof(uint16_t), buf.size(), f) == buf.size());
+      TS_CHECK(ok, "cannot write ", shown, ": ", std::strerror(errno));
+      buf.clear();
+      throw_if_stopped(stop);
+    };
+    split.for_each_range(val, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) buf.push_back(static_cast<unsigned char>(text[i]));
+      if (buf.size() + kSplitBlock > kWriteChunk) flush();
+    });
+    flush();
+    ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+    TS_CHECK(ok, "cannot write ", shown, ": ", std::strerror(errno));
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  TS_CHECK(std::fclose(f) == 0, "cannot write ", shown, ": ", std::strerror(errno));
+}
+
+// Undoes a prepare that does not finish: removes its temporary files, then the directories it created, innermost
+// first and each only when empty (so that files another process put there meanwhile stay).
+class PrepareUndo {
+ public:
+  ~PrepareUndo() {
+    std::error_code ec;
+    for (const auto& t : temps_) fs::remove(t, ec);
+    if (done_) return;
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) fs::remove(*it, ec);
+  }
+  // Creates `dir` (ensure_writable_dir), remembering each directory on its path that did not exist.
+  void create(const std::string& dir) {
+    for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+      created_.insert(created_.begin(), p);
+      if (p == p.parent_path()) break;
+    }
+    ensure_writable_dir(dir);
+  }
+  void temp(const std::string& path) { temps_.push_back(path); }
+  void done() { done_ = true; }
+
+ private:
+  std::vector<fs::path> created_;  // outermost first
+  std::vector<std::string> temps_;
+  bool done_ = false;
+};
+
+// Holds SIGINT and SIGTERM back while it lives (they are delivered when it ends), so that a Ctrl-C, or the kill of
+// a `timeout`, never lands between the renames that put a prepare's shards in place and leaves half of them there.
+class HoldSignals {
+ public:
+  HoldSignals() {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGINT);
+    sigaddset(&s, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &s, &old_);
+  }
+  ~HoldSignals() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+ private:
+  sigset_t old_;
+};
 }  // namespace
+
+PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
+  const double val_fraction = params.val_fraction;
+  TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
+  TS_CHECK(text.size() >= 2, "prepare: the text has ", text.size(), " bytes; at least 2 are needed");
+  TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
+  const Split split(text.size(), val_fraction);
+  PrepareReport report{.n_train = split.count(false), .n_val = split.count(true), .removed = {}};
+  const fs::path dir(out_dir);
+  constexpr const char* kNames[2] = {"train_000000.bin", "val_000000.bin"};
+  const size_t counts[2] = {report.n_train, report.n_val};
+  for (int k = 0; k < 2; ++k)
+    TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kNames[k]).string(), " would hold ",
+             counts[k], " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
+
+  // The directory's other shards that train --data would read beside the new ones: tessera's own names
+  // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
+  // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
+  std::vector<std::string> stale;
+  if (fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      std::error_code ec;
+      if (!e.is_regular_file(ec) || !(is_shard_of(name, "train") || is_shard_of(name, "val"))) continue;
+      if (name == kNames[0] || name == kNames[1]) continue;
+      TS_CHECK(name.starts_with("train_") || name.starts_with("val_"), "prepare: ", out_dir, " holds ", name,
+               ", a shard that train --data would read beside the new ones: move it, or prepare into another "
+               "directory");
+      stale.push_back(name);
+    }
+  }
+  std::sort(stale.begin(), stale.end());
+
+  PrepareUndo undo;
+  undo.create(out_dir);
+  std::string temps[2];
+  for (int k = 0; k < 2; ++k) {
+    std::string name = ".";  // appended, not "." + std::string&& (GCC 12 -Wrestrict false positive)
+    name.append(kNames[k]).append(".tmp.").append(std::to_string(::getpid()));
+    temps[k] = (dir / name).string();
+    undo.temp(temps[k]);
+    write_shard_from_text(temps[k], (dir / kNames[k]).string(), text, split, /*val=*/k == 1, counts[k], params.stop);
+  }
+  throw_if_stopped(params.stop);
+  {
+    HoldSignals hold;
+    for (int k = 0; k < 2; ++k) {
+      const std::string path = (dir / kNames[k]).string();
+      TS_CHECK(std::rename(temps[k].c_str(), path.c_str()) == 0, "cannot write ", path, ": ", std::strerror(errno));
+    }
+    undo.done();
+    for (const std::string& name : stale) {
+      std::error_code ec;
+      fs::remove(dir / name, ec);
+      TS_CHECK(!ec, "prepare: wrote ", out_dir, "'s shards, but cannot remove the earlier ", name, " beside them: ",
+               ec.message());
+    }
+    fsync_dir(out_dir);
+  }
+  report.removed = std::move(stale);
+  return report;
+}
+
+std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction) {
+  const PrepareReport r = prepare_shards(text, out_dir, {.val_fraction = val_fraction});
+  return {r.n_train, r.n_val};
+}
 
 std::vector<std::string> find_shards(const std::string& data, const std::string& split) {
   TS_CHECK(fs::exists(data), "data: ", data, " does not exist");

@@ -2,7 +2,9 @@
 //
 // Shard: a header of 256 int32 (magic 20240520, version 1, token count, then zeros), then count uint16 tokens.
 #pragma once
+#include <csignal>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -28,9 +30,40 @@ std::vector<uint16_t> byte_encode(const std::string& text);
 // tokenizer's shards) is no byte: it is written "<id 50256>", visibly, never masked to a byte that reads as text.
 std::string byte_decode(const std::vector<int32_t>& tokens);
 
-// `tessera prepare`: splits text into train and val (every (1/val_fraction)-th 1 KiB block goes to val; a text
-// shorter than that many blocks holds out its last val_fraction) and writes
-// <out>/train_000000.bin and <out>/val_000000.bin. Returns the token counts {train, val}.
+// `tessera prepare`: splits text into train and val and writes <out>/train_000000.bin and <out>/val_000000.bin.
+//
+// Split: the text is cut into 1 KiB blocks, and block i goes to val when ⌊(i+1)·f⌋ > ⌊i·f⌋ (f = val_fraction),
+// so the first n blocks hold ⌊n·f⌋ val blocks, spread evenly: val samples the whole text, not its end, and its
+// share is f to within one block. (For f = 0.1 that is every 10th block, 9, 19, 29, ...) A text whose whole blocks
+// give no val block (fewer than 1/f of them) holds out its last ⌊size·f⌋ bytes instead, at least one.
+//
+// All or nothing: both shards are written as hidden temporary files beside their names, encoded a chunk at a time,
+// and only when both are complete and on disk are they renamed into place, with SIGINT and SIGTERM held off
+// during the renames. The directory's other train_*.bin and val_*.bin shards, which train --data would read beside
+// the new ones, are removed with those renames; a directory holding other shards that train would read (llm.c's
+// fineweb_train_000001.bin) is refused before anything is written. A prepare that fails or is stopped removes its
+// temporary files and the directories it created, leaving the output directory as it was.
+struct PrepareParams {
+  double val_fraction = 0.1;
+  // Polled while the shards are written: once it is nonzero (a signal number, set by a handler), the prepare is
+  // undone as a failed one is, and PrepareInterrupted is thrown.
+  const volatile std::sig_atomic_t* stop = nullptr;
+};
+struct PrepareReport {
+  size_t n_train = 0, n_val = 0;
+  std::vector<std::string> removed;  // the earlier shards removed (file names, sorted)
+};
+class PrepareInterrupted : public std::exception {
+ public:
+  explicit PrepareInterrupted(int sig) : signal_(sig) {}
+  int signal() const { return signal_; }
+  const char* what() const noexcept override { return "prepare interrupted"; }
+
+ private:
+  int signal_;
+};
+PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params);
+// prepare_shards, returning the token counts {train, val}.
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
 
 // Lists the shards of a split in `data`, which is a directory or one file. In a directory, the shards are the
