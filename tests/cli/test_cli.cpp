@@ -697,6 +697,23 @@ TEST_F(Cli, OutputFilesThatCannotBeWrittenAreRefusedFirst) {
   expect_error(run("bench kernels --device cpu --iters 1 --out ''"), "--out needs a file name");
 }
 
+// A run without validation said nothing of it: no val_loss, no best/, and no line saying why.
+TEST_F(Cli, ARunWithoutValidationSaysWhy) {
+  const std::string data = data_with("good_train_000000.bin");
+  CliRun r = run(train_args(data + "/train_000000.bin", dir / "o1") + " --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("validation: none (--data " + data + "/train_000000.bin is one shard file, with no val split)"),
+            std::string::npos) << r.out;
+  write_shard(data + "/val_000000.bin", std::vector<uint16_t>(16, 7));
+  r = run(train_args(data, dir / "o2") + " --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("validation: none (the val split holds 16 tokens, not more than one sequence of --seq 16)"),
+            std::string::npos) << r.out;
+  r = run(train_args(data, dir / "o3") + " --device cpu --seq 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("validation: none"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   // Each of these, with the default data, used to prepare OUT/data before failing.
   const fs::path out = dir / "o";

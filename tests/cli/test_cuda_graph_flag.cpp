@@ -74,7 +74,7 @@ TEST(CudaGraphFlag, RefusalReasons) {
   EXPECT_EQ(train_cuda_graph_refusal(o, cpu), "the CPU has no CUDA graphs");
   o.world_size = 2;
   EXPECT_EQ(train_cuda_graph_refusal(o, cpu),
-            "data-parallel runs step eagerly: their NCCL collectives and the ranks' agreement are not captured");
+            "data-parallel runs step eagerly: their collectives and the ranks' agreement are not captured");
   o.cuda_graph = CudaGraphMode::Off;
   EXPECT_EQ(train_cuda_graph_refusal(o, cpu), "--cuda-graph off");
   EXPECT_EQ(cuda_graph_mode_from_name("on"), CudaGraphMode::On);

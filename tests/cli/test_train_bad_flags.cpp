@@ -51,9 +51,16 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
                  out);
   expect_refused(test::run(train_args(out, "--stop-after 9")), "--stop-after 9 is not a step this run takes (1 to 4)",
                  out);
+  // An integer too large for its flag says so, not that it is no integer.
+  expect_refused(test::run(train_args(out, "--steps 99999999999999999999")),
+                 "--steps 99999999999999999999 is out of range (-2147483648 to 2147483647)", out);
+  expect_refused(test::run(train_args(out, "--seed 99999999999999999999999")),
+                 "--seed 99999999999999999999999 is out of range (at most 18446744073709551615)", out);
+  expect_refused(test::run(train_args(out, "--steps 1e3")), "--steps expects an integer, got '1e3'", out);
   // The same flags, well formed, train (so the checks above are not refusing every run).
   const test::CliRun ok = test::run(train_args(out, "--positions rope --rope-theta 500 --emb-scale 2 --stop-after 2"));
   EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.out.find("validation: none"), std::string::npos) << "the bundled corpus has a val split: " << ok.out;
   // An empty --out is an error of the flag, not an internal one.
   const test::CliRun empty_out = test::run("train --out '' --device cpu --steps 1 --no-progress");
   EXPECT_EQ(empty_out.code, 2) << empty_out.err;

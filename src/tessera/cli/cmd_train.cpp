@@ -475,6 +475,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                   o.trace.empty() ? "" : " and the --trace step");
     else
       std::printf("step: eager (%s)\n", no_graph.c_str());
+    if (!setup.no_validation.empty()) std::printf("validation: none (%s)\n", setup.no_validation.c_str());
     if (ranks.world) {
       std::printf("data parallel: %d ranks x batch %d = %d sequences a micro-step, %s\n", ranks.size(), o.batch,
                   ranks.size() * o.batch,

@@ -98,7 +98,7 @@ CudaGraphMode cuda_graph_mode_from_name(const std::string& name) {
 std::string train_cuda_graph_refusal(const TrainOptions& o, const Context& ctx) {
   if (o.cuda_graph == CudaGraphMode::Off) return "--cuda-graph off";
   if (o.world_size > 1)
-    return "data-parallel runs step eagerly: their NCCL collectives and the ranks' agreement are not captured";
+    return "data-parallel runs step eagerly: their collectives and the ranks' agreement are not captured";
   if (!ctx.is_cuda()) return "the CPU has no CUDA graphs";
   if (!cuda_graph_capture_supported())
     return "a Debug build synchronizes after every kernel launch (TS_CHECK_LAUNCH), which a capture forbids";
@@ -394,8 +394,15 @@ void train_open_data(TrainSetup& s) {
   TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ", s.train_data->size(),
            " tokens, fewer than batch x seq + 1 = ", need,
            o.world_size > 1 ? " (batch x ranks x seq + 1: --batch is per rank)" : "");
-  // Too small for one sequence at this length: no validation.
-  if (s.val_data && s.val_data->size() <= static_cast<size_t>(o.seq)) s.val_data.reset();
+  // Too small for one sequence at this length: no validation. The run says so at its start (no_validation).
+  s.no_validation = "";
+  if (!s.val_data) {
+    s.no_validation = "--data " + o.data + " is one shard file, with no val split";
+  } else if (s.val_data->size() <= static_cast<size_t>(o.seq)) {
+    s.no_validation = "the val split holds " + std::to_string(s.val_data->size()) +
+                      " tokens, not more than one sequence of --seq " + std::to_string(o.seq);
+    s.val_data.reset();
+  }
   if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
   // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
   // text prepared again into it, a shard set changed), and training on would silently continue another run.
@@ -662,7 +669,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     // A non-finite gradient that was not skipped (no loss scaling) has been applied: the parameters are NaN now.
     // Stop before anything is saved over the last good checkpoint.
     TS_CHECK(report.skipped || std::isfinite(norm), "training diverged: the gradient norm is ", norm,
-             " at step ", step, " (try a lower --lr; the last checkpoint was not overwritten)");
+             " at step ", step, " (try a lower --lr",
+             saved_step >= 0 ? "; the last checkpoint was not overwritten)" : "; no checkpoint was written)");
     // The micro-steps' losses: the stream is idle after read_step, so this copy waits for nothing.
     double loss = 0;
     {

@@ -154,6 +154,7 @@ struct TrainSetup {
   std::unique_ptr<Gpt> model;       // the checkpoint's model when resuming; null for a fresh run
   TrainState state;                 // the checkpoint's state when resuming
   std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
+  std::string no_validation;        // set by train_open_data: why val_data is null ("" when it is not)
   DataParallel* parallel = nullptr;  // data-parallel ranks (owned by the launcher); null: one process
 };
 
