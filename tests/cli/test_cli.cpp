@@ -627,7 +627,7 @@ TEST_F(Cli, ResumeFindsTheRunsOwnDataFromAnywhereAndRefusesOtherData) {
   const std::string metrics = read_file_text((dir / "b" / "metrics.jsonl").string());
   ASSERT_EQ(run("prepare --text upper.txt --out b/data", dir).code, 0);
   r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
-  expect_error(r, "--resume: b/data no longer holds the data this run trained on");
+  expect_error(r, "/b/data no longer holds the data this run trained on");
   EXPECT_EQ(read_file_text((dir / "b" / "metrics.jsonl").string()), metrics);
 }
 
@@ -692,8 +692,15 @@ TEST_F(Cli, ClosedOutputPipeStopsWithACheckpoint) {
 TEST_F(Cli, OutputFilesThatCannotBeWrittenAreRefusedFirst) {
   expect_error(run("train --out o --steps 2 --trace /proc/tessera_x.json --no-progress", dir),
                "--trace /proc/tessera_x.json: cannot write there", dir / "o");
-  expect_error(run("bench kernels --device cpu --iters 1 --out /proc/tessera_x.md"),
-               "--out /proc/tessera_x.md: cannot write there");
+  // train's text goes to OUT/data, replacing what is there: a data/ with other files in it is refused.
+  fs::create_directories(dir / "keep" / "data");
+  write_file_atomic((dir / "keep" / "data" / "notes.txt").string(), std::string("mine"));
+  expect_error(run("train --out keep --steps 2 --no-progress --device cpu", dir),
+               "output directory keep: its data/ holds notes.txt, not a shard train writes");
+  EXPECT_EQ(read_file_text((dir / "keep" / "data" / "notes.txt").string()), "mine");
+  if (::geteuid() == 0)  // others meet the permission check first, with its own words
+    expect_error(run("bench kernels --device cpu --iters 1 --out /proc/tessera_x.md"),
+                 "--out /proc/tessera_x.md: cannot write there");
   expect_error(run("bench kernels --device cpu --iters 1 --out ''"), "--out needs a file name");
 }
 

@@ -199,8 +199,9 @@ TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
   expect_named(resume_error([](json& o) { o["model"] = 5; }), "training options: model: expected a JSON object");
 }
 
-// A checkpoint of an older tessera, written before adam_eps, ckpt_minutes and world_size were saved in the training
-// options and before optimizer_step and the loss scale were saved beside them, resumes with each one's default.
+// A checkpoint of an older tessera, written before adam_eps, ckpt_minutes, world_size, data_in_run and
+// data_fingerprint were saved in the training options and before optimizer_step and the loss scale were saved
+// beside them, resumes with each one's default.
 TEST_F(BadCheckpoint, AnOlderCheckpointWithoutTheLaterKeysResumesWithTheirDefaults) {
   const fs::path run = dir / "run", run_ck = run / "checkpoint";
   const test::CliRun first = test::run(test::small_train_args(run, "--stop-after 2"));
@@ -208,7 +209,7 @@ TEST_F(BadCheckpoint, AnOlderCheckpointWithoutTheLaterKeysResumesWithTheirDefaul
   test::edit_safetensors_header(run_ck / "optimizer.safetensors", [](json& h) {
     json& meta = h["__metadata__"];
     json o = json::parse(meta["options"].get<std::string>());
-    for (const char* key : {"adam_eps", "ckpt_minutes", "world_size"}) {
+    for (const char* key : {"adam_eps", "ckpt_minutes", "world_size", "data_in_run", "data_fingerprint"}) {
       EXPECT_TRUE(o.contains(key)) << key;
       o.erase(key);
     }

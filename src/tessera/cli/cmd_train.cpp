@@ -67,7 +67,12 @@ class StopSignals {
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      ::sigaction(kStopSignals[i], nullptr, &old_[i]);
+      // Ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE): it stays ignored.
+      const bool keep_ignored = kStopSignals[i] == SIGHUP || kStopSignals[i] == SIGPIPE;
+      if (!(keep_ignored && old_[i].sa_handler == SIG_IGN)) ::sigaction(kStopSignals[i], &sa, nullptr);
+    }
   }
   ~StopSignals() {
     for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
@@ -383,10 +388,21 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       const fs::path ck_dir = ck.has_filename() ? ck : ck.parent_path();
       std::error_code ec;
       const bool own = fs::equivalent(ck_dir.has_parent_path() ? ck_dir.parent_path() : fs::path("."), o.out, ec) &&
-                       ck_dir.filename().string().starts_with("checkpoint");
+                       (ck_dir.filename() == "checkpoint" || ck_dir.filename() == "checkpoint.old");
       TS_CHECK(own, "--resume ", a.str("resume"), ": output directory ", o.out, " already holds a run, which this "
                "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
                "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
+    }
+    // Train's text goes to OUT/data, which replaces what is there: only shards a prepare wrote, never other
+    // files (`--out .` in the source tree would have taken its data/ with the bundled corpus in it).
+    if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
+      for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
+        const std::string name = e.path().filename().string();
+        const bool shard = e.is_regular_file() && e.path().extension() == ".bin" &&
+                           (name.starts_with("train_") || name.starts_with("val_"));
+        TS_CHECK(shard, "output directory ", o.out, ": its data/ holds ", name, ", not a shard train writes; train "
+                 "prepares the text into OUT/data and replaces what is there: give another --out");
+      }
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
       if (fs::is_directory(fs::path(o.out) / "checkpoint"))

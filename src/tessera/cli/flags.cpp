@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -125,8 +126,10 @@ int Flags::integer(const std::string& name, int fallback) const {
   char* end = nullptr;
   errno = 0;
   const long x = std::strtol(v.c_str(), &end, 10);
-  TS_CHECK(!v.empty() && *end == '\0' && v.find_first_of(" \t") == std::string::npos, command_, ": --", name,
-           " expects an integer, got '", v, "'");
+  // strtol skips leading blanks and newlines: the first character must be the number's.
+  TS_CHECK(!v.empty() && *end == '\0' && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-' ||
+                                          v[0] == '+'),
+           command_, ": --", name, " expects an integer, got '", v, "'");
   TS_CHECK(errno == 0 && x >= INT32_MIN && x <= INT32_MAX, command_, ": --", name, " ", v,
            " is out of range (", INT32_MIN, " to ", INT32_MAX, ")");
   return static_cast<int>(x);
@@ -138,7 +141,7 @@ uint64_t Flags::u64(const std::string& name, uint64_t fallback) const {
   char* end = nullptr;
   errno = 0;
   const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  TS_CHECK(!v.empty() && v[0] != '-' && *end == '\0' && v.find_first_of(" \t") == std::string::npos, command_,
+  TS_CHECK(!v.empty() && *end == '\0' && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '+'), command_,
            ": --", name, " expects a non-negative integer, got '", v, "'");
   TS_CHECK(errno == 0, command_, ": --", name, " ", v, " is out of range (at most ", UINT64_MAX, ")");
   return x;

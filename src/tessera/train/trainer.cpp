@@ -32,20 +32,24 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 json train_options_to_json(const TrainOptions& o) {
-  std::string data = o.data, base = "absolute";
+  // "data": absolute (what an older tessera, which knows no "data_in_run", reads); "data_in_run": the same path
+  // relative to the run directory when it lies inside it.
+  std::string data = o.data, in_run;
   if (!data.empty()) {
     const fs::path abs = fs::absolute(o.data).lexically_normal();
     const fs::path rel = abs.lexically_relative(fs::absolute(o.out).lexically_normal());
-    if (!rel.empty() && *rel.begin() != ".." && rel != ".") data = rel.string(), base = "run";
-    else data = abs.string();
+    if (!rel.empty() && *rel.begin() != ".." && rel != ".") in_run = rel.string();
+    data = abs.string();
   }
-  return {{"model", model_config_to_json(o.model)}, {"data", data}, {"data_base", base},
+  json j = {{"model", model_config_to_json(o.model)}, {"data", data},
           {"data_fingerprint", o.data_fingerprint}, {"batch", o.batch}, {"seq", o.seq},
           {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
           {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
           {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
           {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"ckpt_minutes", o.ckpt_minutes},
           {"steps", o.steps}, {"world_size", o.world_size}};
+  if (!in_run.empty()) j["data_in_run"] = in_run;
+  return j;
 }
 
 void train_options_from_json(const json& j, TrainOptions& o) {
@@ -305,11 +309,11 @@ TrainSetup train_setup(TrainOptions o) {
       TS_THROW("checkpoint ", o.resume, ": ", e.what());
     }
     // Data inside the run directory (train's OUT/data) is found beside the checkpoint, wherever the run now lies
-    // and whatever the working directory; other data by its absolute path. (Before "data_base" was saved, the
-    // path as typed, from the working directory.)
-    if (saved.contains("data_base") && saved["data_base"] == "run") {
-      const fs::path ck = fs::path(o.resume).lexically_normal();
-      o.data = ((ck.has_filename() ? ck : ck.parent_path()).parent_path() / o.data).lexically_normal().string();
+    // and whatever the working directory (through a symbolic link to the checkpoint too); other data by its
+    // absolute path. (Checkpoints from before "data_in_run" hold the path as typed, from the working directory.)
+    if (saved.contains("data_in_run") && saved["data_in_run"].is_string()) {
+      const fs::path ck = fs::weakly_canonical(fs::absolute(o.resume));
+      o.data = (ck.parent_path() / saved["data_in_run"].get<std::string>()).lexically_normal().string();
     }
     // The schedule spans the saved run's steps unless the caller extends it.
     if (steps > 0) o.steps = steps;
@@ -377,9 +381,10 @@ TrainSetup train_setup(TrainOptions o) {
   const GradMemory grads = train_grad_memory(o.accum);
   need += gpu ? 4 * P : (grads == GradMemory::Planned ? 12 : 16) * P + Gpt::activation_bytes(o.model, o.batch, o.seq,
                                                                                             DType::F32, grads);
-  // On a GPU, the graph step's pinned staging of a step's tokens and targets (accum micro-batches of B x T, i32):
+  // Stepping as CUDA graphs on a GPU, the graph step's pinned staging of a step's tokens and targets (accum micro-batches of B x T, i32):
   // at a large --accum that is gigabytes, and a cudaMallocHost that fails is a CUDA error, not this line.
-  if (gpu) need += 2 * sizeof(int32_t) * static_cast<size_t>(o.accum) * static_cast<size_t>(o.batch) * o.seq;
+  if (gpu && train_cuda_graph_refusal(o, *s.context).empty())
+    need += 2 * sizeof(int32_t) * static_cast<size_t>(o.accum) * static_cast<size_t>(o.batch) * o.seq;
   check_host_memory(need, "training this model", kTrainMemoryHint);
   s.options = std::move(o);
   return s;

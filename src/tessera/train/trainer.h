@@ -97,9 +97,9 @@ struct TrainOptions {
 // prepared again from another file, another shard set, or a file cut or grown, gives another one.
 uint64_t data_fingerprint(const std::string& data);
 
-// The data path is saved relative to the run directory (o.out) when it lies inside it ("data_base": "run":
-// train's own OUT/data, which then moves with the run), else absolute ("data_base": "absolute"), so that --resume
-// finds the same data from any working directory. Checkpoints from before "data_base" hold the path as typed.
+// The data path is saved absolute ("data"), and relative to the run directory (o.out) when it lies inside it
+// ("data_in_run": train's own OUT/data, which then moves with the run), so that --resume finds the same data from
+// any working directory. Checkpoints from before "data_in_run" hold the path as typed.
 nlohmann::json train_options_to_json(const TrainOptions& o);
 // Fills the options saved in a checkpoint (everything but out, resume, stop_after and progress). Throws Error
 // "training options: missing field 'batch'" (or a field of the wrong type).
