@@ -432,8 +432,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (!lead) return;
     created.create(o.out);
     if (!text_source.empty()) {
-      // Prepared beside the data it replaces, checked there (the train split must hold a batch), and only then
-      // swapped in: a --force whose new text fails the check leaves the old run's data as it was.
+      // Prepared beside the data it replaces, its train split checked (it must hold a batch: the only check of
+      // train_open_data that text tokenized here can fail), and only then swapped in and opened: a --force whose
+      // new text fails the check leaves the old run's data as it was.
       const fs::path data_dir = out / "data", staging = out / ".data.new";
       std::error_code ec;
       fs::remove_all(staging, ec);
@@ -442,10 +443,6 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
       TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train, " tokens, fewer than batch x ",
                o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
-      setup.options.data = staging.string();
-      train_open_data(setup);
-      setup.train_data.reset();
-      setup.val_data.reset();
       if (!fs::exists(data_dir)) created.track(data_dir);  // new: it goes again if the run fails to start
       fs::remove_all(data_dir);
       fs::rename(staging, data_dir);
