@@ -113,8 +113,6 @@ class CreatedDirs {
     ensure_writable_dir(dir);
     for (auto it = missing.rbegin(); it != missing.rend(); ++it) created_.emplace_back(*it, it + 1 == missing.rend());
   }
-  // Remembers `dir`, made some other way (a rename), to go with what is in it.
-  void track(const fs::path& dir) { created_.emplace_back(fs::absolute(dir).lexically_normal(), true); }
   void keep() { keep_ = true; }
 
  private:
@@ -364,8 +362,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
                ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
       const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
-      TS_CHECK(text.size() > need, "data ", text_source, ": ", text.size(), " bytes of text, too few for batch x ",
-               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need, " tokens of training data");
+      // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
+      // new text is too short leaves the old run as it was).
+      const size_t n_train = prepare_split_sizes(text.size()).first;
+      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train, " tokens, fewer than batch x ",
+               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
     } else {
       setup.options.data = o.data;
       train_open_data(setup);
@@ -393,15 +394,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
                "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
     }
-    // Train's text goes to OUT/data, which replaces what is there: only shards a prepare wrote, never other
-    // files (`--out .` in the source tree would have taken its data/ with the bundled corpus in it).
+    // Train's text goes to OUT/data: a data/ that holds other files than shards (`--out .` in the source tree,
+    // whose data/ holds the bundled corpus) belongs to something else, not to a run.
     if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
       for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
         const std::string name = e.path().filename().string();
         const bool shard = e.is_regular_file() && e.path().extension() == ".bin" &&
                            (name.starts_with("train_") || name.starts_with("val_"));
         TS_CHECK(shard, "output directory ", o.out, ": its data/ holds ", name, ", not a shard train writes; train "
-                 "prepares the text into OUT/data and replaces what is there: give another --out");
+                 "prepares the text into OUT/data: give another --out");
       }
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
@@ -432,25 +433,16 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (!lead) return;
     created.create(o.out);
     if (!text_source.empty()) {
-      // Prepared beside the data it replaces, its train split checked (it must hold a batch: the only check of
-      // train_open_data that text tokenized here can fail), and only then swapped in and opened: a --force whose
-      // new text fails the check leaves the old run's data as it was.
-      const fs::path data_dir = out / "data", staging = out / ".data.new";
+      // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else).
+      const std::string data_dir = (out / "data").string();
+      created.create(data_dir);
+      const auto [n_train, n_val] = prepare_text(text, data_dir);
       std::error_code ec;
-      fs::remove_all(staging, ec);
-      created.create(staging.string());
-      const auto [n_train, n_val] = prepare_text(text, staging.string());
-      const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
-      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train, " tokens, fewer than batch x ",
-               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
-      if (!fs::exists(data_dir)) created.track(data_dir);  // new: it goes again if the run fails to start
-      fs::remove_all(data_dir);
-      fs::rename(staging, data_dir);
       // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
       const fs::path shown = fs::proximate(text_source, ec);
       std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
-                  n_train, n_val, data_dir.string().c_str());
-      setup.options.data = data_dir.string();
+                  n_train, n_val, data_dir.c_str());
+      setup.options.data = data_dir;
       train_open_data(setup);
     }
     // The run that --force replaces goes only once the new one's data has been checked.

@@ -289,6 +289,11 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   return report;
 }
 
+std::pair<size_t, size_t> prepare_split_sizes(size_t text_bytes, double val_fraction) {
+  const Split split(text_bytes, val_fraction);
+  return {split.count(false), split.count(true)};
+}
+
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction) {
   const PrepareReport r = prepare_shards(text, out_dir, {.val_fraction = val_fraction});
   return {r.n_train, r.n_val};

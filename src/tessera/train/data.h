@@ -63,6 +63,9 @@ class PrepareInterrupted : public std::exception {
   int signal_;
 };
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params);
+// The token counts {train, val} that prepare_shards would write for a text of `text_bytes` bytes: known before
+// anything is written, so a caller can check them first.
+std::pair<size_t, size_t> prepare_split_sizes(size_t text_bytes, double val_fraction = 0.1);
 // prepare_shards, returning the token counts {train, val}.
 std::pair<size_t, size_t> prepare_text(const std::string& text, const std::string& out_dir, double val_fraction = 0.1);
 
