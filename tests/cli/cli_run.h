@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "tessera/core/file_io.h"
@@ -53,24 +54,31 @@ inline std::string address_limit_prefix(size_t mib) {
   return "ulimit -v " + std::to_string(mib * 1024) + " && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 }
 
+// The smallest address limit (ulimit -v), to 16 MiB, under which `runs(mib)` succeeds, found by doubling from `from`
+// MiB, then halving the gap. A limit that still fails at 1 TiB is returned as is: the caller's run then fails and
+// says why.
+inline size_t smallest_address_limit_mib(const std::function<bool(size_t)>& runs, size_t from = 64) {
+  size_t lo = 0, hi = from;
+  while (!runs(hi)) {
+    lo = hi;
+    hi *= 2;
+    if (hi > (size_t{1} << 20)) return hi;
+  }
+  while (hi - lo > 16) {
+    const size_t mid = (lo + hi) / 2;
+    (runs(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 // The address space tessera takes before it does anything, to 16 MiB: its shared libraries. It depends on the
 // build: built with CUDA, cuBLASLt alone maps hundreds of MiB, and under a limit below that the loader refuses to
-// start the binary at all. Found once per test process, from `tessera --version` (doubling, then halving the gap).
+// start the binary at all. Found once per test process, from `tessera --version`. A command may take more than this
+// before its own work on a machine with a GPU driver or more cores (libcuda, MPI's threads): tests that bound what
+// the work itself adds measure their baseline with the same command on a trivial input.
 inline size_t startup_address_mib() {
-  static const size_t mib = [] {
-    const auto starts = [](size_t m) { return run_after(address_limit_prefix(m), "--version").code == 0; };
-    size_t lo = 0, hi = 64;
-    while (!starts(hi)) {
-      lo = hi;
-      hi *= 2;
-      if (hi > (size_t{1} << 20)) return hi;  // 1 TiB and still not starting: let the caller's run fail and say why
-    }
-    while (hi - lo > 16) {
-      const size_t mid = (lo + hi) / 2;
-      (starts(mid) ? hi : lo) = mid;
-    }
-    return hi;
-  }();
+  static const size_t mib = smallest_address_limit_mib(
+      [](size_t m) { return run_after(address_limit_prefix(m), "--version").code == 0; });
   return mib;
 }
 
