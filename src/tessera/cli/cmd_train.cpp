@@ -8,11 +8,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
@@ -154,6 +156,24 @@ std::string byte_sample_refusal(int vocab, int max_token) {
 
 bool holds_run(const fs::path& out) {
   return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
+}
+
+// What a run's directory holds besides the run itself: the shards of data/ (prepared there beforehand, or by an
+// earlier run), and what a checkpoint swap or a metrics rewrite that was cut short leaves (<dir>.tmp, <dir>.old,
+// ".metrics.jsonl.tmp.<pid>").
+bool is_run_entry(const std::string& name) {
+  for (const std::string dir : {"checkpoint", "best"})
+    if (name == dir + ".tmp" || name == dir + ".old") return true;
+  return name == "data" || name.starts_with(".metrics.jsonl.tmp.");
+}
+
+// The entries of `out`, an existing directory that holds no run, that are not a run's: sorted, for the message.
+std::vector<std::string> foreign_entries(const fs::path& out) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(out))
+    if (!is_run_entry(e.path().filename().string())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // The ranks of a run under mpirun: the MPI runtime, and a communicator on which the ranks agree on the outcome
@@ -394,8 +414,21 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
                "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
     }
-    // Train's text goes to OUT/data: a data/ that holds other files than shards (`--out .` in the source tree,
-    // whose data/ holds the bundled corpus) belongs to something else, not to a run.
+    // A directory that holds no run but other files (`--out /`, a home or project directory) would get the run's
+    // metrics.jsonl, checkpoint/, best/ and data/ mixed into what is there. --force replaces a run, so it does not
+    // lift this: there is no run to replace.
+    TS_CHECK(!fs::exists(o.out) || fs::is_directory(o.out), "output path ", o.out, " is not a directory");
+    if (!holds_run(o.out) && fs::is_directory(o.out)) {
+      const std::vector<std::string> other = foreign_entries(o.out);
+      std::string shown;
+      for (size_t i = 0; i < other.size() && i < 3; ++i) shown += (i ? ", " : "") + other[i];
+      if (other.size() > 3) shown += " and " + std::to_string(other.size() - 3) + " more";
+      TS_CHECK(other.empty(), "output directory ", o.out, " holds no tessera run but other files (", shown, "), "
+               "which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give --out a new or "
+               "empty directory");
+    }
+    // Train's text goes to OUT/data: a data/ that holds other files than shards (a run's directory whose data/
+    // someone filled by hand) belongs to something else, not to the run.
     if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
       for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
         const std::string name = e.path().filename().string();
