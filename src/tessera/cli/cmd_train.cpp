@@ -26,7 +26,9 @@
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/mpi_communicator.h"
 #include "tessera/dist/mpi_world.h"
+#include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/data.h"
 #include "tessera/train/text.h"
 #include "tessera/train/trainer.h"
@@ -358,6 +360,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
     TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
              "--precision bf16, or --ddp");
+    // ZeRO-1 over more ranks than the flat parameters have blocks would shard nothing. Checked here, where the
+    // ranks agree, rather than where each rank makes its optimizer in train(): there every rank failed alone, a
+    // line and an MPI_Abort each.
+    if (dist.zero) check_zero_world(Gpt::flat_params(o.model), ranks.size());
 
     // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
     // directory may be created.
