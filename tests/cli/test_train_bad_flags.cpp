@@ -59,6 +59,17 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--seed 99999999999999999999999")),
                  "--seed 99999999999999999999999 is out of range (at most 18446744073709551615)", out);
   expect_refused(test::run(train_args(out, "--steps 1e3")), "--steps expects an integer, got '1e3'", out);
+  // A decimal too large for its float says so with the text given: it said "rope_theta must be positive and
+  // finite, got inf" and "--lr must be a positive number, got inf" (float's inf), or that 1e999 was no number.
+  const std::string floats = " is out of range (-3.40282e+38 to 3.40282e+38)";
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "config: rope_theta 1e300" + floats,
+                 out);
+  expect_refused(test::run(train_args(out, "--emb-scale -1e39")), "config: emb_scale -1e39" + floats, out);
+  expect_refused(test::run(train_args(out, "--lr 1e300")), "train: --lr 1e300" + floats, out);
+  expect_refused(test::run(train_args(out, "--grad-clip 1e39")), "train: --grad-clip 1e39" + floats, out);
+  expect_refused(test::run(train_args(out, "--lr 1e999")), "train: --lr 1e999" + floats, out);
+  expect_refused(test::run(train_args(out, "--ckpt-minutes 1e999")),
+                 "train: --ckpt-minutes 1e999 is out of range (-1.79769e+308 to 1.79769e+308)", out);
   // The same flags, well formed, train (so the checks above are not refusing every run).
   const test::CliRun ok = test::run(train_args(out, "--positions rope --rope-theta 500 --emb-scale 2 --stop-after 2"));
   EXPECT_EQ(ok.code, 0) << ok.err;

@@ -291,12 +291,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.seq = a.integer("seq", 0);
     if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
     o.accum = a.integer("accum", o.accum);
-    o.lr = static_cast<float>(a.number("lr", o.lr));
+    o.lr = a.number_f32("lr", o.lr);
     o.warmup = a.integer("warmup", o.warmup);
-    o.min_lr_ratio = static_cast<float>(a.number("min-lr-ratio", o.min_lr_ratio));
-    o.weight_decay = static_cast<float>(a.number("weight-decay", o.weight_decay));
-    o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
-    o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
+    o.min_lr_ratio = a.number_f32("min-lr-ratio", o.min_lr_ratio);
+    o.weight_decay = a.number_f32("weight-decay", o.weight_decay);
+    o.grad_clip = a.number_f32("grad-clip", o.grad_clip);
+    o.label_smoothing = a.number_f32("label-smoothing", o.label_smoothing);
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");

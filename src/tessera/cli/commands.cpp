@@ -40,8 +40,8 @@ int cmd_generate(int argc, char** argv) {
   a.add("seed", "N", "sampling seed (default 0)");
   if (!a.parse(argc, argv, 2)) return 0;
   // Every flag before the checkpoint is read; none is quietly turned into another.
-  SamplerParams p{.temperature = static_cast<float>(a.number("temperature", 0.8)), .top_k = a.integer("top-k", 40),
-                  .top_p = static_cast<float>(a.number("top-p", 1.0)), .seed = a.u64("seed", 0)};
+  SamplerParams p{.temperature = a.number_f32("temperature", 0.8f), .top_k = a.integer("top-k", 40),
+                  .top_p = a.number_f32("top-p", 1.0f), .seed = a.u64("seed", 0)};
   TS_CHECK(p.temperature >= 0, "--temperature must be >= 0 (0 or --greedy: greedy), got ", a.str("temperature"));
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = all tokens), got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", a.str("top-p"));
