@@ -22,6 +22,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/signals.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/mpi_communicator.h"
@@ -47,7 +48,7 @@ namespace {
 constexpr int64_t kSampleMaxParams = 100'000'000;
 constexpr int kDefaultSampleTokens = 100;
 
-volatile std::sig_atomic_t g_stop = 0;
+SignalFlag g_stop = 0;
 
 extern "C" void on_stop_signal(int sig) {
   // A closed output pipe (`tessera train | head`) raises SIGPIPE at every write after the first: only the first
@@ -60,31 +61,6 @@ extern "C" void on_stop_signal(int sig) {
   }
   g_stop = sig;
 }
-
-// SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) set g_stop while training
-// runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
-// none. The previous handlers come back afterwards.
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
-      ::sigaction(kStopSignals[i], nullptr, &old_[i]);
-      // Ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE): it stays ignored.
-      const bool keep_ignored = kStopSignals[i] == SIGHUP || kStopSignals[i] == SIGPIPE;
-      if (!(keep_ignored && old_[i].sa_handler == SIG_IGN)) ::sigaction(kStopSignals[i], &sa, nullptr);
-    }
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
-  }
-
- private:
-  struct sigaction old_[std::size(kStopSignals)] {};
-};
 
 // How the stop is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
 // "interrupted".
@@ -545,7 +521,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   };
   TrainResult r;
   {
-    StopSignals signals;
+    // SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) set g_stop while training
+    // runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
+    // none. SIGHUP and SIGPIPE ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE) stay
+    // ignored. The previous handlers come back afterwards.
+    const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,
+                                /*keep_ignored=*/{SIGHUP, SIGPIPE});
     try {
       r = train(std::move(setup),
                 {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
