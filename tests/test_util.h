@@ -127,6 +127,14 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   return d;
 }
 
+// The names of the entries in `d`, sorted: to compare a directory before and after.
+inline std::vector<std::string> names_in(const std::filesystem::path& d) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(d)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // Rewrites the JSON header of safetensors file `path` in place with `edit`, keeping the data section as it is.
 inline void edit_safetensors_header(const std::filesystem::path& path,
                                     const std::function<void(nlohmann::json&)>& edit) {

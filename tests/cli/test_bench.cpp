@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -206,6 +207,51 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
                 std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
 }
 
+// `text` with every run of digits as one '#': two runs' outputs then compare, whatever their timings and dates.
+std::string without_numbers(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) out += text[i];
+    else if (i == 0 || !std::isdigit(static_cast<unsigned char>(text[i - 1]))) out += '#';
+  }
+  return out;
+}
+
+// bench attention --size full ran for about 9 minutes on the CPU with nothing printed until its tables. It shows
+// progress on stderr as train does (a bar redrawn on a terminal; off one, a line every 5%: here each of the 12
+// configurations), naming each configuration as it starts; stdout and --out are as without it (--no-progress).
+TEST_F(Bench, AttentionShowsProgressOnStderrOnly) {
+  const fs::path md = dir / "attention.md";
+  const std::string args = "attention --device cpu --iters 1 --warmup 0 --out " + md.string();
+  const test::CliRun r = run_bench(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string with_md = read_file_text(md.string());
+  std::vector<std::string> rows;
+  for (int d : {16, 32})
+    for (int T : {16, 64})
+      for (const char* impl : {"naive", "flash"})
+        rows.push_back(std::string("tessera ") + impl + " d " + std::to_string(d) + " T " + std::to_string(T));
+  for (int Dh : {32, 64})
+    for (int T : {64, 128}) rows.push_back("tessera flash causal Dh " + std::to_string(Dh) + " T " + std::to_string(T));
+  std::istringstream lines(r.err);
+  std::string line;
+  for (size_t i = 0; i <= rows.size(); ++i) {
+    ASSERT_TRUE(std::getline(lines, line)) << "no line for configuration " << i << " in:\n" << r.err;
+    const std::string count = "] config " + std::to_string(i) + "/" + std::to_string(rows.size()) + " | ";
+    const std::string what = i < rows.size() ? "running " + rows[i] : "done";
+    EXPECT_EQ(line.rfind('[', 0), 0u) << line;
+    EXPECT_NE(line.find(count + what + " | "), std::string::npos) << "expected '" << count << what << "' in " << line;
+    EXPECT_TRUE(line.ends_with(" elapsed")) << line;
+  }
+  EXPECT_FALSE(std::getline(lines, line)) << "more than a line a configuration: " << r.err;
+  EXPECT_EQ(r.out.find("config "), std::string::npos) << r.out;
+  const test::CliRun quiet = run_bench(args + " --no-progress");
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
+  EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
+}
+
 // --attn-dropout runs the TFLOP/s table with attention dropout (the CPU reference takes it too) and says so.
 TEST_F(Bench, AttentionDropoutRunsTheFlopsTableWithIt) {
   const fs::path md = dir / "dropout.md";
@@ -237,8 +283,13 @@ TEST_F(Bench, OutOfMemoryAtSizeFullOrLargeNamesSizeSmall) {
     SCOPED_TRACE(std::string(which) + " in " + std::to_string(mib) + " MiB");
     const test::CliRun full = test::run_with_address_limit(mib, args + "full");
     EXPECT_EQ(full.code, 2) << full.err;
-    EXPECT_EQ(full.err.rfind("tessera: error: out of memory", 0), 0u) << full.err;
-    EXPECT_EQ(std::count(full.err.begin(), full.err.end(), '\n'), 1) << full.err;
+    // bench attention's progress lines come first ("[###...] config 2/46 | running ..."): the error is the last.
+    const size_t error = full.err.find("tessera: error: ");
+    ASSERT_NE(error, std::string::npos) << full.err;
+    std::istringstream progress(full.err.substr(0, error));
+    for (std::string line; std::getline(progress, line);) EXPECT_EQ(line.rfind('[', 0), 0u) << full.err;
+    EXPECT_EQ(full.err.find("tessera: error: out of memory", error), error) << full.err;
+    EXPECT_EQ(std::count(full.err.begin() + static_cast<std::ptrdiff_t>(error), full.err.end(), '\n'), 1) << full.err;
     EXPECT_TRUE(full.err.ends_with(" (try --size small)\n")) << full.err;
     const test::CliRun small = test::run_with_address_limit(mib, args + "small");
     EXPECT_EQ(small.code, 0) << small.err;

@@ -679,6 +679,23 @@ TEST_F(Cli, ForceThatFailsItsDataCheckLeavesTheRunAsItWas) {
 // SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) killed a run with no checkpoint; they now stop
 // it as SIGTERM does.
 TEST_F(Cli, SighupCheckpointsAndResumes) { interrupt_and_resume(SIGHUP); }
+// Under nohup, which ignores SIGHUP, a SIGHUP does not stop the run: train keeps an ignored SIGHUP ignored.
+TEST_F(Cli, SighupIgnoredByTheLauncherStaysIgnored) {
+  const fs::path out = dir / "o", metrics = out / "metrics.jsonl";
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGHUP, &ignore, &old);  // the child inherits it through exec, as nohup's does
+  Child c = spawn(small_train(out) + " --steps 1000000 --ckpt-every 0", dir);
+  ::sigaction(SIGHUP, &old, nullptr);
+  ASSERT_TRUE(wait_for_steps(metrics, 3, c.pid)) << read_file_text(c.err.string());
+  ASSERT_EQ(::kill(c.pid, SIGHUP), 0);
+  const int at = count_lines(metrics);
+  EXPECT_TRUE(wait_for_steps(metrics, at + 5, c.pid)) << "the SIGHUP stopped it: " << read_file_text(c.err.string());
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
+}
+
 TEST_F(Cli, ClosedOutputPipeStopsWithACheckpoint) {
   const fs::path out = dir / "o", script = dir / "pipe.sh";
   // With the progress bar on (a line every 400 / 20 steps off a terminal), a write after `head` has gone.

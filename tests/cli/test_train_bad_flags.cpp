@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "cli_run.h"
+#include "test_util.h"
 #include "tessera/train/data.h"
 
 namespace fs = std::filesystem;
@@ -57,6 +59,17 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--seed 99999999999999999999999")),
                  "--seed 99999999999999999999999 is out of range (at most 18446744073709551615)", out);
   expect_refused(test::run(train_args(out, "--steps 1e3")), "--steps expects an integer, got '1e3'", out);
+  // A decimal too large for its float says so with the text given: it said "rope_theta must be positive and
+  // finite, got inf" and "--lr must be a positive number, got inf" (float's inf), or that 1e999 was no number.
+  const std::string floats = " is out of range (-3.40282e+38 to 3.40282e+38)";
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "config: rope_theta 1e300" + floats,
+                 out);
+  expect_refused(test::run(train_args(out, "--emb-scale -1e39")), "config: emb_scale -1e39" + floats, out);
+  expect_refused(test::run(train_args(out, "--lr 1e300")), "train: --lr 1e300" + floats, out);
+  expect_refused(test::run(train_args(out, "--grad-clip 1e39")), "train: --grad-clip 1e39" + floats, out);
+  expect_refused(test::run(train_args(out, "--lr 1e999")), "train: --lr 1e999" + floats, out);
+  expect_refused(test::run(train_args(out, "--ckpt-minutes 1e999")),
+                 "train: --ckpt-minutes 1e999 is out of range (-1.79769e+308 to 1.79769e+308)", out);
   // The same flags, well formed, train (so the checks above are not refusing every run).
   const test::CliRun ok = test::run(train_args(out, "--positions rope --rope-theta 500 --emb-scale 2 --stop-after 2"));
   EXPECT_EQ(ok.code, 0) << ok.err;
@@ -98,6 +111,50 @@ fs::path shards_up_to(const fs::path& dir, uint16_t top) {
   write_shard((dir / "train_000000.bin").string(), tokens);
   write_shard((dir / "val_000000.bin").string(), tokens);
   return dir;
+}
+
+// `train --out /` trained into the root directory: its metrics.jsonl, checkpoint/, best/ and data/ among the
+// system's. A directory that holds no run but other files is refused, --force or not (it replaces a run, and there
+// is none); an empty one, one that holds only data/ prepared beforehand, and a run's own (with --force) still train.
+TEST(TrainBadFlags, ADirectoryOfOtherFilesIsNoOutputDirectory) {
+  const fs::path dir = fresh_dir("tessera_out_foreign");
+  const fs::path mine = dir / "mine";
+  fs::create_directories(mine / "src");
+  std::ofstream(mine / "notes.txt") << "mine\n";
+  const std::vector<std::string> before = test::names_in(mine);
+  for (const std::string force : {"", "--force"}) {
+    const test::CliRun r = test::run(train_args(mine, force));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("output directory " + mine.string() + " holds no tessera run but other files (notes.txt, "
+                         "src), which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give "
+                         "--out a new or empty directory"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+    EXPECT_EQ(test::names_in(mine), before) << force;
+  }
+  // The root directory (as root it is writable, and a regression would write there: that case runs where it is not).
+  for (const std::string root : {"/proc", "/"}) {
+    if (root == "/" && ::access("/", W_OK) == 0) continue;
+    const test::CliRun r = test::run(train_args(root, ""));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("output directory " + root + " holds no tessera run but other files ("), std::string::npos)
+        << r.err;
+  }
+  std::ofstream(dir / "a_file") << "x\n";
+  expect_refused(test::run(train_args(dir / "a_file", "")), "output path " + (dir / "a_file").string() +
+                 " is not a directory", dir / "a_file" / "metrics.jsonl");
+  // What may be there: nothing, or the shards of data/ prepared beforehand.
+  fs::create_directories(dir / "empty");
+  EXPECT_EQ(test::run(train_args(dir / "empty", "")).code, 0);
+  const fs::path prepared = dir / "prepared";
+  shards_up_to(prepared / "data", 255);
+  const test::CliRun with_data = test::run(train_args(prepared, "--data " + (prepared / "data").string()));
+  EXPECT_EQ(with_data.code, 0) << with_data.err;
+  // A run's directory with a file of the user's beside the run: --force replaces the run, as before.
+  std::ofstream(prepared / "notes.txt") << "mine\n";
+  const test::CliRun forced = test::run(train_args(prepared, "--force --data " + (prepared / "data").string()));
+  EXPECT_EQ(forced.code, 0) << forced.err;
+  EXPECT_TRUE(fs::exists(prepared / "notes.txt"));
+  fs::remove_all(dir);
 }
 
 // The sample after training is byte-level text. A model whose tokens are not bytes (a vocab below 256, or shards

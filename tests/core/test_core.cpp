@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "tessera/core/context.h"
@@ -212,6 +213,29 @@ TEST(Units, DecimalOnly) {
   }
   EXPECT_EQ(parse_decimal_prefix("0x10", &used), 0.0);
   EXPECT_EQ(used, 1u);
+}
+
+// A decimal past its type's range is out of range, not a number that becomes inf: `--rope-theta 1e300` said
+// "got inf" of a float, and `--lr 1e999` that it was no number.
+TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
+  float f = 7;
+  double d = 7;
+  EXPECT_EQ(parse_decimal("1e300", &f), DecimalStatus::OutOfRange);
+  EXPECT_EQ(parse_decimal("-1e39", &f), DecimalStatus::OutOfRange);
+  EXPECT_EQ(parse_decimal("3.40282357e38", &f), DecimalStatus::OutOfRange);  // rounds to inf as a float
+  EXPECT_EQ(f, 7.0f) << "set although refused";
+  EXPECT_EQ(parse_decimal("3.4028235e38", &f), DecimalStatus::Ok);  // rounds to FLT_MAX
+  EXPECT_EQ(f, std::numeric_limits<float>::max());
+  EXPECT_EQ(parse_decimal("1e300", &d), DecimalStatus::Ok);
+  EXPECT_EQ(d, 1e300);
+  EXPECT_EQ(parse_decimal("1e999", &d), DecimalStatus::OutOfRange);
+  EXPECT_EQ(parse_decimal("-1e999", &d), DecimalStatus::OutOfRange);
+  EXPECT_EQ(parse_decimal("-2.5e-3", &f), DecimalStatus::Ok);
+  EXPECT_EQ(f, -2.5e-3f);
+  for (const char* v : {"inf", "nan", "0x10", " 3", "", "1e3x", "e5"}) {
+    EXPECT_EQ(parse_decimal(v, &f), DecimalStatus::NotANumber) << v;
+    EXPECT_EQ(parse_decimal(v, &d), DecimalStatus::NotANumber) << v;
+  }
 }
 
 TEST(Units, ByteSizes) {

@@ -12,9 +12,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli/cli_run.h"
 #include "tessera/core/file_io.h"
+#include "tessera/train/data.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -183,6 +185,32 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_EQ(alone.code, 2);
   EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"), std::string::npos)
       << alone.err;
+  fs::remove_all(d);
+}
+
+// ZeRO-1 over more ranks than the flat parameters have blocks of 16 shards nothing. Each rank refused it alone when
+// it made its optimizer, inside train(): a line from every rank, then MPI_Abort. It is checked where the ranks agree
+// on the run, before anything is written: one line. The smallest model has 8 segments, a block each (128 elements
+// with their padding), so 9 ranks are one too many.
+TEST(DistCli, Zero1OverMoreRanksThanBlocksIsOneLine) {
+  const fs::path d = test::temp_dir("dist_cli_zero_world");
+  std::vector<uint16_t> tokens(400);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 4);
+  fs::create_directories(d / "data");
+  write_shard((d / "data" / "train_000000.bin").string(), tokens);
+  write_shard((d / "data" / "val_000000.bin").string(), tokens);
+  const std::string tiniest = "--vocab 4 --d-model 2 --n-heads 1 --n-layers 1 --d-ff 2 --max-seq 8 --bias false "
+                              "--tied true --norm rmsnorm --positions rope --data data --batch 1 --seq 4 --steps 1 "
+                              "--val-every 0 --no-progress --sample-tokens 0 --device cpu --zero 1 --out run";
+  const Job j = mpirun("", 9, tiniest, d);
+  EXPECT_EQ(j.code, 2) << j.out << j.err;
+  EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
+  EXPECT_NE(j.err.find("tessera: error: ZeRO-1 over 9 ranks: the 128 parameters make 8 blocks of 16, fewer than the "
+                       "ranks, so nothing would be sharded: use --ddp, or at most 8 ranks\n"), std::string::npos)
+      << j.err;
+  EXPECT_EQ(j.err.find("MPI_ABORT"), std::string::npos) << j.err;
+  EXPECT_EQ(j.out.find("training"), std::string::npos) << "started before refusing: " << j.out;
+  EXPECT_FALSE(fs::exists(d / "run"));
   fs::remove_all(d);
 }
 

@@ -124,6 +124,20 @@ TEST(GptConfig, PresetParameterCounts) {
   EXPECT_TRUE(model_preset("cs336-small").is_llama_compatible());
 }
 
+// flat_params is what train checks ZeRO-1's world against before any model is made: the size of the flat
+// buffers, padding included, that the model's ParamBuffer then has.
+TEST(GptConfig, FlatParamsIsTheSizeOfTheModelsBuffers) {
+  ModelConfig smallest = llama_style(test::small_config(/*vocab=*/4, /*d_model=*/2, /*n_layers=*/1, /*n_heads=*/1,
+                                                        /*d_ff=*/2, /*max_seq=*/8));
+  smallest.tied = true;
+  for (const ModelConfig& cfg : {tiny_gpt2(), tiny_llama(), smallest}) {
+    const Gpt model(cfg);
+    EXPECT_EQ(Gpt::flat_params(cfg), model.params().size());
+    EXPECT_GT(Gpt::flat_params(cfg), static_cast<size_t>(cfg.num_params()));  // the padding
+  }
+  EXPECT_EQ(Gpt::flat_params(smallest), 8u * kSegmentAlign);  // 8 segments of fewer than 16 elements
+}
+
 TEST(GptConfig, RejectsImpossibleConfigs) {
   ModelConfig c = tiny_gpt2();
   c.n_heads = 3;

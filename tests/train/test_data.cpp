@@ -17,6 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::error_of;
+using test::names_in;
 using test::temp_dir;
 
 // Shards written by an independent Python script (tests/tools/write_shards.py).
@@ -197,13 +198,6 @@ TEST(Shards, PrepareHoldsOutTheFractionAskedToWithinOneBlock) {
   }
   EXPECT_EQ(prepare_text(text, d.string(), 0.1), std::make_pair(size_t{25751}, size_t{2048}));  // as README shows
   fs::remove_all(d);
-}
-
-std::vector<std::string> names_in(const fs::path& d) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(d)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // A prepare that fails or is stopped part way takes back what it did: its temporary shards, and the directories

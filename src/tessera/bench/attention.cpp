@@ -97,6 +97,7 @@ std::vector<AttentionMemoryRow> bench_attention_memory(const AttentionBenchConfi
         r.T = T;
         r.d = d;
         const bool naive = impl[8] == 'n';
+        if (cfg.on_row) cfg.on_row(r.impl + " d " + std::to_string(d) + " T " + std::to_string(T));
         try {
           AttentionBuffers b(p, dt, ctx);
           const Tensor qkv = b.t(b.qkv, dt), out = b.t(b.out, dt), lse = b.t(b.lse, DType::F32),
@@ -146,6 +147,7 @@ std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig&
       r.H = p.H;
       r.Dh = Dh;
       r.flops_fwd = 4.0 * p.B * p.H * static_cast<double>(T) * T * Dh / 2.0;
+      if (cfg.on_row) cfg.on_row(r.impl + " causal Dh " + std::to_string(Dh) + " T " + std::to_string(T));
       try {
         AttentionBuffers b(p, dt, ctx);
         b.alloc_grad(p, dt, ctx);

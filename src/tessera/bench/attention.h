@@ -10,6 +10,7 @@
 // is what the device holds for the work, as torch.cuda.max_memory_allocated counts torch's): "before backward"
 // = inputs, outputs and what the forward saved; "during backward" adds everything the backward allocates.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct AttentionBenchConfig {
   DType dtype = DType::BF16;
   float attn_dropout = 0.0f;  // attention dropout in the TFLOP/s table (the CS336 table has none)
   TimingOptions timing;
+  // Called as each row starts, with what it times ("tessera naive d 16 T 256"): the command's progress.
+  std::function<void(const std::string& row)> on_row;
 };
 
 // One row of the CS336 table: single head, batch 8, no mask (the assignment's PyTorch-attention benchmark).
@@ -51,6 +54,8 @@ struct AttentionSweeps {
   std::vector<int> mem_d, mem_T;
   int flops_tokens = 32768, flops_width = 2048;
   std::vector<int> flops_Dh, flops_T;
+  // The rows of the two tables: naive and flash at each (d, T), flash at each (Dh, T).
+  size_t rows() const { return 2 * mem_d.size() * mem_T.size() + flops_Dh.size() * flops_T.size(); }
 };
 AttentionSweeps attention_sweeps(bool small);
 

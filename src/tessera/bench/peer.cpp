@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/signals.h"
+
 namespace tessera {
 
 namespace {
@@ -44,32 +46,10 @@ void stop_group(pid_t pid) {
 }
 
 // A Ctrl-C (or a SIGTERM) while the peer runs: the peer has a process group of its own, so the terminal's signal
-// does not reach it. The handler notes the signal; the read loop stops the peer's group, the old handlers come
-// back and the signal is raised again, so tessera ends as it would have and no peer is left running on the GPU.
-volatile std::sig_atomic_t g_signal = 0;
-extern "C" void note_signal(int sig) { g_signal = sig; }
-
-class SignalForwarding {
- public:
-  SignalForwarding() {
-    g_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = note_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART: poll returns EINTR and the loop sees the signal at once
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalForwarding() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  SignalForwarding(const SignalForwarding&) = delete;
-  SignalForwarding& operator=(const SignalForwarding&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
+// does not reach it. g_signal records it (ScopedSignals, without SA_RESTART: poll returns EINTR and the loop sees
+// it at once); the read loop stops the peer's group, the old handlers come back and the signal is raised again,
+// so tessera ends as it would have and no peer is left running on the GPU.
+SignalFlag g_signal = 0;
 
 }  // namespace
 
@@ -88,8 +68,9 @@ std::string run_peer_script(const std::string& args, const std::string& what,
   std::fflush(stderr);
   int fds[2];
   if (::pipe(fds) != 0) return "peer skipped: could not start " + python;
-  std::optional<SignalForwarding> forwarding;
-  forwarding.emplace();  // before the fork: a signal from here on is seen by the loop
+  // Before the fork: a signal from here on is seen by the loop.
+  std::optional<ScopedSignals> forwarding;
+  forwarding.emplace(std::initializer_list<int>{SIGINT, SIGTERM}, &g_signal);
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);

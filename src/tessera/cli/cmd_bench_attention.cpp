@@ -29,6 +29,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/train/progress.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
 
 #ifndef TESSERA_PEERS_DIR
@@ -85,6 +86,7 @@ int cmd_bench_attention(int argc, char** argv) {
   a.add("iters", "N", "timed runs; the tables show their median (default 10)");
   a.add("out", "FILE", "also write the tables as markdown to FILE");
   a.add("attn-dropout", "P", "attention dropout in the TFLOP/s table, for tessera and the peers (default 0)");
+  a.add_switch("no-progress", "no progress bar on stderr");
   a.add_switch("peer", "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
                        "same call and show its figures (GPU only)");
   if (!a.parse(argc, argv, 3)) return 0;
@@ -106,8 +108,8 @@ int cmd_bench_attention(int argc, char** argv) {
   TS_CHECK(attn_dropout_arg >= 0.0 && static_cast<float>(attn_dropout_arg) < 1.0f,
            "--attn-dropout must be in [0, 1), got ", attn_dropout_arg);
   const float attn_dropout = static_cast<float>(attn_dropout_arg);
-  const AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout,
-                                 .timing = timing};
+  AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout, .timing = timing,
+                           .on_row = {}};
   const std::string out = a.str("out");
   if (a.has("out")) check_output_path("out", out);
 
@@ -119,14 +121,21 @@ int cmd_bench_attention(int argc, char** argv) {
   // A GPU marks the rows it cannot fit OOM (the CS336 table's point); on the host, or outside the rows, --size full
   // runs out of memory where small would not, and the error says so.
   const std::string_view hint = size == "full" ? "try --size small" : "";
+  // Progress on stderr, as train's bar: --size full on the CPU runs for about 9 minutes before its tables. The
+  // configurations take very different times (T from 256 to 16k), so the bar shows the time elapsed, not an ETA.
+  const AttentionSweeps sw = attention_sweeps(cfg.small);
+  ProgressBar bar(static_cast<int64_t>(sw.rows()), 0, !a.has("no-progress"), {.unit = "config", .eta = false});
+  int64_t started = 0;
+  cfg.on_row = [&](const std::string& row) { bar.update(started++, "running " + row); };  // as it starts
   const auto mem_rows = with_memory_hint(hint, [&] { return bench_attention_memory(cfg, h); });
   const auto flops_rows = with_memory_hint(hint, [&] { return bench_attention_flops(cfg, h); });
+  bar.update(started, "done");
+  bar.finish();
   PeerRows peer;
   if (a.has("peer")) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
     else peer = run_peer(cfg.small, dtype_name, timing, attn_dropout);
   }
-  const AttentionSweeps sw = attention_sweeps(cfg.small);
   // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 64, 128; flash-mma for Dh 16, 32".
   std::string kernel = "cpu reference";
 #ifdef TESSERA_WITH_CUDA

@@ -8,11 +8,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
@@ -20,11 +22,14 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/signals.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/mpi_communicator.h"
 #include "tessera/dist/mpi_world.h"
+#include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/data.h"
 #include "tessera/train/text.h"
 #include "tessera/train/trainer.h"
@@ -43,7 +48,7 @@ namespace {
 constexpr int64_t kSampleMaxParams = 100'000'000;
 constexpr int kDefaultSampleTokens = 100;
 
-volatile std::sig_atomic_t g_stop = 0;
+SignalFlag g_stop = 0;
 
 extern "C" void on_stop_signal(int sig) {
   // A closed output pipe (`tessera train | head`) raises SIGPIPE at every write after the first: only the first
@@ -56,31 +61,6 @@ extern "C" void on_stop_signal(int sig) {
   }
   g_stop = sig;
 }
-
-// SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) set g_stop while training
-// runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
-// none. The previous handlers come back afterwards.
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
-      ::sigaction(kStopSignals[i], nullptr, &old_[i]);
-      // Ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE): it stays ignored.
-      const bool keep_ignored = kStopSignals[i] == SIGHUP || kStopSignals[i] == SIGPIPE;
-      if (!(keep_ignored && old_[i].sa_handler == SIG_IGN)) ::sigaction(kStopSignals[i], &sa, nullptr);
-    }
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
-  }
-
- private:
-  struct sigaction old_[std::size(kStopSignals)] {};
-};
 
 // How the stop is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
 // "interrupted".
@@ -154,6 +134,24 @@ std::string byte_sample_refusal(int vocab, int max_token) {
 
 bool holds_run(const fs::path& out) {
   return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
+}
+
+// What a run's directory holds besides the run itself: the shards of data/ (prepared there beforehand, or by an
+// earlier run), and what a checkpoint swap or a metrics rewrite that was cut short leaves (<dir>.tmp, <dir>.old,
+// ".metrics.jsonl.tmp.<pid>").
+bool is_run_entry(const std::string& name) {
+  for (const std::string dir : {"checkpoint", "best"})
+    if (name == dir + ".tmp" || name == dir + ".old") return true;
+  return name == "data" || name.starts_with(".metrics.jsonl.tmp.");
+}
+
+// The entries of `out`, an existing directory that holds no run, that are not a run's: sorted, for the message.
+std::vector<std::string> foreign_entries(const fs::path& out) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(out))
+    if (!is_run_entry(e.path().filename().string())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // The ranks of a run under mpirun: the MPI runtime, and a communicator on which the ranks agree on the outcome
@@ -269,12 +267,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.seq = a.integer("seq", 0);
     if (a.has("seq")) TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
     o.accum = a.integer("accum", o.accum);
-    o.lr = static_cast<float>(a.number("lr", o.lr));
+    o.lr = a.number_f32("lr", o.lr);
     o.warmup = a.integer("warmup", o.warmup);
-    o.min_lr_ratio = static_cast<float>(a.number("min-lr-ratio", o.min_lr_ratio));
-    o.weight_decay = static_cast<float>(a.number("weight-decay", o.weight_decay));
-    o.grad_clip = static_cast<float>(a.number("grad-clip", o.grad_clip));
-    o.label_smoothing = static_cast<float>(a.number("label-smoothing", o.label_smoothing));
+    o.min_lr_ratio = a.number_f32("min-lr-ratio", o.min_lr_ratio);
+    o.weight_decay = a.number_f32("weight-decay", o.weight_decay);
+    o.grad_clip = a.number_f32("grad-clip", o.grad_clip);
+    o.label_smoothing = a.number_f32("label-smoothing", o.label_smoothing);
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");
@@ -338,6 +336,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
     TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
              "--precision bf16, or --ddp");
+    // ZeRO-1 over more ranks than the flat parameters have blocks would shard nothing. Checked here, where the
+    // ranks agree, rather than where each rank makes its optimizer in train(): there every rank failed alone, a
+    // line and an MPI_Abort each.
+    if (dist.zero) check_zero_world(Gpt::flat_params(o.model), ranks.size());
 
     // 3. The data: shards are opened and checked now; text is read and checked, and tokenized once the output
     // directory may be created.
@@ -394,8 +396,21 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
                "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
     }
-    // Train's text goes to OUT/data: a data/ that holds other files than shards (`--out .` in the source tree,
-    // whose data/ holds the bundled corpus) belongs to something else, not to a run.
+    // A directory that holds no run but other files (`--out /`, a home or project directory) would get the run's
+    // metrics.jsonl, checkpoint/, best/ and data/ mixed into what is there. --force replaces a run, so it does not
+    // lift this: there is no run to replace.
+    TS_CHECK(!fs::exists(o.out) || fs::is_directory(o.out), "output path ", o.out, " is not a directory");
+    if (!holds_run(o.out) && fs::is_directory(o.out)) {
+      const std::vector<std::string> other = foreign_entries(o.out);
+      std::string shown;
+      for (size_t i = 0; i < other.size() && i < 3; ++i) shown += (i ? ", " : "") + other[i];
+      if (other.size() > 3) shown += " and " + std::to_string(other.size() - 3) + " more";
+      TS_CHECK(other.empty(), "output directory ", o.out, " holds no tessera run but other files (", shown, "), "
+               "which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give --out a new or "
+               "empty directory");
+    }
+    // Train's text goes to OUT/data: a data/ that holds other files than shards (a run's directory whose data/
+    // someone filled by hand) belongs to something else, not to the run.
     if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
       for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
         const std::string name = e.path().filename().string();
@@ -506,7 +521,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   };
   TrainResult r;
   {
-    StopSignals signals;
+    // SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (the output pipe closed) set g_stop while training
+    // runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
+    // none. SIGHUP and SIGPIPE ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE) stay
+    // ignored. The previous handlers come back afterwards.
+    const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,
+                                /*keep_ignored=*/{SIGHUP, SIGPIPE});
     try {
       r = train(std::move(setup),
                 {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},

@@ -15,6 +15,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/planner.h"
+#include "tessera/core/signals.h"
 #include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
@@ -40,8 +41,8 @@ int cmd_generate(int argc, char** argv) {
   a.add("seed", "N", "sampling seed (default 0)");
   if (!a.parse(argc, argv, 2)) return 0;
   // Every flag before the checkpoint is read; none is quietly turned into another.
-  SamplerParams p{.temperature = static_cast<float>(a.number("temperature", 0.8)), .top_k = a.integer("top-k", 40),
-                  .top_p = static_cast<float>(a.number("top-p", 1.0)), .seed = a.u64("seed", 0)};
+  SamplerParams p{.temperature = a.number_f32("temperature", 0.8f), .top_k = a.integer("top-k", 40),
+                  .top_p = a.number_f32("top-p", 1.0f), .seed = a.u64("seed", 0)};
   TS_CHECK(p.temperature >= 0, "--temperature must be >= 0 (0 or --greedy: greedy), got ", a.str("temperature"));
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = all tokens), got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", a.str("top-p"));
@@ -68,31 +69,9 @@ int cmd_generate(int argc, char** argv) {
 
 namespace {
 
-volatile std::sig_atomic_t g_prepare_stop = 0;
-
-extern "C" void on_prepare_signal(int sig) { g_prepare_stop = sig; }
-
-// SIGINT and SIGTERM set g_prepare_stop while prepare runs (it polls the flag, undoes its work and exits 128 +
-// the signal, so neither leaves temporary files or half the new shards); the previous handlers come back after.
-class PrepareSignals {
- public:
-  PrepareSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = on_prepare_signal;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~PrepareSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  PrepareSignals(const PrepareSignals&) = delete;
-  PrepareSignals& operator=(const PrepareSignals&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
+// Set while prepare runs by SIGINT and SIGTERM (ScopedSignals): prepare polls it, undoes its work and exits 128 +
+// the signal, so neither leaves temporary files or half the new shards.
+SignalFlag g_prepare_stop = 0;
 
 int prepare_interrupted(int sig, const std::string& out) {
   std::fprintf(stderr, "tessera: %s: %s left as it was\n", sig == SIGTERM ? "terminated" : "interrupted", out.c_str());
@@ -115,7 +94,7 @@ int cmd_prepare(int argc, char** argv) {
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string out = a.str("out");
-  PrepareSignals signals;
+  const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
   const std::string text = read_file_text(a.str("text"), "text");
   size_t bad = 0;
   TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (invalid at byte ", bad,

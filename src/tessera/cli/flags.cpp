@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include "tessera/core/error.h"
 #include "tessera/core/units.h"
@@ -147,15 +148,21 @@ uint64_t Flags::u64(const std::string& name, uint64_t fallback) const {
   return x;
 }
 
-double Flags::number(const std::string& name, double fallback) const {
+template <typename T>
+T Flags::number_of(const std::string& name, T fallback) const {
   if (!has(name)) return fallback;
   const std::string v = str(name);
-  size_t used = 0;
-  const double x = parse_decimal_prefix(v, &used);
-  TS_CHECK(!v.empty() && used == v.size() && std::isfinite(x), command_, ": --", name,
-           " expects a number, got '", v, "'");
+  T x = 0;
+  const DecimalStatus status = parse_decimal(v, &x);
+  TS_CHECK(status != DecimalStatus::NotANumber, command_, ": --", name, " expects a number, got '", v, "'");
+  TS_CHECK(status == DecimalStatus::Ok, command_, ": --", name, " ", v, " is out of range (",
+           std::numeric_limits<T>::lowest(), " to ", std::numeric_limits<T>::max(), ")");
   return x;
 }
+
+double Flags::number(const std::string& name, double fallback) const { return number_of(name, fallback); }
+
+float Flags::number_f32(const std::string& name, float fallback) const { return number_of(name, fallback); }
 
 std::string Flags::usage() const {
   std::string s = "usage: tessera " + command_ + " [flags]\n\n" + summary_ + "\n\nflags:\n";

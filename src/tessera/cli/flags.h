@@ -36,8 +36,11 @@ class Flags {
   std::string str(const std::string& name, const std::string& fallback = "") const;
   int integer(const std::string& name, int fallback) const;
   uint64_t u64(const std::string& name, uint64_t fallback) const;
-  // A finite decimal number ("3e-4", "0.5"; not hex, "inf" or "nan").
+  // A finite decimal number ("3e-4", "0.5"; not hex, "inf" or "nan"); one past double's range ("1e999") is out of
+  // range, as an integer past int's is.
   double number(const std::string& name, double fallback) const;
+  // The same for a flag the program keeps as a float: past float's range ("--lr 1e300") is out of range, not inf.
+  float number_f32(const std::string& name, float fallback) const;
   // Names of the flags (no dashes), in the order they were added.
   const std::vector<std::string>& names() const { return names_; }
 
@@ -45,6 +48,9 @@ class Flags {
 
  private:
   const CLI::Option* option(const std::string& name) const;
+  // number() and number_f32().
+  template <typename T>
+  T number_of(const std::string& name, T fallback) const;
 
   std::string command_, summary_;
   std::unique_ptr<CLI::App> app_;

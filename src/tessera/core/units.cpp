@@ -15,6 +15,19 @@ double parse_decimal_prefix(std::string_view v, size_t* used) {
   return *used == 0 ? 0.0 : x;
 }
 
+template <typename T>
+DecimalStatus parse_decimal(std::string_view v, T* out) {
+  size_t used = 0;
+  const double x = parse_decimal_prefix(v, &used);
+  if (v.empty() || used != v.size()) return DecimalStatus::NotANumber;
+  const T t = static_cast<T>(x);  // rounds to nearest: past the largest finite T by more than half an ulp is inf
+  if (std::isinf(t)) return DecimalStatus::OutOfRange;  // the text is digits: an inf is an overflow
+  *out = t;
+  return DecimalStatus::Ok;
+}
+template DecimalStatus parse_decimal<float>(std::string_view, float*);
+template DecimalStatus parse_decimal<double>(std::string_view, double*);
+
 std::optional<double> parse_byte_size(std::string_view v) {
   size_t used = 0;
   const double x = parse_decimal_prefix(v, &used);

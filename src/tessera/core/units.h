@@ -13,6 +13,14 @@ namespace tessera {
 // took; *used is 0 (and the result 0) when `v` does not start with one.
 double parse_decimal_prefix(std::string_view v, size_t* used);
 
+// `v` as a whole decimal number (parse_decimal_prefix over all of it) of type T, float or double. strtod reads a
+// decimal past double's range as +-inf, and a double past float's rounds to +-inf as a float: both are OutOfRange,
+// so that the message can quote what was typed ("--lr 1e300 is out of range") instead of the inf it would have
+// become. *out is set when Ok.
+enum class DecimalStatus { Ok, NotANumber, OutOfRange };
+template <typename T>
+DecimalStatus parse_decimal(std::string_view v, T* out);
+
 // A size in bytes: a decimal number then an optional unit, B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB,
 // TiB (powers of 1024): "512MiB", "1.5GB", "4096". nullopt when `v` is not one (an unknown unit, trailing text,
 // a value that is not finite). The value is not rounded or range-checked: the caller says what it accepts.

@@ -22,6 +22,12 @@ int zero_max_world(size_t total) {
   return static_cast<int>(std::clamp<size_t>(total / kSegmentAlign, 1, static_cast<size_t>(INT32_MAX)));
 }
 
+void check_zero_world(size_t total, int world) {
+  TS_CHECK(world <= zero_max_world(total), "ZeRO-1 over ", world, " ranks: the ", total, " parameters make ",
+           total / kSegmentAlign, " blocks of ", kSegmentAlign, ", fewer than the ranks, so nothing would be sharded: "
+           "use --ddp, or at most ", zero_max_world(total), " ranks");
+}
+
 std::vector<ParamSegment> segments_in_range(const std::vector<ParamSegment>& segments, size_t begin, size_t end) {
   std::vector<ParamSegment> out;
   for (const ParamSegment& s : segments) {
@@ -46,10 +52,7 @@ ZeroAdamW::ZeroAdamW(const ParamBuffer& params, const AdamWConfig& cfg, Communic
            ctx.device().str());
   TS_CHECK(host.size() == grads.size() && host.rank() == grads.rank(),
            "internal: ZeRO's host and gradient communicators disagree on the ranks");
-  TS_CHECK(grads.size() <= zero_max_world(params.size()), "ZeRO-1 over ", grads.size(), " ranks: the ",
-           params.size(), " parameters make ", params.size() / kSegmentAlign, " blocks of ", kSegmentAlign,
-           ", fewer than the ranks, so nothing would be sharded: use --ddp, or at most ",
-           zero_max_world(params.size()), " ranks");
+  check_zero_world(params.size(), grads.size());
   const size_t b = shard_begin(), n = layout_.count(rank_);
   table_ = std::make_unique<AdamWSegmentTable>(segments_in_range(params.segments(), b, b + n), ctx);
   m_ = Buffer(n * 4, ctx.device(), "ZeRO AdamW moment m (this rank's range)");

@@ -46,6 +46,9 @@ ZeroLayout zero_layout(size_t total, int world);
 // The most ranks that ZeRO-1 shards `total` elements over: one block of kSegmentAlign each. Past it c is 0, every
 // block empty, and the last rank would hold the whole optimizer state as its tail, sharding nothing.
 int zero_max_world(size_t total);
+// Refuses ZeRO-1 over `world` ranks past zero_max_world(total), with a message that says how many would do. train
+// checks it where its ranks agree on the run (one line from one rank), ZeroAdamW again as a precondition.
+void check_zero_world(size_t total, int world);
 
 // The segments of `segments` that fall in [begin, end), cut to it and rebased to begin.
 std::vector<ParamSegment> segments_in_range(const std::vector<ParamSegment>& segments, size_t begin, size_t end);

@@ -1,7 +1,10 @@
 #include "tessera/models/config.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
@@ -146,8 +149,13 @@ int parse_int(std::string_view field, std::string_view v) {
 float parse_float(std::string_view field, std::string_view v) {
   std::string s(v);
   char* end = nullptr;
+  errno = 0;
   const float out = std::strtof(s.c_str(), &end);
   TS_CHECK(!s.empty() && end == s.c_str() + s.size(), "config: ", field, " expects a number, got '", v, "'");
+  // A finite number past float's range reads as +-inf with ERANGE ("inf" itself is left to validate()): said with
+  // the text as typed, not as "got inf".
+  TS_CHECK(!(errno == ERANGE && std::isinf(out)), "config: ", field, " ", v, " is out of range (",
+           -std::numeric_limits<float>::max(), " to ", std::numeric_limits<float>::max(), ")");
   return out;
 }
 bool parse_bool(std::string_view field, std::string_view v) {

@@ -57,6 +57,12 @@ Gpt::ParamLayout Gpt::add_params(const ModelConfig& cfg, ParamBuffer& pb) {
   return lay;
 }
 
+size_t Gpt::flat_params(const ModelConfig& cfg) {
+  ParamBuffer pb;  // segments only: nothing is allocated before finalize()
+  add_params(cfg, pb);
+  return pb.size();
+}
+
 void Gpt::build() {
   cfg_.validate();
   TS_CHECK(dtype_is_float(dtype_), "model dtype must be a float type, got ", dtype_name(dtype_));

@@ -81,6 +81,9 @@ class Gpt {
   DType dtype() const { return dtype_; }
   ParamBuffer& params() { return params_; }
   const ParamBuffer& params() const { return params_; }
+  // The elements of the flat parameter buffers of `cfg`, padding included (params().size() of its model), without
+  // making one: what ZeRO-1 shards.
+  static size_t flat_params(const ModelConfig& cfg);
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2 n_layers), zero biases, unit norm gains. Each tensor draws its own Philox stream of `seed`.

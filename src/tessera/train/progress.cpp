@@ -15,8 +15,8 @@ std::string format_duration(double s) {
   return buf;
 }
 
-ProgressBar::ProgressBar(int64_t total, int64_t start, bool enabled)
-    : total_(total), start_(start), enabled_(enabled), tty_(::isatty(STDERR_FILENO)),
+ProgressBar::ProgressBar(int64_t total, int64_t start, bool enabled, ProgressFormat format)
+    : total_(total), start_(start), enabled_(enabled), tty_(::isatty(STDERR_FILENO)), format_(format),
       t0_(std::chrono::steady_clock::now()) {}
 
 void ProgressBar::update(int64_t done, const std::string& fields) {
@@ -30,9 +30,10 @@ void ProgressBar::update(int64_t done, const std::string& fields) {
   const int filled = static_cast<int>(kWidth * done / total_);
   std::string bar(filled, '#');
   bar.append(kWidth - filled, '.');
-  std::fprintf(stderr, "%s[%s] step %lld/%lld | %s | ETA %s%s", tty_ ? "\r" : "", bar.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total_), fields.c_str(),
-               format_duration(eta).c_str(), tty_ ? "\033[K" : "\n");
+  const std::string time = format_.eta ? "ETA " + format_duration(eta) : format_duration(elapsed) + " elapsed";
+  std::fprintf(stderr, "%s[%s] %s %lld/%lld | %s | %s%s", tty_ ? "\r" : "", bar.c_str(), format_.unit,
+               static_cast<long long>(done), static_cast<long long>(total_), fields.c_str(), time.c_str(),
+               tty_ ? "\033[K" : "\n");
   std::fflush(stderr);
   last_printed_ = done;
 }

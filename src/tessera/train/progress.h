@@ -1,4 +1,5 @@
-// tessera/train/progress.h — a one-line progress bar on stderr (a line every 5% when stderr is not a TTY).
+// tessera/train/progress.h — a one-line progress bar on stderr (a line every 5% when stderr is not a TTY), for
+// train's steps and bench attention's configurations.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -6,9 +7,17 @@
 
 namespace tessera {
 
+// How the bar counts: "[#####...] step 40/1000 | <fields> | ETA 2m10s".
+struct ProgressFormat {
+  const char* unit = "step";
+  // The time left from the mean time of the items so far; false: the time elapsed instead ("12s elapsed"), for
+  // items of very different lengths, where that mean says nothing about the rest.
+  bool eta = true;
+};
+
 class ProgressBar {
  public:
-  ProgressBar(int64_t total, int64_t start, bool enabled);
+  ProgressBar(int64_t total, int64_t start, bool enabled, ProgressFormat format = {});
   // Ends the bar's line, so that an error unwinding through the loop starts on a line of its own.
   ~ProgressBar() { finish(); }
   ProgressBar(const ProgressBar&) = delete;
@@ -20,6 +29,7 @@ class ProgressBar {
  private:
   int64_t total_, start_;
   bool enabled_, tty_;
+  ProgressFormat format_;
   int64_t last_printed_ = -1;
   std::chrono::steady_clock::time_point t0_;
 };
