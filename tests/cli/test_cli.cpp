@@ -596,6 +596,14 @@ TEST_F(Cli, OneOutputDirectoryPerRun) {
   r = run(args + " --steps 2 --force", dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(count_lines(dir / "runs" / "gpt2-124m" / "metrics.jsonl"), 2);
+  // A run whose checkpoint swap was cut short between its renames holds only checkpoint.old: still a run (its
+  // first save would have deleted that last checkpoint), even with its metrics and best/ gone.
+  fs::rename(dir / "runs" / "gpt2-124m" / "checkpoint", dir / "runs" / "gpt2-124m" / "checkpoint.old");
+  fs::remove(dir / "runs" / "gpt2-124m" / "metrics.jsonl");
+  fs::remove_all(dir / "runs" / "gpt2-124m" / "best");
+  r = run(args + " --steps 2", dir);
+  expect_error(r, "already holds a run: continue it with --resume runs/gpt2-124m/checkpoint.old");
+  EXPECT_TRUE(fs::exists(dir / "runs" / "gpt2-124m" / "checkpoint.old" / "model.safetensors"));
 }
 
 // A run's data path was saved as typed: resumed from another working directory it was not found, or another

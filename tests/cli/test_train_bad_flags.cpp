@@ -70,6 +70,9 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--lr 1e999")), "train: --lr 1e999" + floats, out);
   expect_refused(test::run(train_args(out, "--ckpt-minutes 1e999")),
                  "train: --ckpt-minutes 1e999 is out of range (-1.79769e+308 to 1.79769e+308)", out);
+  // The model's float fields read decimals only, as the train flags do: strtof took a hex float.
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0x10")),
+                 "config: rope_theta expects a decimal number, got '0x10'", out);
   // The same flags, well formed, train (so the checks above are not refusing every run).
   const test::CliRun ok = test::run(train_args(out, "--positions rope --rope-theta 500 --emb-scale 2 --stop-after 2"));
   EXPECT_EQ(ok.code, 0) << ok.err;

@@ -132,8 +132,11 @@ std::string byte_sample_refusal(int vocab, int max_token) {
   return "";
 }
 
+// A run's own files. checkpoint.old alone is a run whose checkpoint swap was cut short between its renames (the
+// only checkpoint left, which --resume finds): a new run there without --force would delete it at its first save.
 bool holds_run(const fs::path& out) {
-  return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "best");
+  return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "checkpoint.old") ||
+         fs::exists(out / "best");
 }
 
 // What a run's directory holds besides the run itself: the shards of data/ (prepared there beforehand, or by an
@@ -421,9 +424,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       }
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
-      if (fs::is_directory(fs::path(o.out) / "checkpoint"))
-        TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
-                 (fs::path(o.out) / "checkpoint").string(), ", or replace it with --force");
+      for (const char* ck : {"checkpoint", "checkpoint.old"})
+        if (fs::is_directory(fs::path(o.out) / ck))
+          TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
+                   (fs::path(o.out) / ck).string(), ", or replace it with --force");
       TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume: replace it with "
                "--force, or choose another --out");
     }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/core/units.h"
 #include "tessera/core/json_fields.h"
 
 namespace tessera {
@@ -146,16 +147,16 @@ int parse_int(std::string_view field, std::string_view v) {
   TS_CHECK(ec == std::errc() && ptr == v.data() + v.size(), "config: ", field, " expects an integer, got '", v, "'");
   return out;
 }
+// Decimal notation only, as the command line's numbers are (core/units.h): strtof took "0x10" as 16. A finite
+// number past float's range is said with the text as typed, not as "got inf". "inf" and "nan" are read as such,
+// for validate() to say what the field accepts ("must be positive and finite").
 float parse_float(std::string_view field, std::string_view v) {
-  std::string s(v);
-  char* end = nullptr;
-  errno = 0;
-  const float out = std::strtof(s.c_str(), &end);
-  TS_CHECK(!s.empty() && end == s.c_str() + s.size(), "config: ", field, " expects a number, got '", v, "'");
-  // A finite number past float's range reads as +-inf with ERANGE ("inf" itself is left to validate()): said with
-  // the text as typed, not as "got inf".
-  TS_CHECK(!(errno == ERANGE && std::isinf(out)), "config: ", field, " ", v, " is out of range (",
+  if (v == "inf" || v == "+inf" || v == "-inf" || v == "nan") return std::strtof(std::string(v).c_str(), nullptr);
+  float out = 0.0f;
+  const DecimalStatus st = parse_decimal<float>(v, &out);
+  TS_CHECK(st != DecimalStatus::OutOfRange, "config: ", field, " ", v, " is out of range (",
            -std::numeric_limits<float>::max(), " to ", std::numeric_limits<float>::max(), ")");
+  TS_CHECK(st == DecimalStatus::Ok, "config: ", field, " expects a decimal number, got '", v, "'");
   return out;
 }
 bool parse_bool(std::string_view field, std::string_view v) {
