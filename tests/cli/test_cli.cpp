@@ -345,6 +345,15 @@ TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
   EXPECT_EQ(r.code, 0) << "64 MiB of text should need far less than 2x its size beyond itself: " << r.err;
 }
 
+// A text too large to read whole says so, by name and size, not only "out of memory". The file is sparse.
+TEST_F(Cli, ATextTooLargeToReadWholeIsNamedInTheError) {
+  const fs::path text = dir / "huge.txt", out = dir / "o";
+  std::ofstream(text).close();
+  fs::resize_file(text, uintmax_t{2} << 30);
+  const CliRun r = test::run_with_address_limit(256, "prepare --text " + text.string() + " --out " + out.string());
+  expect_error(r, "out of memory reading text " + text.string() + " whole (2048.0 MiB)", out);
+}
+
 // Prepare into a directory with an earlier run's train_000001.bin and val_000001.bin left them there, and
 // train --data read all four shards. They are removed with the new shards' renames, and the output says so; a
 // shard of another name that train would read (llm.c's, perhaps a long download) is refused, not removed.

@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 
 #include "tessera/core/error.h"
 
@@ -25,18 +27,28 @@ Bytes read_whole_file(const std::string& path, const char* what) {
   // Sized once from the file's length (then grown only if the file grew meanwhile or reports no size, as
   // /proc files do), so reading does not reallocate as it goes.
   struct stat st {};
-  if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0) out.resize(static_cast<size_t>(st.st_size));
   size_t len = 0;
-  for (;;) {
-    if (len == out.size()) {
-      const int c = std::fgetc(f);  // at the expected end: grow only if there is more
-      if (c == EOF) break;
-      out.resize(out.size() + (1 << 16));
-      out[len++] = static_cast<typename Bytes::value_type>(c);
+  try {
+    if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0) out.resize(static_cast<size_t>(st.st_size));
+    for (;;) {
+      if (len == out.size()) {
+        const int c = std::fgetc(f);  // at the expected end: grow only if there is more
+        if (c == EOF) break;
+        out.resize(out.size() + (1 << 16));
+        out[len++] = static_cast<typename Bytes::value_type>(c);
+      }
+      const size_t n = std::fread(out.data() + len, 1, out.size() - len, f);
+      if (n == 0) break;
+      len += n;
     }
-    const size_t n = std::fread(out.data() + len, 1, out.size() - len, f);
-    if (n == 0) break;
-    len += n;
+  } catch (const std::bad_alloc&) {
+    // Said as what failed: a caller's generic hint ("try a smaller model, --batch or --seq" in train) would point
+    // at the wrong thing. Starts with "out of memory", as is_out_of_memory expects.
+    std::fclose(f);
+    const size_t bytes = std::max(out.size(), static_cast<size_t>(std::max<off_t>(st.st_size, 0)));
+    char size[32];
+    std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+    TS_THROW("out of memory reading ", what, " ", path, " whole (", size, ")");
   }
   out.resize(len);
   const bool err = std::ferror(f);

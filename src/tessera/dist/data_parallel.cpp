@@ -165,8 +165,8 @@ void run_collectively(Communicator& control, const std::function<void()>& fn, st
     failed = 1;
     msg = filesystem_error_message(e);
   } catch (const std::bad_alloc&) {
-    // Out of host memory in a phase every rank runs (a text file read whole, under a ulimit -v for one): one line
-    // too, and an agreed end, where it was a line from each rank and MPI_Abort.
+    // Out of host memory in a phase every rank runs (under a ulimit -v, say): one line too, and an agreed end,
+    // where it was a line from each rank and MPI_Abort. (A text file read whole says so itself, as an Error.)
     failed = 1;
     msg = "out of memory";
     if (!oom_hint.empty()) msg.append(" (").append(oom_hint).append(")");
