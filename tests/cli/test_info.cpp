@@ -141,6 +141,11 @@ TEST(CliInfo, ZeroFiguresFollowTheLayoutAndAWorldBeyondItsBlocksIsRefused) {
                       "parameters, and the model's 834304 make 52144: give at most that many ranks\n");
   EXPECT_EQ(test::run("info --world 52144 --zero 1").code, 0);
   EXPECT_EQ(test::run("info --world 100000").code, 0);  // unsharded: any world
+  // The limit is the flat buffers' blocks, train's: 20,020 parameters, padded per segment to 20,128, make 1,258 blocks
+  // (counted without the padding, 1,251: info refused 1,252 to 1,258 ranks, which train accepts).
+  const std::string padded = "info --d-model 36 --n-heads 2 --d-ff 40 --n-layers 1 --zero 1 --world ";
+  EXPECT_EQ(test::run(padded + "1258").code, 0) << test::run(padded + "1258").err;
+  EXPECT_NE(test::run(padded + "1259").err.find("the model's 20128 make 1258"), std::string::npos);
   // 40,000 ranks: one block of 16 each (128 bytes of m and v), and the last rank also the 194,304 left over.
   const test::CliRun near = test::run("info --world 40000 --zero 1");
   ASSERT_EQ(near.code, 0) << near.err;

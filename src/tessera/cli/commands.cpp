@@ -190,10 +190,12 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(master_flag == "on" || dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 parameters "
            "are their own master)");
   const int64_t n = cfg.num_params();
-  // ZeRO-1 shards in blocks of 16 parameters, at least one a rank: past that the last rank would hold everything.
-  TS_CHECK(!zero || world <= zero_max_world(static_cast<size_t>(n)), "--world ", world, " --zero 1: ZeRO-1 shards the "
-           "optimizer state in blocks of ", kSegmentAlign, " parameters, and the model's ", n, " make ",
-           zero_max_world(static_cast<size_t>(n)), ": give at most that many ranks");
+  // ZeRO-1 shards the flat buffers (the parameters with each segment's padding to 16) in blocks of 16, at least one
+  // a rank: the same size and check as train's, so that info refuses what train refuses and no more.
+  const size_t flat = Gpt::flat_params(cfg);
+  TS_CHECK(!zero || world <= zero_max_world(flat), "--world ", world, " --zero 1: ZeRO-1 shards the optimizer state in "
+           "blocks of ", kSegmentAlign, " parameters, and the model's ", flat, " make ", zero_max_world(flat),
+           ": give at most that many ranks");
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
               cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
@@ -268,7 +270,7 @@ int cmd_info(int argc, char** argv) {
     // multiple of 16 rounded down, and the last rank its block and the tail left over.
     // The tail is below 16 elements a rank: with a small world it is noise, and the last rank's figure stands for
     // all. A world near the limit leaves the last rank a tail that outweighs its block: both figures are shown.
-    const ZeroLayout z = zero_layout(static_cast<size_t>(n), world);
+    const ZeroLayout z = zero_layout(flat, world);
     const size_t each = z.count(0), last = z.count(world - 1);
     const std::string sharded =
         last - each <= each / 100
