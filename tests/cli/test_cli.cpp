@@ -324,6 +324,27 @@ TEST_F(Cli, InterruptedPrepareLeavesTheDirectoryAsItWas) {
   EXPECT_EQ(n_val, 2048u);
 }
 
+// Train's own prepare of its text ran before its signal handlers: a Ctrl-C there killed it with a hidden temporary
+// shard in OUT/data, and the next run into OUT refused that file. Now the prepare is undone, train exits 128 + the
+// signal, and the run directory it made is gone.
+TEST_F(Cli, TrainInterruptedWhilePreparingItsTextLeavesNothing) {
+  const fs::path text = big_text(dir, 24), out = dir / "run";
+  Child c = spawn(test::small_train_args(out, "--data " + text.string()), dir);
+  bool writing = false;
+  for (int i = 0; i < 20000 && !writing; ++i) {
+    std::error_code ec;  // `out` comes and goes
+    for (fs::directory_iterator it(out / "data", ec), end; !ec && it != end; it.increment(ec))
+      writing = writing || it->path().filename().string().find(".tmp.") != std::string::npos;
+    if (!writing) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  ASSERT_TRUE(writing) << "the prepare finished before it could be signalled";
+  ASSERT_EQ(::kill(c.pid, SIGINT), 0);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGINT) << read_file_text(c.err.string());
+  EXPECT_FALSE(fs::exists(out)) << "the run directory it made is removed again";
+  EXPECT_NE(read_file_text(c.err.string()).find("interrupted while preparing"), std::string::npos)
+      << read_file_text(c.err.string());
+}
+
 // Out of memory (ulimit -v) while it tokenized the text left the empty output directory it had made. Prepare now
 // streams the tokens to disk, needing the text once and little beyond it: it finishes, or fails and removes the
 // directory. What it needs is measured by bisection of the limit for a 32 and a 96 MiB text: the 64 MiB between

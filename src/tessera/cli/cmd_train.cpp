@@ -448,14 +448,32 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Checks done: from here on files are written, by rank 0 alone.
   const fs::path out(o.out);
   CreatedDirs created;
+  SignalFlag prepare_stop = 0;  // a stop while train prepares its text (the training's handlers come later)
+  int prepare_interrupted = 0;  // the signal that undid the prepare
   ranks.agree([&] {
     if (!lead) return;
     created.create(o.out);
     if (!text_source.empty()) {
-      // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else).
+      // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else). A stop
+      // while it writes undoes it: killed there, it left a hidden temporary shard in OUT/data, which the next run
+      // refused as a file that is not a shard.
       const std::string data_dir = (out / "data").string();
       created.create(data_dir);
-      const auto [n_train, n_val] = prepare_text(text, data_dir);
+      PrepareReport prepared;
+      try {
+        const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &prepare_stop, /*keep_ignored=*/{SIGHUP});
+        prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop});
+      } catch (const PrepareInterrupted& e) {
+        // One process: it exits 128 + the signal below. Ranks: an error they agree on (the others wait for rank 0).
+        TS_CHECK(!ranks.world, "interrupted while preparing ", text_source, " into ", data_dir, ": ", o.out,
+                 " left as it was");
+        prepare_interrupted = e.signal();
+        return;
+      }
+      // A signal after the last shard was written: the training stops at its first step boundary, as if it had come
+      // a moment later.
+      if (prepare_stop != 0) g_stop = prepare_stop;
+      const size_t n_train = prepared.n_train, n_val = prepared.n_val;
       std::error_code ec;
       // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
       const fs::path shown = fs::proximate(text_source, ec);
@@ -469,6 +487,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
     }
   });
+  if (prepare_interrupted != 0) {  // `created` removes the directories this run made
+    const int sig = prepare_interrupted;
+    std::fprintf(stderr, "tessera: %s while preparing %s: %s left as it was\n",
+                 sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : "interrupted", text_source.c_str(),
+                 o.out.c_str());
+    return 128 + sig;
+  }
   // The other ranks read the shards that rank 0 has just prepared (one file system, or a shared one).
   ranks.agree([&] {
     if (lead || text_source.empty()) return;
