@@ -639,6 +639,15 @@ TEST_F(Cli, OneOutputDirectoryPerRun) {
   r = run(args + " --steps 2", dir);
   expect_error(r, "already holds a run: continue it with --resume runs/gpt2-124m/checkpoint.old");
   EXPECT_TRUE(fs::exists(dir / "runs" / "gpt2-124m" / "checkpoint.old" / "model.safetensors"));
+  // --force replaces that run whole: a new run that saves no checkpoint (or no best/) left the old one's <dir>.old,
+  // which the loaders read as RUN/checkpoint (RUN/best) while that is missing: the old model for the new run's.
+  fs::copy(dir / "runs" / "gpt2-124m" / "checkpoint.old", dir / "runs" / "gpt2-124m" / "best.old",
+           fs::copy_options::recursive);
+  r = run(args + " --steps 2 --force --no-checkpoint", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "runs" / "gpt2-124m" / "checkpoint.old"));
+  EXPECT_FALSE(fs::exists(dir / "runs" / "gpt2-124m" / "best.old"));
+  EXPECT_EQ(count_lines(dir / "runs" / "gpt2-124m" / "metrics.jsonl"), 2);
 }
 
 // A run's data path was saved as typed: resumed from another working directory it was not found, or another

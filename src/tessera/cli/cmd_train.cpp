@@ -482,9 +482,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       setup.options.data = data_dir;
       train_open_data(setup);
     }
-    // The run that --force replaces goes only once the new one's data has been checked.
+    // The run that --force replaces goes only once the new one's data has been checked. Its <dir>.old too (a swap
+    // cut short): the loaders read RUN/checkpoint.old while RUN/checkpoint is missing, so until the new run's first
+    // save (never, with --no-checkpoint; best/ only with validation) the old run's model stood in for the new one's.
     if (a.has("force")) {
-      for (const char* name : {"metrics.jsonl", "checkpoint", "best"}) fs::remove_all(out / name);
+      for (const char* name : {"metrics.jsonl", "checkpoint", "checkpoint.old", "best", "best.old"})
+        fs::remove_all(out / name);
     }
   });
   if (prepare_interrupted != 0) {  // `created` removes the directories this run made
