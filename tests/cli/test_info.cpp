@@ -146,6 +146,13 @@ TEST(CliInfo, ZeroFiguresFollowTheLayoutAndAWorldBeyondItsBlocksIsRefused) {
   const std::string padded = "info --d-model 36 --n-heads 2 --d-ff 40 --n-layers 1 --zero 1 --world ";
   EXPECT_EQ(test::run(padded + "1258").code, 0) << test::run(padded + "1258").err;
   EXPECT_NE(test::run(padded + "1259").err.find("the model's 20128 make 1258"), std::string::npos);
+  // Parameters and moments are counted as their flat buffers hold them, as the gradients are: 20,128 floats, not
+  // 20,020, and one total for the ZeRO share and the unsharded line.
+  const test::CliRun four = test::run(padded + "4");
+  EXPECT_NE(four.out.find("params 78.62 KiB, AdamW m+v 157.25 KiB,"), std::string::npos) << four.out;
+  EXPECT_NE(four.out.find("grads 78.62 KiB"), std::string::npos) << four.out;
+  EXPECT_NE(four.out.find("AdamW m+v 39.50 KiB on each rank (ZeRO-1: 1/4 of 157.25 KiB)"), std::string::npos)
+      << four.out;
   // 40,000 ranks: one block of 16 each (128 bytes of m and v), and the last rank also the 194,304 left over.
   const test::CliRun near = test::run("info --world 40000 --zero 1");
   ASSERT_EQ(near.code, 0) << near.err;

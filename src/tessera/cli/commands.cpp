@@ -220,10 +220,11 @@ int cmd_info(int argc, char** argv) {
   double grad_bytes = 0;
   for (const PlanBuffer& b : plan.buffers())
     if (b.fixed) grad_bytes += static_cast<double>(b.bytes);
-  const double p = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
-  const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(n);
+  // Parameters, master weights and moments as their flat buffers hold them, with the padding (as the gradients).
+  const double p = static_cast<double>(flat) * static_cast<double>(dtype_size(dtype));
+  const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(flat);
   const double master = master_flag == "on" ? master_on : 0.0;
-  const double moments = 8.0 * static_cast<double>(n), act = static_cast<double>(plan.peak());
+  const double moments = 8.0 * static_cast<double>(flat), act = static_cast<double>(plan.peak());
   std::printf("memory     %s training%s, batch %d x seq %d%s:\n", prec.c_str(),
               master > 0             ? " with f32 master weights"
               : master_on > master ? (" without master weights (saves " + human_bytes(master_on) + ")").c_str()
