@@ -370,8 +370,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
       // new text is too short leaves the old run as it was).
       const size_t n_train = prepare_split_sizes(text.size()).first;
-      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train, " tokens, fewer than batch x ",
-               o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
+      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train,
+               " tokens, fewer than batch x ", o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
     } else {
       setup.options.data = o.data;
       train_open_data(setup);
@@ -491,11 +491,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     }
   });
   if (prepare_interrupted != 0) {  // `created` removes the directories this run made
-    const int sig = prepare_interrupted;
-    std::fprintf(stderr, "tessera: %s while preparing %s: %s left as it was\n",
-                 sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : "interrupted", text_source.c_str(),
-                 o.out.c_str());
-    return 128 + sig;
+    std::fprintf(stderr, "tessera: %s while preparing %s: %s left as it was\n", stop_word(prepare_interrupted),
+                 text_source.c_str(), o.out.c_str());
+    return 128 + prepare_interrupted;
   }
   // The other ranks read the shards that rank 0 has just prepared (one file system, or a shared one).
   ranks.agree([&] {

@@ -282,7 +282,8 @@ int cmd_info(int argc, char** argv) {
                   " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
                   std::to_string(z.total - z.tail_begin()) + " left over on the last)";
     std::printf("           data parallel over %d ranks: AdamW m+v %s\n", world,
-                zero ? sharded.c_str() : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
+                zero ? sharded.c_str()
+                     : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
   }
   const GpuInfo gpu = probe_gpu();
   std::printf("backend    CPU (GEMM: %s)%s\n", gemm_uses_blas() ? "OpenBLAS" : "plain loops",

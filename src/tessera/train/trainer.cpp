@@ -381,8 +381,9 @@ TrainSetup train_setup(TrainOptions o) {
   const GradMemory grads = train_grad_memory(o.accum);
   need += gpu ? 4 * P : (grads == GradMemory::Planned ? 12 : 16) * P + Gpt::activation_bytes(o.model, o.batch, o.seq,
                                                                                             DType::F32, grads);
-  // Stepping as CUDA graphs on a GPU, the graph step's pinned staging of a step's tokens and targets (accum micro-batches of B x T, i32):
-  // at a large --accum that is gigabytes, and a cudaMallocHost that fails is a CUDA error, not this line.
+  // Stepping as CUDA graphs on a GPU, the graph step's pinned staging of a step's tokens and targets (accum
+  // micro-batches of B x T, i32): at a large --accum that is gigabytes, and a cudaMallocHost that fails is a CUDA
+  // error, not this line.
   if (gpu && train_cuda_graph_refusal(o, *s.context).empty())
     need += 2 * sizeof(int32_t) * static_cast<size_t>(o.accum) * static_cast<size_t>(o.batch) * o.seq;
   check_host_memory(need, "training this model", kTrainMemoryHint);
