@@ -70,6 +70,11 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--lr 1e999")), "train: --lr 1e999" + floats, out);
   expect_refused(test::run(train_args(out, "--ckpt-minutes 1e999")),
                  "train: --ckpt-minutes 1e999 is out of range (-1.79769e+308 to 1.79769e+308)", out);
+  // Too close to zero for a float: it was 0, and the error said "got 0" (or a temperature of 1e-50 sampled greedily).
+  const std::string tiny = " is too close to zero (the smallest magnitude it takes is 1.17549e-38)";
+  expect_refused(test::run(train_args(out, "--lr 1e-50")), "train: --lr 1e-50" + tiny, out);
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e-45")), "config: rope_theta 1e-45" + tiny,
+                 out);
   // The model's float fields read decimals only, as the train flags do: strtof took a hex float.
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0x10")),
                  "config: rope_theta expects a decimal number, got '0x10'", out);

@@ -216,7 +216,7 @@ TEST(Units, DecimalOnly) {
 }
 
 // A decimal past its type's range is out of range, not a number that becomes inf: `--rope-theta 1e300` said
-// "got inf" of a float, and `--lr 1e999` that it was no number.
+// "got inf" of a float, and `--lr 1e999` that it was no number. One too close to zero underflows.
 TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
   float f = 7;
   double d = 7;
@@ -232,6 +232,27 @@ TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
   EXPECT_EQ(parse_decimal("-1e999", &d), DecimalStatus::OutOfRange);
   EXPECT_EQ(parse_decimal("-2.5e-3", &f), DecimalStatus::Ok);
   EXPECT_EQ(f, -2.5e-3f);
+  // A nonzero decimal that would be 0, or subnormal, in its type underflows: as a float, `--lr 1e-50` was 0.
+  f = 7;
+  d = 7;
+  EXPECT_EQ(parse_decimal("1e-50", &f), DecimalStatus::Underflow);
+  EXPECT_EQ(parse_decimal("-1e-40", &f), DecimalStatus::Underflow);  // a subnormal float
+  EXPECT_EQ(parse_decimal("0.00000000000000000000000000000000000000001", &f), DecimalStatus::Underflow);
+  EXPECT_EQ(f, 7.0f) << "set although refused";
+  EXPECT_EQ(parse_decimal("1e-400", &d), DecimalStatus::Underflow);
+  EXPECT_EQ(d, 7.0) << "set although refused";
+  EXPECT_EQ(parse_decimal("1e-40", &d), DecimalStatus::Ok);
+  EXPECT_EQ(d, 1e-40);
+  EXPECT_EQ(parse_decimal("1.2e-38", &f), DecimalStatus::Ok);  // just above FLT_MIN
+  EXPECT_EQ(f, 1.2e-38f);
+  for (const char* zero : {"0", "-0", "0.000", "0e-50", "00.0e999"}) {
+    f = 7;
+    EXPECT_EQ(parse_decimal(zero, &f), DecimalStatus::Ok) << zero;
+    EXPECT_EQ(f, 0.0f) << zero;
+  }
+  EXPECT_EQ(decimal_range_note<float>(DecimalStatus::OutOfRange), "is out of range (-3.40282e+38 to 3.40282e+38)");
+  EXPECT_EQ(decimal_range_note<float>(DecimalStatus::Underflow),
+            "is too close to zero (the smallest magnitude it takes is 1.17549e-38)");
   for (const char* v : {"inf", "nan", "0x10", " 3", "", "1e3x", "e5"}) {
     EXPECT_EQ(parse_decimal(v, &f), DecimalStatus::NotANumber) << v;
     EXPECT_EQ(parse_decimal(v, &d), DecimalStatus::NotANumber) << v;

@@ -155,8 +155,7 @@ T Flags::number_of(const std::string& name, T fallback) const {
   T x = 0;
   const DecimalStatus status = parse_decimal(v, &x);
   TS_CHECK(status != DecimalStatus::NotANumber, command_, ": --", name, " expects a number, got '", v, "'");
-  TS_CHECK(status == DecimalStatus::Ok, command_, ": --", name, " ", v, " is out of range (",
-           std::numeric_limits<T>::lowest(), " to ", std::numeric_limits<T>::max(), ")");
+  TS_CHECK(status == DecimalStatus::Ok, command_, ": --", name, " ", v, " ", decimal_range_note<T>(status));
   return x;
 }
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -22,11 +24,27 @@ DecimalStatus parse_decimal(std::string_view v, T* out) {
   if (v.empty() || used != v.size()) return DecimalStatus::NotANumber;
   const T t = static_cast<T>(x);  // rounds to nearest: past the largest finite T by more than half an ulp is inf
   if (std::isinf(t)) return DecimalStatus::OutOfRange;  // the text is digits: an inf is an overflow
+  // A zero or subnormal T from a mantissa with a nonzero digit ("1e-50", and "1e-400" as a double) underflowed.
+  const std::string_view mantissa = v.substr(0, v.find_first_of("eE"));
+  if (std::fabs(t) < std::numeric_limits<T>::min() && mantissa.find_first_of("123456789") != std::string_view::npos)
+    return DecimalStatus::Underflow;
   *out = t;
   return DecimalStatus::Ok;
 }
 template DecimalStatus parse_decimal<float>(std::string_view, float*);
 template DecimalStatus parse_decimal<double>(std::string_view, double*);
+
+template <typename T>
+std::string decimal_range_note(DecimalStatus status) {
+  std::ostringstream s;
+  if (status == DecimalStatus::Underflow)
+    s << "is too close to zero (the smallest magnitude it takes is " << std::numeric_limits<T>::min() << ")";
+  else
+    s << "is out of range (" << std::numeric_limits<T>::lowest() << " to " << std::numeric_limits<T>::max() << ")";
+  return s.str();
+}
+template std::string decimal_range_note<float>(DecimalStatus);
+template std::string decimal_range_note<double>(DecimalStatus);
 
 std::optional<double> parse_byte_size(std::string_view v) {
   size_t used = 0;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace tessera {
@@ -16,10 +17,16 @@ double parse_decimal_prefix(std::string_view v, size_t* used);
 // `v` as a whole decimal number (parse_decimal_prefix over all of it) of type T, float or double. strtod reads a
 // decimal past double's range as +-inf, and a double past float's rounds to +-inf as a float: both are OutOfRange,
 // so that the message can quote what was typed ("--lr 1e300 is out of range") instead of the inf it would have
-// become. *out is set when Ok.
-enum class DecimalStatus { Ok, NotANumber, OutOfRange };
+// become. A nonzero decimal closer to zero than T's smallest normal magnitude is Underflow: as a float, `--lr 1e-50`
+// was 0, and the error then said "got 0" of a number that was not. *out is set when Ok.
+enum class DecimalStatus { Ok, NotANumber, OutOfRange, Underflow };
 template <typename T>
 DecimalStatus parse_decimal(std::string_view v, T* out);
+// What an error says after the number as typed, for OutOfRange and Underflow (T's range, in six digits):
+// "is out of range (-3.40282e+38 to 3.40282e+38)", "is too close to zero (the smallest magnitude it takes is
+// 1.17549e-38)".
+template <typename T>
+std::string decimal_range_note(DecimalStatus status);
 
 // A size in bytes: a decimal number then an optional unit, B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB,
 // TiB (powers of 1024): "512MiB", "1.5GB", "4096". nullopt when `v` is not one (an unknown unit, trailing text,

@@ -148,14 +148,15 @@ int parse_int(std::string_view field, std::string_view v) {
   return out;
 }
 // Decimal notation only, as the command line's numbers are (core/units.h): strtof took "0x10" as 16. A finite
-// number past float's range is said with the text as typed, not as "got inf". "inf" and "nan" are read as such,
-// for validate() to say what the field accepts ("must be positive and finite").
+// number past float's range, or too close to zero for it, is said with the text as typed, not as "got inf" or
+// "got 0". "inf" and "nan" are read as such, for validate() to say what the field accepts ("must be positive and
+// finite").
 float parse_float(std::string_view field, std::string_view v) {
   if (v == "inf" || v == "+inf" || v == "-inf" || v == "nan") return std::strtof(std::string(v).c_str(), nullptr);
   float out = 0.0f;
   const DecimalStatus st = parse_decimal<float>(v, &out);
-  TS_CHECK(st != DecimalStatus::OutOfRange, "config: ", field, " ", v, " is out of range (",
-           -std::numeric_limits<float>::max(), " to ", std::numeric_limits<float>::max(), ")");
+  TS_CHECK(st == DecimalStatus::Ok || st == DecimalStatus::NotANumber, "config: ", field, " ", v, " ",
+           decimal_range_note<float>(st));
   TS_CHECK(st == DecimalStatus::Ok, "config: ", field, " expects a decimal number, got '", v, "'");
   return out;
 }
