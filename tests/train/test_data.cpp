@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/signals.h"
 #include "tessera/train/data.h"
 #include "test_util.h"
 
@@ -232,6 +233,57 @@ TEST(Shards, PrepareThatFailsOrIsStoppedUndoesItself) {
   // And one that finishes leaves the two shards and nothing else.
   EXPECT_EQ(prepare_text(text, out.string(), 0.1), std::make_pair(size_t{36 * 1024}, size_t{4 * 1024}));
   EXPECT_EQ(names_in(out), before);
+  fs::remove_all(d);
+}
+
+// A val shard that cannot go into place (a directory in the way of its name) after the train shard did: the earlier
+// train shard is put back, so that the new train shard never stands beside the old val; with no earlier train
+// shard, the new one goes. Nothing hidden is left either way.
+TEST(Shards, PrepareWhoseValShardCannotGoInPlaceKeepsTheEarlierTrainShard) {
+  const fs::path d = temp_dir("prepare_second_rename");
+  std::string text;
+  for (int i = 0; i < 40 * 1024; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  const fs::path out = d / "out";
+  prepare_text("hello world, hello tessera", out.string(), 0.2);
+  const auto earlier = read_shard((out / "train_000000.bin").string());
+  fs::remove(out / "val_000000.bin");
+  fs::create_directories(out / "val_000000.bin" / "x");  // not empty: renaming a file onto it fails
+  const std::vector<std::string> names = {"train_000000.bin", "val_000000.bin"};
+  ASSERT_EQ(names_in(out), names);
+  const std::string err = error_of([&] { prepare_text(text, out.string(), 0.1); });
+  EXPECT_NE(err.find("cannot write " + (out / "val_000000.bin").string()), std::string::npos) << err;
+  EXPECT_EQ(names_in(out), names);
+  EXPECT_EQ(read_shard((out / "train_000000.bin").string()), earlier);
+  fs::remove(out / "train_000000.bin");
+  EXPECT_NE(error_of([&] { prepare_text(text, out.string(), 0.1); }).find("cannot write"), std::string::npos);
+  EXPECT_EQ(names_in(out), std::vector<std::string>{"val_000000.bin"});
+  fs::remove_all(d);
+}
+
+// A signal that comes while the shards are renamed into place is held off until they are, then reported in
+// PrepareReport::stopped: the shards are whole, and the caller stops as the signal asked (tessera prepare exits
+// 128 + it). Before, prepare's handler recorded it after the renames and nobody looked: prepare exited 0.
+TEST(Shards, ASignalDuringTheRenamesIsHeldOffThenReported) {
+  const fs::path d = temp_dir("prepare_held_signal");
+  std::string text;
+  for (int i = 0; i < 40 * 1024; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  SignalFlag stop = 0;
+  PrepareReport r;
+  {
+    const ScopedSignals signals({SIGTERM}, &stop);
+    PrepareParams params{.val_fraction = 0.1, .stop = &stop};
+    params.before_renames = [&] {
+      ::raise(SIGTERM);
+      EXPECT_EQ(stop, 0) << "delivered before the renames";
+    };
+    r = prepare_shards(text, d.string(), params);
+  }
+  EXPECT_EQ(r.stopped, SIGTERM);
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"train_000000.bin", "val_000000.bin"}));
+  EXPECT_EQ(read_shard((d / "val_000000.bin").string()).size(), 4u * 1024);
+  // Without a signal, none is reported.
+  stop = 0;
+  EXPECT_EQ(prepare_shards(text, d.string(), {.val_fraction = 0.1, .stop = &stop}).stopped, 0);
   fs::remove_all(d);
 }
 

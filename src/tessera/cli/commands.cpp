@@ -73,8 +73,10 @@ namespace {
 // the signal, so neither leaves temporary files or half the new shards.
 SignalFlag g_prepare_stop = 0;
 
+const char* prepare_stop_word(int sig) { return sig == SIGTERM ? "terminated" : "interrupted"; }
+
 int prepare_interrupted(int sig, const std::string& out) {
-  std::fprintf(stderr, "tessera: %s: %s left as it was\n", sig == SIGTERM ? "terminated" : "interrupted", out.c_str());
+  std::fprintf(stderr, "tessera: %s: %s left as it was\n", prepare_stop_word(sig), out.c_str());
   return 128 + sig;
 }
 
@@ -113,6 +115,13 @@ int cmd_prepare(int argc, char** argv) {
   const std::string shards = std::to_string(r.removed.size()) + " earlier shard" + (r.removed.size() > 1 ? "s" : "");
   std::printf("wrote %zu train and %zu val tokens to %s%s\n", r.n_train, r.n_val, out.c_str(),
               r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
+  // A signal held off while the shards were renamed into place: the work is done (and said so above), but a script
+  // that was interrupted stops, as it would have a moment earlier.
+  if (r.stopped != 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: %s after the shards were in place\n", prepare_stop_word(r.stopped));
+    return 128 + r.stopped;
+  }
   return 0;
 }
 

@@ -272,10 +272,36 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   throw_if_stopped(params.stop);
   {
     HoldSignals hold;
-    for (int k = 0; k < 2; ++k) {
-      const std::string path = (dir / kNames[k]).string();
-      TS_CHECK(std::rename(temps[k].c_str(), path.c_str()) == 0, "cannot write ", path, ": ", std::strerror(errno));
+    if (params.before_renames) params.before_renames();
+    // The earlier train shard is kept under a hidden name (a second link to it, or, on a file system without hard
+    // links, the file moved there) until the val shard is in place: when that rename fails, it is put back, so that
+    // the new train shard never stands beside the old val shard.
+    const std::string train = (dir / kNames[0]).string(), val = (dir / kNames[1]).string();
+    std::string keep = ".";
+    keep.append(kNames[0]).append(".old.").append(std::to_string(::getpid()));
+    keep = (dir / keep).string();
+    std::error_code ec;
+    bool kept = false, moved = false;
+    if (fs::is_regular_file(train, ec)) {
+      fs::remove(keep, ec);  // a crashed prepare's, with this pid
+      moved = ::link(train.c_str(), keep.c_str()) != 0;
+      TS_CHECK(!moved || std::rename(train.c_str(), keep.c_str()) == 0, "cannot write ", train, ": ",
+               std::strerror(errno));
+      kept = true;
     }
+    if (std::rename(temps[0].c_str(), train.c_str()) != 0) {
+      const int e = errno;
+      if (moved) std::rename(keep.c_str(), train.c_str());
+      else if (kept) ::unlink(keep.c_str());
+      TS_THROW("cannot write ", train, ": ", std::strerror(e));
+    }
+    if (std::rename(temps[1].c_str(), val.c_str()) != 0) {
+      const int e = errno;
+      if (kept) std::rename(keep.c_str(), train.c_str());  // the earlier train shard back over the new one
+      else fs::remove(train, ec);
+      TS_THROW("cannot write ", val, ": ", std::strerror(e));
+    }
+    if (kept) ::unlink(keep.c_str());
     undo.done();
     for (const std::string& name : stale) {
       std::error_code ec;
@@ -284,8 +310,9 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
                ec.message());
     }
     fsync_dir(out_dir);
-  }
+  }  // a signal held off since the renames began is delivered here, to the caller's handler
   report.removed = std::move(stale);
+  report.stopped = params.stop ? static_cast<int>(*params.stop) : 0;
   return report;
 }
 

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,19 +40,27 @@ std::string byte_decode(const std::vector<int32_t>& tokens);
 //
 // All or nothing: both shards are written as hidden temporary files beside their names, encoded a chunk at a time,
 // and only when both are complete and on disk are they renamed into place, with SIGINT and SIGTERM held off
-// during the renames. The directory's other train_*.bin and val_*.bin shards, which train --data would read beside
-// the new ones, are removed with those renames; a directory holding other shards that train would read (llm.c's
-// fineweb_train_000001.bin) is refused before anything is written. A prepare that fails or is stopped removes its
-// temporary files and the directories it created, leaving the output directory as it was.
+// during the renames. The earlier train shard stays under a hidden name until the val shard is in place, and is
+// put back if that second rename fails, so that a new train shard never stands beside an old val shard. The
+// directory's other train_*.bin and val_*.bin shards, which train --data would read beside the new ones, are removed
+// with those renames; a directory holding other shards that train would read (llm.c's fineweb_train_000001.bin) is
+// refused before anything is written. A prepare that fails or is stopped removes its temporary files and the
+// directories it created, leaving the output directory as it was.
 struct PrepareParams {
   double val_fraction = 0.1;
   // Polled while the shards are written: once it is nonzero (a signal number, set by a handler), the prepare is
-  // undone as a failed one is, and PrepareInterrupted is thrown.
+  // undone as a failed one is, and PrepareInterrupted is thrown. Read once more after the renames, into
+  // PrepareReport::stopped: a signal held off during them lands there.
   const volatile std::sig_atomic_t* stop = nullptr;
+  // Called with the signals held off, just before the renames (tests raise a signal or block a rename there).
+  std::function<void()> before_renames;
 };
 struct PrepareReport {
   size_t n_train = 0, n_val = 0;
   std::vector<std::string> removed;  // the earlier shards removed (file names, sorted)
+  // *stop after the renames: a signal that came while they were held off, or after. The shards are in place; the
+  // caller stops as the signal asked (tessera prepare exits 128 + it, train stops before its first step).
+  int stopped = 0;
 };
 class PrepareInterrupted : public std::exception {
  public:
