@@ -148,6 +148,33 @@ TEST(DistCli, RanksThatDisagreeAreRefusedWithOneLineAndNothingWritten) {
   fs::remove_all(d);
 }
 
+// The same shards under different paths agree: rank 1 starts in another working directory (MPMD, -wdir) and finds
+// its copy of the data through the same relative --data. The run's fingerprint held the absolute path, and the ranks
+// were refused as disagreeing on the data. Different shards there still disagree.
+TEST(DistCli, RanksInDifferentDirectoriesAgreeOnTheSameData) {
+  const fs::path d = test::temp_dir("dist_cli_cwd");
+  std::string text;
+  for (int i = 0; i < 8 * 1024; ++i) text.push_back(static_cast<char>('a' + (i * 7) % 26));
+  prepare_text(text, (d / "data").string(), 0.1);
+  fs::create_directories(d / "b");
+  fs::copy(d / "data", d / "b" / "data");
+  const std::string args = kTiny + " --steps 2 --data data --out run";
+  const std::string other = " : -np 1 -wdir " + (d / "b").string() + " " + test::binary() + " train " + args;
+  const Job same = mpirun("", 1, args + other, d);
+  EXPECT_EQ(same.code, 0) << same.err;
+  EXPECT_TRUE(fs::exists(d / "run" / "checkpoint")) << same.err;
+  EXPECT_FALSE(fs::exists(d / "b" / "run")) << "rank 1 wrote";
+  fs::remove_all(d / "run");
+  text[100] = text[100] == 'a' ? 'b' : 'a';  // rank 1's copy differs in one token
+  prepare_text(text, (d / "b" / "data").string(), 0.1);
+  const Job differ = mpirun("", 1, args + other, d);
+  EXPECT_EQ(differ.code, 2);
+  EXPECT_NE(differ.err.find("the ranks disagree on the training options, the data and the world size: rank 1 "
+                            "differs"), std::string::npos) << differ.err;
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
 TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   const fs::path d = test::temp_dir("dist_cli_flags");
   const Job j = mpirun("", 2, kTiny + " --ddp ring --out run", d);
