@@ -36,6 +36,9 @@ void ScopedSignals::install(std::initializer_list<int> signals, void (*handler)(
   sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: see the header
+  // Room for every saved action first: a push_back that threw after some handlers were installed would leave them
+  // installed, as the constructor would not finish and the destructor that restores them would never run.
+  saved_.reserve(signals.size());
   for (const int sig : signals) {
     Saved s{.signal = sig, .action = {}, .flag = g_flags[sig].load()};
     ::sigaction(sig, nullptr, &s.action);
