@@ -775,6 +775,13 @@ TEST_F(Cli, OutputFilesThatCannotBeWrittenAreRefusedFirst) {
   expect_error(run("train --out keep --steps 2 --no-progress --device cpu", dir),
                "output directory keep: its data/ holds notes.txt, not a shard train writes");
   EXPECT_EQ(read_file_text((dir / "keep" / "data" / "notes.txt").string()), "mine");
+  // The hidden file of a prepare that was killed there is the run's own: the prepare removes it.
+  const fs::path leftover = dir / "killed" / "data" / ".train_000000.bin.tmp.2147483646";
+  fs::create_directories(leftover.parent_path());
+  write_file_atomic(leftover.string(), std::string("half a shard"));
+  const CliRun resumed = run("train --out killed --steps 1 --no-progress --device cpu --sample-tokens 0", dir);
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_FALSE(fs::exists(leftover));
   if (::geteuid() == 0)  // others meet the permission check first, with its own words
     expect_error(run("bench kernels --device cpu --iters 1 --out /proc/tessera_x.md"),
                  "--out /proc/tessera_x.md: cannot write there");

@@ -246,17 +246,48 @@ TEST(Shards, PrepareWhoseValShardCannotGoInPlaceKeepsTheEarlierTrainShard) {
   const fs::path out = d / "out";
   prepare_text("hello world, hello tessera", out.string(), 0.2);
   const auto earlier = read_shard((out / "train_000000.bin").string());
-  fs::remove(out / "val_000000.bin");
-  fs::create_directories(out / "val_000000.bin" / "x");  // not empty: renaming a file onto it fails
   const std::vector<std::string> names = {"train_000000.bin", "val_000000.bin"};
+  // The train shard's own rename failing (its temporary file gone by then): both earlier shards stay.
+  PrepareParams params{.val_fraction = 0.1};
+  params.before_renames = [&] { fs::remove(out / (".train_000000.bin.tmp." + std::to_string(::getpid()))); };
+  std::string err = error_of([&] { prepare_shards(text, out.string(), params); });
+  EXPECT_NE(err.find("cannot write " + (out / "train_000000.bin").string()), std::string::npos) << err;
+  EXPECT_EQ(names_in(out), names);
+  EXPECT_EQ(read_shard((out / "train_000000.bin").string()), earlier);
+  EXPECT_EQ(read_shard((out / "val_000000.bin").string()).size(), 5u);
+  // The val shard's failing after the train shard's went (a directory in the way of its name).
+  fs::remove(out / "val_000000.bin");
+  fs::create_directories(out / "val_000000.bin" / "x");
   ASSERT_EQ(names_in(out), names);
-  const std::string err = error_of([&] { prepare_text(text, out.string(), 0.1); });
+  err = error_of([&] { prepare_text(text, out.string(), 0.1); });
   EXPECT_NE(err.find("cannot write " + (out / "val_000000.bin").string()), std::string::npos) << err;
   EXPECT_EQ(names_in(out), names);
   EXPECT_EQ(read_shard((out / "train_000000.bin").string()), earlier);
   fs::remove(out / "train_000000.bin");
   EXPECT_NE(error_of([&] { prepare_text(text, out.string(), 0.1); }).find("cannot write"), std::string::npos);
   EXPECT_EQ(names_in(out), std::vector<std::string>{"val_000000.bin"});
+  fs::remove_all(d);
+}
+
+// A prepare killed outright (SIGKILL) leaves its hidden working files; the next prepare into that directory removes
+// those whose process is gone (train --text refused an OUT/data holding one), and leaves a live process's alone.
+TEST(Shards, PrepareRemovesTheHiddenFilesOfAKilledPrepare) {
+  const fs::path d = temp_dir("prepare_leftovers");
+  const std::vector<std::string> dead = {".train_000000.bin.tmp.2147483646", ".val_000000.bin.tmp.99999999",
+                                         ".train_000000.bin.old.2147483646"};
+  const std::string live = ".val_000000.bin.tmp.1";  // pid 1 runs as long as the machine does
+  for (const std::string& name : dead) EXPECT_TRUE(is_prepare_leftover(name)) << name;
+  EXPECT_TRUE(is_prepare_leftover(live));
+  for (const char* name : {"train_000000.bin", ".train_000000.bin.tmp.", ".train_000000.bin.tmp.12x",
+                           ".val_000000.bin.old.5", "x.train_000000.bin.tmp.5", ".train_000000.bin.tmp.12345678901"})
+    EXPECT_FALSE(is_prepare_leftover(name)) << name;
+  fs::create_directories(d);
+  for (const std::string& name : dead) write_file_atomic((d / name).string(), std::string("old"));
+  write_file_atomic((d / live).string(), std::string("in use"));
+  write_file_atomic((d / ".train_000000.bin.tmp.12x").string(), std::string("not prepare's"));
+  prepare_text("hello world, hello tessera", d.string(), 0.2);
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{".train_000000.bin.tmp.12x", live, "train_000000.bin",
+                                                   "val_000000.bin"}));
   fs::remove_all(d);
 }
 

@@ -413,14 +413,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "empty directory");
     }
     // Train's text goes to OUT/data: a data/ that holds other files than shards (a run's directory whose data/
-    // someone filled by hand) belongs to something else, not to the run.
+    // someone filled by hand) belongs to something else, not to the run. A killed prepare's hidden files are the
+    // run's own, and the prepare removes them.
     if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
       for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
         const std::string name = e.path().filename().string();
         const bool shard = e.is_regular_file() && e.path().extension() == ".bin" &&
                            (name.starts_with("train_") || name.starts_with("val_"));
-        TS_CHECK(shard, "output directory ", o.out, ": its data/ holds ", name, ", not a shard train writes; train "
-                 "prepares the text into OUT/data: give another --out");
+        TS_CHECK(shard || is_prepare_leftover(name), "output directory ", o.out, ": its data/ holds ", name,
+                 ", not a shard train writes; train prepares the text into OUT/data: give another --out");
       }
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 
 #include "tessera/core/error.h"
 #include "tessera/core/units.h"

@@ -137,8 +137,9 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // allow_dependent_launch does nothing when no programmatic dependent follows. What it saves is the gap between the
 // two kernels and the second one's launch: LayerNorm backward ((16384, 768) bf16, H200), whose small
 // parameter-sum kernel follows the row kernel, ran 35.1 µs against 38.0.
-// Below sm_90 there is no griddepcontrol, and a dependent kernel without its wait would read its inputs before
-// they are written: such a build is refused here rather than compiled with the waits dropped.
+// Code built for an architecture below sm_90 has no griddepcontrol. On such a GPU the dependent launches do not
+// overlap, but the same code JIT-compiled for an sm_90 GPU would run them overlapped without their waits, reading
+// inputs before they are written: such a build is refused here rather than compiled with the waits dropped.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "tessera's kernels chain their launches (griddepcontrol, sm_90): build for CUDA architecture 90a"
 #endif

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"

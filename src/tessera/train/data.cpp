@@ -211,6 +211,9 @@ class PrepareUndo {
 
 // Holds SIGINT and SIGTERM back while it lives (they are delivered when it ends), so that a Ctrl-C, or the kill of
 // a `timeout`, never lands between the renames that put a prepare's shards in place and leaves half of them there.
+// It blocks them in the calling thread only: in a process with other threads (train's CUDA, MPI and OpenMP ones) one
+// of those may take a process-directed signal meanwhile. That is harmless as long as the handler only records the
+// signal (ScopedSignals' flag), which prepare reads after the renames.
 class HoldSignals {
  public:
   HoldSignals() {
@@ -225,6 +228,31 @@ class HoldSignals {
  private:
   sigset_t old_;
 };
+}  // namespace
+
+bool is_prepare_leftover(std::string_view name) {
+  for (const std::string_view kind : {".train_000000.bin.tmp.", ".val_000000.bin.tmp.", ".train_000000.bin.old."}) {
+    if (!name.starts_with(kind)) continue;
+    const std::string_view pid = name.substr(kind.size());
+    return !pid.empty() && pid.size() <= 10 && pid.find_first_not_of("0123456789") == std::string_view::npos;
+  }
+  return false;
+}
+
+namespace {
+// Removes the hidden working files (is_prepare_leftover) of prepares that are gone: killed outright, they left
+// them in `dir`. A live process's (another prepare writing here now) stay; this process's own are stale too.
+void remove_prepare_leftovers(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_prepare_leftover(name) || !fs::is_regular_file(e.symlink_status(ec))) continue;  // prepare writes files
+    const long long pid = std::stoll(name.substr(name.rfind('.') + 1));
+    const bool gone =
+        pid == ::getpid() || pid > INT32_MAX || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    if (gone) fs::remove(e.path(), ec);
+  }
+}
 }  // namespace
 
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
@@ -261,6 +289,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
 
   PrepareUndo undo;
   undo.create(out_dir);
+  remove_prepare_leftovers(dir);
   std::string temps[2];
   for (int k = 0; k < 2; ++k) {
     std::string name = ".";  // appended, not "." + std::string&& (GCC 12 -Wrestrict false positive)
@@ -274,37 +303,42 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     HoldSignals hold;
     if (params.before_renames) params.before_renames();
     // The earlier train shard is kept under a hidden name (a second link to it, or, on a file system without hard
-    // links, the file moved there) until the val shard is in place: when that rename fails, it is put back, so that
-    // the new train shard never stands beside the old val shard.
+    // links, the entry moved there) until the val shard is in place: when that rename fails, it is put back, so
+    // that the new train shard never stands beside the old val shard. Any entry but a directory is kept (a
+    // symlink too, dangling or not: link() links the symlink itself); a directory there fails the first rename.
     const std::string train = (dir / kNames[0]).string(), val = (dir / kNames[1]).string();
-    std::string keep = ".";
-    keep.append(kNames[0]).append(".old.").append(std::to_string(::getpid()));
-    keep = (dir / keep).string();
+    const std::string keep = (dir / (std::string(".") + kNames[0] + ".old." + std::to_string(::getpid()))).string();
     std::error_code ec;
-    bool kept = false, moved = false;
-    if (fs::is_regular_file(train, ec)) {
-      fs::remove(keep, ec);  // a crashed prepare's, with this pid
+    const fs::file_status old_train = fs::symlink_status(train, ec);
+    const bool kept = fs::exists(old_train) && !fs::is_directory(old_train);
+    bool moved = false;
+    if (kept) {
       moved = ::link(train.c_str(), keep.c_str()) != 0;
       TS_CHECK(!moved || std::rename(train.c_str(), keep.c_str()) == 0, "cannot write ", train, ": ",
                std::strerror(errno));
-      kept = true;
     }
+    // Puts the earlier train shard back at `train` (over the new one, if that is there); on failure, the error
+    // says where it is.
+    const auto put_back = [&]() -> std::string {
+      if (std::rename(keep.c_str(), train.c_str()) == 0) return "";
+      return "; the earlier " + std::string(kNames[0]) + " is at " + keep + " (" + std::strerror(errno) + ")";
+    };
     if (std::rename(temps[0].c_str(), train.c_str()) != 0) {
       const int e = errno;
-      if (moved) std::rename(keep.c_str(), train.c_str());
-      else if (kept) ::unlink(keep.c_str());
-      TS_THROW("cannot write ", train, ": ", std::strerror(e));
+      const std::string where = moved ? put_back() : "";
+      if (kept && !moved) ::unlink(keep.c_str());
+      TS_THROW("cannot write ", train, ": ", std::strerror(e), where);
     }
     if (std::rename(temps[1].c_str(), val.c_str()) != 0) {
       const int e = errno;
-      if (kept) std::rename(keep.c_str(), train.c_str());  // the earlier train shard back over the new one
+      std::string where;
+      if (kept) where = put_back();  // the earlier train shard back over the new one
       else fs::remove(train, ec);
-      TS_THROW("cannot write ", val, ": ", std::strerror(e));
+      TS_THROW("cannot write ", val, ": ", std::strerror(e), where);
     }
     if (kept) ::unlink(keep.c_str());
     undo.done();
     for (const std::string& name : stale) {
-      std::error_code ec;
       fs::remove(dir / name, ec);
       TS_CHECK(!ec, "prepare: wrote ", out_dir, "'s shards, but cannot remove the earlier ", name, " beside them: ",
                ec.message());

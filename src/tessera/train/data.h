@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/mmap_file.h"
@@ -72,6 +73,10 @@ class PrepareInterrupted : public std::exception {
   int signal_;
 };
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params);
+// Whether `name` is one of prepare's hidden working files (".train_000000.bin.tmp.<pid>", ".val_000000.bin.tmp.<pid>",
+// ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss) leaves them; the next prepare
+// into that directory removes those whose process is gone, and train --text accepts them in OUT/data.
+bool is_prepare_leftover(std::string_view name);
 // The token counts {train, val} that prepare_shards would write for a text of `text_bytes` bytes: known before
 // anything is written, so a caller can check them first.
 std::pair<size_t, size_t> prepare_split_sizes(size_t text_bytes, double val_fraction = 0.1);
