@@ -1,6 +1,12 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <set>
 
@@ -160,6 +166,54 @@ TEST(FileIo, AtomicWriteAndWholeReads) {
   EXPECT_NE(test::error_of([&] { read_file_text((d / "none").string(), "corpus"); }).find("corpus: cannot read"),
             std::string::npos);
   EXPECT_NO_THROW(fsync_dir(d.string()));
+  fs::remove_all(d);
+}
+
+// An output that is a symlink or a FIFO: the atomic rename put a regular file in its place (as root, `--trace
+// /dev/full` replaced the system's /dev/full). A symlink's file is replaced and the link stays, a dangling one's
+// target is made; a FIFO is written in place, and one with no reader is refused at once. Reading a FIFO with no
+// writer blocked in open() forever (`prepare --text FIFO`); it now reads as empty.
+TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
+  namespace fs = std::filesystem;
+  const fs::path d = test::temp_dir("fileio_links");
+  const fs::path target = d / "target.md", link = d / "link.md", dangling = d / "dangling.md", fifo = d / "fifo";
+  write_file_atomic(target.string(), std::string("old"));
+  fs::create_symlink("target.md", link);
+  EXPECT_NO_THROW(check_file_writable(link.string(), "--out"));
+  write_file_atomic(link.string(), std::string("new"));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read_file_text(target.string()), "new");
+  fs::create_symlink("made.md", dangling);
+  write_file_atomic(dangling.string(), std::string("made"));
+  EXPECT_TRUE(fs::is_symlink(dangling));
+  EXPECT_EQ(read_file_text((d / "made.md").string()), "made");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_NE(test::error_of([&] { write_file_atomic(fifo.string(), std::string("x")); })
+                .find("cannot write " + fifo.string() + ": No such device or address"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { check_file_writable(fifo.string(), "--out"); }).find("cannot write there"),
+            std::string::npos);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  write_file_atomic(fifo.string(), std::string("through"));
+  char buf[16] = {};
+  EXPECT_EQ(::read(reader, buf, sizeof buf), 7);
+  EXPECT_EQ(std::string(buf, 7), "through");
+  ::close(reader);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  // Read on another thread: should it block in open(), a writer opened here lets it go and the test fails.
+  auto empty = std::async(std::launch::async, [&] { return read_file_text(fifo.string()); });
+  if (empty.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading a FIFO with no writer blocked";
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  EXPECT_EQ(empty.get(), "");
+  EXPECT_NE(test::error_of([&] { MappedFile(fifo.string(), "shard"); }).find("not a regular file"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_file_text(d.string(), "text"); })
+                .find("text: cannot read " + d.string() + ": is a directory"),
+            std::string::npos);
+  EXPECT_EQ(test::names_in(d), (std::vector<std::string>{"dangling.md", "fifo", "link.md", "made.md", "target.md"}));
   fs::remove_all(d);
 }
 

@@ -17,12 +17,31 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
+int open_for_reading(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  TS_CHECK(fd >= 0, what, ": cannot read ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  const int flags = ::fcntl(fd, F_GETFL);
+  const bool ok = ::fstat(fd, &st) == 0 && flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0;
+  const int e = errno;
+  if (!ok || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    TS_THROW(what, ": cannot read ", path, ": ", ok ? "is a directory" : std::strerror(e));
+  }
+  return fd;
+}
+
 namespace {
 // Bytes (std::vector<uint8_t>) or text (std::string): read straight into the result, without a second copy.
 template <typename Bytes>
 Bytes read_whole_file(const std::string& path, const char* what) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  TS_CHECK(f, what, ": cannot read ", path, ": ", std::strerror(errno));
+  const int fd = open_for_reading(path, what);
+  std::FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    TS_THROW(what, ": cannot read ", path, ": ", std::strerror(e));
+  }
   Bytes out;
   // Sized once from the file's length (then grown only if the file grew meanwhile or reports no size, as
   // /proc files do), so reading does not reallocate as it goes.
@@ -79,10 +98,61 @@ std::string atomic_temp_path(const std::string& path) {
   tmp_name += std::to_string(::getpid());
   return (dir / tmp_name).string();
 }
+
+// Where write_file_atomic puts the bytes for `path`. A regular file, or a new name: replaced by a rename. A symlink:
+// the file it leads to (created when the link dangles), so that the link stays a link. Anything else (a device such
+// as /dev/null, a FIFO, /proc/self/fd/1): written in place, as a shell's `>` would; a rename put a regular file in
+// its place, and as root `--out /dev/null` replaced the system's /dev/null.
+struct OutputTarget {
+  std::string path;
+  bool in_place = false;
+};
+OutputTarget output_target(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return {path, true};  // a directory: "Is a directory"
+  // The end of the symlink chain, followed by hand: canonical() needs the target to exist, and weakly_canonical()
+  // stops before a dangling link. 40 links, as the kernel allows; a loop is left to the open to report.
+  fs::path p(path);
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return {p.lexically_normal().string(), false};
+}
+
+// Opens an existing non-regular `path` for writing in place. A FIFO with no reader is refused at once
+// (O_NONBLOCK: ENXIO) instead of waiting for one; the descriptor is then made blocking for the writes.
+std::FILE* open_in_place(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return nullptr;
+  }
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+  }
+  return f;
+}
 }  // namespace
 
 void check_file_writable(const std::string& path, const std::string& what) {
-  const std::string tmp = atomic_temp_path(path);
+  const OutputTarget target = output_target(path);
+  if (target.in_place) {
+    std::FILE* f = open_in_place(target.path);
+    TS_CHECK(f, what, " ", path, ": cannot write there: ", std::strerror(errno));
+    std::fclose(f);
+    return;
+  }
+  const std::string tmp = atomic_temp_path(target.path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   TS_CHECK(fd >= 0 || errno == EEXIST, what, " ", path, ": cannot write there: ", std::strerror(errno));
   if (fd >= 0) {
@@ -92,31 +162,38 @@ void check_file_writable(const std::string& path, const std::string& what) {
 }
 
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
-  const std::string tmp = atomic_temp_path(path);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const OutputTarget target = output_target(path);
+  const std::string tmp = target.in_place ? target.path : atomic_temp_path(target.path);
+  std::FILE* f = target.in_place ? open_in_place(tmp) : std::fopen(tmp.c_str(), "wb");
   TS_CHECK(f, "cannot write ", path, ": ", std::strerror(errno));
+  const auto discard = [&] {
+    if (!target.in_place) std::remove(tmp.c_str());
+  };
   bool ok = true;
   try {
     write(f);
   } catch (...) {
     std::fclose(f);
-    std::remove(tmp.c_str());
+    discard();
     throw;
   }
-  ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  // A device or a pipe cannot be synced (EINVAL, EROFS); what it took is what it took.
+  ok = std::fflush(f) == 0 &&
+       (::fsync(::fileno(f)) == 0 || (target.in_place && (errno == EINVAL || errno == EROFS)));
   const int saved_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) {
-    std::remove(tmp.c_str());
+    discard();
     TS_THROW("cannot write ", path, ": ", std::strerror(saved_errno));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (target.in_place) return;
+  if (std::rename(tmp.c_str(), target.path.c_str()) != 0) {
     const int e = errno;
-    std::remove(tmp.c_str());
+    discard();
     TS_THROW("cannot write ", path, ": ", std::strerror(e));
   }
-  const fs::path target(path);
-  fsync_dir((target.has_parent_path() ? target.parent_path() : fs::path(".")).string());
+  const fs::path written(target.path);
+  fsync_dir((written.has_parent_path() ? written.parent_path() : fs::path(".")).string());
 }
 
 void write_file_atomic(const std::string& path, const void* data, size_t size) {

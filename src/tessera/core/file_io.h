@@ -8,6 +8,10 @@
 
 namespace tessera {
 
+// Opens `path` for reading, as a blocking descriptor, without blocking in open() itself: a FIFO with no writer made
+// open() wait forever (`prepare --text FIFO` hung). A directory is refused ("is a directory"). Throws Error
+// "<what>: cannot read <path>: <reason>".
+int open_for_reading(const std::string& path, const char* what);
 // Reads a whole file; throws Error "<what>: cannot read <path>: <reason>" when missing or unreadable.
 std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what = "file");
 std::string read_file_text(const std::string& path, const char* what = "file");

@@ -10,12 +10,12 @@
 #include <utility>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera {
 
 MappedFile::MappedFile(const std::string& path, const char* what) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TS_CHECK(fd >= 0, what, ": cannot read ", path, ": ", std::strerror(errno));
+  const int fd = open_for_reading(path, what);  // a FIFO would block in open(): it is refused below instead
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
