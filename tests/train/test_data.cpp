@@ -1,3 +1,4 @@
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +80,54 @@ TEST(Shards, FindShardsMatchesTheSplitNotASubstring) {
   EXPECT_EQ(names(find_shards(d.string(), "val")), (std::vector<std::string>{"fineweb_val_000001.bin", "val_000000.bin"}));
   EXPECT_EQ(names(find_shards(d.string(), "train")),
             (std::vector<std::string>{"tiny_shakespeare_train.bin", "train_000000.bin"}));
+  fs::remove_all(d);
+}
+
+// An entry named as a shard that is not a regular file was skipped: the run trained on fewer shards without a word,
+// and a dangling symlink that was the only shard read as "no train shards". A symlink to a shard is one.
+TEST(Shards, AnEntryNamedAsAShardThatIsNoFileIsRefusedByName) {
+  const fs::path d = temp_dir("find_odd");
+  write_shard((d / "train_000000.bin").string(), {1, 2, 3});
+  fs::create_symlink("train_000000.bin", d / "train_000002.bin");
+  EXPECT_EQ(find_shards(d.string(), "train").size(), 2u);
+  fs::create_symlink("nowhere.bin", d / "train_000001.bin");
+  EXPECT_NE(error_of([&] { find_shards(d.string(), "train"); })
+                .find("data: " + (d / "train_000001.bin").string() + " is named as a train shard but is a symlink "
+                      "to nothing: remove it, or point it at a shard"),
+            std::string::npos);
+  fs::remove(d / "train_000001.bin");
+  fs::create_directory(d / "val_000000.bin");
+  EXPECT_NE(error_of([&] { list_shards(d.string(), "val"); }).find("is named as a val shard but is a directory"),
+            std::string::npos);
+  fs::remove(d / "val_000000.bin");
+  ASSERT_EQ(::mkfifo((d / "val_000001.bin").c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { list_shards(d.string(), "val"); }).find("is named as a val shard but is not a regular file"),
+            std::string::npos);
+  fs::remove(d / "val_000001.bin");
+  EXPECT_EQ(list_shards(d.string(), "val"), std::vector<std::string>{});  // none: empty, where find_shards refuses
+  EXPECT_THROW(find_shards(d.string(), "val"), Error);
+  fs::remove_all(d);
+}
+
+// What prepare replaces or removes must be a shard: a text named train_notes.bin in --out, even the text being
+// prepared, was removed as an earlier shard.
+TEST(Shards, PrepareRefusesToRemoveAFileNamedAsAShardThatIsNotOne) {
+  const fs::path d = temp_dir("prepare_not_shard");
+  fs::create_directories(d);
+  const std::string text = "hello world, hello tessera";
+  for (const char* name : {"train_notes.bin", "train_000000.bin"}) {
+    write_file_atomic((d / name).string(), text);
+    EXPECT_NE(error_of([&] { prepare_text(text, d.string(), 0.2); })
+                  .find("prepare: " + d.string() + " holds " + name + ", which is named as a shard but is not one"),
+              std::string::npos) << name;
+    EXPECT_EQ(read_file_text((d / name).string()), text) << name;
+    EXPECT_EQ(names_in(d), std::vector<std::string>{name});
+    fs::remove(d / name);
+  }
+  prepare_text(text, d.string(), 0.2);
+  write_shard((d / "train_000001.bin").string(), {1, 2, 3});  // a shard: removed with the next prepare
+  prepare_text(text, d.string(), 0.2);
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"train_000000.bin", "val_000000.bin"}));
   fs::remove_all(d);
 }
 

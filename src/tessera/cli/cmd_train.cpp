@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -49,16 +51,30 @@ constexpr int64_t kSampleMaxParams = 100'000'000;
 constexpr int kDefaultSampleTokens = 100;
 
 SignalFlag g_stop = 0;
+// When the first stop came (CLOCK_MONOTONIC, ns; a lock-free atomic, safe in the handler).
+std::atomic<int64_t> g_stop_ns{0};
+// A repeat within this of the first signal is the same stop: `timeout` signals the command and then its process
+// group, microseconds apart, and `kill` run twice in a script lands milliseconds apart; either way the run left
+// without its checkpoint, losing up to --ckpt-minutes of training. A person's second Ctrl-C comes later than this.
+constexpr int64_t kRepeatNs = 250'000'000;
+
+int64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int sig) {
   // A closed output pipe (`tessera train | head`) raises SIGPIPE at every write after the first: only the first
   // counts, as a stop.
   if (sig == SIGPIPE && g_stop != 0) return;
+  if (g_stop != 0 && monotonic_ns() - g_stop_ns.load() < kRepeatNs) return;
   if (g_stop != 0) {  // the second signal: leave now, without a checkpoint
     constexpr char kMsg[] = "\ntessera: interrupted again: exiting without a checkpoint\n";
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
     ::_exit(128 + sig);
   }
+  g_stop_ns.store(monotonic_ns());
   g_stop = sig;
 }
 
@@ -112,7 +128,7 @@ std::string shell_quote(const std::string& s) {
 
 // --data FILE: a shard (by its magic) or text. Reads the first bytes only.
 bool is_shard_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::FILE* f = ::fdopen(open_for_reading(path, "data"), "rb");
   TS_CHECK(f, "data: cannot read ", path, ": ", std::strerror(errno));
   int32_t magic = 0;
   const bool full = std::fread(&magic, sizeof magic, 1, f) == 1;

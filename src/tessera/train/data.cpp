@@ -230,6 +230,21 @@ class HoldSignals {
 };
 }  // namespace
 
+namespace {
+// Whether `path` begins with a shard header's magic (a file too short, or unreadable, does not).
+bool starts_with_shard_magic(const std::string& path) {
+  int32_t magic = 0;
+  try {
+    const int fd = open_for_reading(path, "data");
+    const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
+    ::close(fd);
+    return full && magic == kShardMagic;
+  } catch (const Error&) {
+    return false;
+  }
+}
+}  // namespace
+
 bool is_prepare_leftover(std::string_view name) {
   for (const std::string_view kind : {".train_000000.bin.tmp.", ".val_000000.bin.tmp.", ".train_000000.bin.old."}) {
     if (!name.starts_with(kind)) continue;
@@ -272,16 +287,22 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   // The directory's other shards that train --data would read beside the new ones: tessera's own names
   // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
   // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
+  // What is replaced or removed must be a shard (its header's magic): a text named train_notes.bin, even the text
+  // being prepared, was removed as an earlier shard.
   std::vector<std::string> stale;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
       std::error_code ec;
       if (!e.is_regular_file(ec) || !(is_shard_of(name, "train") || is_shard_of(name, "val"))) continue;
-      if (name == kNames[0] || name == kNames[1]) continue;
       TS_CHECK(name.starts_with("train_") || name.starts_with("val_"), "prepare: ", out_dir, " holds ", name,
                ", a shard that train --data would read beside the new ones: move it, or prepare into another "
                "directory");
+      TS_CHECK(starts_with_shard_magic(e.path().string()), "prepare: ", out_dir, " holds ", name,
+               ", which is named as a shard but is not one (no shard header), and would be ",
+               name == kNames[0] || name == kNames[1] ? "replaced" : "removed",
+               ": move it, or prepare into another directory");
+      if (name == kNames[0] || name == kNames[1]) continue;
       stale.push_back(name);
     }
   }
@@ -360,15 +381,29 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
   return {r.n_train, r.n_val};
 }
 
-std::vector<std::string> find_shards(const std::string& data, const std::string& split) {
+std::vector<std::string> list_shards(const std::string& data, const std::string& split) {
   TS_CHECK(fs::exists(data), "data: ", data, " does not exist");
   if (!fs::is_directory(data)) return {data};
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(data)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && is_shard_of(name, split)) out.push_back(e.path().string());
+    if (!is_shard_of(name, split)) continue;
+    std::error_code ec;
+    if (!e.is_regular_file(ec)) {  // through a symlink: a link to a shard is one
+      const char* kind = e.is_symlink(ec) && !fs::exists(e.path(), ec) ? "a symlink to nothing"
+                         : e.is_directory(ec)                           ? "a directory"
+                                                                        : "not a regular file";
+      TS_THROW("data: ", e.path().string(), " is named as a ", split, " shard but is ", kind,
+               ": remove it, or point it at a shard");
+    }
+    out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> find_shards(const std::string& data, const std::string& split) {
+  std::vector<std::string> out = list_shards(data, split);
   TS_CHECK(!out.empty(), "data: no ", split, " shards (", split, "_*.bin) in ", data);
   return out;
 }

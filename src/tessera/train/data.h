@@ -54,7 +54,7 @@ struct PrepareParams {
   // PrepareReport::stopped: a signal held off during them lands there.
   const volatile std::sig_atomic_t* stop = nullptr;
   // Called with the signals held off, just before the renames (tests raise a signal or block a rename there).
-  std::function<void()> before_renames;
+  std::function<void()> before_renames = nullptr;
 };
 struct PrepareReport {
   size_t n_train = 0, n_val = 0;
@@ -85,8 +85,11 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
 
 // Lists the shards of a split in `data`, which is a directory or one file. In a directory, the shards are the
 // .bin files, sorted, whose name has the split as a whole '_'-separated word: train_000000.bin, and llm.c's
-// fineweb_train_000001.bin; never interval_000.bin for "val".
+// fineweb_train_000001.bin; never interval_000.bin for "val". An entry with a shard's name that is not a regular
+// file (a dangling symlink, a directory, a FIFO) is refused by name: skipped, it left the run on fewer shards without
+// a word. find_shards refuses a split with no shards; list_shards returns it empty.
 std::vector<std::string> find_shards(const std::string& data, const std::string& split);
+std::vector<std::string> list_shards(const std::string& data, const std::string& split);
 
 // Consecutive (B, T) batches over the concatenated shards. Batch k takes B*T + 1 tokens starting at the
 // position, inputs are tokens[0 .. B*T), targets tokens[1 .. B*T]; the position then advances by B*T and

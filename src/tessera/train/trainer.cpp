@@ -401,7 +401,10 @@ void train_open_data(TrainSetup& s) {
   const TrainOptions& o = s.options;
   s.train_data = std::make_unique<TokenStream>(find_shards(o.data, "train"), o.model.vocab);
   s.val_data.reset();
-  if (fs::is_directory(o.data)) s.val_data = std::make_unique<TokenStream>(find_shards(o.data, "val"), o.model.vocab);
+  // A directory with train shards alone trains without validation, as one shard file does (it was refused).
+  const std::vector<std::string> val =
+      fs::is_directory(o.data) ? list_shards(o.data, "val") : std::vector<std::string>{};
+  if (!val.empty()) s.val_data = std::make_unique<TokenStream>(val, o.model.vocab);
   const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
   TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ", s.train_data->size(),
            " tokens, fewer than batch x seq + 1 = ", need,
@@ -409,7 +412,8 @@ void train_open_data(TrainSetup& s) {
   // Too small for one sequence at this length: no validation. The run says so at its start (no_validation).
   s.no_validation = "";
   if (!s.val_data) {
-    s.no_validation = "--data " + o.data + " is one shard file, with no val split";
+    s.no_validation = fs::is_directory(o.data) ? "--data " + o.data + " holds no val shards (val_*.bin)"
+                                               : "--data " + o.data + " is one shard file, with no val split";
   } else if (s.val_data->size() <= static_cast<size_t>(o.seq)) {
     s.no_validation = "the val split holds " + std::to_string(s.val_data->size()) +
                       " tokens, not more than one sequence of --seq " + std::to_string(o.seq);
