@@ -440,6 +440,30 @@ TEST_F(Cli, SecondSigintExitsAtOnce) {
   EXPECT_FALSE(fs::exists(out / "checkpoint"));
 }
 
+// Two trains into one run directory both wrote its checkpoints and metrics, and died with errors about each other's
+// temporary files. The second is refused while the first runs, --force or not, and leaves its files alone.
+TEST_F(Cli, ASecondTrainIntoARunningRunIsRefused) {
+  const fs::path out = dir / "o";
+  const std::string flags = " --no-progress --sample-tokens 0";  // a resume takes the rest from its checkpoint
+  ASSERT_EQ(run("train --out o --steps 1 --batch 96 --device cpu" + flags, dir).code, 0);
+  Child c = spawn("train --resume " + (out / "checkpoint").string() + " --steps 1000" + flags, dir);  // logs in dir
+  ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 2, c.pid)) << read_file_text(c.err.string());
+  // (Bounded, should the lock fail: the checkpoint is the first run's, at step 1.)
+  for (const char* second : {"--resume o/checkpoint --steps 1000 --stop-after 2", "--out o --force --steps 2"}) {
+    const CliRun r = run("train " + std::string(second) + flags, dir);
+    EXPECT_EQ(r.code, 2) << second << ": " << r.err;
+    EXPECT_NE(r.err.find("output directory o is in use by another tessera process"), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(fs::exists(out / "checkpoint"));
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
+  EXPECT_TRUE(fs::exists(out / "checkpoint"));
+  // Once it has ended, the run is resumed as usual.
+  const std::string next = std::to_string(checkpoint_step(out / "checkpoint") + 1);
+  const CliRun resumed = run("train --resume o/checkpoint --stop-after " + next + flags, dir);
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+}
+
 // `timeout` signals the command and then its process group, microseconds apart; a script's two kills land
 // milliseconds apart. The second was taken as "again": the run left without its checkpoint. A repeat within a
 // quarter second is the same stop. (The pause lets the first be delivered: two pending signals would merge.)

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -465,11 +466,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Checks done: from here on files are written, by rank 0 alone.
   const fs::path out(o.out);
   CreatedDirs created;
+  std::optional<DirectoryLock> out_lock;  // held by rank 0 until it exits: one train at a time in OUT
   SignalFlag prepare_stop = 0;  // a stop while train prepares its text (the training's handlers come later)
   int prepare_interrupted = 0;  // the signal that undid the prepare
   ranks.agree([&] {
     if (!lead) return;
     created.create(o.out);
+    out_lock.emplace(o.out, "output directory");
     if (!text_source.empty()) {
       // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else). A stop
       // while it writes undoes it: killed there, it left a hidden temporary shard in OUT/data, which the next run

@@ -1,6 +1,7 @@
 #include "tessera/core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -204,6 +205,21 @@ void write_file_atomic(const std::string& path, const void* data, size_t size) {
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, text.data(), text.size());
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TS_CHECK(fd_ >= 0, "cannot open ", what, " ", dir, ": ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int e = errno;
+  ::close(fd_);
+  TS_CHECK(e != EWOULDBLOCK, what, " ", dir, " is in use by another tessera process (a train into it, or a resume "
+           "of it): wait for that one to end, or choose another --out");
+  TS_THROW("cannot lock ", what, " ", dir, ": ", std::strerror(e));
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 void fsync_dir(const std::string& dir) {

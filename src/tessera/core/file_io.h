@@ -30,6 +30,21 @@ void write_file_atomic(const std::string& path, const std::string& text);
 // inodes).
 void check_file_writable(const std::string& path, const std::string& what);
 
+// An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
+// the process ends however it ends. Two trains into one run directory both wrote its checkpoints and metrics, and
+// died with errors about each other's temporary files. Throws Error "<what> <dir> is in use by another process"
+// when one holds it.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, const std::string& what);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // fsync of a directory: makes the renames and creations done in it durable.
 void fsync_dir(const std::string& dir);
 
