@@ -1,4 +1,5 @@
 // Output that cannot be written is an error: `tessera info > /dev/full` exited 0 with the output lost.
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -53,6 +54,18 @@ TEST_F(CliStdout, ClosedStdoutIsAnError) {
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_EQ(r.err, "tessera: error: cannot write standard output: Bad file descriptor\n") << args;
   }
+}
+
+// A standard stream closed at the start lends its number to no file: train with stderr closed wrote its progress
+// lines (a line every 2 steps of 40) into metrics.jsonl, which took number 2.
+TEST_F(CliStdout, AClosedStreamWritesIntoNoFile) {
+  const std::string cmd = "cd '" + dir.string() + "' && " + test::binary() + " train --out o --batch 2 --seq 16 " +
+                          "--d-model 32 --n-layers 1 --val-every 0 --sample-tokens 0 --device cpu --steps 40 " +
+                          ">/dev/null 2>&- </dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string metrics = read_file_text((dir / "o" / "metrics.jsonl").string());
+  EXPECT_EQ(metrics.find("step 2/40"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.rfind("{\"step\":1,", 0), 0u) << metrics;
 }
 
 // A command that failed says so in its own line, without a second one about the output.

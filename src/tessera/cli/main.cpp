@@ -1,4 +1,7 @@
 // tessera — train and run transformer language models.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -37,6 +40,18 @@ int fail(std::string msg, const char* kind = "error", int code = 2) {
   std::fflush(stdout);
   std::fprintf(stderr, "tessera: %s: %s\n", kind, msg.c_str());
   return code;
+}
+
+// A standard stream that was closed when tessera started (`tessera train 2>&-`) is opened on /dev/null in the mode
+// that makes every use fail (stdout and stderr read-only: writes fail with EBADF), as gnulib's stdopen does. Left
+// closed, its number went to the next file tessera opened, and what was printed on it landed there: train's progress
+// lines, in metrics.jsonl.
+void hold_closed_std_streams() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // open() takes the lowest free number: fd itself, the lower ones being open or held already.
+    ::open("/dev/null", fd == STDIN_FILENO ? O_WRONLY : O_RDONLY);
+  }
 }
 
 // Output lost to a full disk or a closed stdout (`tessera info > /dev/full`) is an error, as coreutils'
@@ -89,5 +104,6 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hold_closed_std_streams();
   return close_stdout(run_command(argc, argv));
 }
