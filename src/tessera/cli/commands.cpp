@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -49,10 +50,12 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0, "--greedy takes the most likely token, "
            "and --temperature ", a.str("temperature"), " samples: give one of them");
   if (a.has("greedy")) p.temperature = 0;
-  // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k or top-p cut would be ignored.
-  for (const char* f : {"top-k", "top-p"})
-    TS_CHECK(p.temperature != 0 || !a.has(f), a.has("greedy") ? "--greedy" : "--temperature 0", " takes the most "
-             "likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
+  // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k or top-p cut would be ignored. --top-k 0
+  // (all tokens) and --top-p 1 (all the mass) cut nothing, so they go with it.
+  const std::pair<const char*, bool> cuts[] = {{"top-k", p.top_k != 0}, {"top-p", p.top_p != 1}};
+  for (const auto& [f, cut] : cuts)
+    TS_CHECK(p.temperature != 0 || !a.has(f) || !cut, a.has("greedy") ? "--greedy" : "--temperature 0",
+             " takes the most likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
