@@ -55,5 +55,12 @@ TEST_F(CliMessages, ArgmaxGoesWithCutsThatCutNothing) {
                "--greedy takes the most likely token, and --top-p 0.99 limits what is sampled: give one of them");
 }
 
+// "tessera: error: tessera prepare: --out DIR is required" said tessera twice.
+TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
+  write_file_atomic((dir / "t.txt").string(), std::string("some text"));
+  expect_error(run("prepare --out d", dir), "--text FILE is required");
+  expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -93,8 +93,8 @@ int cmd_prepare(int argc, char** argv) {
   a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
         "it, X of them to within one block (default 0.1: every 10th block)");
   if (!a.parse(argc, argv, 2)) return 0;
-  TS_CHECK(a.has("text"), "tessera prepare: --text FILE is required");
-  TS_CHECK(a.has("out"), "tessera prepare: --out DIR is required");
+  TS_CHECK(a.has("text"), "--text FILE is required");
+  TS_CHECK(a.has("out"), "--out DIR is required");
   TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
