@@ -62,5 +62,25 @@ TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
   expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
 }
 
+// A count of 1 takes the singular: "wrote 1 train and 1 val tokens", "data parallel over 1 ranks".
+TEST_F(CliMessages, ACountOfOneIsSingular) {
+  write_file_atomic((dir / "two.txt").string(), std::string("ab"));
+  CliRun r = run("prepare --text two.txt --out d", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 1 train token and 1 val token to d\n");
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "It is easy to despise what you cannot get. ";
+  write_file_atomic((dir / "t.txt").string(), text);
+  r = run("prepare --text t.txt --out d", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 1161 train and 129 val tokens to d\n");  // the counts above 1 read as before
+
+  r = run("info --world 1 --zero 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("data parallel over 1 rank: "), std::string::npos) << r.out;
+  r = run("info --world 2 --zero 1");
+  EXPECT_NE(r.out.find("data parallel over 2 ranks: "), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace tessera
