@@ -82,5 +82,18 @@ TEST_F(CliMessages, ACountOfOneIsSingular) {
   EXPECT_NE(r.out.find("data parallel over 2 ranks: "), std::string::npos) << r.out;
 }
 
+// `--steps=` said "a flag is missing its value" without naming it, or, with a flag after it, took that flag as its
+// value. It is now the empty value, as `--steps ''` is, and refused as that is.
+TEST_F(CliMessages, AnEmptyValueAfterEqualsIsTheEmptyValue) {
+  expect_error(run("train --steps=", dir), "train: --steps expects an integer, got ''");
+  expect_error(run("train --steps= --out o", dir), "train: --steps expects an integer, got ''");
+  EXPECT_FALSE(fs::exists(dir / "o"));
+  expect_error(run("info --batch= --seq 8", dir), "info: --batch expects an integer, got ''");
+  expect_error(run("generate --checkpoint=", dir), "--checkpoint is empty");
+  save_small_checkpoint();
+  expect_error(run("generate --checkpoint ck --prompt=", dir), "generate: the prompt is empty");
+  expect_error(run("generate --prompt= --checkpoint ck --tokens 3", dir), "generate: the prompt is empty");
+}
+
 }  // namespace
 }  // namespace tessera
