@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <string>
 
+#include "tessera/bench/kernels.h"
 #include "tessera/core/file_io.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
@@ -93,6 +94,16 @@ TEST_F(CliMessages, AnEmptyValueAfterEqualsIsTheEmptyValue) {
   save_small_checkpoint();
   expect_error(run("generate --checkpoint ck --prompt=", dir), "generate: the prompt is empty");
   expect_error(run("generate --prompt= --checkpoint ck --tokens 3", dir), "generate: the prompt is empty");
+}
+
+// The kernels line of `tessera bench --help` lists every family bench kernels runs; swiglu was missing.
+TEST_F(CliMessages, BenchHelpListsEveryKernelFamily) {
+  const CliRun r = run("bench --help");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("\n  kernels ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  for (const char* family : kKernelFamilies) EXPECT_NE(line.find(family), std::string::npos) << family << ": " << line;
 }
 
 }  // namespace
