@@ -175,14 +175,16 @@ TEST_F(BenchModelPeer, APeerThatFailsIsOneNoteAndTheBenchSucceeds) {
   const fs::path md = dir / "m.md", js = dir / "m.json";
   const test::CliRun r = test::run(kRun + " --peer --out " + md.string() + " --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err;
+  // Said once: it was "peer: peer skipped: peer: no GPU visible to torch".
+  EXPECT_NE(r.out.find("\n  peer skipped: no GPU visible to torch\n"), std::string::npos) << r.out;
   const std::string text = read_file_text(md.string());
-  EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: peer: no GPU visible to torch\n"),
+  EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: no GPU visible to torch\n"),
             std::string::npos)
       << text;
   EXPECT_TRUE(md_table(text, "| size | tessera step ms").empty()) << text;
   EXPECT_EQ(md_table(text, "| size | d_model").size(), 2u);
   const json j = json::parse(read_file_text(js.string()));
-  EXPECT_EQ(j.at("peer").at("note"), "peer skipped: peer: no GPU visible to torch");
+  EXPECT_EQ(j.at("peer").at("note"), "peer skipped: no GPU visible to torch");
   EXPECT_EQ(j.at("rows")[0].at("peer").at("eager"), nullptr);
 
   // A missing interpreter is a note too.

@@ -77,6 +77,9 @@ TEST_F(PeerScript, NoFiguresIsSkippedWithTheLastLine) {
   EXPECT_EQ(run("true"), "peer skipped: peer.sh printed no figures");
   // A JSON object that is not a figure counts as a line.
   EXPECT_EQ(run("echo '{\"other\": 5}'"), "peer skipped: {\"other\": 5}");
+  // A peer's own "peer: " is not said twice.
+  EXPECT_EQ(run("echo 'peer: torch is not importable (x)' >&2; exit 1"), "peer skipped: torch is not importable (x)");
+  EXPECT_EQ(run("echo '{\"v\": 3}'; echo 'peer: lost the GPU' >&2; exit 1"), "peer exited with code 1: lost the GPU");
 }
 
 TEST_F(PeerScript, FiguresWithAFailingExitAreNoted) {

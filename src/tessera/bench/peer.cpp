@@ -137,6 +137,9 @@ std::string run_peer_script(const std::string& args, const std::string& what,
   forwarding.reset();  // the old handlers are back
   if (signalled) ::raise(signalled);
   if (!timed_out) take_line(pending);  // a last line without its newline (one cut by the timeout is dropped)
+  // The peers start their own errors with "peer: " (`sys.exit("peer: torch is not importable")`), which the note
+  // says already: "peer skipped: peer: ..." said it twice.
+  if (last.starts_with("peer: ")) last.erase(0, 6);
   if (timed_out) {
     const std::string limit = "stopped at --peer-timeout " + fmt_seconds(timeout_s);
     return figures ? "peer " + limit + ": the cells it had not reached are –"

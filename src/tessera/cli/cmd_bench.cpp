@@ -55,7 +55,7 @@ size_t same_size_copy_bytes(double bytes) {
 const char* kBenchUsage =
     "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce> [flags]\n"
     "\n"
-    "  kernels    embedding, layernorm, residual, gelu (fwd and bwd) and cross-entropy fwd+bwd\n"
+    "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
     "  attention  naive against flash attention (ms, memory) and causal multi-head TFLOP/s\n"
     "  model      the CS336 end-to-end table: fwd, fwd+bwd, step ms, memory, tokens/s, MFU over model sizes\n"

@@ -123,8 +123,9 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     if (backend == "mpi-cpu") {
       const size_t ranks_here = static_cast<size_t>(world.local_size());
       constexpr size_t kMpiCopies = 3;  // the buffer and MPI's scratch
-      const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) on each of the " +
-                               std::to_string(ranks_here) + " ranks on this host";
+      const std::string where = ranks_here == 1 ? std::string("on the one rank on this host")
+                                                : "on each of the " + std::to_string(ranks_here) + " ranks on this host";
+      const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) " + where;
       const size_t per_rank = largest > SIZE_MAX / kMpiCopies ? SIZE_MAX : largest * kMpiCopies;
       check_host_memory(per_rank > SIZE_MAX / ranks_here ? SIZE_MAX : per_rank * ranks_here, what.c_str(),
                         kSizesHint);
@@ -144,6 +145,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   control.set_timeout(timeout);
   const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
   const int N = world.size();
+  const std::string ranks = std::to_string(N) + (N == 1 ? " rank" : " ranks");  // mpirun -np 1 runs too
 
   std::string device = "cpu";
   std::vector<AllreduceRow> rows;
@@ -162,8 +164,8 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
       comm = std::make_unique<MpiCommunicator>(world, timeout);
     }
     if (lead) {
-      std::printf("tessera bench allreduce: %s, %d ranks (%s), %s, %d warm-up + %d timed runs per size\n",
-                  backend.c_str(), N, device.c_str(), dtype_s.c_str(), timing.warmup, timing.iters);
+      std::printf("tessera bench allreduce: %s, %s (%s), %s, %d warm-up + %d timed runs per size\n",
+                  backend.c_str(), ranks.c_str(), device.c_str(), dtype_s.c_str(), timing.warmup, timing.iters);
       std::fflush(stdout);
     }
     rows = bench_allreduce(*comm, control, *ctx, sizes, dtype, timing);
@@ -185,7 +187,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   const bool with_peer = !peer.ms.empty();
   std::string md = "# tessera bench allreduce\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- backend: " + backend + ", " +
-        std::to_string(N) + " ranks, device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) +
+        ranks + ", device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) +
         " warm-up + " + std::to_string(timing.iters) + " timed runs per size; a run's time is its slowest rank's (" +
         (backend == "nccl-cuda" ? "cudaEvents from issue to completion" : "host clock") +
         "); algbw = size / time, busbw = algbw x 2(n-1)/n, GB/s = 1e9 bytes/s\n";

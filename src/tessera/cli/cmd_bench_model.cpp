@@ -203,7 +203,7 @@ int cmd_bench_model(int argc, char** argv) {
     std::printf("  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
     std::fflush(stdout);
     peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str(), peer_timeout);  // "cpu" or "cuda:N"
-    std::printf("  peer: %s\n", peer.note.empty() ? "done" : peer.note.c_str());
+    std::printf("  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..." itself
     std::fflush(stdout);
   }
 

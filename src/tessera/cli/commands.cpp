@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -49,10 +50,12 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0, "--greedy takes the most likely token, "
            "and --temperature ", a.str("temperature"), " samples: give one of them");
   if (a.has("greedy")) p.temperature = 0;
-  // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k or top-p cut would be ignored.
-  for (const char* f : {"top-k", "top-p"})
-    TS_CHECK(p.temperature != 0 || !a.has(f), a.has("greedy") ? "--greedy" : "--temperature 0", " takes the most "
-             "likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
+  // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k or top-p cut would be ignored. --top-k 0
+  // (all tokens) and --top-p 1 (all the mass) cut nothing, so they go with it.
+  const std::pair<const char*, bool> cuts[] = {{"top-k", p.top_k != 0}, {"top-p", p.top_p != 1}};
+  for (const auto& [f, cut] : cuts)
+    TS_CHECK(p.temperature != 0 || !a.has(f) || !cut, a.has("greedy") ? "--greedy" : "--temperature 0",
+             " takes the most likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
@@ -90,8 +93,8 @@ int cmd_prepare(int argc, char** argv) {
   a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
         "it, X of them to within one block (default 0.1: every 10th block)");
   if (!a.parse(argc, argv, 2)) return 0;
-  TS_CHECK(a.has("text"), "tessera prepare: --text FILE is required");
-  TS_CHECK(a.has("out"), "tessera prepare: --out DIR is required");
+  TS_CHECK(a.has("text"), "--text FILE is required");
+  TS_CHECK(a.has("out"), "--out DIR is required");
   TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
@@ -113,7 +116,14 @@ int cmd_prepare(int argc, char** argv) {
   for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
   if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
   const std::string shards = std::to_string(r.removed.size()) + " earlier shard" + (r.removed.size() > 1 ? "s" : "");
-  std::printf("wrote %zu train and %zu val tokens to %s%s\n", r.n_train, r.n_val, out.c_str(),
+  // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" read as one token too many.
+  const auto tokens = [](size_t n, const char* split) {
+    return std::to_string(n) + " " + split + (n == 1 ? " token" : " tokens");
+  };
+  const std::string counts = r.n_train != 1 && r.n_val != 1
+                                 ? std::to_string(r.n_train) + " train and " + tokens(r.n_val, "val")
+                                 : tokens(r.n_train, "train") + " and " + tokens(r.n_val, "val");
+  std::printf("wrote %s to %s%s\n", counts.c_str(), out.c_str(),
               r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
   // A signal held off while the shards were renamed into place: the work is done (and said so above), but a script
   // that was interrupted stops, as it would have a moment earlier.
@@ -290,7 +300,7 @@ int cmd_info(int argc, char** argv) {
                   human_bytes(8.0 * static_cast<double>(last)) + " on the last (ZeRO-1: " + human_bytes(moments) +
                   " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
                   std::to_string(z.total - z.tail_begin()) + " left over on the last)";
-    std::printf("           data parallel over %d ranks: AdamW m+v %s\n", world,
+    std::printf("           data parallel over %d rank%s: AdamW m+v %s\n", world, world == 1 ? "" : "s",
                 zero ? sharded.c_str()
                      : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
   }

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <ctime>
 #include <new>
@@ -75,9 +77,11 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
 }
 
 void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
+  // A write that fails (stdout on a full disk, or closed) stops the generation there: the text is lost, and the rest
+  // would be too. main() checks what other commands print, once they return.
   const auto put = [](const std::string& text) {  // may hold any byte, NUL included
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    const bool ok = std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0;
+    TS_CHECK(ok, "cannot write standard output: ", std::strerror(errno));
   };
   sampler_check(p);  // before anything is printed
   TS_CHECK(!prompt.empty(), "generate: the prompt is empty");
@@ -85,7 +89,8 @@ void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_n
   try {
     generate(model, prompt, max_new, p, [&](int32_t t) { put(byte_decode({t})); });
   } catch (...) {
-    put("\n");  // the text so far ends its line; the error follows on stderr
+    // The text so far ends its line; the error follows on stderr. Unchecked: the error may be this very stream's.
+    std::fputc('\n', stdout);
     throw;
   }
   put("\n");

@@ -63,6 +63,12 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
       const auto it = placeholders_.find(name);
       TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), command_, ": --", name,
                " takes no value");
+      // `--name=` gives the empty value, as `--name ''` does (and getopt_long): CLI11 took the next argument as its
+      // value, or said that "a flag is missing its value" without naming it.
+      if (end + 1 == a.size() && it != placeholders_.end()) {
+        args.emplace_back();
+        a.pop_back();
+      }
     }
     args.push_back(std::move(a));
   }

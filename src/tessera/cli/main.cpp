@@ -1,4 +1,8 @@
 // tessera — train and run transformer language models.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -38,9 +42,35 @@ int fail(std::string msg, const char* kind = "error", int code = 2) {
   return code;
 }
 
-}  // namespace
+// A standard stream that was closed when tessera started (`tessera train 2>&-`) is opened on /dev/null in the mode
+// that makes every use fail (stdout and stderr read-only: writes fail with EBADF), as gnulib's stdopen does. Left
+// closed, its number went to the next file tessera opened, and what was printed on it landed there: train's progress
+// lines, in metrics.jsonl.
+void hold_closed_std_streams() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // open() takes the lowest free number: fd itself, the lower ones being open or held already.
+    ::open("/dev/null", fd == STDIN_FILENO ? O_WRONLY : O_RDONLY);
+  }
+}
 
-int main(int argc, char** argv) {
+// Output lost to a full disk or a closed stdout (`tessera info > /dev/full`) is an error, as coreutils'
+// close_stdout makes it: exit code 0 would tell a script that the output is there. Only after a command that
+// succeeded: one that failed has said why, in its own line. A closed pipe still ends tessera with SIGPIPE at the write,
+// or train with its own stop; only where SIGPIPE is ignored is it said here, as a broken pipe.
+int close_stdout(int code) {
+  if (code != 0) return code;
+  const bool lost_before = std::ferror(stdout) != 0;  // a write that failed earlier (its buffer dropped since)
+  errno = 0;
+  const bool close_failed = std::fclose(stdout) != 0;  // flushes what is left, then closes
+  if (!lost_before && !close_failed) return 0;
+  const int err = errno;
+  std::fprintf(stderr, "tessera: error: cannot write standard output%s%s\n", err ? ": " : "",
+               err ? std::strerror(err) : "");
+  return 2;
+}
+
+int run_command(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -69,4 +99,11 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(e.what(), "internal error", 1);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hold_closed_std_streams();
+  return close_stdout(run_command(argc, argv));
 }

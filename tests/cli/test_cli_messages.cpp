@@ -1,0 +1,110 @@
+// What the CLI says and accepts, word for word, where a new user's trial found it wrong.
+#include <filesystem>
+#include <string>
+
+#include "tessera/bench/kernels.h"
+#include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
+#include "cli/cli_run.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CliRun;
+using test::run;
+
+class CliMessages : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override { dir = test::temp_dir("cli_messages"); }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // A checkpoint of a small random model at dir/ck.
+  void save_small_checkpoint() {
+    Gpt m(test::small_config(/*vocab=*/256, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32,
+                             /*max_seq=*/16));
+    m.init_weights(1);
+    save_checkpoint((dir / "ck").string(), m, nullptr);
+  }
+
+  // Exit 2 and exactly the line `tessera: error: <what>`.
+  static void expect_error(const CliRun& r, const std::string& what) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err, "tessera: error: " + what + "\n");
+  }
+};
+
+// Argmax (--temperature 0 or --greedy) beside --top-k 0 (all tokens) or --top-p 1 (all the mass) was refused as if
+// they limited what is sampled; cuts that do limit it are still refused.
+TEST_F(CliMessages, ArgmaxGoesWithCutsThatCutNothing) {
+  save_small_checkpoint();
+  const std::string gen = "generate --checkpoint ck --tokens 5 ";
+  const CliRun greedy = run(gen + "--greedy", dir);
+  ASSERT_EQ(greedy.code, 0) << greedy.err;
+  for (const char* flags : {"--temperature 0 --top-k 0", "--temperature 0 --top-p 1", "--temperature 0 --top-p 1.0 "
+                            "--top-k 0", "--greedy --top-k 0", "--greedy --top-p 1"}) {
+    const CliRun r = run(gen + flags, dir);
+    EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
+    EXPECT_EQ(r.out, greedy.out) << flags;
+  }
+  expect_error(run(gen + "--temperature 0 --top-k 1", dir),
+               "--temperature 0 takes the most likely token, and --top-k 1 limits what is sampled: give one of them");
+  expect_error(run(gen + "--greedy --top-p 0.99", dir),
+               "--greedy takes the most likely token, and --top-p 0.99 limits what is sampled: give one of them");
+}
+
+// "tessera: error: tessera prepare: --out DIR is required" said tessera twice.
+TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
+  write_file_atomic((dir / "t.txt").string(), std::string("some text"));
+  expect_error(run("prepare --out d", dir), "--text FILE is required");
+  expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
+}
+
+// A count of 1 takes the singular: "wrote 1 train and 1 val tokens", "data parallel over 1 ranks".
+TEST_F(CliMessages, ACountOfOneIsSingular) {
+  write_file_atomic((dir / "two.txt").string(), std::string("ab"));
+  CliRun r = run("prepare --text two.txt --out d", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 1 train token and 1 val token to d\n");
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "It is easy to despise what you cannot get. ";
+  write_file_atomic((dir / "t.txt").string(), text);
+  r = run("prepare --text t.txt --out d", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote 1161 train and 129 val tokens to d\n");  // the counts above 1 read as before
+
+  r = run("info --world 1 --zero 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("data parallel over 1 rank: "), std::string::npos) << r.out;
+  r = run("info --world 2 --zero 1");
+  EXPECT_NE(r.out.find("data parallel over 2 ranks: "), std::string::npos) << r.out;
+}
+
+// `--steps=` said "a flag is missing its value" without naming it, or, with a flag after it, took that flag as its
+// value. It is now the empty value, as `--steps ''` is, and refused as that is.
+TEST_F(CliMessages, AnEmptyValueAfterEqualsIsTheEmptyValue) {
+  expect_error(run("train --steps=", dir), "train: --steps expects an integer, got ''");
+  expect_error(run("train --steps= --out o", dir), "train: --steps expects an integer, got ''");
+  EXPECT_FALSE(fs::exists(dir / "o"));
+  expect_error(run("info --batch= --seq 8", dir), "info: --batch expects an integer, got ''");
+  expect_error(run("generate --checkpoint=", dir), "--checkpoint is empty");
+  save_small_checkpoint();
+  expect_error(run("generate --checkpoint ck --prompt=", dir), "generate: the prompt is empty");
+  expect_error(run("generate --prompt= --checkpoint ck --tokens 3", dir), "generate: the prompt is empty");
+}
+
+// The kernels line of `tessera bench --help` lists every family bench kernels runs; swiglu was missing.
+TEST_F(CliMessages, BenchHelpListsEveryKernelFamily) {
+  const CliRun r = run("bench --help");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("\n  kernels ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  for (const char* family : kKernelFamilies) EXPECT_NE(line.find(family), std::string::npos) << family << ": " << line;
+}
+
+}  // namespace
+}  // namespace tessera

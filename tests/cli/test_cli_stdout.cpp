@@ -1,0 +1,79 @@
+// Output that cannot be written is an error: `tessera info > /dev/full` exited 0 with the output lost.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
+#include "cli/cli_run.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CliRun;
+using test::run;
+
+class CliStdout : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override {
+    dir = test::temp_dir("cli_stdout");
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "It is easy to despise what you cannot get. ";
+    write_file_atomic((dir / "t.txt").string(), text);
+    Gpt m(test::small_config(/*vocab=*/256, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32,
+                             /*max_seq=*/16));
+    m.init_weights(1);
+    save_checkpoint((dir / "ck").string(), m, nullptr);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // One command of each kind that prints, and succeeds when its output can be written.
+  std::vector<std::string> printing_commands() const {
+    return {"--help", "--version", "bench --help", "info", "info --plan", "prepare --text t.txt --out d",
+            "generate --checkpoint ck --tokens 3 --greedy"};
+  }
+};
+
+TEST_F(CliStdout, OutputToAFullDiskIsAnError) {
+  for (const std::string& args : printing_commands()) {
+    ASSERT_EQ(run(args, dir).code, 0) << args;
+    const CliRun r = run(args + " > /dev/full", dir);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: No space left on device\n") << args;
+  }
+}
+
+// A closed stdout fails the same way.
+TEST_F(CliStdout, ClosedStdoutIsAnError) {
+  for (const std::string& args : printing_commands()) {
+    const CliRun r = run(args + " >&-", dir);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: Bad file descriptor\n") << args;
+  }
+}
+
+// A standard stream closed at the start lends its number to no file: train with stderr closed wrote its progress
+// lines (a line every 2 steps of 40) into metrics.jsonl, which took number 2.
+TEST_F(CliStdout, AClosedStreamWritesIntoNoFile) {
+  const std::string cmd = "cd '" + dir.string() + "' && " + test::binary() + " train --out o --batch 2 --seq 16 " +
+                          "--d-model 32 --n-layers 1 --val-every 0 --sample-tokens 0 --device cpu --steps 40 " +
+                          ">/dev/null 2>&- </dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string metrics = read_file_text((dir / "o" / "metrics.jsonl").string());
+  EXPECT_EQ(metrics.find("step 2/40"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.rfind("{\"step\":1,", 0), 0u) << metrics;
+}
+
+// A command that failed says so in its own line, without a second one about the output.
+TEST_F(CliStdout, AFailedCommandSaysOnlyItsOwnError) {
+  const CliRun r = run("info --bogus 1 > /dev/full", dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "tessera: error: info: unknown flag --bogus (see tessera info --help)\n");
+}
+
+}  // namespace
+}  // namespace tessera
