@@ -123,8 +123,9 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     if (backend == "mpi-cpu") {
       const size_t ranks_here = static_cast<size_t>(world.local_size());
       constexpr size_t kMpiCopies = 3;  // the buffer and MPI's scratch
-      const std::string where = ranks_here == 1 ? std::string("on the one rank on this host")
-                                                : "on each of the " + std::to_string(ranks_here) + " ranks on this host";
+      const std::string where = ranks_here == 1
+                                    ? std::string("on the one rank on this host")
+                                    : "on each of the " + std::to_string(ranks_here) + " ranks on this host";
       const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) " + where;
       const size_t per_rank = largest > SIZE_MAX / kMpiCopies ? SIZE_MAX : largest * kMpiCopies;
       check_host_memory(per_rank > SIZE_MAX / ranks_here ? SIZE_MAX : per_rank * ranks_here, what.c_str(),

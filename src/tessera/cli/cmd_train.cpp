@@ -54,6 +54,7 @@ constexpr int kDefaultSampleTokens = 100;
 SignalFlag g_stop = 0;
 // When the first stop came (CLOCK_MONOTONIC, ns; a lock-free atomic, safe in the handler).
 std::atomic<int64_t> g_stop_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the stop handler reads it");
 // A repeat within this of the first signal is the same stop: `timeout` signals the command and then its process
 // group, microseconds apart, and `kill` run twice in a script lands milliseconds apart; either way the run left
 // without its checkpoint, losing up to --ckpt-minutes of training. A person's second Ctrl-C comes later than this.
@@ -127,13 +128,15 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// --data FILE: a shard (by its magic) or text. Reads the first bytes only.
+// --data FILE: a shard (by its magic) or text. Reads the first bytes only, and nothing of what is not a regular
+// file: a FIFO is text (read once, as a whole, later; a peek here would take its first bytes).
 bool is_shard_file(const std::string& path) {
-  std::FILE* f = ::fdopen(open_for_reading(path, "data"), "rb");
-  TS_CHECK(f, "data: cannot read ", path, ": ", std::strerror(errno));
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  const int fd = open_for_reading(path, "data");
   int32_t magic = 0;
-  const bool full = std::fread(&magic, sizeof magic, 1, f) == 1;
-  std::fclose(f);
+  const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
+  ::close(fd);
   return full && magic == kShardMagic;
 }
 
@@ -254,6 +257,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   DataParallelOptions dist;
   std::string text, text_source, no_sample;
   int sample_flag = kDefaultSampleTokens;
+  // Held by rank 0 until it exits: one train at a time in OUT. Taken as soon as OUT is known, when it exists
+  // (before the checks read its checkpoint, which a running train may be swapping), else once it is made.
+  std::optional<DirectoryLock> out_lock;
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
     o.resume = a.str("resume");
@@ -321,6 +327,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       const fs::path parent = (ck.has_filename() ? ck : ck.parent_path()).parent_path();
       o.out = a.str("out", parent.empty() ? "." : parent.string());
     }
+    if (lead && fs::is_directory(o.out)) out_lock.emplace(o.out, "output directory");
     if (!ranks.world) {
       for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout", "comm-sms"})
         TS_CHECK(!a.has(f), "--", f, " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
@@ -466,13 +473,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Checks done: from here on files are written, by rank 0 alone.
   const fs::path out(o.out);
   CreatedDirs created;
-  std::optional<DirectoryLock> out_lock;  // held by rank 0 until it exits: one train at a time in OUT
   SignalFlag prepare_stop = 0;  // a stop while train prepares its text (the training's handlers come later)
   int prepare_interrupted = 0;  // the signal that undid the prepare
   ranks.agree([&] {
     if (!lead) return;
     created.create(o.out);
-    out_lock.emplace(o.out, "output directory");
+    if (!out_lock) out_lock.emplace(o.out, "output directory");
     if (!text_source.empty()) {
       // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else). A stop
       // while it writes undoes it: killed there, it left a hidden temporary shard in OUT/data, which the next run
@@ -492,7 +498,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       }
       // A signal after the last shard was written: the training stops at its first step boundary, as if it had come
       // a moment later.
-      if (prepare_stop != 0) g_stop = prepare_stop;
+      if (prepare_stop != 0) {
+        g_stop_ns.store(monotonic_ns());  // a repeat of it (timeout's second) is the same stop
+        g_stop = prepare_stop;
+      }
       const size_t n_train = prepared.n_train, n_val = prepared.n_val;
       std::error_code ec;
       // The source as the user would type it from here (the bundled corpus's path is absolute at build time).

@@ -100,7 +100,13 @@ int cmd_prepare(int argc, char** argv) {
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string out = a.str("out");
   const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
-  const std::string text = read_file_text(a.str("text"), "text");
+  std::string text;
+  try {
+    text = read_file_text(a.str("text"), "text");  // a FIFO: waits for its writer, as cat does
+  } catch (const Error&) {
+    if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);  // the wait, interrupted (EINTR)
+    throw;
+  }
   size_t bad = 0;
   TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (invalid at byte ", bad,
            "); tessera prepare tokenizes text files only");

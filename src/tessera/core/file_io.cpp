@@ -18,8 +18,10 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
-int open_for_reading(const std::string& path, const char* what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+int open_for_reading(const std::string& path, const char* what, bool wait_for_writer) {
+  struct stat before {};
+  const bool fifo = ::stat(path.c_str(), &before) == 0 && S_ISFIFO(before.st_mode);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (fifo && wait_for_writer ? 0 : O_NONBLOCK));
   TS_CHECK(fd >= 0, what, ": cannot read ", path, ": ", std::strerror(errno));
   struct stat st {};
   const int flags = ::fcntl(fd, F_GETFL);
@@ -36,7 +38,7 @@ namespace {
 // Bytes (std::vector<uint8_t>) or text (std::string): read straight into the result, without a second copy.
 template <typename Bytes>
 Bytes read_whole_file(const std::string& path, const char* what) {
-  const int fd = open_for_reading(path, what);
+  const int fd = open_for_reading(path, what, /*wait_for_writer=*/true);
   std::FILE* f = ::fdopen(fd, "rb");
   if (!f) {
     const int e = errno;
@@ -101,32 +103,43 @@ std::string atomic_temp_path(const std::string& path) {
 }
 
 // Where write_file_atomic puts the bytes for `path`. A regular file, or a new name: replaced by a rename. A symlink:
-// the file it leads to (created when the link dangles), so that the link stays a link. Anything else (a device such
-// as /dev/null, a FIFO, /proc/self/fd/1): written in place, as a shell's `>` would; a rename put a regular file in
-// its place, and as root `--out /dev/null` replaced the system's /dev/null.
+// the file it leads to (created when the link dangles), so that the link stays a link. Anything else (a character
+// device such as /dev/null, a FIFO), and any path under /dev or /proc (/dev/stdout, /proc/self/fd/1: a
+// redirected stdout may be a regular file, which a rename would replace): written in place, appended, as a shell's
+// `>>` would; a rename put a regular file in its place, and as root `--out /dev/null` replaced the system's
+// /dev/null. A block device is refused: tessera never means to write one.
 struct OutputTarget {
   std::string path;
   bool in_place = false;
 };
 OutputTarget output_target(const std::string& path) {
+  const auto special = [](const fs::path& p) {
+    const std::string s = p.string();
+    return s.starts_with("/dev/") || s.starts_with("/proc/");
+  };
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return {path, true};  // a directory: "Is a directory"
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  TS_CHECK(!exists || !S_ISBLK(st.st_mode), "cannot write ", path, ": it is a block device");
+  if (exists && (!S_ISREG(st.st_mode) || special(fs::absolute(path)))) return {path, true};  // a directory: EISDIR
   // The end of the symlink chain, followed by hand: canonical() needs the target to exist, and weakly_canonical()
-  // stops before a dangling link. 40 links, as the kernel allows; a loop is left to the open to report.
+  // stops before a dangling link. A relative link is taken from the link's directory, as the kernel does; the
+  // result is not normalized lexically (`dir/../x` through a symlinked dir is not `x`).
   fs::path p(path);
   std::error_code ec;
-  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    TS_CHECK(hops < 40, "cannot write ", path, ": ", std::strerror(ELOOP));
     const fs::path to = fs::read_symlink(p, ec);
     if (ec) break;
     p = to.is_absolute() ? to : p.parent_path() / to;
+    if (special(to)) return {path, true};
   }
-  return {p.lexically_normal().string(), false};
+  return {p.string(), false};
 }
 
-// Opens an existing non-regular `path` for writing in place. A FIFO with no reader is refused at once
+// Opens an existing non-regular `path` for writing in place, appending. A FIFO with no reader is refused at once
 // (O_NONBLOCK: ENXIO) instead of waiting for one; the descriptor is then made blocking for the writes.
 std::FILE* open_in_place(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return nullptr;
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
@@ -148,9 +161,8 @@ std::FILE* open_in_place(const std::string& path) {
 void check_file_writable(const std::string& path, const std::string& what) {
   const OutputTarget target = output_target(path);
   if (target.in_place) {
-    std::FILE* f = open_in_place(target.path);
-    TS_CHECK(f, what, " ", path, ": cannot write there: ", std::strerror(errno));
-    std::fclose(f);
+    // Asked, not opened: opening and closing a FIFO's write end would end its reader's input before the write.
+    TS_CHECK(::access(target.path.c_str(), W_OK) == 0, what, " ", path, ": cannot write there: ", std::strerror(errno));
     return;
   }
   const std::string tmp = atomic_temp_path(target.path);
@@ -181,8 +193,11 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   // A device or a pipe cannot be synced (EINVAL, EROFS); what it took is what it took.
   ok = std::fflush(f) == 0 &&
        (::fsync(::fileno(f)) == 0 || (target.in_place && (errno == EINVAL || errno == EROFS)));
-  const int saved_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
+  int saved_errno = errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    saved_errno = errno;  // the close's own reason (a deferred write error), not a tolerated fsync's
+  }
   if (!ok) {
     discard();
     TS_THROW("cannot write ", path, ": ", std::strerror(saved_errno));
@@ -213,8 +228,12 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
   const int e = errno;
   ::close(fd_);
+  fd_ = -1;
   TS_CHECK(e != EWOULDBLOCK, what, " ", dir, " is in use by another tessera process (a train into it, or a resume "
            "of it): wait for that one to end, or choose another --out");
+  // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
+  // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
+  if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;
   TS_THROW("cannot lock ", what, " ", dir, ": ", std::strerror(e));
 }
 

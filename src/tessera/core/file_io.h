@@ -8,32 +8,36 @@
 
 namespace tessera {
 
-// Opens `path` for reading, as a blocking descriptor, without blocking in open() itself: a FIFO with no writer made
-// open() wait forever (`prepare --text FIFO` hung). A directory is refused ("is a directory"). Throws Error
+// Opens `path` for reading, as a blocking descriptor. A directory is refused ("is a directory"). A FIFO: with
+// wait_for_writer, open() waits for a writer, as `cat` does (a producer started after tessera is the usual way to
+// feed one, and reading it as empty would race it); without, it does not wait (a FIFO where a checkpoint or a shard
+// belongs hung in open() forever) and the caller refuses what is not a regular file. Throws Error
 // "<what>: cannot read <path>: <reason>".
-int open_for_reading(const std::string& path, const char* what);
+int open_for_reading(const std::string& path, const char* what, bool wait_for_writer = false);
 // Reads a whole file; throws Error "<what>: cannot read <path>: <reason>" when missing or unreadable.
 std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what = "file");
 std::string read_file_text(const std::string& path, const char* what = "file");
 
 // Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then
 // renamed over `path`, so a reader sees the old file or the new one, never a half-written one. The directory
-// is synced after the rename, so the new name survives a power loss too.
-// `write` receives the open FILE* of the temporary file.
+// is synced after the rename, so the new name survives a power loss too. A symlink's target is written so (the
+// link stays); a device, a FIFO or a path under /dev or /proc is written in place, appended (file_io.cpp,
+// output_target). `write` receives the open FILE* it writes.
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Checks, before any work, that write_file_atomic(path) could write: creates and removes the temporary file it
-// would use beside `path`. Throws Error "<what> <path>: cannot write there: <reason>" where the file system refuses
+// would use beside `path` (for an in-place target, asks access(W_OK) without opening it). Throws Error "<what> <path>: cannot write there: <reason>" where the file system refuses
 // (a directory that root may "access" but that takes no files, such as /proc; a read-only mount; a full disk of
 // inodes).
 void check_file_writable(const std::string& path, const std::string& what);
 
 // An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
 // the process ends however it ends. Two trains into one run directory both wrote its checkpoints and metrics, and
-// died with errors about each other's temporary files. Throws Error "<what> <dir> is in use by another process"
-// when one holds it.
+// died with errors about each other's temporary files. Throws Error "<what> <dir> is in use by another tessera
+// process ..." when one holds it; on a file system that cannot lock a directory (NFS, Lustre without flock) it
+// holds nothing.
 class DirectoryLock {
  public:
   DirectoryLock(const std::string& dir, const std::string& what);
