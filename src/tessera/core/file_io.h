@@ -28,9 +28,9 @@ void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Checks, before any work, that write_file_atomic(path) could write: creates and removes the temporary file it
-// would use beside `path` (for an in-place target, asks access(W_OK) without opening it). Throws Error "<what> <path>: cannot write there: <reason>" where the file system refuses
-// (a directory that root may "access" but that takes no files, such as /proc; a read-only mount; a full disk of
-// inodes).
+// would use beside `path` (for an in-place target, asks access(W_OK) without opening it). Throws Error "<what>
+// <path>: cannot write there: <reason>" where the file system refuses (a directory that root may "access" but that
+// takes no files, such as /proc; a read-only mount; a full disk of inodes).
 void check_file_writable(const std::string& path, const std::string& what);
 
 // An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
