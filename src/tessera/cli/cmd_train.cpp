@@ -80,13 +80,6 @@ extern "C" void on_stop_signal(int sig) {
   g_stop = sig;
 }
 
-// How the stop is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
-// "interrupted".
-const char* stop_word(int sig) {
-  return sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : sig == SIGPIPE ? "stopped: output closed"
-                                                                                    : "interrupted";
-}
-
 // Removes the directories this command created when it fails before its first step, so that a failed command
 // leaves no empty output directory and no prepared shards.
 class CreatedDirs {
@@ -126,18 +119,6 @@ std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
-}
-
-// --data FILE: a shard (by its magic) or text. Reads the first bytes only, and nothing of what is not a regular
-// file: a FIFO is text (read once, as a whole, later; a peek here would take its first bytes).
-bool is_shard_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  const int fd = open_for_reading(path, "data");
-  int32_t magic = 0;
-  const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
-  ::close(fd);
-  return full && magic == kShardMagic;
 }
 
 // Why the sample after training, byte-level text as tessera generate's, cannot come from this model; "" when it can.

@@ -76,10 +76,8 @@ namespace {
 // the signal, so neither leaves temporary files or half the new shards.
 SignalFlag g_prepare_stop = 0;
 
-const char* prepare_stop_word(int sig) { return sig == SIGTERM ? "terminated" : "interrupted"; }
-
 int prepare_interrupted(int sig, const std::string& out) {
-  std::fprintf(stderr, "tessera: %s: %s left as it was\n", prepare_stop_word(sig), out.c_str());
+  std::fprintf(stderr, "tessera: %s: %s left as it was\n", stop_word(sig), out.c_str());
   return 128 + sig;
 }
 
@@ -135,7 +133,7 @@ int cmd_prepare(int argc, char** argv) {
   // that was interrupted stops, as it would have a moment earlier.
   if (r.stopped != 0) {
     std::fflush(stdout);
-    std::fprintf(stderr, "tessera: %s after the shards were in place\n", prepare_stop_word(r.stopped));
+    std::fprintf(stderr, "tessera: %s after the shards were in place\n", stop_word(r.stopped));
     return 128 + r.stopped;
   }
   return 0;

@@ -76,6 +76,11 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
   return tokens;
 }
 
+const char* stop_word(int sig) {
+  return sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : sig == SIGPIPE ? "stopped: output closed"
+                                                                                    : "interrupted";
+}
+
 void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
   // A write that fails (stdout on a full disk, or closed) stops the generation there: the text is lost, and the rest
   // would be too. main() checks what other commands print, once they return.

@@ -30,6 +30,9 @@ void print_bench_markdown(const std::string& md, const std::string& out);
 // missing or not writable, or it names a directory. Creates nothing.
 void check_output_path(const std::string& flag, const std::string& path);
 std::string human_count(double n);
+// How a stop by signal is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
+// "interrupted".
+const char* stop_word(int sig);
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 // Prints the prompt, then each generated token's text as it is drawn (stdout flushed each time, so a long sample

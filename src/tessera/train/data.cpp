@@ -230,20 +230,15 @@ class HoldSignals {
 };
 }  // namespace
 
-namespace {
-// Whether `path` begins with a shard header's magic (a file too short, or unreadable, does not).
-bool starts_with_shard_magic(const std::string& path) {
+bool is_shard_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  const int fd = open_for_reading(path, "data");
   int32_t magic = 0;
-  try {
-    const int fd = open_for_reading(path, "data");
-    const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
-    ::close(fd);
-    return full && magic == kShardMagic;
-  } catch (const Error&) {
-    return false;
-  }
+  const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
+  ::close(fd);
+  return full && magic == kShardMagic;
 }
-}  // namespace
 
 bool is_prepare_leftover(std::string_view name) {
   for (const std::string_view kind : {".train_000000.bin.tmp.", ".val_000000.bin.tmp.", ".train_000000.bin.old."}) {
@@ -298,7 +293,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
       TS_CHECK(name.starts_with("train_") || name.starts_with("val_"), "prepare: ", out_dir, " holds ", name,
                ", a shard that train --data would read beside the new ones: move it, or prepare into another "
                "directory");
-      TS_CHECK(starts_with_shard_magic(e.path().string()), "prepare: ", out_dir, " holds ", name,
+      TS_CHECK(is_shard_file(e.path().string()), "prepare: ", out_dir, " holds ", name,
                ", which is named as a shard but is not one (no shard header), and would be ",
                name == kNames[0] || name == kNames[1] ? "replaced" : "removed",
                ": move it, or prepare into another directory");

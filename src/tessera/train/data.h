@@ -77,6 +77,10 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
 // ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss) leaves them; the next prepare
 // into that directory removes those whose process is gone, and train --text accepts them in OUT/data.
 bool is_prepare_leftover(std::string_view name);
+// Whether `path` is a shard by its header's magic: a regular file that begins with it. Reads its first 4 bytes
+// only, and nothing of what is not a regular file (a FIFO's first bytes would be taken from its reader). Throws
+// Error "data: cannot read <path>: <reason>" for a regular file it cannot open.
+bool is_shard_file(const std::string& path);
 // The token counts {train, val} that prepare_shards would write for a text of `text_bytes` bytes: known before
 // anything is written, so a caller can check them first.
 std::pair<size_t, size_t> prepare_split_sizes(size_t text_bytes, double val_fraction = 0.1);
