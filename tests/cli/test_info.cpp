@@ -130,6 +130,21 @@ TEST(CliInfo, ModelFlagsAreRefusedBesideACheckpoint) {
   std::filesystem::remove_all(d);
 }
 
+// A batch and sequence whose activations pass 1 EiB are refused by name. Their sizes wrapped around 2^64 before:
+// info printed a planned peak of 15985868268780333056 bytes for this (and a smaller one for half the batch), and
+// train's memory check read such a wrapped figure.
+TEST(CliInfo, ActivationsPastOneExbibyteAreRefused) {
+  const std::string model = "info --vocab 1000000 --d-model 64 --n-layers 1 --n-heads 1 --max-seq 1000000 --seq 1000000";
+  const test::CliRun r = test::run(model + " --batch 2147483647");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.err, "tessera: error: batch 2147483647 x seq 1000000: the activations need more than 1 EiB (2^60 "
+                   "bytes) at h.0.ln1; give a smaller batch or sequence\n");
+  // 1024 sequences of a million tokens (about 3.7 PiB) are still planned, and the sum is above the peak.
+  const test::CliRun ok = test::run(model + " --batch 1024");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_GT(bytes_on_line(ok.out, "sum of buffers"), bytes_on_line(ok.out, "planned peak"));
+}
+
 // The ZeRO-1 chunk is rounded down to whole blocks of 16 parameters, the tail left to the last rank: past 1 block a
 // rank every chunk was 0, and info --world 100000 --zero 1 printed "6.37 MiB on each rank (ZeRO-1: 1/100000 of
 // 6.37 MiB)"; near that limit the last rank's tail was printed as every rank's share.

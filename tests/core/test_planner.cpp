@@ -200,6 +200,33 @@ TEST(MemoryPlan, AwkwardCases) {
 
 // Fixed buffers (a model's flat gradients) keep their offsets, unaligned ones included; the others use their
 // memory outside their lives and go around them during them.
+// Sizes near 2^64 wrapped: a buffer of SIZE_MAX bytes rounded up to 0, and info printed sums below the peak. A plan
+// holds at most kMaxTotal (1 EiB); what would pass it is refused, and the plan keeps what it had.
+TEST(MemoryPlan, RefusesToGrowPastOneExbibyte) {
+  constexpr size_t kMax = MemoryPlan::kMaxTotal;
+  MemoryPlan plan(256);
+  EXPECT_THROW(plan.add("wraps", SIZE_MAX, 0, 1), Error);
+  EXPECT_THROW(plan.add("just past", kMax + 1, 0, 1), Error);
+  plan.add("half", kMax / 2, 0, 1);
+  plan.add("a byte", 1, 1, 2);
+  EXPECT_THROW(plan.add("the other half", kMax / 2, 2, 3), Error);  // 256 more than fit
+  plan.add("the rest", kMax / 2 - 256, 2, 3);
+  EXPECT_EQ(plan.total(), kMax);
+  EXPECT_THROW(plan.add("one more", 1, 0, 0), Error);
+  EXPECT_THROW(plan.add_fixed("high", 16, 0, 0, kMax - 8), Error);
+  EXPECT_THROW(plan.add_fixed("wrapping", 16, 0, 0, SIZE_MAX - 8), Error);
+  EXPECT_EQ(plan.size(), 3u);
+  plan.assign();
+  EXPECT_EQ(plan.peak(), kMax / 2 + 256);  // "the rest" shares "half"'s memory, after "a byte"'s life
+  expect_valid_first_fit(plan);
+  MemoryPlan fixed(256);
+  fixed.add_fixed("grads", 1000, 0, 3, kMax - 1000);  // ends exactly at the limit, unrounded
+  EXPECT_EQ(fixed.total(), 1000u);
+  EXPECT_THROW(fixed.add("next", kMax - 1000, 0, 0), Error);  // rounded, it would pass
+  fixed.add("next", kMax - 1024, 0, 0);
+  EXPECT_EQ(fixed.total(), kMax - 24);
+}
+
 TEST(MemoryPlan, FixedBuffersStayAndOthersFitAround) {
   {
     MemoryPlan plan(256);

@@ -7,16 +7,21 @@
 namespace tessera {
 
 MemoryPlan::MemoryPlan(size_t align) : align_(align) {
-  TS_CHECK(align > 0 && (align & (align - 1)) == 0, "memory plan: alignment must be a power of two, got ", align);
+  TS_CHECK(align > 0 && (align & (align - 1)) == 0 && align <= kMaxTotal,
+           "memory plan: alignment must be a power of two up to ", kMaxTotal, ", got ", align);
 }
 
 int MemoryPlan::add(std::string name, size_t bytes, int first, int last) {
   TS_CHECK(first >= 0 && first <= last, "memory plan: buffer ", name, " has the life [", first, ", ", last,
            "]; a life runs from its first event to its last, both >= 0");
+  // bytes <= kMaxTotal first, so that its rounding cannot wrap.
+  TS_CHECK(bytes <= kMaxTotal && align_up(bytes) <= kMaxTotal - total_, "memory plan: buffer ", name, " (", bytes,
+           " bytes) takes the plan past ", kMaxTotal, " bytes (1 EiB), more than any machine holds");
   PlanBuffer b;
   b.name = std::move(name);
   b.bytes = bytes;
   b.size = align_up(bytes);
+  total_ += b.size;
   b.first = first;
   b.last = last;
   buffers_.push_back(std::move(b));
@@ -27,8 +32,11 @@ int MemoryPlan::add(std::string name, size_t bytes, int first, int last) {
 }
 
 int MemoryPlan::add_fixed(std::string name, size_t bytes, int first, int last, size_t offset) {
+  TS_CHECK(offset <= kMaxTotal && bytes <= kMaxTotal - offset, "memory plan: fixed buffer ", name, " at ", offset,
+           " (", bytes, " bytes) ends past ", kMaxTotal, " bytes (1 EiB), more than any machine holds");
   const int id = add(std::move(name), bytes, first, last);
   PlanBuffer& b = buffers_.back();
+  total_ -= b.size - bytes;  // a fixed buffer occupies its bytes exactly
   b.size = bytes;
   b.offset = offset;
   b.fixed = true;
@@ -126,11 +134,7 @@ size_t MemoryPlan::peak() const {
   return peak_;
 }
 
-size_t MemoryPlan::total() const {
-  size_t s = 0;
-  for (const PlanBuffer& b : buffers_) s += b.size;
-  return s;
-}
+size_t MemoryPlan::total() const { return total_; }
 
 std::vector<size_t> MemoryPlan::live_bytes() const {
   // A difference array over the events: +size at first, -size after last.

@@ -53,10 +53,14 @@ struct LiveSet {
 class MemoryPlan {
  public:
   static constexpr size_t kDefaultAlign = 256;
+  // The most the buffers of one plan may add up to (1 EiB, 2^60 bytes): no machine holds more, and below it no
+  // offset, end or sum of the plan can overflow a size_t. add() refuses a buffer that would pass it.
+  static constexpr size_t kMaxTotal = size_t{1} << 60;
 
   explicit MemoryPlan(size_t align = kDefaultAlign);
 
-  // Declares a buffer living from event `first` to event `last` (inclusive); returns its id (0, 1, ...).
+  // Declares a buffer living from event `first` to event `last` (inclusive); returns its id (0, 1, ...). Throws
+  // when the buffers would add up to more than kMaxTotal.
   int add(std::string name, size_t bytes, int first, int last);
   // Declares a buffer at a given offset (fixed: assign() keeps it there); returns its id.
   int add_fixed(std::string name, size_t bytes, int first, int last, size_t offset);
@@ -88,6 +92,7 @@ class MemoryPlan {
   size_t align_;
   std::vector<PlanBuffer> buffers_;
   int num_events_ = 0;
+  size_t total_ = 0;  // Σ sizes so far, at most kMaxTotal
   size_t peak_ = 0;
   bool assigned_ = false;
 };

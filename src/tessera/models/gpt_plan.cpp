@@ -144,11 +144,20 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
       planted_birth = true;
     }
   };
+  // A batch and sequence whose buffers pass MemoryPlan::kMaxTotal (1 EiB) are refused here, in the caller's terms,
+  // before any size can wrap around 2^64 (info printed wrapped sizes, and train's memory check read them).
+  size_t declared = 0;
   auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
     plant(name, first, last);
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    mp.add(name, static_cast<size_t>(n) * dtype_size(d), first, last);
+    size_t bytes = dtype_size(d);
+    bool fits = true;
+    for (int64_t s : shape) fits = fits && s >= 0 && !__builtin_mul_overflow(bytes, static_cast<size_t>(s), &bytes);
+    const size_t room = MemoryPlan::kMaxTotal - mp.align();  // declared stays below it
+    fits = fits && declared <= room && bytes <= room - declared;
+    TS_CHECK(fits, "batch ", B, " x seq ", T, ": the activations need more than 1 EiB (2^60 bytes) at ", name,
+             "; give a smaller batch or sequence");
+    declared += mp.align_up(bytes);
+    mp.add(name, bytes, first, last);
     slots.push_back({&t, d, std::move(shape)});
   };
   acts.res.assign(L + 1, Tensor());
