@@ -134,7 +134,8 @@ TEST(CliInfo, ModelFlagsAreRefusedBesideACheckpoint) {
 // info printed a planned peak of 15985868268780333056 bytes for this (and a smaller one for half the batch), and
 // train's memory check read such a wrapped figure.
 TEST(CliInfo, ActivationsPastOneExbibyteAreRefused) {
-  const std::string model = "info --vocab 1000000 --d-model 64 --n-layers 1 --n-heads 1 --max-seq 1000000 --seq 1000000";
+  const std::string model =
+      "info --vocab 1000000 --d-model 64 --n-layers 1 --n-heads 1 --max-seq 1000000 --seq 1000000";
   const test::CliRun r = test::run(model + " --batch 2147483647");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(r.err, "tessera: error: batch 2147483647 x seq 1000000: the activations need more than 1 EiB (2^60 "
