@@ -55,7 +55,13 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
                  out);
   // An integer too large for its flag says so, not that it is no integer.
   expect_refused(test::run(train_args(out, "--steps 99999999999999999999")),
-                 "--steps 99999999999999999999 is out of range (-2147483648 to 2147483647)", out);
+                 "--steps 99999999999999999999 is out of range (at most 2147483647)", out);
+  expect_refused(test::run(train_args(out, "--steps 2147483648")), "--steps 2147483648 is out of range (at most "
+                 "2147483647)", out);  // past int, within long: not strtol's ERANGE
+  expect_refused(test::run(train_args(out, "--warmup -2147483649")), "--warmup -2147483649 is out of range (at least "
+                 "-2147483648)", out);
+  expect_refused(test::run(train_args(out, "--warmup -99999999999999999999")), "--warmup -99999999999999999999 is "
+                 "out of range (at least -2147483648)", out);
   expect_refused(test::run(train_args(out, "--seed 99999999999999999999999")),
                  "--seed 99999999999999999999999 is out of range (at most 18446744073709551615)", out);
   expect_refused(test::run(train_args(out, "--steps 1e3")), "--steps expects an integer, got '1e3'", out);

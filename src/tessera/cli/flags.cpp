@@ -136,8 +136,11 @@ int Flags::integer(const std::string& name, int fallback) const {
   TS_CHECK(!v.empty() && *end == '\0' && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-' ||
                                           v[0] == '+'),
            command_, ": --", name, " expects an integer, got '", v, "'");
-  TS_CHECK(errno == 0 && x >= INT32_MIN && x <= INT32_MAX, command_, ": --", name, " ", v,
-           " is out of range (", INT32_MIN, " to ", INT32_MAX, ")");
+  // The side it left by, not int's whole range: most of these flags must be positive, and "-2147483648 to
+  // 2147483647" read as if a negative count were fine.
+  const bool high = errno == ERANGE ? x > 0 : x > INT32_MAX;
+  TS_CHECK(errno == 0 && x >= INT32_MIN && x <= INT32_MAX, command_, ": --", name, " ", v, " is out of range (",
+           high ? "at most " : "at least ", high ? int64_t{INT32_MAX} : int64_t{INT32_MIN}, ")");
   return static_cast<int>(x);
 }
 
