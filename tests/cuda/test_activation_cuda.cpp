@@ -81,6 +81,32 @@ TEST(CudaActivation, GeluInPlace) {
   expect_close(dev.download(t), out, DType::BF16, "gelu in place");
 }
 
+// The model's GELU backward (Gpt::backward, with the bias already in fc_pre): in place (d_in is d_out), no bias,
+// and d_bias accumulated. The op test above pairs bias with d_bias and never aliases d_in with d_out, so a kernel
+// that summed d_bias only when given a bias, or read d_out after writing d_in, passed it.
+TEST(CudaActivation, InPlaceBackwardWithABiasGradientAndNoBias) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (Activation kind : {Activation::Gelu, Activation::Relu})
+      for (ActShape s : {ActShape{7, 33}, ActShape{64, 768}, ActShape{13, 3072}}) {
+        const ActivationParams p{.N = s.N, .d_ff = s.F, .kind = kind};
+        const size_t NF = static_cast<size_t>(s.N) * s.F;
+        const auto in = rounded(dt, randn<double>(NF, rng, 2.0));
+        const auto d_out = rounded(dt, randn<double>(NF, rng));
+        const auto d_b0 = rounded(dt, randn<double>(s.F, rng));
+        std::vector<double> d_in(NF), d_b = d_b0;
+        activation_backward_ref<double>(p, d_in.data(), d_b.data(), d_out.data(), in.data(), nullptr);
+        DeviceArena dev(ctx);
+        const Tensor tin = dev.upload(dt, in), tg = dev.upload(dt, d_out), tdb = dev.upload(dt, d_b0);
+        activation_backward(p, tg, tdb, tg, tin, Tensor(), ctx);
+        const std::string what = std::string(activation_name(kind)) + " in place N=" + std::to_string(s.N) +
+                                 " d_ff=" + std::to_string(s.F);
+        expect_close(dev.download(tg), d_in, dt, what + " d_in", 1.0, 0.1 * norm2(d_out));
+        expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0, 0.1 * norm2(d_b0));
+      }
+}
+
 TEST(CudaActivation, BiasGradientIsDeterministic) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());

@@ -15,7 +15,11 @@ struct NormShape {
 constexpr NormShape kShapes[] = {{1, 1},     {7, 33},   {3, 100}, {64, 768}, {37, 1600},
                                  {130, 2560}, {5, 4096}, {9, 4095}, {5000, 64}};
 
-void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ctx, std::mt19937_64& rng) {
+// x_scale: the rows' size. At 1 the mean square is at least 1 and eps (1e-5) changes rstd by 5e-6, under every
+// tolerance here; at 3e-3 the variance and the mean square of some rows are about eps, so eps must be inside the
+// root, as the reference has it.
+void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ctx, std::mt19937_64& rng,
+                   double x_scale = 1.0) {
   const int N = s.N, C = s.C;
   const size_t NC = static_cast<size_t>(N) * C;
   const NormParams p{.N = N, .C = C, .eps = 1e-5f};
@@ -23,6 +27,7 @@ void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ct
   std::vector<double> x = randn<double>(NC, rng, 1.0);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) x[static_cast<size_t>(n) * C + c] += 3.0 * (n % 3);
+  for (double& v : x) v *= x_scale;
   x = rounded(dt, x);
   const auto w = rounded(dt, randn<double>(C, rng, 1.0));
   const auto b = rounded(dt, randn<double>(C, rng, 1.0));
@@ -54,7 +59,7 @@ void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ct
     rmsnorm_backward(p, tdx, tdw, tdo, tx, tw, trstd, ctx);
   }
   const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + (bias ? "+bias" : "") + " N=" +
-                           std::to_string(N) + " C=" + std::to_string(C);
+                           std::to_string(N) + " C=" + std::to_string(C) + " x_scale=" + std::to_string(x_scale);
   expect_close(dev.download(tout), out, dt, what + " out");
   if (layernorm) expect_close(dev.download(tmean), mean, DType::F32, what + " mean", 10.0);
   expect_close(dev.download(trstd), rstd, DType::F32, what + " rstd", 10.0);
@@ -72,6 +77,16 @@ TEST(CudaNorm, MatchesReferenceOnAwkwardShapes) {
       run_norm_case(/*layernorm=*/true, /*bias=*/true, dt, s, ctx, rng);
       run_norm_case(/*layernorm=*/true, /*bias=*/false, dt, s, ctx, rng);
       run_norm_case(/*layernorm=*/false, /*bias=*/false, dt, s, ctx, rng);
+    }
+}
+
+TEST(CudaNorm, EpsCountsOnSmallRows) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (NormShape s : {NormShape{7, 33}, NormShape{64, 768}, NormShape{9, 4095}}) {
+      run_norm_case(/*layernorm=*/true, /*bias=*/true, dt, s, ctx, rng, /*x_scale=*/3e-3);
+      run_norm_case(/*layernorm=*/false, /*bias=*/false, dt, s, ctx, rng, /*x_scale=*/3e-3);
     }
 }
 
