@@ -347,6 +347,9 @@ TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
     EXPECT_EQ(f, 0.0f) << zero;
   }
   EXPECT_EQ(decimal_range_note<float>(DecimalStatus::OutOfRange), "is out of range (-3.40282e+38 to 3.40282e+38)");
+  EXPECT_EQ(counted(1, "token"), "1 token");
+  EXPECT_EQ(counted(0, "token"), "0 tokens");
+  EXPECT_EQ(counted(18446744073709551615ull, "byte"), "18446744073709551615 bytes");
   EXPECT_EQ(decimal_range_note<float>(DecimalStatus::Underflow),
             "is too close to zero (the smallest magnitude it takes is 1.17549e-38)");
   for (const char* v : {"inf", "nan", "0x10", " 3", "", "1e3x", "e5"}) {

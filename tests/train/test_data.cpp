@@ -192,6 +192,17 @@ TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
   msg = error_of([&] { TokenStream({good, bad}, 256); });
   EXPECT_TRUE(one_line(msg)) << msg;
   EXPECT_NE(msg.find(bad + ": truncated (header says 4 tokens, file holds 2)"), std::string::npos) << msg;
+  // One token, said in the singular (it said "1 tokens"), and a stream too short for one batch.
+  write_shard(bad, {9});
+  write_file_atomic(bad, read_file_bytes(bad).data(), read_file_bytes(bad).size() + 1);
+  EXPECT_NE(error_of([&] { TokenStream({bad}, 256); }).find(bad + ": 1 byte beyond the 1 token its header declares"),
+            std::string::npos);
+  write_shard(bad, {9});
+  TokenStream one({bad}, 256);
+  std::vector<int32_t> in(2), tg(2);
+  EXPECT_NE(error_of([&] { one.next_batch(1, 2, in.data(), tg.data()); }).find("holds 1 token, fewer than batch x "
+                                                                              "seq + 1 = 3"),
+            std::string::npos);
   // Empty, missing, and a directory.
   write_file_atomic(bad, std::string());
   EXPECT_NE(error_of([&] { TokenStream({good, bad}, 256); }).find("truncated header (0 of 1024 bytes)"),

@@ -26,6 +26,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/signals.h"
+#include "tessera/core/units.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/mpi_communicator.h"
@@ -375,8 +376,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
       // new text is too short leaves the old run as it was).
       const size_t n_train = prepare_split_sizes(text.size()).first;
-      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", n_train,
-               " tokens, fewer than batch x ", o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
+      TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ",
+               counted(n_train, "token"), ", fewer than batch x ", o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
     } else {
       setup.options.data = o.data;
       train_open_data(setup);

@@ -62,4 +62,8 @@ std::optional<double> parse_byte_size(std::string_view v) {
   return std::nullopt;
 }
 
+std::string counted(unsigned long long n, std::string_view noun) {
+  return std::to_string(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
+}
+
 }  // namespace tessera

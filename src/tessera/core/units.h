@@ -33,4 +33,7 @@ std::string decimal_range_note(DecimalStatus status);
 // a value that is not finite). The value is not rounded or range-checked: the caller says what it accepts.
 std::optional<double> parse_byte_size(std::string_view v);
 
+// "1 token", "0 tokens", "2 tokens": n and the noun, plural but for n == 1 (the noun's plural is noun + "s").
+std::string counted(unsigned long long n, std::string_view noun);
+
 }  // namespace tessera

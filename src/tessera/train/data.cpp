@@ -13,6 +13,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 
 namespace tessera {
 
@@ -33,10 +34,10 @@ MappedFile map_shard(const std::string& path, int vocab, size_t* count_out, int*
   TS_CHECK(header[2] >= 0, "shard ", path, ": negative token count ", header[2]);
   const size_t count = static_cast<size_t>(header[2]);
   const size_t expect = header_bytes + count * sizeof(uint16_t);
-  TS_CHECK(size >= expect, "shard ", path, ": truncated (header says ", count, " tokens, file holds ",
+  TS_CHECK(size >= expect, "shard ", path, ": truncated (header says ", counted(count, "token"), ", file holds ",
            (size - header_bytes) / 2, ")");
-  TS_CHECK(size == expect, "shard ", path, ": ", size - expect, " bytes beyond the ", count,
-           " tokens its header declares");
+  TS_CHECK(size == expect, "shard ", path, ": ", counted(size - expect, "byte"), " beyond the ",
+           counted(count, "token"), " its header declares");
   int max_token = -1;
   if (vocab > 0 && count > 0) {
     // The mapping is page-aligned and the header 1 KiB, so the tokens are aligned uint16.
@@ -422,7 +423,7 @@ TokenStream::TokenStream(const std::vector<std::string>& shards, int vocab) {
 
 void TokenStream::next_batch(int B, int T, int32_t* inputs, int32_t* targets) {
   const size_t need = static_cast<size_t>(B) * T + 1;
-  TS_CHECK(size_ >= need, "data ", name_, ": holds ", size_, " tokens, fewer than batch x seq + 1 = ", need);
+  TS_CHECK(size_ >= need, "data ", name_, ": holds ", counted(size_, "token"), ", fewer than batch x seq + 1 = ", need);
   if (pos_ + need > size_) pos_ = 0;
   // The first shard that ends after pos_ (empty shards end where the one before does, and are passed over).
   size_t s = static_cast<size_t>(
@@ -447,7 +448,7 @@ void TokenStream::next_batch(int B, int T, int32_t* inputs, int32_t* targets) {
 }
 
 void TokenStream::set_position(uint64_t pos) {
-  TS_CHECK(pos <= size_, "data: resume position ", pos, " is beyond the ", size_, " tokens");
+  TS_CHECK(pos <= size_, "data: resume position ", pos, " is beyond the ", counted(size_, "token"));
   pos_ = pos;
 }
 

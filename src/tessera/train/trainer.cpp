@@ -17,6 +17,7 @@
 #include "tessera/core/json_fields.h"
 #include "tessera/core/memory.h"
 #include "tessera/core/trace.h"
+#include "tessera/core/units.h"
 #include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
 #include "tessera/train/optimizer.h"
@@ -176,8 +177,8 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
 
 std::pair<double, double> validation_loss_share(Gpt& model, TokenStream& val, int B, int T, int max_batches, int rank,
                                                 int world) {
-  TS_CHECK(B > 0 && T > 0 && val.size() > static_cast<size_t>(T), "validation: the split holds ", val.size(),
-           " tokens, fewer than one sequence of ", T, " + 1");
+  TS_CHECK(B > 0 && T > 0 && val.size() > static_cast<size_t>(T), "validation: the split holds ",
+           counted(val.size(), "token"), ", fewer than one sequence of ", T, " + 1");
   TS_CHECK(world >= 1 && rank >= 0 && rank < world, "internal: validation share of rank ", rank, " of ", world);
   const uint64_t windows = (val.size() - 1) / static_cast<uint64_t>(T);
   const uint64_t G = static_cast<uint64_t>(B) * world;  // windows per global batch
@@ -212,7 +213,8 @@ void next_batch_share(TokenStream& data, int B, int T, int rank, int world, int3
   TS_CHECK(world >= 1 && rank >= 0 && rank < world, "internal: batch share of rank ", rank, " of ", world);
   const uint64_t rows = static_cast<uint64_t>(B) * T;
   const uint64_t need = rows * world + 1;
-  TS_CHECK(data.size() >= need, "data: holds ", data.size(), " tokens, fewer than batch x ranks x seq + 1 = ", need);
+  TS_CHECK(data.size() >= need, "data: holds ", counted(data.size(), "token"),
+           ", fewer than batch x ranks x seq + 1 = ", need);
   // Where next_batch(B*world, T) would start: here, or at 0 when the global batch would run past the end.
   const uint64_t start = data.position() + need > data.size() ? 0 : data.position();
   data.set_position(start + rank * rows);
@@ -406,8 +408,8 @@ void train_open_data(TrainSetup& s) {
       fs::is_directory(o.data) ? list_shards(o.data, "val") : std::vector<std::string>{};
   if (!val.empty()) s.val_data = std::make_unique<TokenStream>(val, o.model.vocab);
   const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
-  TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ", s.train_data->size(),
-           " tokens, fewer than batch x seq + 1 = ", need,
+  TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ",
+           counted(s.train_data->size(), "token"), ", fewer than batch x seq + 1 = ", need,
            o.world_size > 1 ? " (batch x ranks x seq + 1: --batch is per rank)" : "");
   // Too small for one sequence at this length: no validation. The run says so at its start (no_validation).
   s.no_validation = "";
@@ -415,8 +417,8 @@ void train_open_data(TrainSetup& s) {
     s.no_validation = fs::is_directory(o.data) ? "--data " + o.data + " holds no val shards (val_*.bin)"
                                                : "--data " + o.data + " is one shard file, with no val split";
   } else if (s.val_data->size() <= static_cast<size_t>(o.seq)) {
-    s.no_validation = "the val split holds " + std::to_string(s.val_data->size()) +
-                      " tokens, not more than one sequence of --seq " + std::to_string(o.seq);
+    s.no_validation = "the val split holds " + counted(s.val_data->size(), "token") +
+                      ", not more than one sequence of --seq " + std::to_string(o.seq);
     s.val_data.reset();
   }
   if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
