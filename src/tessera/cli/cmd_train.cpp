@@ -377,7 +377,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // new text is too short leaves the old run as it was).
       const size_t n_train = prepare_split_sizes(text.size()).first;
       TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ",
-               counted(n_train, "token"), ", fewer than batch x ", o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
+               counted(n_train, "token"), ", fewer than batch x ", o.world_size > 1 ? "ranks x " : "",
+               "seq + 1 = ", need);
     } else {
       setup.options.data = o.data;
       train_open_data(setup);
