@@ -174,6 +174,21 @@ TEST(Shards, StreamReadsAcrossShardBoundaries) {
   fs::remove_all(d);
 }
 
+// is_shard_file: a shard by its magic; a short or foreign file is not one; a file whose read fails is an error, not
+// "no shard header" (/proc/self/mem is a regular file whose read at offset 0 fails with EIO).
+TEST(Shards, IsShardFileReadsTheMagicAndReportsAFailedRead) {
+  const fs::path d = temp_dir("isshard");
+  const std::string shard = (d / "train_000000.bin").string(), text = (d / "text.txt").string();
+  write_shard(shard, {1, 2});
+  write_file_atomic(text, std::string("hi"));
+  EXPECT_TRUE(is_shard_file(shard));
+  EXPECT_FALSE(is_shard_file(text));
+  EXPECT_FALSE(is_shard_file(d.string()));
+  EXPECT_NE(error_of([] { (void)is_shard_file("/proc/self/mem"); }).find("cannot read /proc/self/mem"),
+            std::string::npos);
+  fs::remove_all(d);
+}
+
 // A bad shard anywhere in the stream is a one-line error naming that file, found when the stream opens.
 TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
   const fs::path d = temp_dir("badstream");

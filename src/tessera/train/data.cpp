@@ -236,9 +236,14 @@ bool is_shard_file(const std::string& path) {
   if (!fs::is_regular_file(path, ec)) return false;
   const int fd = open_for_reading(path, "data");
   int32_t magic = 0;
-  const bool full = ::read(fd, &magic, sizeof magic) == static_cast<ssize_t>(sizeof magic);
+  ssize_t got;
+  do got = ::read(fd, &magic, sizeof magic);
+  while (got < 0 && errno == EINTR);
+  const int err = errno;
   ::close(fd);
-  return full && magic == kShardMagic;
+  // A read that fails is the file's fault, not a missing header: say so (EIO on a bad disk read as "not a shard").
+  TS_CHECK(got >= 0, "data: cannot read ", path, ": ", std::strerror(err));
+  return got == static_cast<ssize_t>(sizeof magic) && magic == kShardMagic;
 }
 
 bool is_prepare_leftover(std::string_view name) {
