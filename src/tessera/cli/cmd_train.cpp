@@ -6,6 +6,7 @@
 // failing rank), rank 0 alone writes files and prints, and an error during training that only one rank sees ends
 // the whole job at once (MPI_Abort) instead of leaving the others waiting.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,15 +96,20 @@ class CreatedDirs {
       else fs::remove(it->first, ec);
     }
   }
-  // Creates `dir` (ensure_writable_dir), remembering each directory on its path that did not exist.
+  // Creates `dir` (then ensure_writable_dir), remembering each directory on its path that this process's own
+  // mkdir made. Not "each that did not exist a moment before": two runs started at once into the same new --out
+  // both saw it missing, and the one refused by the other's lock then removed the directory the other trained in.
   void create(const std::string& dir) {
-    std::vector<fs::path> missing;
-    for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
-      missing.push_back(p);
+    fs::path target = fs::absolute(dir).lexically_normal();
+    if (target.filename().empty()) target = target.parent_path();  // "out/": the directory out
+    std::vector<fs::path> chain;  // target, its parent, ..., the root
+    for (fs::path p = target; !p.empty(); p = p.parent_path()) {
+      chain.push_back(p);
       if (p == p.parent_path()) break;
     }
-    ensure_writable_dir(dir);
-    for (auto it = missing.rbegin(); it != missing.rend(); ++it) created_.emplace_back(*it, it + 1 == missing.rend());
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+      if (::mkdir(it->c_str(), 0777) == 0) created_.emplace_back(*it, it + 1 == chain.rend());
+    ensure_writable_dir(dir);  // words the error of a mkdir that failed otherwise than EEXIST
   }
   void keep() { keep_ = true; }
 
@@ -461,7 +467,14 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   ranks.agree([&] {
     if (!lead) return;
     created.create(o.out);
-    if (!out_lock) out_lock.emplace(o.out, "output directory");
+    if (!out_lock) {
+      try {
+        out_lock.emplace(o.out, "output directory");
+      } catch (const Error&) {
+        created.keep();  // made by this run a moment ago, but another run holds it now: it is that one's
+        throw;
+      }
+    }
     if (!text_source.empty()) {
       // prepare_shards replaces OUT/data's shards all or nothing (checked above: data/ holds nothing else). A stop
       // while it writes undoes it: killed there, it left a hidden temporary shard in OUT/data, which the next run
