@@ -1,19 +1,56 @@
 #include "tessera/train/progress.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace tessera {
 
 std::string format_duration(double s) {
   char buf[32];
-  const int t = static_cast<int>(s + 0.5);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%ds", t);
+  const long long t = s > 0 ? std::llround(std::min(s, 99999.0 * 3600 + 59 * 60)) : 0;  // NaN: not > 0
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%llds", t);
   return buf;
 }
+
+std::string progress_line(int64_t done, int64_t total, const char* unit, const std::string& fields,
+                          const std::string& time, int columns) {
+  constexpr int kWidth = 24, kMinWidth = 8;
+  const std::string count = std::string(unit) + " " + std::to_string(done) + "/" + std::to_string(total);
+  std::string f = fields;
+  auto compose = [&](int width) {
+    const int filled = total > 0 ? static_cast<int>(width * std::clamp<int64_t>(done, 0, total) / total) : 0;
+    std::string line = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] " + count;
+    if (!f.empty()) line += " | " + f;
+    return line + " | " + time;
+  };
+  std::string line = compose(kWidth);
+  if (columns <= 0) return line;
+  const size_t room = static_cast<size_t>(columns) - 1;  // never the last column
+  if (line.size() <= room) return line;
+  const int width = std::max(kMinWidth, kWidth - static_cast<int>(line.size() - room));
+  line = compose(width);
+  if (line.size() > room) {  // cut the fields from their end; drop them (and their " | ") if nothing of them fits
+    const size_t over = line.size() - room;
+    f = over + 3 < f.size() ? f.substr(0, f.size() - over) : "";
+    line = compose(width);
+  }
+  if (line.size() > room) line.resize(room);  // a very narrow terminal
+  return line;
+}
+
+namespace {
+// stderr's width in columns, or 0 when it is not a terminal that says.
+int terminal_columns() {
+  winsize w{};
+  return ::ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 ? w.ws_col : 0;
+}
+}  // namespace
 
 ProgressBar::ProgressBar(int64_t total, int64_t start, bool enabled, ProgressFormat format)
     : total_(total), start_(start), enabled_(enabled), tty_(::isatty(STDERR_FILENO)), format_(format),
@@ -26,14 +63,9 @@ void ProgressBar::update(int64_t done, const std::string& fields) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   const int64_t since = done - start_;
   const double eta = since > 0 ? elapsed / since * (total_ - done) : 0.0;
-  constexpr int kWidth = 24;
-  const int filled = static_cast<int>(kWidth * done / total_);
-  std::string bar(filled, '#');
-  bar.append(kWidth - filled, '.');
   const std::string time = format_.eta ? "ETA " + format_duration(eta) : format_duration(elapsed) + " elapsed";
-  std::fprintf(stderr, "%s[%s] %s %lld/%lld | %s | %s%s", tty_ ? "\r" : "", bar.c_str(), format_.unit,
-               static_cast<long long>(done), static_cast<long long>(total_), fields.c_str(), time.c_str(),
-               tty_ ? "\033[K" : "\n");
+  const std::string line = progress_line(done, total_, format_.unit, fields, time, tty_ ? terminal_columns() : 0);
+  std::fprintf(stderr, "%s%s%s", tty_ ? "\r" : "", line.c_str(), tty_ ? "\033[K" : "\n");
   std::fflush(stderr);
   last_printed_ = done;
 }

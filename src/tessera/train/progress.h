@@ -34,6 +34,15 @@ class ProgressBar {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// "42s", "3m05s", "2h07m": seconds rounded, at most 99999h59m (a run of 2^31 steps overflowed an int into
+// "ETA -2147483648s"); a negative or NaN duration is "0s".
 std::string format_duration(double seconds);
+
+// The bar's line, "[####....] step 40/1000 | <fields> | <time>", fitted to `columns` (0: no limit): past them the
+// bar narrows to 8 cells, then the fields are cut from their end, so that the line stays short of the last column.
+// A terminal wraps a line that reaches it, and the next \r then redraws only the wrapped row: at 80 columns the
+// 91-character training line left one line per step.
+std::string progress_line(int64_t done, int64_t total, const char* unit, const std::string& fields,
+                          const std::string& time, int columns);
 
 }  // namespace tessera
