@@ -176,6 +176,20 @@ TEST(FileIo, AtomicWriteAndWholeReads) {
 // FIFO, or a path under /proc (/proc/self/fd/N of a regular file: a redirected stdout), is written in place,
 // appended, and a FIFO with no reader is refused at once. A FIFO or a directory where a mapped file belongs
 // blocked in open() forever or read as a file; a FIFO given as text is read from its writer, as `cat` would.
+// An endless input (prepare --text /dev/zero) read until memory ran out, Ctrl-C or not: the signal's flag is
+// checked between the reads, and a set flag ends the read with an error at once.
+TEST(FileIo, ReadingStopsWhenTheSignalFlagIsSet) {
+  volatile std::sig_atomic_t stop = SIGINT;
+  namespace fs = std::filesystem;
+  const std::string msg = test::error_of([&] { (void)read_file_text("/dev/zero", "text", &stop); });
+  EXPECT_EQ(msg, "text: reading /dev/zero was interrupted");
+  stop = 0;  // unset: a file is read whole
+  const fs::path d = test::temp_dir("readstop");
+  write_file_atomic((d / "t.txt").string(), std::string("abc"));
+  EXPECT_EQ(read_file_text((d / "t.txt").string(), "text", &stop), "abc");
+  fs::remove_all(d);
+}
+
 TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   namespace fs = std::filesystem;
   const fs::path d = test::temp_dir("fileio_links");

@@ -100,7 +100,7 @@ int cmd_prepare(int argc, char** argv) {
   const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
   std::string text;
   try {
-    text = read_file_text(a.str("text"), "text");  // a FIFO: waits for its writer, as cat does
+    text = read_file_text(a.str("text"), "text", &g_prepare_stop);  // a FIFO: waits for its writer, as cat does
   } catch (const Error&) {
     if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);  // the wait, interrupted (EINTR)
     throw;

@@ -37,7 +37,7 @@ int open_for_reading(const std::string& path, const char* what, bool wait_for_wr
 namespace {
 // Bytes (std::vector<uint8_t>) or text (std::string): read straight into the result, without a second copy.
 template <typename Bytes>
-Bytes read_whole_file(const std::string& path, const char* what) {
+Bytes read_whole_file(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop = nullptr) {
   const int fd = open_for_reading(path, what, /*wait_for_writer=*/true);
   std::FILE* f = ::fdopen(fd, "rb");
   if (!f) {
@@ -58,6 +58,10 @@ Bytes read_whole_file(const std::string& path, const char* what) {
         if (c == EOF) break;
         out.resize(out.size() + (1 << 16));
         out[len++] = static_cast<typename Bytes::value_type>(c);
+      }
+      if (stop && *stop) {
+        std::fclose(f);
+        TS_THROW(what, ": reading ", path, " was interrupted");
       }
       const size_t n = std::fread(out.data() + len, 1, out.size() - len, f);
       if (n == 0) break;
@@ -85,8 +89,8 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what) 
   return read_whole_file<std::vector<uint8_t>>(path, what);
 }
 
-std::string read_file_text(const std::string& path, const char* what) {
-  return read_whole_file<std::string>(path, what);
+std::string read_file_text(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop) {
+  return read_whole_file<std::string>(path, what, stop);
 }
 
 namespace {

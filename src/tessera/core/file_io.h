@@ -1,5 +1,6 @@
 // tessera/core/file_io.h — whole-file reads and atomic writes (temp file, fsync, rename).
 #pragma once
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -16,7 +17,10 @@ namespace tessera {
 int open_for_reading(const std::string& path, const char* what, bool wait_for_writer = false);
 // Reads a whole file; throws Error "<what>: cannot read <path>: <reason>" when missing or unreadable.
 std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what = "file");
-std::string read_file_text(const std::string& path, const char* what = "file");
+// `stop`: a signal flag (ScopedSignals) checked between the reads; once it is set the read ends with an Error, so
+// that an endless input (--text /dev/zero, a pipe from `yes`) cannot hold off Ctrl-C until memory runs out.
+std::string read_file_text(const std::string& path, const char* what = "file",
+                           const volatile std::sig_atomic_t* stop = nullptr);
 
 // Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then
 // renamed over `path`, so a reader sees the old file or the new one, never a half-written one. The directory
