@@ -335,6 +335,18 @@ TEST_F(BenchModel, BadFlagsAreOneLineErrorsThatWriteNothing) {
   expect_usage_error("--device cpu --csv " + (dir / "missing" / "x.csv").string() + js, "--csv");
   expect_usage_error("--device cpu --trace " + dir.string() + js, "is a directory");
   expect_usage_error("--device tpu" + js, "tpu");
+  // Every file of the sweep before its first step: each plot's CSV, and the per-size names of several sizes.
+  fs::create_directory(dir / "m.csv");
+  expect_usage_error("--device cpu --memory-timeline " + (dir / "m.png").string() + js, "m.csv is a directory");
+  fs::remove(dir / "m.csv");
+  fs::create_directory(dir / "m.tiny.png");
+  expect_usage_error("--device cpu --sizes tiny,gpt2-124m --memory-timeline " + (dir / "m.png").string() + js,
+                     "m.tiny.png is a directory");
+  fs::create_directory(dir / "t.tiny.json");
+  expect_usage_error("--device cpu --sizes tiny,gpt2-124m --trace " + (dir / "t.json").string() + js,
+                     "t.tiny.json is a directory");
+  fs::remove(dir / "m.tiny.png");
+  fs::remove(dir / "t.tiny.json");
   EXPECT_FALSE(fs::exists(dir / "x.json"));
   EXPECT_TRUE(fs::is_empty(dir));
 }

@@ -130,6 +130,10 @@ TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
   expect_error("--steps 2 --memory-timeline " + (dir / "m.jpg").string(), "must end in .png");
   expect_error("--steps 2 --memory-timeline " + (dir / "no" / "m.png").string(), "does not exist");
   expect_error("--steps 2 --memory-timeline " + (dir / "m.png").string() + " --trace-step 3", "--trace-step 3");
+  // The CSV beside the plot is checked before the training too: a directory in its place failed after it.
+  fs::create_directory(dir / "m.csv");
+  expect_error("--steps 2 --memory-timeline " + (dir / "m.png").string(), "m.csv is a directory");
+  fs::remove(dir / "m.csv");
   EXPECT_FALSE(fs::exists(dir / "t.json"));
   EXPECT_FALSE(fs::exists(dir / "m.png"));
 }

@@ -143,6 +143,16 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string& no_graph = target.no_graph;
   const std::string& regions_line = target.regions_line;
   const bool several = cfgs.size() > 1;
+  // Every file the sweep will write, checked before its first step: the per-size names, and each plot's CSV (a
+  // directory named FILE.csv failed only after the timing, beside the PNG it had written).
+  for (const ModelConfig& c : cfgs) {
+    if (bc.trace) check_output_path("trace", per_size_path(trace_path, c.preset, several));
+    if (bc.memory_timeline) {
+      const std::string png = per_size_path(timeline_path, c.preset, several);
+      check_output_path("memory-timeline", png);
+      check_output_path("memory-timeline", fs::path(png).replace_extension(".csv").string());
+    }
+  }
 
   const std::string& device = target.device;
   std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
