@@ -445,7 +445,11 @@ TEST_F(Cli, SecondSigintExitsAtOnce) {
 TEST_F(Cli, ASecondTrainIntoARunningRunIsRefused) {
   const fs::path out = dir / "o";
   const std::string flags = " --no-progress --sample-tokens 0";  // a resume takes the rest from its checkpoint
-  ASSERT_EQ(run("train --out o --steps 1 --batch 96 --device cpu" + flags, dir).code, 0);
+  // (Also: one step is said in the singular, and --out with a trailing slash prints its metrics path once-slashed.)
+  const CliRun first = run("train --out o/ --steps 1 --batch 96 --device cpu" + flags, dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(first.out.find("done: 1 step in "), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("metrics:    o/metrics.jsonl\n"), std::string::npos) << first.out;
   Child c = spawn("train --resume " + (out / "checkpoint").string() + " --steps 1000" + flags, dir);  // logs in dir
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 2, c.pid)) << read_file_text(c.err.string());
   // (Bounded, should the lock fail: the checkpoint is the first run's, at step 1.)

@@ -287,6 +287,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.weight_decay = a.number_f32("weight-decay", o.weight_decay);
     o.grad_clip = a.number_f32("grad-clip", o.grad_clip);
     o.label_smoothing = a.number_f32("label-smoothing", o.label_smoothing);
+    // Said as typed: 0.99999999 is 1 as a float, and "got 1" read as if the number had been misread.
+    TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+             a.str("label-smoothing"), o.label_smoothing == 1 ? " (1 as a float)" : "");
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");
@@ -626,7 +629,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                  r.checkpoint.c_str(), resume_cmd.c_str());
     return 128 + g_stop;
   }
-  std::printf("done: %lld steps in %.1fs, loss %.4f -> %.4f", static_cast<long long>(r.steps), r.seconds, r.first_loss,
+  std::printf("done: %s in %.1fs, loss %.4f -> %.4f", counted(r.steps, "step").c_str(), r.seconds, r.first_loss,
               r.last_loss);
   if (r.loss_scale > 0)
     std::printf(", %lld skipped (f16 overflow), loss scale %g", static_cast<long long>(r.skipped_steps), r.loss_scale);
@@ -635,7 +638,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (r.best_step > 0)
     std::printf("best:       %s (step %lld, val loss %.4f)\n", r.best_checkpoint.c_str(),
                 static_cast<long long>(r.best_step), r.best_val_loss);
-  std::printf("metrics:    %s/metrics.jsonl\n", o.out.c_str());
+  std::printf("metrics:    %s\n", (fs::path(o.out) / "metrics.jsonl").c_str());  // "--out run/": one slash
   if (r.peak_device_bytes > 0)
     std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
                 "context)\n", human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());

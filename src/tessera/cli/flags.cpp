@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -77,7 +78,11 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
     std::vector<std::string> consumed = args;  // CLI11 pops what it parses
     app_->parse(consumed);
   } catch (const CLI::CallForHelp&) {
-    if (print_help) std::fputs(usage().c_str(), stdout);
+    // Checked here: a help longer than stdio's buffer fails in its first flush, and close_stdout in main can then
+    // no longer say why ("cannot write standard output", no reason, for train --help > /dev/full).
+    if (print_help)
+      TS_CHECK(std::fputs(usage().c_str(), stdout) != EOF && std::fflush(stdout) == 0, "cannot write standard output: ",
+               std::strerror(errno));
     return false;
   } catch (const CLI::ArgumentMismatch&) {
     // A flag without its value: find which (CLI11's message names it, but in its own words).

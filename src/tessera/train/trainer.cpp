@@ -353,8 +353,6 @@ TrainSetup train_setup(TrainOptions o) {
   };
   if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step);
   if (o.stop_after > 0) check_step("--stop-after", o.stop_after);
-  TS_CHECK(o.memory_timeline.empty() || fs::path(o.memory_timeline).extension() == ".png", "--memory-timeline ",
-           o.memory_timeline, " must end in .png (the CSV is written beside it as .csv)");
   // The plot's CSV too: a directory named FILE.csv failed only after the training, beside the PNG it had written.
   const std::string timeline_csv =
       o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
@@ -367,6 +365,8 @@ TrainSetup train_setup(TrainOptions o) {
     TS_CHECK(!fs::is_directory(path), flag, ": ", path, " is a directory, not a file to write");
     check_file_writable(path, flag);  // not only after the steps up to the traced one
   }
+  TS_CHECK(o.memory_timeline.empty() || fs::path(o.memory_timeline).extension() == ".png", "--memory-timeline ",
+           o.memory_timeline, " must end in .png (the CSV is written beside it as .csv)");
   s.context = std::make_unique<Context>(o.device.empty() ? Context::best_available() : Context::from_name(o.device));
   const bool gpu = s.context->is_cuda();
   const std::string prec = o.precision.empty() ? (gpu ? "bf16" : "f32") : o.precision;
