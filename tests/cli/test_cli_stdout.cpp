@@ -34,9 +34,8 @@ class CliStdout : public ::testing::Test {
   // One command of each kind that prints, and succeeds when its output can be written.
   std::vector<std::string> printing_commands() const {
     // train --help is longer than stdio's buffer: it fails at a flush before main's check, which then had no reason.
-    return {"--help",      "--version", "bench --help", "train --help", "info", "info --plan",
-            "prepare --text t.txt --out d",
-            "generate --checkpoint ck --tokens 3 --greedy"};
+    return {"--help", "--version", "bench --help", "train --help", "info", "info --plan",
+            "prepare --text t.txt --out d", "generate --checkpoint ck --tokens 3 --greedy"};
   }
 };
 
