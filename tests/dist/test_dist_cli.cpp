@@ -206,7 +206,7 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   // 0 is the default (NCCL's choice) and asks nothing of MPI: a launch script that always passes it runs on CPU.
   const Job cpu_default = mpirun("", 2, kTiny + " --steps 1 --comm-sms 0 --out run", d);
   EXPECT_EQ(cpu_default.code, 0) << cpu_default.out << cpu_default.err;
-  EXPECT_EQ(count(cpu_default.out, "done: 1 steps"), 1u) << cpu_default.out;
+  EXPECT_EQ(count(cpu_default.out, "done: 1 step "), 1u) << cpu_default.out;
   fs::remove_all(d / "run");
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);

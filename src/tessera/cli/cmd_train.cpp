@@ -546,7 +546,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                                            setup.context->device().str() + ") in " + precision
                                                      : std::string("the CPU");
   if (lead) {
-    std::printf("training %s on %s for %d steps -> %s\n", what.c_str(), where.c_str(), o.steps, o.out.c_str());
+    std::printf("training %s on %s for %s -> %s\n", what.c_str(), where.c_str(), counted(o.steps, "step").c_str(),
+                o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
     if (no_graph.empty())
       std::printf("step: CUDA graphs (one a step: forward, backward and AdamW; the first step%s runs eagerly)\n",

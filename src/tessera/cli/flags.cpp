@@ -96,6 +96,18 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
   } catch (const CLI::ParseError& e) {
     TS_THROW(command_, ": ", e.what(), see);
   }
+  // A flag given without its value took the next flag as it: `--out --force` trained into a directory named
+  // "--force". A value that is exactly one of this command's flags is taken as that mistake (a prompt or a path
+  // that merely starts with "--" is still a value).
+  for (const auto& [name, option] : options_) {
+    if (placeholders_.at(name).empty() || option->count() == 0) continue;
+    for (const std::string& v : option->results()) {
+      if (!v.starts_with("--")) continue;
+      const std::string other = v.substr(2, v.find('=') == std::string::npos ? std::string::npos : v.find('=') - 2);
+      TS_CHECK(options_.count(other) == 0 && other != "help", command_, ": --", name, " needs a value (",
+               placeholders_.at(name), "); it took the flag ", v, " as one");
+    }
+  }
   const std::vector<std::string> extra = app_->remaining();
   if (!extra.empty()) {
     const std::string& a = extra.front();
