@@ -482,9 +482,8 @@ TEST_F(Cli, TwoTrainsStartedAtOnceIntoOneNewOutKeepTheWinnersRun) {
     Child a = spawn(train_args(data, out), logs_a), b = spawn(train_args(data, out), logs_b);
     const int code_a = wait_exit(a.pid), code_b = wait_exit(b.pid);
     const std::string err_a = read_file_text(a.err.string()), err_b = read_file_text(b.err.string());
-    // One finishes; the other is refused, while the first runs or (started late) once it has a run there, and
-    // says why. Nothing else fails.
-    EXPECT_TRUE(code_a == 0 || code_b == 0) << err_a << err_b;
+    // Exactly one finishes; the other is refused, while the first runs or once it has a run there, and says why.
+    EXPECT_EQ((code_a == 0) + (code_b == 0), 1) << err_a << err_b;
     for (const auto& [code, err] : {std::pair{code_a, err_a}, std::pair{code_b, err_b}})
       if (code != 0) {
         EXPECT_EQ(code, 2) << err;

@@ -170,12 +170,6 @@ TEST(FileIo, AtomicWriteAndWholeReads) {
   fs::remove_all(d);
 }
 
-// An output that is a symlink or a FIFO: the atomic rename put a regular file in its place (as root, `--trace
-// /dev/full` replaced the system's /dev/full). A symlink's file is replaced and the link stays (a relative link is
-// taken from its own directory, through a symlinked one too), a dangling one's target is made, a loop is refused; a
-// FIFO, or a path under /proc (/proc/self/fd/N of a regular file: a redirected stdout), is written in place,
-// appended, and a FIFO with no reader is refused at once. A FIFO or a directory where a mapped file belongs
-// blocked in open() forever or read as a file; a FIFO given as text is read from its writer, as `cat` would.
 // An endless input (prepare --text /dev/zero) read until memory ran out, Ctrl-C or not: the signal's flag is
 // checked between the reads, and a set flag ends the read with an error at once.
 TEST(FileIo, ReadingStopsWhenTheSignalFlagIsSet) {
@@ -190,6 +184,12 @@ TEST(FileIo, ReadingStopsWhenTheSignalFlagIsSet) {
   fs::remove_all(d);
 }
 
+// An output that is a symlink or a FIFO: the atomic rename put a regular file in its place (as root, `--trace
+// /dev/full` replaced the system's /dev/full). A symlink's file is replaced and the link stays (a relative link is
+// taken from its own directory, through a symlinked one too), a dangling one's target is made, a loop is refused; a
+// FIFO, or a path under /proc (/proc/self/fd/N of a regular file: a redirected stdout), is written in place,
+// appended, and a FIFO with no reader is refused at once. A FIFO or a directory where a mapped file belongs
+// blocked in open() forever or read as a file; a FIFO given as text is read from its writer, as `cat` would.
 TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   namespace fs = std::filesystem;
   const fs::path d = test::temp_dir("fileio_links");

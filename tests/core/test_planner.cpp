@@ -198,8 +198,6 @@ TEST(MemoryPlan, AwkwardCases) {
   }
 }
 
-// Fixed buffers (a model's flat gradients) keep their offsets, unaligned ones included; the others use their
-// memory outside their lives and go around them during them.
 // Sizes near 2^64 wrapped: a buffer of SIZE_MAX bytes rounded up to 0, and info printed sums below the peak. A plan
 // holds at most kMaxTotal (1 EiB); what would pass it is refused, and the plan keeps what it had.
 TEST(MemoryPlan, RefusesToGrowPastOneExbibyte) {
@@ -227,6 +225,8 @@ TEST(MemoryPlan, RefusesToGrowPastOneExbibyte) {
   EXPECT_EQ(fixed.total(), kMax - 24);
 }
 
+// Fixed buffers (a model's flat gradients) keep their offsets, unaligned ones included; the others use their
+// memory outside their lives and go around them during them.
 TEST(MemoryPlan, FixedBuffersStayAndOthersFitAround) {
   {
     MemoryPlan plan(256);

@@ -31,10 +31,11 @@ constexpr GemmMode kModes[] = {
 //    error up to 2^-11 per factor, random in sign over the K terms (measured 3e-4 of the terms at most on an H200
 //    over three seeds): 2e-3, loose on purpose; the exact path is the tight check.
 //  - the output's rounding to bf16 / f16, against the size of the result ‖ref‖: RMS ~2^-9 / 2^-12 relative, and
-//    split-K partials that cuBLASLt may add in the output type: 8e-3 (bf16), 1e-3 (f16). This part is what a
-//    16-bit accumulator would break: its error grows with sqrt(K) 2^-11 of the partial sums, several times f16's
-//    output rounding at K = 768, yet only 1e-4-3e-4 of the terms, which a bound on the terms alone (2e-3 for f16)
-//    let through.
+//    split-K partials that cuBLASLt may add in the output type: 8e-3 (bf16), 1e-3 (f16). This part is what an
+//    accumulator that rounds every partial sum to f16 would break (sqrt(K) 2^-11 of the partial sums, several
+//    times f16's output rounding at K = 768, yet only 1e-4-3e-4 of the terms, which the old bound on the terms
+//    alone, 2e-3 for f16, let through). cuBLASLt's own 16-bit compute type stayed within it on the H200 and was not
+//    caught (bench/results/2026-12-02-test-mutants-h200.md): it does not round that often.
 struct GemmBound {
   double terms, result;
 };

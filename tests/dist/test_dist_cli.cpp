@@ -207,6 +207,7 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   const Job cpu_default = mpirun("", 2, kTiny + " --steps 1 --comm-sms 0 --out run", d);
   EXPECT_EQ(cpu_default.code, 0) << cpu_default.out << cpu_default.err;
   EXPECT_EQ(count(cpu_default.out, "done: 1 step "), 1u) << cpu_default.out;
+  EXPECT_EQ(count(cpu_default.out, " for 1 step -> "), 1u) << cpu_default.out;
   fs::remove_all(d / "run");
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);

@@ -209,7 +209,9 @@ TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
   EXPECT_NE(msg.find(bad + ": truncated (header says 4 tokens, file holds 2)"), std::string::npos) << msg;
   // One token, said in the singular (it said "1 tokens"), and a stream too short for one batch.
   write_shard(bad, {9});
-  write_file_atomic(bad, read_file_bytes(bad).data(), read_file_bytes(bad).size() + 1);
+  std::vector<uint8_t> longer = read_file_bytes(bad);
+  longer.push_back(0);
+  write_file_atomic(bad, longer.data(), longer.size());
   EXPECT_NE(error_of([&] { TokenStream({bad}, 256); }).find(bad + ": 1 byte beyond the 1 token its header declares"),
             std::string::npos);
   write_shard(bad, {9});

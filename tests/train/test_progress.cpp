@@ -14,7 +14,8 @@ const std::string kFields = "loss 1.4405 | lr 3.00e-04 | 4.6k tok/s";
 TEST(Progress, LineIsWholeWithoutAWidth) {
   EXPECT_EQ(progress_line(1000, 1000, "step", kFields, "ETA 0s", 0),
             "[########################] step 1000/1000 | loss 1.4405 | lr 3.00e-04 | 4.6k tok/s | ETA 0s");
-  EXPECT_EQ(progress_line(10, 40, "config", "", "3s elapsed", 0), "[######..................] config 10/40 | 3s elapsed");
+  EXPECT_EQ(progress_line(10, 40, "config", "", "3s elapsed", 0),
+            "[######..................] config 10/40 | 3s elapsed");
   // Wide enough: unchanged.
   EXPECT_EQ(progress_line(1000, 1000, "step", kFields, "ETA 0s", 200), progress_line(1000, 1000, "step", kFields,
                                                                                      "ETA 0s", 0));
@@ -38,9 +39,11 @@ TEST(Progress, LineFitsShortOfTheLastColumn) {
   // fields are whole: 79 characters.
   const std::string at80 = progress_line(500, 1000, "step", kFields, "ETA 1m05s", 80);
   EXPECT_EQ(at80, "[#####.....] step 500/1000 | " + kFields + " | ETA 1m05s");
-  // At 60 the bar is at its narrowest and the fields are cut from their end.
-  const std::string at60 = progress_line(500, 1000, "step", kFields, "ETA 1m05s", 60);
-  EXPECT_EQ(at60.rfind("[####....] step 500/1000 | loss 1.4405", 0), 0u) << at60;
+  // Narrower, the bar is at its narrowest and whole fields go from the end (a cut inside one left a dangling " |").
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 65),
+            "[####....] step 500/1000 | loss 1.4405 | lr 3.00e-04 | ETA 1m05s");
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 64),
+            "[####....] step 500/1000 | loss 1.4405 | ETA 1m05s");
   // At 40 no field fits: they go, with their separator.
   EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 40), "[####....] step 500/1000 | ETA 1m05s");
 }

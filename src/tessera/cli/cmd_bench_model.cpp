@@ -150,7 +150,7 @@ int cmd_bench_model(int argc, char** argv) {
     if (bc.memory_timeline) {
       const std::string png = per_size_path(timeline_path, c.preset, several);
       check_output_path("memory-timeline", png);
-      check_output_path("memory-timeline", fs::path(png).replace_extension(".csv").string());
+      check_output_path("memory-timeline's CSV,", fs::path(png).replace_extension(".csv").string());
     }
   }
 

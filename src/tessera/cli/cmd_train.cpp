@@ -100,8 +100,9 @@ class CreatedDirs {
   // mkdir made. Not "each that did not exist a moment before": two runs started at once into the same new --out
   // both saw it missing, and the one refused by the other's lock then removed the directory the other trained in.
   void create(const std::string& dir) {
-    fs::path target = fs::absolute(dir).lexically_normal();
-    if (target.filename().empty()) target = target.parent_path();  // "out/": the directory out
+    // Not lexically normalized: "link/../run" is run beside the link's target, as the kernel resolves it.
+    fs::path target = fs::absolute(dir);
+    while (target.has_parent_path() && target.filename().empty()) target = target.parent_path();  // "out/": out
     std::vector<fs::path> chain;  // target, its parent, ..., the root
     for (fs::path p = target; !p.empty(); p = p.parent_path()) {
       chain.push_back(p);
@@ -289,7 +290,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.label_smoothing = a.number_f32("label-smoothing", o.label_smoothing);
     // Said as typed: 0.99999999 is 1 as a float, and "got 1" read as if the number had been misread.
     TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
-             a.str("label-smoothing"), o.label_smoothing == 1 ? " (1 as a float)" : "");
+             a.str("label-smoothing"),
+             o.label_smoothing == 1 && a.number("label-smoothing", 1.0) < 1 ? " (1 as a float)" : "");
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");
@@ -471,11 +473,18 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (!lead) return;
     created.create(o.out);
     if (!out_lock) {
+      // --out did not exist when the checks above ran, so they were made unlocked: another run started at the same
+      // moment may hold it now, or may have trained in it and ended. Either way it is that one's.
       try {
         out_lock.emplace(o.out, "output directory");
-      } catch (const Error&) {
-        created.keep();  // made by this run a moment ago, but another run holds it now: it is that one's
+      } catch (const DirectoryInUse&) {
+        created.keep();
         throw;
+      }
+      if (!fs::is_empty(o.out)) {
+        created.keep();
+        TS_THROW("output directory ", o.out, " already holds a run, made by another tessera process started at the "
+                 "same time: choose another --out");
       }
     }
     if (!text_source.empty()) {
@@ -505,8 +514,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       std::error_code ec;
       // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
       const fs::path shown = fs::proximate(text_source, ec);
-      std::printf("prepared %s: %zu train / %zu val tokens in %s\n", (ec ? text_source : shown.string()).c_str(),
-                  n_train, n_val, data_dir.c_str());
+      std::printf("prepared %s: %zu train / %s in %s\n", (ec ? text_source : shown.string()).c_str(), n_train,
+                  counted(n_val, "val token").c_str(), data_dir.c_str());
       setup.options.data = data_dir;
       train_open_data(setup);
     }

@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <set>
 
 #include "tessera/core/error.h"
 #include "tessera/core/units.h"
@@ -54,6 +55,7 @@ void Flags::add_switch(const std::string& name, const std::string& help) {
 
 bool Flags::parse(int argc, char** argv, int first, bool print_help) {
   std::vector<std::string> args;
+  std::set<std::pair<std::string, std::string>> attached;  // (name, value) given as --name=value
   for (int i = argc - 1; i >= first; --i) {  // CLI11 takes the arguments in reverse order
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
@@ -62,6 +64,7 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
       // CLI11 would read `--switch=3` as the switch given; a switch takes no value.
       const std::string name = a.substr(2, end - 2);
       const auto it = placeholders_.find(name);
+      if (end < a.size()) attached.emplace(name, a.substr(end + 1));
       TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), command_, ": --", name,
                " takes no value");
       // `--name=` gives the empty value, as `--name ''` does (and getopt_long): CLI11 took the next argument as its
@@ -97,16 +100,15 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
     TS_THROW(command_, ": ", e.what(), see);
   }
   // A flag given without its value took the next flag as it: `--out --force` trained into a directory named
-  // "--force". A value that is exactly one of this command's flags is taken as that mistake (a prompt or a path
-  // that merely starts with "--" is still a value).
+  // "--force". A separate value that is exactly one of this command's flags is taken as that mistake. Anything
+  // else that starts with "--" is still a value, and `--prompt=--force` says unambiguously that it is one.
   for (const auto& [name, option] : options_) {
     if (placeholders_.at(name).empty() || option->count() == 0) continue;
-    for (const std::string& v : option->results()) {
-      if (!v.starts_with("--")) continue;
-      const std::string other = v.substr(2, v.find('=') == std::string::npos ? std::string::npos : v.find('=') - 2);
-      TS_CHECK(options_.count(other) == 0 && other != "help", command_, ": --", name, " needs a value (",
-               placeholders_.at(name), "); it took the flag ", v, " as one");
-    }
+    const std::string& v = option->results().back();  // the one used (the last of a repeated flag)
+    if (!v.starts_with("--") || attached.count({name, v})) continue;
+    const std::string other = v.substr(2);
+    TS_CHECK(options_.count(other) == 0 && other != "help", command_, ": --", name, " needs a value (",
+             placeholders_.at(name), "); it took the flag ", v, " as one");
   }
   const std::vector<std::string> extra = app_->remaining();
   if (!extra.empty()) {

@@ -233,8 +233,10 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   const int e = errno;
   ::close(fd_);
   fd_ = -1;
-  TS_CHECK(e != EWOULDBLOCK, what, " ", dir, " is in use by another tessera process (a train into it, or a resume "
-           "of it): wait for that one to end, or choose another --out");
+  if (e == EWOULDBLOCK)
+    throw DirectoryInUse(__FILE__, __LINE__,
+                         what + " " + dir + " is in use by another tessera process (a train into it, or a resume of "
+                         "it): wait for that one to end, or choose another --out");
   // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
   // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/error.h"
+
 namespace tessera {
 
 // Opens `path` for reading, as a blocking descriptor. A directory is refused ("is a directory"). A FIFO: with
@@ -42,6 +44,12 @@ void check_file_writable(const std::string& path, const std::string& what);
 // died with errors about each other's temporary files. Throws Error "<what> <dir> is in use by another tessera
 // process ..." when one holds it; on a file system that cannot lock a directory (NFS, Lustre without flock) it
 // holds nothing.
+// What DirectoryLock throws when another process holds the lock (and only then).
+class DirectoryInUse : public Error {
+ public:
+  using Error::Error;
+};
+
 class DirectoryLock {
  public:
   DirectoryLock(const std::string& dir, const std::string& what);

@@ -145,8 +145,12 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
     }
   };
   // A batch and sequence whose buffers pass MemoryPlan::kMaxTotal (1 EiB) are refused here, in the caller's terms,
-  // before any size can wrap around 2^64 (info printed wrapped sizes, and train's memory check read them).
+  // before any size can wrap around 2^64 (info printed wrapped sizes, and train's memory check read them). The
+  // planned gradients, added last as fixed buffers, are counted from the start, so that they cannot be the ones to
+  // pass it (with MemoryPlan's own, less helpful, message).
   size_t declared = 0;
+  if (grads == GradMemory::Planned)
+    for (const GradRegion& r : grad_regions(cfg)) declared += (r.end - r.begin) * dtype_size(dt);
   auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
     plant(name, first, last);
     size_t bytes = dtype_size(d);

@@ -35,9 +35,10 @@ std::string progress_line(int64_t done, int64_t total, const char* unit, const s
   if (line.size() <= room) return line;
   const int width = std::max(kMinWidth, kWidth - static_cast<int>(line.size() - room));
   line = compose(width);
-  if (line.size() > room) {  // cut the fields from their end; drop them (and their " | ") if nothing of them fits
-    const size_t over = line.size() - room;
-    f = over + 3 < f.size() ? f.substr(0, f.size() - over) : "";
+  // Then whole fields from the end (" | " apart: a cut inside one left "... | lr 3.0 | | ETA"), the first one last.
+  while (line.size() > room && !f.empty()) {
+    const size_t bar = f.rfind(" | ");
+    f = bar == std::string::npos ? "" : f.substr(0, bar);
     line = compose(width);
   }
   if (line.size() > room) line.resize(room);  // a very narrow terminal

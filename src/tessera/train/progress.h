@@ -39,7 +39,7 @@ class ProgressBar {
 std::string format_duration(double seconds);
 
 // The bar's line, "[####....] step 40/1000 | <fields> | <time>", fitted to `columns` (0: no limit): past them the
-// bar narrows to 8 cells, then the fields are cut from their end, so that the line stays short of the last column.
+// bar narrows to 8 cells, then whole fields go from the end, so that the line stays short of the last column.
 // A terminal wraps a line that reaches it, and the next \r then redraws only the wrapped row: at 80 columns the
 // 91-character training line left one line per step.
 std::string progress_line(int64_t done, int64_t total, const char* unit, const std::string& fields,

@@ -358,7 +358,7 @@ TrainSetup train_setup(TrainOptions o) {
       o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
                                    std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline},
-                                   std::pair<const char*, std::string>{"--memory-timeline", timeline_csv}}) {
+                                   std::pair<const char*, std::string>{"--memory-timeline's CSV", timeline_csv}}) {
     if (path.empty()) continue;
     const fs::path parent = fs::path(path).parent_path();
     TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
