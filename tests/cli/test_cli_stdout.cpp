@@ -69,6 +69,17 @@ TEST_F(CliStdout, AClosedStreamWritesIntoNoFile) {
   EXPECT_EQ(metrics.rfind("{\"step\":1,", 0), 0u) << metrics;
 }
 
+// A separate value that is one of the command's flags is refused (--tokens took --greedy as its value), but one
+// given with "=" is a value: a prompt may be "--greedy".
+TEST_F(CliStdout, AFlagAsAValueIsRefusedUnlessGivenWithEquals) {
+  const CliRun r = run("generate --checkpoint ck --greedy --prompt --tokens", dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "tessera: error: generate: --prompt needs a value (TEXT); it took the flag --tokens as one\n");
+  const CliRun ok = run("generate --checkpoint ck --tokens 3 --greedy --prompt=--tokens", dir);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.out.rfind("--tokens", 0), 0u) << ok.out;  // the prompt, echoed first
+}
+
 // A command that failed says so in its own line, without a second one about the output.
 TEST_F(CliStdout, AFailedCommandSaysOnlyItsOwnError) {
   const CliRun r = run("info --bogus 1 > /dev/full", dir);

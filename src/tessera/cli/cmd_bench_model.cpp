@@ -118,12 +118,9 @@ int cmd_bench_model(int argc, char** argv) {
   if (a.has("out")) check_output_path("out", out);
   if (a.has("json")) check_output_path("json", json_path);
   if (a.has("csv")) check_output_path("csv", csv_path);
-  if (a.has("trace")) check_output_path("trace", trace_path);
-  if (a.has("memory-timeline")) {
-    check_output_path("memory-timeline", timeline_path);
-    TS_CHECK(fs::path(timeline_path).extension() == ".png", "bench model: --memory-timeline ", timeline_path,
-             " must end in .png (the CSV is written beside it as .csv)");
-  }
+  // --trace and --memory-timeline are checked below, once the sizes (and so their per-size names) are known.
+  TS_CHECK(!a.has("memory-timeline") || fs::path(timeline_path).extension() == ".png", "bench model: "
+           "--memory-timeline ", timeline_path, " must end in .png (the CSV is written beside it as .csv)");
   bc.trace = a.has("trace");
   bc.memory_timeline = a.has("memory-timeline");
   const bool with_peer = a.has("peer");

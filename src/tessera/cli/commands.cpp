@@ -17,6 +17,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/core/planner.h"
 #include "tessera/core/signals.h"
+#include "tessera/core/units.h"
 #include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
@@ -119,14 +120,11 @@ int cmd_prepare(int argc, char** argv) {
   std::string removed;
   for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
   if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
-  const std::string shards = std::to_string(r.removed.size()) + " earlier shard" + (r.removed.size() > 1 ? "s" : "");
+  const std::string shards = counted(r.removed.size(), "earlier shard");
   // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" read as one token too many.
-  const auto tokens = [](size_t n, const char* split) {
-    return std::to_string(n) + " " + split + (n == 1 ? " token" : " tokens");
-  };
   const std::string counts = r.n_train != 1 && r.n_val != 1
-                                 ? std::to_string(r.n_train) + " train and " + tokens(r.n_val, "val")
-                                 : tokens(r.n_train, "train") + " and " + tokens(r.n_val, "val");
+                                 ? std::to_string(r.n_train) + " train and " + counted(r.n_val, "val token")
+                                 : counted(r.n_train, "train token") + " and " + counted(r.n_val, "val token");
   std::printf("wrote %s to %s%s\n", counts.c_str(), out.c_str(),
               r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
   // A signal held off while the shards were renamed into place: the work is done (and said so above), but a script
@@ -304,7 +302,7 @@ int cmd_info(int argc, char** argv) {
                   human_bytes(8.0 * static_cast<double>(last)) + " on the last (ZeRO-1: " + human_bytes(moments) +
                   " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
                   std::to_string(z.total - z.tail_begin()) + " left over on the last)";
-    std::printf("           data parallel over %d rank%s: AdamW m+v %s\n", world, world == 1 ? "" : "s",
+    std::printf("           data parallel over %s: AdamW m+v %s\n", counted(world, "rank").c_str(),
                 zero ? sharded.c_str()
                      : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
   }

@@ -39,16 +39,17 @@ void write_file_atomic(const std::string& path, const std::string& text);
 // takes no files, such as /proc; a read-only mount; a full disk of inodes).
 void check_file_writable(const std::string& path, const std::string& what);
 
-// An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
-// the process ends however it ends. Two trains into one run directory both wrote its checkpoints and metrics, and
-// died with errors about each other's temporary files. Throws Error "<what> <dir> is in use by another tessera
-// process ..." when one holds it; on a file system that cannot lock a directory (NFS, Lustre without flock) it
-// holds nothing.
 // What DirectoryLock throws when another process holds the lock (and only then).
 class DirectoryInUse : public Error {
  public:
   using Error::Error;
 };
+
+// An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
+// the process ends however it ends. Two trains into one run directory both wrote its checkpoints and metrics, and
+// died with errors about each other's temporary files. Throws DirectoryInUse "<what> <dir> is in use by another
+// tessera process ..." when one holds it; on a file system that cannot lock a directory (NFS, Lustre without
+// flock) it holds nothing.
 
 class DirectoryLock {
  public:

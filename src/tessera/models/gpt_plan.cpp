@@ -148,19 +148,18 @@ void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const Pla
   // before any size can wrap around 2^64 (info printed wrapped sizes, and train's memory check read them). The
   // planned gradients, added last as fixed buffers, are counted from the start, so that they cannot be the ones to
   // pass it (with MemoryPlan's own, less helpful, message).
-  size_t declared = 0;
+  size_t grad_bytes = 0;
   if (grads == GradMemory::Planned)
-    for (const GradRegion& r : grad_regions(cfg)) declared += (r.end - r.begin) * dtype_size(dt);
+    for (const GradRegion& r : grad_regions(cfg)) grad_bytes += (r.end - r.begin) * dtype_size(dt);
   auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
     plant(name, first, last);
     size_t bytes = dtype_size(d);
     bool fits = true;
     for (int64_t s : shape) fits = fits && s >= 0 && !__builtin_mul_overflow(bytes, static_cast<size_t>(s), &bytes);
-    const size_t room = MemoryPlan::kMaxTotal - mp.align();  // declared stays below it
-    fits = fits && declared <= room && bytes <= room - declared;
+    const size_t used = mp.total() + grad_bytes + mp.align();  // the alignment: bytes' rounding
+    fits = fits && used <= MemoryPlan::kMaxTotal && bytes <= MemoryPlan::kMaxTotal - used;
     TS_CHECK(fits, "batch ", B, " x seq ", T, ": the activations need more than 1 EiB (2^60 bytes) at ", name,
              "; give a smaller batch or sequence");
-    declared += mp.align_up(bytes);
     mp.add(name, bytes, first, last);
     slots.push_back({&t, d, std::move(shape)});
   };
