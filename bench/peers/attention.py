@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout in the flops table")
+    ap.add_argument("--head-dims", default="", help="comma list: the flops table's head dims (default by size)")
     args = ap.parse_args()
     if not 0.0 <= args.dropout < 1.0:
         print(f"--dropout must be in [0, 1), got {args.dropout}")
@@ -102,6 +103,8 @@ def main():
     else:
         mem_batch, mem_d, mem_T = 8, [16, 32, 64, 128], [256, 1024, 4096, 8192, 16384]
         tokens, width, f_Dh, f_T = 32768, 2048, [64, 128], [1024, 4096, 16384]
+    if args.head_dims:
+        f_Dh = [int(d) for d in args.head_dims.split(",")]
 
     for d in mem_d:
         for T in mem_T:

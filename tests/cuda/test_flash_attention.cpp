@@ -237,7 +237,8 @@ TEST(CudaFlashAttention, UnalignedViewsFallBackToTiledKernels) {
 // The kernel family a dropout case must run under TESSERA_FLASH_PATH `path` ("mma" or "hopper").
 std::string expected_kernel(const AttentionParams& p, DType dt, const char* path) {
   if (dt == DType::F32) return "tiled-fma";
-  return std::string(path) == "hopper" && (p.Dh == 64 || p.Dh == 128) ? "flash-hopper" : "flash-mma";
+  // The Hopper kernels take every flash head width (64 and 128, the others zero-padded in them).
+  return std::string(path) == "hopper" && flash_hopper_head_pad(p.Dh) != 0 ? "flash-hopper" : "flash-mma";
 }
 
 // The flash paths this device runs: mma.sync, and the Hopper kernels where this device and build have them.
@@ -248,7 +249,7 @@ std::vector<const char*> flash_paths(const Context& ctx) {
 }
 
 // Attention dropout on the GPU against the f64 reference under the same (seed, stream): the flash kernels in bf16
-// and f16 (mma.sync, and on sm_90a the wgmma kernels at Dh 64 and 128) and the tiled kernels in f32; out, lse and
+// and f16 (mma.sync, and on sm_90a the wgmma kernels, Dh 16 and 80 zero-padded) and the tiled kernels in f32; out, lse and
 // the three gradients, every output poisoned first. (The naive yardstick has no dropout, so the 2x rule of
 // run_flash_case does not apply; the dtype's tolerance of f64 does.)
 void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
@@ -285,7 +286,7 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
         for (int Dh : {16, 64, 80, 128})
           for (int T : {1, 17, 64, 127, 129, 200}) {
             if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
-            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 16 || Dh == 80)) continue;  // mma's
+            if (std::string(path) == "hopper" && dt == DType::F32) continue;  // the tiled kernels, as mma's
             run_dropout_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal, .dropout = 0.2f, .seed = 42,
                               .stream = ++stream},
                              dt, ctx, rng, path);
@@ -301,8 +302,8 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
 // RoPE through the Tensor-level entries against the f64 reference: the forward rotates q and k of qkv in place (the
 // GPU's qkv afterwards must be the reference's rotation, v as it was) and the backward returns d_qkv with respect to
 // q and k before it. The flash passes rotate dQ and dK back in registers where Dh is a compiled width (32, 64, 80,
-// 128 on mma.sync; 64, 128 on the Hopper path); Dh 48 (padded in the 64 instance) and f32 (the tiled kernels) take
-// the pass over d_qkv after the backward. Positions start at rope_pos_offset.
+// 128 on mma.sync; 64, 128 on the Hopper path); a head run zero-padded (48 on mma.sync; 32, 48, 80 on the Hopper
+// path) and f32 (the tiled kernels) take the pass over d_qkv after the backward. Positions start at rope_pos_offset.
 void run_rope_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
   ScopedFlashPath scoped(path);
   const std::string what = label(p, dt) + " rope theta " + std::to_string(p.rope_theta) + " from " +
@@ -340,7 +341,7 @@ TEST(CudaFlashAttention, RopeMatchesReference) {
         for (int Dh : {32, 48, 64, 80, 128})
           for (int T : {1, 17, 200}) {
             if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
-            if (std::string(path) == "hopper" && (dt == DType::F32 || Dh == 32 || Dh == 48 || Dh == 80)) continue;
+            if (std::string(path) == "hopper" && dt == DType::F32) continue;
             run_rope_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal,
                            .rope_theta = causal ? 10000.0f : 500000.0f, .rope_pos_offset = T == 17 ? 37 : 0},
                           dt, ctx, rng, path);
@@ -419,9 +420,11 @@ TEST(CudaFlashAttentionHopper, ForwardMatchesReferenceAndNaiveRule) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
   std::mt19937_64 rng(test_seed());
+  // Dh: both compiled widths, and heads zero-padded in them (16, 40 and 96: not multiples of 16 or of 64; 80: 16
+  // columns into the second 64-column box) between neighbours whose columns must not leak in (H = 3).
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
-      for (int Dh : {64, 128})
+      for (int Dh : {16, 40, 64, 80, 96, 128})
         for (int T : {1, 17, 64, 127, 128, 129, 200, 257})
           run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng, "hopper");
   for (int Dh : {64, 128})
@@ -438,7 +441,7 @@ TEST(CudaFlashAttentionHopper, ForwardMatchesMmaForward) {
   // points); lse to f32 accuracy; and the Hopper forward must repeat bit for bit.
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
-      for (int Dh : {64, 128})
+      for (int Dh : {32, 64, 80, 128})
         for (int T : {1, 127, 129, 600}) {
           const AttentionParams p{.B = 2, .T = T, .H = 2, .Dh = Dh, .causal = causal};
           const std::string what = label(p, dt);
@@ -472,7 +475,7 @@ TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
   std::mt19937_64 rng(test_seed());
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
-      for (int Dh : {64, 128})
+      for (int Dh : {16, 40, 64, 80, 128})
         for (int T : {1, 63, 65, 127, 129, 600}) {
           const AttentionParams p{.B = 2, .T = T, .H = 2, .Dh = Dh, .causal = causal};
           const std::string what = label(p, dt);
@@ -530,7 +533,8 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
     EXPECT_TRUE(flash_forward_uses_hopper(p128, DType::BF16, ctx));
     EXPECT_TRUE(flash_backward_uses_hopper(p64, DType::BF16, ctx));
     EXPECT_TRUE(flash_backward_uses_hopper(p128, DType::F16, ctx));
-    EXPECT_FALSE(flash_backward_uses_hopper(p80, DType::F16, ctx));  // outside the coverage: mma.sync
+    EXPECT_TRUE(flash_forward_uses_hopper(p80, DType::BF16, ctx));  // zero-padded in the 128 kernels
+    EXPECT_TRUE(flash_backward_uses_hopper(p80, DType::F16, ctx));
     EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::F32, ctx));
   }
   {
@@ -545,9 +549,11 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   }
   EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::BF16, ctx));
   EXPECT_TRUE(flash_backward_uses_hopper(p64, DType::F16, ctx));
-  EXPECT_FALSE(flash_backward_uses_hopper(p80, DType::F16, ctx));
+  EXPECT_TRUE(flash_backward_uses_hopper(p80, DType::F16, ctx));
   EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::F16, ctx));
-  EXPECT_FALSE(flash_forward_uses_hopper(p80, DType::BF16, ctx));  // outside its coverage: mma.sync
+  EXPECT_TRUE(flash_forward_uses_hopper(p80, DType::BF16, ctx));
+  const AttentionParams wide_grid{.B = 70000, .T = 5, .H = 1, .Dh = 64, .causal = true};
+  EXPECT_FALSE(flash_forward_uses_hopper(wide_grid, DType::BF16, ctx));  // outside its coverage (grid z): mma.sync
   EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::F32, ctx));
 }
 

@@ -82,9 +82,15 @@ AttentionSweeps attention_sweeps(bool small) {
   return s;
 }
 
+AttentionSweeps attention_sweeps(const AttentionBenchConfig& cfg) {
+  AttentionSweeps s = attention_sweeps(cfg.small);
+  if (!cfg.head_dims.empty()) s.flops_Dh = cfg.head_dims;
+  return s;
+}
+
 std::vector<AttentionMemoryRow> bench_attention_memory(const AttentionBenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
-  const AttentionSweeps sw = attention_sweeps(cfg.small);
+  const AttentionSweeps sw = attention_sweeps(cfg);
   const DType dt = cfg.dtype;
   std::vector<AttentionMemoryRow> rows;
   for (int d : sw.mem_d)
@@ -133,7 +139,7 @@ std::vector<AttentionMemoryRow> bench_attention_memory(const AttentionBenchConfi
 
 std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
-  const AttentionSweeps sw = attention_sweeps(cfg.small);
+  const AttentionSweeps sw = attention_sweeps(cfg);
   const DType dt = cfg.dtype;
   std::vector<AttentionFlopsRow> rows;
   for (int Dh : sw.flops_Dh)

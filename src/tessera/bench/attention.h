@@ -23,6 +23,7 @@ struct AttentionBenchConfig {
   bool small = false;  // tiny shapes (a CPU run takes seconds) instead of the issue's
   DType dtype = DType::BF16;
   float attn_dropout = 0.0f;  // attention dropout in the TFLOP/s table (the CS336 table has none)
+  std::vector<int> head_dims;  // the TFLOP/s table's head dims; empty: the sweep's (64, 128; 32, 64 small)
   TimingOptions timing;
   // Called as each row starts, with what it times ("tessera naive d 16 T 256"): the command's progress.
   std::function<void(const std::string& row)> on_row;
@@ -37,7 +38,7 @@ struct AttentionMemoryRow {
   double mib_before_bwd = 0, mib_during_bwd = 0;
 };
 
-// One row of the TFLOP/s table: causal, B·T tokens, H = width / Dh heads.
+// One row of the TFLOP/s table: causal, B·T tokens, H = width / Dh heads (rounded down: Dh 80 takes 25 heads).
 struct AttentionFlopsRow {
   std::string impl;  // "tessera flash"
   int B = 0, T = 0, H = 0, Dh = 0;
@@ -58,6 +59,8 @@ struct AttentionSweeps {
   size_t rows() const { return 2 * mem_d.size() * mem_T.size() + flops_Dh.size() * flops_T.size(); }
 };
 AttentionSweeps attention_sweeps(bool small);
+// cfg's sweeps: attention_sweeps(cfg.small) with cfg.head_dims, when given, as the TFLOP/s table's head dims.
+AttentionSweeps attention_sweeps(const AttentionBenchConfig& cfg);
 
 std::vector<AttentionMemoryRow> bench_attention_memory(const AttentionBenchConfig& cfg, BenchHarness& h);
 std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig& cfg, BenchHarness& h);

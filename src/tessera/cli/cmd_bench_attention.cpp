@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -47,11 +48,15 @@ struct PeerRows {
   std::string note;
 };
 
-PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t, float dropout) {
+PeerRows run_peer(bool small, const std::string& dtype, const TimingOptions& t, float dropout,
+                  const std::vector<int>& head_dims) {
   PeerRows r;
+  std::string dims;
+  for (int d : head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
   r.note = run_peer_script("'" TESSERA_PEERS_DIR "/attention.py' --size " + std::string(small ? "small" : "full") +
                                " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                               std::to_string(t.iters) + " --dropout " + fmt("%.9g", dropout),
+                               std::to_string(t.iters) + " --dropout " + fmt("%.9g", dropout) +
+                               (dims.empty() ? "" : " --head-dims " + dims),
                            "attention.py", [&](const nlohmann::json& j) {
                              if (!j.contains("table") || !j.contains("impl") || !j.contains("d") || !j.contains("T"))
                                return false;
@@ -73,6 +78,24 @@ std::string peer_cell(const nlohmann::json& j, const char* key, const char* f) {
   return fmt(f, j[key].get<double>());
 }
 
+// --head-dims: a comma list of head dims, each in [1, width] (the heads are width / Dh).
+std::vector<int> parse_head_dims(const std::string& s, int width) {
+  std::vector<int> dims;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    char* end = nullptr;
+    errno = 0;
+    const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
+    TS_CHECK(!item.empty() && *end == '\0' && errno == 0 && v >= 1 && v <= width, "--head-dims: '", item,
+             "' is not a head dim from 1 to ", width, " (the table's width) in '", s, "'");
+    dims.push_back(static_cast<int>(v));
+    i = j + 1;
+  }
+  return dims;
+}
+
 }  // namespace
 
 int cmd_bench_attention(int argc, char** argv) {
@@ -86,6 +109,8 @@ int cmd_bench_attention(int argc, char** argv) {
   a.add("iters", "N", "timed runs; the tables show their median (default 10)");
   a.add("out", "FILE", "also write the tables as markdown to FILE");
   a.add("attn-dropout", "P", "attention dropout in the TFLOP/s table, for tessera and the peers (default 0)");
+  a.add("head-dims", "A,B,...", "head dims of the TFLOP/s table, width / Dh heads each (default 64,128; small: "
+                                "32,64)");
   a.add_switch("no-progress", "no progress bar on stderr");
   a.add_switch("peer", "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
                        "same call and show its figures (GPU only)");
@@ -108,8 +133,10 @@ int cmd_bench_attention(int argc, char** argv) {
   TS_CHECK(attn_dropout_arg >= 0.0 && static_cast<float>(attn_dropout_arg) < 1.0f,
            "--attn-dropout must be in [0, 1), got ", attn_dropout_arg);
   const float attn_dropout = static_cast<float>(attn_dropout_arg);
-  AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout, .timing = timing,
-                           .on_row = {}};
+  AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout, .head_dims = {},
+                           .timing = timing, .on_row = {}};
+  if (a.has("head-dims"))
+    cfg.head_dims = parse_head_dims(a.str("head-dims"), attention_sweeps(cfg.small).flops_width);
   const std::string out = a.str("out");
   if (a.has("out")) check_output_path("out", out);
 
@@ -123,7 +150,7 @@ int cmd_bench_attention(int argc, char** argv) {
   const std::string_view hint = size == "full" ? "try --size small" : "";
   // Progress on stderr, as train's bar: --size full on the CPU runs for about 9 minutes before its tables. The
   // configurations take very different times (T from 256 to 16k), so the bar shows the time elapsed, not an ETA.
-  const AttentionSweeps sw = attention_sweeps(cfg.small);
+  const AttentionSweeps sw = attention_sweeps(cfg);
   ProgressBar bar(static_cast<int64_t>(sw.rows()), 0, !a.has("no-progress"), {.unit = "config", .eta = false});
   int64_t started = 0;
   cfg.on_row = [&](const std::string& row) { bar.update(started++, "running " + row); };  // as it starts
@@ -134,7 +161,7 @@ int cmd_bench_attention(int argc, char** argv) {
   PeerRows peer;
   if (a.has("peer")) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
-    else peer = run_peer(cfg.small, dtype_name, timing, attn_dropout);
+    else peer = run_peer(cfg.small, dtype_name, timing, attn_dropout, cfg.head_dims);
   }
   // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 64, 128; flash-mma for Dh 16, 32".
   std::string kernel = "cpu reference";

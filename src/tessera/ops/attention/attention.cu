@@ -620,10 +620,12 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
           D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
       TS_CHECK_LAUNCH();
     }
-    // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is a
-    // compiled width (Dh / 2 then a multiple of 8, the pairs in one lane); elsewhere a pass over d_qkv follows.
+    // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is the
+    // chosen kernels' compiled width (Dh / 2 then a multiple of 8, the pairs in one lane); elsewhere (a head run
+    // zero-padded) a pass over d_qkv follows.
     const bool rope = p.rope_theta > 0.0f;
-    const bool rope_in_flash = rope && flash && flash_attention_head_pad(p.Dh) == p.Dh && p.Dh % 16 == 0;
+    const int width = hopper ? flash_hopper_head_pad(p.Dh) : flash_attention_head_pad(p.Dh);
+    const bool rope_in_flash = rope && flash && width == p.Dh && p.Dh % 16 == 0;
     const void* rope_cs = rope_in_flash ? rope_table(p.rope_theta, p.Dh, long{p.rope_pos_offset} + p.T, ctx) : nullptr;
     if (flash) {
       if (hopper) {

@@ -5,13 +5,14 @@
 // else to the mma.sync kernels. Either backward takes either forward's results: both forwards write the same out
 // and the same lse (natural-log logsumexp of the scaled scores, (B, H, T) f32).
 //
-// Coverage: bf16 / f16, Dh in {64, 128} exactly (the TMA boxes are 64 columns wide and read Q, K, V in place from
-// qkv (B*T, 3C), so a narrower head would read its neighbour's columns), any T, causal or not, qkv and out
+// Coverage: bf16 / f16, Dh a multiple of 8 up to 128, compiled for 64 and 128 (flash_hopper_head_pad; a narrower
+// head runs zero-padded in the next one: the tensor maps are 4-D over (Dh, heads, T, B), so a 64-column box of
+// head h reads zeros from column Dh on, never its neighbour's columns), any T, causal or not, qkv and out
 // 16-byte aligned (flash_attention_eligible), a device of compute capability 9.0 and a binary built for sm_90a;
 // attention dropout drawn as the mma.sync kernels draw it (flash.h, attention_dropout.h).
 //
 // TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper kernels where eligible, mma.sync elsewhere (measured
-// faster in both directions at Dh 64 and 128, see flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
+// faster in both directions at every head width, padded or not: see flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
 // as auto, but an Error when this device or build cannot run the Hopper kernels at all (shapes outside their
 // coverage still run mma.sync). The tests set it to run both paths on the same inputs.
 #pragma once
@@ -23,6 +24,10 @@
 namespace tessera {
 
 enum class FlashForwardPath { Auto, Mma, Hopper };
+
+// The compiled head width of the Hopper kernels that serves Dh: 64 for Dh <= 64, 128 for Dh <= 128, 0 above. A Dh
+// below it (a multiple of 8) runs zero-padded: its tensor maps read the columns from Dh on as zeros.
+constexpr int flash_hopper_head_pad(int Dh) { return Dh <= 0 ? 0 : Dh <= 64 ? 64 : Dh <= 128 ? 128 : 0; }
 
 // TESSERA_FLASH_PATH, read at each call; an unknown value is an Error.
 FlashForwardPath flash_forward_path_requested();

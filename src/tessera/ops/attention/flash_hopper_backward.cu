@@ -6,9 +6,10 @@
 //   MN-major from a row tile (rows = k, the head columns = n): V as B of O = P V;
 //   A from registers (an accumulator rounded by flash::c_to_a): P of O = P V.
 //
-// qkv: (B*T, 3C) and d_out: (B*T, C) through 3-D tensor maps with (64-column, 64-row, 1) boxes (rows past T read as
-// zeros); lse, D: (B, H, T) f32; d_qkv: (B*T, 3C), its q columns written by the dQ pass and its k, v columns by the
-// dK / dV pass, each element once by one thread.
+// qkv: (B*T, 3C) and d_out: (B*T, C) through 4-D tensor maps over their heads with (64-column, 1-head, 64-row, 1)
+// boxes (make_heads_map: rows past T, and columns from Dh up to the compiled width kD, read as zeros, so that a
+// narrower head runs zero-padded as in the forward); lse, D: (B, H, T) f32; d_qkv: (B*T, 3C), its q columns written
+// by the dQ pass and its k, v columns by the dK / dV pass, each element once by one thread (columns below Dh).
 //
 // Block: 384 threads = a producer warpgroup (one thread issues the TMA loads; setmaxnreg 24) and two consumer
 // warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of streamed tiles (128 rows
@@ -86,20 +87,20 @@ constexpr size_t dkdv_smem_bytes() {  // K and V, kStages x (Q, dO) tiles, 1024 
 // The byte offset of k16 step kk inside a K-major tile whose column boxes are box_bytes apart.
 __device__ __forceinline__ uint32_t k_step(int kk, int box_bytes) { return (kk / 4) * box_bytes + (kk % 4) * 32; }
 
-// Loads the 128 rows starting at row0 of the matrix at column col of `map` into a block tile at dst (two 64-row
+// Loads the 128 rows starting at row0 of head `head` of `map` (make_heads_map) into a block tile at dst (two 64-row
 // boxes per column box), completing on bar: the stationary tiles, and the 128-row streamed tiles.
 template <int kD>
-__device__ __forceinline__ void load_block_tile(uint32_t dst, const CUtensorMap* map, int col, int row0, int b,
+__device__ __forceinline__ void load_block_tile(uint32_t dst, const CUtensorMap* map, int head, int row0, int b,
                                                 uint64_t* bar) {
   for (int bx = 0; bx < kD / kBoxCols; ++bx)
     for (int half = 0; half < 2; ++half)
-      tma_load_3d(dst + bx * 2 * kBoxBytes + half * kBoxBytes, map, col + bx * kBoxCols, row0 + half * kBoxRows, b,
+      tma_load_4d(dst + bx * 2 * kBoxBytes + half * kBoxBytes, map, bx * kBoxCols, head, row0 + half * kBoxRows, b,
                   bar);
 }
 template <int kD>
-__device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* map, int col, int row0, int b,
+__device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* map, int head, int row0, int b,
                                                uint64_t* bar) {
-  for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_3d(dst + bx * kBoxBytes, map, col + bx * kBoxCols, row0, b, bar);
+  for (int bx = 0; bx < kD / kBoxCols; ++bx) tma_load_4d(dst + bx * kBoxBytes, map, bx * kBoxCols, head, row0, b, bar);
 }
 
 // x = A0 B0ᵀ and y = A1 B1ᵀ (64 x kN each, f32), two commit groups (x's first, so that a wait for all but the
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                       const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                       const float* __restrict__ lse, const T* __restrict__ out, float* D,
-                                      int seq_len, int H, bool causal, float scale, float scale_log2,
+                                      int seq_len, int H, int Dh, bool causal, float scale, float scale_log2,
                                       AttentionDropoutDraw drop, flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kBlockRows;
-  const int C = H * kD;
+  const int C = H * Dh;
   const int n_kt_all = (seq_len + kKeys - 1) / kKeys;
   const int n_kt = causal ? min((q0 + kBlockRows - 1) / kKeys + 1, n_kt_all) : n_kt_all;
 
@@ -194,11 +195,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_release<kProducerRegs>();
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_q, 2 * kBlockTile);
-      load_block_tile<kD>(sQ, &qkv_map, h * kD, q0, b, &bar_q);
-      load_block_tile<kD>(sdO, &do_map, h * kD, q0, b, &bar_q);
+      load_block_tile<kD>(sQ, &qkv_map, h, q0, b, &bar_q);
+      load_block_tile<kD>(sdO, &do_map, h, q0, b, &bar_q);
       produce_steps(n_kt, 2 * kKvTile, bar_full, bar_empty, [&](int j, int s, uint64_t* bar) {
-        load_block_tile<kD>(sK(s), &qkv_map, C + h * kD, j * kKeys, b, bar);
-        load_block_tile<kD>(sV(s), &qkv_map, 2 * C + h * kD, j * kKeys, b, bar);
+        load_block_tile<kD>(sK(s), &qkv_map, H + h, j * kKeys, b, bar);
+        load_block_tile<kD>(sV(s), &qkv_map, 2 * H + h, j * kKeys, b, bar);
       });
     }
     return;
@@ -216,16 +217,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (out) {
     // D = rowsum(dO ∘ O) of the warpgroup's 64 rows, from O (loaded now, so the loads overlap the wait for the Q
     // and dO tiles) and the dO tile in shared memory: thread tid takes row q_first + tid / 2, the half tid % 2 of
-    // its kD columns, in 16-byte chunks. Written for the dK / dV pass, and handed to the lanes that hold the row in
-    // their accumulators by a shuffle (row q_first + 16 w + i is thread 2 i of warp w).
+    // its kD columns, in 16-byte chunks (zeros from Dh on, as in the dO tile). Written for the dK / dV pass, and
+    // handed to the lanes that hold the row in their accumulators by a shuffle (row q_first + 16 w + i is thread
+    // 2 i of warp w).
     constexpr int kChunks = kD / 16;  // 8-column chunks in half a row
     const int rl = tid / 2, col0 = (tid % 2) * (kD / 2), r = q_first + rl;
     cuda::RawUnit<T, 8> o_raw[kChunks];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      o_raw[c] = r < seq_len ? cuda::load_raw<T, 8>(out + (static_cast<int64_t>(b) * seq_len + r) * C + h * kD +
-                                                    col0 + 8 * c)
-                             : cuda::RawUnit<T, 8>{};
+      o_raw[c] = r < seq_len && col0 + 8 * c < Dh
+                     ? cuda::load_raw<T, 8>(out + (static_cast<int64_t>(b) * seq_len + r) * C + h * Dh + col0 + 8 * c)
+                     : cuda::RawUnit<T, 8>{};
     mbar_wait(&bar_q, 0);
     float d = 0.0f;
 #pragma unroll
@@ -321,10 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash::rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dq[n / 8][n % 8]; }, rope, row_w, seq_len);
   }
   const float scales[2] = {scale, scale};
-  T* dq_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + static_cast<int64_t>(h) * kD;
+  T* dq_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + static_cast<int64_t>(h) * Dh;
 #pragma unroll
-  for (int bx = 0; bx < kBoxes; ++bx)
-    flash::store_rows<T, 8>(dq_base + bx * kBoxCols, 3 * C, dq[bx], row_w, seq_len, kBoxCols, scales);
+  for (int bx = 0; bx < kBoxes; ++bx)  // the box's columns below Dh
+    flash::store_rows<T, 8>(dq_base + bx * kBoxCols, 3 * C, dq[bx], row_w, seq_len, Dh - bx * kBoxCols, scales);
 #endif
 }
 
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
                                         const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
-                                        int H, bool causal, float scale, float scale_log2,
+                                        int H, int Dh, bool causal, float scale, float scale_log2,
                                         AttentionDropoutDraw drop, flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
@@ -353,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = blockIdx.x * kBlockRows;
-  const int C = H * kD;
+  const int C = H * Dh;
   const int n_qt = (seq_len + kQRows - 1) / kQRows;
   const int i_begin = causal ? k0 / kQRows : 0;  // queries below k0 see none of these keys
 
@@ -390,16 +392,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_kv, 2 * kBlockTile);
-      load_block_tile<kD>(sK, &qkv_map, C + h * kD, k0, b, &bar_kv);
-      load_block_tile<kD>(sV, &qkv_map, 2 * C + h * kD, k0, b, &bar_kv);
+      load_block_tile<kD>(sK, &qkv_map, H + h, k0, b, &bar_kv);
+      load_block_tile<kD>(sV, &qkv_map, 2 * H + h, k0, b, &bar_kv);
       produce_steps(n_qt - i_begin, 2 * kStep, bar_full, bar_empty, [&](int t, int s, uint64_t* bar) {
         const int q0 = (i_begin + t) * kQRows;
         if constexpr (kQRows == 128) {
-          load_block_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
-          load_block_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+          load_block_tile<kD>(sQ(s), &qkv_map, h, q0, b, bar);
+          load_block_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
         } else {
-          load_step_tile<kD>(sQ(s), &qkv_map, h * kD, q0, b, bar);
-          load_step_tile<kD>(sdO(s), &do_map, h * kD, q0, b, bar);
+          load_step_tile<kD>(sQ(s), &qkv_map, h, q0, b, bar);
+          load_step_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
         }
       });
     }
@@ -496,11 +498,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash::rope_rotate_back<kD / 16>([&](int n) -> float(&)[4] { return dk[n / 8][n % 8]; }, rope, row_w, seq_len);
   }
   const float k_scales[2] = {scale, scale}, v_scales[2] = {1.0f, 1.0f};
-  T* dk_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + C + static_cast<int64_t>(h) * kD;
+  T* dk_base = d_qkv + static_cast<int64_t>(b) * seq_len * 3 * C + C + static_cast<int64_t>(h) * Dh;
 #pragma unroll
-  for (int bx = 0; bx < kBoxes; ++bx) {
-    flash::store_rows<T, 8>(dk_base + bx * kBoxCols, 3 * C, dk[bx], row_w, seq_len, kBoxCols, k_scales);
-    flash::store_rows<T, 8>(dk_base + C + bx * kBoxCols, 3 * C, dv[bx], row_w, seq_len, kBoxCols, v_scales);
+  for (int bx = 0; bx < kBoxes; ++bx) {  // the box's columns below Dh
+    const int cols = Dh - bx * kBoxCols;
+    flash::store_rows<T, 8>(dk_base + bx * kBoxCols, 3 * C, dk[bx], row_w, seq_len, cols, k_scales);
+    flash::store_rows<T, 8>(dk_base + C + bx * kBoxCols, 3 * C, dv[bx], row_w, seq_len, cols, v_scales);
   }
 #endif
 }
@@ -512,9 +515,8 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   static_assert(std::max(smem, dq_smem) <= 227 * 1024, "more shared memory per block than sm_90 has");
   TS_CHECK(std::max(smem, dq_smem) <= ctx.gpu().smem_per_block_optin, op, ": needs ", std::max(smem, dq_smem),
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
-  const int C = p.H * p.Dh;
-  const CUtensorMap qkv_map = make_rows_map(op, dtype, a.qkv, 3 * static_cast<uint64_t>(C), p.T, p.B, kBoxRows);
-  const CUtensorMap do_map = make_rows_map(op, dtype, a.d_out, static_cast<uint64_t>(C), p.T, p.B, kBoxRows);
+  const CUtensorMap qkv_map = make_heads_map(op, dtype, a.qkv, p.Dh, 3 * p.H, p.T, p.B, kBoxRows);
+  const CUtensorMap do_map = make_heads_map(op, dtype, a.d_out, p.Dh, p.H, p.T, p.B, kBoxRows);
   const dim3 grid(cuda::ceil_div(p.T, kBlockRows), p.H, p.B);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
@@ -524,12 +526,12 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   T* d_qkv = static_cast<T*>(a.d_qkv);
   TS_CHECK_CUDA(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dq_smem)));
   dq<<<grid, kThreads, dq_smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, static_cast<const T*>(a.out_in),
-                                                a.D_out, p.T, p.H, p.causal, scale, scale * kLog2e, drop, rope);
+                                                a.D_out, p.T, p.H, p.Dh, p.causal, scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.causal,
-                                               scale, scale * kLog2e, drop, rope);
+  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.Dh,
+                                               p.causal, scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 
@@ -557,7 +559,7 @@ void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype,
     if (dtype == DType::BF16) flash_hopper::launch_backward<__nv_bfloat16, kD>(p, dtype, a, ctx);
     else flash_hopper::launch_backward<__half, kD>(p, dtype, a, ctx);
   };
-  if (p.Dh == 64) by_dtype(std::integral_constant<int, 64>{});
+  if (flash_hopper_head_pad(p.Dh) == 64) by_dtype(std::integral_constant<int, 64>{});
   else by_dtype(std::integral_constant<int, 128>{});
 }
 

@@ -1,9 +1,11 @@
 // FlashAttention forward for Hopper (sm_90a): wgmma tensor-core products fed by TMA, warp-specialized.
 // See flash_hopper.h for the contract and flash_hopper_kernel.cuh for the descriptor / swizzle / fragment layouts.
 //
-// out: (B*T, C), lse: (B, H, T) f32, qkv: (B*T, 3C) read in place through one 3-D TMA tensor map
-// (columns 3C, rows T, batches B; row stride 3C, batch stride T*3C): Q of head h is the box at column h*Dh,
-// K at C + h*Dh, V at 2C + h*Dh. Rows past T lie outside the map, so TMA fills them with zeros.
+// out: (B*T, C), lse: (B, H, T) f32, qkv: (B*T, 3C) read in place through one 4-D TMA tensor map over its 3H
+// heads (make_heads_map: columns Dh, heads 3H, rows T, batches B): Q of head h is head h of the map, K head H + h,
+// V head 2H + h. Rows past T, and columns from Dh up to the compiled width kD (64 or 128: flash_hopper_head_pad), lie
+// outside the map, so TMA fills them with zeros: a narrower head (Dh 16, 32, 80, 96, ...) runs zero-padded, its
+// scores and its first Dh output columns exactly those of an unpadded kernel, the other columns never stored.
 //
 // Block: 384 threads = 3 warpgroups, one (128-query tile, head, batch) each; grid (ceil(T/128), H, B), block x
 // taking query tile n_q - 1 - x so that under a causal mask the longest tiles start first.
@@ -86,8 +88,8 @@ __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t o
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
-                                  float* __restrict__ lse, int seq_len, int H, bool causal, float scale_log2,
-                                  AttentionDropoutDraw drop) {
+                                  float* __restrict__ lse, int seq_len, int H, int Dh, bool causal,
+                                  float scale_log2, AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kBlockM;
-  const int C = H * kD;
+  const int C = H * Dh;
   const int n_kt_all = (seq_len + kBlockN - 1) / kBlockN;
   const int n_kt = causal ? min((q0 + kBlockM - 1) / kBlockN + 1, n_kt_all) : n_kt_all;
 
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_q, kTile);
       for (int bx = 0; bx < kBoxes; ++bx)
-        tma_load_3d(sQ + bx * kBoxBytes, &qkv_map, h * kD + bx * kBoxCols, q0, b, &bar_q);
+        tma_load_4d(sQ + bx * kBoxBytes, &qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
       for (int j = 0; j < n_kt; ++j) {
         const int s = j % kStages;
         // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
@@ -130,11 +132,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
         mbar_arrive_expect_tx(&bar_k[s], kTile);
         for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(sK(s) + bx * kBoxBytes, &qkv_map, C + h * kD + bx * kBoxCols, j * kBlockN, b, &bar_k[s]);
+          tma_load_4d(sK(s) + bx * kBoxBytes, &qkv_map, bx * kBoxCols, H + h, j * kBlockN, b, &bar_k[s]);
         if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
         mbar_arrive_expect_tx(&bar_v[s], kTile);
         for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(sV(s) + bx * kBoxBytes, &qkv_map, 2 * C + h * kD + bx * kBoxCols, j * kBlockN, b, &bar_v[s]);
+          tma_load_4d(sV(s) + bx * kBoxBytes, &qkv_map, bx * kBoxCols, 2 * H + h, j * kBlockN, b, &bar_v[s]);
       }
     }
     return;
@@ -278,10 +280,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     inv[half] = 1.0f / l[half];
     if constexpr (kDropout) inv[half] *= drop.scale;
   }
-  T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * kD;
+  T* o_base = out + static_cast<int64_t>(b) * seq_len * C + static_cast<int64_t>(h) * Dh;
 #pragma unroll
-  for (int bx = 0; bx < kBoxes; ++bx)
-    flash::store_rows<T, 8>(o_base + bx * kBoxCols, C, o[bx], row_w, seq_len, kBoxCols, inv);
+  for (int bx = 0; bx < kBoxes; ++bx)  // the box's columns below Dh
+    flash::store_rows<T, 8>(o_base + bx * kBoxCols, C, o[bx], row_w, seq_len, Dh - bx * kBoxCols, inv);
   if ((lane & 3) == 0) {
     float* lse_row = lse + (static_cast<int64_t>(b) * H + h) * seq_len;
 #pragma unroll
@@ -293,10 +295,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// qkv (B, T, 3C) as a 3-D tensor map with (64-column, 128-row, 1) boxes (make_rows_map).
+// qkv (B, T, 3H heads of Dh) as a 4-D tensor map with (64-column, 1-head, 128-row, 1) boxes (make_heads_map).
 CUtensorMap make_qkv_map(const AttentionParams& p, DType dtype, const void* qkv) {
-  return make_rows_map("attention_forward (Hopper path)", dtype, qkv, 3 * static_cast<uint64_t>(p.H) * p.Dh, p.T,
-                       p.B, kBlockN);
+  return make_heads_map("attention_forward (Hopper path)", dtype, qkv, p.Dh, 3 * p.H, p.T, p.B, kBlockN);
 }
 
 template <typename T, int kD>
@@ -311,7 +312,7 @@ void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionA
   const CUtensorMap map = make_qkv_map(p, dtype, a.qkv);
   const dim3 grid(cuda::ceil_div(p.T, kBlockM), p.H, p.B);
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
-  kernel<<<grid, kThreads, smem, ctx.stream()>>>(map, static_cast<T*>(a.out), a.lse, p.T, p.H, p.causal,
+  kernel<<<grid, kThreads, smem, ctx.stream()>>>(map, static_cast<T*>(a.out), a.lse, p.T, p.H, p.Dh, p.causal,
                                                   scale_log2, drop);
   TS_CHECK_LAUNCH();
 }
@@ -323,9 +324,11 @@ void dispatch(int Dh, DType dtype, F&& f) {
     else if (dtype == DType::F16) f(__half{}, d);
     else TS_THROW("attention_forward (Hopper path): takes bf16 or f16, not ", dtype_name(dtype));
   };
-  if (Dh == 64) by_dtype(std::integral_constant<int, 64>{});
-  else if (Dh == 128) by_dtype(std::integral_constant<int, 128>{});
-  else TS_THROW("attention_forward (Hopper path): no kernel for head dim ", Dh);
+  switch (flash_hopper_head_pad(Dh)) {
+    case 64: by_dtype(std::integral_constant<int, 64>{}); break;
+    case 128: by_dtype(std::integral_constant<int, 128>{}); break;
+    default: TS_THROW("attention_forward (Hopper path): no kernel for head dim ", Dh);
+  }
 }
 
 // True when this binary holds sm_90a machine code of the kernel and the device is compute capability 9.0.
@@ -360,20 +363,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
 }
 }  // namespace
 
-CUtensorMap make_rows_map(const char* op, DType dtype, const void* base, uint64_t cols, int T, int B,
-                          int box_rows) {
-  const cuuint64_t dims[3] = {cols, static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[2] = {cols * 2, cols * 2 * static_cast<uint64_t>(T)};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
+CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
+                           int box_rows) {
+  const uint64_t row = static_cast<uint64_t>(heads) * Dh * 2;  // bytes
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Dh), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(Dh) * 2, row, row * T};  // bytes, dims 1 .. 3
+  const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
   const CUresult r = tensor_map_encoder(op)(
-      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
       const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TS_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
-           " for a (B=", B, ", T=", T, ", ", cols, ") matrix");
+           " for (B=", B, ", T=", T, ", ", heads, " heads of ", Dh, ")");
   return map;
 }
 
@@ -393,7 +398,7 @@ bool flash_hopper_available(const Context& ctx) {
 
 bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
   if (dtype != DType::BF16 && dtype != DType::F16) return false;
-  if (p.Dh != 64 && p.Dh != 128) return false;
+  if (p.Dh % 8 != 0 || flash_hopper_head_pad(p.Dh) == 0) return false;  // zero-padded up to 64 or 128
   if (p.H > 65535 || p.B > 65535) return false;
   return flash_hopper_available(ctx);
 }
@@ -415,7 +420,10 @@ bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Cont
   // Auto takes both Hopper kernels wherever eligible: with exp2 on the MUFU unit alone (flash::exp2_approx) they
   // beat mma.sync at Dh 64 and 128 on the H200 (causal, 32k tokens, T 1k-16k: forward + backward 178-271 against
   // 160-204 TFLOP/s at Dh 64, 256-379 against 172-224 at Dh 128; gpt2-124m step 32.2 against 33.3-33.7 ms;
-  // bench/results/2026-11-30-fast-exp2-h200.md).
+  // bench/results/2026-11-30-fast-exp2-h200.md). The other head widths run zero-padded in the 64 and 128 kernels,
+  // and beat mma.sync too, forward and backward: Dh 32 / 80 / 96 T 16k forward + backward 228 / 335 / 390 against
+  // 148 / 196 / 151 TFLOP/s; the CS336 table's d 16 T 16k forward 1.11 against 1.71 ms
+  // (bench/results/2026-12-02-padded-heads-hopper-h200.md).
   return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
 }
 

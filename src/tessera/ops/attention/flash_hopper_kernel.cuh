@@ -46,10 +46,14 @@ namespace tessera::flash_hopper {
 constexpr uint64_t kSwizzle128B = 1;
 constexpr int kBoxCols = 64;  // a TMA box's columns: 128 bytes of 16-bit values, the 128-byte swizzle span
 
-// Host: a 3-D tensor map over a row-major 16-bit (B, T, cols) matrix (row stride cols, batch stride T * cols) with
-// (64-column, box_rows-row, 1) boxes, 128-byte swizzle, zeros outside; `op` names the caller in its errors.
-// Defined in flash_hopper_forward.cu.
-CUtensorMap make_rows_map(const char* op, DType dtype, const void* base, uint64_t cols, int T, int B, int box_rows);
+// Host: a 4-D tensor map over the heads of a row-major 16-bit (B, T, heads * Dh) matrix: dimensions (Dh, heads,
+// T, B) (row stride heads * Dh, batch stride T * heads * Dh), with (64-column, 1-head, box_rows-row, 1) boxes,
+// 128-byte swizzle, zeros outside. A box at column 64 bx of head h holds that head's columns 64 bx .. 64 bx + 63,
+// the ones at Dh and past it read as zeros (not the next head's): a head narrower than the kernels' compiled width
+// runs zero-padded in it. Rows past T read as zeros too. `op` names the caller in its errors. Defined in
+// flash_hopper_forward.cu.
+CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
+                           int box_rows);
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -209,14 +213,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- TMA ----
-// The box at coordinates (c0, c1, c2) of the tensor map -> shared memory at dst; completes `bar`'s transaction
-// count by the box's bytes (elements outside the tensor are written as zeros and still counted).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+// The box at coordinates (c0, c1, c2, c3) of a 4-D tensor map (make_heads_map: column, head, row, batch) ->
+// shared memory at dst; completes `bar`'s transaction count by the box's bytes (elements outside the tensor are
+// written as zeros and still counted).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
