@@ -13,9 +13,10 @@ Table "memory" (the CS336 assignment's): one head, batch 8, no mask, d in {16, 3
 4096, 8192, 16384}: forward ms (autograd recording, as in training), backward ms (o.backward on a graph built
 once, retain_graph=True), MiB allocated after the forward (torch.cuda.memory_allocated, inputs included) and
 the peak during the backward (max_memory_allocated). Out of memory: {"oom": true} and the sweep goes on.
-Table "flops": causal, B*T = 32768 tokens, width 2048, Dh in {64, 128}, T in {1024, 4096, 16384}, (B, H, T, Dh)
-tensors: forward ms (no_grad) and forward + backward ms; with --dropout P, attention dropout P there (SDPA's
-dropout_p, F.dropout on the naive P), as `tessera bench attention --attn-dropout P` runs it.
+Table "flops": causal, B*T = 32768 tokens, width 2048, Dh in {64, 128} (or --head-dims), H = width // Dh, T in
+{1024, 4096, 16384}, (B, H, T, Dh) tensors: forward ms (no_grad) and forward + backward ms; with --dropout P,
+attention dropout P there (SDPA's dropout_p, F.dropout on the naive P), as `tessera bench attention --attn-dropout
+P` runs it.
 
 Timing: warm-up runs, then timed runs between torch.cuda.Event pairs, one run at a time, the median reported;
 a 128 MiB buffer is read before each timed run to flush the L2 (not timed; a read leaves no dirty lines), as tessera's harness does.

@@ -263,16 +263,19 @@ TEST_F(Bench, AttentionDropoutRunsTheFlopsTableWithIt) {
   EXPECT_NE(text.find("| tessera flash | 64 | 128 | "), std::string::npos) << text;
 }
 
-// --head-dims replaces the TFLOP/s table's head dims (width / Dh heads each, rounded down: 128 / 40 = 3).
+// --head-dims replaces the TFLOP/s table's head dims (width / Dh heads each, rounded down: 128 / 40 = 3), and the
+// progress bar counts its rows: 8 of the CS336 table, then 3 dims x 2 T.
 TEST_F(Bench, AttentionHeadDimsChooseTheFlopsTablesRows) {
   const fs::path md = dir / "dims.md";
   const test::CliRun r =
-      run_bench("attention --size small --device cpu --iters 1 --warmup 0 --head-dims 16,40 --out " + md.string());
+      run_bench("attention --size small --device cpu --iters 1 --warmup 0 --head-dims 16,40,8 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string text = read_file_text(md.string());
   EXPECT_NE(text.find("| tessera flash | 16 | 64 | 4 × 8 | "), std::string::npos) << text;
   EXPECT_NE(text.find("| tessera flash | 40 | 128 | 2 × 3 | "), std::string::npos) << text;
+  EXPECT_NE(text.find("| tessera flash | 8 | 128 | 2 × 16 | "), std::string::npos) << text;
   EXPECT_EQ(text.find("| tessera flash | 64 | 128 | "), std::string::npos) << text;  // the default's row
+  EXPECT_NE(r.err.find("] config 14/14 | done | "), std::string::npos) << r.err;
 }
 
 TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
@@ -331,6 +334,9 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
                      "--head-dims: 'x' is not a head dim from 1 to 128 (the table's width) in '64,x'");
   expect_usage_error("attention --device cpu --head-dims 0", "--head-dims: '0' is not a head dim");
   expect_usage_error("attention --device cpu --head-dims 64,", "--head-dims: '' is not a head dim");
+  expect_usage_error("attention --device cpu --head-dims +5", "--head-dims: '+5' is not a head dim");
+  expect_usage_error("attention --device cpu --head-dims '64, 32'", "--head-dims: ' 32' is not a head dim");
+  expect_usage_error("attention --device cpu --head-dims 32,64,32", "--head-dims: 32 is listed twice in '32,64,32'");
   expect_usage_error("kernels --device cpu --only gemm",
                      "--only: unknown kernel family 'gemm' (expected a comma list of embedding, layernorm, residual, "
                      "gelu, swiglu, cross-entropy)");

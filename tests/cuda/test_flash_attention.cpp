@@ -171,13 +171,15 @@ void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt199
 TEST(CudaFlashAttention, MatchesReferenceAndNaiveRule) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
-  // T: one row, a partial tile, one full tile, one short of two tiles (odd), several tiles with a partial last
-  // one. Dh: every compiled width (32, 64, 80, 128), and 16 (zero-padded in the 32 instance), 96 (in 128).
+  // The mma.sync kernels, on every device (on sm_90a auto routes every head width to the Hopper kernels, which
+  // CudaFlashAttentionHopper checks the same way). T: one row, a partial tile, one full tile, one short of two
+  // tiles (odd), several tiles with a partial last one. Dh: every compiled width (32, 64, 80, 128), and 16
+  // (zero-padded in the 32 instance), 96 (in 128).
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
       for (int Dh : {16, 32, 64, 80, 96, 128})
         for (int T : {1, 17, 64, 127, 200})
-          run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng);
+          run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng, "mma");
 }
 
 TEST(CudaFlashAttention, LongSequenceMatchesReference) {
@@ -249,8 +251,8 @@ std::vector<const char*> flash_paths(const Context& ctx) {
 }
 
 // Attention dropout on the GPU against the f64 reference under the same (seed, stream): the flash kernels in bf16
-// and f16 (mma.sync, and on sm_90a the wgmma kernels, Dh 16 and 80 zero-padded) and the tiled kernels in f32; out, lse and
-// the three gradients, every output poisoned first. (The naive yardstick has no dropout, so the 2x rule of
+// and f16 (mma.sync, and on sm_90a the wgmma kernels, Dh 16 and 80 zero-padded) and the tiled kernels in f32; out,
+// lse and the three gradients, every output poisoned first. (The naive yardstick has no dropout, so the 2x rule of
 // run_flash_case does not apply; the dtype's tolerance of f64 does.)
 void run_dropout_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng, const char* path) {
   ScopedFlashPath scoped(path);
@@ -420,11 +422,12 @@ TEST(CudaFlashAttentionHopper, ForwardMatchesReferenceAndNaiveRule) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
   std::mt19937_64 rng(test_seed());
-  // Dh: both compiled widths, and heads zero-padded in them (16, 40 and 96: not multiples of 16 or of 64; 80: 16
-  // columns into the second 64-column box) between neighbours whose columns must not leak in (H = 3).
+  // Dh: both compiled widths, and heads zero-padded in them (8: one 8-column tile; 16, 40, 96, 120: not multiples
+  // of 64, 40 not of 16; 72 and 80: 8 and 16 columns into the second 64-column box) between neighbours whose
+  // columns must not leak in (H = 3).
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
-      for (int Dh : {16, 40, 64, 80, 96, 128})
+      for (int Dh : {8, 16, 40, 64, 72, 80, 96, 120, 128})
         for (int T : {1, 17, 64, 127, 128, 129, 200, 257})
           run_flash_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal}, dt, ctx, rng, "hopper");
   for (int Dh : {64, 128})
@@ -475,7 +478,7 @@ TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
   std::mt19937_64 rng(test_seed());
   for (DType dt : {DType::BF16, DType::F16})
     for (bool causal : {true, false})
-      for (int Dh : {16, 40, 64, 80, 128})
+      for (int Dh : {8, 16, 40, 64, 72, 80, 120, 128})
         for (int T : {1, 63, 65, 127, 129, 600}) {
           const AttentionParams p{.B = 2, .T = T, .H = 2, .Dh = Dh, .causal = causal};
           const std::string what = label(p, dt);
@@ -517,6 +520,41 @@ TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
         }
 }
 
+// Stores that run past a padded head's Dh columns: into a neighbouring head they race with its own stores (or are
+// rewritten after), so the cases above may miss them; past the end of out and d_qkv nothing rewrites them. One
+// head, one batch, T a whole number of tiles (the last row a live one): out and d_qkv are allocated with a poisoned
+// tail of 64 elements, which must stay poisoned.
+TEST(CudaFlashAttentionHopper, PaddedHeadsWriteNothingPastTheirColumns) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  if (!flash_hopper_available(ctx)) GTEST_SKIP() << "no sm_90a Hopper kernels for this device";
+  std::mt19937_64 rng(test_seed());
+  ScopedFlashPath scoped("hopper");
+  constexpr size_t kTail = 64;
+  for (int Dh : {8, 16, 40, 72, 120}) {
+    const AttentionParams p{.B = 1, .T = 128, .H = 1, .Dh = Dh, .causal = true};
+    const std::string what = label(p, DType::BF16);
+    ASSERT_EQ(std::string(attention_cuda_kernel(p, DType::BF16, ctx)), "flash-hopper") << what;
+    const size_t NC = static_cast<size_t>(p.T) * p.Dh;
+    DeviceArena dev(ctx);
+    const Tensor tqkv = dev.upload(DType::BF16, randn<double>(3 * NC, rng));
+    const Tensor tdo = dev.upload(DType::BF16, randn<double>(NC, rng));
+    const Tensor out_all = dev.poisoned(DType::BF16, NC + kTail), d_all = dev.poisoned(DType::BF16, 3 * NC + kTail);
+    const Tensor lse = dev.poisoned(DType::F32, p.T);
+    const auto n64 = [](size_t n) { return static_cast<int64_t>(n); };
+    const Tensor out(out_all.data(), DType::BF16, {n64(NC)}, ctx.device());
+    const Tensor d_qkv(d_all.data(), DType::BF16, {n64(3 * NC)}, ctx.device());
+    attention_forward(p, out, lse, tqkv, ctx);
+    attention_backward(p, d_qkv, tdo, tqkv, out, lse, ctx);
+    const auto o = dev.download(out_all), g = dev.download(d_all);
+    for (size_t i = 0; i < NC; ++i) ASSERT_TRUE(std::isfinite(o[i])) << what << ": out[" << i << "] unwritten";
+    for (size_t i = 0; i < 3 * NC; ++i) ASSERT_TRUE(std::isfinite(g[i])) << what << ": d_qkv[" << i << "] unwritten";
+    for (size_t i = 0; i < kTail; ++i) {
+      EXPECT_TRUE(std::isnan(o[NC + i])) << what << ": written past out's end at +" << i;
+      EXPECT_TRUE(std::isnan(g[3 * NC + i])) << what << ": written past d_qkv's end at +" << i;
+    }
+  }
+}
+
 TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   const AttentionParams p64{.B = 1, .T = 5, .H = 1, .Dh = 64, .causal = true};
@@ -553,8 +591,18 @@ TEST(CudaFlashAttentionHopper, PathChoiceIsExplicit) {
   EXPECT_TRUE(flash_forward_uses_hopper(p64, DType::F16, ctx));
   EXPECT_TRUE(flash_forward_uses_hopper(p80, DType::BF16, ctx));
   const AttentionParams wide_grid{.B = 70000, .T = 5, .H = 1, .Dh = 64, .causal = true};
-  EXPECT_FALSE(flash_forward_uses_hopper(wide_grid, DType::BF16, ctx));  // outside its coverage (grid z): mma.sync
+  EXPECT_FALSE(flash_forward_uses_hopper(wide_grid, DType::BF16, ctx));  // grid z: B <= 65535
   EXPECT_FALSE(flash_forward_uses_hopper(p64, DType::F32, ctx));
+  // Head widths: every multiple of 8 up to 128, padded to 64 or 128; nothing else.
+  for (int Dh : {8, 24, 120}) {
+    const AttentionParams p{.B = 1, .T = 5, .H = 1, .Dh = Dh, .causal = true};
+    EXPECT_TRUE(flash_forward_uses_hopper(p, DType::BF16, ctx)) << Dh;
+  }
+  for (int Dh : {4, 20, 136}) {
+    const AttentionParams p{.B = 1, .T = 5, .H = 1, .Dh = Dh, .causal = true};
+    EXPECT_FALSE(flash_forward_uses_hopper(p, DType::BF16, ctx)) << Dh;
+    EXPECT_FALSE(flash_backward_uses_hopper(p, DType::BF16, ctx)) << Dh;
+  }
 }
 
 TEST(CudaNaiveAttention, F32MatchesReference) {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -78,18 +77,20 @@ std::string peer_cell(const nlohmann::json& j, const char* key, const char* f) {
   return fmt(f, j[key].get<double>());
 }
 
-// --head-dims: a comma list of head dims, each in [1, width] (the heads are width / Dh).
-std::vector<int> parse_head_dims(const std::string& s, int width) {
+// --head-dims: a comma list of distinct head dims, each written in digits, from 1 to max_dh.
+std::vector<int> parse_head_dims(const std::string& s, int max_dh, const std::string& why) {
   std::vector<int> dims;
   size_t i = 0;
   while (i <= s.size()) {
     const size_t j = std::min(s.find(',', i), s.size());
     const std::string item = s.substr(i, j - i);
-    char* end = nullptr;
-    errno = 0;
-    const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
-    TS_CHECK(!item.empty() && *end == '\0' && errno == 0 && v >= 1 && v <= width, "--head-dims: '", item,
-             "' is not a head dim from 1 to ", width, " (the table's width) in '", s, "'");
+    const bool digits = !item.empty() && item.size() <= 9 &&
+                        item.find_first_not_of("0123456789") == std::string::npos;
+    const long v = digits ? std::stol(item) : 0;
+    TS_CHECK(digits && v >= 1 && v <= max_dh, "--head-dims: '", item, "' is not a head dim from 1 to ", max_dh, " (",
+             why, ") in '", s, "'");
+    TS_CHECK(std::find(dims.begin(), dims.end(), v) == dims.end(), "--head-dims: ", v, " is listed twice in '", s,
+             "'");
     dims.push_back(static_cast<int>(v));
     i = j + 1;
   }
@@ -135,8 +136,13 @@ int cmd_bench_attention(int argc, char** argv) {
   const float attn_dropout = static_cast<float>(attn_dropout_arg);
   AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout, .head_dims = {},
                            .timing = timing, .on_row = {}};
-  if (a.has("head-dims"))
-    cfg.head_dims = parse_head_dims(a.str("head-dims"), attention_sweeps(cfg.small).flops_width);
+  if (a.has("head-dims")) {
+    // A head is at most the table's width; on a GPU, at most what the attention kernels take.
+    const int width = attention_sweeps(cfg.small).flops_width;
+    const bool kernels = ctx.is_cuda() && kAttentionMaxDh < width;
+    cfg.head_dims = parse_head_dims(a.str("head-dims"), kernels ? kAttentionMaxDh : width,
+                                    kernels ? "the GPU kernels' largest" : "the table's width");
+  }
   const std::string out = a.str("out");
   if (a.has("out")) check_output_path("out", out);
 
@@ -163,7 +169,7 @@ int cmd_bench_attention(int argc, char** argv) {
     if (!ctx.is_cuda()) peer.note = "peer skipped: the PyTorch peers run on a GPU only";
     else peer = run_peer(cfg.small, dtype_name, timing, attn_dropout, cfg.head_dims);
   }
-  // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 64, 128; flash-mma for Dh 16, 32".
+  // The kernel each head size of the tables takes, grouped: "flash-hopper for Dh 16, 32, 64, 128" on sm_90a.
   std::string kernel = "cpu reference";
 #ifdef TESSERA_WITH_CUDA
   if (ctx.is_cuda()) {

@@ -12,7 +12,8 @@
 // attention dropout drawn as the mma.sync kernels draw it (flash.h, attention_dropout.h).
 //
 // TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper kernels where eligible, mma.sync elsewhere (measured
-// faster in both directions at every head width, padded or not: see flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
+// faster in both directions at Dh 32, 64, 80, 96 and 128 and in the CS336 table's d 16 rows: see
+// flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
 // as auto, but an Error when this device or build cannot run the Hopper kernels at all (shapes outside their
 // coverage still run mma.sync). The tests set it to run both paths on the same inputs.
 #pragma once
@@ -25,9 +26,12 @@ namespace tessera {
 
 enum class FlashForwardPath { Auto, Mma, Hopper };
 
-// The compiled head width of the Hopper kernels that serves Dh: 64 for Dh <= 64, 128 for Dh <= 128, 0 above. A Dh
-// below it (a multiple of 8) runs zero-padded: its tensor maps read the columns from Dh on as zeros.
-constexpr int flash_hopper_head_pad(int Dh) { return Dh <= 0 ? 0 : Dh <= 64 ? 64 : Dh <= 128 ? 128 : 0; }
+// The compiled head width of the Hopper kernels that serves Dh: 64 for Dh <= 64, 128 for Dh <= 128, 0 above or when
+// Dh is no multiple of 8 (the tensor maps' row stride, 2 Dh bytes, must be a multiple of 16). A Dh below its width
+// runs zero-padded: its tensor maps read the columns from Dh on as zeros.
+constexpr int flash_hopper_head_pad(int Dh) {
+  return Dh <= 0 || Dh % 8 != 0 ? 0 : Dh <= 64 ? 64 : Dh <= 128 ? 128 : 0;
+}
 
 // TESSERA_FLASH_PATH, read at each call; an unknown value is an Error.
 FlashForwardPath flash_forward_path_requested();
@@ -49,7 +53,8 @@ bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const At
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                          Context& ctx);
 
-// The backward's coverage is the forward's (Dh 64 / 128, bf16 / f16, sm_90a); d_out must be 16-byte aligned too.
+// The backward's coverage is the forward's (Dh a multiple of 8 up to 128, bf16 / f16, sm_90a); d_out must be
+// 16-byte aligned too.
 bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
 bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
 // d_qkv <- the gradient through (p, qkv) of d_out, from lse_in and D = rowsum(dO ∘ O) in D_out (flash.h's

@@ -13,7 +13,7 @@
 //
 // Block: 384 threads = a producer warpgroup (one thread issues the TMA loads; setmaxnreg 24) and two consumer
 // warpgroups (setmaxnreg 240) that each own 64 rows of the block's 128; a 2-stage ring of streamed tiles (128 rows
-// in the dQ pass; in the dK / dV pass 128 at Dh 64 and 64 at Dh 128: dkdv_query_rows).
+// in the dQ pass; in the dK / dV pass 128 at compiled width 64 and 64 at 128: dkdv_query_rows).
 //   dQ pass, grid (ceil(T/128), H, B), block x taking query tile n - 1 - x (the longest first under a causal mask):
 //     the block's Q and dO stay; each consumer first computes D = rowsum(dO ∘ O) of its 64 rows from O (global)
 //     and the dO tile, and writes it for the dK / dV pass (or, given no O, reads D computed before);

@@ -398,7 +398,7 @@ bool flash_hopper_available(const Context& ctx) {
 
 bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
   if (dtype != DType::BF16 && dtype != DType::F16) return false;
-  if (p.Dh % 8 != 0 || flash_hopper_head_pad(p.Dh) == 0) return false;  // zero-padded up to 64 or 128
+  if (flash_hopper_head_pad(p.Dh) == 0) return false;  // a multiple of 8 up to 128, zero-padded to 64 or 128
   if (p.H > 65535 || p.B > 65535) return false;
   return flash_hopper_available(ctx);
 }
