@@ -636,6 +636,34 @@ TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
   EXPECT_NE(r.out.find("prepared "), std::string::npos) << "failed before it made the directory: " << r.out;
 }
 
+// Two threads under an address limit: OpenBLAS maps a 128 MiB work buffer for each thread at its first call and,
+// when that fails, retries forever. A train whose first GEMM found too little address space spun at 100% CPU,
+// never ended and ignored Ctrl-C (a new user's trial). Now each limit either trains or fails in one line, and the
+// limits just above the start-up's are the ones where the GEMMs' buffers do not fit.
+TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
+  const std::string args = "train --batch 8 --seq 64 --d-model 32 --n-layers 1 --n-heads 2 --steps 1 --no-progress "
+                           "--sample-tokens 0 --device cpu --out ";
+  int blas_errors = 0, trained = 0;
+  for (size_t extra : {160, 224, 288, 352, 416, 544}) {
+    const fs::path out = dir / ("o" + std::to_string(extra));
+    const size_t mib = test::startup_address_mib() + extra;
+    const CliRun r = test::run_after("ulimit -v " + std::to_string(mib * 1024) +
+                                         " && OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout -k 5 60 ",
+                                     args + out.string());
+    SCOPED_TRACE(std::to_string(extra) + " MiB past start-up");
+    // timeout's SIGTERM asks train to stop after its step, which a spinning step never reaches: SIGKILL, 137.
+    ASSERT_TRUE(r.code != 124 && r.code != 137) << "still running after 60 s: " << r.err;
+    if (r.code == 0) {
+      ++trained;
+      continue;
+    }
+    expect_error(r, "out of memory", out);
+    blas_errors += r.err.find("BLAS work buffer") != std::string::npos;
+  }
+  EXPECT_GE(blas_errors, 1) << "no limit reached the GEMMs' buffers";
+  EXPECT_GE(trained, 1) << "no limit was enough to train";
+}
+
 // Item 13 of the hardening issue: one step of gpt2-124m on the CPU used to be followed by minutes of sampling.
 // Over 100M parameters on the CPU there is no sample unless asked for (about 4 GB and a few seconds here).
 TEST_F(Cli, NoDefaultSampleForLargeModelsOnTheCpu) {

@@ -1,5 +1,9 @@
 #include "tessera/core/memory.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -17,6 +21,20 @@ size_t available_host_memory() {
   }
   std::fclose(f);
   return kib * 1024;
+}
+
+size_t address_space_left() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return SIZE_MAX;
+  unsigned long pages = 0;
+  const bool read = std::fscanf(f, "%lu", &pages) == 1;
+  std::fclose(f);
+  if (!read) return SIZE_MAX;
+  const size_t used = static_cast<size_t>(pages) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t limit = static_cast<size_t>(lim.rlim_cur);
+  return limit > used ? limit - used : 0;
 }
 
 void check_host_memory(size_t bytes, const char* what, std::string_view hint) {

@@ -8,6 +8,10 @@ namespace tessera {
 // MemAvailable from /proc/meminfo (what can be allocated without swapping), or 0 when it cannot be read.
 size_t available_host_memory();
 
+// The address space this process may still map under its limit (RLIMIT_AS, `ulimit -v`): the limit less what is
+// mapped now (/proc/self/statm). SIZE_MAX without a limit, or when either cannot be read.
+size_t address_space_left();
+
 // Throws Error "out of memory: <what> needs X GiB, Y GiB available (<hint>)" when `bytes` exceed what is
 // available. Checked before large allocations because Linux overcommits: a too-large std::vector would not fail
 // cleanly but get the process killed once its pages are touched. The hint, when given, is the caller's: the

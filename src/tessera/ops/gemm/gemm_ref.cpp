@@ -2,7 +2,12 @@
 #include "tessera/ops/gemm/gemm.h"
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <vector>
+
+#include "tessera/core/error.h"
+#include "tessera/core/memory.h"
 
 #include <omp.h>
 
@@ -46,9 +51,39 @@ namespace {
 // call, so they do not depend on timing either.
 constexpr int kBlasBlockMinRows = 128;  // rows of a block, at least (fewer rows than this and packing B dominates)
 constexpr int kBlasMaxBlocks = 64;     // blocks of a GEMM, at most: enough for 64 threads
+
+// OpenBLAS gives each thread that calls it a work buffer of its own, 128 MiB of address space mapped at the thread's
+// first call (the calling thread's at start-up when OpenBLAS starts single-threaded, as after OMP_NUM_THREADS=1
+// OPENBLAS_NUM_THREADS=1) and never unmapped. When that mapping fails it tries again, forever: under an address-space
+// limit (ulimit -v) a 2-thread train spun at 100% CPU in its first GEMM and never ended, deaf to Ctrl-C. So a thread's
+// first BLAS call checks the address space left first, under a lock (two threads' checks could both pass with room
+// for one buffer), and a thread without room skips its block; the GEMM then fails as out of memory, in one line.
+// The check asks for the buffer and a new thread's malloc arena (glibc reserves 64 MiB); a thread that calls BLAS
+// with room for that keeps its buffer for every later call.
+constexpr size_t kBlasFirstCallBytes = size_t{192} << 20;
+thread_local bool blas_buffer_mapped = false;
+std::mutex blas_first_call;
+
+// Runs `call` on this thread; on its first BLAS call, only when the address space has room for its buffer. False
+// when it had not (call skipped).
+template <typename Call>
+bool blas_call_with_room(Call&& call) {
+  if (blas_buffer_mapped) {
+    call();
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(blas_first_call);
+  if (address_space_left() < kBlasFirstCallBytes) return false;
+  call();
+  blas_buffer_mapped = true;
+  return true;
+}
+
 template <typename T, typename Blas>
 void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas blas) {
   static const bool single = [] {
+    // Started single-threaded, OpenBLAS mapped the calling (main) thread's buffer at start-up.
+    blas_buffer_mapped = openblas_get_num_threads() == 1;
     openblas_set_num_threads(1);
     return true;
   }();
@@ -57,15 +92,23 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
   const int blocks = work < 4 * kParallelMinWork
                          ? 1
                          : std::clamp(p.M / kBlasBlockMinRows, 1, kBlasMaxBlocks);
+  std::atomic<bool> no_room{false};
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int blk = 0; blk < blocks; ++blk) {
+    if (no_room.load(std::memory_order_relaxed)) continue;
     const int m0 = static_cast<int>(static_cast<long>(p.M) * blk / blocks);
     const int m1 = static_cast<int>(static_cast<long>(p.M) * (blk + 1) / blocks);
     // Rows [m0, m1) of op(A): row m0 of A, or column m0 of the stored (K, M) A when transposed.
     const T* a_blk = p.trans_a ? a + m0 : a + m0 * p.ld_a();
-    blas(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, m1 - m0, p.N,
-         p.K, p.alpha, a_blk, p.ld_a(), b, p.ld_b(), p.beta, c + m0 * p.ld_c(), p.ld_c());
+    const bool ran = blas_call_with_room([&] {
+      blas(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, m1 - m0, p.N,
+           p.K, p.alpha, a_blk, p.ld_a(), b, p.ld_b(), p.beta, c + m0 * p.ld_c(), p.ld_c());
+    });
+    if (!ran) no_room.store(true, std::memory_order_relaxed);
   }
+  TS_CHECK(!no_room.load(), "out of memory: the CPU GEMMs need ", kBlasFirstCallBytes >> 20, " MiB of address space "
+           "for each thread's BLAS work buffer, ", address_space_left() >> 20, " MiB are left under the limit (ulimit "
+           "-v); raise it, or run fewer threads (OMP_NUM_THREADS)");
 }
 #endif
 
