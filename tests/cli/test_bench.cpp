@@ -337,6 +337,17 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
   expect_usage_error("attention --device cpu --head-dims +5", "--head-dims: '+5' is not a head dim");
   expect_usage_error("attention --device cpu --head-dims '64, 32'", "--head-dims: ' 32' is not a head dim");
   expect_usage_error("attention --device cpu --head-dims 32,64,32", "--head-dims: 32 is listed twice in '32,64,32'");
+  // Two flags on one file: the second write replaced the first, and both said "wrote".
+  const std::string same = (dir / "same").string(), x = (dir / "x").string();
+  expect_usage_error("model --device cpu --preset tiny --out " + same + " --json " + (dir / "." / "same").string(),
+                     "--json " + (dir / "." / "same").string() + " is also --out's file");
+  expect_usage_error("model --device cpu --preset tiny --csv " + x + ".csv --memory-timeline " + x + ".png",
+                     "--memory-timeline's CSV " + x + ".csv is also --csv's file");
+  expect_usage_error("model --device cpu --preset tiny --trace " + x + ".json --json " + x + ".json",
+                     "--trace " + x + ".json is also --json's file");
+  expect_usage_error("compare --device cpu --preset tiny --json " + same + " --csv " + same,
+                     "--csv " + same + " is also --json's file");
+  EXPECT_FALSE(fs::exists(same));
   expect_usage_error("kernels --device cpu --only gemm",
                      "--only: unknown kernel family 'gemm' (expected a comma list of embedding, layernorm, residual, "
                      "gelu, swiglu, cross-entropy)");

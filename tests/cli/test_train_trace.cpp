@@ -138,5 +138,32 @@ TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
   EXPECT_FALSE(fs::exists(dir / "m.png"));
 }
 
+// An output path that is a file the run writes or reads, or another output's: a --trace of the run's metrics.jsonl
+// replaced the metrics, one of a data shard replaced the shard, one of the timeline's CSV lost the trace; each run
+// "succeeded". Each is now refused before the run starts, and leaves the data as it was.
+TEST_F(TrainTrace, OutputsThatAreTheRunsOwnFilesAreRefused) {
+  const fs::path run = dir / "run", data = dir / "data", corpus = data / "corpus.txt";
+  fs::create_directories(data);
+  write_file_atomic(corpus.string(), std::string(4000, 'a') + "the end\n");
+  const std::string with_data = "--steps 2 --data " + corpus.string() + " ";
+  const auto expect_refused = [&](const std::string& args, const std::string& what) {
+    const test::CliRun r = test::run(train(with_data + args));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(run)) << args;
+  };
+  expect_refused("--trace " + (run / "metrics.jsonl").string(), "metrics.jsonl is also the run's metrics");
+  expect_refused("--trace " + (dir / "." / "run" / "checkpoint" / "t.json").string(),
+                 "is inside the run's checkpoint directory");
+  expect_refused("--trace " + corpus.string(), "corpus.txt is also the --data text, which the run reads");
+  expect_refused("--trace " + (dir / "m.csv").string() + " --memory-timeline " + (dir / "m.png").string(),
+                 "--memory-timeline's CSV " + (dir / "m.csv").string() + " is also --trace's file");
+  EXPECT_EQ(read_file_text(corpus.string()), std::string(4000, 'a') + "the end\n");
+  // A path of its own is taken.
+  const test::CliRun ok = test::run(train(with_data + "--trace " + (dir / "t.json").string()));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 }  // namespace
 }  // namespace tessera

@@ -82,6 +82,10 @@ int cmd_bench_compare(int argc, char** argv) {
     check_output_path("chart", chart);
     TS_CHECK(fs::path(chart).extension() == ".png", what, ": --chart ", chart, " must end in .png");
   }
+  OutputFiles files;  // one file per flag: two flags on one path lost the first file, both "wrote"
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"out", out}, {"json", json_path},
+                                   {"csv", csv_path}, {"chart", chart}})
+    if (a.has(flag)) files.claim("--" + flag, path);
   const std::vector<std::string> modes = read_peer_modes(a, what);
   const double peer_timeout = read_peer_timeout(a, what);
   TS_CHECK(a.str("precision") != "f16", what, ": --precision f16: the PyTorch peer times f32 and bf16 only; "

@@ -118,6 +118,10 @@ int cmd_bench_model(int argc, char** argv) {
   if (a.has("out")) check_output_path("out", out);
   if (a.has("json")) check_output_path("json", json_path);
   if (a.has("csv")) check_output_path("csv", csv_path);
+  OutputFiles files;  // one file per flag: two flags on one path lost the first file, both "wrote"
+  files.claim("--out", a.has("out") ? out : "");
+  files.claim("--json", a.has("json") ? json_path : "");
+  files.claim("--csv", a.has("csv") ? csv_path : "");
   // --trace and --memory-timeline are checked below, once the sizes (and so their per-size names) are known.
   TS_CHECK(!a.has("memory-timeline") || fs::path(timeline_path).extension() == ".png", "bench model: "
            "--memory-timeline ", timeline_path, " must end in .png (the CSV is written beside it as .csv)");
@@ -143,11 +147,16 @@ int cmd_bench_model(int argc, char** argv) {
   // Every file the sweep will write, checked before its first step: the per-size names, and each plot's CSV (a
   // directory named FILE.csv failed only after the timing, beside the PNG it had written).
   for (const ModelConfig& c : cfgs) {
-    if (bc.trace) check_output_path("trace", per_size_path(trace_path, c.preset, several));
+    if (bc.trace) {
+      check_output_path("trace", per_size_path(trace_path, c.preset, several));
+      files.claim("--trace", per_size_path(trace_path, c.preset, several));
+    }
     if (bc.memory_timeline) {
       const std::string png = per_size_path(timeline_path, c.preset, several);
       check_output_path("memory-timeline", png);
       check_output_path("memory-timeline's CSV,", fs::path(png).replace_extension(".csv").string());
+      files.claim("--memory-timeline", png);
+      files.claim("--memory-timeline's CSV", fs::path(png).replace_extension(".csv").string());
     }
   }
 

@@ -379,6 +379,14 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       }
     }
     if (!text_source.empty()) {
+      // The text is read now and prepared into OUT/data, so train_setup's check of the outputs against the data
+      // sees the prepared shards, not the text: a --trace of the text replaced it once the run had read it.
+      OutputFiles files;
+      files.protect(text_source, "the --data text, which the run reads");
+      files.claim("--trace", o.trace);
+      files.claim("--memory-timeline", o.memory_timeline);
+      if (!o.memory_timeline.empty())
+        files.claim("--memory-timeline's CSV", fs::path(o.memory_timeline).replace_extension(".csv").string());
       text = read_file_text(text_source, "data");
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,

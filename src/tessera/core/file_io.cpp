@@ -162,6 +162,31 @@ std::FILE* open_in_place(const std::string& path) {
 }
 }  // namespace
 
+namespace {
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+  return ec ? fs::absolute(path).lexically_normal() : p;
+}
+}  // namespace
+
+void OutputFiles::claim(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  const fs::path p = resolved(path);
+  for (const Taken& t : taken_) {
+    const fs::path rel = p.lexically_relative(t.path);
+    const bool inside = t.dir && !rel.empty() && *rel.begin() != "..";
+    TS_CHECK(p != t.path && !inside, flag, " ", path, " is ", t.dir ? "inside " : "also ", t.owner);
+  }
+  taken_.push_back({p, flag + "'s file", false});
+}
+void OutputFiles::protect(const std::string& path, const std::string& what) {
+  if (!path.empty()) taken_.push_back({resolved(path), what, false});
+}
+void OutputFiles::protect_dir(const std::string& dir, const std::string& what) {
+  if (!dir.empty()) taken_.push_back({resolved(dir), what, true});
+}
+
 void check_file_writable(const std::string& path, const std::string& what) {
   const OutputTarget target = output_target(path);
   if (target.in_place) {

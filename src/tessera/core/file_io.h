@@ -39,6 +39,26 @@ void write_file_atomic(const std::string& path, const std::string& text);
 // takes no files, such as /proc; a read-only mount; a full disk of inodes).
 void check_file_writable(const std::string& path, const std::string& what);
 
+// The files a command will write, one per flag. claim() throws Error "<flag> <path> is also <owner>" when `path`
+// names a file already claimed or protected (resolved against the working directory: "x", "./x" and "d/../x"
+// alike), else records it under `flag`; an empty path is skipped. protect() records a file the command reads or
+// writes itself (train's metrics.jsonl, its data) under a description of what it is; protect_dir() every file in a
+// directory (train's checkpoints).
+class OutputFiles {
+ public:
+  void claim(const std::string& flag, const std::string& path);
+  void protect(const std::string& path, const std::string& what);
+  void protect_dir(const std::string& dir, const std::string& what);
+
+ private:
+  struct Taken {
+    std::filesystem::path path;
+    std::string owner;
+    bool dir = false;
+  };
+  std::vector<Taken> taken_;
+};
+
 // What DirectoryLock throws when another process holds the lock (and only then).
 class DirectoryInUse : public Error {
  public:

@@ -356,10 +356,19 @@ TrainSetup train_setup(TrainOptions o) {
   // The plot's CSV too: a directory named FILE.csv failed only after the training, beside the PNG it had written.
   const std::string timeline_csv =
       o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
+  // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl replaced the
+  // metrics, one of a data shard replaced the shard (both "succeeded").
+  OutputFiles files;
+  files.protect((fs::path(o.out) / "metrics.jsonl").string(), "the run's metrics");
+  files.protect_dir((fs::path(o.out) / "checkpoint").string(), "the run's checkpoint directory");
+  files.protect_dir((fs::path(o.out) / "best").string(), "the run's best-checkpoint directory");
+  if (fs::is_directory(o.data)) files.protect_dir(o.data, "the --data directory " + o.data + ", which the run reads");
+  else files.protect(o.data, "the --data file, which the run reads");
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
                                    std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline},
                                    std::pair<const char*, std::string>{"--memory-timeline's CSV", timeline_csv}}) {
     if (path.empty()) continue;
+    files.claim(flag, path);
     const fs::path parent = fs::path(path).parent_path();
     TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
     TS_CHECK(!fs::is_directory(path), flag, ": ", path, " is a directory, not a file to write");
