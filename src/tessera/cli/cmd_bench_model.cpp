@@ -148,15 +148,17 @@ int cmd_bench_model(int argc, char** argv) {
   // directory named FILE.csv failed only after the timing, beside the PNG it had written).
   for (const ModelConfig& c : cfgs) {
     if (bc.trace) {
-      check_output_path("trace", per_size_path(trace_path, c.preset, several));
-      files.claim("--trace", per_size_path(trace_path, c.preset, several));
+      const std::string trace = per_size_path(trace_path, c.preset, several);
+      check_output_path("trace", trace);
+      files.claim("--trace", trace);
     }
     if (bc.memory_timeline) {
       const std::string png = per_size_path(timeline_path, c.preset, several);
+      const std::string csv = fs::path(png).replace_extension(".csv").string();
       check_output_path("memory-timeline", png);
-      check_output_path("memory-timeline's CSV,", fs::path(png).replace_extension(".csv").string());
+      check_output_path("memory-timeline's CSV,", csv);
       files.claim("--memory-timeline", png);
-      files.claim("--memory-timeline's CSV", fs::path(png).replace_extension(".csv").string());
+      files.claim("--memory-timeline's CSV", csv);
     }
   }
 

@@ -383,10 +383,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // sees the prepared shards, not the text: a --trace of the text replaced it once the run had read it.
       OutputFiles files;
       files.protect(text_source, "the --data text, which the run reads");
-      files.claim("--trace", o.trace);
-      files.claim("--memory-timeline", o.memory_timeline);
-      if (!o.memory_timeline.empty())
-        files.claim("--memory-timeline's CSV", fs::path(o.memory_timeline).replace_extension(".csv").string());
+      for (const auto& [flag, path] : trace_outputs(o)) files.claim(flag, path);
       text = read_file_text(text_source, "data");
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,

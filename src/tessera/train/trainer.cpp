@@ -291,6 +291,13 @@ uint64_t run_fingerprint(const TrainOptions& o) {
   return f.h;
 }
 
+std::vector<std::pair<const char*, std::string>> trace_outputs(const TrainOptions& o) {
+  // The plot's CSV too: a directory named FILE.csv failed only after the training, beside the PNG it had written.
+  const std::string timeline_csv =
+      o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
+  return {{"--trace", o.trace}, {"--memory-timeline", o.memory_timeline}, {"--memory-timeline's CSV", timeline_csv}};
+}
+
 TrainSetup train_setup(TrainOptions o) {
   TrainSetup s;
   if (!o.resume.empty()) {
@@ -353,9 +360,6 @@ TrainSetup train_setup(TrainOptions o) {
   };
   if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step);
   if (o.stop_after > 0) check_step("--stop-after", o.stop_after);
-  // The plot's CSV too: a directory named FILE.csv failed only after the training, beside the PNG it had written.
-  const std::string timeline_csv =
-      o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
   // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl replaced the
   // metrics, one of a data shard replaced the shard (both "succeeded").
   OutputFiles files;
@@ -364,9 +368,7 @@ TrainSetup train_setup(TrainOptions o) {
   files.protect_dir((fs::path(o.out) / "best").string(), "the run's best-checkpoint directory");
   if (fs::is_directory(o.data)) files.protect_dir(o.data, "the --data directory " + o.data + ", which the run reads");
   else files.protect(o.data, "the --data file, which the run reads");
-  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--trace", o.trace},
-                                   std::pair<const char*, std::string>{"--memory-timeline", o.memory_timeline},
-                                   std::pair<const char*, std::string>{"--memory-timeline's CSV", timeline_csv}}) {
+  for (const auto& [flag, path] : trace_outputs(o)) {
     if (path.empty()) continue;
     files.claim(flag, path);
     const fs::path parent = fs::path(path).parent_path();

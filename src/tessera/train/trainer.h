@@ -161,6 +161,9 @@ struct TrainSetup {
 // Checks every option against the model, loads the resume checkpoint and checks that the run fits in host
 // memory. Reads files, never writes one: a failure here leaves nothing behind.
 TrainSetup train_setup(TrainOptions o);
+// The files --trace and --memory-timeline write (the plot's CSV beside it), each with its flag; empty paths for
+// the flags not given.
+std::vector<std::pair<const char*, std::string>> trace_outputs(const TrainOptions& o);
 // Opens options.data: shards that exist, are well-formed, fit the vocab and hold at least one batch. A val
 // split too short for one sequence disables validation. Reads only.
 void train_open_data(TrainSetup& s);
