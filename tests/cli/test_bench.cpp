@@ -50,6 +50,16 @@ std::map<std::string, std::vector<std::string>> table_rows(const std::string& md
   return rows;
 }
 
+// `text` with every run of digits as one '#': two runs' outputs then compare, whatever their timings and dates.
+std::string without_numbers(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) out += text[i];
+    else if (i == 0 || !std::isdigit(static_cast<unsigned char>(text[i - 1]))) out += '#';
+  }
+  return out;
+}
+
 class Bench : public ::testing::Test {
  protected:
   fs::path dir;
@@ -78,6 +88,22 @@ class Bench : public ::testing::Test {
     }
   }
 
+  // `err` is the progress bar off a terminal: a line as each of `rows` starts ("[#...] <unit> i/n | running <row> |
+  // ... elapsed"), then "done", and nothing else.
+  void expect_progress(const std::string& err, const char* unit, const std::vector<std::string>& rows) {
+    std::istringstream lines(err);
+    std::string line;
+    for (size_t i = 0; i <= rows.size(); ++i) {
+      ASSERT_TRUE(std::getline(lines, line)) << "no line for " << unit << " " << i << " in:\n" << err;
+      const std::string count = "] " + std::string(unit) + " " + std::to_string(i) + "/" + std::to_string(rows.size()) + " | ";
+      const std::string what = i < rows.size() ? "running " + rows[i] : "done";
+      EXPECT_EQ(line.rfind('[', 0), 0u) << line;
+      EXPECT_NE(line.find(count + what + " | "), std::string::npos) << "expected '" << count << what << "' in " << line;
+      EXPECT_TRUE(line.ends_with(" elapsed")) << line;
+    }
+    EXPECT_FALSE(std::getline(lines, line)) << "more than a line a " << unit << ": " << err;
+  }
+
   void expect_usage_error(const std::string& args, const std::string& names) {
     const test::CliRun r = run_bench(args);
     EXPECT_EQ(r.code, 2) << args;
@@ -89,7 +115,8 @@ class Bench : public ::testing::Test {
 
 TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   const fs::path md = dir / "kernels.md";
-  const test::CliRun r = run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --out " + md.string());
+  const test::CliRun r =
+      run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --no-progress --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd",
@@ -155,6 +182,32 @@ TEST_F(Bench, KernelsLargeOnGpuHasFourTimesTheRowsAndNoCrossEntropy) {
   EXPECT_NE(text.find("size large"), std::string::npos) << text;
 }
 
+// bench kernels --size full ran for about 7 minutes on the CPU with nothing printed until its table. It shows
+// progress on stderr as bench attention does, a line as each row starts (off a terminal, each of these rows is more
+// than 5%); stdout and --out are as without it (--no-progress). bench optimizer counts its two rows the same way.
+TEST_F(Bench, KernelsAndOptimizerShowProgressOnStderrOnly) {
+  const fs::path md = dir / "kernels.md";
+  const std::string args = "kernels --device cpu --iters 1 --warmup 0 --only layernorm,embedding --out " + md.string();
+  const test::CliRun r = run_bench(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string with_md = read_file_text(md.string());
+  expect_progress(r.err, "row",
+                  {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd"});
+  EXPECT_EQ(r.out.find("running"), std::string::npos) << r.out;
+  const test::CliRun quiet = run_bench(args + " --no-progress");
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
+  EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
+  // Every family: the bar's total is the table's row count.
+  const test::CliRun all = run_bench("kernels --device cpu --iters 1 --warmup 0");
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_NE(all.err.find("] row 13/13 | done | "), std::string::npos) << all.err;
+  const test::CliRun opt = run_bench("optimizer --size small --device cpu --iters 1 --warmup 0");
+  ASSERT_EQ(opt.code, 0) << opt.err;
+  expect_progress(opt.err, "row", {"adamw step", "adamw step+clip"});
+}
+
 TEST_F(Bench, OptimizerSmallOnCpu) {
   const fs::path md = dir / "optimizer.md";
   const test::CliRun r = run_bench("optimizer --size small --device cpu --iters 2 --warmup 1 --out " + md.string());
@@ -207,16 +260,6 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
                 std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
 }
 
-// `text` with every run of digits as one '#': two runs' outputs then compare, whatever their timings and dates.
-std::string without_numbers(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) out += text[i];
-    else if (i == 0 || !std::isdigit(static_cast<unsigned char>(text[i - 1]))) out += '#';
-  }
-  return out;
-}
-
 // bench attention --size full ran for about 9 minutes on the CPU with nothing printed until its tables. It shows
 // progress on stderr as train does (a bar redrawn on a terminal; off one, a line every 5%: here each of the 12
 // configurations), naming each configuration as it starts; stdout and --out are as without it (--no-progress).
@@ -233,17 +276,7 @@ TEST_F(Bench, AttentionShowsProgressOnStderrOnly) {
         rows.push_back(std::string("tessera ") + impl + " d " + std::to_string(d) + " T " + std::to_string(T));
   for (int Dh : {32, 64})
     for (int T : {64, 128}) rows.push_back("tessera flash causal Dh " + std::to_string(Dh) + " T " + std::to_string(T));
-  std::istringstream lines(r.err);
-  std::string line;
-  for (size_t i = 0; i <= rows.size(); ++i) {
-    ASSERT_TRUE(std::getline(lines, line)) << "no line for configuration " << i << " in:\n" << r.err;
-    const std::string count = "] config " + std::to_string(i) + "/" + std::to_string(rows.size()) + " | ";
-    const std::string what = i < rows.size() ? "running " + rows[i] : "done";
-    EXPECT_EQ(line.rfind('[', 0), 0u) << line;
-    EXPECT_NE(line.find(count + what + " | "), std::string::npos) << "expected '" << count << what << "' in " << line;
-    EXPECT_TRUE(line.ends_with(" elapsed")) << line;
-  }
-  EXPECT_FALSE(std::getline(lines, line)) << "more than a line a configuration: " << r.err;
+  expect_progress(r.err, "config", rows);
   EXPECT_EQ(r.out.find("config "), std::string::npos) << r.out;
   const test::CliRun quiet = run_bench(args + " --no-progress");
   ASSERT_EQ(quiet.code, 0) << quiet.err;

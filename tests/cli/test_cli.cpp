@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -322,6 +323,45 @@ TEST_F(Cli, InterruptedPrepareLeavesTheDirectoryAsItWas) {
                                                read_shard((old / "val_000000.bin").string()).size());
   EXPECT_EQ(n_train, 25751u);
   EXPECT_EQ(n_val, 2048u);
+}
+
+// prepare ran for 10-20 s over a 1.6 GB text with nothing printed. From 16 MiB of text on, a bar on stderr counts
+// the MiB of it written as tokens (off a terminal, a line every 5%), ending at the whole text; stdout is as before.
+// --no-progress, or a smaller text, print nothing there. train --data TEXT shows the same bar unless --no-progress.
+TEST_F(Cli, PrepareShowsProgressForALargeText) {
+  const fs::path text = big_text(dir, 17), out = dir / "o";
+  const size_t mib = (fs::file_size(text) + (size_t{1} << 20) - 1) >> 20;
+  const std::string total = std::to_string(mib) + "/" + std::to_string(mib);
+  const CliRun r = run("prepare --text " + text.string() + " --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(r.err);
+  std::vector<std::string> bar;
+  for (std::string line; std::getline(lines, line);) bar.push_back(line);
+  ASSERT_GE(bar.size(), 2u) << r.err;
+  EXPECT_LE(bar.size(), 21u) << "more than a line every 5%: " << r.err;
+  for (size_t i = 0; i < bar.size(); ++i) {
+    EXPECT_EQ(bar[i].rfind('[', 0), 0u) << bar[i];
+    const std::string what = i + 1 < bar.size() ? "| writing shards | ETA " : "] MiB " + total + " | shards written | ";
+    EXPECT_NE(bar[i].find(what), std::string::npos) << "expected '" << what << "' in " << bar[i];
+  }
+  EXPECT_EQ(r.out.find("MiB"), std::string::npos) << r.out;
+  const CliRun quiet = run("prepare --no-progress --text " + text.string() + " --out " + out.string());
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  EXPECT_EQ(quiet.out, r.out);
+  const fs::path small = dir / "small.txt";
+  write_file_atomic(small.string(), std::string((size_t{16} << 20) - 1, 'x'));
+  const CliRun below = run("prepare --text " + small.string() + " --out " + (dir / "s").string());
+  ASSERT_EQ(below.code, 0) << below.err;
+  EXPECT_EQ(below.err, "");
+  const std::string train = "train --data " + text.string() + " --batch 1 --seq 8 --d-model 16 --n-layers 1 "
+                            "--n-heads 2 --steps 1 --val-every 0 --sample-tokens 0 --device cpu --out ";
+  const CliRun t = run(train + (dir / "run").string());
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.err.find("] MiB " + total + " | shards written | "), std::string::npos) << t.err;
+  const CliRun tq = run(train + (dir / "run2").string() + " --no-progress");
+  ASSERT_EQ(tq.code, 0) << tq.err;
+  EXPECT_EQ(tq.err.find("MiB"), std::string::npos) << tq.err;
 }
 
 // Train's own prepare of its text ran before its signal handlers: a Ctrl-C there killed it with a hidden temporary
@@ -645,7 +685,9 @@ TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
                            "--sample-tokens 0 --device cpu --out ";
   int blas_errors = 0, trained = 0;
   for (size_t extra : {160, 224, 288, 352, 416, 544}) {
-    const fs::path out = dir / ("o" + std::to_string(extra));
+    std::string name = "o";  // appended, not "o" + std::string&& (GCC 12 -Wrestrict false positive)
+    name.append(std::to_string(extra));
+    const fs::path out = dir / name;
     const size_t mib = test::startup_address_mib() + extra;
     const CliRun r = test::run_after("ulimit -v " + std::to_string(mib * 1024) +
                                          " && OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout -k 5 60 ",

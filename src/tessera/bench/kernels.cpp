@@ -147,6 +147,17 @@ std::vector<std::string> parse_kernel_families(const std::string& list) {
   return out;
 }
 
+int bench_row_count(const std::string& which, const BenchConfig& cfg) {
+  if (which != "kernels") return 2;  // adamw step, adamw step+clip
+  int n = 0;
+  for (const char* f : kKernelFamilies) {
+    const std::string family = f;
+    if (!cfg.wants(family) || (family == "cross-entropy" && cfg.size == BenchSize::Large)) continue;
+    n += family == "embedding" ? 3 : 2;  // embedding: fwd, bwd and bwd on Zipf ids; the others fwd and bwd
+  }
+  return n;
+}
+
 std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
   const Shapes s = bench_shapes(cfg.size);
@@ -156,6 +167,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
   Rng rng(/*seed=*/20261130);
   std::vector<BenchRow> rows;
   auto run = [&](std::string kernel, std::string shape, double bytes, const std::function<void()>& fn) {
+    if (cfg.on_row) cfg.on_row(kernel);
     rows.push_back({.kernel = std::move(kernel), .shape = std::move(shape), .bytes = bytes,
                     .timing = h.time(fn, cfg.timing)});
   };
@@ -287,6 +299,7 @@ std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h) {
   const double bytes = params.has_master() ? nn * (24 + 2 * es) : nn * (24 + es);
   const std::string shape = preset + ": " + std::to_string(params.num_params()) + " params";
   std::vector<BenchRow> rows;
+  if (cfg.on_row) cfg.on_row("adamw step");
   {
     // No clipping and no norm, as torch.optim.AdamW(fused=True) does on its own: the peer's figure compares with
     // this row (one launch).
@@ -297,6 +310,7 @@ std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h) {
   {
     // The trainer's step: the global-norm launch, then the update with the clip applied in registers.
     AdamW opt(params, {.grad_clip = 1.0f}, ctx);
+    if (cfg.on_row) cfg.on_row("adamw step+clip");
     rows.push_back({.kernel = "adamw step+clip", .shape = shape, .bytes = bytes + nn * es,
                     .timing = h.time([&] { opt.step(params, /*lr=*/1e-4f); }, cfg.timing)});
   }

@@ -5,6 +5,7 @@
 // written once (an accumulated output is read and written); each bench function states its formula. GB/s is
 // 1e9 bytes/s over the median time.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,13 @@ struct BenchConfig {
   DType dtype = DType::F32;  // compute dtype of the floats (statistics stay f32)
   TimingOptions timing;
   std::vector<std::string> only;  // bench kernels: the families to run (names of kKernelFamilies); empty: all
+  // Called with a row's kernel name as its timing starts (the progress bar's line); may be empty.
+  std::function<void(const std::string&)> on_row;
   bool wants(const std::string& family) const;
 };
+
+// The number of rows bench_kernels (which == "kernels") or bench_optimizer returns for cfg: the progress bar's total.
+int bench_row_count(const std::string& which, const BenchConfig& cfg);
 
 // "embedding,layernorm" -> {"embedding", "layernorm"}; throws Error naming the families on an unknown or empty name.
 std::vector<std::string> parse_kernel_families(const std::string& list);

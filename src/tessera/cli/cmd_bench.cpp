@@ -26,6 +26,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/train/progress.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
 
 #ifndef TESSERA_PEERS_DIR
@@ -116,6 +117,7 @@ int cmd_bench(int argc, char** argv) {
   a.add("iters", "N", "timed runs; the table shows their median (default 20)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add_switch("peer", "run bench/peers/kernels.py (PyTorch) and show its times beside tessera's (GPU only)");
+  a.add_switch("no-progress", "no progress bar on stderr");
   if (!a.parse(argc, argv, 3)) return 0;
 
   const TimingOptions timing{.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
@@ -130,11 +132,12 @@ int cmd_bench(int argc, char** argv) {
   TS_CHECK(size == "small" || size == "full" || size == "large", "--size must be small, full or large, got ", size);
   TS_CHECK(size != "large" || which == "kernels", "--size large applies to bench kernels only");
   const BenchSize bench_size = size == "full" ? BenchSize::Full : size == "large" ? BenchSize::Large : BenchSize::Small;
-  const BenchConfig cfg{.size = bench_size,
-                        .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
-                        .timing = timing,
-                        .only = which == "kernels" && a.has("only") ? parse_kernel_families(a.str("only"))
-                                                                    : std::vector<std::string>{}};
+  BenchConfig cfg{.size = bench_size,
+                  .dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32,
+                  .timing = timing,
+                  .only = which == "kernels" && a.has("only") ? parse_kernel_families(a.str("only"))
+                                                              : std::vector<std::string>{},
+                  .on_row = nullptr};
   TS_CHECK(!(cfg.only.size() == 1 && cfg.only[0] == "cross-entropy" && bench_size == BenchSize::Large),
            "--only cross-entropy: --size large has no cross-entropy rows (use --size full)");
   const std::string out = a.str("out");
@@ -146,6 +149,11 @@ int cmd_bench(int argc, char** argv) {
               dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
   std::fflush(stdout);
   const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
+  // Progress on stderr, as bench attention's: --size full on the CPU runs for minutes before its table (each row's
+  // random fill and timed runs). The rows take very different times, so the bar shows the time elapsed, not an ETA.
+  ProgressBar bar(bench_row_count(which, cfg), 0, !a.has("no-progress"), {.unit = "row", .eta = false});
+  int64_t started = 0;
+  cfg.on_row = [&](const std::string& kernel) { bar.update(started++, "running " + kernel); };  // as it starts
   // --size full or large runs out of memory where small would not: the error says so.
   const std::vector<BenchRow> rows = with_memory_hint(size != "small" ? "try --size small" : "", [&] {
     return which == "kernels" ? bench_kernels(cfg, h) : bench_optimizer(cfg, h);
@@ -156,6 +164,9 @@ int cmd_bench(int argc, char** argv) {
       same_copy_gbs[i] = same_size_copy_bytes(rows[i].bytes) == kCopyBytes
                              ? copy_gbs  // the cross-entropy rows: the 1 GiB copy, already timed
                              : h.copy_bandwidth_gbs(same_size_copy_bytes(rows[i].bytes), timing);
+
+  bar.update(started, "done");
+  bar.finish();
 
   PeerResult peer;
   if (a.has("peer")) {

@@ -501,7 +501,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       PrepareReport prepared;
       try {
         const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &prepare_stop, /*keep_ignored=*/{SIGHUP});
-        prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop});
+        PrepareProgress bar(text.size(), o.progress && lead);
+        prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop, .progress = bar.callback()});
       } catch (const PrepareInterrupted& e) {
         // One process: it exits 128 + the signal below. Ranks: an error they agree on (the others wait for rank 0).
         TS_CHECK(!ranks.world, "interrupted while preparing ", text_source, " into ", data_dir, ": ", o.out,

@@ -91,6 +91,7 @@ int cmd_prepare(int argc, char** argv) {
         "there are removed, so that train --data DIR reads these alone)");
   a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
         "it, X of them to within one block (default 0.1: every 10th block)");
+  a.add_switch("no-progress", "no progress bar on stderr (shown for a text of 16 MiB or more)");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "--text FILE is required");
   TS_CHECK(a.has("out"), "--out DIR is required");
@@ -111,8 +112,9 @@ int cmd_prepare(int argc, char** argv) {
            "); tessera prepare tokenizes text files only");
   if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);
   PrepareReport r;
+  PrepareProgress bar(text.size(), !a.has("no-progress"));
   try {
-    r = prepare_shards(text, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop});
+    r = prepare_shards(text, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop, .progress = bar.callback()});
   } catch (const PrepareInterrupted& e) {
     return prepare_interrupted(e.signal(), out);
   }

@@ -150,8 +150,10 @@ void throw_if_stopped(const volatile std::sig_atomic_t* stop) {
 
 // Writes the shard of one side of the split to `tmp`, encoding the text a chunk at a time (no copy of the whole
 // text as tokens), and flushes it to disk. Polls `stop` after every chunk.
+// `written(n)` (may be empty) is told after each chunk the tokens of this shard written so far.
 void write_shard_from_text(const std::string& tmp, const std::string& shown, const std::string& text,
-                           const Split& split, bool val, size_t count, const volatile std::sig_atomic_t* stop) {
+                           const Split& split, bool val, size_t count, const volatile std::sig_atomic_t* stop,
+                           const std::function<void(size_t)>& written) {
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   TS_CHECK(f, "cannot write ", shown, ": ", std::strerror(errno));
   bool ok = true;
@@ -163,11 +165,14 @@ void write_shard_from_text(const std::string& tmp, const std::string& shown, con
     ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
     std::vector<uint16_t> buf;
     buf.reserve(kWriteChunk);
+    size_t done = 0;
     auto flush = [&] {
       ok = ok && (buf.empty() || std::fwrite(buf.data(), sizeof(uint16_t), buf.size(), f) == buf.size());
       TS_CHECK(ok, "cannot write ", shown, ": ", std::strerror(errno));
+      done += buf.size();
       buf.clear();
       throw_if_stopped(stop);
+      if (written) written(done);
     };
     split.for_each_range(val, [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) buf.push_back(static_cast<unsigned char>(text[i]));
@@ -318,7 +323,11 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     name.append(kNames[k]).append(".tmp.").append(std::to_string(::getpid()));
     temps[k] = (dir / name).string();
     undo.temp(temps[k]);
-    write_shard_from_text(temps[k], (dir / kNames[k]).string(), text, split, /*val=*/k == 1, counts[k], params.stop);
+    const size_t before = k == 0 ? 0 : counts[0];  // one token a byte: train's tokens come first
+    std::function<void(size_t)> written;
+    if (params.progress) written = [&](size_t n) { params.progress(before + n, text.size()); };
+    write_shard_from_text(temps[k], (dir / kNames[k]).string(), text, split, /*val=*/k == 1, counts[k], params.stop,
+                          written);
   }
   throw_if_stopped(params.stop);
   {

@@ -55,6 +55,9 @@ struct PrepareParams {
   const volatile std::sig_atomic_t* stop = nullptr;
   // Called with the signals held off, just before the renames (tests raise a signal or block a rename there).
   std::function<void()> before_renames = nullptr;
+  // Called as the shards are written, a chunk (1 Mi tokens) at a time: the text's bytes written so far, of
+  // text.size() in all (train's and val's together; the last call has done == total). For a progress bar.
+  std::function<void(size_t done, size_t total)> progress = nullptr;
 };
 struct PrepareReport {
   size_t n_train = 0, n_val = 0;
