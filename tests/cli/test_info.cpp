@@ -146,6 +146,38 @@ TEST(CliInfo, ActivationsPastOneExbibyteAreRefused) {
   EXPECT_GT(bytes_on_line(ok.out, "sum of buffers"), bytes_on_line(ok.out, "planned peak"));
 }
 
+// The gradients, planned beside the activations (the default: no --accum), count toward the 1 EiB from the start, so
+// that a batch whose activations alone would fit, but not with the gradients, gets the same line naming the batch and
+// sequence, not MemoryPlan's own "takes the plan past" (which names no flag). Here a sequence's activations (about
+// 4.3 GB) are less than the gradients (4.17G params x 4 bytes): the batch just past the largest that fits is in that
+// window. The bisection checks the line at every batch refused on the way.
+TEST(CliInfo, GradientsCountTowardTheExbibyte) {
+  const std::string model =
+      "info --vocab 1000000 --d-model 4096 --n-layers 1 --n-heads 32 --max-seq 1000 --seq 1000 --batch ";
+  const auto refused_by_name = [](const test::CliRun& r, int64_t batch) {
+    return r.err.starts_with("tessera: error: batch " + std::to_string(batch) +
+                             " x seq 1000: the activations need more than 1 EiB (2^60 bytes) at ") &&
+           r.err.ends_with("; give a smaller batch or sequence\n");
+  };
+  int64_t lo = 1, hi = 2147483647;  // lo fits, hi is refused
+  ASSERT_EQ(test::run(model + std::to_string(lo)).code, 0);
+  const test::CliRun top = test::run(model + std::to_string(hi));
+  ASSERT_EQ(top.code, 2) << top.out;
+  ASSERT_TRUE(refused_by_name(top, hi)) << top.err;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const test::CliRun r = test::run(model + std::to_string(mid));
+    if (r.code == 0) {
+      lo = mid;
+    } else {
+      ASSERT_EQ(r.code, 2) << r.out;
+      ASSERT_TRUE(refused_by_name(r, mid)) << r.err;
+      hi = mid;
+    }
+  }
+  EXPECT_GT(lo, 100000000) << "the bisection should end near 2^60 / 4.3 GB";
+}
+
 // The ZeRO-1 chunk is rounded down to whole blocks of 16 parameters, the tail left to the last rank: past 1 block a
 // rank every chunk was 0, and info --world 100000 --zero 1 printed "6.37 MiB on each rank (ZeRO-1: 1/100000 of
 // 6.37 MiB)"; near that limit the last rank's tail was printed as every rank's share.
