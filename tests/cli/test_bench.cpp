@@ -104,6 +104,17 @@ class Bench : public ::testing::Test {
     EXPECT_FALSE(std::getline(lines, line)) << "more than a line a " << unit << ": " << err;
   }
 
+  // `args` run again with --no-progress: nothing on stderr, and stdout and the --out file `md` as run `r` left
+  // them (`with_md`), timings and dates aside.
+  void expect_same_without_progress(const std::string& args, const test::CliRun& r, const fs::path& md,
+                                    const std::string& with_md) {
+    const test::CliRun quiet = run_bench(args + " --no-progress");
+    ASSERT_EQ(quiet.code, 0) << quiet.err;
+    EXPECT_EQ(quiet.err, "");
+    EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
+    EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
+  }
+
   void expect_usage_error(const std::string& args, const std::string& names) {
     const test::CliRun r = run_bench(args);
     EXPECT_EQ(r.code, 2) << args;
@@ -194,11 +205,7 @@ TEST_F(Bench, KernelsAndOptimizerShowProgressOnStderrOnly) {
   expect_progress(r.err, "row",
                   {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd"});
   EXPECT_EQ(r.out.find("running"), std::string::npos) << r.out;
-  const test::CliRun quiet = run_bench(args + " --no-progress");
-  ASSERT_EQ(quiet.code, 0) << quiet.err;
-  EXPECT_EQ(quiet.err, "");
-  EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
-  EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
+  expect_same_without_progress(args, r, md, with_md);
   // Every family: the bar's total is the table's row count.
   const test::CliRun all = run_bench("kernels --device cpu --iters 1 --warmup 0");
   ASSERT_EQ(all.code, 0) << all.err;
@@ -278,11 +285,7 @@ TEST_F(Bench, AttentionShowsProgressOnStderrOnly) {
     for (int T : {64, 128}) rows.push_back("tessera flash causal Dh " + std::to_string(Dh) + " T " + std::to_string(T));
   expect_progress(r.err, "config", rows);
   EXPECT_EQ(r.out.find("config "), std::string::npos) << r.out;
-  const test::CliRun quiet = run_bench(args + " --no-progress");
-  ASSERT_EQ(quiet.code, 0) << quiet.err;
-  EXPECT_EQ(quiet.err, "");
-  EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
-  EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
+  expect_same_without_progress(args, r, md, with_md);
 }
 
 // --attn-dropout runs the TFLOP/s table with attention dropout (the CPU reference takes it too) and says so.

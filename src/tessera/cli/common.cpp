@@ -147,11 +147,12 @@ void rethrow_with_memory_hint(std::string_view hint) {
 }
 
 PrepareProgress::PrepareProgress(size_t text_bytes, bool enabled)
-    : total_mib_(static_cast<int64_t>((text_bytes + (size_t{1} << 20) - 1) >> 20)),
-      bar_(total_mib_, 0, enabled && text_bytes >= kMinBytes, {.unit = "MiB", .eta = true}) {}
+    : on_(enabled && text_bytes >= kMinBytes),
+      total_mib_(static_cast<int64_t>((text_bytes + (size_t{1} << 20) - 1) >> 20)),
+      bar_(total_mib_, 0, on_, {.unit = "MiB", .eta = true}) {}
 
 std::function<void(size_t, size_t)> PrepareProgress::callback() {
-  if (total_mib_ * (int64_t{1} << 20) < static_cast<int64_t>(kMinBytes)) return nullptr;
+  if (!on_) return nullptr;
   return [this](size_t done, size_t total) {
     const int64_t mib = done >= total ? total_mib_ : static_cast<int64_t>(done >> 20);
     if (mib == shown_) return;  // a line per MiB at most (off a terminal: per 5%)

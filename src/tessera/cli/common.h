@@ -52,6 +52,7 @@ class PrepareProgress {
   std::function<void(size_t done, size_t total)> callback();
 
  private:
+  bool on_;
   int64_t total_mib_;
   ProgressBar bar_;
   int64_t shown_ = -1;
