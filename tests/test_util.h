@@ -1,6 +1,7 @@
 // Shared helpers for tests: seeded random fills and a finite-difference gradient check in fp64.
 #pragma once
 #include <algorithm>
+#include <cctype>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -166,5 +167,24 @@ inline std::string error_of(const std::function<void()>& f) {
 // Per-dtype tolerances, in one place.
 constexpr double kFdTolF64 = 1e-6;     // finite differences in fp64 with h = 1e-6
 constexpr double kRefTolF32 = 1e-5;    // fp32 path against an fp64 or independent reference
+
+// Each number ("12", "9.87", "0.0012") as one '#', to compare two runs' text timings aside: a GB/s figure just
+// under 10 prints with "%.3g", and 9.997 came out as "10", which read as another format than "9.87" and failed a
+// comparison of two runs now and then.
+inline std::string without_numbers(const std::string& text) {
+  const auto digit = [&](size_t i) { return i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); };
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (!digit(i)) {
+      out += text[i++];
+      continue;
+    }
+    while (digit(i)) ++i;
+    if (i + 1 < text.size() && text[i] == '.' && digit(i + 1))
+      for (++i; digit(i);) ++i;
+    out += '#';
+  }
+  return out;
+}
 
 }  // namespace tessera::test

@@ -176,7 +176,7 @@ TEST_F(BenchModelPeer, APeerThatFailsIsOneNoteAndTheBenchSucceeds) {
   const test::CliRun r = test::run(kRun + " --peer --out " + md.string() + " --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err;
   // Said once: it was "peer: peer skipped: peer: no GPU visible to torch".
-  EXPECT_NE(r.out.find("\n  peer skipped: no GPU visible to torch\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("\n  peer skipped: no GPU visible to torch\n"), std::string::npos) << r.err;
   const std::string text = read_file_text(md.string());
   EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: no GPU visible to torch\n"),
             std::string::npos)

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_run.h"
+#include "test_util.h"
 #include "tessera/bench/harness.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
@@ -51,14 +52,7 @@ std::map<std::string, std::vector<std::string>> table_rows(const std::string& md
 }
 
 // `text` with every run of digits as one '#': two runs' outputs then compare, whatever their timings and dates.
-std::string without_numbers(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) out += text[i];
-    else if (i == 0 || !std::isdigit(static_cast<unsigned char>(text[i - 1]))) out += '#';
-  }
-  return out;
-}
+using test::without_numbers;
 
 class Bench : public ::testing::Test {
  protected:
@@ -90,7 +84,9 @@ class Bench : public ::testing::Test {
 
   // `err` is the progress bar off a terminal: a line as each of `rows` starts ("[#...] <unit> i/n | running <row> |
   // ... elapsed"), then "done", and nothing else.
-  void expect_progress(const std::string& err, const char* unit, const std::vector<std::string>& rows) {
+  // The bar's lines, one a row, then (with --out) the line that says the file was written, on stderr too.
+  void expect_progress(const std::string& err, const char* unit, const std::vector<std::string>& rows,
+                       const fs::path& md = {}) {
     std::istringstream lines(err);
     std::string line;
     for (size_t i = 0; i <= rows.size(); ++i) {
@@ -101,6 +97,10 @@ class Bench : public ::testing::Test {
       EXPECT_NE(line.find(count + what + " | "), std::string::npos) << "expected '" << count << what << "' in " << line;
       EXPECT_TRUE(line.ends_with(" elapsed")) << line;
     }
+    if (!md.empty()) {
+      ASSERT_TRUE(std::getline(lines, line)) << err;
+      EXPECT_EQ(line, "wrote " + md.string());
+    }
     EXPECT_FALSE(std::getline(lines, line)) << "more than a line a " << unit << ": " << err;
   }
 
@@ -110,7 +110,7 @@ class Bench : public ::testing::Test {
                                     const std::string& with_md) {
     const test::CliRun quiet = run_bench(args + " --no-progress");
     ASSERT_EQ(quiet.code, 0) << quiet.err;
-    EXPECT_EQ(quiet.err, "");
+    EXPECT_EQ(quiet.err, "wrote " + md.string() + "\n");
     EXPECT_EQ(without_numbers(quiet.out), without_numbers(r.out));
     EXPECT_EQ(without_numbers(read_file_text(md.string())), without_numbers(with_md));
   }
@@ -129,7 +129,7 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   const test::CliRun r =
       run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --no-progress --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.err, "wrote " + md.string() + "\n");  // stdout is the table alone
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd",
                    "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd",
                    "cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
@@ -203,7 +203,7 @@ TEST_F(Bench, KernelsAndOptimizerShowProgressOnStderrOnly) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string with_md = read_file_text(md.string());
   expect_progress(r.err, "row",
-                  {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd"});
+                  {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd"}, md);
   EXPECT_EQ(r.out.find("running"), std::string::npos) << r.out;
   expect_same_without_progress(args, r, md, with_md);
   // Every family: the bar's total is the table's row count.
@@ -283,7 +283,7 @@ TEST_F(Bench, AttentionShowsProgressOnStderrOnly) {
         rows.push_back(std::string("tessera ") + impl + " d " + std::to_string(d) + " T " + std::to_string(T));
   for (int Dh : {32, 64})
     for (int T : {64, 128}) rows.push_back("tessera flash causal Dh " + std::to_string(Dh) + " T " + std::to_string(T));
-  expect_progress(r.err, "config", rows);
+  expect_progress(r.err, "config", rows, md);
   EXPECT_EQ(r.out.find("config "), std::string::npos) << r.out;
   expect_same_without_progress(args, r, md, with_md);
 }

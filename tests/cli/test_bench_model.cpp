@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_run.h"
+#include "test_util.h"
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
@@ -96,6 +97,19 @@ class BenchModel : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
 
+  // Each of `lines` on stderr, in this order, and on stdout none of what says how the run went (the bar, a size's
+  // line, a file written): stdout is the report.
+  static void expect_status_on_stderr(const test::CliRun& r, const std::vector<std::string>& lines) {
+    size_t at = 0;
+    for (const std::string& l : lines) {
+      const size_t found = r.err.find(l, at);
+      ASSERT_NE(found, std::string::npos) << "'" << l << "' (in this order) not in stderr:\n" << r.err;
+      at = found + l.size();
+    }
+    for (const char* status : {"] part ", "done in ", "OOM (", "wrote ", "peer: bench/peers/model.py ("})
+      EXPECT_EQ(r.out.find(status), std::string::npos) << status << " on stdout:\n" << r.out;
+  }
+
   void expect_usage_error(const std::string& args, const std::string& names) {
     const test::CliRun r = test::run("bench model " + args);
     EXPECT_EQ(r.code, 2) << args;
@@ -105,6 +119,54 @@ class BenchModel : public ::testing::Test {
   }
 };
 
+// bench model and bench compare time each size for minutes on a GPU (seconds to minutes on the CPU), and said
+// nothing meanwhile; their lines about each size ("done in", "wrote") went to stdout, into a table redirected to a
+// file. Now a bar on stderr shows the part being timed, and the sizes' lines go to stderr, before and without it.
+TEST_F(BenchModel, ProgressAndStatusGoToStderrAndTheReportToStdout) {
+  for (const char* cmd : {"bench model", "bench compare"}) {
+    SCOPED_TRACE(cmd);
+    const fs::path md = dir / "p.md";
+    // compare's peer: a python that does not exist, so that it is a note at once.
+    const std::string only_model = " --mode step --trace " + (dir / "t.json").string();
+    const std::string args = std::string(cmd) + kCommon.substr(std::string("bench model").size()) +
+                             " --sizes gpt2-124m,tiny --max-memory 64MiB --out " + md.string() +
+                             (cmd == std::string("bench compare") ? "" : only_model);
+    const std::string env = "TESSERA_PYTHON=" + (dir / "no-such-python").string() + " ";
+    const test::CliRun r = test::run_after(env, args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const bool model = cmd == std::string("bench model");
+    // model: --mode step's region and --trace's recorded step; compare: its three regions. The OOM size jumps over
+    // its parts.
+    const int parts = model ? 2 : 3;
+    std::vector<std::string> want;
+    const std::string total = "/" + std::to_string(2 * parts) + " | ";
+    const auto part = [&](int k, const std::string& what) {
+      return "] part " + std::to_string(k) + total + what + " | ";
+    };
+    want.push_back(part(parts, "gpt2-124m done"));
+    want.push_back("  gpt2-124m: OOM (planned ");
+    if (model) {
+      want.push_back(part(parts, "tiny step"));
+      want.push_back(part(parts + 1, "tiny recorded step"));
+    } else {
+      want.push_back(part(parts, "tiny fwd"));
+      want.push_back(part(parts + 1, "tiny fwd+bwd"));
+      want.push_back(part(parts + 2, "tiny step"));
+    }
+    want.push_back("] part " + std::to_string(2 * parts) + total + "tiny done | ");
+    want.push_back("  tiny: done in ");
+    if (model) want.push_back("  wrote " + (dir / "t.tiny.json").string() + "\n");  // FILE.<size>.json
+    want.push_back("wrote " + md.string() + "\n");
+    expect_status_on_stderr(r, want);
+    // Without the bar, the sizes' lines alone, and stdout as before.
+    const test::CliRun quiet = test::run_after(env, args + " --no-progress");
+    ASSERT_EQ(quiet.code, 0) << quiet.err;
+    EXPECT_EQ(quiet.err.find("] part "), std::string::npos) << quiet.err;
+    EXPECT_NE(quiet.err.find("  tiny: done in "), std::string::npos) << quiet.err;
+    EXPECT_EQ(test::without_numbers(quiet.out), test::without_numbers(r.out));
+  }
+}
+
 TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   const fs::path md = dir / "m.md", js = dir / "m.json", csv = dir / "m.csv";
   // gpt2-124m plans ~1.5 GiB of f32 parameters, gradients and moments: far above 64 MiB, so it is marked OOM
@@ -112,7 +174,8 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   const test::CliRun r = test::run(kCommon + " --sizes gpt2-124m,tiny --max-memory 64MiB --out " + md.string() +
                                    " --json " + js.string() + " --csv " + csv.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err, "");
+  expect_status_on_stderr(r, {"  gpt2-124m: OOM (planned ", "  tiny: done in ", "wrote " + md.string() + "\n",
+                              "wrote " + js.string() + "\n", "wrote " + csv.string() + "\n"});
 
   std::vector<std::string> header;
   const auto rows = table_rows(read_file_text(md.string()), &header);
@@ -144,7 +207,9 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
   const json& g = j.at("rows")[0];
   EXPECT_EQ(g.at("size"), "gpt2-124m");
   EXPECT_TRUE(g.at("oom").get<bool>());
-  EXPECT_NE(g.at("oom_reason").get<std::string>().find("--max-memory"), std::string::npos);
+  // Each figure in the unit that fits it: the 64 MiB read "0.06 GiB", and a 1KiB limit "0.00 GiB".
+  EXPECT_NE(g.at("oom_reason").get<std::string>().find(" GiB > 64.00 MiB (--max-memory)"), std::string::npos)
+      << g.at("oom_reason");
   EXPECT_TRUE(g.at("step").is_null());
   const json& t = j.at("rows")[1];
   EXPECT_EQ(t.at("size"), "tiny");
@@ -201,7 +266,7 @@ TEST_F(BenchModel, AnAllocationTheSystemRefusesIsAnOomRow) {
   const test::CliRun r =
       test::run_with_address_limit(256, kCommon + " --sizes gpt2-124m,tiny --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err, "");
+  expect_status_on_stderr(r, {"  gpt2-124m: OOM (out of memory: ", "  tiny: done in "});
   const json j = json::parse(read_file_text(js.string()));
   ASSERT_EQ(j.at("rows").size(), 2u);
   const json& g = j.at("rows")[0];

@@ -14,6 +14,7 @@
 #include "tessera/core/cuda_graph.h"
 #include "tessera/core/error.h"
 #include "tessera/core/memory.h"
+#include "tessera/core/units.h"
 #include "tessera/models/gpt.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/ops/gemm/gemm.h"
@@ -99,11 +100,6 @@ size_t used_above(Context& ctx, size_t baseline) {
   return used > baseline ? used - baseline : 0;
 }
 
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
-  return buf;
-}
 
 }  // namespace
 
@@ -173,6 +169,10 @@ std::string model_bench_graph_refusal(bool cuda_graph, const Context& ctx) {
   return "";
 }
 
+int model_bench_part_count(const ModelBenchConfig& bc) {
+  return int{bc.fwd} + int{bc.fwd_bwd} + int{bc.step} + int{bc.trace || bc.memory_timeline};
+}
+
 ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s) {
   TS_CHECK(bc.batch > 0 && bc.seq > 0, "bench model: --batch and --seq must be positive");
   TS_CHECK(bc.seq <= cfg.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", cfg.max_seq, " of ", cfg.preset);
@@ -193,7 +193,9 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
   const size_t need = row.planned.params + row.planned.activations + (needs_optimizer ? row.planned.optimizer : 0);
   if (limit > 0 && need > limit) {
     row.oom = true;
-    row.oom_reason = "planned " + gib(static_cast<double>(need)) + " > " + gib(static_cast<double>(limit)) +
+    // In the unit that fits each: a --max-memory of 1KiB read "planned 1.86 GiB > 0.00 GiB".
+    row.oom_reason = "planned " + human_bytes(static_cast<double>(need)) + " > " +
+                     human_bytes(static_cast<double>(limit)) +
                      (limit == bc.max_memory_bytes ? " (--max-memory)" : " free");
     return row;
   }
@@ -277,14 +279,21 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       return replay;
     };
 
+    const auto part = [&](const char* name) {
+      if (bc.on_part) bc.on_part(name);
+    };
     if (bc.fwd) {
+      part("fwd");
       row.fwd = time_region(ctx, as_graph(forward, /*backward=*/false, nullptr), bc.warmup, bc.steps);
       row.mem_fwd = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak();
     }
-    if (bc.fwd_bwd)
+    if (bc.fwd_bwd) {
+      part("fwd+bwd");
       row.fwd_bwd = time_region(ctx, as_graph(forward_backward, /*backward=*/true, nullptr), bc.warmup, bc.steps);
+    }
     if (needs_optimizer) opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
     if (bc.step) {
+      part("step");
       row.step = time_region(ctx, as_graph(step, /*backward=*/true, opt.get()), bc.warmup, bc.steps);
       row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak() + opt->state_bytes();
     }
@@ -292,6 +301,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     // One more step, recorded: the Chrome trace (with the phase ranges and the memory counters) and the
     // memory timeline's measured samples at the end of each phase.
     if (bc.trace || bc.memory_timeline) {
+      part("recorded step");
       auto tracer = bc.trace ? std::make_shared<Tracer>(ctx) : nullptr;
       model.set_tracer(tracer.get());
       std::vector<size_t> at_phase_end;  // forward, backward, optimizer

@@ -84,7 +84,13 @@ struct ModelBenchConfig {
   // Test hook: on the host before each optimizer step of the step region (untimed runs included, and the --trace
   // step), with its number from 1 (a test reads the parameters there or plants an overflow in the gradient).
   std::function<void(int64_t step, Gpt& model)> before_optimizer_step = {};
+  // Called as each part of a size starts (its untimed runs and CUDA graph captures included), for a progress bar:
+  // "fwd", "fwd+bwd", "step" (the regions asked for), then "recorded step" (trace or memory timeline).
+  std::function<void(const char* part)> on_part = {};
 };
+
+// How many times bench_model calls on_part for one size that fits: one a region asked for, one for the recorded step.
+int model_bench_part_count(const ModelBenchConfig& bc);
 
 // Whether bench_model scales the loss: loss_scaling, or dtype f16.
 bool model_bench_loss_scaling(const ModelBenchConfig& bc);

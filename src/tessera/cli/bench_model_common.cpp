@@ -1,6 +1,8 @@
 #include "tessera/cli/bench_model_common.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "tessera/cli/common.h"
 #include "tessera/core/error.h"
 #include "tessera/core/units.h"
+#include "tessera/train/progress.h"
 
 #ifndef TESSERA_PEERS_DIR
 #define TESSERA_PEERS_DIR "bench/peers"
@@ -34,6 +37,35 @@ size_t parse_bytes(const std::string& what, const std::string& v) {
   const std::optional<double> x = parse_byte_size(v);
   TS_CHECK(x && *x >= 1 && *x < 1e18, what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
   return static_cast<size_t>(*x);
+}
+
+std::vector<ModelBenchRow> run_model_bench_sizes(
+    const std::vector<ModelConfig>& cfgs, ModelBenchConfig bc, Context& ctx, double gemm_flops_per_s, bool progress,
+    const std::function<void(const ModelConfig&, const ModelBenchRow&)>& after) {
+  const int parts = model_bench_part_count(bc);
+  ProgressBar bar(static_cast<int64_t>(cfgs.size()) * parts, 0, progress, {.unit = "part", .eta = false});
+  std::vector<ModelBenchRow> rows;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const ModelConfig& c = cfgs[i];
+    int64_t done = static_cast<int64_t>(i) * parts;
+    bc.on_part = [&](const char* part) { bar.update(done++, c.preset + " " + part); };
+    const auto t0 = std::chrono::steady_clock::now();
+    rows.push_back(bench_model(c, bc, ctx, gemm_flops_per_s));
+    const ModelBenchRow& r = rows.back();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bar.update(static_cast<int64_t>(i + 1) * parts, c.preset + " done");
+    bar.finish();  // the bar's line ends before the size's own
+    std::fflush(stdout);
+    if (r.oom) std::fprintf(stderr, "  %s: OOM (%s)\n", c.preset.c_str(), r.oom_reason.c_str());
+    else if (r.loss_scale)
+      std::fprintf(stderr, "  %s: done in %.1f s, loss scale %g at the end, %lld of %lld steps skipped\n",
+                   c.preset.c_str(), s, *r.loss_scale, static_cast<long long>(r.skipped_steps),
+                   static_cast<long long>(r.optimizer_steps));
+    else std::fprintf(stderr, "  %s: done in %.1f s\n", c.preset.c_str(), s);
+    if (after) after(c, r);
+    std::fflush(stderr);
+  }
+  return rows;
 }
 
 void read_model_bench_runs(const Flags& a, const std::string& what, ModelBenchConfig& bc) {

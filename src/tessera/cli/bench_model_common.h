@@ -4,6 +4,7 @@
 // heads every error message.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -37,6 +38,14 @@ struct ModelBenchTarget {
   std::string regions_line = {};   // "regions: ..." for the header
 };
 ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what, ModelBenchConfig& bc);
+
+// Runs bench_model over the sizes with a progress bar on stderr ("[###....] part 4/9 | gpt2-medium fwd+bwd | 1m02s
+// elapsed"; none when `progress` is false), and each size's outcome as a line on stderr ("  gpt2-124m: done in 12.3
+// s", "  cs336-xl: OOM (...)"): stdout is left to the report, which a user redirects. `after` runs once a size is
+// done (bench model writes its trace there; what it says goes to stderr as well).
+std::vector<ModelBenchRow> run_model_bench_sizes(
+    const std::vector<ModelConfig>& cfgs, ModelBenchConfig bc, Context& ctx, double gemm_flops_per_s, bool progress,
+    const std::function<void(const ModelConfig&, const ModelBenchRow&)>& after = {});
 
 // --peer-mode eager|compile|both (default both) as the modes bench/peers/model.py is asked for.
 std::vector<std::string> read_peer_modes(const Flags& a, const std::string& what);

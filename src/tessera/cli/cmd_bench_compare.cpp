@@ -64,6 +64,7 @@ int cmd_bench_compare(int argc, char** argv) {
   a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes to time (default both)");
   a.add("peer-timeout", "S", kPeerTimeoutHelp);
+  a.add_switch("no-progress", "no progress bar on stderr (the sizes' own lines stay)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add("json", "FILE", "also write the rows as JSON to FILE");
   a.add("csv", "FILE", "also write the rows as CSV to FILE");
@@ -98,21 +99,12 @@ int cmd_bench_compare(int argc, char** argv) {
               target.device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
   std::printf("%s\n", target.regions_line.c_str());
   std::fflush(stdout);
-  std::vector<ModelBenchRow> rows;
-  for (const ModelConfig& c : target.cfgs) {
-    const auto t0 = std::chrono::steady_clock::now();
-    rows.push_back(bench_model(c, bc, target.ctx, /*gemm_flops_per_s=*/0));  // no MFU column here
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rows.back().oom) std::printf("  %s: OOM (%s)\n", c.preset.c_str(), rows.back().oom_reason.c_str());
-    else std::printf("  %s: done in %.1f s\n", c.preset.c_str(), s);
-    std::fflush(stdout);
-  }
+  const std::vector<ModelBenchRow> rows = run_model_bench_sizes(target.cfgs, bc, target.ctx,
+                                                                /*gemm_flops_per_s=*/0, !a.has("no-progress"));
   // The peer runs after every size of tessera's is done and its buffers are gone (one process on the device).
-  std::printf("  peer: bench/peers/model.py (%s) ...\n", modes.size() == 2 ? "both" : modes[0].c_str());
-  std::fflush(stdout);
+  std::fprintf(stderr, "  peer: bench/peers/model.py (%s) ...\n", modes.size() == 2 ? "both" : modes[0].c_str());
   const ModelPeer peer = run_model_peer(target.names, modes, bc, prec, target.ctx.device().str(), peer_timeout);
-  std::printf("  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..." itself
-  std::fflush(stdout);
+  std::fprintf(stderr, "  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..."
 
   // ---- markdown ----
   std::string md = "# tessera bench compare\n\n";
@@ -214,7 +206,7 @@ int cmd_bench_compare(int argc, char** argv) {
       }
     j["rows"] = std::move(arr);
     write_file_atomic(json_path, j.dump(2) + "\n");
-    std::printf("wrote %s\n", json_path.c_str());
+    std::fprintf(stderr, "wrote %s\n", json_path.c_str());
   }
 
   // ---- CSV ----
@@ -238,7 +230,7 @@ int cmd_bench_compare(int argc, char** argv) {
         csv.push_back('\n');
       }
     write_file_atomic(csv_path, csv);
-    std::printf("wrote %s\n", csv_path.c_str());
+    std::fprintf(stderr, "wrote %s\n", csv_path.c_str());
   }
 
   // ---- chart: the step ms per size, tessera's bar then one per peer mode ----
@@ -259,7 +251,7 @@ int cmd_bench_compare(int argc, char** argv) {
                               std::to_string(bc.seq) + " " + prec + " on " +
                               (gpu ? target.ctx.gpu().name : std::string("cpu"));
     write_png(chart, bar_chart(title, "step ms", series, groups));
-    std::printf("wrote %s\n", chart.c_str());
+    std::fprintf(stderr, "wrote %s\n", chart.c_str());
   }
   return 0;
 }

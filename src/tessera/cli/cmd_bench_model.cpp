@@ -98,6 +98,7 @@ int cmd_bench_model(int argc, char** argv) {
   a.add("trace", "FILE.json", "Chrome trace (Perfetto) of one more step; FILE.<size>.json for several sizes");
   a.add("memory-timeline", "FILE.png", "plot memory over one training step per op, phases shaded, and write "
                                        "FILE.csv beside it (FILE.<size>.png for several sizes)");
+  a.add_switch("no-progress", "no progress bar on stderr (the sizes' own lines stay)");
   a.add_switch("peer", "then time the Hugging Face model of each size (bench/peers/model.py: PyTorch eager and "
                        "torch.compile, same regions and runs) and show its step ms, memory and tessera's speedup");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes --peer times (default both)");
@@ -193,41 +194,29 @@ int cmd_bench_model(int argc, char** argv) {
   std::printf("%s\n", gemm_line.c_str());
   std::fflush(stdout);
 
-  std::vector<ModelBenchRow> rows;
-  for (const ModelConfig& c : cfgs) {
-    const auto t0 = std::chrono::steady_clock::now();
-    rows.push_back(bench_model(c, bc, ctx, gemm_rate.flops_per_s()));
-    const ModelBenchRow& r = rows.back();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r.oom) std::printf("  %s: OOM (%s)\n", c.preset.c_str(), r.oom_reason.c_str());
-    else if (r.loss_scale)
-      std::printf("  %s: done in %.1f s, loss scale %g at the end, %lld of %lld steps skipped\n", c.preset.c_str(), s,
-                  *r.loss_scale, static_cast<long long>(r.skipped_steps), static_cast<long long>(r.optimizer_steps));
-    else std::printf("  %s: done in %.1f s\n", c.preset.c_str(), s);
-    std::fflush(stdout);
-    if (r.trace) {
-      const std::string p = per_size_path(trace_path, c.preset, several);
-      r.trace->write_chrome_json(p);
-      std::printf("  wrote %s\n", p.c_str());
-    }
-    if (!r.timeline.empty()) {
-      const std::string png = per_size_path(timeline_path, c.preset, several);
-      const std::string csv = (fs::path(png).replace_extension(".csv")).string();
-      const std::string title = c.preset + " B" + std::to_string(bc.batch) + " T" + std::to_string(bc.seq) + " " +
-                                prec + " on " + (ctx.is_cuda() ? ctx.gpu().name : std::string("cpu"));
-      write_memory_timeline(png, csv, r.timeline, title);
-      std::printf("  wrote %s and %s\n", png.c_str(), csv.c_str());
-    }
-  }
+  const std::vector<ModelBenchRow> rows = run_model_bench_sizes(
+      cfgs, bc, ctx, gemm_rate.flops_per_s(), !a.has("no-progress"), [&](const ModelConfig& c, const ModelBenchRow& r) {
+        if (r.trace) {
+          const std::string p = per_size_path(trace_path, c.preset, several);
+          r.trace->write_chrome_json(p);
+          std::fprintf(stderr, "  wrote %s\n", p.c_str());
+        }
+        if (!r.timeline.empty()) {
+          const std::string png = per_size_path(timeline_path, c.preset, several);
+          const std::string csv = (fs::path(png).replace_extension(".csv")).string();
+          const std::string title = c.preset + " B" + std::to_string(bc.batch) + " T" + std::to_string(bc.seq) + " " +
+                                    prec + " on " + (ctx.is_cuda() ? ctx.gpu().name : std::string("cpu"));
+          write_memory_timeline(png, csv, r.timeline, title);
+          std::fprintf(stderr, "  wrote %s and %s\n", png.c_str(), csv.c_str());
+        }
+      });
 
   // The peer runs after every size of tessera's is done and its buffers are gone (one process on the device).
   ModelPeer peer;
   if (with_peer) {
-    std::printf("  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
-    std::fflush(stdout);
+    std::fprintf(stderr, "  peer: bench/peers/model.py (%s) ...\n", peer_mode.c_str());
     peer = run_model_peer(names, peer_modes, bc, prec, ctx.device().str(), peer_timeout);  // "cpu" or "cuda:N"
-    std::printf("  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..." itself
-    std::fflush(stdout);
+    std::fprintf(stderr, "  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..."
   }
 
   // ---- markdown ----
@@ -420,7 +409,7 @@ int cmd_bench_model(int argc, char** argv) {
       j["peer"] = std::move(pj);
     }
     write_file_atomic(json_path, j.dump(2) + "\n");
-    std::printf("wrote %s\n", json_path.c_str());
+    std::fprintf(stderr, "wrote %s\n", json_path.c_str());
   }
 
   // ---- CSV ----
@@ -468,7 +457,7 @@ int cmd_bench_model(int argc, char** argv) {
       csv.push_back('\n');
     }
     write_file_atomic(csv_path, csv);
-    std::printf("wrote %s\n", csv_path.c_str());
+    std::fprintf(stderr, "wrote %s\n", csv_path.c_str());
   }
   return 0;
 }

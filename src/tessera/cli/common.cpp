@@ -46,18 +46,6 @@ ModelConfig model_from_flags(const Flags& f) {
   return cfg;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
-  return buf;
-}
-
 std::string human_count(double n) {
   char buf[32];
   if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
@@ -130,7 +118,8 @@ void print_bench_markdown(const std::string& md, const std::string& out) {
   std::fputs(body == std::string::npos ? md.c_str() : md.c_str() + body + 2, stdout);
   if (!out.empty()) {
     write_file_atomic(out, md);
-    std::printf("wrote %s\n", out.c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "wrote %s\n", out.c_str());
   }
 }
 

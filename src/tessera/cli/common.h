@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/cli/flags.h"
+#include "tessera/core/units.h"  // human_bytes
 #include "tessera/infer/sampler.h"
 #include "tessera/models/config.h"
 #include "tessera/train/progress.h"
@@ -20,7 +21,6 @@ std::vector<std::string> model_flag_names();
 // The preset with the given overrides, validated.
 ModelConfig model_from_flags(const Flags& f);
 
-std::string human_bytes(double bytes);
 // One number in a printf format ("%.4f"), for the bench tables.
 std::string fmt(const char* printf_format, double v);
 // The current time as "YYYY-MM-DD HH:MM UTC", for the bench tables' headers.
