@@ -106,5 +106,32 @@ TEST_F(CliMessages, BenchHelpListsEveryKernelFamily) {
   for (const char* family : kKernelFamilies) EXPECT_NE(line.find(family), std::string::npos) << family << ": " << line;
 }
 
+// A model field given as a flag is named as the flag (--lr nan said "--lr ...", --emb-scale nan "config: emb_scale
+// ..."); a path given as a checkpoint that is none says so, not "cannot read DIR/model.safetensors" or "header
+// length 8386653730289748603 exceeds the file size 479".
+TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
+  expect_error(run("info --emb-scale nan"), "--emb-scale must be positive and finite, got nan");
+  expect_error(run("train --d-model 30 --n-heads 4 --steps 1 --device cpu --out " + (dir / "o").string()),
+               "--d-model 30 is not divisible by n_heads 4");
+  fs::create_directories(dir / "data");
+  const std::string data = (dir / "data").string();
+  expect_error(run("generate --checkpoint " + data), data + " is not a checkpoint: it holds no model.safetensors "
+               "(train writes its checkpoints to OUT/checkpoint and OUT/best)");
+  expect_error(run("train --resume " + data), data + " is not a checkpoint: it holds no model.safetensors (train "
+               "writes its checkpoints to OUT/checkpoint and OUT/best)");
+  const std::string config = (dir / "config.json").string();
+  write_file_atomic(config, std::string("{\"model_type\": \"gpt2\", \"n_embd\": 16}\n"));
+  const CliRun r = run("generate --checkpoint " + config);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(r.err.starts_with("tessera: error: safetensors: " + config + ": header length ")) << r.err;
+  EXPECT_TRUE(r.err.ends_with(" (not a safetensors file)\n")) << r.err;
+  // A real one cut short is said to be truncated.
+  save_small_checkpoint();
+  const std::string file = (dir / "ck" / "model.safetensors").string();
+  write_file_atomic(file, read_file_text(file).substr(0, 200));
+  const CliRun cut = run("generate --checkpoint " + (dir / "ck").string());
+  EXPECT_TRUE(cut.err.ends_with(" (the file is truncated)\n")) << cut.err;
+}
+
 }  // namespace
 }  // namespace tessera

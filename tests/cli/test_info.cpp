@@ -140,6 +140,7 @@ TEST(CliInfo, ActivationsPastOneExbibyteAreRefused) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(r.err, "tessera: error: batch 2147483647 x seq 1000000: the activations need more than 1 EiB (2^60 "
                    "bytes) at h.0.ln1; give a smaller batch or sequence\n");
+  EXPECT_EQ(r.out, "") << "the config block came before the error";
   // 1024 sequences of a million tokens (about 3.7 PiB) are still planned, and the sum is above the peak.
   const test::CliRun ok = test::run(model + " --batch 1024");
   ASSERT_EQ(ok.code, 0) << ok.err;

@@ -41,15 +41,15 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--trace " + dir.string())), "is a directory, not a file to write", out);
   expect_refused(test::run(train_args(out, "--memory-timeline " + dir.string())),
                  "is a directory, not a file to write", out);
-  expect_refused(test::run(train_args(out, "--emb-scale nan")), "emb_scale must be positive and finite", out);
-  expect_refused(test::run(train_args(out, "--emb-scale inf")), "emb_scale must be positive and finite", out);
-  expect_refused(test::run(train_args(out, "--norm-eps inf")), "norm_eps must be positive and finite", out);
+  expect_refused(test::run(train_args(out, "--emb-scale nan")), "--emb-scale must be positive and finite", out);
+  expect_refused(test::run(train_args(out, "--emb-scale inf")), "--emb-scale must be positive and finite", out);
+  expect_refused(test::run(train_args(out, "--norm-eps inf")), "--norm-eps must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0")),
-                 "rope_theta must be positive and finite", out);
+                 "--rope-theta must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta nan")),
-                 "rope_theta must be positive and finite", out);
-  expect_refused(test::run(train_args(out, "--n-layers 100000")), "n_layers 100000 is more than 512", out);
-  expect_refused(test::run(train_args(out, "--d-model 2000000000 --n-heads 1")), "d_model 2000000000 is more than",
+                 "--rope-theta must be positive and finite", out);
+  expect_refused(test::run(train_args(out, "--n-layers 100000")), "--n-layers 100000 is more than 512", out);
+  expect_refused(test::run(train_args(out, "--d-model 2000000000 --n-heads 1")), "--d-model 2000000000 is more than",
                  out);
   expect_refused(test::run(train_args(out, "--stop-after 9")), "--stop-after 9 is not a step this run takes (1 to 4)",
                  out);
@@ -79,9 +79,9 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   // A decimal too large for its float says so with the text given: it said "rope_theta must be positive and
   // finite, got inf" and "--lr must be a positive number, got inf" (float's inf), or that 1e999 was no number.
   const std::string floats = " is out of range (-3.40282e+38 to 3.40282e+38)";
-  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "config: rope_theta 1e300" + floats,
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "--rope-theta 1e300" + floats,
                  out);
-  expect_refused(test::run(train_args(out, "--emb-scale -1e39")), "config: emb_scale -1e39" + floats, out);
+  expect_refused(test::run(train_args(out, "--emb-scale -1e39")), "--emb-scale -1e39" + floats, out);
   expect_refused(test::run(train_args(out, "--lr 1e300")), "train: --lr 1e300" + floats, out);
   expect_refused(test::run(train_args(out, "--grad-clip 1e39")), "train: --grad-clip 1e39" + floats, out);
   expect_refused(test::run(train_args(out, "--lr 1e999")), "train: --lr 1e999" + floats, out);
@@ -90,11 +90,12 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   // Too close to zero for a float: it was 0, and the error said "got 0" (or a temperature of 1e-50 sampled greedily).
   const std::string tiny = " is too close to zero (the smallest magnitude it takes is 1.17549e-38)";
   expect_refused(test::run(train_args(out, "--lr 1e-50")), "train: --lr 1e-50" + tiny, out);
-  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e-45")), "config: rope_theta 1e-45" + tiny,
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e-45")), "--rope-theta 1e-45" + tiny,
                  out);
-  // The model's float fields read decimals only, as the train flags do: strtof took a hex float.
+  // The model's float fields read decimals only, as the train flags do: strtof took a hex float. (Each is named as
+  // the flag given: "config: rope_theta ..." read as if a config file were wrong.)
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0x10")),
-                 "config: rope_theta expects a decimal number, got '0x10'", out);
+                 "--rope-theta expects a decimal number, got '0x10'", out);
   // The same flags, well formed, train (so the checks above are not refusing every run).
   const test::CliRun ok = test::run(train_args(out, "--positions rope --rope-theta 500 --emb-scale 2 --stop-after 2"));
   EXPECT_EQ(ok.code, 0) << ok.err;

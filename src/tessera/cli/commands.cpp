@@ -201,7 +201,9 @@ int cmd_info(int argc, char** argv) {
     TS_CHECK(!given.empty(), "--checkpoint is empty");
     TS_CHECK(fs::exists(resolve_checkpoint_dir(given)), "checkpoint ", given, " does not exist");
   }
-  const ModelConfig cfg = a.has("checkpoint") ? load_checkpoint_config(a.str("checkpoint")) : model_from_flags(a);
+  // A checkpoint's tensors are checked against its config, as generate's load does: info described a checkpoint
+  // whose config says one model and whose tensors hold another.
+  const ModelConfig cfg = a.has("checkpoint") ? check_checkpoint_model(a.str("checkpoint")) : model_from_flags(a);
   const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
   TS_CHECK(B > 0 && T > 0, "--batch and --seq must be positive");
   TS_CHECK(T <= cfg.max_seq, "--seq ", T, " is longer than the model's max_seq ", cfg.max_seq);
@@ -219,6 +221,22 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(!zero || world <= zero_max_world(flat), "--world ", world, " --zero 1: ZeRO-1 shards the optimizer state in "
            "blocks of ", kSegmentAlign, " parameters, and the model's ", flat, " make ", zero_max_world(flat),
            ": give at most that many ranks");
+  // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
+  // debug settings (TESSERA_PLAN_NO_REUSE), lays out Gpt's arena. Made before anything is printed: a plan past
+  // 1 EiB is an error, which came after the config block.
+  const PlanDebug debug = plan_debug_from_env();
+  const GradMemory grads = train_grad_memory(accum);
+  const bool planned_grads = grads == GradMemory::Planned;
+  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug, grads);
+  // The gradients as the arena holds them: the flat buffer, with its padding between tensors.
+  double grad_bytes = 0;
+  for (const PlanBuffer& b : plan.buffers())
+    if (b.fixed) grad_bytes += static_cast<double>(b.bytes);
+  // Parameters, master weights and moments as their flat buffers hold them, with the padding (as the gradients).
+  const double p = static_cast<double>(flat) * static_cast<double>(dtype_size(dtype));
+  const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(flat);
+  const double master = master_flag == "on" ? master_on : 0.0;
+  const double moments = 8.0 * static_cast<double>(flat), act = static_cast<double>(plan.peak());
   std::printf("model      %s\n", cfg.preset.c_str());
   std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
               cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
@@ -233,21 +251,6 @@ int cmd_info(int argc, char** argv) {
   std::printf("checkpoint %s names\n", naming);
   std::printf("params     %lld (%s)\n", static_cast<long long>(n), human_count(static_cast<double>(n)).c_str());
 
-  // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
-  // debug settings (TESSERA_PLAN_NO_REUSE), lays out Gpt's arena.
-  const PlanDebug debug = plan_debug_from_env();
-  const GradMemory grads = train_grad_memory(accum);
-  const bool planned_grads = grads == GradMemory::Planned;
-  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug, grads);
-  // The gradients as the arena holds them: the flat buffer, with its padding between tensors.
-  double grad_bytes = 0;
-  for (const PlanBuffer& b : plan.buffers())
-    if (b.fixed) grad_bytes += static_cast<double>(b.bytes);
-  // Parameters, master weights and moments as their flat buffers hold them, with the padding (as the gradients).
-  const double p = static_cast<double>(flat) * static_cast<double>(dtype_size(dtype));
-  const double master_on = dtype == DType::F32 ? 0.0 : 4.0 * static_cast<double>(flat);
-  const double master = master_flag == "on" ? master_on : 0.0;
-  const double moments = 8.0 * static_cast<double>(flat), act = static_cast<double>(plan.peak());
   std::printf("memory     %s training%s, batch %d x seq %d%s:\n", prec.c_str(),
               master > 0             ? " with f32 master weights"
               : master_on > master ? (" without master weights (saves " + human_bytes(master_on) + ")").c_str()

@@ -39,10 +39,21 @@ void add_model_flags(Flags& f) {
 
 ModelConfig model_from_flags(const Flags& f) {
   ModelConfig cfg = model_preset(f.str("preset", "tiny"));
-  for (const auto& field : model_config_fields()) {
-    if (f.has(dashed(field))) model_config_set(cfg, field, f.str(dashed(field)));
+  try {
+    for (const auto& field : model_config_fields()) {
+      if (f.has(dashed(field))) model_config_set(cfg, field, f.str(dashed(field)));
+    }
+    cfg.validate();
+  } catch (const Error& e) {
+    // A field given as a flag is named as the flag: "config: emb_scale must be ..." for --emb-scale nan read as
+    // if a config file were wrong, where --lr nan says "--lr ...".
+    const std::string msg = e.what();
+    for (const auto& field : model_config_fields())
+      if (f.has(dashed(field)) && msg.starts_with("config: " + field + " "))
+        throw Error(e.file(), e.line(),
+                    "--" + dashed(field) + msg.substr(std::string("config: ").size() + field.size()));
+    throw;
   }
-  cfg.validate();
   return cfg;
 }
 

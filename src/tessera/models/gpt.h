@@ -84,6 +84,9 @@ class Gpt {
   // The elements of the flat parameter buffers of `cfg`, padding included (params().size() of its model), without
   // making one: what ZeRO-1 shards.
   static size_t flat_params(const ModelConfig& cfg);
+  // The parameter segments of `cfg` (names, shapes, offsets) added to an empty `pb`, nothing allocated: what
+  // checkpoint_layout reads to check a checkpoint without building its model.
+  static void describe_params(const ModelConfig& cfg, ParamBuffer& pb) { add_params(cfg, pb); }
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2 n_layers), zero biases, unit norm gains. Each tensor draws its own Philox stream of `seed`.

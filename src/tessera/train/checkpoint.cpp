@@ -84,12 +84,15 @@ void add_layer_tensor(std::vector<ExportTensor>& out, CheckpointNaming naming, c
 }  // namespace
 
 std::vector<ExportTensor> checkpoint_layout(const Gpt& model) {
-  const ModelConfig& cfg = model.config();
+  return checkpoint_layout(model.config(), model.params());
+}
+
+std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params) {
   const CheckpointNaming naming = checkpoint_naming(cfg);
-  const auto& segs = model.params().segments();
+  const auto& segs = params.segments();
   std::vector<ExportTensor> out;
   for (size_t s = 0; s < segs.size(); ++s) {
-    const auto& shape = model.params().shape(s);
+    const auto& shape = params.shape(s);
     const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
     const std::string& name = segs[s].name;
     const int seg = static_cast<int>(s);
@@ -203,8 +206,12 @@ void rename_or_throw(const fs::path& from, const fs::path& to, const fs::path& p
 
 std::string model_file(const std::string& path) {
   const std::string p = resolve_checkpoint_dir(path);
-  if (fs::is_directory(p)) return (fs::path(p) / "model.safetensors").string();
-  return p;
+  if (!fs::is_directory(p)) return p;
+  // A directory that is no checkpoint (a run's data/, say) said "cannot read DIR/model.safetensors".
+  const fs::path file = fs::path(p) / "model.safetensors";
+  TS_CHECK(fs::exists(file) || !fs::exists(p), path, " is not a checkpoint: it holds no model.safetensors (train "
+           "writes its checkpoints to OUT/checkpoint and OUT/best)");
+  return file.string();
 }
 
 ModelConfig config_from(const SafetensorsFile& st) {
@@ -226,16 +233,10 @@ ModelConfig config_from(const SafetensorsFile& st) {
 }
 
 // Copies every tensor from the mapped file into the parameter buffer; transposes are undone while copying.
-void weights_from(const SafetensorsFile& st, Gpt& model) {
+// Every tensor of `layout` is in the file, and no other. Named, not counted: the first tensor the model needs that
+// the file lacks, then the first it does not need.
+void check_tensor_names(const SafetensorsFile& st, const std::vector<ExportTensor>& layout) {
   const std::string& file = st.path();
-  // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
-  ParamBuffer& params = model.params();
-  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
-  std::vector<float> host_copy;
-  if (!direct) host_copy = params.read_f32(model.context());
-  float* base = direct ? params.host_data<float>() : host_copy.data();
-  const auto layout = checkpoint_layout(model);
-  // Named, not counted: the first tensor the model needs that the file lacks, then the first it does not need.
   std::set<std::string> expected;
   std::vector<std::string> missing;
   for (const ExportTensor& t : layout) {
@@ -248,15 +249,29 @@ void weights_from(const SafetensorsFile& st, Gpt& model) {
   for (const std::string& name : st.names())
     TS_CHECK(expected.count(name), "checkpoint ", file, ": tensor '", name, "' is not one of the model's ",
              layout.size(), " (a file for another config?)");
+}
+
+// The shape the file must give tensor t: (rows, cols), (cols, rows) stored transposed, or (rows) for a vector.
+std::vector<int64_t> stored_shape(const ExportTensor& t, bool vec) {
+  if (t.transpose) return {t.cols, t.rows};
+  return vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols};
+}
+
+void weights_from(const SafetensorsFile& st, Gpt& model) {
+  // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
+  ParamBuffer& params = model.params();
+  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
+  std::vector<float> host_copy;
+  if (!direct) host_copy = params.read_f32(model.context());
+  float* base = direct ? params.host_data<float>() : host_copy.data();
+  const auto layout = checkpoint_layout(model);
+  check_tensor_names(st, layout);
   for (const ExportTensor& t : layout) {
     const ParamSegment& seg = model.params().segments()[t.segment];
     float* dst = base + seg.offset + t.row_begin * t.cols;
     const bool vec = model.params().shape(t.segment).size() == 1;
-    if (t.transpose) {
-      st.read_f32_transposed(t.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
-    } else {
-      st.read_f32(t.name, vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols}, dst);
-    }
+    if (t.transpose) st.read_f32_transposed(t.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
+    else st.read_f32(t.name, stored_shape(t, vec), dst);
   }
   if (!direct) params.write_f32(host_copy, model.context());
 }
@@ -360,6 +375,17 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
 
 ModelConfig load_checkpoint_config(const std::string& path) {
   return config_from(SafetensorsFile::load(model_file(path)));
+}
+
+ModelConfig check_checkpoint_model(const std::string& path) {
+  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
+  const ModelConfig cfg = config_from(st);
+  ParamBuffer pb;  // segments only: nothing allocated
+  Gpt::describe_params(cfg, pb);
+  const auto layout = checkpoint_layout(cfg, pb);
+  check_tensor_names(st, layout);
+  for (const ExportTensor& t : layout) st.check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
+  return cfg;
 }
 
 void load_checkpoint_weights(const std::string& path, Gpt& model) {

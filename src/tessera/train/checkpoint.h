@@ -38,6 +38,8 @@ struct ExportTensor {
   bool transpose = false;
 };
 std::vector<ExportTensor> checkpoint_layout(const Gpt& model);
+// The same from the config and a ParamBuffer that describes it (Gpt::describe_params), with no model built.
+std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params);
 
 struct TrainState {
   int64_t step = 0;
@@ -67,6 +69,9 @@ std::string resolve_checkpoint_dir(const std::string& path);
 
 // Reads the model config stored in a checkpoint directory (or a model.safetensors path).
 ModelConfig load_checkpoint_config(const std::string& path);
+// load_checkpoint_config, after checking what load_checkpoint_weights will: every tensor the config needs is there
+// with its shape, as a float, and no other; without building the model or reading the weights (tessera info).
+ModelConfig check_checkpoint_model(const std::string& path);
 // Loads parameters into a model built from load_checkpoint_config. Every tensor must be present with the
 // expected shape, and no unknown tensor may be there.
 void load_checkpoint_weights(const std::string& path, Gpt& model);

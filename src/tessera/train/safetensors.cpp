@@ -94,7 +94,11 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   TS_CHECK(size >= 8, "safetensors: ", path, ": file is truncated (", size, " bytes)");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
-  TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size);
+  // A header that starts with '{' is what a safetensors file holds; other bytes here are most likely another
+  // kind of file (a config.json, a token shard given as a checkpoint).
+  const bool json_next = size > 8 && bytes[8] == '{';
+  TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size,
+           json_next ? " (the file is truncated)" : " (not a safetensors file)");
   f.data_offset_ = 8 + n;
   const size_t data_size = size - f.data_offset_;
   json header;

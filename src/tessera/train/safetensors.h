@@ -76,6 +76,10 @@ class SafetensorsFile {
   void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
   // Tensor `name` of shape (rows, cols) copied into dst as its transpose (cols, rows), converting to f32.
   void read_f32_transposed(const std::string& name, int64_t rows, int64_t cols, float* dst) const;
+  // Checks that tensor `name` is a float of this shape, as the reads do, without reading it.
+  void check_float_shape(const std::string& name, const std::vector<int64_t>& shape) const {
+    checked_float_entry(name, shape);
+  }
   const std::string& path() const { return path_; }
 
   // Number of files load() has opened in this process (for tests that a path reads a file once).
