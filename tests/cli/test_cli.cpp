@@ -831,6 +831,12 @@ TEST_F(Cli, ResumeFindsTheRunsOwnDataFromAnywhereAndRefusesOtherData) {
   r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
   expect_error(r, "/b/data no longer holds the data this run trained on");
   EXPECT_EQ(read_file_text((dir / "b" / "metrics.jsonl").string()), metrics);
+  // Other data too short for a batch, or for the saved position, is refused as other data too: its size was
+  // checked first ("holds 27 tokens, fewer than batch x seq + 1"), which said nothing of why.
+  write_file_atomic((dir / "short.txt").string(), std::string("thirty bytes of some new text"));
+  ASSERT_EQ(run("prepare --text short.txt --out b/data", dir).code, 0);
+  r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
+  expect_error(r, "/b/data no longer holds the data this run trained on");
 }
 
 // --resume writes into the checkpoint's own run: into another directory that holds a run (--out B, or RUN/best
@@ -1110,6 +1116,113 @@ TEST_F(Cli, PrepareTrainGenerateInfo) {
   EXPECT_NE(r.out.find("d_model 32"), std::string::npos);
   r = run("info --preset cs336-small");
   EXPECT_NE(r.out.find("128625408"), std::string::npos);
+}
+
+// A prepare into the shards a running train reads (its own OUT/data, or its --data) replaced them under it, and
+// the run's resume then failed. The train holds its data directory shared, a prepare takes it exclusively: the
+// prepare is refused while the train runs, and leaves the shards alone; another train may read them meanwhile.
+TEST_F(Cli, PrepareIntoTheShardsOfARunningTrainIsRefused) {
+  const fs::path out = dir / "o";
+  Child c = spawn(small_train(out) + " --steps 1000000 --ckpt-every 0", dir);
+  ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
+  const std::string shard = read_file_text((out / "data" / "train_000000.bin").string());
+  write_file_atomic((dir / "other.txt").string(), std::string(4000, 'x'));
+  const CliRun r = run("prepare --text other.txt --out o/data", dir);
+  expect_error(r, "shard directory o/data is in use by another tessera process");
+  EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), shard);
+  const CliRun reader = run("train --data o/data --out p --steps 1 --batch 2 --seq 16 --d-model 32 --n-layers 1 "
+                            "--no-progress --sample-tokens 0 --device cpu", dir);
+  EXPECT_EQ(reader.code, 0) << reader.err;
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
+  // Once it has ended the prepare goes through, and the run's resume refuses the other data as such.
+  ASSERT_EQ(run("prepare --text other.txt --out o/data", dir).code, 0);
+  const std::string next = std::to_string(checkpoint_step(out / "checkpoint") + 1);  // bounded, should it train
+  expect_error(run("train --resume o/checkpoint --stop-after " + next + " --no-progress --sample-tokens 0", dir),
+               "o/data no longer holds the data this run trained on");
+}
+
+// The other way round: a train whose --data a prepare is writing (here the test holds the lock as a prepare does)
+// is refused before it writes anything, and trains once the prepare is done.
+TEST_F(Cli, ATrainIsRefusedWhileAPrepareWritesItsData) {
+  const std::string data = data_with("good_train_000000.bin");
+  {
+    const DirectoryLock prepare(data, "shard directory", "(test)");
+    expect_error(run(train_args(data, dir / "o")),
+                 "data directory " + data + " is in use by another tessera process (a prepare writes its shards)",
+                 dir / "o");
+  }
+  const CliRun r = run(train_args(data, dir / "o"));
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// --resume through a symbolic link to a checkpoint (a "latest" link beside other files) was refused: the run's
+// directory was taken to be the link's, which holds other files. The run is the one the link leads to, and it
+// continues there.
+TEST_F(Cli, ResumeThroughASymlinkContinuesTheRunItLeadsTo) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out runs/o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+                dir).code, 0);
+  fs::create_directory_symlink("runs/o/checkpoint", dir / "latest");
+  write_file_atomic((dir / "notes.txt").string(), std::string("not a run"));
+  const CliRun r = run("train --resume latest" + tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(dir / "runs" / "o" / "metrics.jsonl"), 4);
+  EXPECT_EQ(checkpoint_step(dir / "runs" / "o" / "checkpoint"), 4);
+  EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
+  EXPECT_TRUE(fs::is_symlink(dir / "latest"));
+}
+
+// A run that diverges with no checkpoint keeps its metrics (how it went), so the same command is then refused as
+// one into a run. The error says so, and how to train there again.
+TEST_F(Cli, ADivergedRunSaysHowToTrainThereAgain) {
+  const std::string args = "train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 20 --warmup 0 "
+                           "--no-progress --sample-tokens 0 --device cpu";
+  const CliRun r = run(args + " --lr 1e30", dir);
+  expect_error(r, "training diverged: ");
+  EXPECT_NE(r.err.find("; no checkpoint was written; o/metrics.jsonl keeps the losses: train into o again with "
+                       "--force)"), std::string::npos) << r.err;
+  EXPECT_GE(count_lines(dir / "o" / "metrics.jsonl"), 1);
+  EXPECT_EQ(run(args, dir).code, 2);
+  const CliRun again = run(args + " --force", dir);
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+// A resumed run's metrics.jsonl that is not a file failed after the run had printed its startup lines.
+TEST_F(Cli, ResumeChecksItsMetricsBeforeItStarts) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+                dir).code, 0);
+  fs::remove(dir / "o" / "metrics.jsonl");
+  fs::create_directory(dir / "o" / "metrics.jsonl");
+  const CliRun r = run("train --resume o/checkpoint" + tail, dir);
+  expect_error(r, "output directory o: its metrics.jsonl is not a file");
+  EXPECT_EQ(r.out, "");
+}
+
+// A metrics.jsonl cut short (a copy that stopped, an edit) was repaired without a word, the steps it lost missing
+// from the run's record for good. The resume says which.
+TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 --stop-after 5" + tail,
+                dir).code, 0);
+  const fs::path metrics = dir / "o" / "metrics.jsonl";
+  std::string text = read_file_text(metrics.string());
+  size_t cut = 0;
+  for (int line = 0; line < 2; ++line) cut = text.find('\n', cut) + 1;
+  write_file_atomic(metrics.string(), text.substr(0, cut + 10));  // steps 1 and 2, and a torn third line
+  const CliRun r = run("train --resume o/checkpoint" + tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "tessera: warning: o/metrics.jsonl holds no record of 3 steps from step 3 on (1 unreadable line "
+                   "dropped); the resumed run's records follow step 5 without them\n");
+  EXPECT_EQ(count_lines(metrics), 5);  // 1, 2, 6, 7, 8
+  // A whole one: no warning.
+  ASSERT_EQ(run("train --out w --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+                dir).code, 0);
+  const CliRun whole = run("train --resume w/checkpoint" + tail, dir);
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_EQ(whole.err, "");
 }
 
 }  // namespace

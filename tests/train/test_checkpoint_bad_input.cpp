@@ -185,6 +185,28 @@ TEST_F(BadCheckpoint, SavedConfigNamesTheMissingOrMistypedField) {
   EXPECT_EQ(config_edit([](json& c) { c.erase("preset"); }), "");
 }
 
+// A config that disagrees with the tensors (a wpe of another max_seq, a transposed GPT-2 fc weight of another d_ff):
+// generate refused it as the load found the shape, and info described it as if it were whole. check_checkpoint_model
+// says what the load says, without building the model; info says it as its one line, and prints nothing.
+TEST_F(BadCheckpoint, InfoChecksTheTensorsAgainstTheConfigAsTheLoadDoes) {
+  for (const auto& [field, value] : {std::pair{"max_seq", 8}, std::pair{"d_ff", 32}}) {
+    SCOPED_TRACE(field);
+    const std::string load = model_error([&](json& h) {
+      json c = json::parse(h["__metadata__"]["tessera_config"].get<std::string>());
+      c[field] = value;
+      h["__metadata__"]["tessera_config"] = c.dump();
+    });
+    expect_named(load, "the model expects");
+    EXPECT_EQ(error_of([&] { check_checkpoint_model(ck.string()); }), load);
+    const test::CliRun r = test::run("info --checkpoint " + ck.string());
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "tessera: error: " + load + "\n");
+  }
+  fresh_checkpoint();  // whole, it passes
+  EXPECT_EQ(check_checkpoint_model(ck.string()).d_ff, 24);
+}
+
 TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
   expect_named(resume_error([](json& o) { o.erase("batch"); }),
                "checkpoint " + ck.string() + ": training options: missing field 'batch'");
@@ -197,6 +219,10 @@ TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
   expect_named(resume_error([](json& o) { o["model"].erase("d_ff"); }),
                "checkpoint " + ck.string() + ": training options: model: missing field 'd_ff'");
   expect_named(resume_error([](json& o) { o["model"] = 5; }), "training options: model: expected a JSON object");
+  // A value out of range is the checkpoint's saved option, not a flag (--resume takes no --batch).
+  expect_named(resume_error([](json& o) { o["batch"] = 0; }),
+               "checkpoint " + ck.string() + ": saved option batch must be positive, got 0");
+  expect_named(resume_error([](json& o) { o["lr"] = -1; }), ": saved option lr must be a positive number, got -1");
 }
 
 // A checkpoint of an older tessera, written before adam_eps, ckpt_minutes, world_size, data_in_run and

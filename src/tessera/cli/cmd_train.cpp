@@ -119,6 +119,35 @@ class CreatedDirs {
   bool keep_ = false;
 };
 
+constexpr const char* kOutBusy =
+    "(a train into it, or a resume of it): wait for that one to end, or choose another --out";
+
+// Locks, shared, the directory of the shards a run reads (that of a single shard file) for the run's life: a tessera
+// prepare into it (which takes it exclusively) replaced the shards under a running train, whose resume then failed.
+// Data in the output directory itself is covered by its lock; data that is missing is left to the check that says so.
+void lock_data(std::optional<DirectoryLock>& lock, const std::string& data, const std::string& out) {
+  const fs::path p(data);
+  const fs::path dir = fs::is_directory(p) ? p : p.has_parent_path() ? p.parent_path() : fs::path(".");
+  lock.reset();
+  std::error_code ec;
+  if (!fs::is_directory(dir) || fs::equivalent(dir, out, ec)) return;
+  lock.emplace(dir.string(), "data directory", "(a prepare writes its shards): wait for it to end",
+               DirectoryLock::Mode::Shared);
+}
+
+// The checkpoint directory --resume names, as written; through a symbolic link (to the checkpoint, or on the way to
+// it), the directory the link leads to: the run it belongs to is the one that holds it, not the link's directory.
+fs::path resume_dir(const std::string& resume) {
+  const fs::path ck = fs::path(resume).lexically_normal();
+  fs::path dir = ck.has_filename() ? ck : ck.parent_path();  // "run/checkpoint/": run/checkpoint
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  if (ec) return dir;  // missing: train_setup says so
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  if (real.filename() == dir.filename() && fs::equivalent(parent, real.parent_path(), ec)) return dir;
+  return real;
+}
+
 // A path as a shell word.
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:+,@") ==
@@ -249,6 +278,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Held by rank 0 until it exits: one train at a time in OUT. Taken as soon as OUT is known, when it exists
   // (before the checks read its checkpoint, which a running train may be swapping), else once it is made.
   std::optional<DirectoryLock> out_lock;
+  std::optional<DirectoryLock> data_lock;  // rank 0's shared lock on the directory of the shards it reads
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
     o.resume = a.str("resume");
@@ -316,11 +346,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     if (o.resume.empty()) {
       o.out = a.str("out", "runs/" + a.str("preset", "tiny"));  // the preset asked for, overrides or not
     } else {
-      const fs::path ck = fs::path(o.resume).lexically_normal();
-      const fs::path parent = (ck.has_filename() ? ck : ck.parent_path()).parent_path();
+      const fs::path parent = resume_dir(o.resume).parent_path();
       o.out = a.str("out", parent.empty() ? "." : parent.string());
     }
-    if (lead && fs::is_directory(o.out)) out_lock.emplace(o.out, "output directory");
+    if (lead && fs::is_directory(o.out)) out_lock.emplace(o.out, "output directory", kOutBusy);
     if (!ranks.world) {
       for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout", "comm-sms"})
         TS_CHECK(!a.has(f), "--", f, " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
@@ -397,6 +426,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "seq + 1 = ", need);
     } else {
       setup.options.data = o.data;
+      if (lead) lock_data(data_lock, o.data, o.out);
       train_open_data(setup);
     }
 
@@ -413,8 +443,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // anywhere else that holds a run (--out B, or --resume RUN/best into RUN, whose checkpoint/ is later), it
     // would replace that run's checkpoint and cut its metrics back, silently.
     if (!o.resume.empty() && holds_run(o.out)) {
-      const fs::path ck = fs::path(o.resume).lexically_normal();
-      const fs::path ck_dir = ck.has_filename() ? ck : ck.parent_path();
+      const fs::path ck_dir = resume_dir(o.resume);
       std::error_code ec;
       const bool own = fs::equivalent(ck_dir.has_parent_path() ? ck_dir.parent_path() : fs::path("."), o.out, ec) &&
                        (ck_dir.filename() == "checkpoint" || ck_dir.filename() == "checkpoint.old");
@@ -481,7 +510,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // --out did not exist when the checks above ran, so they were made unlocked: another run started at the same
       // moment may hold it now, or may have trained in it and ended. Either way it is that one's.
       try {
-        out_lock.emplace(o.out, "output directory");
+        out_lock.emplace(o.out, "output directory", kOutBusy);
       } catch (const DirectoryInUse&) {
         created.keep();
         throw;
@@ -523,6 +552,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       std::printf("prepared %s: %zu train / %s in %s\n", (ec ? text_source : shown.string()).c_str(), n_train,
                   counted(n_val, "val token").c_str(), data_dir.c_str());
       setup.options.data = data_dir;
+      lock_data(data_lock, data_dir, o.out);
       train_open_data(setup);
     }
     // The run that --force replaces goes only once the new one's data has been checked. Its <dir>.old too (a swap
@@ -610,7 +640,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // that fails later keeps its metrics and checkpoints (a diverged run's metrics say how it went).
       std::error_code ec, ec2;
       const auto metrics = fs::file_size(out / "metrics.jsonl", ec);  // uintmax_t(-1) and ec set when missing
-      if ((!ec && metrics > 0) || fs::exists(out / "checkpoint", ec2)) created.keep();
+      const bool checkpoint = fs::exists(out / "checkpoint", ec2);
+      if ((!ec && metrics > 0) || checkpoint) created.keep();
+      // A new run's empty metrics, in a directory that was there before, would make it a run: the same command
+      // was then refused as one into a run, with nothing in it.
+      else if (!ec && o.resume.empty() && lead) fs::remove(out / "metrics.jsonl", ec);
       throw;
     }
   }

@@ -251,17 +251,15 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, text.data(), text.size());
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, const std::string& busy, Mode mode) {
   fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   TS_CHECK(fd_ >= 0, "cannot open ", what, " ", dir, ": ", std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  if (::flock(fd_, (mode == Mode::Shared ? LOCK_SH : LOCK_EX) | LOCK_NB) == 0) return;
   const int e = errno;
   ::close(fd_);
   fd_ = -1;
   if (e == EWOULDBLOCK)
-    throw DirectoryInUse(__FILE__, __LINE__,
-                         what + " " + dir + " is in use by another tessera process (a train into it, or a resume of "
-                         "it): wait for that one to end, or choose another --out");
+    throw DirectoryInUse(__FILE__, __LINE__, what + " " + dir + " is in use by another tessera process " + busy);
   // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
   // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;

@@ -65,15 +65,17 @@ class DirectoryInUse : public Error {
   using Error::Error;
 };
 
-// An exclusive advisory lock (flock) on a directory, held while the object lives and released by the kernel when
-// the process ends however it ends. Two trains into one run directory both wrote its checkpoints and metrics, and
-// died with errors about each other's temporary files. Throws DirectoryInUse "<what> <dir> is in use by another
-// tessera process ..." when one holds it; on a file system that cannot lock a directory (NFS, Lustre without
-// flock) it holds nothing.
-
+// An advisory lock (flock) on a directory, held while the object lives and released by the kernel when the process
+// ends however it ends. Exclusive: one train writes a run directory (two wrote its checkpoints and metrics, and died
+// with errors about each other's temporary files), and one prepare writes a shard directory. Shared: the trains
+// that read a shard directory, so that a prepare cannot replace the shards under them. Throws DirectoryInUse
+// "<what> <dir> is in use by another tessera process <busy>" when a conflicting one is held; on a file system that
+// cannot lock a directory (NFS, Lustre without flock) it holds nothing.
 class DirectoryLock {
  public:
-  DirectoryLock(const std::string& dir, const std::string& what);
+  enum class Mode { Exclusive, Shared };
+  // busy: who may hold the lock and what to do, for the message ("(a train into it): wait for it to end").
+  DirectoryLock(const std::string& dir, const std::string& what, const std::string& busy, Mode mode = Mode::Exclusive);
   ~DirectoryLock();
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;

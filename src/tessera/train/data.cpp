@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -295,6 +296,13 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
   // What is replaced or removed must be a shard (its header's magic): a text named train_notes.bin, even the text
   // being prepared, was removed as an earlier shard.
+  PrepareUndo undo;
+  undo.create(out_dir);
+  std::optional<DirectoryLock> lock;
+  if (params.lock)
+    lock.emplace(out_dir, "shard directory",
+                 "(a train reads its shards, or a prepare writes them): wait for it to end, or prepare into another "
+                 "directory");
   std::vector<std::string> stale;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
@@ -314,8 +322,6 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   }
   std::sort(stale.begin(), stale.end());
 
-  PrepareUndo undo;
-  undo.create(out_dir);
   remove_prepare_leftovers(dir);
   std::string temps[2];
   for (int k = 0; k < 2; ++k) {

@@ -58,6 +58,9 @@ struct PrepareParams {
   // Called as the shards are written, a chunk (1 Mi tokens) at a time: the text's bytes written so far, of
   // text.size() in all (train's and val's together; the last call has done == total). For a progress bar.
   std::function<void(size_t done, size_t total)> progress = nullptr;
+  // Holds an exclusive lock (DirectoryLock) on out_dir while it reads and writes it, so that a prepare into a
+  // directory that a train reads its shards from (holding it shared) is refused instead of replacing them under it.
+  bool lock = true;
 };
 struct PrepareReport {
   size_t n_train = 0, n_val = 0;

@@ -1,5 +1,7 @@
 #include "tessera/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -118,39 +120,47 @@ LossScalerConfig loss_scaler_config(const TrainOptions& o) {
   return {.init_scale = o.loss_scale_init, .growth_interval = o.loss_scale_interval};
 }
 
-void validate(const TrainOptions& o) {
+// `opt` names an option in the messages: "--" for the flags, "saved option " for a checkpoint's training options
+// (damaged: "--batch must be positive" named a flag the user of --resume never typed).
+void validate(const TrainOptions& o, const std::string& opt = "--") {
   o.model.validate();
-  TS_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
-  TS_CHECK(o.batch > 0, "--batch must be positive, got ", o.batch);
-  TS_CHECK(o.seq > 0, "--seq must be positive, got ", o.seq);
-  TS_CHECK(o.seq <= o.model.max_seq, "--seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
-  TS_CHECK(o.accum > 0, "--accum must be positive, got ", o.accum);
+  TS_CHECK(o.steps > 0, opt, "steps must be positive, got ", o.steps);
+  TS_CHECK(o.batch > 0, opt, "batch must be positive, got ", o.batch);
+  TS_CHECK(o.seq > 0, opt, "seq must be positive, got ", o.seq);
+  TS_CHECK(o.seq <= o.model.max_seq, opt, "seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
+  TS_CHECK(o.accum > 0, opt, "accum must be positive, got ", o.accum);
   // Each micro-batch keeps its loss on the device until the step's one read: a bound keeps that buffer small.
-  TS_CHECK(o.accum <= kMaxAccum, "--accum ", o.accum, " is more than ", kMaxAccum, " micro-batches a step");
-  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), "--lr must be a positive number, got ", o.lr);
-  TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
-  TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
-  TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "--weight-decay must be >= 0, got ", o.weight_decay);
+  TS_CHECK(o.accum <= kMaxAccum, opt, "accum ", o.accum, " is more than ", kMaxAccum, " micro-batches a step");
+  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), opt, "lr must be a positive number, got ", o.lr);
+  TS_CHECK(o.warmup >= 0, opt, "warmup must be >= 0, got ", o.warmup);
+  TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, opt, "min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
+  TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), opt, "weight-decay must be >= 0, got ",
+           o.weight_decay);
   TS_CHECK(o.adam_eps > 0 && std::isfinite(o.adam_eps), "AdamW eps must be positive, got ", o.adam_eps);
-  TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "--grad-clip must be >= 0, got ", o.grad_clip);
-  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+  TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), opt, "grad-clip must be >= 0, got ", o.grad_clip);
+  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, opt, "label-smoothing must be in [0, 1), got ",
            o.label_smoothing);
-  TS_CHECK(o.val_every >= 0, "--val-every must be >= 0, got ", o.val_every);
-  TS_CHECK(o.val_batches >= 0, "--val-batches must be >= 0, got ", o.val_batches);
-  TS_CHECK(o.ckpt_every >= -1, "--ckpt-every must be >= 0, got ", o.ckpt_every);
-  TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), "--ckpt-minutes must be positive, got ",
+  TS_CHECK(o.val_every >= 0, opt, "val-every must be >= 0, got ", o.val_every);
+  TS_CHECK(o.val_batches >= 0, opt, "val-batches must be >= 0, got ", o.val_batches);
+  TS_CHECK(o.ckpt_every >= -1, opt, "ckpt-every must be >= 0, got ", o.ckpt_every);
+  TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), opt, "ckpt-minutes must be positive, got ",
            o.ckpt_minutes);
-  TS_CHECK(o.stop_after >= 0, "--stop-after must be >= 0, got ", o.stop_after);
-  TS_CHECK(o.trace_step >= 1, "--trace-step must be >= 1, got ", o.trace_step);
-  TS_CHECK(o.world_size >= 1, "internal: world size ", o.world_size);
+  TS_CHECK(o.stop_after >= 0, opt, "stop-after must be >= 0, got ", o.stop_after);
+  TS_CHECK(o.trace_step >= 1, opt, "trace-step must be >= 1, got ", o.trace_step);
+  TS_CHECK(o.world_size >= 1, opt == "--" ? "internal: world size " : opt + "world_size must be >= 1, got ",
+           o.world_size);
 }
 
 // Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
-// Returns the lowest val_loss kept and its step ({0, 0} when none).
+// Returns the lowest val_loss kept and its step ({0, 0} when none). Steps missing after the first one kept (a file
+// cut short or edited; not those before it, which a run branched with --out NEW never had) get a warning on stderr:
+// the resumed run's metrics then skip them.
 std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
   std::string kept;
   double best = 0;
   int64_t best_step = 0;
+  std::vector<int64_t> steps;
+  size_t unreadable = 0;
   if (keep_step > 0 && fs::exists(path)) {
     std::istringstream in(read_file_text(path, "metrics"));
     std::string line;
@@ -160,13 +170,33 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
         const int64_t step = rec.at("step").get<int64_t>();
         if (step > keep_step) continue;
         kept += line + "\n";
+        steps.push_back(step);
         if (rec.contains("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
           best = rec["val_loss"].get<double>();
           best_step = step;
         }
       } catch (const json::exception&) {
-        // a torn last line from an interrupted run: dropped
+        ++unreadable;  // a torn last line from an interrupted run, or damage: dropped
       }
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  if (!steps.empty()) {
+    const int64_t missing = keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
+    if (missing > 0) {
+      int64_t from = keep_step;  // the first missing step: where the run of consecutive steps breaks
+      for (size_t i = 1; i <= steps.size(); ++i)
+        if (i == steps.size() || steps[i] != steps[i - 1] + 1) {
+          from = steps[i - 1] + 1;
+          break;
+        }
+      std::fflush(stdout);
+      std::fprintf(stderr, "tessera: warning: %s holds no record of %s from step %lld on (%s); the resumed run's "
+                   "records follow step %lld without them\n", path.c_str(), counted(missing, "step").c_str(),
+                   static_cast<long long>(from),
+                   unreadable ? (counted(unreadable, "unreadable line") + " dropped").c_str() : "cut short or edited",
+                   static_cast<long long>(keep_step));
     }
   }
   write_file_atomic(path, kept);
@@ -320,6 +350,12 @@ TrainSetup train_setup(TrainOptions o) {
     }
     try {
       train_options_from_json(saved, o);
+      // The saved run's options alone (--stop-after and --trace-step are this command's flags, checked below).
+      TrainOptions run = o;
+      run.stop_after = 0;
+      run.trace_step = 1;
+      if (run.seq == 0) run.seq = run.model.max_seq;  // 0: the model's max_seq, as below
+      validate(run, "saved option ");
     } catch (const Error& e) {
       TS_THROW("checkpoint ", o.resume, ": ", e.what());
     }
@@ -362,8 +398,17 @@ TrainSetup train_setup(TrainOptions o) {
   if (o.stop_after > 0) check_step("--stop-after", o.stop_after);
   // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl replaced the
   // metrics, one of a data shard replaced the shard (both "succeeded").
+  // A resumed run's metrics are read, cut back and appended to: one that is not a readable file (a directory made
+  // in its place) failed only after the run's startup lines.
+  const std::string metrics = (fs::path(o.out) / "metrics.jsonl").string();
+  if (s.model && fs::exists(metrics)) {
+    TS_CHECK(fs::is_regular_file(metrics), "output directory ", o.out, ": its metrics.jsonl is not a file: move it "
+             "away to resume the run");
+    TS_CHECK(::access(metrics.c_str(), R_OK | W_OK) == 0, "output directory ", o.out, ": cannot read and write its "
+             "metrics.jsonl: ", std::strerror(errno));
+  }
   OutputFiles files;
-  files.protect((fs::path(o.out) / "metrics.jsonl").string(), "the run's metrics");
+  files.protect(metrics, "the run's metrics");
   files.protect_dir((fs::path(o.out) / "checkpoint").string(), "the run's checkpoint directory");
   files.protect_dir((fs::path(o.out) / "best").string(), "the run's best-checkpoint directory");
   if (fs::is_directory(o.data)) files.protect_dir(o.data, "the --data directory " + o.data + ", which the run reads");
@@ -416,7 +461,15 @@ TrainSetup train_setup(TrainOptions o) {
 
 void train_open_data(TrainSetup& s) {
   const TrainOptions& o = s.options;
-  s.train_data = std::make_unique<TokenStream>(find_shards(o.data, "train"), o.model.vocab);
+  const std::vector<std::string> train_shards = find_shards(o.data, "train");
+  // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
+  // text prepared again into it, a shard set changed), and training on would silently continue another run. Checked
+  // first: other data's tokens (ids past the vocab, too few for a batch, a position past the end) are not what is
+  // wrong with it.
+  const uint64_t fingerprint = data_fingerprint(o.data);
+  TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint, "--resume: ",
+           o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
+  s.train_data = std::make_unique<TokenStream>(train_shards, o.model.vocab);
   s.val_data.reset();
   // A directory with train shards alone trains without validation, as one shard file does (it was refused).
   const std::vector<std::string> val =
@@ -437,11 +490,6 @@ void train_open_data(TrainSetup& s) {
     s.val_data.reset();
   }
   if (s.model) s.train_data->set_position(s.state.data_pos);  // checks the resume position
-  // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
-  // text prepared again into it, a shard set changed), and training on would silently continue another run.
-  const uint64_t fingerprint = data_fingerprint(o.data);
-  TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint, "--resume: ",
-           o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
   s.options.data_fingerprint = fingerprint;
 }
 
@@ -701,9 +749,17 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     const double norm = report.grad_norm;
     // A non-finite gradient that was not skipped (no loss scaling) has been applied: the parameters are NaN now.
     // Stop before anything is saved over the last good checkpoint.
+    // What is left: a run with no checkpoint keeps its metrics (the losses up to here), so that the same command
+    // is then refused as one into a run; the line says how to train there again.
+    const auto left = [&] {
+      if (saved_step >= 0) return std::string("; the last checkpoint was not overwritten)");
+      if (resuming) return "; no checkpoint was written, and " + o.resume + " is as it was)";
+      if (state.step == 0) return std::string("; no checkpoint was written)");  // nor a line of metrics
+      return "; no checkpoint was written; " + metrics_path + " keeps the losses: train into " + o.out +
+             " again with --force)";
+    };
     TS_CHECK(report.skipped || std::isfinite(norm), "training diverged: the gradient norm is ", norm,
-             " at step ", step, " (try a lower --lr",
-             saved_step >= 0 ? "; the last checkpoint was not overwritten)" : "; no checkpoint was written)");
+             " at step ", step, " (try a lower --lr", left());
     // The micro-steps' losses: the stream is idle after read_step, so this copy waits for nothing.
     double loss = 0;
     {
@@ -718,7 +774,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
           each[micro] = f;
         }
         TS_CHECK(std::isfinite(each[micro]), "training diverged: loss is ", each[micro], " at step ", step,
-                 " (try a lower --lr)");
+                 " (try a lower --lr", left());
         loss += each[micro] / o.accum;
       }
     }
