@@ -182,6 +182,10 @@ inline std::string without_numbers(const std::string& text) {
     while (digit(i)) ++i;
     if (i + 1 < text.size() && text[i] == '.' && digit(i + 1))
       for (++i; digit(i);) ++i;
+    // "9.99e-05" (%g) is one number too.
+    const size_t sign = i + 1 < text.size() && (text[i + 1] == '-' || text[i + 1] == '+') ? 1 : 0;
+    if (i < text.size() && text[i] == 'e' && digit(i + 1 + sign))
+      for (i += 1 + sign; digit(i);) ++i;
     out += '#';
   }
   return out;

@@ -1205,24 +1205,85 @@ TEST_F(Cli, ResumeChecksItsMetricsBeforeItStarts) {
 // from the run's record for good. The resume says which.
 TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
-  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 --stop-after 5" + tail,
-                dir).code, 0);
+  const auto train = [&](const std::string& out, int stop_after) {
+    ASSERT_EQ(run("train --out " + out + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 --stop-after " +
+                  std::to_string(stop_after) + tail, dir).code, 0);
+  };
+  const auto lines_of = [](const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) lines.push_back(l + "\n");
+    return lines;
+  };
+  // Cut short: steps 1 and 2, and a torn third line (the torn last line of a run killed mid-write is dropped
+  // without a word; the steps after it are missing).
+  train("o", 5);
   const fs::path metrics = dir / "o" / "metrics.jsonl";
-  std::string text = read_file_text(metrics.string());
-  size_t cut = 0;
-  for (int line = 0; line < 2; ++line) cut = text.find('\n', cut) + 1;
-  write_file_atomic(metrics.string(), text.substr(0, cut + 10));  // steps 1 and 2, and a torn third line
-  const CliRun r = run("train --resume o/checkpoint" + tail, dir);
+  std::vector<std::string> lines = lines_of(read_file_text(metrics.string()));
+  ASSERT_EQ(lines.size(), 5u);
+  write_file_atomic(metrics.string(), lines[0] + lines[1] + lines[2].substr(0, 10));
+  const CliRun r = run("train --resume o/checkpoint --stop-after 6" + tail, dir);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err, "tessera: warning: o/metrics.jsonl holds no record of 3 steps from step 3 on (1 unreadable line "
-                   "dropped); the resumed run's records follow step 5 without them\n");
-  EXPECT_EQ(count_lines(metrics), 5);  // 1, 2, 6, 7, 8
-  // A whole one: no warning.
-  ASSERT_EQ(run("train --out w --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+  EXPECT_EQ(r.err, "tessera: warning: o/metrics.jsonl: no record of 3 of steps 1 to 5, the first missing step 3; cut "
+                   "short or edited; the resumed run's records follow step 5 without them\n");
+  EXPECT_EQ(count_lines(metrics), 3);  // 1, 2, 6
+  // Damaged: a line among whole ones is counted.
+  train("d", 3);
+  lines = lines_of(read_file_text((dir / "d" / "metrics.jsonl").string()));
+  ASSERT_EQ(lines.size(), 3u);
+  write_file_atomic((dir / "d" / "metrics.jsonl").string(), lines[0] + "{\"step\": 2, \"lo\n" + lines[2]);
+  const CliRun damaged = run("train --resume d/checkpoint --stop-after 4" + tail, dir);
+  ASSERT_EQ(damaged.code, 0) << damaged.err;
+  EXPECT_EQ(damaged.err, "tessera: warning: d/metrics.jsonl: no record of 1 of steps 1 to 3, the first missing step "
+                         "2; 1 unreadable line dropped; the resumed run's records follow step 3 without them\n");
+  // Whole, or with only a torn last line: no warning.
+  train("w", 2);
+  const std::string whole = read_file_text((dir / "w" / "metrics.jsonl").string());
+  write_file_atomic((dir / "w" / "metrics.jsonl").string(), whole + "{\"step\": 3, \"lo");
+  const CliRun quiet = run("train --resume w/checkpoint --stop-after 3" + tail, dir);
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  EXPECT_EQ(count_lines(dir / "w" / "metrics.jsonl"), 3);
+}
+
+// A run under a symbolic link (home/x, home -> real), once resumed, compared its data's resolved path (real/x/data,
+// as the resume finds it) with the link's, found it outside the run and saved no data_in_run: moved, the run then
+// sought its old data ("real/x/data does not exist").
+TEST_F(Cli, ARunUnderASymbolicLinkFindsItsOwnDataWhenMoved) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  fs::create_directories(dir / "real");
+  fs::create_directory_symlink("real", dir / "home");
+  ASSERT_EQ(run("train --out home/x --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
                 dir).code, 0);
-  const CliRun whole = run("train --resume w/checkpoint" + tail, dir);
-  ASSERT_EQ(whole.code, 0) << whole.err;
-  EXPECT_EQ(whole.err, "");
+  const CliRun first = run("train --resume home/x/checkpoint --stop-after 3" + tail, dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  fs::rename(dir / "real" / "x", dir / "real" / "y");
+  const CliRun r = run("train --resume home/y/checkpoint" + tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(count_lines(dir / "real" / "y" / "metrics.jsonl"), 4);
+}
+
+// A branch (--resume A/checkpoint --out B, B made beforehand) that fails before its first step left an empty
+// B/metrics.jsonl, which made B a run: the same command was then refused ("continue it with --resume
+// B/checkpoint", which does not exist). Here the checkpoint's weights are NaN, so the first step diverges.
+TEST_F(Cli, ABranchThatFailsAtOnceLeavesNoEmptyMetrics) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+                dir).code, 0);
+  const fs::path model = dir / "a" / "checkpoint" / "model.safetensors";
+  std::string bytes = read_file_text(model.string());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  std::fill(bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), bytes.end(), '\xff');  // every weight NaN
+  write_file_atomic(model.string(), bytes);
+  fs::create_directories(dir / "b");
+  const std::string branch = "train --resume a/checkpoint --out b" + tail;
+  const CliRun r = run(branch, dir);
+  expect_error(r, "training diverged: ");
+  EXPECT_NE(r.err.find("no checkpoint was written, and a/checkpoint is as it was)"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_directory(dir / "b"));
+  EXPECT_FALSE(fs::exists(dir / "b" / "metrics.jsonl"));
+  expect_error(run(branch, dir), "training diverged: ");  // the same again, not "already holds a run"
 }
 
 }  // namespace

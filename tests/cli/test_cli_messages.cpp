@@ -133,5 +133,22 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   EXPECT_TRUE(cut.err.ends_with(" (the file is truncated)\n")) << cut.err;
 }
 
+// generate of a model with a vocab narrower than the bytes said "the prompt holds byte 84, outside the model's vocab
+// 64" about the default prompt, which the user never gave. It says why there is no text to continue; a prompt of
+// bytes the vocab holds still runs.
+TEST_F(CliMessages, GenerateOfANarrowVocabSaysWhyNotItsDefaultPrompt) {
+  Gpt m(test::small_config(/*vocab=*/64, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/16));
+  m.init_weights(1);
+  const std::string ck = (dir / "narrow").string();
+  save_checkpoint(ck, m, nullptr);
+  expect_error(run("generate --checkpoint " + ck), "checkpoint " + ck + ": the model's vocab of 64 tokens is not the "
+               "byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below 64 "
+               "can still be given)");
+  const CliRun r = run("generate --checkpoint " + ck + " --prompt '!' --tokens 3");
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_error(run("generate --checkpoint " + ck + " --prompt T"), "the prompt holds byte 84, outside the model's "
+               "vocab 64");
+}
+
 }  // namespace
 }  // namespace tessera

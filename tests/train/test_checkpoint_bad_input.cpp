@@ -223,6 +223,9 @@ TEST_F(BadCheckpoint, SavedTrainingOptionsNameTheMissingOrMistypedField) {
   expect_named(resume_error([](json& o) { o["batch"] = 0; }),
                "checkpoint " + ck.string() + ": saved option batch must be positive, got 0");
   expect_named(resume_error([](json& o) { o["lr"] = -1; }), ": saved option lr must be a positive number, got -1");
+  // By its key in the checkpoint, not the flag's spelling (min-lr-ratio).
+  expect_named(resume_error([](json& o) { o["min_lr_ratio"] = 2; }),
+               ": saved option min_lr_ratio must be in [0, 1], got 2");
 }
 
 // A checkpoint of an older tessera, written before adam_eps, ckpt_minutes, world_size, data_in_run and

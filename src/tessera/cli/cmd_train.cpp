@@ -130,7 +130,8 @@ void lock_data(std::optional<DirectoryLock>& lock, const std::string& data, cons
   const fs::path dir = fs::is_directory(p) ? p : p.has_parent_path() ? p.parent_path() : fs::path(".");
   lock.reset();
   std::error_code ec;
-  if (!fs::is_directory(dir) || fs::equivalent(dir, out, ec)) return;
+  // A directory this user may not list (a shard file given in it) cannot be opened to lock: it runs unlocked.
+  if (!fs::is_directory(dir) || fs::equivalent(dir, out, ec) || ::access(dir.c_str(), R_OK) != 0) return;
   lock.emplace(dir.string(), "data directory", "(a prepare writes its shards): wait for it to end",
                DirectoryLock::Mode::Shared);
 }
@@ -527,11 +528,16 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       // refused as a file that is not a shard.
       const std::string data_dir = (out / "data").string();
       created.create(data_dir);
+      // Held exclusively while the text is prepared, then shared on the same descriptor for the run: released in
+      // between, a prepare into OUT/data could replace the new shards before the run took its fingerprint.
+      data_lock.emplace(data_dir, "data directory",
+                        "(a train reads its shards, or a prepare writes them): wait for it to end, or choose another "
+                        "--out");
       PrepareReport prepared;
       try {
         const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &prepare_stop, /*keep_ignored=*/{SIGHUP});
         PrepareProgress bar(text.size(), o.progress && lead);
-        prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop, .progress = bar.callback()});
+        prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop, .progress = bar.callback(), .lock = false});
       } catch (const PrepareInterrupted& e) {
         // One process: it exits 128 + the signal below. Ranks: an error they agree on (the others wait for rank 0).
         TS_CHECK(!ranks.world, "interrupted while preparing ", text_source, " into ", data_dir, ": ", o.out,
@@ -552,7 +558,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       std::printf("prepared %s: %zu train / %s in %s\n", (ec ? text_source : shown.string()).c_str(), n_train,
                   counted(n_val, "val token").c_str(), data_dir.c_str());
       setup.options.data = data_dir;
-      lock_data(data_lock, data_dir, o.out);
+      data_lock->share();
       train_open_data(setup);
     }
     // The run that --force replaces goes only once the new one's data has been checked. Its <dir>.old too (a swap
@@ -642,9 +648,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       const auto metrics = fs::file_size(out / "metrics.jsonl", ec);  // uintmax_t(-1) and ec set when missing
       const bool checkpoint = fs::exists(out / "checkpoint", ec2);
       if ((!ec && metrics > 0) || checkpoint) created.keep();
-      // A new run's empty metrics, in a directory that was there before, would make it a run: the same command
-      // was then refused as one into a run, with nothing in it.
-      else if (!ec && o.resume.empty() && lead) fs::remove(out / "metrics.jsonl", ec);
+      // An empty metrics.jsonl (a new run's, or a branch's into --out NEW) in a directory that was there before
+      // would make it a run: the same command was then refused as one into a run, with nothing in it.
+      else if (!ec && lead) fs::remove(out / "metrics.jsonl", ec);
       throw;
     }
   }

@@ -66,6 +66,12 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
+  // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) was refused
+  // by the default prompt's "byte 84, outside the model's vocab", about a prompt the user never gave.
+  const int vocab = model->config().vocab;
+  TS_CHECK(vocab >= kByteVocab || a.has("prompt"), "checkpoint ", given, ": the model's vocab of ", vocab, " tokens is "
+           "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
+           vocab, " can still be given)");
   const std::string prompt = a.str("prompt", "The ");
   generate_streamed(*model, encode_prompt(prompt, model->config().vocab), n, p);
   return 0;

@@ -251,7 +251,8 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, text.data(), text.size());
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, const std::string& busy, Mode mode) {
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, const std::string& busy, Mode mode)
+    : dir_(dir), what_(what), busy_(busy) {
   fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   TS_CHECK(fd_ >= 0, "cannot open ", what, " ", dir, ": ", std::strerror(errno));
   if (::flock(fd_, (mode == Mode::Shared ? LOCK_SH : LOCK_EX) | LOCK_NB) == 0) return;
@@ -264,6 +265,14 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;
   TS_THROW("cannot lock ", what, " ", dir, ": ", std::strerror(e));
+}
+
+void DirectoryLock::share() {
+  if (fd_ < 0) return;  // a file system without directory locks: nothing held
+  if (::flock(fd_, LOCK_SH | LOCK_NB) == 0) return;
+  const int e = errno;
+  TS_CHECK(e == EWOULDBLOCK, "cannot lock ", what_, " ", dir_, ": ", std::strerror(e));
+  throw DirectoryInUse(__FILE__, __LINE__, what_ + " " + dir_ + " is in use by another tessera process " + busy_);
 }
 
 DirectoryLock::~DirectoryLock() {

@@ -79,9 +79,14 @@ class DirectoryLock {
   ~DirectoryLock();
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
+  // Exclusive to shared, on the same descriptor (train holds its OUT/data exclusively while it prepares the text
+  // there, then shared while it reads it). flock converts by dropping the lock first: a prepare that takes it in
+  // that instant gets DirectoryInUse thrown here.
+  void share();
 
  private:
   int fd_ = -1;
+  std::string dir_, what_, busy_;
 };
 
 // fsync of a directory: makes the renames and creations done in it durable.

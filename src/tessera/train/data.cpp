@@ -301,8 +301,8 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   std::optional<DirectoryLock> lock;
   if (params.lock)
     lock.emplace(out_dir, "shard directory",
-                 "(a train reads its shards, or a prepare writes them): wait for it to end, or prepare into another "
-                 "directory");
+                 "(a train that reads shards there or writes its run there, or another prepare): wait for it to end, "
+                 "or prepare into another directory");
   std::vector<std::string> stale;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {

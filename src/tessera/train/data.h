@@ -60,6 +60,7 @@ struct PrepareParams {
   std::function<void(size_t done, size_t total)> progress = nullptr;
   // Holds an exclusive lock (DirectoryLock) on out_dir while it reads and writes it, so that a prepare into a
   // directory that a train reads its shards from (holding it shared) is refused instead of replacing them under it.
+  // false: the caller holds it (train, which keeps it, shared, for the run).
   bool lock = true;
 };
 struct PrepareReport {

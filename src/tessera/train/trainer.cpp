@@ -40,8 +40,14 @@ json train_options_to_json(const TrainOptions& o) {
   std::string data = o.data, in_run;
   if (!data.empty()) {
     const fs::path abs = fs::absolute(o.data).lexically_normal();
-    const fs::path rel = abs.lexically_relative(fs::absolute(o.out).lexically_normal());
-    if (!rel.empty() && *rel.begin() != ".." && rel != ".") in_run = rel.string();
+    const auto inside = [](const fs::path& rel) { return !rel.empty() && *rel.begin() != ".." && rel != "."; };
+    fs::path rel = abs.lexically_relative(fs::absolute(o.out).lexically_normal());
+    // As the file system resolves them too: a run under a symbolic link (home/x -> /scratch/x) compared its data's
+    // resolved path with the link's, found it outside, and lost data_in_run (a moved run then sought the old data).
+    std::error_code e1, e2;
+    const fs::path real_data = fs::weakly_canonical(abs, e1), real_out = fs::weakly_canonical(fs::absolute(o.out), e2);
+    if (!inside(rel) && !e1 && !e2) rel = real_data.lexically_relative(real_out);
+    if (inside(rel)) in_run = rel.string();
     data = abs.string();
   }
   json j = {{"model", model_config_to_json(o.model)}, {"data", data},
@@ -120,47 +126,53 @@ LossScalerConfig loss_scaler_config(const TrainOptions& o) {
   return {.init_scale = o.loss_scale_init, .growth_interval = o.loss_scale_interval};
 }
 
-// `opt` names an option in the messages: "--" for the flags, "saved option " for a checkpoint's training options
-// (damaged: "--batch must be positive" named a flag the user of --resume never typed).
+// `opt` says how the messages name an option: "--" for the flags (--min-lr-ratio), "saved option " for a
+// checkpoint's training options (saved option min_lr_ratio): out of range there, "--batch must be positive" named a
+// flag the user of --resume never typed.
 void validate(const TrainOptions& o, const std::string& opt = "--") {
+  const auto n = [&](std::string flag) {
+    if (opt == "--") return opt + flag;
+    std::replace(flag.begin(), flag.end(), '-', '_');
+    return opt + flag;
+  };
   o.model.validate();
-  TS_CHECK(o.steps > 0, opt, "steps must be positive, got ", o.steps);
-  TS_CHECK(o.batch > 0, opt, "batch must be positive, got ", o.batch);
-  TS_CHECK(o.seq > 0, opt, "seq must be positive, got ", o.seq);
-  TS_CHECK(o.seq <= o.model.max_seq, opt, "seq ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
-  TS_CHECK(o.accum > 0, opt, "accum must be positive, got ", o.accum);
+  TS_CHECK(o.steps > 0, n("steps"), " must be positive, got ", o.steps);
+  TS_CHECK(o.batch > 0, n("batch"), " must be positive, got ", o.batch);
+  TS_CHECK(o.seq > 0, n("seq"), " must be positive, got ", o.seq);
+  TS_CHECK(o.seq <= o.model.max_seq, n("seq"), " ", o.seq, " is longer than the model's max_seq ", o.model.max_seq);
+  TS_CHECK(o.accum > 0, n("accum"), " must be positive, got ", o.accum);
   // Each micro-batch keeps its loss on the device until the step's one read: a bound keeps that buffer small.
-  TS_CHECK(o.accum <= kMaxAccum, opt, "accum ", o.accum, " is more than ", kMaxAccum, " micro-batches a step");
-  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), opt, "lr must be a positive number, got ", o.lr);
-  TS_CHECK(o.warmup >= 0, opt, "warmup must be >= 0, got ", o.warmup);
-  TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, opt, "min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
-  TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), opt, "weight-decay must be >= 0, got ",
+  TS_CHECK(o.accum <= kMaxAccum, n("accum"), " ", o.accum, " is more than ", kMaxAccum, " micro-batches a step");
+  TS_CHECK(o.lr > 0 && std::isfinite(o.lr), n("lr"), " must be a positive number, got ", o.lr);
+  TS_CHECK(o.warmup >= 0, n("warmup"), " must be >= 0, got ", o.warmup);
+  TS_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, n("min-lr-ratio"), " must be in [0, 1], got ", o.min_lr_ratio);
+  TS_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), n("weight-decay"), " must be >= 0, got ",
            o.weight_decay);
   TS_CHECK(o.adam_eps > 0 && std::isfinite(o.adam_eps), "AdamW eps must be positive, got ", o.adam_eps);
-  TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), opt, "grad-clip must be >= 0, got ", o.grad_clip);
-  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, opt, "label-smoothing must be in [0, 1), got ",
+  TS_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), n("grad-clip"), " must be >= 0, got ", o.grad_clip);
+  TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, n("label-smoothing"), " must be in [0, 1), got ",
            o.label_smoothing);
-  TS_CHECK(o.val_every >= 0, opt, "val-every must be >= 0, got ", o.val_every);
-  TS_CHECK(o.val_batches >= 0, opt, "val-batches must be >= 0, got ", o.val_batches);
-  TS_CHECK(o.ckpt_every >= -1, opt, "ckpt-every must be >= 0, got ", o.ckpt_every);
-  TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), opt, "ckpt-minutes must be positive, got ",
+  TS_CHECK(o.val_every >= 0, n("val-every"), " must be >= 0, got ", o.val_every);
+  TS_CHECK(o.val_batches >= 0, n("val-batches"), " must be >= 0, got ", o.val_batches);
+  TS_CHECK(o.ckpt_every >= -1, n("ckpt-every"), " must be >= 0, got ", o.ckpt_every);
+  TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), n("ckpt-minutes"), " must be positive, got ",
            o.ckpt_minutes);
-  TS_CHECK(o.stop_after >= 0, opt, "stop-after must be >= 0, got ", o.stop_after);
-  TS_CHECK(o.trace_step >= 1, opt, "trace-step must be >= 1, got ", o.trace_step);
-  TS_CHECK(o.world_size >= 1, opt == "--" ? "internal: world size " : opt + "world_size must be >= 1, got ",
-           o.world_size);
+  TS_CHECK(o.stop_after >= 0, n("stop-after"), " must be >= 0, got ", o.stop_after);
+  TS_CHECK(o.trace_step >= 1, n("trace-step"), " must be >= 1, got ", o.trace_step);
+  TS_CHECK(o.world_size >= 1,
+           opt == "--" ? std::string("internal: world size ") : n("world-size") + " must be >= 1, got ", o.world_size);
 }
 
 // Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
 // Returns the lowest val_loss kept and its step ({0, 0} when none). Steps missing after the first one kept (a file
-// cut short or edited; not those before it, which a run branched with --out NEW never had) get a warning on stderr:
-// the resumed run's metrics then skip them.
+// cut short or edited; not those before it, which a run branched with --out NEW never had) and unreadable lines
+// before the last readable one get a warning on stderr: the resumed run's metrics then skip them.
 std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
   std::string kept;
   double best = 0;
   int64_t best_step = 0;
   std::vector<int64_t> steps;
-  size_t unreadable = 0;
+  size_t unreadable = 0, torn = 0;  // torn: unreadable lines with no readable one after them yet
   if (keep_step > 0 && fs::exists(path)) {
     std::istringstream in(read_file_text(path, "metrics"));
     std::string line;
@@ -171,33 +183,36 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
         if (step > keep_step) continue;
         kept += line + "\n";
         steps.push_back(step);
+        unreadable += torn;
+        torn = 0;
         if (rec.contains("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
           best = rec["val_loss"].get<double>();
           best_step = step;
         }
       } catch (const json::exception&) {
-        ++unreadable;  // a torn last line from an interrupted run, or damage: dropped
+        ++torn;  // dropped: at the end, the torn last line of a run killed mid-write (no warning); else damage
       }
     }
   }
   std::sort(steps.begin(), steps.end());
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  if (!steps.empty()) {
-    const int64_t missing = keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
+  const int64_t missing =
+      steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
+  if (missing > 0 || unreadable > 0) {
+    std::string what = unreadable ? counted(unreadable, "unreadable line") + " dropped" : "cut short or edited";
     if (missing > 0) {
-      int64_t from = keep_step;  // the first missing step: where the run of consecutive steps breaks
+      int64_t first = keep_step;  // the first missing step: where the run of consecutive steps breaks
       for (size_t i = 1; i <= steps.size(); ++i)
         if (i == steps.size() || steps[i] != steps[i - 1] + 1) {
-          from = steps[i - 1] + 1;
+          first = steps[i - 1] + 1;
           break;
         }
-      std::fflush(stdout);
-      std::fprintf(stderr, "tessera: warning: %s holds no record of %s from step %lld on (%s); the resumed run's "
-                   "records follow step %lld without them\n", path.c_str(), counted(missing, "step").c_str(),
-                   static_cast<long long>(from),
-                   unreadable ? (counted(unreadable, "unreadable line") + " dropped").c_str() : "cut short or edited",
-                   static_cast<long long>(keep_step));
+      what = "no record of " + std::to_string(missing) + " of steps " + std::to_string(steps.front()) + " to " +
+             std::to_string(keep_step) + ", the first missing step " + std::to_string(first) + "; " + what;
     }
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: warning: %s: %s; the resumed run's records follow step %lld without them\n",
+                 path.c_str(), what.c_str(), static_cast<long long>(keep_step));
   }
   write_file_atomic(path, kept);
   return {best, best_step};
@@ -404,8 +419,9 @@ TrainSetup train_setup(TrainOptions o) {
   if (s.model && fs::exists(metrics)) {
     TS_CHECK(fs::is_regular_file(metrics), "output directory ", o.out, ": its metrics.jsonl is not a file: move it "
              "away to resume the run");
-    TS_CHECK(::access(metrics.c_str(), R_OK | W_OK) == 0, "output directory ", o.out, ": cannot read and write its "
-             "metrics.jsonl: ", std::strerror(errno));
+    // Read, then replaced whole (write_file_atomic): a read-only file in a writable directory resumes.
+    TS_CHECK(::access(metrics.c_str(), R_OK) == 0, "output directory ", o.out, ": cannot read its metrics.jsonl: ",
+             std::strerror(errno));
   }
   OutputFiles files;
   files.protect(metrics, "the run's metrics");
