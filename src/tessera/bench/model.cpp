@@ -100,7 +100,6 @@ size_t used_above(Context& ctx, size_t baseline) {
   return used > baseline ? used - baseline : 0;
 }
 
-
 }  // namespace
 
 const char* model_bench_mode_name(ModelBenchMode m) {

@@ -279,7 +279,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Held by rank 0 until it exits: one train at a time in OUT. Taken as soon as OUT is known, when it exists
   // (before the checks read its checkpoint, which a running train may be swapping), else once it is made.
   std::optional<DirectoryLock> out_lock;
-  std::optional<DirectoryLock> data_lock;  // rank 0's shared lock on the directory of the shards it reads
+  // Rank 0's lock on the directory of the shards it reads: shared (exclusive while train prepares its text there).
+  std::optional<DirectoryLock> data_lock;
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
     o.resume = a.str("resume");

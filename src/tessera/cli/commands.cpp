@@ -73,7 +73,7 @@ int cmd_generate(int argc, char** argv) {
            "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
            vocab, " can still be given)");
   const std::string prompt = a.str("prompt", "The ");
-  generate_streamed(*model, encode_prompt(prompt, model->config().vocab), n, p);
+  generate_streamed(*model, encode_prompt(prompt, vocab), n, p);
   return 0;
 }
 

@@ -259,8 +259,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   const int e = errno;
   ::close(fd_);
   fd_ = -1;
-  if (e == EWOULDBLOCK)
-    throw DirectoryInUse(__FILE__, __LINE__, what + " " + dir + " is in use by another tessera process " + busy);
+  if (e == EWOULDBLOCK) throw_in_use();
   // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
   // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;
@@ -272,6 +271,10 @@ void DirectoryLock::share() {
   if (::flock(fd_, LOCK_SH | LOCK_NB) == 0) return;
   const int e = errno;
   TS_CHECK(e == EWOULDBLOCK, "cannot lock ", what_, " ", dir_, ": ", std::strerror(e));
+  throw_in_use();
+}
+
+void DirectoryLock::throw_in_use() const {
   throw DirectoryInUse(__FILE__, __LINE__, what_ + " " + dir_ + " is in use by another tessera process " + busy_);
 }
 

@@ -85,6 +85,8 @@ class DirectoryLock {
   void share();
 
  private:
+  [[noreturn]] void throw_in_use() const;
+
   int fd_ = -1;
   std::string dir_, what_, busy_;
 };

@@ -291,11 +291,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kNames[k]).string(), " would hold ",
              counts[k], " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
 
-  // The directory's other shards that train --data would read beside the new ones: tessera's own names
-  // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
-  // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
-  // What is replaced or removed must be a shard (its header's magic): a text named train_notes.bin, even the text
-  // being prepared, was removed as an earlier shard.
+  // The directory, made if missing, is locked before anything in it is read (PrepareParams::lock).
   PrepareUndo undo;
   undo.create(out_dir);
   std::optional<DirectoryLock> lock;
@@ -303,6 +299,12 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     lock.emplace(out_dir, "shard directory",
                  "(a train that reads shards there or writes its run there, or another prepare): wait for it to end, "
                  "or prepare into another directory");
+
+  // The directory's other shards that train --data would read beside the new ones: tessera's own names
+  // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
+  // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
+  // What is replaced or removed must be a shard (its header's magic): a text named train_notes.bin, even the text
+  // being prepared, was removed as an earlier shard.
   std::vector<std::string> stale;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
