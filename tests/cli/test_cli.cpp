@@ -1174,6 +1174,24 @@ TEST_F(Cli, ResumeThroughASymlinkContinuesTheRunItLeadsTo) {
   EXPECT_TRUE(fs::is_symlink(dir / "latest"));
 }
 
+// A run's own checkpoint/ that is itself a link to an archived copy (RUN/checkpoint -> ../arch/step2) was taken to
+// belong to arch/, and the resume failed there on arch/data. It names RUN, which continues; the archive is kept.
+TEST_F(Cli, ResumeOfARunWhoseCheckpointIsALinkContinuesThatRun) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
+                dir).code, 0);
+  fs::create_directory(dir / "arch");
+  fs::rename(dir / "o" / "checkpoint", dir / "arch" / "step2");
+  fs::create_directory_symlink("../arch/step2", dir / "o" / "checkpoint");
+  const CliRun r = run("train --resume o/checkpoint" + tail, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(dir / "o" / "metrics.jsonl"), 4);
+  EXPECT_EQ(checkpoint_step(dir / "o" / "checkpoint"), 4);
+  EXPECT_EQ(checkpoint_step(dir / "arch" / "step2"), 2);
+  EXPECT_FALSE(fs::exists(dir / "arch" / "metrics.jsonl"));
+}
+
 // A run that diverges with no checkpoint keeps its metrics (how it went), so the same command is then refused as
 // one into a run. The error says so, and how to train there again.
 TEST_F(Cli, ADivergedRunSaysHowToTrainThereAgain) {

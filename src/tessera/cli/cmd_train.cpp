@@ -136,19 +136,6 @@ void lock_data(std::optional<DirectoryLock>& lock, const std::string& data, cons
                DirectoryLock::Mode::Shared);
 }
 
-// The checkpoint directory --resume names, as written; through a symbolic link (to the checkpoint, or on the way to
-// it), the directory the link leads to: the run it belongs to is the one that holds it, not the link's directory.
-fs::path resume_dir(const std::string& resume) {
-  const fs::path ck = fs::path(resume).lexically_normal();
-  fs::path dir = ck.has_filename() ? ck : ck.parent_path();  // "run/checkpoint/": run/checkpoint
-  std::error_code ec;
-  const fs::path real = fs::canonical(dir, ec);
-  if (ec) return dir;  // missing: train_setup says so
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  if (real.filename() == dir.filename() && fs::equivalent(parent, real.parent_path(), ec)) return dir;
-  return real;
-}
-
 // A path as a shell word.
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:+,@") ==

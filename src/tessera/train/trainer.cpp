@@ -34,6 +34,19 @@ namespace tessera {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+fs::path resume_dir(const std::string& resume) {
+  const fs::path ck = fs::path(resume).lexically_normal();
+  fs::path dir = ck.has_filename() ? ck : ck.parent_path();  // "run/checkpoint/": run/checkpoint
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  if (ec) return dir;  // missing: train_setup says so
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  if (real.filename() == dir.filename() && fs::equivalent(parent, real.parent_path(), ec)) return dir;
+  const bool own_name = dir.filename() == "checkpoint" || dir.filename() == "checkpoint.old";
+  if (own_name && fs::exists(parent / "metrics.jsonl")) return dir;
+  return real;
+}
+
 json train_options_to_json(const TrainOptions& o) {
   // "data": absolute (what an older tessera, which knows no "data_in_run", reads); "data_in_run": the same path
   // relative to the run directory when it lies inside it.
@@ -378,8 +391,8 @@ TrainSetup train_setup(TrainOptions o) {
     // and whatever the working directory (through a symbolic link to the checkpoint too); other data by its
     // absolute path. (Checkpoints from before "data_in_run" hold the path as typed, from the working directory.)
     if (saved.contains("data_in_run") && saved["data_in_run"].is_string()) {
-      const fs::path ck = fs::weakly_canonical(fs::absolute(o.resume));
-      o.data = (ck.parent_path() / saved["data_in_run"].get<std::string>()).lexically_normal().string();
+      const fs::path run = fs::weakly_canonical(fs::absolute(resume_dir(o.resume)).parent_path());
+      o.data = (run / saved["data_in_run"].get<std::string>()).lexically_normal().string();
     }
     // The schedule spans the saved run's steps unless the caller extends it.
     if (steps > 0) o.steps = steps;

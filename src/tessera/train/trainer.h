@@ -3,6 +3,7 @@
 #pragma once
 #include <csignal>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -96,6 +97,12 @@ struct TrainOptions {
 // A fingerprint of a data path's train split: its shards' names and sizes and their first and last 64 KiB. Text
 // prepared again from another file, another shard set, or a file cut or grown, gives another one.
 uint64_t data_fingerprint(const std::string& data);
+
+// The checkpoint directory --resume names, as written; through a symbolic link (a "latest" link to the checkpoint,
+// or a link on the way to it), the directory the link leads to: the run it belongs to is the one that holds it, not
+// the link's directory. But a run's own checkpoint/ that is itself a link (to an archived copy) still names that
+// run (its metrics.jsonl beside it): RUN/checkpoint -> ../arch/step2 continues RUN, not arch/.
+std::filesystem::path resume_dir(const std::string& resume);
 
 // The data path is saved absolute ("data"), and relative to the run directory (o.out) when it lies inside it
 // ("data_in_run": train's own OUT/data, which then moves with the run), so that --resume finds the same data from
