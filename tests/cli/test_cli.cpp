@@ -178,7 +178,7 @@ TEST_F(Cli, SequenceLongerThanMaxSeq) {
   expect_error(run("generate --checkpoint x"), "does not exist");
   expect_error(run("generate --checkpoint ''"), "--checkpoint is empty");
 }
-TEST_F(Cli, HeadsDoNotDivideWidth) { expect_error(run("info --n-heads 3"), "not divisible by n_heads 3"); }
+TEST_F(Cli, HeadsDoNotDivideWidth) { expect_error(run("info --n-heads 3"), "not divisible by --n-heads 3"); }
 TEST_F(Cli, UnknownPreset) { expect_error(run("info --preset gpt5"), "unknown preset 'gpt5'"); }
 TEST_F(Cli, UnknownFlagAndCommand) {
   expect_error(run("train --bogus 1"), "unknown flag --bogus");

@@ -106,13 +106,18 @@ TEST_F(CliMessages, BenchHelpListsEveryKernelFamily) {
   for (const char* family : kKernelFamilies) EXPECT_NE(line.find(family), std::string::npos) << family << ": " << line;
 }
 
-// A model field given as a flag is named as the flag (--lr nan said "--lr ...", --emb-scale nan "config: emb_scale
-// ..."); a path given as a checkpoint that is none says so, not "cannot read DIR/model.safetensors" or "header
-// length 8386653730289748603 exceeds the file size 479".
+// A model field given as a flag is named as the flag, wherever the message names it (--lr nan said "--lr ...",
+// --emb-scale nan "config: emb_scale ..."); a path given as a checkpoint that is none says so, not "cannot read
+// DIR/model.safetensors" or "header length 8386653730289748603 exceeds the file size 479".
 TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   expect_error(run("info --emb-scale nan"), "--emb-scale must be positive and finite, got nan");
   expect_error(run("train --d-model 30 --n-heads 4 --steps 1 --device cpu --out " + (dir / "o").string()),
-               "--d-model 30 is not divisible by n_heads 4");
+               "--d-model 30 is not divisible by --n-heads 4");
+  // A check of two fields names the one given as a flag as the flag, the preset's as the field: only the message's
+  // first field was renamed, so this said "config: d_model 768 is not divisible by n_heads 5".
+  expect_error(run("info --preset gpt2-124m --n-heads 5"), "d_model 768 is not divisible by --n-heads 5");
+  expect_error(run("info --padding-id 300"), "--padding-id 300 is outside [-1, vocab)");
+  expect_error(run("info --vocab 10 --padding-id 300"), "--padding-id 300 is outside [-1, --vocab)");
   fs::create_directories(dir / "data");
   const std::string data = (dir / "data").string();
   expect_error(run("generate --checkpoint " + data), data + " is not a checkpoint: it holds no model.safetensors "

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <ctime>
 #include <new>
+#include <regex>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -45,14 +46,22 @@ ModelConfig model_from_flags(const Flags& f) {
     }
     cfg.validate();
   } catch (const Error& e) {
-    // A field given as a flag is named as the flag: "config: emb_scale must be ..." for --emb-scale nan read as
-    // if a config file were wrong, where --lr nan says "--lr ...".
-    const std::string msg = e.what();
-    for (const auto& field : model_config_fields())
-      if (f.has(dashed(field)) && msg.starts_with("config: " + field + " "))
-        throw Error(e.file(), e.line(),
-                    "--" + dashed(field) + msg.substr(std::string("config: ").size() + field.size()));
-    throw;
+    // Every field given as a flag is named as the flag, wherever the message names it: "config: emb_scale must
+    // be ..." for --emb-scale nan read as if a config file were wrong, where --lr nan says "--lr ...", and
+    // `--preset gpt2-124m --n-heads 5` said "config: d_model 768 is not divisible by n_heads 5". Fields the message
+    // names that came from the preset keep their names. A message that names no flag stays as it is.
+    std::string msg = e.what();
+    bool renamed = false;
+    for (const auto& field : model_config_fields()) {
+      if (!f.has(dashed(field))) continue;
+      const std::regex word("(^|[^A-Za-z0-9_])" + field + "(?![A-Za-z0-9_])");
+      const std::string next = std::regex_replace(msg, word, "$1--" + dashed(field));
+      renamed = renamed || next != msg;
+      msg = next;
+    }
+    if (!renamed) throw;
+    if (msg.starts_with("config: ")) msg.erase(0, std::string("config: ").size());
+    throw Error(e.file(), e.line(), msg);
   }
   return cfg;
 }
