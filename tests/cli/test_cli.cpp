@@ -1245,6 +1245,17 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   EXPECT_EQ(r.err, "tessera: warning: o/metrics.jsonl: no record of 3 of steps 1 to 5, the first missing step 3; cut "
                    "short or edited; the resumed run's records follow step 5 without them\n");
   EXPECT_EQ(count_lines(metrics), 3);  // 1, 2, 6
+  // Warned once: the next resume, with no more steps missing, says nothing; one more line cut, it warns again.
+  const CliRun again = run("train --resume o/checkpoint --stop-after 7" + tail, dir);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.err, "");
+  lines = lines_of(read_file_text(metrics.string()));
+  ASSERT_EQ(lines.size(), 4u);  // 1, 2, 6, 7
+  write_file_atomic(metrics.string(), lines[0] + lines[1] + lines[3]);
+  const CliRun more = run("train --resume o/checkpoint --stop-after 8" + tail, dir);
+  ASSERT_EQ(more.code, 0) << more.err;
+  EXPECT_EQ(more.err, "tessera: warning: o/metrics.jsonl: no record of 4 of steps 1 to 7, the first missing step 3; "
+                      "cut short or edited; the resumed run's records follow step 7 without them\n");
   // Damaged: a line among whole ones is counted.
   train("d", 3);
   lines = lines_of(read_file_text((dir / "d" / "metrics.jsonl").string()));

@@ -179,13 +179,16 @@ void validate(const TrainOptions& o, const std::string& opt = "--") {
 // Keeps the metrics records of steps <= `keep_step` (all when resuming at the end of them), drops the rest.
 // Returns the lowest val_loss kept and its step ({0, 0} when none). Steps missing after the first one kept (a file
 // cut short or edited; not those before it, which a run branched with --out NEW never had) and unreadable lines
-// before the last readable one get a warning on stderr: the resumed run's metrics then skip them.
+// before the last readable one get a warning on stderr: the resumed run's metrics then skip them. The warning is
+// given once: the last record kept notes how many steps were missing then ("missing_steps"), and a later resume
+// warns only when more are.
 std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
-  std::string kept;
+  std::vector<std::string> kept;
   double best = 0;
-  int64_t best_step = 0;
+  int64_t best_step = 0, acknowledged = 0;
   std::vector<int64_t> steps;
   size_t unreadable = 0, torn = 0;  // torn: unreadable lines with no readable one after them yet
+  size_t last = 0;                  // the kept record of the highest step
   if (keep_step > 0 && fs::exists(path)) {
     std::istringstream in(read_file_text(path, "metrics"));
     std::string line;
@@ -194,10 +197,12 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
         const json rec = json::parse(line);
         const int64_t step = rec.at("step").get<int64_t>();
         if (step > keep_step) continue;
-        kept += line + "\n";
+        if (kept.empty() || step >= steps.back()) last = kept.size();
+        kept.push_back(line);
         steps.push_back(step);
         unreadable += torn;
         torn = 0;
+        if (rec.contains("missing_steps")) acknowledged = std::max(acknowledged, rec["missing_steps"].get<int64_t>());
         if (rec.contains("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
           best = rec["val_loss"].get<double>();
           best_step = step;
@@ -211,7 +216,7 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   const int64_t missing =
       steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
-  if (missing > 0 || unreadable > 0) {
+  if (missing > acknowledged || unreadable > 0) {
     std::string what = unreadable ? counted(unreadable, "unreadable line") + " dropped" : "cut short or edited";
     if (missing > 0) {
       int64_t first = keep_step;  // the first missing step: where the run of consecutive steps breaks
@@ -226,8 +231,15 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: warning: %s: %s; the resumed run's records follow step %lld without them\n",
                  path.c_str(), what.c_str(), static_cast<long long>(keep_step));
+    if (missing > acknowledged) {
+      json rec = json::parse(kept[last]);
+      rec["missing_steps"] = missing;
+      kept[last] = rec.dump();
+    }
   }
-  write_file_atomic(path, kept);
+  std::string text;
+  for (const std::string& line : kept) text += line + "\n";
+  write_file_atomic(path, text);
   return {best, best_step};
 }
 
