@@ -1190,6 +1190,15 @@ TEST_F(Cli, ResumeOfARunWhoseCheckpointIsALinkContinuesThatRun) {
   EXPECT_EQ(checkpoint_step(dir / "o" / "checkpoint"), 4);
   EXPECT_EQ(checkpoint_step(dir / "arch" / "step2"), 2);
   EXPECT_FALSE(fs::exists(dir / "arch" / "metrics.jsonl"));
+  // Through a "latest" link to that checkpoint link: the run met on the way, o, not the archive.
+  fs::rename(dir / "o" / "checkpoint", dir / "arch" / "step4");
+  fs::create_directory_symlink("../arch/step4", dir / "o" / "checkpoint");
+  fs::create_directory_symlink("o/checkpoint", dir / "latest");
+  const CliRun r2 = run("train --resume latest --steps 6" + tail, dir);
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  EXPECT_EQ(count_lines(dir / "o" / "metrics.jsonl"), 6);
+  EXPECT_EQ(checkpoint_step(dir / "o" / "checkpoint"), 6);
+  EXPECT_EQ(checkpoint_step(dir / "arch" / "step4"), 4);
 }
 
 // A run that diverges with no checkpoint keeps its metrics (how it went), so the same command is then refused as
@@ -1246,6 +1255,9 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
                    "short or edited; the resumed run's records follow step 5 without them\n");
   EXPECT_EQ(count_lines(metrics), 3);  // 1, 2, 6
   // Warned once: the next resume, with no more steps missing, says nothing; one more line cut, it warns again.
+  // The note sits on the record of the highest step kept (step 2 here) in the writer's key order.
+  EXPECT_EQ(lines_of(read_file_text(metrics.string()))[1].rfind("{\"step\":2,", 0), 0u);
+  EXPECT_NE(read_file_text(metrics.string()).find("\"missing_steps\":3"), std::string::npos);
   const CliRun again = run("train --resume o/checkpoint --stop-after 7" + tail, dir);
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(again.err, "");
@@ -1265,7 +1277,8 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   ASSERT_EQ(damaged.code, 0) << damaged.err;
   EXPECT_EQ(damaged.err, "tessera: warning: d/metrics.jsonl: no record of 1 of steps 1 to 3, the first missing step "
                          "2; 1 unreadable line dropped; the resumed run's records follow step 3 without them\n");
-  // Whole, or with only a torn last line: no warning.
+  // Whole, or with only a torn last line: no warning. Nor a hand-edited field that is not a number: the record is
+  // kept (it was counted as an unreadable line, and the warning came back at every resume).
   train("w", 2);
   const std::string whole = read_file_text((dir / "w" / "metrics.jsonl").string());
   write_file_atomic((dir / "w" / "metrics.jsonl").string(), whole + "{\"step\": 3, \"lo");
@@ -1273,6 +1286,13 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   ASSERT_EQ(quiet.code, 0) << quiet.err;
   EXPECT_EQ(quiet.err, "");
   EXPECT_EQ(count_lines(dir / "w" / "metrics.jsonl"), 3);
+  lines = lines_of(read_file_text((dir / "w" / "metrics.jsonl").string()));
+  write_file_atomic((dir / "w" / "metrics.jsonl").string(),
+                    "{\"missing_steps\": \"x\", \"val_loss\": null, " + lines[0].substr(1) + lines[1] + lines[2]);
+  const CliRun edited = run("train --resume w/checkpoint --stop-after 4" + tail, dir);
+  ASSERT_EQ(edited.code, 0) << edited.err;
+  EXPECT_EQ(edited.err, "");
+  EXPECT_EQ(count_lines(dir / "w" / "metrics.jsonl"), 4);
 }
 
 // A run under a symbolic link (home/x, home -> real), once resumed, compared its data's resolved path (real/x/data,

@@ -117,7 +117,12 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   // first field was renamed, so this said "config: d_model 768 is not divisible by n_heads 5".
   expect_error(run("info --preset gpt2-124m --n-heads 5"), "d_model 768 is not divisible by --n-heads 5");
   expect_error(run("info --padding-id 300"), "--padding-id 300 is outside [-1, vocab)");
-  expect_error(run("info --vocab 10 --padding-id 300"), "--padding-id 300 is outside [-1, --vocab)");
+  expect_error(run("info --vocab 10 --padding-id 300"), "--padding-id 300 is outside [-1, vocab)");
+  // Values and words that spell a field are not fields: they stay as typed.
+  expect_error(run("info --norm tied --tied true"), "--norm must be layernorm or rmsnorm, got 'tied'");
+  expect_error(run("info --norm x-norm"), "--norm must be layernorm or rmsnorm, got 'x-norm'");
+  expect_error(run("info --positions sinusoidal --d-model 33 --n-heads 3"),
+               "config: sinusoidal positions need an even d_model, got 33");
   fs::create_directories(dir / "data");
   const std::string data = (dir / "data").string();
   expect_error(run("generate --checkpoint " + data), data + " is not a checkpoint: it holds no model.safetensors "

@@ -46,22 +46,22 @@ ModelConfig model_from_flags(const Flags& f) {
     }
     cfg.validate();
   } catch (const Error& e) {
-    // Every field given as a flag is named as the flag, wherever the message names it: "config: emb_scale must
-    // be ..." for --emb-scale nan read as if a config file were wrong, where --lr nan says "--lr ...", and
-    // `--preset gpt2-124m --n-heads 5` said "config: d_model 768 is not divisible by n_heads 5". Fields the message
-    // names that came from the preset keep their names. A message that names no flag stays as it is.
-    std::string msg = e.what();
-    bool renamed = false;
+    // A field given as a flag is named as the flag: the field a message is about ("config: emb_scale must be ..."
+    // for --emb-scale nan read as if a config file were wrong, where --lr nan says "--lr ..."), and any other field
+    // it quotes with its value (`--preset gpt2-124m --n-heads 5` said "config: d_model 768 is not divisible by
+    // n_heads 5"). Fields from the preset keep their names; words and quoted values that happen to spell a field
+    // ("got 'tied'", "sinusoidal positions need") are left alone. A message that names no flag stays as it is.
+    const std::string msg = e.what(), config = "config: ";
+    std::string out = msg;
     for (const auto& field : model_config_fields()) {
       if (!f.has(dashed(field))) continue;
-      const std::regex word("(^|[^A-Za-z0-9_])" + field + "(?![A-Za-z0-9_])");
-      const std::string next = std::regex_replace(msg, word, "$1--" + dashed(field));
-      renamed = renamed || next != msg;
-      msg = next;
+      if (out.starts_with(config + field + " ")) out = "--" + dashed(field) + out.substr(config.size() + field.size());
+      const std::regex quoted("(^|[ (\\[])" + field + "(?= -?[0-9])");
+      out = std::regex_replace(out, quoted, "$1--" + dashed(field));
     }
-    if (!renamed) throw;
-    if (msg.starts_with("config: ")) msg.erase(0, std::string("config: ").size());
-    throw Error(e.file(), e.line(), msg);
+    if (out == msg) throw;
+    if (out.starts_with(config)) out.erase(0, config.size());
+    throw Error(e.file(), e.line(), out);
   }
   return cfg;
 }

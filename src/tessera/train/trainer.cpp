@@ -40,10 +40,19 @@ fs::path resume_dir(const std::string& resume) {
   std::error_code ec;
   const fs::path real = fs::canonical(dir, ec);
   if (ec) return dir;  // missing: train_setup says so
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  if (real.filename() == dir.filename() && fs::equivalent(parent, real.parent_path(), ec)) return dir;
-  const bool own_name = dir.filename() == "checkpoint" || dir.filename() == "checkpoint.old";
-  if (own_name && fs::exists(parent / "metrics.jsonl")) return dir;
+  const auto parent_of = [](const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); };
+  if (real.filename() == dir.filename() && fs::equivalent(parent_of(dir), real.parent_path(), ec)) return dir;
+  // The links to the checkpoint, one at a time ("latest" -> RUN/checkpoint -> ../arch/step2): the first run's own
+  // checkpoint/ met on the way names the run.
+  fs::path p = dir;
+  for (int hop = 0; hop < 40; ++hop) {
+    const bool own_name = p.filename() == "checkpoint" || p.filename() == "checkpoint.old";
+    if (own_name && fs::exists(parent_of(p) / "metrics.jsonl", ec)) return p;
+    if (!fs::is_symlink(p, ec)) break;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = (target.is_absolute() ? target : parent_of(p) / target).lexically_normal();
+  }
   return real;
 }
 
@@ -180,8 +189,9 @@ void validate(const TrainOptions& o, const std::string& opt = "--") {
 // Returns the lowest val_loss kept and its step ({0, 0} when none). Steps missing after the first one kept (a file
 // cut short or edited; not those before it, which a run branched with --out NEW never had) and unreadable lines
 // before the last readable one get a warning on stderr: the resumed run's metrics then skip them. The warning is
-// given once: the last record kept notes how many steps were missing then ("missing_steps"), and a later resume
-// warns only when more are.
+// given once: the kept record of the highest step notes how many steps were missing then ("missing_steps"), and a
+// later resume warns only when more are (it counts the steps, not which: a gap filled and another opened of no more
+// steps goes unsaid).
 std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
   std::vector<std::string> kept;
   double best = 0;
@@ -197,13 +207,16 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
         const json rec = json::parse(line);
         const int64_t step = rec.at("step").get<int64_t>();
         if (step > keep_step) continue;
-        if (kept.empty() || step >= steps.back()) last = kept.size();
+        // Fields a hand edit may have made other than numbers are ignored, not taken for damage: the line is kept.
+        const auto number = [&](const char* key) { return rec.contains(key) && rec[key].is_number(); };
+        if (kept.empty() || step >= steps[last]) last = kept.size();
         kept.push_back(line);
         steps.push_back(step);
         unreadable += torn;
         torn = 0;
-        if (rec.contains("missing_steps")) acknowledged = std::max(acknowledged, rec["missing_steps"].get<int64_t>());
-        if (rec.contains("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
+        if (number("missing_steps"))
+          acknowledged = std::max(acknowledged, static_cast<int64_t>(rec["missing_steps"].get<double>()));
+        if (number("val_loss") && (best_step == 0 || rec["val_loss"].get<double>() < best)) {
           best = rec["val_loss"].get<double>();
           best_step = step;
         }
@@ -232,7 +245,7 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
     std::fprintf(stderr, "tessera: warning: %s: %s; the resumed run's records follow step %lld without them\n",
                  path.c_str(), what.c_str(), static_cast<long long>(keep_step));
     if (missing > acknowledged) {
-      json rec = json::parse(kept[last]);
+      nlohmann::ordered_json rec = nlohmann::ordered_json::parse(kept[last]);  // the writer's key order
       rec["missing_steps"] = missing;
       kept[last] = rec.dump();
     }
