@@ -827,14 +827,14 @@ TEST_F(Cli, ResumeFindsTheRunsOwnDataFromAnywhereAndRefusesOtherData) {
   EXPECT_EQ(loss_at(dir / "a" / "metrics.jsonl", 3), step3);
   // With b/data replaced by other text, b refuses to go on.
   const std::string metrics = read_file_text((dir / "b" / "metrics.jsonl").string());
-  ASSERT_EQ(run("prepare --text upper.txt --out b/data", dir).code, 0);
+  ASSERT_EQ(run("prepare --text upper.txt --out b/data --force", dir).code, 0);
   r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
   expect_error(r, "/b/data no longer holds the data this run trained on");
   EXPECT_EQ(read_file_text((dir / "b" / "metrics.jsonl").string()), metrics);
   // Other data too short for a batch, or for the saved position, is refused as other data too: its size was
   // checked first ("holds 27 tokens, fewer than batch x seq + 1"), which said nothing of why.
   write_file_atomic((dir / "short.txt").string(), std::string("thirty bytes of some new text"));
-  ASSERT_EQ(run("prepare --text short.txt --out b/data", dir).code, 0);
+  ASSERT_EQ(run("prepare --text short.txt --out b/data --force", dir).code, 0);
   r = run("train --resume b/checkpoint --stop-after 4" + tail, dir);
   expect_error(r, "/b/data no longer holds the data this run trained on");
 }
@@ -1127,7 +1127,11 @@ TEST_F(Cli, PrepareIntoTheShardsOfARunningTrainIsRefused) {
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
   const std::string shard = read_file_text((out / "data" / "train_000000.bin").string());
   write_file_atomic((dir / "other.txt").string(), std::string(4000, 'x'));
-  const CliRun r = run("prepare --text other.txt --out o/data", dir);
+  // A run's own data is refused as such; --force, which would replace it, is refused while the train runs.
+  expect_error(run("prepare --text other.txt --out o/data", dir), "--out o/data holds the data of the training run "
+               "in o, which that run's --resume checks: replaced, the run could not be resumed; give another --out, "
+               "or --force to replace them");
+  const CliRun r = run("prepare --text other.txt --out o/data --force", dir);
   expect_error(r, "shard directory o/data is in use by another tessera process");
   EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), shard);
   const CliRun reader = run("train --data o/data --out p --steps 1 --batch 2 --seq 16 --d-model 32 --n-layers 1 "
@@ -1136,10 +1140,28 @@ TEST_F(Cli, PrepareIntoTheShardsOfARunningTrainIsRefused) {
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
   // Once it has ended the prepare goes through, and the run's resume refuses the other data as such.
-  ASSERT_EQ(run("prepare --text other.txt --out o/data", dir).code, 0);
+  ASSERT_EQ(run("prepare --text other.txt --out o/data --force", dir).code, 0);
   const std::string next = std::to_string(checkpoint_step(out / "checkpoint") + 1);  // bounded, should it train
   expect_error(run("train --resume o/checkpoint --stop-after " + next + " --no-progress --sample-tokens 0", dir),
                "o/data no longer holds the data this run trained on");
+}
+
+// A prepare into a run's directory or a checkpoint mixed its shards in with them, without a word.
+TEST_F(Cli, PrepareRefusesARunOrACheckpointUnlessForced) {
+  const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 2" + tail, dir).code, 0);
+  write_file_atomic((dir / "t.txt").string(), std::string(3000, 'y'));
+  expect_error(run("prepare --text t.txt --out o", dir), "--out o holds a training run (metrics.jsonl, checkpoint/): "
+               "give the shards a directory of their own, or --force");
+  expect_error(run("prepare --text t.txt --out o/checkpoint/", dir), "--out o/checkpoint/ is a checkpoint: give the "
+               "shards a directory of their own, or --force");
+  EXPECT_FALSE(fs::exists(dir / "o" / "train_000000.bin"));
+  EXPECT_FALSE(fs::exists(dir / "o" / "checkpoint" / "train_000000.bin"));
+  const CliRun forced = run("prepare --text t.txt --out o/checkpoint --force", dir);
+  EXPECT_EQ(forced.code, 0) << forced.err;
+  EXPECT_TRUE(fs::exists(dir / "o" / "checkpoint" / "train_000000.bin"));
+  // Before a run exists its data directory is an ordinary one: prepare it there, then train.
+  EXPECT_EQ(run("prepare --text t.txt --out n/data", dir).code, 0);
 }
 
 // The other way round: a train whose --data a prepare is writing (here the test holds the lock as a prepare does)

@@ -158,13 +158,6 @@ std::string byte_sample_refusal(int vocab, int max_token) {
   return "";
 }
 
-// A run's own files. checkpoint.old alone is a run whose checkpoint swap was cut short between its renames (the
-// only checkpoint left, which --resume finds): a new run there without --force would delete it at its first save.
-bool holds_run(const fs::path& out) {
-  return fs::exists(out / "metrics.jsonl") || fs::exists(out / "checkpoint") || fs::exists(out / "checkpoint.old") ||
-         fs::exists(out / "best");
-}
-
 // What a run's directory holds besides the run itself: the shards of data/ (prepared there beforehand, or by an
 // earlier run), and what a checkpoint swap or a metrics rewrite that was cut short leaves (<dir>.tmp, <dir>.old,
 // ".metrics.jsonl.tmp.<pid>").

@@ -98,6 +98,8 @@ int cmd_prepare(int argc, char** argv) {
   a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks spread evenly through "
         "it, X of them to within one block (default 0.1: every 10th block)");
   a.add_switch("no-progress", "no progress bar on stderr (shown for a text of 16 MiB or more)");
+  a.add_switch("force", "replace the shards of a training run's own data (RUN/data, which the run's --resume then "
+               "refuses), or write into a directory that holds a run or a checkpoint");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "--text FILE is required");
   TS_CHECK(a.has("out"), "--out DIR is required");
@@ -105,6 +107,22 @@ int cmd_prepare(int argc, char** argv) {
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string out = a.str("out");
+  // A run's own data, a run's directory or a checkpoint: prepare replaced RUN/data's shards without a word, and
+  // the run could no longer be resumed (its --resume checks a fingerprint of them); into a run or a checkpoint it
+  // mixed shards in with them.
+  if (!a.has("force") && std::filesystem::is_directory(out)) {
+    namespace fs = std::filesystem;
+    const fs::path normal = fs::path(out).lexically_normal();
+    const fs::path dir = normal.has_filename() ? normal : normal.parent_path();  // "run/data/": run/data
+    const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+    TS_CHECK(!holds_run(dir), "--out ", out, " holds a training run (metrics.jsonl, checkpoint/): give the shards a "
+             "directory of their own, or --force");
+    TS_CHECK(!fs::exists(dir / "model.safetensors"), "--out ", out, " is a checkpoint: give the shards a directory "
+             "of their own, or --force");
+    TS_CHECK(!(dir.filename() == "data" && holds_run(parent)), "--out ", out, " holds the data of the training run in ",
+             parent.string(), ", which that run's --resume checks: replaced, the run could not be resumed; give another "
+             "--out, or --force to replace them");
+  }
   const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
   std::string text;
   try {

@@ -66,6 +66,12 @@ ModelConfig model_from_flags(const Flags& f) {
   return cfg;
 }
 
+bool holds_run(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  return fs::exists(dir / "metrics.jsonl") || fs::exists(dir / "checkpoint") || fs::exists(dir / "checkpoint.old") ||
+         fs::exists(dir / "best");
+}
+
 std::string human_count(double n) {
   char buf[32];
   if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);

@@ -1,6 +1,7 @@
 // tessera/cli/common.h — helpers shared by the subcommands.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,10 @@ void add_model_flags(Flags& f);
 std::vector<std::string> model_flag_names();
 // The preset with the given overrides, validated.
 ModelConfig model_from_flags(const Flags& f);
+
+// A training run's own files in `dir` (metrics.jsonl, checkpoint/, checkpoint.old/, best/). checkpoint.old alone
+// is a run whose checkpoint swap was cut short between its renames (the only checkpoint left, which --resume finds).
+bool holds_run(const std::filesystem::path& dir);
 
 // One number in a printf format ("%.4f"), for the bench tables.
 std::string fmt(const char* printf_format, double v);
