@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1144,6 +1146,31 @@ TEST_F(Cli, PrepareIntoTheShardsOfARunningTrainIsRefused) {
   const std::string next = std::to_string(checkpoint_step(out / "checkpoint") + 1);  // bounded, should it train
   expect_error(run("train --resume o/checkpoint --stop-after " + next + " --no-progress --sample-tokens 0", dir),
                "o/data no longer holds the data this run trained on");
+}
+
+// A stop while train reads its --data text (seconds for gigabytes) killed it without a word; it now says so and
+// exits 128 + the signal, with nothing written. A FIFO whose writer stays open keeps the read waiting: once its
+// bytes are gone from the pipe, the reader is in the read (the data checks before it never read a FIFO).
+TEST_F(Cli, AStopWhileTrainReadsItsTextSaysSoAndWritesNothing) {
+  const fs::path fifo = dir / "t.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const int w = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // a writer that stays
+  ASSERT_GE(w, 0);
+  ASSERT_EQ(::write(w, "some text\n", 10), 10);
+  Child c = spawn("train --data " + fifo.string() + " --out " + (dir / "o").string() + " --no-progress --device cpu",
+                  dir);
+  int left = 10;
+  for (int i = 0; i < 2000 && left > 0; ++i) {  // up to 20 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(::ioctl(w, FIONREAD, &left), 0);
+  }
+  ASSERT_EQ(left, 0) << "train never read its text";
+  ::kill(c.pid, SIGINT);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGINT);
+  ::close(w);
+  EXPECT_EQ(read_file_text(c.err.string()), "tessera: interrupted while reading " + fifo.string() +
+                                                ": nothing written\n");
+  EXPECT_FALSE(fs::exists(dir / "o"));
 }
 
 // A prepare into a run's directory or a checkpoint mixed its shards in with them, without a word.

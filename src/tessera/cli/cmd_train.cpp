@@ -261,6 +261,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   std::optional<DirectoryLock> out_lock;
   // Rank 0's lock on the directory of the shards it reads: shared (exclusive while train prepares its text there).
   std::optional<DirectoryLock> data_lock;
+  SignalFlag read_stop = 0;  // a stop while the --data text is read
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
     o.resume = a.str("resume");
@@ -395,7 +396,20 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       OutputFiles files;
       files.protect(text_source, "the --data text, which the run reads");
       for (const auto& [flag, path] : trace_outputs(o)) files.claim(flag, path);
-      text = read_file_text(text_source, "data");
+      {
+        // A stop while the text is read (seconds for gigabytes, or an endless --data /dev/zero) ends the command as
+        // one while its prepare runs does: a line, 128 + the signal, nothing written. Unhandled, it was a silent kill.
+        const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &read_stop, /*keep_ignored=*/{SIGHUP});
+        try {
+          text = read_file_text(text_source, "data", &read_stop);
+        } catch (const Error&) {
+          if (read_stop == 0) throw;
+        }
+        if (read_stop != 0) {
+          TS_CHECK(!ranks.world, "interrupted while reading ", text_source);  // the ranks agree on an error
+          return;
+        }
+      }
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
                ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
@@ -467,6 +481,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                "--force, or choose another --out");
     }
   });
+  if (read_stop != 0) {
+    std::fprintf(stderr, "tessera: %s while reading %s: nothing written\n", stop_word(read_stop), text_source.c_str());
+    return 128 + read_stop;
+  }
 
   // The gradient communicator (MPI for a CPU model, NCCL for a GPU one) joins every rank: a collective. Then the
   // ranks must agree on the run (options, data, world size; the text that rank 0 will tokenize), before anything
