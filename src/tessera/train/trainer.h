@@ -100,8 +100,9 @@ uint64_t data_fingerprint(const std::string& data);
 
 // The checkpoint directory --resume names, as written; through a symbolic link (a "latest" link to the checkpoint,
 // or a link on the way to it), the directory the link leads to: the run it belongs to is the one that holds it, not
-// the link's directory. But a run's own checkpoint/ that is itself a link (to an archived copy) still names that
-// run (its metrics.jsonl beside it): RUN/checkpoint -> ../arch/step2 continues RUN, not arch/.
+// the link's directory. The links are followed one at a time, and the first run's own checkpoint/ (or
+// checkpoint.old/) met, a metrics.jsonl beside it, names the run even when it is itself a link to an archived copy:
+// RUN/checkpoint -> ../arch/step2 continues RUN, not arch/, and so does "latest" -> RUN/checkpoint.
 std::filesystem::path resume_dir(const std::string& resume);
 
 // The data path is saved absolute ("data"), and relative to the run directory (o.out) when it lies inside it
