@@ -97,8 +97,12 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   // A header that starts with '{' is what a safetensors file holds; other bytes here are most likely another
   // kind of file (a config.json, a token shard given as a checkpoint).
   const bool json_next = size > 8 && bytes[8] == '{';
+  // Said first when the bytes are not a safetensors header: "header length 8031924123371070824 exceeds the file
+  // size 25" for a text file read as a fault in a checkpoint, not as the wrong file.
+  TS_CHECK(n <= size - 8 || json_next, "safetensors: ", path, " is not a safetensors file (its first 8 bytes give a "
+           "header length of ", n, " bytes, beyond the file size ", size, ")");
   TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size,
-           json_next ? " (the file is truncated)" : " (not a safetensors file)");
+           " (the file is truncated)");
   f.data_offset_ = 8 + n;
   const size_t data_size = size - f.data_offset_;
   json header;
