@@ -8,8 +8,11 @@ namespace {
 struct ResShape {
   int N, C;
 };
-// One element, widths that are not multiples of the 8-wide vector, GPT-2 widths, and many rows.
-constexpr ResShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {37, 1600}, {5, 4096}, {1000, 24}};
+// One element, widths that are not multiples of the 8-wide vector, GPT-2 widths, and many rows. The last two give
+// the backward's bias sums more row groups than its last block has lanes (32), over a column chunk that is only
+// part filled (136 = 17 packs of 8) and over a single pack.
+constexpr ResShape kShapes[] = {{1, 1},    {7, 33},    {3, 100},    {64, 768}, {37, 1600},
+                                {5, 4096}, {1000, 24}, {3000, 136}, {8000, 8}};
 
 // An upload that starts one element past a 16-byte boundary when `misalign`, to force the scalar path.
 

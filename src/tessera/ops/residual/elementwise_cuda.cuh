@@ -91,12 +91,12 @@ __device__ __forceinline__ void dropout_factors_w(uint64_t seed, uint64_t stream
   else dropout_factors<W>(seed, stream, index0, p, keep_scale, f);
 }
 
-// The column sums of a (column chunks × row groups) grid of (32, 8) blocks (the residual and activation
-// backwards, for their bias gradients), finished inside the same launch. Each block writes its chunk's column sums
-// over its rows as one row of `partial` (row blockIdx.y, `width` floats), then calls last_block_of_chunk: the last
-// block of the chunk to arrive adds the chunk's rows in group order into the output (column_partials_add), so the
-// sum has a fixed order (deterministic, no float atomics) and needs no second kernel, whose launch and ramp cost
-// 4-7 µs beside a 15 µs kernel (ncu on the H200, (16384, 768) bf16).
+// The column sums of a (column chunks × row groups) grid of (column units, row lanes) blocks (the residual and
+// activation backwards, for their bias gradients), finished inside the same launch. Each block writes its chunk's
+// column sums over its rows as one row of `partial` (row blockIdx.y, `width` floats), then calls
+// last_block_of_chunk: the last block of the chunk to arrive adds the chunk's rows in group order into the output
+// (column_partials_add), so the sum has a fixed order (deterministic, no float atomics) and needs no second kernel,
+// whose launch and ramp cost 4-7 µs beside a 15 µs kernel (ncu on the H200, (16384, 768) bf16).
 //
 // Arrival is counted in *counter (Context::arrival_counters(), one per chunk: blockIdx.x), zero before the launch;
 // the last block sets it back to zero for the next one. Returns true in that block only (uniform over the block).
@@ -132,15 +132,15 @@ __device__ __forceinline__ void load_cg(const float* p, float (&v)[W]) {
   }
 }
 
-// out[c0 + k] += Σ_{g = 0..groups-1} partial[g * width + c0 + k], k < W, by every thread (tx, ty) of the (32, 8)
-// block that last_block_of_chunk chose (threads with valid == false only take part in the barriers). Lane ty sums
-// groups ty, ty + 8, ... in order, kAhead loads in flight; lane 0 then adds the 8 lane sums in order, in f32, and
-// rounds once into out. The same order on every run. lanes: 8 × 32 W floats of the block's shared memory, free to
-// reuse from the call on.
-template <typename T, int W>
+// out[c0 + k] += Σ_{g = 0..groups-1} partial[g * width + c0 + k], k < W, by every thread (tx, ty) of the
+// (kCols, kLanes) block that last_block_of_chunk chose (threads with valid == false only take part in the barriers).
+// Lane ty sums groups ty, ty + kLanes, ... in order, kAhead loads in flight; lane 0 then adds the kLanes lane sums in
+// order, in f32, and rounds once into out. The same order on every run. lanes: kLanes × kCols W floats of the
+// block's shared memory, free to reuse from the call on.
+template <typename T, int W, int kCols = 32, int kLanes = 8>
 __device__ __forceinline__ void column_partials_add(T* out, const float* partial, int groups, int width, int c0,
                                                     bool valid, float* lanes) {
-  constexpr int kAhead = 4, kLanes = 8;
+  constexpr int kAhead = 4;
   float s[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) s[k] = 0.0f;
@@ -163,7 +163,7 @@ __device__ __forceinline__ void column_partials_add(T* out, const float* partial
         for (int k = 0; k < W; ++k) s[k] += v[a][k];
     }
   }
-  float* mine = lanes + (threadIdx.y * 32 + threadIdx.x) * W;
+  float* mine = lanes + (threadIdx.y * kCols + threadIdx.x) * W;
   __syncthreads();  // the caller's last reads of lanes are done
 #pragma unroll
   for (int k = 0; k < W; ++k) mine[k] = s[k];
@@ -173,7 +173,7 @@ __device__ __forceinline__ void column_partials_add(T* out, const float* partial
   for (int k = 0; k < W; ++k) {
     float t = 0.0f;
 #pragma unroll
-    for (int y = 0; y < kLanes; ++y) t += lanes[(y * 32 + threadIdx.x) * W + k];
+    for (int y = 0; y < kLanes; ++y) t += lanes[(y * kCols + threadIdx.x) * W + k];
     out[c0 + k] = from_f32<T>(to_f32(out[c0 + k]) + t);
   }
 }

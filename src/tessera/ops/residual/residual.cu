@@ -11,9 +11,15 @@ namespace {
 using cuda::ceil_div;
 
 constexpr int kThreads = 256;
-constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
-constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
-constexpr int kBatch = 4;      // rows each backward thread loads before it stores
+constexpr int kBatch = 4;  // rows each backward thread loads before it stores
+// Column units (of W elements) per backward block, threadIdx.x; the block's other kThreads / tile_cols rows are
+// threadIdx.y. Packs: 8 units (128 bytes of a row), 32 rows. The last block of a column chunk adds the chunk's
+// partial rows, one per row group: with 8 units a chunk is 64 columns (bf16) of 33 groups at (16384, 768), against
+// 256 columns of 132 groups with 32 units and 8 rows, and the kernel went from 19.5-20.0 to 18.4-18.6 µs (bench
+// kernels, H200: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md; 16 units: 18.7-19.3). Single
+// elements keep 32 units, so that a warp's row segment stays 32 elements wide.
+template <int W>
+constexpr int tile_cols() { return W > 1 ? 8 : 32; }
 
 // out[i] = residual[i] + f_i * (x[i] + bias[i % C]),  f_i = dropout factor of element i (1 without dropout).
 // out, residual, x: (N, C) row-major; bias: (C) or null. One thread per W-element unit (W = 16-byte pack or 1),
@@ -51,21 +57,22 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 }
 
 // d_x[i] = f_i * d_out[i];  d_bias[c] += Σ_n d_x[n, c] (as stored in T), when d_bias != null.
-// Grid (ceil(C / W / 32), groups), block (32, 8): thread (tx, ty) owns columns c0 = (bx*32 + tx)*W .. +W-1 and rows
-// by*8 + ty, stepping gridDim.y*8 (kBatch rows loaded at a time). The 8 row lanes are summed in shared memory
-// in ty order into partial[group, c]; the chunk's last block adds the groups' rows in order into d_bias
-// (cuda::last_block_of_chunk, counters: one per chunk). A fixed order, so d_bias is the same on every run. d_x may
-// alias d_out.
+// Grid (ceil(C / W / X), groups), block (X, Y) with X = tile_cols<W>(), Y = kThreads / X: thread (tx, ty) owns
+// columns c0 = (bx*X + tx)*W .. +W-1 and rows by*Y + ty, stepping gridDim.y*Y (kBatch rows loaded at a time). The Y
+// row lanes are summed in shared memory in ty order into partial[group, c]; the chunk's last block adds the groups'
+// rows in order into d_bias (cuda::last_block_of_chunk, counters: one per chunk). A fixed order, so d_bias is the
+// same on every run. d_x may alias d_out.
 // The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): with f32 copies the kernel took
 // 96 registers, 2 blocks per SM (25% occupancy), and ran at half the copy bandwidth (ncu on the H200, (16384, 768)
 // bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 12 bytes, against 103 registers uncapped).
 template <typename T, int W>
-__global__ void __launch_bounds__(kTileCols* kTileRows, 3)
+__global__ void __launch_bounds__(kThreads, 3)
     residual_backward_row_tiles(T* d_x, T* __restrict__ d_bias, float* __restrict__ partial,
                                 uint32_t* __restrict__ counters, const T* d_out, int N, int C, float dropout,
                                 float keep_scale, uint64_t seed, uint64_t stream,
                                 const uint64_t* __restrict__ stream_base) {
   if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
+  constexpr int kTileCols = tile_cols<W>(), kTileRows = kThreads / kTileCols;
   __shared__ float lanes[kTileRows][kTileCols * W];
   const int c0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
   float acc[W];
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, 3)
     }
   }
   if (cuda::last_block_of_chunk(counters + blockIdx.x, gridDim.y))
-    cuda::column_partials_add<T, W>(d_bias, partial, gridDim.y, C, c0, c0 < C, &lanes[0][0]);
+    cuda::column_partials_add<T, W, kTileCols, kTileRows>(d_bias, partial, gridDim.y, C, c0, c0 < C, &lanes[0][0]);
 }
 
 bool vector_ok(int C, int vec, std::initializer_list<const void*> ptrs) {
@@ -158,11 +165,11 @@ void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, voi
     constexpr int V = cuda::Pack<T>::kVec;
     const auto launch = [&](auto w) {
       constexpr int W = decltype(w)::value;
+      constexpr int kTileCols = tile_cols<W>(), kTileRows = kThreads / kTileCols;
       const int col_chunks = static_cast<int>(ceil_div(p.C / W, kTileCols));
       TS_CHECK(col_chunks <= Context::kArrivalCounters, "residual_backward: C ", p.C, " is too wide");
       constexpr auto kernel = residual_backward_row_tiles<T, W>;
-      const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
-                                                   cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
+      const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows, cuda::blocks_per_sm<kernel, kThreads>(),
                                                    ctx.gpu().sm_count);
       float* partial =
           d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * p.C * sizeof(float))) : nullptr;
