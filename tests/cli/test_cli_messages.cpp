@@ -107,9 +107,9 @@ TEST_F(CliMessages, BenchHelpListsEveryKernelFamily) {
 }
 
 // A model field given as a flag is named as the flag, wherever the message names it (--lr nan said "--lr ...",
-// --emb-scale nan "config: emb_scale ..."); a path given as a checkpoint that is none says so, not "cannot read
-// DIR/model.safetensors" or "header length 8386653730289748603 exceeds the file size 479" (now "... is not a
-// safetensors file (...)").
+// --emb-scale nan "config: emb_scale ..."); a path given as a checkpoint that is none says so first: "cannot read
+// DIR/model.safetensors" and "header length 8386653730289748603 exceeds the file size 479" read as faults in a
+// checkpoint.
 TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   expect_error(run("info --emb-scale nan"), "--emb-scale must be positive and finite, got nan");
   expect_error(run("train --d-model 30 --n-heads 4 --steps 1 --device cpu --out " + (dir / "o").string()),

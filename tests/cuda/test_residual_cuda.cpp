@@ -70,7 +70,10 @@ TEST(CudaResidual, MatchesReferenceOnAwkwardShapes) {
 TEST(CudaResidual, ScalarPathOnMisalignedViews) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
-  for (DType dt : kCudaFloatTypes) run_residual_case(dt, {19, 768}, /*bias=*/true, 0.2f, /*misalign=*/true, ctx, rng);
+  // {3000, 136}: more row groups than the single-element blocks' 8 row lanes, in a part-filled column chunk.
+  for (DType dt : kCudaFloatTypes)
+    for (ResShape s : {ResShape{19, 768}, ResShape{3000, 136}})
+      run_residual_case(dt, s, /*bias=*/true, 0.2f, /*misalign=*/true, ctx, rng);
 }
 
 // The GPU drops exactly the elements the reference drops: with x = 1, no bias and residual = 0, out is 0 or

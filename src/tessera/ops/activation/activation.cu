@@ -196,8 +196,8 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
   if (cuda::last_block_of_chunk(counters + blockIdx.x, gridDim.y))
 #pragma unroll
     for (int h = 0; h < kHalves; ++h)
-      cuda::column_partials_add<T, W>(d_bias + h * F, partial + h * F, gridDim.y, in_w, f0, f0 < F,
-                                      &lanes[0][0][0]);
+      cuda::column_partials_add<T, W, kTileCols, kTileRows>(d_bias + h * F, partial + h * F, gridDim.y, in_w, f0,
+                                                            f0 < F, &lanes[0][0][0]);
 }
 
 bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {

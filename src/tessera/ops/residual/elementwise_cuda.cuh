@@ -137,7 +137,7 @@ __device__ __forceinline__ void load_cg(const float* p, float (&v)[W]) {
 // Lane ty sums groups ty, ty + kLanes, ... in order, kAhead loads in flight; lane 0 then adds the kLanes lane sums in
 // order, in f32, and rounds once into out. The same order on every run. lanes: kLanes × kCols W floats of the
 // block's shared memory, free to reuse from the call on.
-template <typename T, int W, int kCols = 32, int kLanes = 8>
+template <typename T, int W, int kCols, int kLanes>
 __device__ __forceinline__ void column_partials_add(T* out, const float* partial, int groups, int width, int c0,
                                                     bool valid, float* lanes) {
   constexpr int kAhead = 4;

@@ -43,11 +43,11 @@ void residual_backward(const ResidualParams& p, const Tensor& d_x, const Tensor&
 // ---- CUDA launchers (residual.cu), on ctx's stream; pointers are device memory in `dtype`. ----
 // Forward: one thread per 16-byte pack (scalar when C is not a multiple of the pack or a pointer is not 16-byte
 // aligned); one read of each input, one write of out; dropout words come a whole Philox block (4 elements) at
-// a time. Backward: a grid of (column chunks × row groups) blocks of 32 × 8 threads; each thread writes d_x for
-// its columns down its rows and sums them in registers; the block reduces its 8 row lanes in shared memory in
-// a fixed order to one f32 partial row in ctx.scratch (row groups × C floats), and the last block of each column
-// chunk to finish (counted in ctx.arrival_counters()) adds that chunk's partials over row groups in order to
-// d_bias, in the same launch: deterministic, no float atomics. The grid is one wave of blocks.
+// a time. Backward: a grid of (column chunks × row groups) blocks of 8 packs × 32 rows (32 × 8 single elements);
+// each thread writes d_x for its columns down its rows and sums them in registers; the block reduces its row lanes
+// in shared memory in a fixed order to one f32 partial row in ctx.scratch (row groups × C floats), and the last
+// block of each column chunk to finish (counted in ctx.arrival_counters()) adds that chunk's partials over row
+// groups in order to d_bias, in the same launch: deterministic, no float atomics. The grid is one wave of blocks.
 void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, const void* residual, const void* x,
                            const void* bias, Context& ctx);
 void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, void* d_bias, const void* d_out,
