@@ -261,10 +261,19 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
         expect_mib(cells[3], before + grad + (naive ? 4 * NC + B * T * T : 0.0), key + "MiB during bwd");
       }
   EXPECT_GT(during["| tessera naive | 32 | 64 | "], during["| tessera flash | 32 | 64 | "]);
+  // The TFLOP/s cells are nonzero on the CPU too (printed with one decimal they all read "0.0").
   for (int Dh : {32, 64})
-    for (int T : {64, 128})
-      EXPECT_NE(text.find("| tessera flash | " + std::to_string(Dh) + " | " + std::to_string(T) + " | "),
-                std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
+    for (int T : {64, 128}) {
+      const std::string key = "| tessera flash | " + std::to_string(Dh) + " | " + std::to_string(T) + " | ";
+      const size_t at = text.find(key, text.find("## TFLOP"));
+      ASSERT_NE(at, std::string::npos) << "no TFLOP/s row for Dh " << Dh << " T " << T;
+      std::vector<std::string> cells;  // B × H, fwd ms, fwd+bwd ms, fwd TFLOP/s, fwd+bwd TFLOP/s
+      std::istringstream in(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
+      for (std::string c; std::getline(in, c, '|');) cells.push_back(trim(c));
+      ASSERT_GE(cells.size(), 5u) << key;
+      EXPECT_GT(std::stod(cells[3]), 0.0) << key << " fwd TFLOP/s: " << cells[3];
+      EXPECT_GT(std::stod(cells[4]), 0.0) << key << " fwd+bwd TFLOP/s: " << cells[4];
+    }
 }
 
 // bench attention --size full ran for about 9 minutes on the CPU with nothing printed until its tables. It shows

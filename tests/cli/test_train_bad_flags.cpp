@@ -113,6 +113,57 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   fs::remove_all(dir);
 }
 
+// A second Ctrl-C while a run wrote its first checkpoint leaves RUN/checkpoint.tmp and no RUN/checkpoint (found
+// by a new user's trial: "--resume: RUN/checkpoint is not a checkpoint directory", and a train into RUN offered
+// only --force). Both now say what happened and offer the run's best/, a whole checkpoint, when it has one.
+TEST(TrainBadFlags, AFirstCheckpointCutShortPointsToBest) {
+  const fs::path dir = fresh_dir("tessera_cut_first_ckpt");
+  const fs::path run = dir / "run";
+  fs::create_directories(run / "checkpoint.tmp");
+  fs::create_directories(run / "best");
+  std::ofstream(run / "metrics.jsonl") << "{}\n";
+  const std::string ck = (run / "checkpoint").string(), best = (run / "best").string();
+  const test::CliRun no_best = test::run("train --resume " + ck + " --no-progress");
+  EXPECT_EQ(no_best.code, 2) << no_best.err;
+  EXPECT_NE(no_best.err.find("--resume: " + ck + " does not exist: the run was stopped while writing it (" + ck +
+                             ".tmp is incomplete)\n"),
+            std::string::npos)
+      << no_best.err;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) std::ofstream(run / "best" / f) << "x";
+  const test::CliRun resumed = test::run("train --resume " + ck + " --no-progress");
+  EXPECT_EQ(resumed.code, 2) << resumed.err;
+  EXPECT_NE(resumed.err.find("is incomplete); its best checkpoint can be continued: --resume " + best + "\n"),
+            std::string::npos)
+      << resumed.err;
+  const test::CliRun into = test::run(train_args(run, ""));
+  EXPECT_EQ(into.code, 2) << into.err;
+  EXPECT_NE(into.err.find("no checkpoint to resume, only its best/: continue from that with --resume " + best +
+                          ", replace it with --force"),
+            std::string::npos)
+      << into.err;
+  fs::remove_all(dir);
+}
+
+// A run branched with --resume A/checkpoint --out B reads A/data, which does not move with B; --data cannot be
+// given beside --resume. With A moved, B's resume said only "data: A/data does not exist".
+TEST(TrainBadFlags, ABranchWhoseDataMovedSaysWhereItLooks) {
+  const fs::path dir = fresh_dir("tessera_branch_data");
+  const fs::path a = dir / "a", b = dir / "b";
+  const test::CliRun first = test::run(train_args(a, "--steps 2"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  const test::CliRun branch = test::run("train --resume " + (a / "checkpoint").string() + " --out " + b.string() +
+                                        " --steps 3 --no-progress --sample-tokens 0");
+  ASSERT_EQ(branch.code, 0) << branch.err;
+  fs::rename(a, dir / "a_moved");
+  const test::CliRun r = test::run("train --resume " + (b / "checkpoint").string() +
+                                   " --steps 4 --no-progress --sample-tokens 0");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--resume: the run's data, " + (a / "data").string() + ", does not exist"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("put it back there, or link it there"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 // A directory that holds a run's metrics but no checkpoint (a run that failed before its first one) is not
 // offered to --resume: the advice is --force.
 TEST(TrainBadFlags, ARunWithoutACheckpointIsNotOfferedToResume) {

@@ -25,5 +25,15 @@ TEST(Text, Utf8Validity) {
   EXPECT_FALSE(is_utf8_text(std::string("\x7F" "ELF\x02\x01\x01\x00", 8)));  // an ELF header
 }
 
+// The messages' reason: a NUL byte is valid UTF-8, so it is named as what it is.
+TEST(Text, NotTextNamesANulByteApart) {
+  size_t bad = 0;
+  const std::string nul("hello\0world", 11);
+  ASSERT_FALSE(is_utf8_text(nul, &bad));
+  EXPECT_EQ(not_text_at(nul, bad), "a NUL byte at byte 5");
+  ASSERT_FALSE(is_utf8_text("ab\xFF", &bad));
+  EXPECT_EQ(not_text_at("ab\xFF", bad), "invalid UTF-8 at byte 2");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -223,13 +223,15 @@ int cmd_bench_attention(int argc, char** argv) {
         "\n\nFLOPs: forward 4·B·H·T²·Dh / 2, forward + backward 3.5x that (FlashAttention's count).\n\n"
         "| impl | Dh | T | B × H | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  // Two significant digits below 1 TFLOP/s: the CPU's reference loops printed "0.0" in every cell.
+  const auto tflops = [](double t) { return t >= 1.0 ? fmt("%.1f", t) : fmt("%.2g", t); };
   for (const auto& r : flops_rows) {
     const std::string key = "| " + std::to_string(r.Dh) + " | " + std::to_string(r.T) + " | " + std::to_string(r.B) +
                             " × " + std::to_string(r.H) + " | ";
     md += "| " + r.impl + " " + key;
     md += r.oom ? "OOM | OOM | OOM | OOM |\n"
                 : fmt("%.3f", r.fwd.median_ms) + " | " + fmt("%.3f", r.fwd_bwd.median_ms) + " | " +
-                      fmt("%.1f", r.tflops_fwd()) + " | " + fmt("%.1f", r.tflops_fwd_bwd()) + " |\n";
+                      tflops(r.tflops_fwd()) + " | " + tflops(r.tflops_fwd_bwd()) + " |\n";
     for (const std::string& impl : peer.impls[1]) {
       const auto it = peer.rows.find({"flops", impl, r.Dh, r.T});
       const nlohmann::json j = it == peer.rows.end() ? nlohmann::json() : it->second;

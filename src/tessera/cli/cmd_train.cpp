@@ -412,7 +412,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       }
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
-               ") nor UTF-8 text (invalid at byte ", bad, "); tessera prepare turns text into shards");
+               ") nor UTF-8 text (", not_text_at(text, bad), "); tessera prepare turns text into shards");
       const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
       // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
       // new text is too short leaves the old run as it was).
@@ -477,8 +477,13 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         if (fs::is_directory(fs::path(o.out) / ck))
           TS_THROW("output directory ", o.out, " already holds a run: continue it with --resume ",
                    (fs::path(o.out) / ck).string(), ", or replace it with --force");
-      TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume: replace it with "
-               "--force, or choose another --out");
+      // A run stopped while it wrote its first checkpoint still has its best/ when it validated.
+      const fs::path best = fs::path(o.out) / "best";
+      const bool best_resumable =
+          fs::is_regular_file(best / "model.safetensors") && fs::is_regular_file(best / "optimizer.safetensors");
+      TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume",
+               best_resumable ? ", only its best/: continue from that with --resume " + best.string() + "," : ":",
+               " replace it with --force, or choose another --out");
     }
   });
   if (read_stop != 0) {

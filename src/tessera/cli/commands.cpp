@@ -132,7 +132,7 @@ int cmd_prepare(int argc, char** argv) {
     throw;
   }
   size_t bad = 0;
-  TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (invalid at byte ", bad,
+  TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (", not_text_at(text, bad),
            "); tessera prepare tokenizes text files only");
   if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);
   PrepareReport r;

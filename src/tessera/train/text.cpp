@@ -41,4 +41,8 @@ bool is_utf8_text(std::string_view s, size_t* bad) {
   return true;
 }
 
+std::string not_text_at(std::string_view s, size_t bad) {
+  return (bad < s.size() && s[bad] == '\0' ? "a NUL byte at byte " : "invalid UTF-8 at byte ") + std::to_string(bad);
+}
+
 }  // namespace tessera

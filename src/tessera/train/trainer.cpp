@@ -388,6 +388,20 @@ TrainSetup train_setup(TrainOptions o) {
     // previous checkpoint at <dir>.old: resume from it.
     const std::string given = o.resume;
     o.resume = resolve_checkpoint_dir(o.resume);
+    if (!fs::exists(o.resume)) {
+      // A stop that interrupted a run's first checkpoint (a second Ctrl-C while it was written) leaves <dir>.tmp and
+      // no <dir>: say so, and point to the run's best/, which holds a whole checkpoint when the run validated.
+      fs::path p = fs::path(given).lexically_normal();
+      if (p.filename().empty()) p = p.parent_path();
+      const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path("."), best = parent / "best";
+      const fs::path tmp = parent / (p.filename().string() + ".tmp");
+      std::string why;
+      if (fs::is_directory(tmp)) why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
+      if (p.filename() != "best" && fs::is_regular_file(best / "model.safetensors") &&
+          fs::is_regular_file(best / "optimizer.safetensors"))
+        why += "; its best checkpoint can be continued: --resume " + best.string();
+      TS_THROW("--resume: ", given, " does not exist", why);
+    }
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
     const int steps = o.steps, stop_after = o.stop_after, trace_step = o.trace_step;
     const std::string out = o.out, resume = o.resume, trace = o.trace, memory_timeline = o.memory_timeline;
@@ -515,6 +529,11 @@ TrainSetup train_setup(TrainOptions o) {
 
 void train_open_data(TrainSetup& s) {
   const TrainOptions& o = s.options;
+  // A resumed run's data outside its own directory (a branch made with --resume A/checkpoint --out B reads A/data)
+  // does not move with it, and --data cannot be given beside --resume: say where the run looks.
+  TS_CHECK(!s.model || fs::exists(o.data), "--resume: the run's data, ", o.data,
+           ", does not exist (data outside the run directory is found by its path, not beside the checkpoint): put it "
+           "back there, or link it there");
   const std::vector<std::string> train_shards = find_shards(o.data, "train");
   // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
   // text prepared again into it, a shard set changed), and training on would silently continue another run. Checked
