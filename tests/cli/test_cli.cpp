@@ -478,7 +478,12 @@ TEST_F(Cli, SecondSigintExitsAtOnce) {
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   ::kill(c.pid, SIGINT);
   EXPECT_EQ(wait_exit(c.pid), 130);
-  EXPECT_NE(read_file_text(c.err.string()).find("interrupted again"), std::string::npos);
+  // The first signal was acknowledged when it came, before the second.
+  const std::string err = read_file_text(c.err.string());
+  const size_t said = err.find("tessera: stopping after this step, with a checkpoint (a second signal exits at once");
+  EXPECT_NE(said, std::string::npos) << err;
+  EXPECT_LT(said, err.find("interrupted again")) << err;
+  EXPECT_NE(err.find("interrupted again"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(out / "checkpoint"));
 }
 
@@ -982,7 +987,10 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--val-batches -1"), "--val-batches must be >= 0", out);
   expect_error(run(base + "--ckpt-every -2"), "--ckpt-every must be >= 0", out);
   expect_error(run(base + "--ckpt-minutes 0"), "--ckpt-minutes must be positive", out);
-  expect_error(run(base + "--resume " + (dir / "nope").string()), "is not a checkpoint directory", out);
+  expect_error(run(base + "--resume " + (dir / "nope").string()), "--resume: " + (dir / "nope").string() +
+               " does not exist", out);
+  write_file_atomic((dir / "afile").string(), std::string("x"));
+  expect_error(run(base + "--resume " + (dir / "afile").string()), "is not a checkpoint directory", out);
   expect_error(run(base + "--vocab 100"), "--data is required", out);
   expect_error(run(base + "--device tpu"), "--device: unknown device 'tpu'", out);
   expect_error(run(base + "--precision f8"), "--precision: unknown precision 'f8'", out);

@@ -56,6 +56,21 @@ TEST_F(CliMessages, ArgmaxGoesWithCutsThatCutNothing) {
                "--greedy takes the most likely token, and --top-p 0.99 limits what is sampled: give one of them");
 }
 
+// A checkpoint whose weights hold a NaN (a diverged run's) printed the prompt, then "sampling: logit 0 is nan":
+// it is refused before anything is printed.
+TEST_F(CliMessages, GenerateRefusesNonFiniteWeightsBeforePrinting) {
+  save_small_checkpoint();
+  const std::string file = (dir / "ck" / "model.safetensors").string();
+  std::string bytes = read_file_text(file);
+  const char nan_f32[4] = {0x00, 0x00, static_cast<char>(0xc0), 0x7f};  // the last weight (f32, little-endian)
+  bytes.replace(bytes.size() - 4, 4, nan_f32, 4);
+  write_file_atomic(file, bytes);
+  const CliRun r = run("generate --checkpoint ck --tokens 5 --prompt x", dir);
+  expect_error(r, "checkpoint ck: 1 weight of the model is NaN or infinite (the run that wrote it diverged): nothing "
+               "to generate from");
+  EXPECT_EQ(r.out, "");
+}
+
 // "tessera: error: tessera prepare: --out DIR is required" said tessera twice.
 TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
   write_file_atomic((dir / "t.txt").string(), std::string("some text"));

@@ -46,6 +46,10 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--norm-eps inf")), "--norm-eps must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0")),
                  "--rope-theta must be positive and finite", out);
+  // Other positions ignore it: given there, it is refused rather than taken without effect.
+  expect_refused(test::run(train_args(out, "--rope-theta 0")),
+                 "--rope-theta applies to rotary positions (--positions rope); this model's positions are learned",
+                 out);
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta nan")),
                  "--rope-theta must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--n-layers 100000")), "--n-layers 100000 is more than 512", out);

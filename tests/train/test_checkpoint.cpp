@@ -384,7 +384,7 @@ TEST(Trainer, ResumeIsBitExact) {
   o.steps = 6;
   o.out = (d / "full").string();
   train(o);
-  o.stop_after = 3;  // interrupted after step 3 of 6
+  o.stop_after = 2;  // interrupted after step 2 of 6: no validation step, and the stop must add none
   o.out = (d / "split").string();
   train(o);
   resume_in(d / "split");  // to the saved run's 6 steps

@@ -66,6 +66,21 @@ TEST(Shards, WriteReadRoundTripAndStream) {
   fs::remove_all(d);
 }
 
+// A run's directory given as data (a new user's `train --data RUN`): its shards are in RUN/data, and the message
+// says so; a directory with neither says only what is missing.
+TEST(Shards, ARunDirectoryGivenAsDataNamesItsDataDirectory) {
+  const fs::path d = temp_dir("run_as_data");
+  fs::create_directories(d / "data");
+  write_shard((d / "data" / "train_000000.bin").string(), std::vector<uint16_t>(100, 1));
+  const std::string e = error_of([&] { find_shards(d.string(), "train"); });
+  EXPECT_NE(e.find("no train shards (train_*.bin) in " + d.string() + "; " + (d / "data").string() + " holds them"),
+            std::string::npos)
+      << e;
+  const std::string v = error_of([&] { find_shards(d.string(), "val"); });
+  EXPECT_EQ(v.find("holds them"), std::string::npos) << "RUN/data has no val shards: " << v;
+  fs::remove_all(d);
+}
+
 // The split is a whole word of the shard's name: "interval" is not "val".
 TEST(Shards, FindShardsMatchesTheSplitNotASubstring) {
   const fs::path d = temp_dir("find");

@@ -80,6 +80,14 @@ extern "C" void on_stop_signal(int sig) {
   }
   g_stop_ns.store(monotonic_ns());
   g_stop = sig;
+  // Said at once: the step, or a checkpoint being written, can take minutes, and a stop that printed nothing until
+  // then drew the second Ctrl-C that abandons the checkpoint (a new user's trial). Not for SIGPIPE: stderr may be
+  // the pipe that closed.
+  if (sig != SIGPIPE) {
+    constexpr char kMsg[] = "\ntessera: stopping after this step, with a checkpoint (a second signal exits at once, "
+                            "without one)\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+  }
 }
 
 // Removes the directories this command created when it fails before its first step, so that a failed command

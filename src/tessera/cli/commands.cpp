@@ -66,6 +66,13 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
+  // Weights that are NaN or inf (a diverged run's) printed the prompt and then failed at the first logit:
+  // refused before anything is printed.
+  size_t non_finite = 0;
+  for (const float w : model->params().read_f32(model->context())) non_finite += !std::isfinite(w);
+  TS_CHECK(non_finite == 0, "checkpoint ", given, ": ", counted(non_finite, "weight"), " of the model ",
+           non_finite == 1 ? "is" : "are",
+           " NaN or infinite (the run that wrote it diverged): nothing to generate from");
   // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) was refused
   // by the default prompt's "byte 84, outside the model's vocab", about a prompt the user never gave.
   const int vocab = model->config().vocab;

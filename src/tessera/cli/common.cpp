@@ -63,6 +63,9 @@ ModelConfig model_from_flags(const Flags& f) {
     if (out.starts_with(config)) out.erase(0, config.size());
     throw Error(e.file(), e.line(), out);
   }
+  // Unused by other positions, so a --rope-theta given to them (even 0, which rope refuses) trained silently.
+  TS_CHECK(!f.has("rope-theta") || cfg.positions == PositionKind::Rope, "--rope-theta applies to rotary positions "
+           "(--positions rope); this model's positions are ", position_kind_name(cfg.positions));
   return cfg;
 }
 

@@ -883,8 +883,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       rec["skipped"] = report.skipped;
     }
     rec["tokens_per_s"] = tps;
-    const bool end = step == o.steps || step == o.stop_after;
-    const bool last = end || stop;  // an interrupt skips the end-of-run validation: it should stop promptly
+    // --stop-after stops as an interrupt does: a checkpoint, and no validation of its own (one at its step put a
+    // val_loss into metrics.jsonl, and maybe a best/, that the uninterrupted run does not have).
+    const bool end = step == o.steps;
+    const bool last = end || stop || step == o.stop_after;  // an interrupt skips the end-of-run validation
     bool new_best = false;
     if (val_data && ((o.val_every > 0 && step % o.val_every == 0) || end)) {
       std::vector<double> v(2);
