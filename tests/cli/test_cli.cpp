@@ -555,8 +555,27 @@ TEST_F(Cli, ASignalRepeatedAtOnceIsOneStop) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
-  EXPECT_EQ(read_file_text(c.err.string()).find("again"), std::string::npos) << read_file_text(c.err.string());
+  const std::string err = read_file_text(c.err.string());
+  EXPECT_EQ(err.find("again"), std::string::npos) << err;
+  // The stop is acknowledged once: the repeat says nothing.
+  const std::string note = "tessera: stopping after this step, with a checkpoint";
+  ASSERT_NE(err.find(note), std::string::npos) << err;
+  EXPECT_EQ(err.find(note, err.find(note) + 1), std::string::npos) << err;
   EXPECT_TRUE(fs::exists(out / "checkpoint"));
+}
+
+// Under --no-checkpoint the acknowledgement does not promise a checkpoint.
+TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
+  const fs::path out = dir / "o";
+  Child c = spawn("train --out " + out.string() + " --batch 96 --steps 1000 --no-checkpoint --no-progress --device cpu",
+                  dir);
+  ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
+  const std::string err = read_file_text(c.err.string());
+  EXPECT_NE(err.find("tessera: stopping after this step (--no-checkpoint: nothing is written)"), std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("with a checkpoint"), std::string::npos) << err;
 }
 
 // A model whose vocab is wider than the bytes draws ids above 255; generate printed each masked to its low byte,

@@ -123,9 +123,9 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
 TEST(TrainBadFlags, AFirstCheckpointCutShortPointsToBest) {
   const fs::path dir = fresh_dir("tessera_cut_first_ckpt");
   const fs::path run = dir / "run";
-  fs::create_directories(run / "checkpoint.tmp");
-  fs::create_directories(run / "best");
-  std::ofstream(run / "metrics.jsonl") << "{}\n";
+  ASSERT_EQ(test::run(train_args(run, "")).code, 0);  // 4 steps, validated at 2 and 4: best/ is a whole checkpoint
+  fs::rename(run / "checkpoint", run / "checkpoint.tmp");  // as a second Ctrl-C during the first save leaves it
+  fs::rename(run / "best", dir / "best.aside");
   const std::string ck = (run / "checkpoint").string(), best = (run / "best").string();
   const test::CliRun no_best = test::run("train --resume " + ck + " --no-progress");
   EXPECT_EQ(no_best.code, 2) << no_best.err;
@@ -133,18 +133,24 @@ TEST(TrainBadFlags, AFirstCheckpointCutShortPointsToBest) {
                              ".tmp is incomplete)\n"),
             std::string::npos)
       << no_best.err;
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) std::ofstream(run / "best" / f) << "x";
+  fs::rename(dir / "best.aside", run / "best");
   const test::CliRun resumed = test::run("train --resume " + ck + " --no-progress");
   EXPECT_EQ(resumed.code, 2) << resumed.err;
-  EXPECT_NE(resumed.err.find("is incomplete); its best checkpoint can be continued: --resume " + best + "\n"),
+  EXPECT_NE(resumed.err.find("is incomplete); its best checkpoint can be continued as a new run: --resume " + best +
+                             " --out NEW\n"),
             std::string::npos)
       << resumed.err;
   const test::CliRun into = test::run(train_args(run, ""));
   EXPECT_EQ(into.code, 2) << into.err;
-  EXPECT_NE(into.err.find("no checkpoint to resume, only its best/: continue from that with --resume " + best +
-                          ", replace it with --force"),
+  EXPECT_NE(into.err.find("no checkpoint to resume, only its best/: continue that as a new run with --resume " + best +
+                          " --out NEW, replace it with --force"),
             std::string::npos)
       << into.err;
+  // The advice works.
+  const test::CliRun advised = test::run("train --resume " + best + " --out " + (dir / "new").string() +
+                                         " --steps 6 --no-progress --sample-tokens 0");
+  EXPECT_EQ(advised.code, 0) << advised.err;
+  EXPECT_TRUE(fs::is_directory(dir / "new" / "checkpoint"));
   fs::remove_all(dir);
 }
 
@@ -165,6 +171,14 @@ TEST(TrainBadFlags, ABranchWhoseDataMovedSaysWhereItLooks) {
   EXPECT_NE(r.err.find("--resume: the run's data, " + (a / "data").string() + ", does not exist"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("put it back there, or link it there"), std::string::npos) << r.err;
+  // A run's own data/ removed is not said to lie outside the run.
+  fs::remove_all(dir / "a_moved" / "data");
+  const test::CliRun own = test::run("train --resume " + (dir / "a_moved" / "checkpoint").string() +
+                                     " --steps 3 --no-progress --sample-tokens 0");
+  EXPECT_EQ(own.code, 2) << own.err;
+  EXPECT_NE(own.err.find("does not exist: it lay in the run's directory and was moved or removed; put it back there"),
+            std::string::npos)
+      << own.err;
   fs::remove_all(dir);
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -54,6 +55,13 @@ constexpr int64_t kSampleMaxParams = 100'000'000;
 constexpr int kDefaultSampleTokens = 100;
 
 SignalFlag g_stop = 0;
+// What the first stop signal prints at once, chosen before the handlers are installed: rank 0's line, which says
+// whether a checkpoint follows; null (the other ranks) for none.
+const char* g_stop_note = nullptr;
+size_t g_stop_note_len = 0;
+constexpr char kStopNoteCheckpoint[] =
+    "\ntessera: stopping after this step, with a checkpoint (a second signal exits at once, without one)\n";
+constexpr char kStopNoteNone[] = "\ntessera: stopping after this step (--no-checkpoint: nothing is written)\n";
 // When the first stop came (CLOCK_MONOTONIC, ns; a lock-free atomic, safe in the handler).
 std::atomic<int64_t> g_stop_ns{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the stop handler reads it");
@@ -82,11 +90,11 @@ extern "C" void on_stop_signal(int sig) {
   g_stop = sig;
   // Said at once: the step, or a checkpoint being written, can take minutes, and a stop that printed nothing until
   // then drew the second Ctrl-C that abandons the checkpoint (a new user's trial). Not for SIGPIPE: stderr may be
-  // the pipe that closed.
-  if (sig != SIGPIPE) {
-    constexpr char kMsg[] = "\ntessera: stopping after this step, with a checkpoint (a second signal exits at once, "
-                            "without one)\n";
-    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+  // the pipe that closed. The interrupted code sees errno as it was.
+  if (sig != SIGPIPE && g_stop_note != nullptr) {
+    const int saved = errno;
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, g_stop_note, g_stop_note_len);
+    errno = saved;
   }
 }
 
@@ -490,7 +498,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       const bool best_resumable =
           fs::is_regular_file(best / "model.safetensors") && fs::is_regular_file(best / "optimizer.safetensors");
       TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume",
-               best_resumable ? ", only its best/: continue from that with --resume " + best.string() + "," : ":",
+               best_resumable ? ", only its best/: continue that as a new run with --resume " + best.string() +
+                                    " --out NEW," : ":",
                " replace it with --force, or choose another --out");
     }
   });
@@ -647,6 +656,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
     // none. SIGHUP and SIGPIPE ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE) stay
     // ignored. The previous handlers come back afterwards.
+    g_stop_note = !lead ? nullptr : o.checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
+    g_stop_note_len = !lead ? 0 : o.checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
     const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,
                                 /*keep_ignored=*/{SIGHUP, SIGPIPE});
     try {

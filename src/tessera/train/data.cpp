@@ -424,8 +424,16 @@ std::vector<std::string> find_shards(const std::string& data, const std::string&
   std::vector<std::string> out = list_shards(data, split);
   // A run's directory given as --data (its shards are in RUN/data): name the directory that holds them.
   const fs::path in_data = fs::path(data) / "data";
-  const bool nested = out.empty() && fs::is_directory(data) && fs::is_directory(in_data) &&
-                      !list_shards(in_data.string(), split).empty();
+  bool nested = false;
+  if (out.empty()) {
+    std::error_code ec;  // only a hint: an unreadable RUN/data gives none, not another error
+    try {
+      nested = fs::is_directory(data, ec) && fs::is_directory(in_data, ec) &&
+               !list_shards(in_data.string(), split).empty();
+    } catch (...) {
+      nested = false;
+    }
+  }
   TS_CHECK(!out.empty(), "data: no ", split, " shards (", split, "_*.bin) in ", data,
            nested ? "; " + in_data.string() + " holds them (a run directory's shards are in its data/)" : "");
   return out;

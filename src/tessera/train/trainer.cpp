@@ -399,7 +399,7 @@ TrainSetup train_setup(TrainOptions o) {
       if (fs::is_directory(tmp)) why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
       if (p.filename() != "best" && fs::is_regular_file(best / "model.safetensors") &&
           fs::is_regular_file(best / "optimizer.safetensors"))
-        why += "; its best checkpoint can be continued: --resume " + best.string();
+        why += "; its best checkpoint can be continued as a new run: --resume " + best.string() + " --out NEW";
       TS_THROW("--resume: ", given, " does not exist", why);
     }
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
@@ -531,9 +531,15 @@ void train_open_data(TrainSetup& s) {
   const TrainOptions& o = s.options;
   // A resumed run's data outside its own directory (a branch made with --resume A/checkpoint --out B reads A/data)
   // does not move with it, and --data cannot be given beside --resume: say where the run looks.
-  TS_CHECK(!s.model || fs::exists(o.data), "--resume: the run's data, ", o.data,
-           ", does not exist (data outside the run directory is found by its path, not beside the checkpoint): put it "
-           "back there, or link it there");
+  if (s.model && !fs::exists(o.data)) {
+    const fs::path run = fs::absolute(resume_dir(o.resume)).parent_path().lexically_normal();
+    const fs::path rel = fs::absolute(o.data).lexically_normal().lexically_relative(run);
+    const bool inside = !rel.empty() && *rel.begin() != "..";
+    TS_THROW("--resume: the run's data, ", o.data, ", does not exist",
+             inside ? ": it lay in the run's directory and was moved or removed; put it back there"
+                    : " (data outside the run directory is found by its path, not beside the checkpoint): put it back "
+                      "there, or link it there");
+  }
   const std::vector<std::string> train_shards = find_shards(o.data, "train");
   // A resumed run continues on the data it trained on, or not at all: the same path may hold other data now (a
   // text prepared again into it, a shard set changed), and training on would silently continue another run. Checked
