@@ -66,9 +66,9 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
-  // Weights that are NaN or inf (a diverged run's) printed the prompt and then failed at the first logit:
-  // refused before anything is printed.
-  // The loaded model is f32 on the CPU: its weights are read in place (a copy was 10.6 GB for cs336-2.7b).
+  // Weights that are NaN or inf (a diverged run's) printed the prompt and then failed at the first logit: refused
+  // before anything is printed. The loaded model is f32 on the CPU, so they are read in place (no 10.6 GB copy for
+  // cs336-2.7b).
   size_t non_finite = 0;
   const float* weights = model->params().host_data<float>();
   for (size_t i = 0; i < model->params().size(); ++i) non_finite += !std::isfinite(weights[i]);
