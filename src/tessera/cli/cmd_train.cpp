@@ -36,6 +36,7 @@
 #include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
+#include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/text.h"
 #include "tessera/train/trainer.h"
@@ -495,8 +496,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                    (fs::path(o.out) / ck).string(), ", or replace it with --force");
       // A run stopped while it wrote its first checkpoint still has its best/ when it validated.
       const fs::path best = fs::path(o.out) / "best";
-      const bool best_resumable =
-          fs::is_regular_file(best / "model.safetensors") && fs::is_regular_file(best / "optimizer.safetensors");
+      const bool best_resumable = holds_train_state(best.string());
       TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume",
                best_resumable ? ", only its best/: continue that as a new run with --resume " + best.string() +
                                     " --out NEW," : ":",

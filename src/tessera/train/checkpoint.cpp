@@ -424,6 +424,11 @@ T meta_integer(const SafetensorsFile& st, const std::string& key) {
 }
 }  // namespace
 
+bool holds_train_state(const std::string& dir) {
+  return fs::is_regular_file(fs::path(dir) / "model.safetensors") &&
+         fs::is_regular_file(fs::path(dir) / "optimizer.safetensors");
+}
+
 TrainState load_train_state(const std::string& path, const Gpt& model) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();

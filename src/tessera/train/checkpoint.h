@@ -62,6 +62,10 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
 // temporary (a transposed GPT-2 weight; 0 for other namings, whose tensors stream from the parameters).
 size_t checkpoint_save_host_bytes(const ModelConfig& cfg);
 
+// Whether `dir` holds the files a resume reads (model.safetensors and optimizer.safetensors): a run's best/ that
+// can be continued when its checkpoint/ is missing.
+bool holds_train_state(const std::string& dir);
+
 // The directory a loader reads for checkpoint `path`: `path` itself, or <path>.old when `path` is missing and
 // <path>.old holds a checkpoint (a save interrupted between its two renames). A training run's directory (no
 // model.safetensors, a checkpoint/ that has one) is an Error naming the checkpoints in it.

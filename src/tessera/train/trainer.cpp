@@ -397,8 +397,7 @@ TrainSetup train_setup(TrainOptions o) {
       const fs::path tmp = parent / (p.filename().string() + ".tmp");
       std::string why;
       if (fs::is_directory(tmp)) why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
-      if (p.filename() != "best" && fs::is_regular_file(best / "model.safetensors") &&
-          fs::is_regular_file(best / "optimizer.safetensors"))
+      if (p.filename() != "best" && holds_train_state(best.string()))
         why += "; its best checkpoint can be continued as a new run: --resume " + best.string() + " --out NEW";
       TS_THROW("--resume: ", given, " does not exist", why);
     }
