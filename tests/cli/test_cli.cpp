@@ -163,6 +163,22 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, MissingShard) {
   expect_error(run(train_args((dir / "nope").string(), dir / "o")), "does not exist", dir / "o");
 }
+// A dangling symbolic link where a checkpoint or the data belongs, itself or a directory above the path given: the
+// error names the link and its missing target. It said only "does not exist", of a path that ls showed.
+TEST_F(Cli, ADanglingLinkIsNamedAsOne) {
+  const fs::path link = dir / "ck", gone = dir / "gone";
+  fs::create_symlink(gone, link);
+  const std::string note = link.string() + " is a symbolic link to " + gone.string() + ", which is missing";
+  expect_error(run("generate --checkpoint " + link.string()), note);
+  expect_error(run("info --checkpoint " + link.string()), note);
+  expect_error(run("train --resume " + (link / "checkpoint").string() + " --out " + (dir / "o").string() +
+                   " --no-progress"), note, dir / "o");
+  expect_error(run(train_args(link.string(), dir / "o")), note, dir / "o");
+  // A missing path that is no link keeps the plain message.
+  const CliRun plain = run("generate --checkpoint " + gone.string());
+  EXPECT_EQ(plain.err.find("symbolic link"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("does not exist (train one first"), std::string::npos) << plain.err;
+}
 TEST_F(Cli, TruncatedShard) { expect_error(run(train_args(data_with("truncated.bin"), dir / "o")), "truncated", dir / "o"); }
 TEST_F(Cli, ShortHeader) {
   expect_error(run(train_args(data_with("short_header.bin"), dir / "o")), "truncated header", dir / "o");

@@ -399,7 +399,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         text_source = TESSERA_DEFAULT_CORPUS;
       } else {
         o.data = a.str("data");
-        TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist");
+        TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist", dangling_link_note(o.data));
         if (!fs::is_directory(o.data) && !is_shard_file(o.data)) {
           TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data, ": text is tokenized byte-level (vocab 256) and the "
                                                 "model's vocab is ", o.model.vocab, "; give token shards instead");

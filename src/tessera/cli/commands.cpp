@@ -63,7 +63,8 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(!given.empty(), "--checkpoint is empty");
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
   const std::string ckpt = resolve_checkpoint_dir(given);
-  TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist (train one first: tessera train)");
+  TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist",
+           dangling_link_note(given).empty() ? " (train one first: tessera train)" : dangling_link_note(given));
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
   // Weights that are NaN or inf (a diverged run's) printed the prompt and then failed at the first logit: refused
@@ -232,7 +233,8 @@ int cmd_info(int argc, char** argv) {
       TS_CHECK(!a.has(f), "--", f, " cannot be combined with --checkpoint (the checkpoint fixes the model)");
     const std::string given = a.str("checkpoint");
     TS_CHECK(!given.empty(), "--checkpoint is empty");
-    TS_CHECK(fs::exists(resolve_checkpoint_dir(given)), "checkpoint ", given, " does not exist");
+    TS_CHECK(fs::exists(resolve_checkpoint_dir(given)), "checkpoint ", given, " does not exist",
+             dangling_link_note(given));
   }
   // A checkpoint's tensors are checked against its config, as generate's load does: info described a checkpoint
   // whose config says one model and whose tensors hold another.

@@ -34,6 +34,19 @@ int open_for_reading(const std::string& path, const char* what, bool wait_for_wr
   return fd;
 }
 
+std::string dangling_link_note(const std::string& path) {
+  std::error_code ec;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (fs::is_symlink(p, ec) && !fs::exists(p, ec)) {
+      const fs::path target = fs::read_symlink(p, ec);
+      const std::string to = ec ? std::string("a path that cannot be read") : target.string();
+      return " (" + p.string() + " is a symbolic link to " + to + ", which is missing)";
+    }
+    if (p == p.parent_path()) break;  // the root
+  }
+  return "";
+}
+
 namespace {
 // Bytes (std::vector<uint8_t>) or text (std::string): read straight into the result, without a second copy.
 template <typename Bytes>

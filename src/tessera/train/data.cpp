@@ -400,7 +400,7 @@ std::pair<size_t, size_t> prepare_text(const std::string& text, const std::strin
 }
 
 std::vector<std::string> list_shards(const std::string& data, const std::string& split) {
-  TS_CHECK(fs::exists(data), "data: ", data, " does not exist");
+  TS_CHECK(fs::exists(data), "data: ", data, " does not exist", dangling_link_note(data));
   if (!fs::is_directory(data)) return {data};
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(data)) {

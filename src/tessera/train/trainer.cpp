@@ -399,7 +399,7 @@ TrainSetup train_setup(TrainOptions o) {
       if (fs::is_directory(tmp)) why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
       if (p.filename() != "best" && holds_train_state(best.string()))
         why += "; its best checkpoint can be continued as a new run: --resume " + best.string() + " --out NEW";
-      TS_THROW("--resume: ", given, " does not exist", why);
+      TS_THROW("--resume: ", given, " does not exist", dangling_link_note(given), why);
     }
     TS_CHECK(fs::is_directory(o.resume), "--resume: ", given, " is not a checkpoint directory");
     const int steps = o.steps, stop_after = o.stop_after, trace_step = o.trace_step;
