@@ -32,11 +32,13 @@
 //                                        the producer's warp 1 stages them in shared memory with each tile)
 //       dV += Pᵀ dO, dK += dSᵀ Q          wgmma m64n64k16 per 64 head columns, Pᵀ / dSᵀ from registers,
 //                                        dO / Q MN-major
+//     At compiled width 64 the next tile's Sᵀ is issued with this tile's dV and dK, queued behind them;
 //     dK / sqrt(Dh) and dV stored at the end.
 //   Attention dropout (flash.h): each pass draws its keep bits while the tensor cores compute dP (dPᵀ); the dQ pass
 //   takes dP = Z ∘ (dO Vᵀ), the dK / dV pass dPᵀ = Zᵀ ∘ (V dOᵀ) and (P ∘ Z)ᵀ for dV.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/attention/flash.h"
@@ -127,6 +129,24 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     mma(y, desc_plus(desc_a1, k_step(kk, 2 * kBoxBytes)), desc_plus(desc_b1, k_step(kk, kBBox)), kk > 0 ? 1 : 0);
+  wgmma_commit();
+}
+
+// x = A Bᵀ alone, one commit group (issue_two_scores's first product).
+template <typename T, int kD, int kN>
+__device__ __forceinline__ void issue_one_score(float (&x)[kN / 8][4], uint32_t a, uint32_t b) {
+  constexpr int kBBox = kN / 64 * kBoxBytes;
+  const uint64_t desc_a = desc_k_major(a), desc_b = desc_k_major(b);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    if constexpr (kN == 64)
+      wgmma_ss_n64<T>(x, desc_plus(desc_a, k_step(kk, 2 * kBoxBytes)), desc_plus(desc_b, k_step(kk, kBBox)),
+                      kk > 0 ? 1 : 0);
+    else
+      wgmma_ss_n128<T>(x, desc_plus(desc_a, k_step(kk, 2 * kBoxBytes)), desc_plus(desc_b, k_step(kk, kBBox)),
+                       kk > 0 ? 1 : 0);
+  }
   wgmma_commit();
 }
 
@@ -421,77 +441,119 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash::zero(dv[bx]);
   }
   float st[kN8][4], dpt[kN8][4];
+  uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];  // Pᵀ and dSᵀ as A fragments of dV += Pᵀ dO, dK += dSᵀ Q
   const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;
   mbar_wait(&bar_kv, 0);
 
-  for (int i = i_begin; i < n_qt; ++i) {
-    const int t = i - i_begin, s = t % kStages;
-    const int q0 = i * kQRows;
-    // Queries wholly before this warpgroup's first key see none of its keys (causal); the stage is still waited
-    // for and released: an arrival before the tile is loaded could count toward the release of the tile before
-    // it. With 64-query tiles this skips consumer 1's first tile; with 128 it never fires (the first tile starts
-    // at k0).
-    if (causal && q0 + kQRows - 1 < k_first) {
-      mbar_wait(&bar_full[s], (t / kStages) & 1);
-    } else {
-      mbar_wait(&bar_full[s], (t / kStages) & 1);
-      // Sᵀ and dPᵀ in two commit groups, as in the dQ pass: Pᵀ's exponentials run while dPᵀ is computed.
-      issue_two_scores<T, kD, kQRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
-      wgmma_wait<1>();
-      flash_hopper::fence_regs(st);
-
-      // Only a tile on the diagonal or with keys past T masks (a warpgroup-uniform branch): Sᵀ = -inf makes P = 0.
-      // Queries past T need no mask: their staged lse is +inf, so P = 2^(S - inf) = 0 (their S is finite: TMA
-      // fills rows past T with zeros).
-      if (k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63)) {
-#pragma unroll
-        for (int n = 0; n < kN8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q = q0 + n * 8 + 2 * (lane & 3) + (e & 1), key = key_a + (e >> 1) * 8;
-            if (key >= seq_len || (causal && key > q)) st[n][e] = -INFINITY;
-          }
-      }
-      // This lane's query columns are q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), with lse and D at
-      // ql = 8n + 2 (l % 4) + c of the stage.
+  // A tile's Pᵀ and dSᵀ (into pa, dsa) from its Sᵀ, complete in st, and its dPᵀ, the last group issued: Pᵀ's
+  // exponentials run while the tensor cores compute dPᵀ.
+  auto tile_grads = [&](int s, int q0) {
+    // Only a tile on the diagonal or with keys past T masks (a warpgroup-uniform branch): Sᵀ = -inf makes P = 0.
+    // Queries past T need no mask: their staged lse is +inf, so P = 2^(S - inf) = 0 (their S is finite: TMA
+    // fills rows past T with zeros).
+    if (k0 + kBlockRows > seq_len || (causal && q0 < k_first + 63)) {
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
-      uint64_t keep = 0;  // drawn while dPᵀ is computed
-      if (drop.threshold)
-        keep = flash::keep_bits_key_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
-      wgmma_wait<0>();
-      flash_hopper::fence_regs(dpt);
-      if (drop.threshold) flash::apply_keep_bits<kN8>(dpt, keep, drop.scale);  // dPᵀ = Zᵀ ∘ (V dOᵀ)
-#pragma unroll
-      for (int n = 0; n < kN8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
-      if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
-      uint32_t pa[kN8 / 2][4], dsa[kN8 / 2][4];
-      flash::c_to_a<T, kN8>(pa, st);
-      flash::c_to_a<T, kN8>(dsa, dpt);
-      const uint64_t desc_do = desc_mn_major(sdO(s)), desc_q = desc_mn_major(sQ(s));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kQRows / 16; ++kk)
-#pragma unroll
-        for (int bx = 0; bx < kBoxes; ++bx) {
-          wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(desc_do, bx * kQBoxBytes + kk * 16 * 128), 1);
-          wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(desc_q, bx * kQBoxBytes + kk * 16 * 128), 1);
+        for (int e = 0; e < 4; ++e) {
+          const int q = q0 + n * 8 + 2 * (lane & 3) + (e & 1), key = key_a + (e >> 1) * 8;
+          if (key >= seq_len || (causal && key > q)) st[n][e] = -INFINITY;
         }
-      wgmma_commit();
-      wgmma_wait<0>();
+    }
+    // This lane's query columns are q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), with lse and D at
+    // ql = 8n + 2 (l % 4) + c of the stage.
+#pragma unroll
+    for (int n = 0; n < kN8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
+    uint64_t keep = 0;  // drawn while dPᵀ is computed
+    if (drop.threshold)
+      keep = flash::keep_bits_key_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
+    wgmma_wait<0>();
+    flash_hopper::fence_regs(dpt);
+    if (drop.threshold) flash::apply_keep_bits<kN8>(dpt, keep, drop.scale);  // dPᵀ = Zᵀ ∘ (V dOᵀ)
+#pragma unroll
+    for (int n = 0; n < kN8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
+    if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
+    flash::c_to_a<T, kN8>(pa, st);
+    flash::c_to_a<T, kN8>(dsa, dpt);
+  };
+  auto issue_dvdk = [&](int s) {  // one commit group
+    const uint64_t desc_do = desc_mn_major(sdO(s)), desc_q = desc_mn_major(sQ(s));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
       for (int bx = 0; bx < kBoxes; ++bx) {
-        flash_hopper::fence_regs(dv[bx]);
-        flash_hopper::fence_regs(dk[bx]);
+        wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(desc_do, bx * kQBoxBytes + kk * 16 * 128), 1);
+        wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(desc_q, bx * kQBoxBytes + kk * 16 * 128), 1);
       }
+    wgmma_commit();
+  };
+
+  if constexpr (kQRows == 128) {
+    // Compiled width 64: tile t + 1's Sᵀ is queued on the tensor cores behind tile t's dV and dK, so that they do
+    // not wait for this consumer to come round the loop and issue it (forward + backward at T 4k / 16k 392 / 415-418
+    // -> 401-403 / 420-428 TFLOP/s, level at 1k: 2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
+    // t's dPᵀ (tile t's Sᵀ complete), then tile t's dV, dK and tile t + 1's Sᵀ, and waits for all of them, so that
+    // no wgmma is in flight across the loop's back edge: ptxas serialized every wgmma of the loop (C7514) when
+    // tile t + 1's Sᵀ was left in flight into the next trip. Pᵀ, dSᵀ and the next Sᵀ fit beside dK and dV; with
+    // the next dPᵀ too they would not (C7512). No causal skip: every 128-query tile meets both consumers' keys.
+    const int n_t = n_qt - i_begin;
+    auto trip = [&](int t, auto last) {
+      const int s = t % kStages;
+      issue_one_score<T, kD, kQRows>(dpt, sVw, sdO(s));
+      tile_grads(s, (i_begin + t) * kQRows);
+      if constexpr (!decltype(last)::value) {
+        const int s1 = (t + 1) % kStages;
+        mbar_wait(&bar_full[s1], ((t + 1) / kStages) & 1);  // with no wgmma in flight
+        issue_dvdk(s);
+        issue_one_score<T, kD, kQRows>(st, sKw, sQ(s1));
+        wgmma_wait<1>();
+        mbar_arrive(&bar_empty[s]);
+        wgmma_wait<0>();
+        flash_hopper::fence_regs(st);
+      } else {
+        issue_dvdk(s);
+        wgmma_wait<0>();
+        mbar_arrive(&bar_empty[s]);
+      }
+    };
+    mbar_wait(&bar_full[0], 0);
+    issue_one_score<T, kD, kQRows>(st, sKw, sQ(0));
+    wgmma_wait<0>();
+    flash_hopper::fence_regs(st);
+    // The last trip peeled, so that no wgmma sits under a branch ptxas cannot prove uniform.
+    for (int t = 0; t + 1 < n_t; ++t) trip(t, std::false_type{});
+    trip(n_t - 1, std::true_type{});  // n_t >= 1: the block's first key is below T
+  } else {
+    for (int i = i_begin; i < n_qt; ++i) {
+      const int t = i - i_begin, s = t % kStages;
+      const int q0 = i * kQRows;
+      mbar_wait(&bar_full[s], (t / kStages) & 1);
+      // Queries wholly before this warpgroup's first key see none of its keys (causal): this skips consumer 1's
+      // first tile. The stage is still waited for and released: an arrival before the tile is loaded could count
+      // toward the release of the tile before it.
+      if (!causal || q0 + kQRows - 1 >= k_first) {
+        // Sᵀ and dPᵀ in two commit groups, as in the dQ pass.
+        issue_two_scores<T, kD, kQRows>(st, dpt, sKw, sQ(s), sVw, sdO(s));
+        wgmma_wait<1>();
+        flash_hopper::fence_regs(st);
+        tile_grads(s, q0);
+        issue_dvdk(s);
+        wgmma_wait<0>();
+      }
+      mbar_arrive(&bar_empty[s]);
     }
-    mbar_arrive(&bar_empty[s]);
+  }
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx) {
+    flash_hopper::fence_regs(dv[bx]);
+    flash_hopper::fence_regs(dk[bx]);
   }
 
   if (rope.cs) {
