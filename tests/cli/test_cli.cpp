@@ -167,18 +167,30 @@ TEST_F(Cli, MissingShard) {
 // error names the link and its missing target. It said only "does not exist", of a path that ls showed.
 TEST_F(Cli, ADanglingLinkIsNamedAsOne) {
   const fs::path link = dir / "ck", gone = dir / "gone";
-  fs::create_symlink(gone, link);
-  const std::string note = link.string() + " is a symbolic link to " + gone.string() + ", which is missing";
+  fs::create_symlink("gone", link);  // relative: shown from the working directory
+  const std::string note = link.string() + " is a symbolic link to " + gone.string() + ", which does not resolve";
   expect_error(run("generate --checkpoint " + link.string()), note);
+  expect_error(run("generate --checkpoint " + link.string() + "/"), note);
   expect_error(run("info --checkpoint " + link.string()), note);
   expect_error(run("train --resume " + (link / "checkpoint").string() + " --out " + (dir / "o").string() +
                    " --no-progress"), note, dir / "o");
   expect_error(run(train_args(link.string(), dir / "o")), note, dir / "o");
-  // A missing path that is no link keeps the plain message.
-  const CliRun plain = run("generate --checkpoint " + gone.string());
-  EXPECT_EQ(plain.err.find("symbolic link"), std::string::npos) << plain.err;
-  EXPECT_NE(plain.err.find("does not exist (train one first"), std::string::npos) << plain.err;
+  expect_error(run("bench kernels --out " + (link / "k.md").string()), note);
+  expect_error(run("train --steps 2 --no-progress --out " + (dir / "o").string() + " --trace " +
+                   (link / "t.json").string()), note, dir / "o");
+  // Through a link, "ck/.." is the directory that holds the link's target, not dir: the link is still the cause.
+  expect_error(run("generate --checkpoint " + (link / ".." / "x").string()), note);
+  // A missing path that is no link, or that only passes through a live one, keeps the plain message.
+  const fs::path live = dir / "live";
+  fs::create_directory(dir / "real");
+  fs::create_symlink(dir / "real", live);
+  for (const fs::path& p : {gone, live / "nothing"}) {
+    const CliRun plain = run("generate --checkpoint " + p.string());
+    EXPECT_EQ(plain.err.find("symbolic link"), std::string::npos) << plain.err;
+    EXPECT_NE(plain.err.find("does not exist (train one first"), std::string::npos) << plain.err;
+  }
 }
+
 TEST_F(Cli, TruncatedShard) { expect_error(run(train_args(data_with("truncated.bin"), dir / "o")), "truncated", dir / "o"); }
 TEST_F(Cli, ShortHeader) {
   expect_error(run(train_args(data_with("short_header.bin"), dir / "o")), "truncated header", dir / "o");

@@ -171,6 +171,15 @@ TEST(TrainBadFlags, ABranchWhoseDataMovedSaysWhereItLooks) {
   EXPECT_NE(r.err.find("--resume: the run's data, " + (a / "data").string() + ", does not exist"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("put it back there, or link it there"), std::string::npos) << r.err;
+  // Linked there, but to a place that is gone: the link is named.
+  fs::create_symlink(dir / "a_gone", a);
+  const test::CliRun linked = test::run("train --resume " + (b / "checkpoint").string() +
+                                        " --steps 4 --no-progress --sample-tokens 0");
+  EXPECT_EQ(linked.code, 2) << linked.err;
+  EXPECT_NE(linked.err.find("does not exist (" + a.string() + " is a symbolic link to " + (dir / "a_gone").string() +
+                            ", which does not resolve)"),
+            std::string::npos)
+      << linked.err;
   // A run's own data/ removed is not said to lie outside the run.
   fs::remove_all(dir / "a_moved" / "data");
   const test::CliRun own = test::run("train --resume " + (dir / "a_moved" / "checkpoint").string() +

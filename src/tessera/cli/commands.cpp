@@ -63,8 +63,10 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(!given.empty(), "--checkpoint is empty");
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
   const std::string ckpt = resolve_checkpoint_dir(given);
-  TS_CHECK(fs::exists(ckpt), "checkpoint ", given, " does not exist",
-           dangling_link_note(given).empty() ? " (train one first: tessera train)" : dangling_link_note(given));
+  if (!fs::exists(ckpt)) {
+    const std::string link = dangling_link_note(given);
+    TS_THROW("checkpoint ", given, " does not exist", link.empty() ? " (train one first: tessera train)" : link);
+  }
   sampler_check(p);
   auto model = load_checkpoint_model(ckpt);
   // Weights that are NaN or inf (a diverged run's) printed the prompt and then failed at the first logit: refused

@@ -137,7 +137,8 @@ void check_output_path(const std::string& flag, const std::string& path) {
   TS_CHECK(!path.empty(), "--", flag, " needs a file name");
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
   TS_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "--", flag, " ", path,
-           ": directory ", parent.string(), " does not exist or is not writable");
+           ": directory ", parent.string(), " does not exist or is not writable",
+           dangling_link_note(std::filesystem::path(path).parent_path().string()));
   TS_CHECK(!std::filesystem::is_directory(path), "--", flag, " ", path, " is a directory; give a file name");
   check_file_writable(path, "--" + flag);  // before the work whose result it would hold
 }

@@ -35,12 +35,16 @@ int open_for_reading(const std::string& path, const char* what, bool wait_for_wr
 }
 
 std::string dangling_link_note(const std::string& path) {
-  std::error_code ec;
-  for (fs::path p = fs::path(path).lexically_normal(); !p.empty(); p = p.parent_path()) {
-    if (fs::is_symlink(p, ec) && !fs::exists(p, ec)) {
-      const fs::path target = fs::read_symlink(p, ec);
-      const std::string to = ec ? std::string("a path that cannot be read") : target.string();
-      return " (" + p.string() + " is a symbolic link to " + to + ", which is missing)";
+  // The path as given, not lexically normalized: through a link, "a/.." is not the directory that holds a.
+  for (fs::path p(path); !p.empty(); p = p.parent_path()) {
+    std::error_code ec;
+    if (fs::is_symlink(p, ec)) {
+      const bool resolves = fs::exists(p, ec);
+      if (ec || resolves) return "";  // a loop (ELOOP) or a live link: not this note's case
+      fs::path target = fs::read_symlink(p, ec);
+      if (ec) return "";
+      if (target.is_relative()) target = (p.parent_path() / target).lexically_normal();  // as the user would ls it
+      return " (" + p.string() + " is a symbolic link to " + target.string() + ", which does not resolve)";
     }
     if (p == p.parent_path()) break;  // the root
   }

@@ -24,9 +24,10 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what =
 std::string read_file_text(const std::string& path, const char* what = "file",
                            const volatile std::sig_atomic_t* stop = nullptr);
 
-// What to add to "<path> does not exist" when `path`, or a directory on it, is a symbolic link whose target is
-// missing: " (<link> is a symbolic link to <target>, which is missing)"; else "". fs::exists follows links, so a
-// dangling one read as a plain missing path while ls showed it there.
+// What to add to "<path> does not exist" when `path`, or a directory on it, is a symbolic link whose target does not
+// resolve: " (<link> is a symbolic link to <target>, which does not resolve)", a relative target shown from the
+// working directory; else "" (a link loop included: fs::exists throws ELOOP before this is asked). fs::exists
+// follows links, so a dangling one read as a plain missing path while ls showed it there.
 std::string dangling_link_note(const std::string& path);
 
 // Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then

@@ -484,7 +484,8 @@ TrainSetup train_setup(TrainOptions o) {
     if (path.empty()) continue;
     files.claim(flag, path);
     const fs::path parent = fs::path(path).parent_path();
-    TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist");
+    TS_CHECK(parent.empty() || fs::is_directory(parent), flag, ": the directory of ", path, " does not exist",
+             dangling_link_note(parent.string()));
     TS_CHECK(!fs::is_directory(path), flag, ": ", path, " is a directory, not a file to write");
     check_file_writable(path, flag);  // not only after the steps up to the traced one
   }
@@ -534,7 +535,7 @@ void train_open_data(TrainSetup& s) {
     const fs::path run = fs::absolute(resume_dir(o.resume)).parent_path().lexically_normal();
     const fs::path rel = fs::absolute(o.data).lexically_normal().lexically_relative(run);
     const bool inside = !rel.empty() && *rel.begin() != "..";
-    TS_THROW("--resume: the run's data, ", o.data, ", does not exist",
+    TS_THROW("--resume: the run's data, ", o.data, ", does not exist", dangling_link_note(o.data),
              inside ? ": it lay in the run's directory and was moved or removed; put it back there"
                     : " (data outside the run directory is found by its path, not beside the checkpoint): put it back "
                       "there, or link it there");

@@ -132,7 +132,7 @@ __device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&
   wgmma_commit();
 }
 
-// x = A Bᵀ alone, one commit group (issue_two_scores's first product).
+// x = A Bᵀ alone, one commit group, laid out as either product of issue_two_scores.
 template <typename T, int kD, int kN>
 __device__ __forceinline__ void issue_one_score(float (&x)[kN / 8][4], uint32_t a, uint32_t b) {
   constexpr int kBBox = kN / 64 * kBoxBytes;
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kQRows == 128) {
     // Compiled width 64: tile t + 1's Sᵀ is queued on the tensor cores behind tile t's dV and dK, so that they do
     // not wait for this consumer to come round the loop and issue it (forward + backward at T 4k / 16k 392 / 415-418
-    // -> 401-403 / 420-428 TFLOP/s, level at 1k: 2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
+    // -> 400-403 / 420-428 TFLOP/s, level at 1k: 2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
     // t's dPᵀ (tile t's Sᵀ complete), then tile t's dV, dK and tile t + 1's Sᵀ, and waits for all of them, so that
     // no wgmma is in flight across the loop's back edge: ptxas serialized every wgmma of the loop (C7514) when
     // tile t + 1's Sᵀ was left in flight into the next trip. Pᵀ, dSᵀ and the next Sᵀ fit beside dK and dV; with
