@@ -163,6 +163,18 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, MissingShard) {
   expect_error(run(train_args((dir / "nope").string(), dir / "o")), "does not exist", dir / "o");
 }
+// Endless inputs that are not text are refused at their first block. They were read until memory ran out (2.7 GB
+// in 5 s) to be refused for their first byte. The address limit and the timeout turn a regression into a failure,
+// not a machine out of memory or a hung suite.
+TEST_F(Cli, AnEndlessNonTextInputIsRefusedAtOnce) {
+  const std::string guard = test::address_limit_prefix(4096) + "timeout 60 ";
+  const CliRun zero = test::run_after(guard, "prepare --text /dev/zero --out " + (dir / "z").string());
+  expect_error(zero, "a NUL byte at byte 0", dir / "z");
+  const CliRun noise = test::run_after(guard, "train --data /dev/urandom --steps 2 --no-progress --out " +
+                                                  (dir / "u").string());
+  expect_error(noise, "is neither a token shard", dir / "u");
+}
+
 // A dangling symbolic link where a checkpoint or the data belongs, itself or a directory above the path given: the
 // error names the link and its missing target. It said only "does not exist", of a path that ls showed.
 TEST_F(Cli, ADanglingLinkIsNamedAsOne) {

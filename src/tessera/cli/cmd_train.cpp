@@ -418,7 +418,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         // one while its prepare runs does: a line, 128 + the signal, nothing written. Unhandled, it was a silent kill.
         const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &read_stop, /*keep_ignored=*/{SIGHUP});
         try {
-          text = read_file_text(text_source, "data", &read_stop);
+          text = read_file_text(text_source, "data", &read_stop, /*stop_at_nul=*/true);
         } catch (const Error&) {
           if (read_stop == 0) throw;
         }

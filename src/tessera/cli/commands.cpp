@@ -138,7 +138,8 @@ int cmd_prepare(int argc, char** argv) {
   const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
   std::string text;
   try {
-    text = read_file_text(a.str("text"), "text", &g_prepare_stop);  // a FIFO: waits for its writer, as cat does
+    // A FIFO: waits for its writer, as cat does.
+    text = read_file_text(a.str("text"), "text", &g_prepare_stop, /*stop_at_nul=*/true);
   } catch (const Error&) {
     if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);  // the wait, interrupted (EINTR)
     throw;

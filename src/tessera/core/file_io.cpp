@@ -54,7 +54,8 @@ std::string dangling_link_note(const std::string& path) {
 namespace {
 // Bytes (std::vector<uint8_t>) or text (std::string): read straight into the result, without a second copy.
 template <typename Bytes>
-Bytes read_whole_file(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop = nullptr) {
+Bytes read_whole_file(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop = nullptr,
+                      bool stop_at_nul = false) {
   const int fd = open_for_reading(path, what, /*wait_for_writer=*/true);
   std::FILE* f = ::fdopen(fd, "rb");
   if (!f) {
@@ -83,6 +84,7 @@ Bytes read_whole_file(const std::string& path, const char* what, const volatile 
       const size_t n = std::fread(out.data() + len, 1, out.size() - len, f);
       if (n == 0) break;
       len += n;
+      if (stop_at_nul && std::memchr(out.data() + len - n, 0, n) != nullptr) break;
     }
   } catch (const std::bad_alloc&) {
     // Said as what failed: a caller's generic hint ("try a smaller model, --batch or --seq" in train) would point
@@ -106,8 +108,9 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what) 
   return read_whole_file<std::vector<uint8_t>>(path, what);
 }
 
-std::string read_file_text(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop) {
-  return read_whole_file<std::string>(path, what, stop);
+std::string read_file_text(const std::string& path, const char* what, const volatile std::sig_atomic_t* stop,
+                           bool stop_at_nul) {
+  return read_whole_file<std::string>(path, what, stop, stop_at_nul);
 }
 
 namespace {
