@@ -179,6 +179,41 @@ TEST(Checkpoints, BestHoldsTheLowestValidationLoss) {
   EXPECT_EQ(rr.best_val_loss, best);
   auto mr = load_checkpoint_model(rr.best_checkpoint);
   EXPECT_EQ(load_train_state(rr.best_checkpoint, *mr).step, best_step) << "best/ was overwritten after the resume";
+  ASSERT_TRUE(best_record(rr.best_checkpoint).has_value());
+  EXPECT_EQ(*best_record(rr.best_checkpoint), std::make_pair(best, best_step));
+  EXPECT_FALSE(best_record(resume.resume).has_value()) << "only best/ records a validation loss";
+
+  // The same with the metrics gone: best/ records its own loss, and the later, worse losses still do not replace it.
+  // A best/ without that record (written before it was kept) is replaced, with a warning.
+  for (const bool recorded : {true, false}) {
+    o.out = (d / (recorded ? "no_metrics" : "old_best")).string();
+    train(o);
+    fs::remove(fs::path(o.out) / "metrics.jsonl");
+    const std::string best_dir = (fs::path(o.out) / "best").string();
+    if (!recorded) {  // rewritten as an older tessera wrote it
+      auto bm = load_checkpoint_model(best_dir);
+      const TrainState bs = load_train_state(best_dir, *bm);
+      save_checkpoint(best_dir, *bm, &bs);
+      ASSERT_FALSE(best_record(best_dir).has_value());
+    }
+    resume.resume = (fs::path(o.out) / "checkpoint").string();
+    resume.out = o.out;
+    testing::internal::CaptureStderr();
+    const TrainResult rn = train(resume);
+    const std::string err = testing::internal::GetCapturedStderr();
+    auto mn = load_checkpoint_model(rn.best_checkpoint);
+    if (recorded) {
+      EXPECT_EQ(rn.best_step, best_step);
+      EXPECT_EQ(rn.best_val_loss, best);
+      EXPECT_EQ(load_train_state(rn.best_checkpoint, *mn).step, best_step) << "best/ replaced without metrics";
+      EXPECT_EQ(err.find("warning"), std::string::npos) << err;
+    } else {
+      EXPECT_GT(rn.best_step, best_step);
+      EXPECT_NE(err.find("does not record its loss: the resumed run's first validation will replace it"),
+                std::string::npos)
+          << err;
+    }
+  }
   fs::remove_all(d);
 }
 

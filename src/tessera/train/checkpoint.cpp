@@ -338,6 +338,11 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
       w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
       w.set_metadata("data_pos", std::to_string(state->data_pos));
       w.set_metadata("options", state->options_json);
+      if (std::isfinite(state->val_loss)) {
+        char loss[40];
+        std::snprintf(loss, sizeof loss, "%.17g", state->val_loss);
+        w.set_metadata("val_loss", loss);
+      }
       w.write((tmp / "optimizer.safetensors").string());
     }
     fsync_dir(tmp.string());
@@ -465,7 +470,20 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
            " is negative");
   TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
   s.options_json = meta.at("options");
-  return s;
+  return s;  // val_loss stays NaN: best_record reads it, and a run resumed from best/ must not copy it on
+}
+
+std::optional<std::pair<double, int64_t>> best_record(const std::string& dir) {
+  if (!holds_train_state(dir)) return std::nullopt;
+  const SafetensorsFile st = SafetensorsFile::load((fs::path(dir) / "optimizer.safetensors").string());
+  const auto& meta = st.metadata();
+  const auto it = meta.find("val_loss");
+  if (it == meta.end()) return std::nullopt;
+  char* end = nullptr;
+  const double loss = std::strtod(it->second.c_str(), &end);
+  TS_CHECK(!it->second.empty() && end == it->second.c_str() + it->second.size() && std::isfinite(loss), "checkpoint ",
+           dir, ": metadata 'val_loss' is not a finite number: '", it->second, "'");
+  return std::make_pair(loss, meta_integer<int64_t>(st, "step"));
 }
 
 }  // namespace tessera

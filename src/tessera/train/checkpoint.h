@@ -16,8 +16,11 @@
 // whole checkpoint to resume from.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/philox.h"
@@ -53,7 +56,15 @@ struct TrainState {
   uint64_t data_pos = 0;
   std::string options_json;          // the training options, for resuming with the same run
   std::vector<float> adam_m, adam_v;
+  // Written to a run's best/ only: the validation loss that made it the best (NaN: none, as in every other
+  // checkpoint and in a best/ written before it was kept there). Not loaded back (best_record reads it), so that a
+  // run resumed from best/ does not copy it into its own checkpoints.
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
 };
+
+// The validation loss and step a best/ checkpoint records (read from its optimizer state's header, not the
+// tensors); nullopt where `dir` holds no train state or no recorded loss.
+std::optional<std::pair<double, int64_t>> best_record(const std::string& dir);
 
 // Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
 void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -646,8 +647,20 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   TrainResult result;
   std::FILE* metrics = nullptr;
   if (lead) {
-    // The best so far of a resumed run is in its metrics (best/ was written at that step).
+    // The best so far of a resumed run is in its metrics (best/ was written at that step). Where they hold none
+    // (metrics.jsonl deleted, or only damaged lines), best/ records its own loss: without it the first validation
+    // after the resume replaced best/, however much worse it was.
     std::tie(result.best_val_loss, result.best_step) = trim_metrics(metrics_path, resuming ? state.step : 0);
+    if (resuming && result.best_step == 0 && fs::exists(fs::path(best_dir) / "model.safetensors")) {
+      const auto record = best_record(best_dir);
+      if (record && record->second <= state.step) {
+        std::tie(result.best_val_loss, result.best_step) = *record;
+      } else if (!record) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "tessera: warning: %s holds no validation record and %s does not record its loss: the "
+                     "resumed run's first validation will replace it\n", metrics_path.c_str(), best_dir.c_str());
+      }
+    }
     metrics = std::fopen(metrics_path.c_str(), "ab");
     TS_CHECK(metrics, "cannot write ", metrics_path);
   }
@@ -908,7 +921,9 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                "cannot write ", metrics_path);
     }
     if (new_best && o.checkpoints) {
+      state.val_loss = result.last_val_loss;  // recorded in best/ alone
       save(best_dir);
+      state.val_loss = std::numeric_limits<double>::quiet_NaN();
       result.best_val_loss = result.last_val_loss;
       result.best_step = step;
       result.best_checkpoint = best_dir;
