@@ -199,8 +199,27 @@ TEST_F(Cli, ADanglingLinkIsNamedAsOne) {
   for (const fs::path& p : {gone, live / "nothing"}) {
     const CliRun plain = run("generate --checkpoint " + p.string());
     EXPECT_EQ(plain.err.find("symbolic link"), std::string::npos) << plain.err;
-    EXPECT_NE(plain.err.find("does not exist (train one first"), std::string::npos) << plain.err;
+    EXPECT_EQ(plain.err, "tessera: error: checkpoint " + p.string() + " does not exist\n");
   }
+}
+
+// A finished run's --resume, as "already holds a run" advises it, says how to go on: it said only "nothing to do".
+TEST_F(Cli, ResumingAFinishedRunSaysToRaiseSteps) {
+  const fs::path out = dir / "o";
+  ASSERT_EQ(run(small_train(out) + " --steps 2").code, 0);
+  expect_error(run("train --resume " + (out / "checkpoint").string() + " --no-progress"),
+               "the checkpoint is at step 2, nothing to do for --steps 2: give --steps above 2 to train on");
+}
+
+// generate's missing checkpoint: "train one first" only for its default, runs/tiny's (given a path, tessera train
+// would train another model there), and a run stopped while it wrote its first checkpoint is named.
+TEST_F(Cli, AMissingCheckpointSaysWhy) {
+  const CliRun dflt = run("generate", dir);
+  expect_error(dflt, "checkpoint runs/tiny/checkpoint does not exist (train one first: tessera train)");
+  fs::create_directories(dir / "run" / "checkpoint.tmp");
+  expect_error(run("generate --checkpoint " + (dir / "run" / "checkpoint").string()),
+               "does not exist: the run was stopped while writing it (" + (dir / "run" / "checkpoint.tmp").string() +
+                   " is incomplete)");
 }
 
 TEST_F(Cli, TruncatedShard) { expect_error(run(train_args(data_with("truncated.bin"), dir / "o")), "truncated", dir / "o"); }

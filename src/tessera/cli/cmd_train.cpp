@@ -729,8 +729,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   int sample_tokens = sample_flag;
   if (!a.has("sample-tokens") && !r.model->context().is_cuda() && r.model->config().num_params() > kSampleMaxParams) {
     sample_tokens = 0;
-    std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N, or run "
-                "tessera generate)\n", human_count(static_cast<double>(r.model->config().num_params())).c_str());
+    // generate's default checkpoint is runs/tiny's, another model: the hint names this run's.
+    const std::string gen = r.checkpoint.empty() ? "" : ", or run " + shell_quote(argv[0]) + " generate --checkpoint " +
+                                                         shell_quote(r.checkpoint);
+    std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N%s)\n",
+                human_count(static_cast<double>(r.model->config().num_params())).c_str(), gen.c_str());
   }
   if (sample_tokens > 0 && !no_sample.empty()) {
     sample_tokens = 0;

@@ -450,7 +450,7 @@ TrainSetup train_setup(TrainOptions o) {
              ", not ", world == 1 ? std::string("a single process") : std::to_string(world) + " ranks",
              " (the checkpoint loads anywhere as a model: tessera generate)");
     TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
-             ", nothing to do for --steps ", o.steps);
+             ", nothing to do for --steps ", o.steps, ": give --steps above ", s.state.step, " to train on");
     TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
              ": its model and its saved training options disagree");
   }
@@ -940,7 +940,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     result.last_step = step;
     result.last_loss = loss;
     char fields[160];
-    const int len = std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr, tps / 1000);
+    // Below 100 tokens a second (a big model on the CPU) "0.0k" said nothing: those are shown whole.
+    const int len = tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.2g tok/s", loss, lr, tps)
+                              : std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr,
+                                              tps / 1000);
     if (o.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
       std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaling.scale(),
                     static_cast<long long>(result.skipped_steps));
