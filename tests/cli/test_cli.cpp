@@ -211,6 +211,24 @@ TEST_F(Cli, ResumingAFinishedRunSaysToRaiseSteps) {
                "the checkpoint is at step 2, nothing to do for --steps 2: give --steps above 2 to train on");
 }
 
+// Shards prepared by hand into OUT/data, with no run beside them, are not replaced by train's prepare of its text
+// without --force: they were, without a word.
+TEST_F(Cli, TrainKeepsShardsPreparedIntoItsDataDir) {
+  const fs::path out = dir / "run", text = dir / "t.txt";
+  std::string words;
+  for (int i = 0; i < 400; ++i) words += "a few words of text to prepare. ";
+  write_file_atomic(text.string(), words);
+  ASSERT_EQ(run("prepare --text " + text.string() + " --out " + (out / "data").string() + " --no-progress").code, 0);
+  const std::string before = read_file_text((out / "data" / "train_000000.bin").string());
+  const std::string train = "train --data " + text.string() + " --out " + out.string() +
+                            " --steps 1 --batch 2 --seq 16 --no-progress --sample-tokens 0";
+  expect_error(run(train), "holds no run, but its data/ holds shards (");
+  EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), before);
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+  const CliRun forced = run(train + " --force");
+  EXPECT_EQ(forced.code, 0) << forced.err;
+}
+
 // generate's missing checkpoint: "train one first" only for its default, runs/tiny's (given a path, tessera train
 // would train another model there), and a run stopped while it wrote its first checkpoint is named.
 TEST_F(Cli, AMissingCheckpointSaysWhy) {

@@ -487,6 +487,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                            (name.starts_with("train_") || name.starts_with("val_"));
         TS_CHECK(shard || is_prepare_leftover(name), "output directory ", o.out, ": its data/ holds ", name,
                  ", not a shard train writes; train prepares the text into OUT/data: give another --out");
+        // Shards with no run beside them were prepared by hand (tessera prepare --out OUT/data): replaced without a
+        // word, they were lost. A run's own shards go with the run, which --force replaces.
+        TS_CHECK(!shard || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, but its "
+                 "data/ holds shards (", name, ") that train would replace with those of ", text_source, ": train on "
+                 "them with --data ", (fs::path(o.out) / "data").string(), ", give another --out, or --force to "
+                 "replace them");
       }
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
