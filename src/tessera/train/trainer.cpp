@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
@@ -941,7 +941,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     result.last_loss = loss;
     char fields[160];
     // Below 100 tokens a second (a big model on the CPU) "0.0k" said nothing: those are shown whole.
-    const int len = tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.2g tok/s", loss, lr, tps)
+    const int len = tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.3g tok/s", loss, lr, tps)
                               : std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", loss, lr,
                                               tps / 1000);
     if (o.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
