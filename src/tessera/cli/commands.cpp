@@ -64,14 +64,9 @@ int cmd_generate(int argc, char** argv) {
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
   const std::string ckpt = resolve_checkpoint_dir(given);
   if (!fs::exists(ckpt)) {
-    // "Train one first" fits only the default path, runs/tiny's: elsewhere it would train another model. A run
-    // stopped while it wrote its first checkpoint left <dir>.tmp.
+    // "Train one first" fits only the default path, runs/tiny's: elsewhere it would train another model.
     std::string why = dangling_link_note(given);
-    fs::path p = fs::path(given).lexically_normal();
-    if (p.filename().empty()) p = p.parent_path();
-    const fs::path tmp = p.parent_path() / (p.filename().string() + ".tmp");
-    if (why.empty() && fs::is_directory(tmp))
-      why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
+    if (why.empty()) why = unfinished_checkpoint_note(given);
     if (why.empty() && !a.has("checkpoint")) why = " (train one first: tessera train)";
     TS_THROW("checkpoint ", given, " does not exist", why);
   }

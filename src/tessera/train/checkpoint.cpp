@@ -473,6 +473,13 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
   return s;  // val_loss stays NaN: best_record reads it, and a run resumed from best/ must not copy it on
 }
 
+std::string unfinished_checkpoint_note(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const fs::path tmp = (p.has_parent_path() ? p.parent_path() : fs::path(".")) / (p.filename().string() + ".tmp");
+  return fs::is_directory(tmp) ? ": the run was stopped while writing it (" + tmp.string() + " is incomplete)" : "";
+}
+
 std::optional<std::pair<double, int64_t>> best_record(const std::string& dir) {
   if (!holds_train_state(dir)) return std::nullopt;
   const SafetensorsFile st = SafetensorsFile::load((fs::path(dir) / "optimizer.safetensors").string());

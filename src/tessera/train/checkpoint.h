@@ -77,6 +77,11 @@ size_t checkpoint_save_host_bytes(const ModelConfig& cfg);
 // can be continued when its checkpoint/ is missing.
 bool holds_train_state(const std::string& dir);
 
+// What to add to "<path> does not exist" when a stop cut short a run's first checkpoint there (a second Ctrl-C while
+// it was written leaves <path>.tmp and no <path>): ": the run was stopped while writing it (<path>.tmp is
+// incomplete)"; else "".
+std::string unfinished_checkpoint_note(const std::string& path);
+
 // The directory a loader reads for checkpoint `path`: `path` itself, or <path>.old when `path` is missing and
 // <path>.old holds a checkpoint (a save interrupted between its two renames). A training run's directory (no
 // model.safetensors, a checkpoint/ that has one) is an Error naming the checkpoints in it.

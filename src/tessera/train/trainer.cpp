@@ -394,10 +394,8 @@ TrainSetup train_setup(TrainOptions o) {
       // no <dir>: say so, and point to the run's best/, which holds a whole checkpoint when the run validated.
       fs::path p = fs::path(given).lexically_normal();
       if (p.filename().empty()) p = p.parent_path();
-      const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path("."), best = parent / "best";
-      const fs::path tmp = parent / (p.filename().string() + ".tmp");
-      std::string why;
-      if (fs::is_directory(tmp)) why = ": the run was stopped while writing it (" + tmp.string() + " is incomplete)";
+      const fs::path best = (p.has_parent_path() ? p.parent_path() : fs::path(".")) / "best";
+      std::string why = unfinished_checkpoint_note(given);
       if (p.filename() != "best" && holds_train_state(best.string()))
         why += "; its best checkpoint can be continued as a new run: --resume " + best.string() + " --out NEW";
       TS_THROW("--resume: ", given, " does not exist", dangling_link_note(given), why);
