@@ -265,7 +265,10 @@ TEST_F(Cli, UnknownFlagAndCommand) {
   expect_error(run("info --d-model 12x"), "expects an integer");
   CliRun r = run("fly");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("unknown command 'fly'"), std::string::npos);
+  EXPECT_NE(r.err.find("unknown command 'fly' (see tessera --help)"), std::string::npos) << r.err;
+  // A typo of a command, or of --version, is named as a flag's is.
+  expect_error(run("--verison"), "unknown command '--verison' (did you mean --version?)");
+  expect_error(run("trian --steps 1"), "unknown command 'trian' (did you mean train?)");
 }
 // Every command's --help works where the command itself could not run: bench allreduce outside mpirun.
 TEST_F(Cli, BenchAllreduceHelpWithoutMpirun) {

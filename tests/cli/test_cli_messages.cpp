@@ -96,6 +96,9 @@ TEST_F(CliMessages, ACountOfOneIsSingular) {
   EXPECT_NE(r.out.find("data parallel over 1 rank: "), std::string::npos) << r.out;
   r = run("info --world 2 --zero 1");
   EXPECT_NE(r.out.find("data parallel over 2 ranks: "), std::string::npos) << r.out;
+  // Without --world, --zero 1 had nothing to shard over and printed one rank's figures as sharded.
+  expect_error(run("info --zero 1"), "--zero 1 shards the optimizer state over data-parallel ranks: give their "
+               "number with --world N");
 }
 
 // `--steps=` said "a flag is missing its value" without naming it, or, with a flag after it, took that flag as its

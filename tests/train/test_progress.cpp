@@ -46,6 +46,13 @@ TEST(Progress, LineFitsShortOfTheLastColumn) {
             "[####....] step 500/1000 | loss 1.4405 | ETA 1m05s");
   // At 40 no field fits: they go, with their separator.
   EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 40), "[####....] step 500/1000 | ETA 1m05s");
+  // Narrower still, the bar goes, then the time, then the unit, each whole: a cut at the last column had shown
+  // "ETA 1m0" for "ETA 1m05s" at 34 columns.
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 36), "step 500/1000 | ETA 1m05s");
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 26), "step 500/1000 | ETA 1m05s");
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 25), "step 500/1000");
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 10), "500/1000");
+  EXPECT_EQ(progress_line(500, 1000, "step", kFields, "ETA 1m05s", 5), "");
 }
 
 TEST(Progress, DurationsDoNotOverflow) {

@@ -233,6 +233,9 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
   TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
   TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
+  // Without --world the figures were for one rank holding everything, printed as if sharded.
+  TS_CHECK(!zero || a.has("world"), "--zero 1 shards the optimizer state over data-parallel ranks: give their number "
+           "with --world N");
   if (a.has("checkpoint")) {
     // As with train --resume: the checkpoint fixes the model, and a model flag would silently be ignored.
     for (const auto& f : model_flag_names())

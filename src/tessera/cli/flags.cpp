@@ -29,6 +29,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& n : names) {
+    const size_t d = edit_distance(name, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  // Near enough to be a typo: at most 2 edits, and fewer than half the name.
+  return best_d <= 2 && best_d * 2 < std::max<size_t>(name.size(), 2) ? best : std::string();
+}
+
 Flags::Flags(std::string command, std::string summary)
     : command_(std::move(command)), summary_(std::move(summary)), app_(std::make_unique<CLI::App>(summary_)) {
   app_->set_help_flag("--help,-h", "show this help");
@@ -116,15 +127,8 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
     TS_CHECK(a.rfind("--", 0) == 0, command_, ": unexpected argument '", a, "'", see);
     const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
     TS_CHECK(options_.count(name) == 0, command_, ": --", name, " takes no value");
-    std::string best;
-    size_t best_d = SIZE_MAX;
-    for (const auto& n : names_) {
-      const size_t d = edit_distance(name, n);
-      if (d < best_d) best_d = d, best = n;
-    }
-    // Near enough to be a typo: at most 2 edits, and fewer than half the name.
-    if (best_d <= 2 && best_d * 2 < std::max<size_t>(name.size(), 2))
-      TS_THROW(command_, ": unknown flag --", name, " (did you mean --", best, "?)");
+    const std::string best = nearest_name(name, names_);
+    if (!best.empty()) TS_THROW(command_, ": unknown flag --", name, " (did you mean --", best, "?)");
     TS_THROW(command_, ": unknown flag --", name, see);
   }
   return true;

@@ -61,5 +61,7 @@ class Flags {
 
 // Levenshtein distance, for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b);
+// The one of `names` nearest to `name` when it is near enough to be a typo of it, else "": for "did you mean".
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names);
 
 }  // namespace tessera::cli

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tessera/cli/commands.h"
+#include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/train/trainer.h"
@@ -86,7 +87,11 @@ int run_command(int argc, char** argv) {
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
-    return fail("unknown command '" + cmd + "' (see tessera --help)");
+    // A typo of a command or of --version / --help is named, as a typo of a flag is.
+    const std::string near =
+        tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "info", "bench", "--version", "--help"});
+    return fail("unknown command '" + cmd + "' (" +
+                (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {
     return fail(e.what());
   } catch (const std::filesystem::filesystem_error& e) {

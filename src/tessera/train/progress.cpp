@@ -25,7 +25,8 @@ std::string progress_line(int64_t done, int64_t total, const char* unit, const s
   std::string f = fields;
   auto compose = [&](int width) {
     const int filled = total > 0 ? static_cast<int>(width * std::clamp<int64_t>(done, 0, total) / total) : 0;
-    std::string line = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] " + count;
+    std::string line = "[";  // appended: GCC 12 warns (-Wrestrict, a false positive) on "[" + std::string(...)
+    line.append(filled, '#').append(width - filled, '.').append("] ").append(count);
     if (!f.empty()) line += " | " + f;
     return line + " | " + time;
   };
@@ -41,7 +42,12 @@ std::string progress_line(int64_t done, int64_t total, const char* unit, const s
     f = bar == std::string::npos ? "" : f.substr(0, bar);
     line = compose(width);
   }
-  if (line.size() > room) line.resize(room);  // a very narrow terminal
+  // A very narrow terminal: then the bar goes, then the time, then the unit. Each goes whole: a cut at the last
+  // column had left "ETA 0" of "ETA 0m45s", a time off by its unit, or "step 5" of "step 500/1000".
+  if (line.size() > room) line = count + " | " + time;
+  if (line.size() > room) line = count;
+  if (line.size() > room) line = count.substr(count.find(' ') + 1);  // the unit is one word
+  if (line.size() > room) line.clear();
   return line;
 }
 
