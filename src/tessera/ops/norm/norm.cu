@@ -400,8 +400,12 @@ template <typename T>
 __global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(ParamGradSums<T> sums, int blocks,
                                                                             int C) {
   __shared__ float lanes[kReduceLanes][33];
-  cuda::wait_for_primary_grid();  // the row kernel's partials
   T* out = sums.out[blockIdx.y];
+  // d_w / d_b as they were, loaded before the wait: the row kernel does not write them, and the kernels before it
+  // have finished (it is an ordinary launch). Read after the sums it was one more memory round trip in the tail.
+  const int col = blockIdx.x * 32 + threadIdx.y;
+  const float before = threadIdx.x == 0 && col < C ? to_f32(out[col]) : 0.0f;
+  cuda::wait_for_primary_grid();  // the row kernel's partials
   const float* partial = sums.partial[blockIdx.y];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
@@ -421,9 +425,8 @@ __global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(Para
   lanes[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   // Warp y adds column y's 32 lane sums with a fixed shuffle tree (the odd row length keeps the reads in 32 banks).
-  const int col = blockIdx.x * 32 + threadIdx.y;
   const float total = cuda::warp_sum(lanes[threadIdx.x][threadIdx.y]);
-  if (threadIdx.x == 0 && col < C) out[col] = from_f32<T>(to_f32(out[col]) + total);
+  if (threadIdx.x == 0 && col < C) out[col] = from_f32<T>(before + total);
 }
 
 // Packs when every row holds whole, aligned packs; else one element per unit.

@@ -141,6 +141,12 @@ template <typename T, int W, int kCols, int kLanes>
 __device__ __forceinline__ void column_partials_add(T* out, const float* partial, int groups, int width, int c0,
                                                     bool valid, float* lanes) {
   constexpr int kAhead = 4;
+  // out as it was, loaded with the partials: read after the sums it was one more memory round trip at the very end.
+  // Only this block writes it, and only below.
+  float o[W] = {};
+  if (threadIdx.y == 0 && valid)
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = to_f32(out[c0 + k]);
   float s[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) s[k] = 0.0f;
@@ -174,7 +180,7 @@ __device__ __forceinline__ void column_partials_add(T* out, const float* partial
     float t = 0.0f;
 #pragma unroll
     for (int y = 0; y < kLanes; ++y) t += lanes[(y * kCols + threadIdx.x) * W + k];
-    out[c0 + k] = from_f32<T>(to_f32(out[c0 + k]) + t);
+    out[c0 + k] = from_f32<T>(o[k] + t);
   }
 }
 
