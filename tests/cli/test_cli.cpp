@@ -1280,6 +1280,27 @@ TEST_F(Cli, AStopWhileTrainReadsItsTextSaysSoAndWritesNothing) {
   EXPECT_FALSE(fs::exists(dir / "o"));
 }
 
+// Between the read of a --data text, its prepare and the training's handlers the default action of a stop was in
+// force: a Ctrl-C there (about a second, for 400 MiB of text) killed train without a word. TESSERA_FAULT_INJECT
+// raises SIGINT at each gap. After the read: nothing written, said as a stop while reading. After the prepare: the
+// training stops at its first step boundary with a checkpoint, as a stop during the prepare's last shard does.
+TEST_F(Cli, AStopBetweenTrainsReadAndItsTrainingIsSaid) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "It is easy to despise what you cannot get. ";
+  write_file_atomic((dir / "t.txt").string(), text);
+  const CliRun read = test::run_after("TESSERA_FAULT_INJECT=train-stop-after-read ",
+                                      test::small_train_args(dir / "a", "--data t.txt"), dir);
+  EXPECT_EQ(read.code, 128 + SIGINT) << read.err;
+  EXPECT_EQ(read.err, "tessera: interrupted while reading t.txt: nothing written\n");
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  const CliRun prepared = test::run_after("TESSERA_FAULT_INJECT=train-stop-after-prepare ",
+                                          test::small_train_args(dir / "b", "--data t.txt"), dir);
+  EXPECT_EQ(prepared.code, 128 + SIGINT) << prepared.err;
+  EXPECT_NE(prepared.out.find("prepared t.txt"), std::string::npos) << prepared.out;
+  EXPECT_TRUE(fs::is_directory(dir / "b" / "checkpoint")) << prepared.out << prepared.err;
+  EXPECT_TRUE(fs::exists(dir / "b" / "data" / "train_000000.bin"));
+}
+
 // A prepare into a run's directory or a checkpoint mixed its shards in with them, without a word.
 TEST_F(Cli, PrepareRefusesARunOrACheckpointUnlessForced) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";

@@ -279,6 +279,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   // Rank 0's lock on the directory of the shards it reads: shared (exclusive while train prepares its text there).
   std::optional<DirectoryLock> data_lock;
   SignalFlag read_stop = 0;  // a stop while the --data text is read
+  // One process: from the read of a --data text until the training's own handlers, a stop is recorded in read_stop
+  // and said, where between the read, the prepare and the training the default action had killed train without a
+  // word (seconds, for gigabytes of text). Ranks keep it for the read alone: a flag that some ranks saw and others
+  // did not would part them, and mpirun ends them all on a stop anyway.
+  std::optional<ScopedSignals> text_signals;
   ranks.agree([&] {
     // 1. The flags, with nothing read or written yet.
     o.resume = a.str("resume");
@@ -416,7 +421,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       {
         // A stop while the text is read (seconds for gigabytes, or an endless --data /dev/zero) ends the command as
         // one while its prepare runs does: a line, 128 + the signal, nothing written. Unhandled, it was a silent kill.
-        const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &read_stop, /*keep_ignored=*/{SIGHUP});
+        text_signals.emplace(std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP}, &read_stop,
+                             /*keep_ignored=*/std::initializer_list<int>{SIGHUP});
         try {
           text = read_file_text(text_source, "data", &read_stop, /*stop_at_nul=*/true);
         } catch (const Error&) {
@@ -426,6 +432,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
           TS_CHECK(!ranks.world, "interrupted while reading ", text_source);  // the ranks agree on an error
           return;
         }
+        if (ranks.world) text_signals.reset();
+        if (fault_injected("train-stop-after-read")) ::raise(SIGINT);  // tests: a stop in the checks after the read
       }
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
@@ -561,6 +569,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                         "(a train reads its shards, or a prepare writes them): wait for it to end, or choose another "
                         "--out");
       PrepareReport prepared;
+      prepare_stop = read_stop;  // a stop since the checks above: the prepare ends at once, undone
       try {
         const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &prepare_stop, /*keep_ignored=*/{SIGHUP});
         PrepareProgress bar(text.size(), o.progress && lead);
@@ -578,6 +587,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         g_stop_ns.store(monotonic_ns());  // a repeat of it (timeout's second) is the same stop
         g_stop = prepare_stop;
       }
+      if (fault_injected("train-stop-after-prepare")) ::raise(SIGINT);  // tests: a stop before the training's handlers
       const size_t n_train = prepared.n_train, n_val = prepared.n_val;
       std::error_code ec;
       // The source as the user would type it from here (the bundled corpus's path is absolute at build time).
@@ -662,6 +672,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
     // none. SIGHUP and SIGPIPE ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE) stay
     // ignored. The previous handlers come back afterwards.
+    // A stop since the prepare (text_signals recorded it) stops the training at its first step boundary, as the
+    // prepare's own does. Reset before the training's handlers go in: scopes are undone in the reverse order.
+    if (text_signals) {
+      if (read_stop != 0 && g_stop == 0) {
+        g_stop_ns.store(monotonic_ns());
+        g_stop = read_stop;
+      }
+      text_signals.reset();
+    }
     g_stop_note = !lead ? nullptr : o.checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
     g_stop_note_len = !lead ? 0 : o.checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
     const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,

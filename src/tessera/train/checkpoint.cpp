@@ -32,6 +32,13 @@ CheckpointNaming checkpoint_naming(const ModelConfig& cfg) {
   return CheckpointNaming::Tessera;
 }
 
+bool fault_injected(const char* point) {
+  const char* env = std::getenv("TESSERA_FAULT_INJECT");
+  if (!env) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + point + ",") != std::string::npos;
+}
+
 namespace {
 const char* naming_name(CheckpointNaming n) {
   switch (n) {
@@ -176,13 +183,6 @@ void write_model_files(const std::string& dir, const Gpt& model) {
 // TESSERA_FAULT_INJECT=<point>[,<point>...] makes save_checkpoint die by SIGKILL at that point, as a crash or a
 // power loss would, so tests can show that a checkpoint stays loadable at every step. `ckpt-no-exchange`
 // makes it behave as on a file system without RENAME_EXCHANGE.
-bool fault_injected(const char* point) {
-  const char* env = std::getenv("TESSERA_FAULT_INJECT");
-  if (!env) return false;
-  const std::string list = std::string(",") + env + ",";
-  return list.find(std::string(",") + point + ",") != std::string::npos;
-}
-
 void fault_point(const char* point) {
   if (fault_injected(point)) ::raise(SIGKILL);
 }

@@ -68,6 +68,9 @@ std::optional<std::pair<double, int64_t>> best_record(const std::string& dir);
 
 // Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
 void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state);
+// For tests: whether TESSERA_FAULT_INJECT (a comma list) names `point`. save_checkpoint dies by SIGKILL at its
+// points, as a crash would; train raises a stop signal at its own (cmd_train.cpp).
+bool fault_injected(const char* point);
 
 // The extra host memory save_checkpoint needs beyond the model and the TrainState it is given: its largest
 // temporary (a transposed GPT-2 weight; 0 for other namings, whose tensors stream from the parameters).
