@@ -225,6 +225,10 @@ TEST_F(BenchModelPeer, BadPeerFlagsAreOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("--peer-timeout"), std::string::npos) << r.err;
   }
+  // 1e18 s overflowed the deadline into the past: the peer was stopped at once, as if it had run out of time.
+  const test::CliRun huge = test::run(kRun + " --peer --peer-timeout 1e18");
+  EXPECT_EQ(huge.code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("--peer-timeout 1e18 is out of range (at most a year"), std::string::npos) << huge.err;
 }
 
 // A peer that runs past --peer-timeout (torch.compile of many sizes): stopped there, its eager figure kept in the

@@ -127,6 +127,11 @@ double read_peer_timeout(const Flags& a, const std::string& what) {
   const double s = a.number("peer-timeout", 0.0);
   TS_CHECK(s >= 0, what, ": --peer-timeout must be 0 (no limit) or a positive number of seconds, got ",
            a.str("peer-timeout"));
+  // The deadline is a clock reading in nanoseconds (64 bits): 1e18 s overflowed it into the past, and the peer was
+  // stopped at once. A year is beyond any peer run.
+  constexpr double kYear = 365.0 * 24 * 3600;
+  TS_CHECK(s <= kYear, what, ": --peer-timeout ", a.str("peer-timeout"), " is out of range (at most a year, ",
+           static_cast<long long>(kYear), " s; 0 for no limit)");
   return s;
 }
 
