@@ -1470,6 +1470,25 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   ASSERT_EQ(edited.code, 0) << edited.err;
   EXPECT_EQ(edited.err, "");
   EXPECT_EQ(count_lines(dir / "w" / "metrics.jsonl"), 4);
+  // Emptied or deleted: every step is missing, which a count from the first record kept never saw. A run branched
+  // into a new --out has no metrics of its own to miss.
+  train("e", 3);
+  const CliRun branch = run("train --resume e/checkpoint --out br --stop-after 4" + tail, dir);
+  ASSERT_EQ(branch.code, 0) << branch.err;
+  EXPECT_EQ(branch.err, "");
+  write_file_atomic((dir / "e" / "metrics.jsonl").string(), "");
+  const CliRun emptied = run("train --resume e/checkpoint --stop-after 4" + tail, dir);
+  ASSERT_EQ(emptied.code, 0) << emptied.err;
+  EXPECT_EQ(emptied.err, "tessera: warning: e/metrics.jsonl: no record of steps 1 to 3 (the file is empty); the "
+                         "resumed run's records follow step 3 without them\n");
+  fs::remove(dir / "e" / "metrics.jsonl");
+  const CliRun deleted = run("train --resume e/checkpoint --stop-after 5" + tail, dir);
+  ASSERT_EQ(deleted.code, 0) << deleted.err;
+  EXPECT_EQ(deleted.err, "tessera: warning: e/metrics.jsonl: no record of steps 1 to 4 (the file is missing); the "
+                         "resumed run's records follow step 4 without them\n");
+  const CliRun after = run("train --resume e/checkpoint --stop-after 6" + tail, dir);  // warned once
+  ASSERT_EQ(after.code, 0) << after.err;
+  EXPECT_EQ(after.err, "");
 }
 
 // A run under a symbolic link (home/x, home -> real), once resumed, compared its data's resolved path (real/x/data,

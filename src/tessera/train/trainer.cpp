@@ -193,7 +193,9 @@ void validate(const TrainOptions& o, const std::string& opt = "--") {
 // given once: the kept record of the highest step notes how many steps were missing then ("missing_steps"), and a
 // later resume warns only when more are (it counts the steps, not which: a gap filled and another opened of no more
 // steps goes unsaid).
-std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step) {
+// in_place: the run resumes in the directory of its checkpoint, so its metrics should hold every step to keep_step;
+// with none at all (the file deleted or emptied) that is said too. A run branched into a new --out has none.
+std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step, bool in_place) {
   std::vector<std::string> kept;
   double best = 0;
   int64_t best_step = 0, acknowledged = 0;
@@ -230,6 +232,12 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   const int64_t missing =
       steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
+  if (in_place && keep_step > 0 && steps.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: warning: %s: no record of steps 1 to %lld (the file is %s); the resumed run's "
+                 "records follow step %lld without them\n", path.c_str(), static_cast<long long>(keep_step),
+                 !fs::exists(path) ? "missing" : torn ? "unreadable" : "empty", static_cast<long long>(keep_step));
+  }
   if (missing > acknowledged || unreadable > 0) {
     std::string what = unreadable ? counted(unreadable, "unreadable line") + " dropped" : "cut short or edited";
     if (missing > 0) {
@@ -648,7 +656,11 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     // The best so far of a resumed run is in its metrics (best/ was written at that step). Where they hold none
     // (metrics.jsonl deleted, or only damaged lines), best/ records its own loss: without it the first validation
     // after the resume replaced best/, however much worse it was.
-    std::tie(result.best_val_loss, result.best_step) = trim_metrics(metrics_path, resuming ? state.step : 0);
+    std::error_code ec;  // a checkpoint of this run: its directory is in --out (RUN/checkpoint, RUN/checkpoint.old)
+    const fs::path run_dir = resuming ? resume_dir(o.resume).parent_path() : fs::path();
+    const bool in_place = resuming && fs::equivalent(run_dir.empty() ? "." : run_dir, o.out, ec);
+    std::tie(result.best_val_loss, result.best_step) =
+        trim_metrics(metrics_path, resuming ? state.step : 0, in_place);
     if (resuming && result.best_step == 0 && fs::exists(fs::path(best_dir) / "model.safetensors")) {
       const auto record = best_record(best_dir);
       if (record && record->second <= state.step) {
