@@ -828,7 +828,8 @@ TEST_F(Cli, NoDefaultSampleForLargeModelsOnTheCpu) {
 TEST_F(Cli, CheckpointsByWallTimeUnlessCkptEveryZero) {
   // A run killed outright (SIGKILL, no handler) keeps its last periodic checkpoint. The metrics record of
   // step 3 is written after step 2's checkpoint, so one must exist by then.
-  for (const char* mode : {"--ckpt-minutes 1e-12", "--ckpt-every 0 --ckpt-minutes 1e-12"}) {
+  // Both flags together are refused (below): --ckpt-every 0 is shown writing none with the default interval.
+  for (const char* mode : {"--ckpt-minutes 1e-12", "--ckpt-every 0"}) {
     const fs::path out = dir / "o";
     fs::remove_all(out);
     Child c = spawn(small_train(out) + " --steps 1000000 " + mode, dir);
@@ -842,6 +843,10 @@ TEST_F(Cli, CheckpointsByWallTimeUnlessCkptEveryZero) {
       EXPECT_FALSE(fs::exists(out / "checkpoint")) << mode;
     }
   }
+  // --ckpt-minutes was ignored beside --ckpt-every, without a word.
+  expect_error(run(small_train(dir / "both") + " --ckpt-every 1 --ckpt-minutes 5", dir),
+               "--ckpt-every times checkpoints by steps, and --ckpt-minutes by wall time (only without --ckpt-every): "
+               "give one of them");
 }
 
 TEST_F(Cli, KeepsTheBestCheckpoint) {
@@ -1132,6 +1137,10 @@ TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {
                "--greedy takes the most likely token, and --top-p 0.9 limits what is sampled: give one of them");
   expect_error(run("generate --temperature 0 --top-k 5" + ck),
                "--temperature 0 takes the most likely token, and --top-k 5 limits what is sampled");
+  // And a --seed, which greedy decoding never uses.
+  expect_error(run("generate --greedy --seed 5" + ck),
+               "--greedy takes the most likely token, and --seed 5 seeds sampling: give one of them");
+  expect_error(run("generate --temperature 0 --seed 5" + ck), "--temperature 0 takes the most likely token, and --seed 5");
 }
 
 TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {

@@ -345,6 +345,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
     if (a.has("ckpt-every")) TS_CHECK(o.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", o.ckpt_every);
     o.ckpt_minutes = a.number("ckpt-minutes", o.ckpt_minutes);
+    TS_CHECK(!a.has("ckpt-every") || !a.has("ckpt-minutes"), "--ckpt-every times checkpoints by steps, and "
+             "--ckpt-minutes by wall time (only without --ckpt-every): give one of them");
     o.progress = !a.has("no-progress");
     sample_flag = a.integer("sample-tokens", kDefaultSampleTokens);
     TS_CHECK(sample_flag >= 0, "--sample-tokens must be >= 0, got ", sample_flag);

@@ -57,6 +57,9 @@ int cmd_generate(int argc, char** argv) {
   for (const auto& [f, cut] : cuts)
     TS_CHECK(p.temperature != 0 || !a.has(f) || !cut, a.has("greedy") ? "--greedy" : "--temperature 0",
              " takes the most likely token, and --", f, " ", a.str(f), " limits what is sampled: give one of them");
+  // Greedy decoding draws no random number: a seed would be ignored.
+  TS_CHECK(p.temperature != 0 || !a.has("seed"), a.has("greedy") ? "--greedy" : "--temperature 0",
+           " takes the most likely token, and --seed ", a.str("seed"), " seeds sampling: give one of them");
   const int n = a.integer("tokens", 200);
   TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
