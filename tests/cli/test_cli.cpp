@@ -644,6 +644,21 @@ TEST_F(Cli, ASignalRepeatedAtOnceIsOneStop) {
   EXPECT_TRUE(fs::exists(out / "checkpoint"));
 }
 
+// A resume with --no-checkpoint printed the run's best/ as if it were this run's best, beside a better validation
+// loss of its own that it did not save. It says that best/ is as it was.
+TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
+  const fs::path out = dir / "o";
+  ASSERT_EQ(run(test::small_train_args(out, ""), dir).code, 0);
+  const CliRun r = run("train --resume " + (out / "checkpoint").string() + " --steps 6 --no-checkpoint --no-progress "
+                       "--sample-tokens 0 --device cpu", dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("best:       " + (out / "best").string() + " (step "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; as it was: --no-checkpoint writes none)\n"), std::string::npos) << r.out;
+  const CliRun saved = run(test::small_train_args(dir / "s", ""), dir);  // a run that saves says nothing more
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_EQ(saved.out.find("as it was"), std::string::npos) << saved.out;
+}
+
 // Under --no-checkpoint the acknowledgement does not promise a checkpoint.
 TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
   const fs::path out = dir / "o";

@@ -741,9 +741,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     std::printf(", %lld skipped (f16 overflow), loss scale %g", static_cast<long long>(r.skipped_steps), r.loss_scale);
   if (r.last_val_loss > 0) std::printf(", val loss %.4f", r.last_val_loss);
   std::printf("\ncheckpoint: %s\n", r.checkpoint.empty() ? "none (--no-checkpoint)" : r.checkpoint.c_str());
+  // A resume with --no-checkpoint keeps the run's best/ as it was: said, since a better validation loss of this
+  // run (printed above) did not replace it.
   if (r.best_step > 0)
-    std::printf("best:       %s (step %lld, val loss %.4f)\n", r.best_checkpoint.c_str(),
-                static_cast<long long>(r.best_step), r.best_val_loss);
+    std::printf("best:       %s (step %lld, val loss %.4f%s)\n", r.best_checkpoint.c_str(),
+                static_cast<long long>(r.best_step), r.best_val_loss,
+                r.checkpoint.empty() ? "; as it was: --no-checkpoint writes none" : "");
   std::printf("metrics:    %s\n", (fs::path(o.out) / "metrics.jsonl").c_str());  // "--out run/": one slash
   if (r.peak_device_bytes > 0)
     std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
