@@ -671,6 +671,8 @@ TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
   EXPECT_NE(err.find("tessera: stopping after this step (--no-checkpoint: nothing is written)"), std::string::npos)
       << err;
   EXPECT_EQ(err.find("with a checkpoint"), std::string::npos) << err;
+  // The newline that ends a bar drawn in place is not printed with no bar: it was an empty line.
+  EXPECT_EQ(err.rfind("tessera: stopping after this step", 0), 0u) << err;
 }
 
 // A model whose vocab is wider than the bytes draws ids above 255; generate printed each masked to its low byte,

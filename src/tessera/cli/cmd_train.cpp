@@ -685,6 +685,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     }
     g_stop_note = !lead ? nullptr : o.checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
     g_stop_note_len = !lead ? 0 : o.checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
+    // The note's leading newline ends a bar drawn in place; with none (--no-progress, or stderr not a terminal,
+    // where the bar prints whole lines) it was an empty line.
+    if (g_stop_note && !(o.progress && ::isatty(STDERR_FILENO))) {
+      ++g_stop_note;
+      --g_stop_note_len;
+    }
     const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,
                                 /*keep_ignored=*/{SIGHUP, SIGPIPE});
     try {
