@@ -654,6 +654,8 @@ TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("best:       " + (out / "best").string() + " (step "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; as it was: --no-checkpoint writes none)\n"), std::string::npos) << r.out;
+  // The header names the steps this resume runs ("for 6 steps" read against "done: 2 steps").
+  EXPECT_NE(r.out.find(" for steps 5 to 6 -> "), std::string::npos) << r.out;
   const CliRun saved = run(test::small_train_args(dir / "s", ""), dir);  // a run that saves says nothing more
   ASSERT_EQ(saved.code, 0) << saved.err;
   EXPECT_EQ(saved.out.find("as it was"), std::string::npos) << saved.out;

@@ -636,7 +636,11 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                                            setup.context->device().str() + ") in " + precision
                                                      : std::string("the CPU");
   if (lead) {
-    std::printf("training %s on %s for %s -> %s\n", what.c_str(), where.c_str(), counted(o.steps, "step").c_str(),
+    // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" read as a contradiction.
+    const std::string span = o.resume.empty() || !setup.model
+                                 ? "for " + counted(o.steps, "step")
+                                 : "for steps " + std::to_string(setup.state.step + 1) + " to " + std::to_string(o.steps);
+    std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(),
                 o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
     if (no_graph.empty())
