@@ -78,8 +78,11 @@ TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
   expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
 }
 
-// A count of 1 takes the singular: "wrote 1 train and 1 val tokens", "data parallel over 1 ranks".
+// A count of 1 takes the singular: "wrote 1 train and 1 val tokens", "data parallel over 1 ranks", "the text has 1
+// bytes".
 TEST_F(CliMessages, ACountOfOneIsSingular) {
+  write_file_atomic((dir / "one.txt").string(), std::string("a"));
+  expect_error(run("prepare --text one.txt --out d", dir), "prepare: the text has 1 byte; at least 2 are needed");
   write_file_atomic((dir / "two.txt").string(), std::string("ab"));
   CliRun r = run("prepare --text two.txt --out d", dir);
   ASSERT_EQ(r.code, 0) << r.err;

@@ -280,7 +280,7 @@ void remove_prepare_leftovers(const fs::path& dir) {
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
   const double val_fraction = params.val_fraction;
   TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
-  TS_CHECK(text.size() >= 2, "prepare: the text has ", text.size(), " bytes; at least 2 are needed");
+  TS_CHECK(text.size() >= 2, "prepare: the text has ", counted(text.size(), "byte"), "; at least 2 are needed");
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   const Split split(text.size(), val_fraction);
   PrepareReport report{.n_train = split.count(false), .n_val = split.count(true), .removed = {}};
