@@ -104,6 +104,31 @@ TEST_F(CliMessages, ACountOfOneIsSingular) {
                "number with --world N");
 }
 
+// The bench headers said "1 timed runs" under --iters 1 (--steps 1 for bench model and compare), on stdout and in
+// the markdown.
+TEST_F(CliMessages, BenchHeadersSayOneTimedRun) {
+  const std::string one = " --device cpu --warmup 0 --no-progress ";
+  for (const auto& [args, header] : {
+           std::pair<std::string, std::string>{"bench kernels --only embedding --iters 1" + one,
+                                               "tessera bench kernels on cpu, f32, size small, 0 warm-up + 1 timed "
+                                               "run\n"},
+           {"bench optimizer --iters 1" + one, "tessera bench optimizer on cpu, f32, size small, 0 warm-up + 1 timed "
+                                               "run\n"},
+           {"bench attention --iters 1" + one, "tessera bench attention on cpu, f32, size small, 0 warm-up + 1 timed "
+                                               "run\n"},
+           {"bench model --preset tiny --batch 1 --seq 16 --steps 1" + one,
+            "tessera bench model on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"},
+           // No peer to run: a python that fails at once leaves a note, and the tables still come.
+           {"bench compare --preset tiny --batch 1 --seq 16 --steps 1" + one,
+            "tessera bench compare on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"}}) {
+    const CliRun r = test::run_after("TESSERA_PYTHON=false ", args + "--out " + (dir / "b.md").string());
+    ASSERT_EQ(r.code, 0) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.starts_with(header)) << r.out;
+    EXPECT_NE(read_file_text((dir / "b.md").string()).find(" 0 warm-up + 1 timed run"), std::string::npos) << args;
+    EXPECT_EQ(read_file_text((dir / "b.md").string()).find("1 timed runs"), std::string::npos) << args;
+  }
+}
+
 // `--steps=` said "a flag is missing its value" without naming it, or, with a flag after it, took that flag as its
 // value. It is now the empty value, as `--steps ''` is, and refused as that is.
 TEST_F(CliMessages, AnEmptyValueAfterEqualsIsTheEmptyValue) {

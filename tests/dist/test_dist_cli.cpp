@@ -319,15 +319,18 @@ TEST(DistCli, BenchAllreduceSizesThatDoNotFitNameItsOwnFlag) {
   fs::remove_all(d);
 }
 
-// mpirun -np 1 runs too, and says "1 rank": it said "1 ranks" in the header, the markdown and the memory check.
+// mpirun -np 1 runs too, and says "1 rank": it said "1 ranks" in the header, the markdown and the memory check
+// (and "1 timed runs" under --iters 1).
 TEST(DistCli, BenchAllreduceOnOneRankSaysRank) {
   const fs::path d = test::temp_dir("dist_cli_bench_one");
   const std::string args = "allreduce --backend mpi-cpu --warmup 0 --iters 1 --sizes ";
   const Job j = mpirun("", 1, args + "4KB --out ar.md", d, "bench");
   ASSERT_EQ(j.code, 0) << j.out << j.err;
-  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 1 rank (cpu), f32,"), 1u) << j.out;
-  EXPECT_NE(read_file_text((d / "ar.md").string()).find("- backend: mpi-cpu, 1 rank, device cpu, f32\n"),
-            std::string::npos);
+  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 1 rank (cpu), f32, 0 warm-up + 1 timed run per size\n"),
+            1u) << j.out;
+  const std::string md = read_file_text((d / "ar.md").string());
+  EXPECT_NE(md.find("- backend: mpi-cpu, 1 rank, device cpu, f32\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("- 0 warm-up + 1 timed run per size; "), std::string::npos) << md;
   const Job oom = mpirun("", 1, args + "100000GB", d, "bench");
   EXPECT_EQ(oom.code, 2) << oom.out << oom.err;
   EXPECT_NE(oom.err.find("(3 x the size) on the one rank on this host needs "), std::string::npos) << oom.err;

@@ -26,6 +26,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 #include "tessera/train/progress.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
 
@@ -145,8 +146,8 @@ int cmd_bench(int argc, char** argv) {
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
-  std::printf("tessera bench %s on %s, %s, size %s, %d warm-up + %d timed runs\n", which.c_str(), device.c_str(),
-              dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
+  std::printf("tessera bench %s on %s, %s, size %s, %d warm-up + %s\n", which.c_str(), device.c_str(),
+              dtype_name.c_str(), size.c_str(), timing.warmup, counted(timing.iters, "timed run").c_str());
   std::fflush(stdout);
   const double copy_gbs = ctx.is_cuda() ? h.copy_bandwidth_gbs(kCopyBytes, timing) : 0.0;
   // Progress on stderr, as bench attention's: --size full on the CPU runs for minutes before its table (each row's
@@ -178,7 +179,7 @@ int cmd_bench(int argc, char** argv) {
   std::string md = "# tessera bench " + which + "\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
         "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
-        std::to_string(timing.iters) + " timed runs (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
+        counted(timing.iters, "timed run") + " (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
         ")\n";
   if (ctx.is_cuda())
     md += "- device-to-device copy: " + fmt("%.0f", copy_gbs) +

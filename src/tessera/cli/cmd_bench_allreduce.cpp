@@ -26,6 +26,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
+#include "tessera/core/units.h"
 #include "tessera/dist/communicator.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/mpi_communicator.h"
@@ -165,8 +166,9 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
       comm = std::make_unique<MpiCommunicator>(world, timeout);
     }
     if (lead) {
-      std::printf("tessera bench allreduce: %s, %s (%s), %s, %d warm-up + %d timed runs per size\n",
-                  backend.c_str(), ranks.c_str(), device.c_str(), dtype_s.c_str(), timing.warmup, timing.iters);
+      std::printf("tessera bench allreduce: %s, %s (%s), %s, %d warm-up + %s per size\n", backend.c_str(),
+                  ranks.c_str(), device.c_str(), dtype_s.c_str(), timing.warmup,
+                  counted(timing.iters, "timed run").c_str());
       std::fflush(stdout);
     }
     rows = bench_allreduce(*comm, control, *ctx, sizes, dtype, timing);
@@ -189,7 +191,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   std::string md = "# tessera bench allreduce\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- backend: " + backend + ", " +
         ranks + ", device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) +
-        " warm-up + " + std::to_string(timing.iters) + " timed runs per size; a run's time is its slowest rank's (" +
+        " warm-up + " + counted(timing.iters, "timed run") + " per size; a run's time is its slowest rank's (" +
         (backend == "nccl-cuda" ? "cudaEvents from issue to completion" : "host clock") +
         "); algbw = size / time, busbw = algbw x 2(n-1)/n, GB/s = 1e9 bytes/s\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";

@@ -28,6 +28,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/train/progress.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
@@ -148,8 +149,8 @@ int cmd_bench_attention(int argc, char** argv) {
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
-  std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %d timed runs\n", device.c_str(),
-              dtype_name.c_str(), size.c_str(), timing.warmup, timing.iters);
+  std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %s\n", device.c_str(),
+              dtype_name.c_str(), size.c_str(), timing.warmup, counted(timing.iters, "timed run").c_str());
   std::fflush(stdout);
   // A GPU marks the rows it cannot fit OOM (the CS336 table's point); on the host, or outside the rows, --size full
   // runs out of memory where small would not, and the error says so.
@@ -190,7 +191,7 @@ int cmd_bench_attention(int argc, char** argv) {
   std::string md = "# tessera bench attention\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
         "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
-        std::to_string(timing.iters) + " timed runs (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
+        counted(timing.iters, "timed run") + " (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
         ")\n- tessera flash = attention_forward / attention_backward (" + kernel +
         "); tessera naive = S and P materialized in the dtype (attention_naive)\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";

@@ -22,6 +22,7 @@
 #include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
 
 namespace tessera::cli {
@@ -95,8 +96,8 @@ int cmd_bench_compare(int argc, char** argv) {
   const std::string& prec = target.prec;
   const bool gpu = target.ctx.is_cuda();
 
-  std::printf("tessera bench compare on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
-              target.device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
+  std::printf("tessera bench compare on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n",
+              target.device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, counted(bc.steps, "timed run").c_str());
   std::printf("%s\n", target.regions_line.c_str());
   std::fflush(stdout);
   const std::vector<ModelBenchRow> rows = run_model_bench_sizes(target.cfgs, bc, target.ctx,
@@ -110,8 +111,8 @@ int cmd_bench_compare(int argc, char** argv) {
   std::string md = "# tessera bench compare\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + target.device +
         (gpu ? " (GPU)" : " (CPU)") + "\n- precision " + prec + ", batch " + std::to_string(bc.batch) + ", seq " +
-        std::to_string(bc.seq) + ", " + std::to_string(bc.warmup) + " warm-up + " + std::to_string(bc.steps) +
-        " timed runs per region on both sides, each between two synchronizations (host clock); cells: median ms\n";
+        std::to_string(bc.seq) + ", " + std::to_string(bc.warmup) + " warm-up + " + counted(bc.steps, "timed run") +
+        " per region on both sides, each between two synchronizations (host clock); cells: median ms\n";
   md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
   md += "- tessera " + target.regions_line + "\n";
   if (peer.figures.empty()) {

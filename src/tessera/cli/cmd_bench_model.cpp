@@ -28,6 +28,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
 
@@ -164,8 +165,8 @@ int cmd_bench_model(int argc, char** argv) {
   }
 
   const std::string& device = target.device;
-  std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %d timed runs per region\n",
-              device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, bc.steps);
+  std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n",
+              device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, counted(bc.steps, "timed run").c_str());
   std::printf("%s\n", regions_line.c_str());
   // f16: the loss scaling of train's steps (bench/model.h), from the same scaler configuration.
   const bool scaled = model_bench_loss_scaling(bc);
@@ -224,8 +225,8 @@ int cmd_bench_model(int argc, char** argv) {
   std::string md = "# tessera bench model\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
         "\n- precision " + prec + ", batch " + std::to_string(bc.batch) + ", seq " + std::to_string(bc.seq) + ", " +
-        std::to_string(bc.warmup) + " warm-up + " + std::to_string(bc.steps) +
-        " timed runs per region, each between two synchronizations (host clock); cells: median ± std ms\n";
+        std::to_string(bc.warmup) + " warm-up + " + counted(bc.steps, "timed run") +
+        " per region, each between two synchronizations (host clock); cells: median ± std ms\n";
   md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
   if (scaled)
     md += "- " + scaling_line + "; loss scale: S at the end; skipped: the steps skipped of the optimizer steps run "
