@@ -337,6 +337,16 @@ TEST(DistCli, BenchAllreduceOnOneRankSaysRank) {
   fs::remove_all(d);
 }
 
+// mpirun -np 1 train said "data parallel: 1 ranks x batch 1 = 1 sequences a micro-step".
+TEST(DistCli, TrainOnOneRankSaysRank) {
+  const fs::path d = test::temp_dir("dist_cli_train_one");
+  const Job j = mpirun("", 1, kTiny + " --batch 1 --steps 1 --out run", d);
+  ASSERT_EQ(j.code, 0) << j.out << j.err;
+  EXPECT_NE(j.out.find("data parallel: 1 rank x batch 1 = 1 sequence a micro-step, --ddp "), std::string::npos)
+      << j.out;
+  fs::remove_all(d);
+}
+
 // What bench allreduce checks against the memory is what it holds: 64 MiB a rank runs under an address limit of
 // about what 4 KB needs (under 150 MB a rank in a CPU-only build, 64 of them to start the binary) plus the 3 x 64 MiB
 // the check counts (the buffer and MPI's scratch). Checking the result through a full host copy of the buffer and

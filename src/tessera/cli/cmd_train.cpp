@@ -650,8 +650,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       std::printf("step: eager (%s)\n", no_graph.c_str());
     if (!setup.no_validation.empty()) std::printf("validation: none (%s)\n", setup.no_validation.c_str());
     if (ranks.world) {
-      std::printf("data parallel: %d ranks x batch %d = %d sequences a micro-step, %s\n", ranks.size(), o.batch,
-                  ranks.size() * o.batch,
+      std::printf("data parallel: %s x batch %d = %s a micro-step, %s\n", counted(ranks.size(), "rank").c_str(),
+                  o.batch, counted(ranks.size() * o.batch, "sequence").c_str(),
                   dist.zero ? "ZeRO-1 (gradients reduce-scattered, optimizer state sharded)"
                             : ("--ddp " + std::string(ddp_mode_name(dist.ddp)) +
                                (dist.ddp == DdpMode::Bucket ? " (" + a.str("bucket-mb", "25") + " MB buckets)" : ""))
