@@ -212,7 +212,7 @@ TEST_F(Cli, ResumingAFinishedRunSaysToRaiseSteps) {
 }
 
 // Shards prepared by hand into OUT/data, with no run beside them, are not replaced by train's prepare of its text
-// without --force: they were, without a word.
+// without --force: they were, without a word. The refusal names them all, or the first few.
 TEST_F(Cli, TrainKeepsShardsPreparedIntoItsDataDir) {
   const fs::path out = dir / "run", text = dir / "t.txt";
   std::string words;
@@ -222,8 +222,13 @@ TEST_F(Cli, TrainKeepsShardsPreparedIntoItsDataDir) {
   const std::string before = read_file_text((out / "data" / "train_000000.bin").string());
   const std::string train = "train --data " + text.string() + " --out " + out.string() +
                             " --steps 1 --batch 2 --seq 16 --no-progress --sample-tokens 0";
-  expect_error(run(train), "holds no run, but its data/ holds shards (");
+  expect_error(run(train), "holds no run, but its data/ holds shards (train_000000.bin, val_000000.bin) that train "
+               "would replace");
   EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), before);
+  // Many are named as the first few: the refusal named the one shard it met first, as if it alone were at stake.
+  for (int i = 1; i <= 4; ++i)
+    fs::copy_file(out / "data" / "val_000000.bin", out / "data" / ("val_00000" + std::to_string(i) + ".bin"));
+  expect_error(run(train), "holds shards (train_000000.bin, val_000000.bin, val_000001.bin and 3 more) that train");
   EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
   const CliRun forced = run(train + " --force");
   EXPECT_EQ(forced.code, 0) << forced.err;

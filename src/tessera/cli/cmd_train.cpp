@@ -193,6 +193,14 @@ std::vector<std::string> foreign_entries(const fs::path& out) {
   return names;
 }
 
+// "a, b, c and 2 more": a refusal names what it found without running past its one line.
+std::string first_names(const std::vector<std::string>& names) {
+  std::string shown;
+  for (size_t i = 0; i < names.size() && i < 3; ++i) shown += (i ? ", " : "") + names[i];
+  if (names.size() > 3) shown += " and " + std::to_string(names.size() - 3) + " more";
+  return shown;
+}
+
 // The ranks of a run under mpirun: the MPI runtime, and a communicator on which the ranks agree on the outcome
 // of each phase of the command.
 struct Ranks {
@@ -480,30 +488,31 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     TS_CHECK(!fs::exists(o.out) || fs::is_directory(o.out), "output path ", o.out, " is not a directory");
     if (!holds_run(o.out) && fs::is_directory(o.out)) {
       const std::vector<std::string> other = foreign_entries(o.out);
-      std::string shown;
-      for (size_t i = 0; i < other.size() && i < 3; ++i) shown += (i ? ", " : "") + other[i];
-      if (other.size() > 3) shown += " and " + std::to_string(other.size() - 3) + " more";
-      TS_CHECK(other.empty(), "output directory ", o.out, " holds no tessera run but other files (", shown, "), "
-               "which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give --out a new or "
-               "empty directory");
+      TS_CHECK(other.empty(), "output directory ", o.out, " holds no tessera run but other files (", first_names(other),
+               "), which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give --out a new "
+               "or empty directory");
     }
     // Train's text goes to OUT/data: a data/ that holds other files than shards (a run's directory whose data/
     // someone filled by hand) belongs to something else, not to the run. A killed prepare's hidden files are the
     // run's own, and the prepare removes them.
     if (!text_source.empty() && fs::is_directory(fs::path(o.out) / "data")) {
+      std::vector<std::string> shards;
       for (const auto& e : fs::directory_iterator(fs::path(o.out) / "data")) {
         const std::string name = e.path().filename().string();
         const bool shard = e.is_regular_file() && e.path().extension() == ".bin" &&
                            (name.starts_with("train_") || name.starts_with("val_"));
         TS_CHECK(shard || is_prepare_leftover(name), "output directory ", o.out, ": its data/ holds ", name,
                  ", not a shard train writes; train prepares the text into OUT/data: give another --out");
-        // Shards with no run beside them were prepared by hand (tessera prepare --out OUT/data): replaced without a
-        // word, they were lost. A run's own shards go with the run, which --force replaces.
-        TS_CHECK(!shard || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, but its "
-                 "data/ holds shards (", name, ") that train would replace with those of ", text_source, ": train on "
-                 "them with --data ", (fs::path(o.out) / "data").string(), ", give another --out, or --force to "
-                 "replace them");
+        if (shard) shards.push_back(name);
       }
+      // Shards with no run beside them were prepared by hand (tessera prepare --out OUT/data): replaced without a
+      // word, they were lost. A run's own shards go with the run, which --force replaces. All of them are named
+      // (the first few): one name read as if the others were not at stake.
+      std::sort(shards.begin(), shards.end());
+      TS_CHECK(shards.empty() || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, "
+               "but its data/ holds shards (", first_names(shards), ") that train would replace with those of ",
+               text_source, ": train on them with --data ", (fs::path(o.out) / "data").string(),
+               ", give another --out, or --force to replace them");
     }
     if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
       for (const char* ck : {"checkpoint", "checkpoint.old"})
