@@ -138,6 +138,38 @@ TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
   EXPECT_FALSE(fs::exists(dir / "m.png"));
 }
 
+// Without --trace-step the trace is of the run's second step, or its only one: the default was step 2 whatever
+// the run, so a resumed run (checkpoint at step 2, steps 3 to 4) was refused with "--trace-step 2 is not a step
+// this run takes", a flag never given, and a one-step run likewise. A run that stopped before the step it traced
+// (--stop-after) wrote no trace, without a word; it traces its last step by default now, and an explicit
+// --trace-step past it is refused.
+TEST_F(TrainTrace, TheDefaultStepIsOneTheRunTakes) {
+  const fs::path trace = dir / "t.json";
+  test::CliRun r = test::run(train("--steps 4 --stop-after 2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = test::run("train --resume " + (dir / "run" / "checkpoint").string() + " --no-progress --sample-tokens 0 "
+                "--trace " + trace.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(trace));
+  fs::remove_all(dir / "run");
+  fs::remove(trace);
+  r = test::run(train("--steps 1 --trace " + trace.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(trace));
+  fs::remove_all(dir / "run");
+  fs::remove(trace);
+  r = test::run(train("--steps 4 --stop-after 1 --trace " + trace.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(trace)) << "stopped before the traced step";
+  fs::remove_all(dir / "run");
+  r = test::run(train("--steps 4 --stop-after 2 --memory-timeline " + (dir / "m.png").string() + " --trace-step 3"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "tessera: error: --trace-step 3 is not a step this run takes (1 to 2)\n");
+  r = test::run(train("--steps 4 --trace " + trace.string() + " --trace-step 0"));
+  EXPECT_EQ(r.err, "tessera: error: --trace-step must be >= 1, got 0\n");
+  EXPECT_FALSE(fs::exists(dir / "run"));
+}
+
 // An output path that is a file the run writes or reads, or another output's: a --trace of the run's metrics.jsonl
 // replaced the metrics, one of a data shard replaced the shard, one of the timeline's CSV lost the trace; each run
 // "succeeded". Each is now refused before the run starts, and leaves the data as it was.

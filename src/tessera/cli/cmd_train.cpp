@@ -257,7 +257,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         "OPTIM_STEP, each layer and op, the planned activation memory");
   a.add("memory-timeline", "FILE.png", "plot the planned memory of one training step per op (static buffers, live "
         "activations, the arena; forward, backward and optimizer shaded) and write FILE.csv beside it");
-  a.add("trace-step", "N", "the step --trace and --memory-timeline record (default 2; the first pays one-time costs)");
+  a.add("trace-step", "N", "the step --trace and --memory-timeline record (default: the run's second step, as its "
+        "first pays one-time costs: 2, or the --resume checkpoint's step + 2; its last if it ends sooner)");
   a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
@@ -317,7 +318,8 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     for (const char* f : {"out", "resume", "trace", "memory-timeline", "data", "device", "prompt"})
       TS_CHECK(!a.has(f) || !a.str(f).empty(), "--", f, " is empty");
     o.trace = a.str("trace", "");
-    o.trace_step = a.integer("trace-step", 2);
+    o.trace_step = a.integer("trace-step", 0);
+    if (a.has("trace-step")) TS_CHECK(o.trace_step > 0, "--trace-step must be >= 1, got ", o.trace_step);
     o.memory_timeline = a.str("memory-timeline", "");
     TS_CHECK(!a.has("trace-step") || a.has("trace") || a.has("memory-timeline"),
              "--trace-step needs --trace FILE.json or --memory-timeline FILE.png");

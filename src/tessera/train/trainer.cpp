@@ -181,7 +181,7 @@ void validate(const TrainOptions& o, const std::string& opt = "--") {
   TS_CHECK(o.ckpt_minutes > 0 && std::isfinite(o.ckpt_minutes), n("ckpt-minutes"), " must be positive, got ",
            o.ckpt_minutes);
   TS_CHECK(o.stop_after >= 0, n("stop-after"), " must be >= 0, got ", o.stop_after);
-  TS_CHECK(o.trace_step >= 1, n("trace-step"), " must be >= 1, got ", o.trace_step);
+  TS_CHECK(o.trace_step >= 0, n("trace-step"), " must be >= 1, got ", o.trace_step);  // 0: chosen in the run
   TS_CHECK(o.world_size >= 1,
            opt == "--" ? std::string("internal: world size ") : n("world-size") + " must be >= 1, got ", o.world_size);
 }
@@ -463,12 +463,15 @@ TrainSetup train_setup(TrainOptions o) {
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
   const int64_t first_step = s.model ? s.state.step + 1 : 1;  // the first step this run takes
-  const auto check_step = [&](const char* flag, int64_t step) {
-    TS_CHECK(step >= first_step && step <= o.steps, flag, " ", step, " is not a step this run takes (", first_step,
-             " to ", o.steps, ")");
+  const auto check_step = [&](const char* flag, int64_t step, int64_t last) {
+    TS_CHECK(step >= first_step && step <= last, flag, " ", step, " is not a step this run takes (", first_step,
+             " to ", last, ")");
   };
-  if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step);
-  if (o.stop_after > 0) check_step("--stop-after", o.stop_after);
+  if (o.stop_after > 0) check_step("--stop-after", o.stop_after, o.steps);
+  // A trace step after --stop-after was never reached, and no trace written, without a word.
+  const int64_t last_step = o.stop_after > 0 ? o.stop_after : o.steps;
+  if (o.trace_step == 0) o.trace_step = static_cast<int>(std::min(first_step + 1, last_step));
+  if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step, last_step);
   // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl replaced the
   // metrics, one of a data shard replaced the shard (both "succeeded").
   // A resumed run's metrics are read, cut back and appended to: one that is not a readable file (a directory made

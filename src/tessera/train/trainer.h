@@ -59,7 +59,9 @@ struct TrainOptions {
   // A Chrome trace (Perfetto) of optimizer step trace_step: FWD_STEP / BWD_STEP / OPTIM_STEP, every layer and op,
   // the planned live-activation counter (core/trace.h). Empty: none. Not saved with the run (like out).
   std::string trace;
-  int trace_step = 2;          // the second step by default: the first pays one-time costs (plans, handles)
+  // 0: the run's second step, or its last where it ends sooner (--steps, --stop-after). The first step of every
+  // process pays one-time costs (plans, handles), a resumed run's too; a fixed step 2 lay before a resumed run's.
+  int trace_step = 0;
   // --memory-timeline FILE.png: memory over step trace_step, op by op (bench/memory_timeline.h: static buffers,
   // the plan's live activations, the arena), and FILE.csv beside it; written by rank 0 after that step. Empty:
   // none. Not saved with the run.
