@@ -190,6 +190,28 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   EXPECT_TRUE(cut.err.ends_with(" (the file is truncated)\n")) << cut.err;
 }
 
+// A file of full length whose header-length prefix is corrupt was said to be truncated: "header length
+// 18446744073709551615 exceeds the file size 3342632 (the file is truncated)". A length beyond what any writer gives
+// (safetensors' 100 MB) is a corrupt length; one within it, past the end, still reads as a file cut short.
+TEST_F(CliMessages, ACorruptHeaderLengthIsNotATruncatedFile) {
+  save_small_checkpoint();
+  const std::string file = (dir / "ck" / "model.safetensors").string();
+  const std::string good = read_file_text(file);
+  std::string bytes = good;
+  bytes.replace(0, 8, std::string(8, static_cast<char>(0xff)));
+  write_file_atomic(file, bytes);
+  expect_error(run("generate --checkpoint ck", dir), "safetensors: ck/model.safetensors: its header length is corrupt "
+               "(the first 8 bytes give 18446744073709551615, beyond the file size " + std::to_string(good.size()) +
+               " and the format's limit of 100000000 bytes)");
+  bytes = good;
+  const uint64_t past_end = good.size();  // plausible, and 8 bytes past the end of the file
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((past_end >> (8 * i)) & 0xff);
+  write_file_atomic(file, bytes);
+  expect_error(run("generate --checkpoint ck", dir), "safetensors: ck/model.safetensors: header length " +
+               std::to_string(past_end) + " exceeds the file size " + std::to_string(good.size()) +
+               " (the file is truncated)");
+}
+
 // generate of a model with a vocab narrower than the bytes said "the prompt holds byte 84, outside the model's vocab
 // 64" about the default prompt, which the user never gave. It says why there is no text to continue; a prompt of
 // bytes the vocab holds still runs.

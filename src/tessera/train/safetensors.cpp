@@ -101,6 +101,12 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   // size 25" for a text file read as a fault in a checkpoint, not as the wrong file.
   TS_CHECK(n <= size - 8 || json_next, "safetensors: ", path, " is not a safetensors file (its first 8 bytes give a "
            "header length of ", n, " bytes, beyond the file size ", size, ")");
+  // Past the end of the file, a length no writer would give is a corrupt length field, not a cut-short file:
+  // 18446744073709551615 said "the file is truncated" of a file of full length. Hugging Face's safetensors refuses
+  // headers over 100 MB, so a longer one cannot have been written as one.
+  constexpr uint64_t kMaxHeader = 100'000'000;
+  TS_CHECK(n <= size - 8 || n <= kMaxHeader, "safetensors: ", path, ": its header length is corrupt (the first 8 "
+           "bytes give ", n, ", beyond the file size ", size, " and the format's limit of ", kMaxHeader, " bytes)");
   TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size,
            " (the file is truncated)");
   f.data_offset_ = 8 + n;
