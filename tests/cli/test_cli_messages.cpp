@@ -176,12 +176,22 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
                "(train writes its checkpoints to OUT/checkpoint and OUT/best)");
   expect_error(run("train --resume " + data), data + " is not a checkpoint: it holds no model.safetensors (train "
                "writes its checkpoints to OUT/checkpoint and OUT/best)");
+  // A file given as the checkpoint says what a checkpoint is: a 3-byte file said "file is truncated (3 bytes)", a
+  // config.json gave the header length its text spells.
   const std::string config = (dir / "config.json").string();
   write_file_atomic(config, std::string("{\"model_type\": \"gpt2\", \"n_embd\": 16}\n"));
-  const CliRun r = run("generate --checkpoint " + config);
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(r.err.starts_with("tessera: error: safetensors: " + config + " is not a safetensors file (its first 8 "
-                                "bytes give a header length of ")) << r.err;
+  const std::string afile = (dir / "afile").string();
+  write_file_atomic(afile, std::string("abc"));
+  for (const auto& [file, bytes] : {std::pair{config, "37 bytes"}, std::pair{afile, "3 bytes"}})
+    for (const char* command : {"generate", "info"})
+      expect_error(run(std::string(command) + " --checkpoint " + file),
+                   file + " is not a checkpoint: it is a file of " + bytes + " that is not a safetensors file (a "
+                   "checkpoint is a directory that train writes, OUT/checkpoint or OUT/best, or the model.safetensors "
+                   "in one)");
+  // A checkpoint's model.safetensors given as the file still loads.
+  save_small_checkpoint();
+  const CliRun direct = run("generate --tokens 3 --checkpoint " + (dir / "ck" / "model.safetensors").string());
+  EXPECT_EQ(direct.code, 0) << direct.err;
   // A real one cut short is said to be truncated.
   save_small_checkpoint();
   const std::string file = (dir / "ck" / "model.safetensors").string();

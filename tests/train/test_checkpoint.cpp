@@ -144,9 +144,12 @@ TEST(Checkpoint, RejectsCorruptAndMismatchedFiles) {
     EXPECT_NE(error_of([&] { SafetensorsFile::load(p); }).find("data_offsets entry that is not an integer: 0.5"),
               std::string::npos);
   }
-  // Too short to hold a header length.
+  // Too short to hold a header length: as a safetensors file, cut short; as the file given for a checkpoint, none.
   p = write("tiny.safetensors", {1, 2, 3});
-  EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsFile::load(p); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("is not a checkpoint: it is a file of 3 bytes that is "
+                                                             "not a safetensors file"),
+            std::string::npos);
   // A file for another model: shapes do not match.
   ModelConfig other = small(false);
   other.d_ff = 32;

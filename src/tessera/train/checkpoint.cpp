@@ -19,6 +19,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/units.h"
 #include "tessera/train/safetensors.h"
 
 namespace tessera {
@@ -206,6 +207,26 @@ void rename_or_throw(const fs::path& from, const fs::path& to, const fs::path& p
 
 std::string model_file(const std::string& path) {
   const std::string p = resolve_checkpoint_dir(path);
+  if (fs::is_regular_file(p)) {
+    // A file given where a checkpoint was meant (a text file, a config.json) said "file is truncated (3 bytes)" or
+    // gave a header length spelled by its text: read as faults in a checkpoint, not as the wrong file. A file is
+    // none when it is too short for the 8-byte header length, or gives a length past its end with no '{' of a
+    // header after it (as the safetensors load judges); a safetensors file's own faults are left to the load.
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(p, ec);
+    std::FILE* f = ec ? nullptr : std::fopen(p.c_str(), "rb");
+    if (!f) return p;  // unreadable: the load says why
+    unsigned char head[9] = {};
+    const size_t got = std::fread(head, 1, sizeof head, f);
+    std::fclose(f);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(head[i]) << (8 * i);
+    const bool not_one = got < 8 || (n > size - 8 && !(got == 9 && head[8] == '{'));
+    TS_CHECK(!not_one, path, " is not a checkpoint: it is a file of ", counted(size, "byte"), " that is not a "
+             "safetensors file (a checkpoint is a directory that train writes, OUT/checkpoint or OUT/best, or the "
+             "model.safetensors in one)");
+    return p;
+  }
   if (!fs::is_directory(p)) return p;
   // A directory that is no checkpoint (a run's data/, say) said "cannot read DIR/model.safetensors".
   const fs::path file = fs::path(p) / "model.safetensors";
