@@ -129,6 +129,20 @@ TEST_F(CliMessages, BenchHeadersSayOneTimedRun) {
   }
 }
 
+// --max-memory 0 and --max-memory 99999999999999999999 were told "expects a size such as 512MiB or 2GiB": they are
+// sizes, one not positive and one out of range. Text that is no size still gets the example.
+TEST_F(CliMessages, MaxMemorySaysWhatIsWrongWithTheSize) {
+  for (const char* cmd : {"model", "compare"}) {
+    const std::string bench = std::string("bench ") + cmd, run_it = bench + " --device cpu --max-memory ";
+    expect_error(run(run_it + "0"), bench + ": --max-memory must be positive, got '0'");
+    expect_error(run(run_it + "-5MiB"), bench + ": --max-memory must be positive, got '-5MiB'");
+    expect_error(run(run_it + "0.5"), bench + ": --max-memory '0.5' is less than 1 byte");
+    expect_error(run(run_it + "99999999999999999999"),
+                 bench + ": --max-memory '99999999999999999999' is out of range (more than 1 EB)");
+    expect_error(run(run_it + "12XB"), bench + ": --max-memory expects a size such as 512MiB or 2GiB, got '12XB'");
+  }
+}
+
 // `--steps=` said "a flag is missing its value" without naming it, or, with a flag after it, took that flag as its
 // value. It is now the empty value, as `--steps ''` is, and refused as that is.
 TEST_F(CliMessages, AnEmptyValueAfterEqualsIsTheEmptyValue) {

@@ -35,7 +35,11 @@ std::vector<std::string> split_list(const std::string& s) {
 
 size_t parse_bytes(const std::string& what, const std::string& v) {
   const std::optional<double> x = parse_byte_size(v);
-  TS_CHECK(x && *x >= 1 && *x < 1e18, what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
+  // A size in the form, but not one to take, says so: '0' and '99999999999999999999' were told to look like 2GiB.
+  TS_CHECK(x, what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
+  TS_CHECK(*x > 0, what, ": --max-memory must be positive, got '", v, "'");
+  TS_CHECK(*x >= 1, what, ": --max-memory '", v, "' is less than 1 byte");
+  TS_CHECK(*x <= 1e18, what, ": --max-memory '", v, "' is out of range (more than 1 EB)");
   return static_cast<size_t>(*x);
 }
 
