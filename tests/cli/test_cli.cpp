@@ -352,6 +352,11 @@ TEST_F(Cli, UnwritableOutput) {
   expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " +
                    (dir / "file" / "sub").string()),
                "cannot create output directory");
+  // A file as the directory itself said "cannot create output directory F: Not a directory" too.
+  expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " +
+                   (dir / "file").string()),
+               "tessera: error: output path " + (dir / "file").string() + " is not a directory\n");
+  EXPECT_EQ(read_file_text((dir / "file").string()), "x");
 }
 
 // The names in a directory, sorted, with each file's size: what an interrupted or failed prepare must leave as it was.

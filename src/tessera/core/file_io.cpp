@@ -314,6 +314,9 @@ void fsync_dir(const std::string& dir) {
 
 void ensure_writable_dir(const std::string& dir) {
   std::error_code ec;
+  // A file in its place said "cannot create output directory F: Not a directory" (mkdir's words), as if making the
+  // directory had failed; the path is simply not a directory, as train's own check says.
+  TS_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "output path ", dir, " is not a directory");
   fs::create_directories(dir, ec);
   TS_CHECK(!ec, "cannot create output directory ", dir, ": ", ec.message());
   TS_CHECK(fs::is_directory(dir), "output path ", dir, " is not a directory");
