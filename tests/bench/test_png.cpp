@@ -9,6 +9,9 @@
 #include "tessera/bench/model.h"
 #include "tessera/bench/png.h"
 #include "tessera/core/memory.h"
+#include "tessera/models/config.h"
+#include "tessera/models/gpt.h"
+#include "tessera/train/optimizer.h"
 
 namespace tessera {
 namespace {
@@ -144,6 +147,26 @@ TEST(MemoryTimeline, PlotPutsEachSeriesAtItsBytes) {
   for (int x = L.x0; x < L.x1; ++x) dashes += img.at(x, L.bytes_y(28.0 * mib)) == kColorAllocated;
   EXPECT_GT(dashes, (L.x1 - L.x0) / 3);
   EXPECT_LT(dashes, (L.x1 - L.x0) * 2 / 3 + 10);
+}
+
+// The grey band's legend said "params, grads, adamw state" also where the gradients are planned in the arena (train
+// without --accum, bench model): they are then among the live activations, not in the band. It names what the
+// static bytes hold.
+TEST(MemoryTimeline, TheStaticBandSaysWhatItHolds) {
+  for (const GradMemory grads : {GradMemory::Planned, GradMemory::Own}) {
+    Gpt model(model_preset("tiny"));
+    model.set_grad_memory(grads);
+    model.reserve(2, 16);
+    AdamW opt(model.params(), {}, model.context());
+    const std::vector<MemoryTimelinePoint> pts = memory_timeline_points(model, opt.state_bytes(), {});
+    ASSERT_FALSE(pts.empty());
+    EXPECT_EQ(pts[0].static_bytes, model.params().bytes() + opt.state_bytes());
+    EXPECT_EQ(pts.back().static_holds, grads == GradMemory::Planned ? "params, adamw m and v"
+                                                                    : "params, grads, adamw m and v");
+    // A forward-only timeline has no optimizer state.
+    EXPECT_EQ(memory_timeline_points(model, 0, {})[0].static_holds,
+              grads == GradMemory::Planned ? "params" : "params, grads");
+  }
 }
 
 TEST(MemoryTimeline, LongTitleBreaksOntoASecondLineInsideTheImage) {

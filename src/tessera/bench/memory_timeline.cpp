@@ -37,8 +37,16 @@ int PlotLayout::bytes_y(double bytes) const {
   return y1 - static_cast<int>(std::lround(bytes / y_max * (y1 - y0)));
 }
 
-std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t static_bytes,
+std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t optimizer_state_bytes,
                                                         const std::vector<size_t>& measured_at_phase_end) {
+  // The legend names what the band holds: it said "params, grads, adamw state" also where the gradients are planned
+  // in the arena (train without --accum, bench model), and so counted in the live activations, not here.
+  const ParamBuffer& params = model.params();
+  const size_t static_bytes = params.bytes() + optimizer_state_bytes;
+  std::string holds = "params";
+  if (params.has_master()) holds += ", f32 master weights";
+  if (params.owns_grad()) holds += ", grads";
+  if (optimizer_state_bytes > 0) holds += ", adamw m and v";
   const std::vector<size_t> live = model.current_plan().live_bytes();
   const int L = model.config().n_layers, end = step_event(L, StepOp::End), bwd0 = step_event(L, StepOp::LossBwd);
   std::vector<MemoryTimelinePoint> points;
@@ -50,6 +58,7 @@ std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t
     p.name = step_event_name(L, e);
     p.activations_live = e < static_cast<int>(live.size()) ? live[static_cast<size_t>(e)] : 0;
     p.static_bytes = static_bytes;
+    p.static_holds = holds;
     p.arena = model.activation_peak();
     if (static_cast<size_t>(phase) < measured_at_phase_end.size()) p.measured = measured_at_phase_end[phase];
     points.push_back(std::move(p));
@@ -173,10 +182,12 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
     Rgb c;
     const char* label;
   };
+  const std::string static_label = points.empty() || points[0].static_holds.empty() ? "static buffers"
+                                                                                    : points[0].static_holds;
   std::vector<Entry> legend = {{kColorForward, "forward"},
                                {kColorBackward, "backward"},
                                {kColorOptimizer, "optimizer (adamw)"},
-                               {kColorStatic, "params, grads, adamw state"},
+                               {kColorStatic, static_label.c_str()},
                                {kColorPlanned, "planned: static + live activations"},
                                {kColorAllocated, "allocated: static + arena"}};
   if (any_measured) legend.push_back({kColorMeasured, "measured on the device"});

@@ -33,10 +33,11 @@ inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}
     kColorMeasured{20, 140, 60};
 
 // One point per event of a training step of `model` (its current plan): the plan's live bytes at the event (the
-// gradients among them when planned), `static_bytes` (parameters, their own gradients if any, master weights,
-// optimizer state: ParamBuffer::bytes() + the optimizer's), the arena; measured_at_phase_end:
-// the device memory at the end of the forward, the backward and the optimizer (GPU), or empty.
-std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t static_bytes,
+// gradients among them when planned), the static bytes (ParamBuffer::bytes(): parameters, their own gradients if
+// any, master weights; and `optimizer_state_bytes`, AdamW's m and v, 0 without an optimizer) and what they hold,
+// the arena; measured_at_phase_end: the device memory at the end of the forward, the backward and the optimizer
+// (GPU), or empty.
+std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t optimizer_state_bytes,
                                                         const std::vector<size_t>& measured_at_phase_end);
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points);
 // `title` as one line, or as two where it is wider than `max_width` pixels at the plot's text scale: broken after the

@@ -336,7 +336,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       row.trace = tracer;
 
       if (bc.memory_timeline)
-        row.timeline = memory_timeline_points(model, param_bytes + (opt ? opt->state_bytes() : 0),
+        row.timeline = memory_timeline_points(model, opt ? opt->state_bytes() : 0,
                                               ctx.is_cuda() ? at_phase_end : std::vector<size_t>{});
     }
     if (scaling.on()) row.loss_scale = scaling.scale();

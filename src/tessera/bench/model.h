@@ -126,6 +126,7 @@ struct MemoryTimelinePoint {
   std::string name;   // step_event_name
   size_t activations_live = 0;  // the plan's live bytes at the event (planned gradients included)
   size_t static_bytes = 0;      // parameters, own gradients, master weights, AdamW state: held for the whole step
+  std::string static_holds;     // what static_bytes holds, for the plot's legend (the same at every point)
   size_t arena = 0;             // the activation arena allocated (the plan's peak)
   // GPU: the device memory in use above the baseline, measured (cudaMemGetInfo) at the end of the event's phase;
   // nullopt on the CPU.

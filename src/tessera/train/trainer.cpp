@@ -841,10 +841,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
       // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address); on a
       // GPU with the measured memory at the end of each phase.
-      const size_t static_bytes = model->params().bytes() + optimizer->state_bytes();
       fs::path csv = o.memory_timeline;
       csv.replace_extension(".csv");
-      write_memory_timeline(o.memory_timeline, csv.string(), memory_timeline_points(*model, static_bytes, measured),
+      write_memory_timeline(o.memory_timeline, csv.string(),
+                            memory_timeline_points(*model, optimizer->state_bytes(), measured),
                             o.model.preset + ", B " + std::to_string(o.batch) + " x T " + std::to_string(o.seq) +
                                 ", step " + std::to_string(step) +
                                 (measured.empty() ? " (planned)" : " (planned; measured at the phase ends)"));
