@@ -1169,7 +1169,8 @@ TEST_F(Cli, SamplingFlagsAreCheckedNotChanged) {
   // And a --seed, which greedy decoding never uses.
   expect_error(run("generate --greedy --seed 5" + ck),
                "--greedy takes the most likely token, and --seed 5 seeds sampling: give one of them");
-  expect_error(run("generate --temperature 0 --seed 5" + ck), "--temperature 0 takes the most likely token, and --seed 5");
+  expect_error(run("generate --temperature 0 --seed 5" + ck),
+               "--temperature 0 takes the most likely token, and --seed 5");
 }
 
 TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {

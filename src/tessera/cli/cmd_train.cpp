@@ -648,9 +648,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                                      : std::string("the CPU");
   if (lead) {
     // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" read as a contradiction.
-    const std::string span = o.resume.empty() || !setup.model
-                                 ? "for " + counted(o.steps, "step")
-                                 : "for steps " + std::to_string(setup.state.step + 1) + " to " + std::to_string(o.steps);
+    const std::string span =
+        o.resume.empty() || !setup.model
+            ? "for " + counted(o.steps, "step")
+            : "for steps " + std::to_string(setup.state.step + 1) + " to " + std::to_string(o.steps);
     std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(),
                 o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
