@@ -1336,8 +1336,18 @@ TEST_F(Cli, AStopBetweenTrainsReadAndItsTrainingIsSaid) {
                                           test::small_train_args(dir / "b", "--data t.txt"), dir);
   EXPECT_EQ(prepared.code, 128 + SIGINT) << prepared.err;
   EXPECT_NE(prepared.out.find("prepared t.txt"), std::string::npos) << prepared.out;
+  // Said when the training takes it over, as a stop during the training is (unsaid, a second Ctrl-C abandoned the
+  // checkpoint).
+  EXPECT_EQ(prepared.err.rfind("tessera: stopping after this step, with a checkpoint", 0), 0u) << prepared.err;
   EXPECT_TRUE(fs::is_directory(dir / "b" / "checkpoint")) << prepared.out << prepared.err;
   EXPECT_TRUE(fs::exists(dir / "b" / "data" / "train_000000.bin"));
+  // After the checks, just before the prepare (its scope starts its own flag at 0, which once wiped the stop): the
+  // prepare is undone and nothing is left.
+  const CliRun before = test::run_after("TESSERA_FAULT_INJECT=train-stop-before-prepare ",
+                                        test::small_train_args(dir / "c", "--data t.txt"), dir);
+  EXPECT_EQ(before.code, 128 + SIGINT) << before.err;
+  EXPECT_NE(before.err.find("interrupted while preparing t.txt"), std::string::npos) << before.err;
+  EXPECT_FALSE(fs::exists(dir / "c"));
 }
 
 // A prepare into a run's directory or a checkpoint mixed its shards in with them, without a word.

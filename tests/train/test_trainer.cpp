@@ -118,6 +118,12 @@ TEST(Checkpoints, ByStepsByWallTimeOrOnlyAtTheEnd) {
   EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{1, 2, 3, 4}));
   o.ckpt_minutes = 1e6;
   EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{4}));
+  // Steps decide over wall time: the CLI refuses both flags together, but saved options and the API can hold both.
+  o.ckpt_every = 0;
+  o.ckpt_minutes = 1e-17;
+  EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{4}));
+  o.ckpt_every = 3;
+  EXPECT_EQ(checkpoint_steps(o), (std::vector<int64_t>{3, 4}));
   const TrainOptions defaults;
   EXPECT_EQ(defaults.ckpt_every, -1);
   EXPECT_EQ(defaults.ckpt_minutes, 10);

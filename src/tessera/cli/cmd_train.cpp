@@ -438,13 +438,16 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
         try {
           text = read_file_text(text_source, "data", &read_stop, /*stop_at_nul=*/true);
         } catch (const Error&) {
-          if (read_stop == 0) throw;
+          if (read_stop == 0) {
+            if (ranks.world) text_signals.reset();  // the ranks' agreement on the error waits with stops live
+            throw;
+          }
         }
+        if (ranks.world) text_signals.reset();
         if (read_stop != 0) {
           TS_CHECK(!ranks.world, "interrupted while reading ", text_source);  // the ranks agree on an error
           return;
         }
-        if (ranks.world) text_signals.reset();
         if (fault_injected("train-stop-after-read")) ::raise(SIGINT);  // tests: a stop in the checks after the read
       }
       size_t bad = 0;
@@ -581,10 +584,12 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       data_lock.emplace(data_dir, "data directory",
                         "(a train reads its shards, or a prepare writes them): wait for it to end, or choose another "
                         "--out");
+      if (fault_injected("train-stop-before-prepare")) ::raise(SIGINT);  // tests: a stop after the checks
       PrepareReport prepared;
-      prepare_stop = read_stop;  // a stop since the checks above: the prepare ends at once, undone
       try {
         const ScopedSignals stop({SIGINT, SIGTERM, SIGHUP}, &prepare_stop, /*keep_ignored=*/{SIGHUP});
+        // A stop since the checks above (the scope starts its flag at 0): the prepare ends at once, undone.
+        if (read_stop != 0) prepare_stop = read_stop;
         PrepareProgress bar(text.size(), o.progress && lead);
         prepared = prepare_shards(text, data_dir, {.stop = &prepare_stop, .progress = bar.callback(), .lock = false});
       } catch (const PrepareInterrupted& e) {
@@ -690,15 +695,6 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     // runs: the run stops at the next step boundary with a checkpoint, where their default action killed it with
     // none. SIGHUP and SIGPIPE ignored by whoever started us (nohup ignores SIGHUP; systemd, SIGPIPE) stay
     // ignored. The previous handlers come back afterwards.
-    // A stop since the prepare (text_signals recorded it) stops the training at its first step boundary, as the
-    // prepare's own does. Reset before the training's handlers go in: scopes are undone in the reverse order.
-    if (text_signals) {
-      if (read_stop != 0 && g_stop == 0) {
-        g_stop_ns.store(monotonic_ns());
-        g_stop = read_stop;
-      }
-      text_signals.reset();
-    }
     g_stop_note = !lead ? nullptr : o.checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
     g_stop_note_len = !lead ? 0 : o.checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
     // The note's leading newline ends a bar drawn in place; with none (--no-progress, or stderr not a terminal,
@@ -707,8 +703,19 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       ++g_stop_note;
       --g_stop_note_len;
     }
+    // Nested in text_signals (one process with a --data text), which stays until these are undone: a reset of it
+    // first left a moment with the default action in force, and a stop recorded after the last look at read_stop.
     const ScopedSignals signals({SIGINT, SIGTERM, SIGHUP, SIGPIPE}, on_stop_signal,
                                 /*keep_ignored=*/{SIGHUP, SIGPIPE});
+    // A stop since the read (text_signals recorded it) or during the prepare's last renames stops the training at
+    // its first step boundary, and is said now, as a stop during the training is: unsaid, a second Ctrl-C later
+    // abandoned the checkpoint.
+    if (g_stop == 0 && read_stop != 0) {
+      on_stop_signal(read_stop);
+    } else if (g_stop != 0 && g_stop_note != nullptr) {
+      std::fflush(stdout);
+      std::fwrite(g_stop_note, 1, g_stop_note_len, stderr);
+    }
     try {
       r = train(std::move(setup),
                 {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
@@ -726,6 +733,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       throw;
     }
   }
+  text_signals.reset();  // after the training's handlers (the reverse order): the sample takes the default again
   created.keep();
   if (!lead) return g_stop != 0 ? 128 + g_stop : r.interrupted ? 128 + SIGTERM : 0;
   // A data-parallel run resumes at its world size, with its form of gradient reduction.
