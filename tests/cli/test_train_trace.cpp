@@ -145,22 +145,36 @@ TEST_F(TrainTrace, BadFlagsAreOneLineAndWriteNothing) {
 // --trace-step past it is refused.
 TEST_F(TrainTrace, TheDefaultStepIsOneTheRunTakes) {
   const fs::path trace = dir / "t.json";
+  // The step the trace holds (its otherData.step), read back: a trace that only exists could be of any step.
+  const auto traced_step = [&] {
+    const nlohmann::json doc = nlohmann::json::parse(read_file_text(trace.string()));
+    return doc.at("otherData").at("step").get<int64_t>();
+  };
   test::CliRun r = test::run(train("--steps 4 --stop-after 2"));
   ASSERT_EQ(r.code, 0) << r.err;
   r = test::run("train --resume " + (dir / "run" / "checkpoint").string() + " --no-progress --sample-tokens 0 "
                 "--trace " + trace.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(trace));
+  ASSERT_TRUE(fs::exists(trace));
+  EXPECT_EQ(traced_step(), 4) << "a resume at step 2: its second step";
+  fs::remove_all(dir / "run");
+  fs::remove(trace);
+  r = test::run(train("--steps 4 --trace " + trace.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(trace));
+  EXPECT_EQ(traced_step(), 2);
   fs::remove_all(dir / "run");
   fs::remove(trace);
   r = test::run(train("--steps 1 --trace " + trace.string()));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(trace));
+  ASSERT_TRUE(fs::exists(trace));
+  EXPECT_EQ(traced_step(), 1);
   fs::remove_all(dir / "run");
   fs::remove(trace);
   r = test::run(train("--steps 4 --stop-after 1 --trace " + trace.string()));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(trace)) << "stopped before the traced step";
+  ASSERT_TRUE(fs::exists(trace)) << "stopped before the traced step";
+  EXPECT_EQ(traced_step(), 1);
   fs::remove_all(dir / "run");
   r = test::run(train("--steps 4 --stop-after 2 --memory-timeline " + (dir / "m.png").string() + " --trace-step 3"));
   EXPECT_EQ(r.code, 2);

@@ -78,7 +78,7 @@ std::vector<Tracer::CounterSample> Tracer::counters() const {
   return out;
 }
 
-void Tracer::write_chrome_json(const std::string& path) const {
+void Tracer::write_chrome_json(const std::string& path, int64_t step) const {
   using json = nlohmann::json;
   json events = json::array();
   const char* track = ctx_->is_cuda() ? "GPU stream (CUDA events)" : "CPU (host clock)";
@@ -87,7 +87,8 @@ void Tracer::write_chrome_json(const std::string& path) const {
     events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", 0}, {"tid", 0}, {"ts", s.start_us}, {"dur", s.dur_us}});
   for (const CounterSample& c : counters())
     events.push_back({{"name", c.name}, {"ph", "C"}, {"pid", 0}, {"ts", c.ts_us}, {"args", {{"value", c.value}}}});
-  const json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  if (step >= 0) doc["otherData"] = {{"step", step}};
   write_file_atomic(path, doc.dump() + "\n");
 }
 

@@ -13,8 +13,9 @@
 //
 // The Chrome trace: {"traceEvents": [...], "displayTimeUnit": "ms"}, one complete event ("ph": "X") per range
 // with "ts" and "dur" in microseconds from the first mark, nesting given by containment on one track, and one
-// "C" event per counter sample. chrome://tracing and ui.perfetto.dev open it.
+// "C" event per counter sample, and the step traced in "otherData". chrome://tracing and ui.perfetto.dev open it.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,8 +54,9 @@ class Tracer {
   // first mark). Waits for the context's stream. Throws if a range is still open.
   std::vector<Slice> slices() const;
   std::vector<CounterSample> counters() const;
-  // The Chrome trace JSON of all of it, written atomically.
-  void write_chrome_json(const std::string& path) const;
+  // The Chrome trace JSON of all of it, written atomically. step >= 0: the optimizer step traced, as the trace's
+  // otherData.step (Chrome's metadata): a trace file did not say which step it held.
+  void write_chrome_json(const std::string& path, int64_t step = -1) const;
 
  private:
   // A point in time: host microseconds on the CPU, or a recorded CUDA event.

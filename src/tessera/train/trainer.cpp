@@ -836,7 +836,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     if (tracer) {
       model->set_tracer(nullptr);
       ctx.synchronize();
-      tracer->write_chrome_json(o.trace);
+      tracer->write_chrome_json(o.trace, step);
     }
     if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
       // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address); on a
