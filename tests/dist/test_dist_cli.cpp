@@ -38,8 +38,14 @@ constexpr int kJobLimit = 120;
 Job mpirun(const std::string& env, int np, const std::string& args, const fs::path& cwd,
            const std::string& command = "train", const std::string& shell = "") {
   const fs::path err_file = cwd / "stderr.txt";
+  // Open MPI's session directory of its own (/tmp/ompi.HOST.UID is shared by every job of the user): ctest -j runs
+  // two of these jobs at once, and one's start met the other's removal of that directory ("orte_init failed: unable
+  // to create the desired directory", once in a fresh-clone CI run). Short, for its socket paths.
+  char session[] = "/tmp/tsompiXXXXXX";
+  const bool own_session = ::mkdtemp(session) != nullptr;
+  const std::string session_env = own_session ? std::string("OMPI_MCA_orte_tmpdir_base=") + session + " " : "";
   const std::string cmd = "cd '" + cwd.string() + "' && " + shell + " env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
-                          TESSERA_MPI_TEST_ENV + " " + env +
+                          TESSERA_MPI_TEST_ENV + " " + session_env + env +
                           " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
                           " 2>" + err_file.string() + " </dev/null";
   Job j;
@@ -53,6 +59,8 @@ Job mpirun(const std::string& env, int np, const std::string& args, const fs::pa
   j.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   j.err = read_file_text(err_file.string());
   fs::remove(err_file);
+  std::error_code ec;
+  if (own_session) fs::remove_all(session, ec);
   return j;
 }
 
