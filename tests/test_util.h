@@ -136,7 +136,9 @@ inline std::vector<std::string> names_in(const std::filesystem::path& d) {
   return out;
 }
 
-// Rewrites the JSON header of safetensors file `path` in place with `edit`, keeping the data section as it is.
+// Rewrites the JSON header of safetensors file `path` in place with `edit`. The data section stays as it is, except
+// that the bytes of a tensor the edit erased are cut out (and the offsets after them moved down), as in a file
+// written without that tensor: a reader refuses bytes that no tensor owns.
 inline void edit_safetensors_header(const std::filesystem::path& path,
                                     const std::function<void(nlohmann::json&)>& edit) {
   const std::vector<uint8_t> bytes = read_file_bytes(path.string());
@@ -144,13 +146,41 @@ inline void edit_safetensors_header(const std::filesystem::path& path,
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
   const auto data = bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n);
   nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, data);
+  const nlohmann::json before = header;
   edit(header);
+  // [begin, end) of each erased tensor's bytes, unless the edit gave them to another name (a rename)
+  std::vector<std::pair<uint64_t, uint64_t>> cut;
+  for (const auto& [name, e] : before.items()) {
+    if (name == "__metadata__" || header.contains(name)) continue;
+    bool renamed = false;
+    for (const auto& [other, o] : header.items())
+      renamed = renamed || (o.is_object() && o.value("data_offsets", nlohmann::json()) == e["data_offsets"]);
+    if (!renamed) cut.emplace_back(e["data_offsets"][0].get<uint64_t>(), e["data_offsets"][1].get<uint64_t>());
+  }
+  std::sort(cut.begin(), cut.end());
+  const auto moved = [&](uint64_t at) {  // the offset `at` once the cut bytes before it are gone
+    uint64_t down = 0;
+    for (const auto& [b, e] : cut)
+      if (e <= at) down += e - b;
+    return at - down;
+  };
+  for (auto& [name, e] : header.items()) {
+    if (name == "__metadata__" || !e.is_object() || !e.contains("data_offsets")) continue;
+    auto& off = e["data_offsets"];
+    if (off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned())
+      off = {moved(off[0].get<uint64_t>()), moved(off[1].get<uint64_t>())};
+  }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
   std::vector<uint8_t> out(8);
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
   out.insert(out.end(), text.begin(), text.end());
-  out.insert(out.end(), data, bytes.end());
+  uint64_t at = 0;
+  for (const auto& [b, e] : cut) {
+    out.insert(out.end(), data + static_cast<std::ptrdiff_t>(at), data + static_cast<std::ptrdiff_t>(b));
+    at = e;
+  }
+  out.insert(out.end(), data + static_cast<std::ptrdiff_t>(at), bytes.end());
   write_file_atomic(path.string(), out.data(), out.size());
 }
 

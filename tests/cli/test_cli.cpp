@@ -317,6 +317,24 @@ TEST_F(Cli, CheckpointThatLacksSomethingNamesIt) {
   test::edit_safetensors_header(file, [](nlohmann::json& h) { h["transformer.ln_f.bias"]["dtype"] = "F16"; });
   expect_error(run("info --checkpoint " + ck.string()),
                "tensor 'transformer.ln_f.bias' has 512 bytes for shape (128) of dtype F16 (256 bytes)");
+  // Bytes no tensor owns were read without a word: something appended after the data (here 8 bytes), or a hole
+  // (the same 8 bytes put before the last tensor's data).
+  save_checkpoint(ck.string(), m, nullptr);
+  const std::string whole = read_file_text(file.string());
+  write_file_atomic(file.string(), whole + std::string(8, '\0'));
+  expect_error(run("generate --checkpoint " + ck.string()), "model.safetensors: 8 bytes after the last tensor's data");
+  uint64_t last_end = 0;
+  test::edit_safetensors_header(file, [&](nlohmann::json& h) {
+    std::string last;
+    for (const auto& [name, e] : h.items())
+      if (name != "__metadata__" && e["data_offsets"][1].get<uint64_t>() > last_end) {
+        last = name;
+        last_end = e["data_offsets"][1].get<uint64_t>();
+      }
+    auto& off = h[last]["data_offsets"];
+    off = {off[0].get<uint64_t>() + 8, off[1].get<uint64_t>() + 8};
+  });
+  expect_error(run("info --checkpoint " + ck.string()), " of the data belong to no tensor (a corrupt file)");
 }
 TEST_F(Cli, MismatchedSafetensors) {
   // A training checkpoint whose optimizer state belongs to another model.

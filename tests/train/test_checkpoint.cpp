@@ -433,6 +433,59 @@ TEST(Trainer, AStopBetweenMicroBatchesAbandonsTheStepAndResumesBitExact) {
   fs::remove_all(d);
 }
 
+// A branch (--resume A/checkpoint --out B) stopped in its first step leaves B a checkpoint at the branch point and no
+// metrics. Resumed in place, B warned "no record of steps 1 to 2 (the file is empty)": steps it never had. B's
+// checkpoint records where its own records begin (metrics_from), and a later deletion of them is still said.
+TEST(Trainer, ABranchStoppedInItsFirstStepIsMissingNoRecords) {
+  const fs::path d = temp_dir("branchstop");
+  TrainOptions o = small_run(d, "sphinx of black quartz, judge my vow. ");
+  o.accum = 2;
+  o.val_every = 0;
+  o.steps = 4;
+  o.stop_after = 2;
+  o.device = "cpu";  // a stop between micro-batches (a GPU step is one CUDA graph)
+  o.out = (d / "a").string();
+  train(o);
+  TrainOptions b;
+  b.resume = (d / "a" / "checkpoint").string();
+  b.out = (d / "b").string();
+  b.device = "cpu";
+  b.steps = 0;  // the saved run's 4
+  b.progress = false;
+  volatile std::sig_atomic_t stop = 0;
+  TrainControl c;
+  c.stop = &stop;
+  c.on_start = [&](size_t, size_t) { stop = 1; };
+  ASSERT_TRUE(train(train_setup(b), c).interrupted);
+  ASSERT_EQ(fs::file_size(d / "b" / "metrics.jsonl"), 0u);
+  const auto metrics_from = [&] {
+    auto m = load_checkpoint_model((d / "b" / "checkpoint").string());
+    return load_train_state((d / "b" / "checkpoint").string(), *m).metrics_from;
+  };
+  EXPECT_EQ(metrics_from(), 3);
+  testing::internal::CaptureStderr();
+  resume_in(d / "b", "cpu");  // steps 3 and 4
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  std::vector<int64_t> steps;
+  for (const auto& [step, loss] : logged_losses(d / "b" / "metrics.jsonl"))
+    if (step > 0) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(metrics_from(), 3);  // kept by the resume in place
+  fs::remove(d / "b" / "metrics.jsonl");
+  TrainOptions more;
+  more.resume = (d / "b" / "checkpoint").string();
+  more.out = (d / "b").string();
+  more.device = "cpu";
+  more.steps = 5;
+  more.progress = false;
+  testing::internal::CaptureStderr();
+  train(more);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "tessera: warning: " + (d / "b" / "metrics.jsonl").string() + ": no record of steps 3 to 4 (the file is "
+            "missing); the resumed run's records follow step 4 without them\n");
+  fs::remove_all(d);
+}
+
 // A run whose checkpoint save was killed resumes and ends with the same weights as an uninterrupted run: the
 // save of step 4 dies right after the swap (the step-4 checkpoint is in place) or, without RENAME_EXCHANGE,
 // between its two renames (only the step-3 one, as ck.old, is there to resume from).

@@ -161,10 +161,17 @@ TEST_F(BadCheckpoint, TrainingStateNamesTheMissingOrMalformedKey) {
                }),
                "checkpoint " + optimizer_file().string() + ": loss_scale_good_steps -3 is negative");
   expect_named(state_error([](json& h) { h.erase("adam.m"); }), "missing tensor 'adam.m'");
+  // metrics_from (where the run's own records begin) lies in [1, step + 1]: the checkpoint is at step 3.
+  for (const char* from : {"0", "5"})
+    expect_named(state_error([&](json& h) { h["__metadata__"]["metrics_from"] = from; }),
+                 "checkpoint " + optimizer_file().string() + ": metrics_from " + from + " is not in [1, step + 1 = 4]");
   // Without optimizer_step (written before loss scaling): it is the step.
   fresh_checkpoint();
   test::edit_safetensors_header(optimizer_file(), [](json& h) { h["__metadata__"].erase("optimizer_step"); });
   EXPECT_EQ(load_train_state(ck.string(), *model).optimizer_step, 3);
+  // Without metrics_from (written before it was kept): 1, the run's records from its first step.
+  test::edit_safetensors_header(optimizer_file(), [](json& h) { h["__metadata__"].erase("metrics_from"); });
+  EXPECT_EQ(load_train_state(ck.string(), *model).metrics_from, 1);
 }
 
 // The config in the metadata: each field named when missing or of the wrong type.

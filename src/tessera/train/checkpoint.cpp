@@ -358,6 +358,7 @@ void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState*
       w.set_metadata("rng_seed", std::to_string(state->rng.seed));
       w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
       w.set_metadata("data_pos", std::to_string(state->data_pos));
+      w.set_metadata("metrics_from", std::to_string(state->metrics_from));
       w.set_metadata("options", state->options_json);
       if (std::isfinite(state->val_loss)) {
         char loss[40];
@@ -473,6 +474,7 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
   // Absent in checkpoints written before loss scaling: no step was skipped, no scaler ran.
   const auto& meta = st.metadata();
   s.optimizer_step = meta.count("optimizer_step") ? meta_integer<int64_t>(st, "optimizer_step") : s.step;
+  s.metrics_from = meta.count("metrics_from") ? meta_integer<int64_t>(st, "metrics_from") : 1;
   if (meta.count("loss_scale")) {
     const std::string& text = meta.at("loss_scale");
     char* end = nullptr;
@@ -489,6 +491,8 @@ TrainState load_train_state(const std::string& path, const Gpt& model) {
   // Checked here, where the file is named, and in every run: the scaler checks it again only where it runs (f16).
   TS_CHECK(s.loss_scale_good_steps >= 0, "checkpoint ", file, ": loss_scale_good_steps ", s.loss_scale_good_steps,
            " is negative");
+  TS_CHECK(s.metrics_from >= 1 && s.metrics_from <= s.step + 1, "checkpoint ", file, ": metrics_from ",
+           s.metrics_from, " is not in [1, step + 1 = ", s.step + 1, "]");
   TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
   s.options_json = meta.at("options");
   return s;  // val_loss stays NaN: best_record reads it, and a run resumed from best/ must not copy it on

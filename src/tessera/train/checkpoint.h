@@ -54,6 +54,10 @@ struct TrainState {
   int64_t loss_scale_good_steps = 0;
   RngState rng;
   uint64_t data_pos = 0;
+  // The first step whose record the run's own metrics.jsonl holds: 1, or for a run branched into a new --out, the
+  // step after its branch point (a resume in place keeps it). A branch that stopped in its first step has a
+  // checkpoint and no records, and is missing none. Absent in older checkpoints: 1.
+  int64_t metrics_from = 1;
   std::string options_json;          // the training options, for resuming with the same run
   std::vector<float> adam_m, adam_v;
   // Written to a run's best/ only: the validation loss that made it the best (NaN: none, as in every other

@@ -189,6 +189,16 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
     TS_CHECK(by_begin[i].second->begin >= by_begin[i - 1].second->end, "safetensors: ", path, ": tensors '",
              *by_begin[i - 1].first, "' and '", *by_begin[i].first, "' overlap in the data (bytes ",
              by_begin[i].second->begin, " to ", std::min(by_begin[i].second->end, by_begin[i - 1].second->end), ")");
+  // And they cover the data exactly, as the format asks (Hugging Face's loader refuses holes and trailing bytes):
+  // bytes that no tensor owns are a damaged file (two files run together, an append), never a checkpoint.
+  size_t covered = 0;
+  for (const auto& [name, e] : by_begin) {
+    TS_CHECK(e->begin == covered, "safetensors: ", path, ": bytes ", covered, " to ", e->begin,
+             " of the data belong to no tensor (a corrupt file)");
+    covered = e->end;
+  }
+  TS_CHECK(covered == data_size, "safetensors: ", path, ": ", data_size - covered, " bytes after the last tensor's "
+           "data (a corrupt file, or one with something appended)");
   return f;
 }
 

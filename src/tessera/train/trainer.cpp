@@ -193,9 +193,11 @@ void validate(const TrainOptions& o, const std::string& opt = "--") {
 // given once: the kept record of the highest step notes how many steps were missing then ("missing_steps"), and a
 // later resume warns only when more are (it counts the steps, not which: a gap filled and another opened of no more
 // steps goes unsaid).
-// in_place: the run resumes in the directory of its checkpoint, so its metrics should hold every step to keep_step;
-// with none at all (the file deleted or emptied) that is said too. A run branched into a new --out has none.
-std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step, bool in_place) {
+// expect_from: the run resumes in the directory of its checkpoint, whose metrics should hold every step from
+// expect_from (TrainState::metrics_from) to keep_step; with none at all (the file deleted or emptied) that is said
+// too. 0: a run branched into a new --out, which has none yet; so has a branch that stopped in its first step and
+// is resumed in place (expect_from = keep_step + 1).
+std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_step, int64_t expect_from) {
   std::vector<std::string> kept;
   double best = 0;
   int64_t best_step = 0, acknowledged = 0;
@@ -232,11 +234,12 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   const int64_t missing =
       steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
-  if (in_place && keep_step > 0 && steps.empty()) {
+  if (expect_from >= 1 && expect_from <= keep_step && steps.empty()) {
     std::fflush(stdout);
-    std::fprintf(stderr, "tessera: warning: %s: no record of steps 1 to %lld (the file is %s); the resumed run's "
-                 "records follow step %lld without them\n", path.c_str(), static_cast<long long>(keep_step),
-                 !fs::exists(path) ? "missing" : torn ? "unreadable" : "empty", static_cast<long long>(keep_step));
+    std::fprintf(stderr, "tessera: warning: %s: no record of steps %lld to %lld (the file is %s); the resumed run's "
+                 "records follow step %lld without them\n", path.c_str(), static_cast<long long>(expect_from),
+                 static_cast<long long>(keep_step), !fs::exists(path) ? "missing" : torn ? "unreadable" : "empty",
+                 static_cast<long long>(keep_step));
   }
   if (missing > acknowledged || unreadable > 0) {
     std::string what = unreadable ? counted(unreadable, "unreadable line") + " dropped" : "cut short or edited";
@@ -662,8 +665,10 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
     std::error_code ec;  // a checkpoint of this run: its directory is in --out (RUN/checkpoint, RUN/checkpoint.old)
     const fs::path run_dir = resuming ? resume_dir(o.resume).parent_path() : fs::path();
     const bool in_place = resuming && fs::equivalent(run_dir.empty() ? "." : run_dir, o.out, ec);
+    // A branch into a new --out records its steps from its first on; a resume in place keeps its checkpoint's.
+    if (resuming && !in_place) state.metrics_from = state.step + 1;
     std::tie(result.best_val_loss, result.best_step) =
-        trim_metrics(metrics_path, resuming ? state.step : 0, in_place);
+        trim_metrics(metrics_path, resuming ? state.step : 0, in_place ? state.metrics_from : 0);
     if (resuming && result.best_step == 0 && fs::exists(fs::path(best_dir) / "model.safetensors")) {
       const auto record = best_record(best_dir);
       if (record && record->second <= state.step) {
