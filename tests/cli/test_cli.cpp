@@ -190,6 +190,12 @@ TEST_F(Cli, ADanglingLinkIsNamedAsOne) {
   expect_error(run("bench kernels --out " + (link / "k.md").string()), note);
   expect_error(run("train --steps 2 --no-progress --out " + (dir / "o").string() + " --trace " +
                    (link / "t.json").string()), note, dir / "o");
+  // As the output: mkdir's "File exists" alone named a path that ls showed empty, and a failed prepare then removed
+  // the user's link as a directory it had made (the train after it made a directory in its place).
+  write_file_atomic((dir / "t.txt").string(), "some plain text to prepare");
+  expect_error(run("prepare --text " + (dir / "t.txt").string() + " --out " + link.string()), note);
+  expect_error(run("train --steps 1 --no-progress --out " + link.string()), note);
+  EXPECT_TRUE(fs::is_symlink(link));
   // Through a link, "ck/.." is the directory that holds the link's target, not dir: the link is still the cause.
   expect_error(run("generate --checkpoint " + (link / ".." / "x").string()), note);
   // A missing path that is no link, or that only passes through a live one, keeps the plain message.
@@ -335,6 +341,14 @@ TEST_F(Cli, CheckpointThatLacksSomethingNamesIt) {
     off = {off[0].get<uint64_t>() + 8, off[1].get<uint64_t>() + 8};
   });
   expect_error(run("info --checkpoint " + ck.string()), " of the data belong to no tensor (a corrupt file)");
+  // Offsets in reverse order were called "outside the file", of a file that was whole.
+  save_checkpoint(ck.string(), m, nullptr);
+  test::edit_safetensors_header(file, [](nlohmann::json& h) {
+    auto& off = h["transformer.ln_f.bias"]["data_offsets"];
+    off = {off[1], off[0]};
+  });
+  expect_error(run("generate --checkpoint " + ck.string()), "tensor 'transformer.ln_f.bias' has data offsets [");
+  expect_error(run("generate --checkpoint " + ck.string()), "]: its end before its begin (a corrupt header)");
 }
 TEST_F(Cli, MismatchedSafetensors) {
   // A training checkpoint whose optimizer state belongs to another model.
@@ -684,6 +698,10 @@ TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
   EXPECT_NE(r.out.find("; as it was: --no-checkpoint writes none)\n"), std::string::npos) << r.out;
   // The header names the steps this resume runs ("for 6 steps" read against "done: 2 steps").
   EXPECT_NE(r.out.find(" for steps 5 to 6 -> "), std::string::npos) << r.out;
+  const CliRun one = run("train --resume " + (out / "checkpoint").string() + " --steps 5 --no-checkpoint --no-progress "
+                         "--sample-tokens 0 --device cpu", dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find(" for step 5 -> "), std::string::npos) << one.out;  // not "for steps 5 to 5"
   const CliRun saved = run(test::small_train_args(dir / "s", ""), dir);  // a run that saves says nothing more
   ASSERT_EQ(saved.code, 0) << saved.err;
   EXPECT_EQ(saved.out.find("as it was"), std::string::npos) << saved.out;
@@ -703,6 +721,20 @@ TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
   EXPECT_EQ(err.find("with a checkpoint"), std::string::npos) << err;
   // The newline that ends a bar drawn in place is not printed with no bar: it was an empty line.
   EXPECT_EQ(err.rfind("tessera: stopping after this step", 0), 0u) << err;
+}
+
+// A run stopped before its --trace-step writes no trace, and said nothing of it.
+TEST_F(Cli, AStopBeforeTheTraceStepSaysNoTraceWasWritten) {
+  const fs::path out = dir / "o", trace = dir / "t.json";
+  Child c = spawn("train --out " + out.string() + " --batch 96 --steps 1000 --trace-step 999 --trace " +
+                  trace.string() + " --no-checkpoint --no-progress --device cpu", dir);
+  ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
+  const std::string err = read_file_text(c.err.string());
+  EXPECT_NE(err.find("tessera: no --trace / --memory-timeline file: the run stopped before step 999, the one they "
+                     "record\n"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(trace));
 }
 
 // A model whose vocab is wider than the bytes draws ids above 255; generate printed each masked to its low byte,
@@ -1219,9 +1251,9 @@ TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {
   expect_error(run("train --data " + (dir / "blob").string() + " --out " + (dir / "o2").string()), "tessera prepare",
                dir / "o2");
   // prepare refuses non-text too; the tessera binary itself was once accepted.
-  expect_error(run("prepare --text " + (dir / "blob").string() + " --out " + (dir / "d").string()), "not UTF-8",
+  expect_error(run("prepare --text " + (dir / "blob").string() + " --out " + (dir / "d").string()), "is not plain text",
                dir / "d");
-  expect_error(run("prepare --text " + binary() + " --out " + (dir / "d").string()), "not UTF-8", dir / "d");
+  expect_error(run("prepare --text " + binary() + " --out " + (dir / "d").string()), "is not plain text", dir / "d");
 }
 
 TEST_F(Cli, UnknownFlagSuggestsTheNearestAndVersion) {

@@ -78,11 +78,36 @@ TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
   expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
 }
 
+// From a new user's trial:
+// - an empty text: train --data read its train split as 2^64 - 1 tokens (size - 1 val byte) and let it through to a
+//   "prepare: the text has 0 bytes" that named the other command; it now fails the split's own check, as 1 byte does;
+// - a NUL byte was called "not UTF-8" (NUL is UTF-8);
+// - info's line on planned gradients said "-128.00 B less" where the plan costs 128 bytes more;
+// - a trillion parameters printed as "215780.500B".
+TEST_F(CliMessages, TextAndInfoWordsFromATrial) {
+  write_file_atomic((dir / "empty.txt").string(), std::string());
+  expect_error(run("train --device cpu --no-progress --data empty.txt --out r", dir),
+               "data empty.txt: its train split holds 0 tokens, fewer than batch x seq + 1 = 513");
+  expect_error(run("prepare --text empty.txt --out d", dir),
+               "text empty.txt has 0 bytes; at least 2 are needed (a train token and a val token)");
+  write_file_atomic((dir / "nul.txt").string(), std::string("hello\0world", 11));
+  expect_error(run("prepare --text nul.txt --out d", dir),
+               "text nul.txt is not plain text (a NUL byte at byte 5); tessera prepare tokenizes text files only");
+  const CliRun tiny = run("info --d-model 32 --n-layers 1 --batch 1 --seq 1", dir);
+  ASSERT_EQ(tiny.code, 0) << tiny.err;
+  EXPECT_NE(tiny.out.find("128.00 B more than in a buffer of their own"), std::string::npos) << tiny.out;
+  const CliRun huge = run("info --vocab 16777216 --d-model 262144 --n-heads 1 --n-layers 512 --d-ff 262144 "
+                          "--max-seq 1048576 --batch 1 --seq 1", dir);
+  ASSERT_EQ(huge.code, 0) << huge.err;
+  EXPECT_NE(huge.out.find("params     215780499652608 (215.780T)"), std::string::npos) << huge.out;
+}
+
 // A count of 1 takes the singular: "wrote 1 train and 1 val tokens", "data parallel over 1 ranks", "the text has 1
 // bytes".
 TEST_F(CliMessages, ACountOfOneIsSingular) {
   write_file_atomic((dir / "one.txt").string(), std::string("a"));
-  expect_error(run("prepare --text one.txt --out d", dir), "prepare: the text has 1 byte; at least 2 are needed");
+  expect_error(run("prepare --text one.txt --out d", dir),
+               "text one.txt has 1 byte; at least 2 are needed (a train token and a val token)");
   write_file_atomic((dir / "two.txt").string(), std::string("ab"));
   CliRun r = run("prepare --text two.txt --out d", dir);
   ASSERT_EQ(r.code, 0) << r.err;

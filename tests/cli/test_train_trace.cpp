@@ -42,6 +42,8 @@ TEST_F(TrainTrace, RecordsTheChosenStep) {
   const test::CliRun r = test::run(train("--steps 3 --trace " + trace.string() + " --trace-step 3"));
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_TRUE(fs::exists(trace));
+  // The summary names it (it was written without a word).
+  EXPECT_NE(r.out.find("\ntrace:      " + trace.string() + " (step 3)\n"), std::string::npos) << r.out;
   const nlohmann::json j = nlohmann::json::parse(read_file_text(trace.string()));
   const auto& events = j.contains("traceEvents") ? j.at("traceEvents") : j;
   std::map<std::string, int> count;
@@ -75,6 +77,8 @@ TEST_F(TrainTrace, MemoryTimelineOfTheChosenStep) {
   const test::CliRun r = test::run(train("--steps 2 --memory-timeline " + png.string() + " --trace-step 2"));
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_TRUE(fs::exists(png));
+  EXPECT_NE(r.out.find("\ntrace:      " + png.string() + ", " + csv.string() + " (step 2)\n"), std::string::npos)
+      << r.out;
   const std::string image = read_file_text(png.string());
   ASSERT_GT(image.size(), 8u);
   EXPECT_EQ(image.substr(1, 3), "PNG");

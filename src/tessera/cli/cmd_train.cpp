@@ -113,21 +113,11 @@ class CreatedDirs {
       else fs::remove(it->first, ec);
     }
   }
-  // Creates `dir` (then ensure_writable_dir), remembering each directory on its path that this process's own
-  // mkdir made. Not "each that did not exist a moment before": two runs started at once into the same new --out
-  // both saw it missing, and the one refused by the other's lock then removed the directory the other trained in.
+  // Creates `dir`, remembering each directory on its path that this process's own mkdir made
+  // (create_dirs_recorded): dir itself is the last of them when it was made.
   void create(const std::string& dir) {
-    // Not lexically normalized: "link/../run" is run beside the link's target, as the kernel resolves it.
-    fs::path target = fs::absolute(dir);
-    while (target.has_parent_path() && target.filename().empty()) target = target.parent_path();  // "out/": out
-    std::vector<fs::path> chain;  // target, its parent, ..., the root
-    for (fs::path p = target; !p.empty(); p = p.parent_path()) {
-      chain.push_back(p);
-      if (p == p.parent_path()) break;
-    }
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it)
-      if (::mkdir(it->c_str(), 0777) == 0) created_.emplace_back(*it, it + 1 == chain.rend());
-    ensure_writable_dir(dir);  // words the error of a mkdir that failed otherwise than EEXIST
+    const std::vector<fs::path> made = create_dirs_recorded(dir);
+    for (size_t i = 0; i < made.size(); ++i) created_.emplace_back(made[i], i + 1 == made.size());
   }
   void keep() { keep_ = true; }
 
@@ -452,7 +442,7 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
       }
       size_t bad = 0;
       TS_CHECK(is_utf8_text(text, &bad), "data ", text_source, " is neither a token shard (magic ", kShardMagic,
-               ") nor UTF-8 text (", not_text_at(text, bad), "); tessera prepare turns text into shards");
+               ") nor plain text (", not_text_at(text, bad), "); tessera prepare turns text into shards");
       const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
       // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
       // new text is too short leaves the old run as it was).
@@ -656,7 +646,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     const std::string span =
         o.resume.empty() || !setup.model
             ? "for " + counted(o.steps, "step")
-            : "for steps " + std::to_string(setup.state.step + 1) + " to " + std::to_string(o.steps);
+        : setup.state.step + 1 == o.steps ? "for step " + std::to_string(o.steps)  // not "for steps 2 to 2"
+                                          : "for steps " + std::to_string(setup.state.step + 1) + " to " +
+                                                std::to_string(o.steps);
     std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(),
                 o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
@@ -752,6 +744,17 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   const std::string resume_cmd = launcher + shell_quote(argv[0]) + " train --resume " + shell_quote(r.checkpoint) +
                                  (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
                                  dist_flags + precision_flags;
+  // The --trace / --memory-timeline files, or why there are none: they were written without a word, and a run
+  // stopped before its --trace-step left none, silently too.
+  const bool wants_trace = !o.trace.empty() || !o.memory_timeline.empty();
+  std::string traced;
+  for (const std::string& f : r.traced) traced += (traced.empty() ? "" : ", ") + f;
+  const std::string no_trace = "no --trace / --memory-timeline file: the run stopped before step " +
+                               std::to_string(o.trace_step) + ", the one they record";
+  if (r.interrupted && wants_trace && traced.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera: %s\n", no_trace.c_str());
+  }
   if (r.interrupted && r.checkpoint.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: --no-checkpoint, so nothing was written to resume from\n",
@@ -778,6 +781,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                 static_cast<long long>(r.best_step), r.best_val_loss,
                 r.checkpoint.empty() ? "; as it was: --no-checkpoint writes none" : "");
   std::printf("metrics:    %s\n", (fs::path(o.out) / "metrics.jsonl").c_str());  // "--out run/": one slash
+  if (wants_trace)
+    std::printf("trace:      %s\n", traced.empty() ? no_trace.c_str()
+                                                 : (traced + " (step " + std::to_string(o.trace_step) + ")").c_str());
   if (r.peak_device_bytes > 0)
     std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
                 "context)\n", human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());

@@ -151,8 +151,10 @@ int cmd_prepare(int argc, char** argv) {
     throw;
   }
   size_t bad = 0;
-  TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not UTF-8 text (", not_text_at(text, bad),
+  TS_CHECK(is_utf8_text(text, &bad), "text ", a.str("text"), " is not plain text (", not_text_at(text, bad),
            "); tessera prepare tokenizes text files only");
+  TS_CHECK(text.size() >= 2, "text ", a.str("text"), " has ", counted(text.size(), "byte"),
+           "; at least 2 are needed (a train token and a val token)");
   if (g_prepare_stop != 0) return prepare_interrupted(g_prepare_stop, out);
   PrepareReport r;
   PrepareProgress bar(text.size(), !a.has("no-progress"));
@@ -307,10 +309,12 @@ int cmd_info(int argc, char** argv) {
   if (planned_grads) {
     // What the same step would need with the gradients in a buffer of their own (as with --accum > 1).
     const double own = grad_bytes + static_cast<double>(Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Own));
+    // On a tiny model the plan's alignment can cost a few bytes more than a buffer of their own: said as "more".
     std::printf("             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
-                "%s less than in a buffer of their own)\n",
+                "%s %s than in a buffer of their own)\n",
                 human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str(),
-                human_bytes(grad_bytes).c_str(), human_bytes(own - act).c_str());
+                human_bytes(grad_bytes).c_str(), human_bytes(std::abs(own - act)).c_str(),
+                own >= act ? "less" : "more");
     std::printf("             total %s\n", human_bytes(p + master + moments + act).c_str());
   } else {
     std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),

@@ -77,7 +77,8 @@ bool holds_run(const std::filesystem::path& dir) {
 
 std::string human_count(double n) {
   char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
+  if (n >= 1e12) std::snprintf(buf, sizeof buf, "%.3fT", n / 1e12);  // not "215780.500B"
+  else if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
   else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
   else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
   else std::snprintf(buf, sizeof buf, "%.0f", n);

@@ -312,13 +312,31 @@ void fsync_dir(const std::string& dir) {
   TS_CHECK(rc == 0 || e == EINVAL, "cannot sync directory ", dir, ": ", std::strerror(e));
 }
 
+std::vector<fs::path> create_dirs_recorded(const std::string& dir) {
+  // Not lexically normalized: "link/../run" is run beside the link's target, as the kernel resolves it.
+  fs::path target = fs::absolute(dir);
+  while (target.has_parent_path() && target.filename().empty()) target = target.parent_path();  // "out/": out
+  std::vector<fs::path> chain;  // target, its parent, ..., the root
+  for (fs::path p = target; !p.empty(); p = p.parent_path()) {
+    chain.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  std::vector<fs::path> made;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    if (::mkdir(it->c_str(), 0777) == 0) made.push_back(*it);
+  ensure_writable_dir(dir);  // words the error of a mkdir that failed otherwise than EEXIST
+  return made;
+}
+
 void ensure_writable_dir(const std::string& dir) {
   std::error_code ec;
   // A file in its place said "cannot create output directory F: Not a directory" (mkdir's words), as if making the
   // directory had failed; the path is simply not a directory, as train's own check says.
   TS_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "output path ", dir, " is not a directory");
   fs::create_directories(dir, ec);
-  TS_CHECK(!ec, "cannot create output directory ", dir, ": ", ec.message());
+  // A symbolic link to nothing (the path or a directory above it): mkdir's "File exists" alone named a path that
+  // `ls` shows empty.
+  TS_CHECK(!ec, "cannot create output directory ", dir, ": ", ec.message(), dangling_link_note(dir));
   TS_CHECK(fs::is_directory(dir), "output path ", dir, " is not a directory");
   TS_CHECK(::access(dir.c_str(), W_OK) == 0, "output directory ", dir, " is not writable: ", std::strerror(errno));
 }

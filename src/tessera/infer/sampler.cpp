@@ -22,7 +22,8 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
   // A NaN would break the strict weak ordering the sort below relies on (undefined behaviour), and an
   // infinity makes the softmax NaN: both mean the model diverged, which sampling must not hide.
   for (int i = 0; i < V; ++i)
-    TS_CHECK(std::isfinite(logits[i]), "sampling: logit ", i, " is ", logits[i],
+    TS_CHECK(std::isfinite(logits[i]), "sampling: logit ", i, " is ",
+             std::isnan(logits[i]) ? std::string("NaN") : std::to_string(logits[i]),  // not "-nan": its sign is noise
              " (the model produced NaN or infinite logits)");
   if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<int> idx(V);

@@ -125,7 +125,10 @@ struct Split {
   size_t tail = 0;  // without blocks: val is [size - tail, size)
 
   Split(size_t n, double fraction) : size(n), f(fraction), blocks(val_blocks_in(n / kSplitBlock, fraction) > 0) {
-    if (!blocks) tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * fraction));
+    // At least one val byte, and never more than the text: for an empty text the train split was size - 1 bytes
+    // (2^64 - 1), which passed train --data's check of its length.
+    if (!blocks)
+      tail = std::min<size_t>(n, std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * fraction)));
   }
   // Calls fn(begin, end) for each byte range of the split `val` (true) or train (false), in order.
   template <typename Fn>
@@ -199,14 +202,8 @@ class PrepareUndo {
     if (done_) return;
     for (auto it = created_.rbegin(); it != created_.rend(); ++it) fs::remove(*it, ec);
   }
-  // Creates `dir` (ensure_writable_dir), remembering each directory on its path that did not exist.
-  void create(const std::string& dir) {
-    for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
-      created_.insert(created_.begin(), p);
-      if (p == p.parent_path()) break;
-    }
-    ensure_writable_dir(dir);
-  }
+  // Creates `dir`, remembering each directory on its path that this process's own mkdir made.
+  void create(const std::string& dir) { created_ = create_dirs_recorded(dir); }
   void temp(const std::string& path) { temps_.push_back(path); }
   void done() { done_ = true; }
 
@@ -280,7 +277,8 @@ void remove_prepare_leftovers(const fs::path& dir) {
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
   const double val_fraction = params.val_fraction;
   TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
-  TS_CHECK(text.size() >= 2, "prepare: the text has ", counted(text.size(), "byte"), "; at least 2 are needed");
+  TS_CHECK(text.size() >= 2, "the text has ", counted(text.size(), "byte"),
+           "; at least 2 are needed (a train token and a val token)");
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   const Split split(text.size(), val_fraction);
   PrepareReport report{.n_train = split.count(false), .n_val = split.count(true), .removed = {}};

@@ -168,13 +168,12 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
       TS_CHECK(x.is_number_unsigned(), "safetensors: ", path, ": tensor '", name, "' has a negative data offset");
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
+    TS_CHECK(e.begin <= e.end, "safetensors: ", path, ": tensor '", name, "' has data offsets [", e.begin, ", ",
+             e.end, "]: its end before its begin (a corrupt header)");
     // A file cut short (a copy that stopped) reaches here with a whole header: say that, not only the offsets.
-    TS_CHECK(e.begin <= e.end && e.end <= data_size, "safetensors: ", path, ": tensor '", name,
-             "' has data offsets outside the file",
-             e.begin <= e.end ? " (the file is truncated, or its header wrong: its data section holds " +
-                                    std::to_string(data_size) + " bytes, the tensor ends at " +
-                                    std::to_string(e.end) + ")"
-                              : std::string());
+    TS_CHECK(e.end <= data_size, "safetensors: ", path, ": tensor '", name, "' has data offsets outside the file (the "
+             "file is truncated, or its header wrong: its data section holds ", data_size, " bytes, the tensor ends at ",
+             e.end, ")");
     TS_CHECK(e.end - e.begin == nbytes, "safetensors: ", path, ": tensor '", name, "' has ", e.end - e.begin,
              " bytes for shape ", shape_str(e.shape), " of dtype ", dtype_name(e.dtype), " (", nbytes, " bytes)");
     f.entries_[name] = e;

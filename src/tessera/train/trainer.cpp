@@ -842,6 +842,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
       model->set_tracer(nullptr);
       ctx.synchronize();
       tracer->write_chrome_json(o.trace, step);
+      if (lead) result.traced.push_back(o.trace);
     }
     if (!o.memory_timeline.empty() && step == o.trace_step && lead) {
       // The plan's memory per op: the same for a graph step as for an eager one (the plan fixes every address); on a
@@ -853,6 +854,8 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                             o.model.preset + ", B " + std::to_string(o.batch) + " x T " + std::to_string(o.seq) +
                                 ", step " + std::to_string(step) +
                                 (measured.empty() ? " (planned)" : " (planned; measured at the phase ends)"));
+      result.traced.push_back(o.memory_timeline);
+      result.traced.push_back(csv.string());
     }
     // The one read of the step: its norm, and with it whether an overflow made the optimizer skip it.
     const StepReport report = optimizer->read_step();

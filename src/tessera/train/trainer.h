@@ -213,6 +213,9 @@ struct TrainResult {
   int64_t graph_captures = 0;  // how many times the step was captured (again when the f16 loss scale changes)
   int graphs_per_step = 0;     // graphs a replayed step launches: 1, 2 with host test hooks before AdamW, 0: none
   bool interrupted = false;    // stopped by TrainControl::stop
+  // The files --trace and --memory-timeline wrote (the trace's JSON; the timeline's PNG and CSV), for the summary;
+  // empty when the run stopped before its --trace-step.
+  std::vector<std::string> traced;
   std::string checkpoint, best_checkpoint;
   std::unique_ptr<Gpt> model;  // the trained model, as saved in `checkpoint`
 };
