@@ -39,12 +39,20 @@ class CliStdout : public ::testing::Test {
   }
 };
 
+// What the line adds where the output was lost only once the command had finished (checked as it exits): prepare
+// had replaced the shards, and its exit 2 read as nothing written. A long help or generate's text fails mid-way.
+std::string after(const std::string& args) {
+  return args == "train --help" || args.rfind("generate", 0) == 0
+             ? "\n"
+             : " (the command had finished: only what it printed was lost)\n";
+}
+
 TEST_F(CliStdout, OutputToAFullDiskIsAnError) {
   for (const std::string& args : printing_commands()) {
     ASSERT_EQ(run(args, dir).code, 0) << args;
     const CliRun r = run(args + " > /dev/full", dir);
     EXPECT_EQ(r.code, 2) << args;
-    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: No space left on device\n") << args;
+    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: No space left on device" + after(args)) << args;
   }
 }
 
@@ -53,7 +61,7 @@ TEST_F(CliStdout, ClosedStdoutIsAnError) {
   for (const std::string& args : printing_commands()) {
     const CliRun r = run(args + " >&-", dir);
     EXPECT_EQ(r.code, 2) << args;
-    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: Bad file descriptor\n") << args;
+    EXPECT_EQ(r.err, "tessera: error: cannot write standard output: Bad file descriptor" + after(args)) << args;
   }
 }
 

@@ -66,8 +66,10 @@ int close_stdout(int code) {
   const bool close_failed = std::fclose(stdout) != 0;  // flushes what is left, then closes
   if (!lost_before && !close_failed) return 0;
   const int err = errno;
-  std::fprintf(stderr, "tessera: error: cannot write standard output%s%s\n", err ? ": " : "",
-               err ? std::strerror(err) : "");
+  // The command's work is done by now (prepare's shards, a whole training run): said, so that exit 2 is not read as
+  // nothing written.
+  std::fprintf(stderr, "tessera: error: cannot write standard output%s%s (the command had finished: only what it "
+               "printed was lost)\n", err ? ": " : "", err ? std::strerror(err) : "");
   return 2;
 }
 
