@@ -378,6 +378,15 @@ TEST_F(Cli, PathTheFileSystemRefusesIsOneLine) {
     EXPECT_NE(r.err.find(": File name too long\n"), std::string::npos) << r.err;
   }
 }
+// A new directory whose last name the file system refuses: the parent made on the way is removed again (it was
+// left behind once the directories made were only returned at the end).
+TEST_F(Cli, AFailedOutputLeavesNoParentBehind) {
+  const std::string too_long = std::string(300, 'a');
+  expect_error(run("train --device cpu --no-progress --out " + (dir / "newt" / too_long).string()), "File name too long",
+               dir / "newt");
+  expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " +
+                   (dir / "newp" / too_long).string()), "File name too long", dir / "newp");
+}
 TEST_F(Cli, UnwritableOutput) {
   write_file_atomic((dir / "file").string(), std::string("x"));
   expect_error(run("train --out " + (dir / "file" / "sub").string()), "cannot create output directory");
@@ -663,6 +672,26 @@ TEST_F(Cli, TwoTrainsStartedAtOnceIntoOneNewOutKeepTheWinnersRun) {
     EXPECT_TRUE(fs::exists(out / "checkpoint")) << err_a << err_b;
     EXPECT_EQ(count_lines(out / "metrics.jsonl"), 2) << err_a << err_b;
   }
+}
+
+// The same race for prepare: the one refused by the other's lock removed the new directory it had made, under the
+// prepare that held it, which then could not write its shards. The race runs in microseconds, so a fault point pauses
+// the prepare between its mkdir and its lock, while flock(1) takes the lock as the other prepare would: the refused
+// one leaves the directory to it.
+TEST_F(Cli, APrepareRefusedByTheLockLeavesTheNewDirectoryToItsHolder) {
+  const fs::path text = dir / "t.txt", out = dir / "new";
+  write_file_atomic(text.string(), "Slow and steady wins the race. ");
+  ::setenv("TESSERA_FAULT_INJECT", "prepare-pause-before-lock", 1);  // the child's, from the fork
+  Child p = spawn("prepare --no-progress --text " + text.string() + " --out " + out.string(), dir);
+  ::unsetenv("TESSERA_FAULT_INJECT");
+  for (int i = 0; i < 1000 && !fs::exists(out); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(fs::exists(out));
+  const std::string holder = "flock -n " + out.string() + " sleep 4 &";
+  ASSERT_EQ(std::system(holder.c_str()), 0);
+  EXPECT_EQ(wait_exit(p.pid), 2);
+  const std::string err = read_file_text(p.err.string());
+  EXPECT_NE(err.find("is in use by another tessera process"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_directory(out)) << "removed under the lock's holder";
 }
 
 // `timeout` signals the command and then its process group, microseconds apart; a script's two kills land

@@ -56,6 +56,16 @@ TEST_F(CliStdout, OutputToAFullDiskIsAnError) {
   }
 }
 
+// train's first write to reach a full disk is its sample's, after the run is saved: said as such.
+TEST_F(CliStdout, TrainWhoseOutputIsLostSaysItFinished) {
+  const CliRun r = run("train --device cpu --no-progress --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 "
+                       "--steps 2 > /dev/full", dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "tessera: error: cannot write standard output: No space left on device (the command had finished: "
+                   "only what it printed was lost)\n");
+  EXPECT_TRUE(fs::exists(dir / "o" / "checkpoint" / "model.safetensors"));
+}
+
 // A closed stdout fails the same way.
 TEST_F(CliStdout, ClosedStdoutIsAnError) {
   for (const std::string& args : printing_commands()) {

@@ -116,8 +116,9 @@ class CreatedDirs {
   // Creates `dir`, remembering each directory on its path that this process's own mkdir made
   // (create_dirs_recorded): dir itself is the last of them when it was made.
   void create(const std::string& dir) {
-    const std::vector<fs::path> made = create_dirs_recorded(dir);
-    for (size_t i = 0; i < made.size(); ++i) created_.emplace_back(made[i], i + 1 == made.size());
+    bool made_dir = false;
+    const std::vector<fs::path> made = create_dirs_recorded(dir, &made_dir);
+    for (size_t i = 0; i < made.size(); ++i) created_.emplace_back(made[i], made_dir && i + 1 == made.size());
   }
   void keep() { keep_ = true; }
 
@@ -808,8 +809,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (sample_tokens > 0) {
     const std::string prompt = a.str("prompt", "The ");
     std::printf("\nsample (temperature 0.7, top-k 40):\n");
-    generate_streamed(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
-                      {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
+    try {
+      generate_streamed(*r.model, encode_prompt(prompt, r.model->config().vocab), sample_tokens,
+                        {.temperature = 0.7f, .top_k = 40, .seed = o.seed});
+    } catch (const Error& e) {
+      // The first write that reaches the output is the sample's, after the run is saved.
+      const std::string m = e.what();
+      if (m.rfind("cannot write standard output", 0) == 0) TS_THROW(m, kOutputLostNote);
+      throw;
+    }
   }
   return 0;
 }

@@ -40,6 +40,9 @@ std::string human_count(double n);
 // How a stop by signal is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
 // "interrupted".
 const char* stop_word(int sig);
+// Added to "cannot write standard output: ..." where the command's work was done before its output was lost
+// (prepare's shards, a training run before its sample): exit 2 alone read as nothing written.
+inline constexpr const char* kOutputLostNote = " (the command had finished: only what it printed was lost)";
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 // Prints the prompt, then each generated token's text as it is drawn (stdout flushed each time, so a long sample

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -68,8 +69,8 @@ int close_stdout(int code) {
   const int err = errno;
   // The command's work is done by now (prepare's shards, a whole training run): said, so that exit 2 is not read as
   // nothing written.
-  std::fprintf(stderr, "tessera: error: cannot write standard output%s%s (the command had finished: only what it "
-               "printed was lost)\n", err ? ": " : "", err ? std::strerror(err) : "");
+  std::fprintf(stderr, "tessera: error: cannot write standard output%s%s%s\n", err ? ": " : "",
+               err ? std::strerror(err) : "", tessera::cli::kOutputLostNote);
   return 2;
 }
 

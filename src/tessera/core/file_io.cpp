@@ -312,7 +312,7 @@ void fsync_dir(const std::string& dir) {
   TS_CHECK(rc == 0 || e == EINVAL, "cannot sync directory ", dir, ": ", std::strerror(e));
 }
 
-std::vector<fs::path> create_dirs_recorded(const std::string& dir) {
+std::vector<fs::path> create_dirs_recorded(const std::string& dir, bool* made_dir) {
   // Not lexically normalized: "link/../run" is run beside the link's target, as the kernel resolves it.
   fs::path target = fs::absolute(dir);
   while (target.has_parent_path() && target.filename().empty()) target = target.parent_path();  // "out/": out
@@ -322,9 +322,21 @@ std::vector<fs::path> create_dirs_recorded(const std::string& dir) {
     if (p == p.parent_path()) break;
   }
   std::vector<fs::path> made;
+  bool target_made = false;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it)
-    if (::mkdir(it->c_str(), 0777) == 0) made.push_back(*it);
-  ensure_writable_dir(dir);  // words the error of a mkdir that failed otherwise than EEXIST
+    if (::mkdir(it->c_str(), 0777) == 0) {
+      made.push_back(*it);
+      target_made = it + 1 == chain.rend();
+    }
+  try {
+    ensure_writable_dir(dir);  // words the error of a mkdir that failed otherwise than EEXIST
+  } catch (...) {
+    // dir itself was not made (or is not writable): the parents made on the way go again, each only when empty.
+    std::error_code ec;
+    for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);
+    throw;
+  }
+  if (made_dir) *made_dir = target_made;
   return made;
 }
 

@@ -106,12 +106,13 @@ void fsync_dir(const std::string& dir);
 // Creates `dir` (and parents) if needed and checks that a file can be created in it.
 void ensure_writable_dir(const std::string& dir);
 
-// ensure_writable_dir, returning the directories on dir's path that this call's own mkdir made, outermost first (the
-// last is dir itself when any is), for a command to remove again if it fails. Not "each that did not exist a moment
+// ensure_writable_dir, returning the directories on dir's path that this call's own mkdir made, outermost first, for
+// a command to remove again if it fails (*made_dir, when given: whether dir itself is among them; "new/../old" makes
+// only new). When it throws, what it made is removed again. Not "each that did not exist a moment
 // before": two runs started at once into the same new directory both saw it missing, and the one refused by the
 // other then removed the directory the other worked in; and a symbolic link to nothing does not "exist" either, so
 // a failed prepare into one removed the user's link.
-std::vector<std::filesystem::path> create_dirs_recorded(const std::string& dir);
+std::vector<std::filesystem::path> create_dirs_recorded(const std::string& dir, bool* made_dir = nullptr);
 
 // The one-line error for a path that the file system refuses (a name too long, a directory not searchable), as
 // std::filesystem reports it: "cannot access PATH: File name too long", without the library's "filesystem error:

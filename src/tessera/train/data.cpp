@@ -15,6 +15,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
+#include "tessera/train/checkpoint.h"
 
 namespace tessera {
 
@@ -125,8 +126,8 @@ struct Split {
   size_t tail = 0;  // without blocks: val is [size - tail, size)
 
   Split(size_t n, double fraction) : size(n), f(fraction), blocks(val_blocks_in(n / kSplitBlock, fraction) > 0) {
-    // At least one val byte, and never more than the text: for an empty text the train split was size - 1 bytes
-    // (2^64 - 1), which passed train --data's check of its length.
+    // At least one val byte (none for an empty text), and never more than the text: for an empty text the train
+    // split was size - 1 bytes (2^64 - 1), which passed train --data's check of its length.
     if (!blocks)
       tail = std::min<size_t>(n, std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * fraction)));
   }
@@ -293,10 +294,20 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   PrepareUndo undo;
   undo.create(out_dir);
   std::optional<DirectoryLock> lock;
-  if (params.lock)
-    lock.emplace(out_dir, "shard directory",
-                 "(a train that reads shards there or writes its run there, or another prepare): wait for it to end, "
-                 "or prepare into another directory");
+  if (params.lock) {
+    // tests: time for another process to take the lock of the directory just made (the race two prepares started at
+    // once run in microseconds)
+    if (fault_injected("prepare-pause-before-lock")) ::sleep(2);
+    try {
+      lock.emplace(out_dir, "shard directory",
+                   "(a train that reads shards there or writes its run there, or another prepare): wait for it to "
+                   "end, or prepare into another directory");
+    } catch (...) {
+      // Another process holds it: started at once into the same new directory, it works in the one this made.
+      undo.done();
+      throw;
+    }
+  }
 
   // The directory's other shards that train --data would read beside the new ones: tessera's own names
   // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
