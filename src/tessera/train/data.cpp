@@ -302,7 +302,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
       lock.emplace(out_dir, "shard directory",
                    "(a train that reads shards there or writes its run there, or another prepare): wait for it to "
                    "end, or prepare into another directory");
-    } catch (...) {
+    } catch (const DirectoryInUse&) {
       // Another process holds it: started at once into the same new directory, it works in the one this made.
       undo.done();
       throw;
