@@ -104,7 +104,8 @@ void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_n
   // would be too. main() checks what other commands print, once they return.
   const auto put = [](const std::string& text) {  // may hold any byte, NUL included
     const bool ok = std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0;
-    TS_CHECK(ok, "cannot write standard output: ", std::strerror(errno));
+    const int e = errno;
+    if (!ok) throw OutputLost(__FILE__, __LINE__, std::string("cannot write standard output: ") + std::strerror(e));
   };
   sampler_check(p);  // before anything is printed
   TS_CHECK(!prompt.empty(), "generate: the prompt is empty");

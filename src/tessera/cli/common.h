@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/cli/flags.h"
+#include "tessera/core/error.h"
 #include "tessera/core/units.h"  // human_bytes
 #include "tessera/infer/sampler.h"
 #include "tessera/models/config.h"
@@ -40,6 +41,12 @@ std::string human_count(double n);
 // How a stop by signal is told: "terminated" (SIGTERM), "hung up" (SIGHUP), "stopped: output closed" (SIGPIPE), else
 // "interrupted".
 const char* stop_word(int sig);
+// What generate_streamed throws when a write to standard output fails: a caller whose work was done before (train's
+// sample, after the run is saved) adds kOutputLostNote, without reading the message.
+class OutputLost : public Error {
+ public:
+  using Error::Error;
+};
 // Added to "cannot write standard output: ..." where the command's work was done before its output was lost
 // (prepare's shards, a training run before its sample): exit 2 alone read as nothing written.
 inline constexpr const char* kOutputLostNote = " (the command had finished: only what it printed was lost)";
