@@ -731,6 +731,21 @@ TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
                          "--sample-tokens 0 --device cpu", dir);
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_NE(one.out.find(" for step 5 -> "), std::string::npos) << one.out;  // not "for steps 5 to 5"
+  // --stop-after ends the span ("for steps 5 to 8" under --stop-after 5 promised four steps and ran one).
+  const std::string resume = "train --resume " + (out / "checkpoint").string() + " --steps 8 --no-progress "
+                             "--sample-tokens 0 --device cpu --stop-after ";
+  const CliRun stop7 = run(resume + "7 --out " + (dir / "b").string(), dir);
+  ASSERT_EQ(stop7.code, 0) << stop7.err;
+  EXPECT_NE(stop7.out.find(" for steps 5 to 7 of 8 (--stop-after 7) -> "), std::string::npos) << stop7.out;
+  const CliRun stop5 = run(resume + "5", dir);  // in place: after the branch, which read step 4
+  ASSERT_EQ(stop5.code, 0) << stop5.err;
+  EXPECT_NE(stop5.out.find(" for step 5 of 8 (--stop-after 5) -> "), std::string::npos) << stop5.out;
+  const CliRun fresh = run(test::small_train_args(dir / "f", "--stop-after 3"), dir);
+  ASSERT_EQ(fresh.code, 0) << fresh.err;
+  EXPECT_NE(fresh.out.find(" for steps 1 to 3 of 4 (--stop-after 3) -> "), std::string::npos) << fresh.out;
+  const CliRun all = run(test::small_train_args(dir / "g", "--stop-after 4"), dir);  // the last step: no note
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_NE(all.out.find(" for 4 steps -> "), std::string::npos) << all.out;
   const CliRun saved = run(test::small_train_args(dir / "s", ""), dir);  // a run that saves says nothing more
   ASSERT_EQ(saved.code, 0) << saved.err;
   EXPECT_EQ(saved.out.find("as it was"), std::string::npos) << saved.out;

@@ -644,12 +644,15 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
                                                      : std::string("the CPU");
   if (lead) {
     // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" read as a contradiction.
-    const std::string span =
-        o.resume.empty() || !setup.model
-            ? "for " + counted(o.steps, "step")
-        : setup.state.step + 1 == o.steps ? "for step " + std::to_string(o.steps)  // not "for steps 2 to 2"
-                                          : "for steps " + std::to_string(setup.state.step + 1) + " to " +
-                                                std::to_string(o.steps);
+    // --stop-after ends this call at its step (checked to be one this run takes): "for steps 5 to 10" under
+    // --stop-after 5 promised five steps and ran one.
+    const bool resumed = !o.resume.empty() && setup.model;
+    const int64_t first = resumed ? setup.state.step + 1 : 1;
+    const int64_t last = o.stop_after > 0 ? o.stop_after : o.steps;
+    std::string span = !resumed && last == o.steps ? "for " + counted(o.steps, "step")
+                       : first == last             ? "for step " + std::to_string(last)  // not "for steps 2 to 2"
+                                       : "for steps " + std::to_string(first) + " to " + std::to_string(last);
+    if (last != o.steps) span += " of " + std::to_string(o.steps) + " (--stop-after " + std::to_string(last) + ")";
     std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(),
                 o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);

@@ -68,9 +68,10 @@ std::string counted(unsigned long long n, std::string_view noun) {
 }
 
 std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  // Up to PiB: info's estimate for a config of a trillion parameters read "1570.01 TiB".
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;
-  while (b >= 1024 && u < 4) {
+  while (b >= 1024 && u < 5) {
     b /= 1024;
     ++u;
   }
