@@ -15,7 +15,7 @@ namespace {
 
 // The byte count printed on the line that starts with `label` ("planned peak   12.17 GiB (13070959104 bytes)").
 size_t bytes_on_line(const std::string& out, const std::string& label) {
-  const std::regex re(label + R"( +[0-9.]+ [KMGT]?i?B \(([0-9]+) bytes\))");
+  const std::regex re(label + R"( +[0-9.]+ [KMGTP]?i?B \(([0-9]+) bytes\))");
   std::smatch m;
   if (!std::regex_search(out, m, re)) {
     ADD_FAILURE() << "no '" << label << "' line in:\n" << out;

@@ -35,7 +35,7 @@ std::optional<double> parse_byte_size(std::string_view v);
 
 // "1 token", "0 tokens", "2 tokens": n and the noun, plural but for n == 1 (the noun's plural is noun + "s").
 std::string counted(unsigned long long n, std::string_view noun);
-// "1.50 GiB", "640.00 KiB", "12.00 B": two decimals in the largest binary unit (to TiB) that leaves at least 1.
+// "1.50 GiB", "640.00 KiB", "12.00 B": two decimals in the largest binary unit (to PiB) that leaves at least 1.
 std::string human_bytes(double bytes);
 
 }  // namespace tessera
