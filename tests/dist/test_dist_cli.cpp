@@ -156,6 +156,36 @@ TEST(DistCli, RanksThatDisagreeAreRefusedWithOneLineAndNothingWritten) {
   fs::remove_all(d);
 }
 
+// The form of the collectives must agree too. Ranks given different --ddp, --zero or --bucket-mb failed inside MPI
+// ("MPI_ERR_IN_STATUS", with an empty run directory left behind), and bucket against flat trained on. A flag a
+// form does not use is no disagreement (ZeRO-1 on one rank, --ddp flat beside it, is refused by the flags anyway).
+TEST(DistCli, RanksThatDisagreeOnTheCollectivesAreRefused) {
+  const fs::path d = test::temp_dir("dist_cli_forms");
+  for (const auto& [mine, theirs] : {std::pair{"--ddp bucket", "--zero 1"}, std::pair{"--ddp bucket", "--ddp flat"},
+                                     std::pair{"--bucket-mb 0.01", ""}, std::pair{"", "--ddp naive"}}) {
+    const Job j = mpirun("", 1, kTiny + " --steps 2 " + mine + " --out run : -np 1 " + test::binary() + " train " +
+                                    kTiny + " --steps 2 " + theirs + " --out run", d);
+    EXPECT_EQ(j.code, 2) << mine << " / " << theirs << "\n" << j.err;
+    EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
+    EXPECT_NE(j.err.find("the ranks disagree on the training options, the data and the world size: rank 1 differs "
+                         "from rank 0"), std::string::npos) << mine << " / " << theirs << "\n" << j.err;
+    EXPECT_FALSE(fs::exists(d / "run")) << mine << " / " << theirs;
+    fs::remove_all(d / "run");
+  }
+  // The bucket size that a form does not use does not count: the default and an explicit 25 agree.
+  const Job same = mpirun("", 1, kTiny + " --steps 2 --bucket-mb 25 --out run : -np 1 " + test::binary() + " train " +
+                                     kTiny + " --steps 2 --ddp bucket --out run", d);
+  EXPECT_EQ(same.code, 0) << same.err;
+  // bench allreduce: different --sizes were the same MPI internals.
+  const Job sizes = mpirun("", 1, "allreduce --sizes 1KB --iters 1 --warmup 0 : -np 1 " + test::binary() +
+                                      " bench allreduce --sizes 1MB --iters 1 --warmup 0", d, "bench");
+  EXPECT_EQ(sizes.code, 2) << sizes.err;
+  EXPECT_EQ(count(sizes.err, "tessera: error:"), 1u) << sizes.err;
+  EXPECT_NE(sizes.err.find("the ranks disagree on the benchmark's flags: rank 1 differs from rank 0; start every "
+                           "rank with the same flags"), std::string::npos) << sizes.err;
+  fs::remove_all(d);
+}
+
 // The same shards under different paths agree: rank 1 starts in another working directory (MPMD, -wdir) and finds
 // its copy of the data through the same relative --data. The run's fingerprint held the absolute path, and the ranks
 // were refused as disagreeing on the data. Different shards there still disagree.

@@ -144,6 +144,12 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
     if (a.has("out") && lead) check_output_path("out", out);
   }, kSizesHint);
   if (help) return 0;
+  // Every rank must time the same collectives: ranks given different --sizes failed inside MPI (MPI_ERR_IN_STATUS)
+  // instead of being refused. --out and --comm-timeout are each rank's own.
+  std::string key = backend + " " + dtype_s + " " + std::to_string(timing.warmup) + " " +
+                    std::to_string(timing.iters) + (a.has("peer") ? " peer" : "");
+  for (const size_t bytes : sizes) key += " " + std::to_string(bytes);
+  check_ranks_agree(control, key, "the benchmark's flags", "flags");
   control.set_timeout(timeout);
   const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
   const int N = world.size();

@@ -47,6 +47,27 @@ Fault read_fault() {
   return f;
 }
 
+// The form of the run's collectives: what its ranks must agree on beyond the training options. Ranks with
+// different --ddp, --bucket-mb, --zero or --comm-sms issued different collectives and failed inside MPI
+// ("MPI_ERR_IN_STATUS", after a run directory was made) or, for bucket against flat, trained on as if they agreed.
+// What the form does not use is left out (--ddp under ZeRO-1, --bucket-mb outside bucket); --comm-timeout is each
+// rank's own wait.
+// FNV-1a over s, continuing from h.
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
+  for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+std::string collective_form(const DataParallelOptions& o) {
+  std::string form = o.zero == 1 ? "zero-1" : ddp_mode_name(o.ddp);
+  if (o.zero == 0 && o.ddp == DdpMode::Bucket) {
+    char mb[32];
+    std::snprintf(mb, sizeof mb, " %a MB", o.bucket_mb);  // exact: 0.01 and 0.010000001 differ
+    form += mb;
+  }
+  return form + " sms " + std::to_string(o.comm_sms);
+}
+
 }  // namespace
 
 DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const DataParallelOptions& opt)
@@ -77,9 +98,18 @@ DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const Data
 DataParallelRun::~DataParallelRun() = default;
 
 void DataParallelRun::check_consistent(uint64_t fingerprint, const std::string& what) {
-  const int n = world_size();
+  check_ranks_agree(control_, fnv1a(collective_form(opt_), fingerprint), what, "flags and data");
+}
+
+void check_ranks_agree(Communicator& control, std::string_view key, const std::string& what, const std::string& same) {
+  check_ranks_agree(control, fnv1a(key), what, same);
+}
+
+void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what,
+                       const std::string& same) {
+  const int n = control.size();
   std::vector<uint64_t> all(static_cast<size_t>(n));
-  control_.all_gather(Tensor(&fingerprint, DType::U8, {8}),
+  control.all_gather(Tensor(&fingerprint, DType::U8, {8}),
                       Tensor(all.data(), DType::U8, {static_cast<int64_t>(8 * n)}));
   std::string differ;
   int count = 0;
@@ -89,8 +119,8 @@ void DataParallelRun::check_consistent(uint64_t fingerprint, const std::string& 
   throw CollectiveError(__FILE__, __LINE__,
                         detail::concat("the ranks disagree on ", what, ": rank", count > 1 ? "s " : " ", differ,
                                        count > 1 ? " differ" : " differs",
-                                       " from rank 0; start every rank with the same flags and data"),
-                        /*quiet=*/rank() != 0);
+                                       " from rank 0; start every rank with the same ", same),
+                        /*quiet=*/control.rank() != 0);
 }
 
 void DataParallelRun::attach(Gpt& model) {

@@ -81,4 +81,12 @@ class DataParallelRun final : public DataParallel {
 // command's own flags that size what was allocated.
 void run_collectively(Communicator& control, const std::function<void()>& fn, std::string_view oom_hint = {});
 
+// Throws a CollectiveError on every rank when the ranks' fingerprints differ ("the ranks disagree on <what>: rank
+// 1 differs from rank 0; start every rank with the same <same>"), quiet on all but rank 0. For what must agree
+// before the ranks issue collectives: ranks that disagree on their number or sizes failed inside MPI
+// (MPI_ERR_IN_STATUS) or hung until the timeout.
+void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what, const std::string& same);
+// The same for a key that must be equal on every rank (compared by a hash of it).
+void check_ranks_agree(Communicator& control, std::string_view key, const std::string& what, const std::string& same);
+
 }  // namespace tessera
