@@ -935,6 +935,21 @@ TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
   EXPECT_GE(trained, 1) << "no limit was enough to train";
 }
 
+// OpenBLAS starts its worker threads when it loads; under an address limit that leaves them no room for their work
+// buffers they retry the mapping forever, and exit() waits for them: `info` printed its report and never ended, and
+// a bench hung after its out-of-memory line (a new user's trial). Both now end.
+TEST_F(Cli, CommandsEndWhenBlasThreadsFoundNoRoomUnderAnAddressLimit) {
+  const std::string limit = "ulimit -v " + std::to_string((test::startup_address_mib() + 32) * 1024) +
+                            " && OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout -k 5 30 ";
+  const CliRun info = test::run_after(limit, "info");
+  ASSERT_TRUE(info.code != 124 && info.code != 137) << "still running after 30 s: " << info.out;
+  EXPECT_EQ(info.code, 0) << info.err;
+  EXPECT_NE(info.out.find("model      tiny"), std::string::npos) << info.out;
+  const CliRun bench = test::run_after(limit, "bench optimizer --size full --iters 1 --warmup 0 --no-progress");
+  ASSERT_TRUE(bench.code != 124 && bench.code != 137) << "still running after 30 s: " << bench.err;
+  expect_error(bench, "out of memory");
+}
+
 // Item 13 of the hardening issue: one step of gpt2-124m on the CPU used to be followed by minutes of sampling.
 // Over 100M parameters on the CPU there is no sample unless asked for (about 4 GB and a few seconds here).
 TEST_F(Cli, NoDefaultSampleForLargeModelsOnTheCpu) {

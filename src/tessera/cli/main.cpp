@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/memory.h"
 #include "tessera/train/trainer.h"
 
 #ifndef TESSERA_VERSION
@@ -113,5 +116,15 @@ int run_command(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   hold_closed_std_streams();
-  return close_stdout(run_command(argc, argv));
+  const int code = close_stdout(run_command(argc, argv));
+  // Under an address-space limit (ulimit -v), OpenBLAS's worker threads, started when the library loaded, may have
+  // found no room for their work buffers: they retry the mapping forever, and exit() waits for them (OpenBLAS's
+  // shutdown joins its threads), so `tessera info` printed its report and never ended, nor did a bench after its
+  // out-of-memory line. With a limit set, the process ends here, its output flushed, without exit()'s handlers;
+  // without one (always, under a profiler such as Nsight), exit() runs as usual.
+  if (tessera::address_space_left() != SIZE_MAX) {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return code;
 }
