@@ -18,7 +18,7 @@ import re
 import statistics
 import sys
 
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 # issue 10's targets
 BUSBW_TARGET, EFF_TARGET = 95.0, 95.0
@@ -41,11 +41,11 @@ def size_bytes(name):
 
 def human_bytes(b):
     """The inverse of tessera's human_bytes formatting, for messages: bytes -> '474.70 MiB'."""
-    for u in ("B", "KiB", "MiB", "GiB"):
+    for u in ("B", "KiB", "MiB", "GiB", "TiB"):
         if b < 1024:
             return "%.2f %s" % (b, u)
         b /= 1024
-    return "%.2f TiB" % b
+    return "%.2f PiB" % b
 
 
 def parse_md_table(text):
@@ -147,7 +147,7 @@ def step_ms(run_dir, tokens_per_step):
 
 
 def optimizer_line(log_text):
-    m = re.search(r"AdamW m\+v ([0-9.]+ [KMGT]?i?B) on (rank 0|each rank)[^\n]*", log_text)
+    m = re.search(r"AdamW m\+v ([0-9.]+ [KMGTP]?i?B) on (rank 0|each rank)[^\n]*", log_text)
     return m
 
 
@@ -164,7 +164,7 @@ def training(out):
     B, T = int(conf["batch"]), int(conf["seq"])
     rows, missing = [], []
     single, timed = step_ms(os.path.join(out, "train_single_n1"), B * T)
-    info = re.search(r"AdamW m\+v ([0-9.]+ [KMGT]?i?B)", read(os.path.join(out, "info_train.txt")))
+    info = re.search(r"AdamW m\+v ([0-9.]+ [KMGTP]?i?B)", read(os.path.join(out, "info_train.txt")))
     rows.append({"n": 1, "form": "one process", "ms": single, "timed": timed,
                  "mem": (info.group(1) + " (tessera info; one process prints none)") if info else "–"})
     if single is None:
@@ -208,7 +208,7 @@ def zero_check(out):
     log = logs[0]
     m = re.search(r"zero_(.+)_n(\d+)\.log$", os.path.basename(log))
     preset, n = m.group(1), int(m.group(2))
-    line = re.search(r"AdamW m\+v ([0-9.]+ [KMGT]?i?B) on rank 0 \(ZeRO-1: its 1/(\d+) of ([0-9.]+ [KMGT]?i?B)\)",
+    line = re.search(r"AdamW m\+v ([0-9.]+ [KMGTP]?i?B) on rank 0 \(ZeRO-1: its 1/(\d+) of ([0-9.]+ [KMGTP]?i?B)\)",
                      read(log))
     res = {"preset": preset, "n": n, "log": os.path.basename(log)}
     if not line:

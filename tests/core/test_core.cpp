@@ -364,16 +364,20 @@ TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
   EXPECT_EQ(counted(1, "token"), "1 token");
   EXPECT_EQ(counted(0, "token"), "0 tokens");
   EXPECT_EQ(counted(18446744073709551615ull, "byte"), "18446744073709551615 bytes");
-  EXPECT_EQ(human_bytes(1023), "1023.00 B");
-  EXPECT_EQ(human_bytes(1536), "1.50 KiB");
-  EXPECT_EQ(human_bytes(1.5 * 1024.0 * 1024 * 1024 * 1024 * 1024), "1.50 PiB");  // was "1536.00 TiB"
-  EXPECT_EQ(human_bytes(2048.0 * 1024 * 1024 * 1024 * 1024 * 1024), "2048.00 PiB");  // the largest unit
   EXPECT_EQ(decimal_range_note<float>(DecimalStatus::Underflow),
             "is too close to zero (the smallest magnitude it takes is 1.17549e-38)");
   for (const char* v : {"inf", "nan", "0x10", " 3", "", "1e3x", "e5"}) {
     EXPECT_EQ(parse_decimal(v, &f), DecimalStatus::NotANumber) << v;
     EXPECT_EQ(parse_decimal(v, &d), DecimalStatus::NotANumber) << v;
   }
+}
+
+// Two decimals in the largest binary unit up to PiB: info's estimate for a trillion parameters read "1570.01 TiB".
+TEST(Units, HumanBytesReachesPiB) {
+  EXPECT_EQ(human_bytes(1023), "1023.00 B");
+  EXPECT_EQ(human_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(human_bytes(1.5 * 1024.0 * 1024 * 1024 * 1024 * 1024), "1.50 PiB");  // was "1536.00 TiB"
+  EXPECT_EQ(human_bytes(2048.0 * 1024 * 1024 * 1024 * 1024 * 1024), "2048.00 PiB");  // the largest unit
 }
 
 TEST(Units, ByteSizes) {

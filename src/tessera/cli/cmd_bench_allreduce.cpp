@@ -149,7 +149,9 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   std::string key = backend + " " + dtype_s + " " + std::to_string(timing.warmup) + " " +
                     std::to_string(timing.iters) + (a.has("peer") ? " peer" : "");
   for (const size_t bytes : sizes) key += " " + std::to_string(bytes);
-  check_ranks_agree(control, key, "the benchmark's flags", "flags");
+  // The backend's default follows whether the rank sees a GPU: ranks given the same flags can differ in it.
+  check_ranks_agree(control, key, "the benchmark's flags", a.has("backend") ? "flags" : "flags, and give --backend "
+                    "(its default is nccl-cuda on a rank that sees a GPU, mpi-cpu on one that does not)");
   control.set_timeout(timeout);
   const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
   const int N = world.size();

@@ -1,9 +1,9 @@
 // tessera — train and run transformer language models.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -16,7 +16,6 @@
 #include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
-#include "tessera/core/memory.h"
 #include "tessera/train/trainer.h"
 
 #ifndef TESSERA_VERSION
@@ -77,6 +76,12 @@ int close_stdout(int code) {
   return 2;
 }
 
+// Whether a resource limit is set (a soft limit below infinity).
+bool limited(int resource) {
+  rlimit lim{};
+  return ::getrlimit(resource, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY;
+}
+
 int run_command(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, stdout);
@@ -117,12 +122,14 @@ int run_command(int argc, char** argv) {
 int main(int argc, char** argv) {
   hold_closed_std_streams();
   const int code = close_stdout(run_command(argc, argv));
-  // Under an address-space limit (ulimit -v), OpenBLAS's worker threads, started when the library loaded, may have
-  // found no room for their work buffers: they retry the mapping forever, and exit() waits for them (OpenBLAS's
-  // shutdown joins its threads), so `tessera info` printed its report and never ended, nor did a bench after its
-  // out-of-memory line. With a limit set, the process ends here, its output flushed, without exit()'s handlers;
-  // without one (always, under a profiler such as Nsight), exit() runs as usual.
-  if (tessera::address_space_left() != SIZE_MAX) {
+  // Under an address-space or data limit (ulimit -v, ulimit -d: both bound OpenBLAS's anonymous mappings),
+  // OpenBLAS's worker threads, started when the library loaded, may have found no room for their work buffers: they
+  // retry the mapping forever (spinning all along), and exit() waits for them (OpenBLAS's shutdown joins its
+  // threads), so `tessera info` printed its report and never ended, nor did a bench after its out-of-memory line.
+  // With such a limit set, the process ends here, its output flushed, without exit()'s handlers: tessera registers
+  // none (its files, locks and MPI_Finalize belong to the command, done by now), but a tool that writes its data
+  // at exit (gprof, gcov, a profiler's last flush) loses it under such a limit.
+  if (limited(RLIMIT_AS) || limited(RLIMIT_DATA)) {
     std::fflush(nullptr);
     std::_Exit(code);
   }

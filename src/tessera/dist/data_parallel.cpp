@@ -47,17 +47,17 @@ Fault read_fault() {
   return f;
 }
 
-// The form of the run's collectives: what its ranks must agree on beyond the training options. Ranks with
-// different --ddp, --bucket-mb, --zero or --comm-sms issued different collectives and failed inside MPI
-// ("MPI_ERR_IN_STATUS", after a run directory was made) or, for bucket against flat, trained on as if they agreed.
-// What the form does not use is left out (--ddp under ZeRO-1, --bucket-mb outside bucket); --comm-timeout is each
-// rank's own wait.
 // FNV-1a over s, continuing from h.
 uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
   for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
   return h;
 }
 
+// The form of the run's collectives: what its ranks must agree on beyond the training options. Ranks with
+// different --ddp, --bucket-mb or --zero issued different collectives and failed inside MPI ("MPI_ERR_IN_STATUS",
+// after a run directory was made) or, for bucket against flat, trained on as if they agreed. What the form does
+// not use is left out (--ddp under ZeRO-1, --bucket-mb outside bucket). --comm-timeout is each rank's own wait, and
+// --comm-sms each GPU's own share (NCCL aligns its channels across the ranks itself).
 std::string collective_form(const DataParallelOptions& o) {
   std::string form = o.zero == 1 ? "zero-1" : ddp_mode_name(o.ddp);
   if (o.zero == 0 && o.ddp == DdpMode::Bucket) {
@@ -65,7 +65,7 @@ std::string collective_form(const DataParallelOptions& o) {
     std::snprintf(mb, sizeof mb, " %a MB", o.bucket_mb);  // exact: 0.01 and 0.010000001 differ
     form += mb;
   }
-  return form + " sms " + std::to_string(o.comm_sms);
+  return form;
 }
 
 }  // namespace
