@@ -128,6 +128,8 @@ def main():
     bench("embedding fwd", emb)
     out = emb()
     bench("embedding bwd", grad_of(out, [wte, wpe], rand(B, T, C)))
+    # Without a position table (rope or sinusoidal models): d_wte alone.
+    bench("embedding bwd (no positions)", grad_of(F.embedding(tokens, wte), [wte], rand(B, T, C)))
     # Zipf ids (P(id k) ∝ 1/(k+1)), as text has them: tessera's "embedding bwd (zipf ids)" row.
     zipf = torch.multinomial(1.0 / torch.arange(1, V + 1, device=dev, dtype=torch.float64), N, replacement=True,
                              generator=gen).view(B, T)

@@ -130,7 +130,8 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
       run_bench("kernels --size small --device cpu --iters 2 --warmup 1 --no-progress --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "wrote " + md.string() + "\n");  // stdout is the table alone
-  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd",
+  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
+                   "layernorm fwd", "layernorm bwd",
                    "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd",
                    "cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
   EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
@@ -143,7 +144,8 @@ TEST_F(Bench, KernelsOnlyRunsTheFamiliesNamed) {
       run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only residual,embedding,residual --out " +
                 md.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "residual fwd", "residual bwd"});
+  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
+                   "residual fwd", "residual bwd"});
   const fs::path ce = dir / "ce.md";
   ASSERT_EQ(run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only cross-entropy --out " +
                       ce.string()).code, 0);
@@ -186,7 +188,8 @@ TEST_F(Bench, KernelsLargeOnGpuHasFourTimesTheRowsAndNoCrossEntropy) {
   const fs::path md = dir / "kernels.md";
   const test::CliRun r = run_bench("kernels --size large --device cuda --iters 1 --warmup 0 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd",
+  expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
+                   "layernorm fwd", "layernorm bwd",
                    "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd"});
   const std::string text = read_file_text(md.string());
   EXPECT_NE(text.find("| layernorm fwd | (65536, 768) |"), std::string::npos) << text;
@@ -203,13 +206,14 @@ TEST_F(Bench, KernelsAndOptimizerShowProgressOnStderrOnly) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string with_md = read_file_text(md.string());
   expect_progress(r.err, "row",
-                  {"embedding fwd", "embedding bwd", "embedding bwd (zipf ids)", "layernorm fwd", "layernorm bwd"}, md);
+                  {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
+                   "layernorm fwd", "layernorm bwd"}, md);
   EXPECT_EQ(r.out.find("running"), std::string::npos) << r.out;
   expect_same_without_progress(args, r, md, with_md);
   // Every family: the bar's total is the table's row count.
   const test::CliRun all = run_bench("kernels --device cpu --iters 1 --warmup 0");
   ASSERT_EQ(all.code, 0) << all.err;
-  EXPECT_NE(all.err.find("] row 13/13 | done | "), std::string::npos) << all.err;
+  EXPECT_NE(all.err.find("] row 14/14 | done | "), std::string::npos) << all.err;
   const test::CliRun opt = run_bench("optimizer --size small --device cpu --iters 1 --warmup 0");
   ASSERT_EQ(opt.code, 0) << opt.err;
   expect_progress(opt.err, "row", {"adamw step", "adamw step+clip"});

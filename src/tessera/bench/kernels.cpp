@@ -153,7 +153,7 @@ int bench_row_count(const std::string& which, const BenchConfig& cfg) {
   for (const char* f : kKernelFamilies) {
     const std::string family = f;
     if (!cfg.wants(family) || (family == "cross-entropy" && cfg.size == BenchSize::Large)) continue;
-    n += family == "embedding" ? 3 : 2;  // embedding: fwd, bwd and bwd on Zipf ids; the others fwd and bwd
+    n += family == "embedding" ? 4 : 2;  // embedding: fwd, bwd, bwd without wpe and on Zipf ids; the others 2
   }
   return n;
 }
@@ -190,6 +190,11 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     run("embedding bwd", shape,
         kIdBytes * N + es * (N * C + 2.0 * static_cast<double>(distinct) * C + 2 * T * C),
         [&] { embedding_backward(p, d_wte.t, d_wpe.t, out.t, tokens.t, ctx); });
+    // Without a learned position table (rope or sinusoidal models): d_wte alone, so d_out is read once. With wpe,
+    // the deterministic backward reads d_out twice (by token for d_wte, by position for d_wpe), which the byte count
+    // above does not count; this row has no such second read.
+    run("embedding bwd (no positions)", shape, kIdBytes * N + es * (N * C + 2.0 * static_cast<double>(distinct) * C),
+        [&] { embedding_backward(p, d_wte.t, Tensor(), out.t, tokens.t, ctx); });
     int64_t zipf_distinct = 0;
     const RandomTensor zipf = zipf_ids(s.N(), s.V, rng, ctx, &zipf_distinct);
     run("embedding bwd (zipf ids)", shape + " distinct=" + std::to_string(zipf_distinct),

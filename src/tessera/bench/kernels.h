@@ -51,8 +51,8 @@ struct BenchRow {
   double gbs() const { return bytes / (timing.median_ms * 1e-3) / 1e9; }
 };
 
-// embedding fwd/bwd, layernorm fwd/bwd, residual fwd/bwd, gelu fwd/bwd, swiglu fwd/bwd, cross-entropy fwd+bwd (the
-// families in cfg.only, or all).
+// embedding fwd/bwd (also without a position table, and on Zipf ids), layernorm fwd/bwd, residual fwd/bwd, gelu
+// fwd/bwd, swiglu fwd/bwd, cross-entropy fwd+bwd (the families in cfg.only, or all).
 std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h);
 // adamw step over the flat buffers of gpt2-124m (full) or tiny (small), built by Gpt on the harness's context.
 std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h);
