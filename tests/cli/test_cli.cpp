@@ -214,7 +214,47 @@ TEST_F(Cli, ResumingAFinishedRunSaysToRaiseSteps) {
   const fs::path out = dir / "o";
   ASSERT_EQ(run(small_train(out) + " --steps 2").code, 0);
   expect_error(run("train --resume " + (out / "checkpoint").string() + " --no-progress"),
-               "the checkpoint is at step 2, nothing to do for --steps 2: give --steps above 2 to train on");
+               "the checkpoint is at step 2, the last of the run's 2 steps: give --steps above 2 to train on");
+  // The flag is named only where it was given.
+  expect_error(run("train --resume " + (out / "checkpoint").string() + " --steps 1 --no-progress"),
+               "the checkpoint is at step 2, nothing to do for --steps 1: give --steps above 2 to train on");
+}
+
+// A branch from best/ (--resume RUN/best --out NEW) starts from a model validated at its step: that is the branch's
+// best so far, and its best/ starts as it. Its first validation, however much worse, became its best/ (a new user's
+// trial: a step-7 best at 4.2515 over the step-6 model at 4.0943 that the branch began with).
+TEST_F(Cli, ABranchFromBestKeepsItsStartAsBest) {
+  const std::string flags = " --device cpu --no-progress --sample-tokens 0";
+  const fs::path a = dir / "a", b = dir / "b";
+  const CliRun first = run("train --out " + a.string() + flags + " --batch 2 --seq 16 --d-model 32 --n-layers 2 "
+                           "--n-heads 2 --steps 7 --lr 0.05 --warmup 0 --val-every 2", dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  // The premise: the run's best is step 6, and step 7 (the end's validation) is worse.
+  const auto best = best_record((a / "best").string());
+  ASSERT_TRUE(best && best->second == 6) << first.out;
+  const CliRun branch = run("train --resume " + (a / "best").string() + " --out " + b.string() + flags, dir);
+  ASSERT_EQ(branch.code, 0) << branch.err;
+  const size_t done = branch.out.find("val loss ", branch.out.find("done: 1 step"));
+  ASSERT_NE(done, std::string::npos) << branch.out;
+  ASSERT_GT(std::stod(branch.out.substr(done + 9)), best->first) << "the premise: step 7 validates worse";
+  EXPECT_NE(branch.out.find("best:       " + (b / "best").string() + " (step 6, val loss "), std::string::npos)
+      << branch.out;
+  const auto kept = best_record((b / "best").string());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->second, 6);
+  EXPECT_EQ(kept->first, best->first);
+  EXPECT_TRUE(read_file_text((b / "best" / "model.safetensors").string()) ==
+              read_file_text((a / "best" / "model.safetensors").string()))
+      << "the branch's best/ is not the model it started from";
+}
+
+// `--precision ''` trained as if the flag were absent (empty is the device's default inside the options); info and
+// bench refused it.
+TEST_F(Cli, AnEmptyPrecisionIsRefused) {
+  expect_error(run(small_train(dir / "p") + " --precision ''"),
+               "--precision: unknown precision '' (expected f32, bf16 or f16)", dir / "p");
+  // A switch-like config flag names every form it takes ("expects true/false" while 1 and on were taken too).
+  expect_error(run("info --bias yes"), "--bias expects true/false (or on/off, 1/0), got 'yes'");
 }
 
 // Shards prepared by hand into OUT/data, with no run beside them, are not replaced by train's prepare of its text

@@ -331,6 +331,10 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
     o.seed = a.u64("seed", o.seed);
     o.device = a.str("device", "");
     o.precision = a.str("precision", "");
+    // Empty means "the device's default" inside TrainOptions: `--precision ''` trained as if the flag were absent,
+    // where info and bench refuse it.
+    TS_CHECK(!a.has("precision") || !o.precision.empty(),
+             "--precision: unknown precision '' (expected f32, bf16 or f16)");
     const std::string master = a.str("master-weights", "on");
     TS_CHECK(master == "on" || master == "off", "--master-weights must be on or off, got '", master, "'");
     o.master_weights = master == "on";

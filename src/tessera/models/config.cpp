@@ -162,7 +162,7 @@ float parse_float(std::string_view field, std::string_view v) {
 bool parse_bool(std::string_view field, std::string_view v) {
   if (v == "true" || v == "on" || v == "1") return true;
   if (v == "false" || v == "off" || v == "0") return false;
-  TS_THROW("config: ", field, " expects true/false, got '", v, "'");
+  TS_THROW("config: ", field, " expects true/false (or on/off, 1/0), got '", v, "'");
 }
 }  // namespace
 

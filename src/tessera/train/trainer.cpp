@@ -458,8 +458,11 @@ TrainSetup train_setup(TrainOptions o) {
              o.world_size == 1 ? "a single process (no mpirun)" : "mpirun -np " + std::to_string(o.world_size),
              ", not ", world == 1 ? std::string("a single process") : std::to_string(world) + " ranks",
              " (the checkpoint loads anywhere as a model: tessera generate)");
+    // "nothing to do for --steps 7" named a flag the user had not typed when --steps was the saved run's.
     TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
-             ", nothing to do for --steps ", o.steps, ": give --steps above ", s.state.step, " to train on");
+             steps > 0 ? ", nothing to do for --steps " + std::to_string(o.steps)
+                       : ", the last of the run's " + std::to_string(o.steps) + " steps",
+             ": give --steps above ", s.state.step, " to train on");
     TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
              ": its model and its saved training options disagree");
   }
@@ -658,6 +661,7 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
   state.options_json = train_options_to_json(o).dump();
   TrainResult result;
   std::FILE* metrics = nullptr;
+  bool seed_best = false;  // the branch's starting model becomes its best/ (below)
   if (lead) {
     // The best so far of a resumed run is in its metrics (best/ was written at that step). Where they hold none
     // (metrics.jsonl deleted, or only damaged lines), best/ records its own loss: without it the first validation
@@ -679,14 +683,31 @@ TrainResult train(TrainSetup setup, const TrainControl& control) {
                      "resumed run's first validation will replace it\n", metrics_path.c_str(), best_dir.c_str());
       }
     }
+    // A branch from a best/ that records its loss (--resume RUN/best --out NEW): that model, validated at the step
+    // it starts from, is the new run's best so far, and its best/ starts as that model. Before, the branch's first
+    // validation became its best/ however much worse it was (a new user's trial: step 7 at 4.2515 over the step-6
+    // model at 4.0943 that the branch began with). Without checkpoints there is no best/ to start.
+    if (resuming && !in_place && result.best_step == 0 && o.checkpoints) {
+      const auto record = best_record(o.resume);
+      if (record && record->second == state.step) {
+        std::tie(result.best_val_loss, result.best_step) = *record;
+        seed_best = true;
+      }
+    }
     metrics = std::fopen(metrics_path.c_str(), "ab");
     TS_CHECK(metrics, "cannot write ", metrics_path);
   }
   if (dp) {  // the other ranks learn rank 0's best so far, which decides when best/ is written
-    std::vector<double> best{result.best_val_loss, static_cast<double>(result.best_step)};
+    std::vector<double> best{result.best_val_loss, static_cast<double>(result.best_step), seed_best ? 1.0 : 0.0};
     dp->sum_host(best);
     result.best_val_loss = best[0];
     result.best_step = static_cast<int64_t>(best[1]);
+    seed_best = best[2] > 0;
+  }
+  if (seed_best) {  // on every rank: ZeRO-1 gathers the optimizer state to rank 0 for the save
+    state.val_loss = result.best_val_loss;  // recorded in best/ alone
+    save(best_dir);
+    state.val_loss = std::numeric_limits<double>::quiet_NaN();
   }
   if (result.best_step > 0) result.best_checkpoint = best_dir;
   struct Closer {
