@@ -148,7 +148,7 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   // instead of being refused. --out and --comm-timeout are each rank's own.
   std::string key = backend + " " + dtype_s + " " + std::to_string(timing.warmup) + " " +
                     std::to_string(timing.iters) + (a.has("peer") ? " peer" : "");
-  for (const size_t bytes : sizes) key += " " + std::to_string(bytes);
+  for (const size_t bytes : sizes) key.append(" ").append(std::to_string(bytes));  // GCC 12 -Wrestrict on " " + s
   // The backend's default follows whether the rank sees a GPU: ranks given the same flags can differ in it.
   check_ranks_agree(control, key, "the benchmark's flags", a.has("backend") ? "flags" : "flags, and give --backend "
                     "(its default is nccl-cuda on a rank that sees a GPU, mpi-cpu on one that does not)");

@@ -27,6 +27,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/fnv.h"
 #include "tessera/core/signals.h"
 #include "tessera/core/units.h"
 #include "tessera/dist/data_parallel.h"
@@ -540,9 +541,9 @@ int train_command(int argc, char** argv, const Ranks& ranks) {
   if (ranks.world) {
     parallel = std::make_unique<DataParallelRun>(*ranks.world, *setup.context, dist);
     setup.parallel = parallel.get();
-    uint64_t fingerprint = run_fingerprint(o);
-    for (const unsigned char c : text) fingerprint = (fingerprint ^ c) * 0x100000001b3ull;  // FNV-1a, continued
-    parallel->check_consistent(fingerprint, "the training options, the data and the world size");
+    Fnv fingerprint{run_fingerprint(o)};
+    fingerprint.add(text.data(), text.size());
+    parallel->check_consistent(fingerprint.h, "the training options, the data and the world size");
   }
 
   // Checks done: from here on files are written, by rank 0 alone.

@@ -15,6 +15,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/fnv.h"
 #include "tessera/dist/zero.h"
 #include "tessera/train/optimizer.h"
 
@@ -45,12 +46,6 @@ Fault read_fault() {
   f.step = step;
   f.hang = std::string(kind) == "hang";
   return f;
-}
-
-// FNV-1a over s, continuing from h.
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
-  for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
 }
 
 // The form of the run's collectives: what its ranks must agree on beyond the training options. Ranks with
@@ -98,11 +93,16 @@ DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const Data
 DataParallelRun::~DataParallelRun() = default;
 
 void DataParallelRun::check_consistent(uint64_t fingerprint, const std::string& what) {
-  check_ranks_agree(control_, fnv1a(collective_form(opt_), fingerprint), what, "flags and data");
+  Fnv f{fingerprint};
+  f.add(collective_form(opt_));
+  check_ranks_agree(control_, f.h, what, "flags and data");
 }
 
-void check_ranks_agree(Communicator& control, std::string_view key, const std::string& what, const std::string& same) {
-  check_ranks_agree(control, fnv1a(key), what, same);
+void check_ranks_agree(Communicator& control, const std::string& key, const std::string& what,
+                       const std::string& same) {
+  Fnv f;
+  f.add(key);
+  check_ranks_agree(control, f.h, what, same);
 }
 
 void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what,

@@ -87,6 +87,6 @@ void run_collectively(Communicator& control, const std::function<void()>& fn, st
 // (MPI_ERR_IN_STATUS) or hung until the timeout.
 void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what, const std::string& same);
 // The same for a key that must be equal on every rank (compared by a hash of it).
-void check_ranks_agree(Communicator& control, std::string_view key, const std::string& what, const std::string& same);
+void check_ranks_agree(Communicator& control, const std::string& key, const std::string& what, const std::string& same);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/fnv.h"
 #include "tessera/core/json_fields.h"
 #include "tessera/core/memory.h"
 #include "tessera/core/trace.h"
@@ -318,20 +319,6 @@ void next_batch_share(TokenStream& data, int B, int T, int rank, int world, int3
 }
 
 namespace {
-// FNV-1a, 64 bits: a fingerprint, not a defence against anyone.
-struct Fnv {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void add(const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  }
-  void add(const std::string& s) {
-    const uint64_t n = s.size();
-    add(&n, sizeof n);
-    add(s.data(), s.size());
-  }
-};
-
 // Adds a split's shards to f: names, sizes, and their first and last 64 KiB (a missing split as such).
 void add_split(Fnv& f, const std::string& data, const char* split) {
   std::vector<std::string> shards;
