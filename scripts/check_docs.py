@@ -3,7 +3,12 @@
 
     python3 scripts/check_docs.py links [--source DIR]
         Every relative link in README.md, docs/*.md and bench/results/README.md resolves: the file or folder
-        exists, and a #anchor names a heading of the page it points to (GitHub's heading ids).
+        exists, and a #anchor names a heading of the page it points to (GitHub's heading ids). No table cell of
+        those pages is longer than MAX_CELL_CHARS: a longer one is a paragraph, and belongs outside the table.
+    python3 scripts/check_docs.py layers [--source DIR]
+        docs/ARCHITECTURE.md's layers table is true: one row per folder of src/tessera/, and each row's "uses" is
+        exactly the set of layers its folder's files include ("tessera/<layer>/..."). A layer may use only layers
+        above it in the table, unless its cell marks that use "(an exception ...)".
     python3 scripts/check_docs.py commands --build BUILD_DIR [--source DIR] [PAGE.md ...]
         Runs every fenced block tagged `sh doctest` in those pages (default: the pages above), as written, with
         bash -e -o pipefail. Each page runs in a fresh scratch directory holding `build` (a link to BUILD_DIR) and
@@ -26,6 +31,9 @@ import time
 # Pages whose arrival other branches are bringing; a link to one of them is accepted while it is missing, and
 # checked as any other once it exists.
 EXPECTED_PAGES = {"docs/tokenizer.md"}
+
+# The longest table cell the docs allow (about three lines of a rendered table).
+MAX_CELL_CHARS = 300
 
 # A doc block is meant to take seconds (tiny models, a few steps); one past this has stopped being an example.
 BLOCK_TIMEOUT_S = 120
@@ -97,6 +105,11 @@ def check_links(source):
         with open(page, encoding="utf-8") as f:
             text = f.read()
         for n, line in prose_lines(text):
+            if line.startswith("|"):
+                for cell in line.strip().strip("|").split(" | "):
+                    if len(cell) > MAX_CELL_CHARS:
+                        problems.append(f"{rel_page}:{n}: a table cell of {len(cell)} characters (at most "
+                                        f"{MAX_CELL_CHARS}): {cell[:40]}...")
             line = INLINE_CODE.sub("", line)
             for target in LINK.findall(line) + IMAGE.findall(line):
                 if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
@@ -114,6 +127,75 @@ def check_links(source):
                     continue
                 if anchor and dest.endswith(".md") and anchor not in anchors(dest):
                     problems.append(f"{where}: {rel_dest} has no heading with id '{anchor}'")
+    return problems
+
+
+def split_top_level(cell):
+    """`cell` cut at the commas outside parentheses."""
+    parts, depth, cur = [], 0, ""
+    for ch in cell:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p.strip() for p in parts + [cur] if p.strip()]
+
+
+def check_layers(source):
+    page = os.path.join(source, "docs", "ARCHITECTURE.md")
+    with open(page, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    header = [i for i, line in enumerate(lines) if re.match(r"^\|\s*layer\s*\|\s*folder\s*\|\s*holds\s*\|\s*uses\s*\|", line)]
+    if len(header) != 1:
+        return [f"docs/ARCHITECTURE.md: expected one table headed | layer | folder | holds | uses |, found {len(header)}"]
+    rows = []
+    for line in lines[header[0] + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4:
+            return [f"docs/ARCHITECTURE.md: a layers row without 4 cells: {line[:80]}"]
+        rows.append(cells)
+    problems, order = [], [r[0] for r in rows]
+    root = os.path.join(source, "src", "tessera")
+    folders = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    for d in folders:
+        if d not in order:
+            problems.append(f"docs/ARCHITECTURE.md: src/tessera/{d}/ has no row in the layers table")
+    for n, (layer, folder, _, uses) in enumerate(rows):
+        if folder != f"`src/tessera/{layer}/`" or layer not in folders:
+            problems.append(f"docs/ARCHITECTURE.md: layer {layer}: folder {folder} is not src/tessera/{layer}/")
+            continue
+        declared, exceptions = set(), set()
+        if uses != "nothing":
+            for chunk in split_top_level(uses):
+                m = re.match(r"^`([a-z]+)`(.*)$", chunk)
+                if not m:
+                    problems.append(f"docs/ARCHITECTURE.md: layer {layer}: cannot read '{chunk}' in its uses")
+                    continue
+                declared.add(m.group(1))
+                if "exception" in m.group(2):
+                    exceptions.add(m.group(1))
+        actual = set()
+        for path in glob.glob(os.path.join(root, layer, "**", "*"), recursive=True):
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    actual.update(re.findall(r'^\s*#\s*include\s+"tessera/([a-z_]+)/', f.read(), re.M))
+        actual.discard(layer)
+        for used in sorted(actual - declared):
+            problems.append(f"docs/ARCHITECTURE.md: layer {layer} includes {used}, which its row does not name")
+        for used in sorted(declared - actual):
+            problems.append(f"docs/ARCHITECTURE.md: layer {layer}'s row names {used}, which it does not include")
+        for used in sorted(declared):
+            above = used in order[:n]
+            if not above and used not in exceptions:
+                problems.append(f"docs/ARCHITECTURE.md: layer {layer} uses {used}, which is not above it")
+            if above and used in exceptions:
+                problems.append(f"docs/ARCHITECTURE.md: layer {layer}'s use of {used} is marked an exception, "
+                                "but it is above: drop the mark")
     return problems
 
 
@@ -182,7 +264,7 @@ def check_commands(source, build, only):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["links", "commands"])
+    ap.add_argument("what", choices=["links", "layers", "commands"])
     ap.add_argument("pages", nargs="*", help="commands: only these pages")
     ap.add_argument("--source", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
                     help="the repository's root (default: this script's parent)")
@@ -191,6 +273,8 @@ def main():
     source = os.path.abspath(a.source)
     if a.what == "links":
         problems = check_links(source)
+    elif a.what == "layers":
+        problems = check_layers(source)
     else:
         if not a.build:
             ap.error("commands needs --build BUILD_DIR")
