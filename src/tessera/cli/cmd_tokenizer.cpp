@@ -123,9 +123,9 @@ int decode(int argc, char** argv) {
     size_t end = i;
     while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
     const std::string word = text.substr(i, std::max<size_t>(end, i + 1) - i);
-    TS_CHECK(end > i && end - i <= 10, "ids: '", word.substr(0, 20), "' (id ", count, ") is not a token id");
+    TS_CHECK(end > i && end - i <= 10, "ids: '", word.substr(0, 20), "' (item ", count, ") is not a token id");
     const long long id = std::stoll(word);
-    TS_CHECK(id < static_cast<long long>(tok.vocab_size()), "ids: token id ", id, " (id ", count,
+    TS_CHECK(id < static_cast<long long>(tok.vocab_size()), "ids: token id ", id, " (item ", count,
              ") is outside the vocab of ", tok.vocab_size());
     tok.decode_append(static_cast<int32_t>(id), out);
     ++count;
