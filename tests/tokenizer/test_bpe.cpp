@@ -80,7 +80,11 @@ std::string random_text(std::mt19937_64& rng, size_t max_len) {
                                                 "9", "\xFF", "<|a|>", "<|a|>b"};
   std::string s;
   const size_t n = rng() % max_len;
-  if (rng() % 8 == 0) return std::string(n, "ab"[rng() % 2]);  // one long pre-token (the heap path)
+  if (rng() % 4 == 0) {  // one long pre-token of letters (over 64 bytes: the heap path)
+    std::string w(65 + rng() % 300, 'a');
+    for (char& c : w) c = "aab"[rng() % 3];
+    return w;
+  }
   while (s.size() < n) s += bits[rng() % bits.size()];
   return s;
 }
