@@ -62,8 +62,8 @@ std::string show_bytes(std::string_view s) {
 constexpr int32_t kNoRank = INT32_MAX;
 constexpr size_t kShortPiece = 64;       // pre-tokens up to this many bytes merge in arrays on the stack
 constexpr size_t kCacheMaxPiece = 48;    // longer pre-tokens are rare and not cached
-constexpr size_t kCacheSlots = 1 << 18;  // open addressing, at most half full
-constexpr size_t kCacheMaxEntries = kCacheSlots / 2;
+constexpr size_t kCacheFirstSlots = 1 << 10;  // open addressing, at most half full, doubled as it fills
+constexpr size_t kCacheMaxSlots = 1 << 18;    // past half of these the cache starts again empty
 
 }  // namespace
 
@@ -119,13 +119,19 @@ struct BpeEncodeState::Impl {
 
   void reset(const void* tables) {
     owner = tables;
-    slots.assign(kCacheSlots, Slot{});
+    slots.assign(kCacheFirstSlots, Slot{});
     keys.clear();
     ids.clear();
     entries = 0;
   }
+  size_t mask() const { return slots.size() - 1; }
+  Slot& free_slot(uint64_t h) {
+    size_t i = h & mask();
+    while (slots[i].key_len != 0) i = (i + 1) & mask();
+    return slots[i];
+  }
   const Slot* find(std::string_view key, uint64_t h) const {
-    for (size_t i = h & (kCacheSlots - 1);; i = (i + 1) & (kCacheSlots - 1)) {
+    for (size_t i = h & mask();; i = (i + 1) & mask()) {
       const Slot& s = slots[i];
       if (s.key_len == 0) return nullptr;
       if (s.hash == h && s.key_len == key.size() && std::memcmp(keys.data() + s.key_off, key.data(), key.size()) == 0)
@@ -133,10 +139,17 @@ struct BpeEncodeState::Impl {
     }
   }
   void insert(std::string_view key, uint64_t h, const int32_t* v, size_t n) {
-    if (entries >= kCacheMaxEntries) reset(owner);
-    size_t i = h & (kCacheSlots - 1);
-    while (slots[i].key_len != 0) i = (i + 1) & (kCacheSlots - 1);
-    Slot& s = slots[i];
+    if (2 * (entries + 1) > slots.size()) {
+      if (slots.size() >= kCacheMaxSlots) {
+        reset(owner);
+      } else {
+        std::vector<Slot> old(slots.size() * 2);
+        old.swap(slots);
+        for (const Slot& o : old)
+          if (o.key_len != 0) free_slot(o.hash) = o;
+      }
+    }
+    Slot& s = free_slot(h);
     s.hash = h;
     s.key_off = static_cast<uint32_t>(keys.size());
     s.key_len = static_cast<uint16_t>(key.size());
