@@ -66,11 +66,16 @@ double time_tessera(const BpeTokenizer& tok, const std::string& text, const std:
     ids.assign(ends.size(), {});
     std::atomic<size_t> next{0};
     const auto t0 = std::chrono::steady_clock::now();
+    // Each thread encodes into a vector of its own and stores it once per document: the headers of ids[d] and
+    // ids[d + 1] share a cache line, which pushing to them in place from two threads would bounce between cores.
     const auto work = [&] {
       BpeEncodeState state;
+      std::vector<int32_t> local;
       for (size_t d; (d = next.fetch_add(1)) < ends.size();) {
         const size_t begin = d == 0 ? 0 : static_cast<size_t>(ends[d - 1]);
-        tok.encode_ordinary(std::string_view(text).substr(begin, static_cast<size_t>(ends[d]) - begin), ids[d], state);
+        local.clear();
+        tok.encode_ordinary(std::string_view(text).substr(begin, static_cast<size_t>(ends[d]) - begin), local, state);
+        ids[d].assign(local.begin(), local.end());
       }
     };
     std::vector<std::thread> pool;
