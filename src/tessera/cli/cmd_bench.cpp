@@ -37,6 +37,7 @@
 namespace tessera::cli {
 
 int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
+int cmd_bench_tokenizer(int argc, char** argv);  // cmd_bench_tokenizer.cpp
 
 namespace {
 
@@ -63,6 +64,7 @@ const char* kBenchUsage =
     "  model      the CS336 end-to-end table: fwd, fwd+bwd, step ms, memory, tokens/s, MFU over model sizes\n"
     "  compare    tessera against PyTorch (Hugging Face, eager and torch.compile) over model sizes, one table\n"
     "  allreduce  all-reduce bandwidth over the ranks of mpirun -np N (MPI on CPUs, NCCL on GPUs)\n"
+    "  tokenizer  GPT-2 encoding MB/s against tiktoken and Hugging Face tokenizers, one thread and all cores\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -101,6 +103,7 @@ int cmd_bench(int argc, char** argv) {
   if (which == "model") return cmd_bench_model(argc, argv);
   if (which == "compare") return cmd_bench_compare(argc, argv);
   if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
+  if (which == "tokenizer") return cmd_bench_tokenizer(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
            "' (kernels, optimizer, attention, model, compare or allreduce)");
   Flags a("bench " + which, which == "kernels"
