@@ -98,6 +98,7 @@ int run_command(int argc, char** argv) {
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
+    if (cmd == "tokenizer" && argc > 2 && std::strcmp(argv[2], "train") == 0) return tessera::cli::tokenizer_train_command(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
     const std::string near =
         tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "info", "bench", "--version", "--help"});
