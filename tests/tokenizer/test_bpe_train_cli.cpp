@@ -1,10 +1,10 @@
 // tessera tokenizer train: the files it writes, and its one-line errors.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
