@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/cli_run.h"
 #include "tessera/core/file_io.h"
 #include "tessera/tokenizer/bpe_train.h"
+#include "tessera/tokenizer/formats.h"
 
 namespace tessera {
 namespace {
@@ -19,29 +19,13 @@ namespace fs = std::filesystem;
 
 const std::string kCorpus = std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt";
 
-// GPT-2's bytes_to_unicode, written out again: the printable bytes stand for themselves, the rest take U+0100.. .
-std::string gpt2_chars(const std::string& bytes) {
-  std::string out;
-  for (unsigned char b : bytes) {
-    int cp = b, next = 256;
-    const auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174); };
-    if (!printable(b)) {
-      for (int c = 0; c < b; ++c) next += printable(c) ? 0 : 1;
-      cp = next;
-    }
-    if (cp < 0x80) out += static_cast<char>(cp);
-    else out += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-  }
-  return out;
-}
-
 struct TempDir {
   fs::path path = fs::temp_directory_path() / ("tessera_bpe_cli_" + std::to_string(::getpid()));
   TempDir() { fs::create_directories(path); }
   ~TempDir() { fs::remove_all(path); }
 };
 
-TEST(BpeTrainCli, WritesGpt2FilesOfTheSameMerges) {
+TEST(BpeTrainCli, WritesTheSameModelAsTokenizerJson) {
   TempDir tmp;
   const std::string other = (tmp.path / "other.txt").string();
   write_file_atomic(other, std::string("caf\xc3\xa9 \xe2\x82\xac\x01\x02 <|endoftext|> tabs\t\tand\n\n\nlines"));
@@ -56,18 +40,12 @@ TEST(BpeTrainCli, WritesGpt2FilesOfTheSameMerges) {
     p.special_tokens = {"<|endoftext|>", "<pad>"};
     p.special_first = first;
     const BpeModel want = bpe_train_files({kCorpus, other}, p);
-    const auto vocab = nlohmann::json::parse(read_file_text((out / "vocab.json").string()));
-    ASSERT_EQ(vocab.size(), 320u);
-    EXPECT_EQ(vocab["<|endoftext|>"], first ? 0 : 256);
-    EXPECT_EQ(vocab["<pad>"], first ? 1 : 257);
-    for (size_t id = 0; id < want.tokens.size(); ++id) {
-      if (id == static_cast<size_t>(want.special_ids[0]) || id == static_cast<size_t>(want.special_ids[1])) continue;
-      EXPECT_EQ(vocab[gpt2_chars(want.tokens[id])], id) << id;
-    }
-    std::string merges = "#version: 0.2\n";
-    for (const auto& [a, b] : want.merges) merges += gpt2_chars(want.tokens[a]) + " " + gpt2_chars(want.tokens[b]) + "\n";
-    EXPECT_EQ(read_file_text((out / "merges.txt").string()), merges);
-    EXPECT_EQ(want.merges.size(), 320u - 258u);
+    ASSERT_EQ(want.merges.size(), 320u - 258u);
+    const BpeModel got = read_hf_tokenizer_json((out / "tokenizer.json").string());
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.merges, want.merges);
+    EXPECT_EQ(got.special_ids, want.special_ids);
+    EXPECT_EQ(want.special_ids, first ? std::vector<int32_t>({0, 1}) : std::vector<int32_t>({256, 257}));
   }
 }
 
@@ -94,6 +72,7 @@ TEST(BpeTrainCli, BadFlagsAreOneLineAndExitTwo) {
       {ok + " --special", "--special needs a value"},
       {"--text " + kCorpus + " --vocab-size 300 --out " + file, "is not a directory"},
       {ok + " --vocab-sise 3", "did you mean --vocab-size"},
+      {ok + " --special a", "is also the text of an ordinary token"},
   };
   for (const auto& [args, want] : cases) {
     const auto r = test::run_after("", "tokenizer train " + args);
@@ -102,10 +81,10 @@ TEST(BpeTrainCli, BadFlagsAreOneLineAndExitTwo) {
     EXPECT_EQ(r.err.find("tessera: error: "), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
-  EXPECT_FALSE(fs::exists(tmp.path / "out" / "vocab.json"));
+  EXPECT_FALSE(fs::exists(tmp.path / "out" / "tokenizer.json"));
 }
 
-// The files load in Hugging Face tokenizers as a byte-level BPE, which reads the same vocabulary and merges.
+// The file loads in Hugging Face tokenizers, decodes what it encodes, and keeps the special token whole.
 TEST(BpeTrainCli, HuggingFaceLoadsTheFiles) {
   TempDir tmp;
   const auto r = test::run("tokenizer train --text " + kCorpus + " --vocab-size 400 --special '<|endoftext|>' "
@@ -115,16 +94,16 @@ TEST(BpeTrainCli, HuggingFaceLoadsTheFiles) {
   write_file_atomic(script, std::string(R"(
 import sys
 try:
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import Tokenizer
 except ImportError:
     print("skip"); sys.exit(0)
-d = sys.argv[1]
-tok = ByteLevelBPETokenizer(d + "/vocab.json", d + "/merges.txt")
+tok = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
 text = open(sys.argv[2], encoding="utf-8").read()
 ids = tok.encode(text).ids
 assert tok.decode(ids) == text, "round trip"
 assert tok.get_vocab_size() == 400, tok.get_vocab_size()
 assert len(ids) < len(text.encode()) * 0.8, len(ids)
+assert tok.encode("a<|endoftext|>b").ids == [ord("a"), 256, ord("b")], tok.encode("a<|endoftext|>b").ids
 print("ok", len(ids))
 )"));
   const std::string log = tmp.path.string() + "/check.log";

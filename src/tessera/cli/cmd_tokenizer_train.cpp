@@ -1,5 +1,5 @@
 // tessera tokenizer train: trains a byte-level BPE vocabulary on text files by CS336's rules
-// (tokenizer/bpe_train.h) and writes it as GPT-2's vocab.json + merges.txt.
+// (tokenizer/bpe_train.h) and writes it as Hugging Face's tokenizer.json (tokenizer/formats.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "tessera/cli/commands.h"
@@ -18,43 +18,24 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/tokenizer/bpe_train.h"
+#include "tessera/tokenizer/formats.h"
 #include "tessera/tokenizer/unicode_classes.h"
 #include "tessera/train/progress.h"
 
 namespace tessera::cli {
 namespace {
 
-// GPT-2's bytes_to_unicode: the printable bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for themselves, the other
-// 68 take U+0100.. in byte order; the files hold each token as the UTF-8 of its bytes so mapped.
-std::string gpt2_chars(std::string_view bytes) {
-  static const std::vector<std::string> table = [] {
-    std::vector<std::string> t(256);
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      const int cp = printable ? b : next++;
-      t[b] = cp < 0x80 ? std::string(1, static_cast<char>(cp))
-                       : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-    }
-    return t;
-  }();
-  std::string out;
-  for (unsigned char c : bytes) out += table[c];
-  return out;
-}
-
-// vocab.json (token -> id, in id order; a special token as its text, as GPT-2's "<|endoftext|>") and merges.txt
-// ("#version: 0.2", then one "left right" a line in rank order), each written atomically.
-void write_gpt2_files(const BpeModel& m, const std::filesystem::path& dir) {
+// tokenizer.json maps each token's text to its id, a special token's as it is and an ordinary one's through
+// bytes_to_unicode: a special token whose text is also an ordinary token's there cannot be written.
+void check_specials_apart(const BpeModel& m) {
+  std::unordered_set<std::string> ordinary;
   std::vector<bool> special(m.tokens.size(), false);
   for (int32_t id : m.special_ids) special[id] = true;
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (size_t id = 0; id < m.tokens.size(); ++id)
-    vocab[special[id] ? m.tokens[id] : gpt2_chars(m.tokens[id])] = id;
-  std::string merges = "#version: 0.2\n";
-  for (const auto& [a, b] : m.merges) merges += gpt2_chars(m.tokens[a]) + " " + gpt2_chars(m.tokens[b]) + "\n";
-  write_file_atomic((dir / "vocab.json").string(), vocab.dump() + "\n");
-  write_file_atomic((dir / "merges.txt").string(), merges);
+    if (!special[id]) ordinary.insert(gpt2_bytes_to_unicode(m.tokens[id]));
+  for (int32_t id : m.special_ids)
+    TS_CHECK(!ordinary.count(m.tokens[id]), "tokenizer train: the special token '", m.tokens[id],
+             "' is also the text of an ordinary token (a byte or a merge), which tokenizer.json cannot hold apart");
 }
 
 bool valid_utf8(std::string_view s) {
@@ -106,7 +87,7 @@ int tokenizer_train_command(int argc, char** argv) {
   a.add("vocab-size", "N", "tokens in the vocabulary: the 256 bytes, the special tokens and the merges (required)");
   a.add("special", "TEXT", "a special token, never split or merged (repeat for more; e.g. '<|endoftext|>')");
   a.add_switch("special-first", "give the special tokens the first ids, before the bytes (default: after them)");
-  a.add("out", "DIR", "where to write vocab.json and merges.txt (GPT-2's format; created if missing) (required)");
+  a.add("out", "DIR", "where to write tokenizer.json (Hugging Face's format; created if missing) (required)");
   a.add("threads", "N", "threads that count the pre-tokens (default: every core)");
   a.add_switch("no-progress", "no progress bar on stderr");
   ListFlags lists = take_list_flags(argc, argv);
@@ -128,6 +109,15 @@ int tokenizer_train_command(int argc, char** argv) {
     TS_CHECK(valid_utf8(s), "tokenizer train: --special '", s, "' is not valid UTF-8");
   }
   bpe_train_check_params(params);
+  {  // the bytes' part of check_specials_apart, before the work
+    BpeModel bytes;
+    for (int b = 0; b < 256; ++b) bytes.tokens.emplace_back(1, static_cast<char>(b));
+    for (const std::string& s : params.special_tokens) {
+      bytes.special_ids.push_back(static_cast<int32_t>(bytes.tokens.size()));
+      bytes.tokens.push_back(s);
+    }
+    check_specials_apart(bytes);
+  }
   const std::string out = a.str("out");
   TS_CHECK(!out.empty(), "tokenizer train: --out needs a directory name");
   OutputFiles outputs;
@@ -139,10 +129,9 @@ int tokenizer_train_command(int argc, char** argv) {
   TS_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir), "tokenizer train: --out ", out,
            " is not a directory");
   ensure_writable_dir(out);
-  for (const char* name : {"vocab.json", "merges.txt"}) {
-    outputs.claim("out", (dir / name).string());
-    check_file_writable((dir / name).string(), "--out");
-  }
+  const std::string json_path = (dir / "tokenizer.json").string();
+  outputs.claim("out", json_path);
+  check_file_writable(json_path, "--out");
 
   const bool show = !a.has("no-progress");
   const int threads = params.threads > 0 ? params.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -177,10 +166,10 @@ int tokenizer_train_command(int argc, char** argv) {
   const BpeModel model = bpe_train_files(lists.text, params);
   if (bar) bar->finish();
   const double total_s = seconds();
-  write_gpt2_files(model, dir);
-  std::printf("%zu tokens (%zu merges) in %.2f s (counting %.2f s, merging %.2f s); wrote %s and %s\n",
-              model.tokens.size(), model.merges.size(), total_s, count_s, total_s - count_s,
-              (dir / "vocab.json").string().c_str(), (dir / "merges.txt").string().c_str());
+  check_specials_apart(model);
+  write_hf_tokenizer_json(model, json_path);
+  std::printf("%zu tokens (%zu merges) in %.2f s (counting %.2f s, merging %.2f s); wrote %s\n", model.tokens.size(),
+              model.merges.size(), total_s, count_s, total_s - count_s, json_path.c_str());
   if (static_cast<int>(model.tokens.size()) < params.vocab_size)
     std::printf("note: the text ran out of pairs to merge at %zu of the %d tokens asked for\n", model.tokens.size(),
                 params.vocab_size);

@@ -33,6 +33,7 @@ const char* kUsage =
     "  generate   continue a prompt with a trained checkpoint\n"
     "  prepare    turn a text file into train/val token shards (byte-level)\n"
     "  info       show a model's config, parameter count and memory estimate\n"
+    "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer train|encode|decode|info|convert)\n"
     "  bench      time the kernels, the AdamW step, attention or whole models (bench kernels|optimizer|attention|model|compare|allreduce)\n"
     "\n"
     "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
@@ -98,10 +99,10 @@ int run_command(int argc, char** argv) {
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
-    if (cmd == "tokenizer" && argc > 2 && std::strcmp(argv[2], "train") == 0) return tessera::cli::tokenizer_train_command(argc, argv);
+    if (cmd == "tokenizer") return tessera::cli::cmd_tokenizer(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
     const std::string near =
-        tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "info", "bench", "--version", "--help"});
+        tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "info", "bench", "tokenizer", "--version", "--help"});
     return fail("unknown command '" + cmd + "' (" +
                 (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {
