@@ -38,6 +38,7 @@ namespace tessera::cli {
 
 int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
 int cmd_bench_tokenizer(int argc, char** argv);  // cmd_bench_tokenizer.cpp
+int cmd_bench_tokenizer_train(int argc, char** argv);  // cmd_bench_tokenizer_train.cpp
 
 namespace {
 
@@ -56,7 +57,7 @@ size_t same_size_copy_bytes(double bytes) {
 }
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
@@ -65,6 +66,7 @@ const char* kBenchUsage =
     "  compare    tessera against PyTorch (Hugging Face, eager and torch.compile) over model sizes, one table\n"
     "  allreduce  all-reduce bandwidth over the ranks of mpirun -np N (MPI on CPUs, NCCL on GPUs)\n"
     "  tokenizer  GPT-2 encoding MB/s against tiktoken and Hugging Face tokenizers, one thread and all cores\n"
+    "  tokenizer-train  BPE training beside Hugging Face tokenizers' BpeTrainer: seconds, MB/s, peak memory\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -104,8 +106,9 @@ int cmd_bench(int argc, char** argv) {
   if (which == "compare") return cmd_bench_compare(argc, argv);
   if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
   if (which == "tokenizer") return cmd_bench_tokenizer(argc, argv);
+  if (which == "tokenizer-train") return cmd_bench_tokenizer_train(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention, model, compare or allreduce)");
+           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer or tokenizer-train)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");

@@ -17,7 +17,9 @@ namespace {
 
 const char* kTokenizerUsage =
     "usage: tessera tokenizer <encode|decode|info|convert> --tokenizer PATH [flags]\n"
+    "       tessera tokenizer train --text FILE... --vocab-size N --out DIR [flags]\n"
     "\n"
+    "  train    train a byte-level BPE vocabulary on text files (CS336's rules) into DIR/tokenizer.json\n"
     "  encode   text (a file, or stdin) to token ids, one line of ids separated by spaces\n"
     "  decode   token ids (separated by spaces, commas or newlines; a file, or stdin) to text\n"
     "  info     the format, vocab size, merges and special tokens\n"
@@ -187,9 +189,10 @@ int cmd_tokenizer(int argc, char** argv) {
   if (which == "decode") return decode(argc, argv);
   if (which == "info") return info(argc, argv);
   if (which == "convert") return convert(argc, argv);
-  const std::string near = nearest_name(which, {"encode", "decode", "info", "convert"});
+  if (which == "train") return tokenizer_train_command(argc, argv);
+  const std::string near = nearest_name(which, {"encode", "decode", "info", "convert", "train"});
   TS_THROW("tokenizer: unknown subcommand '", which, "' (",
-           near.empty() ? "encode, decode, info or convert" : "did you mean " + near + "?", ")");
+           near.empty() ? "encode, decode, info, convert or train" : "did you mean " + near + "?", ")");
 }
 
 }  // namespace tessera::cli

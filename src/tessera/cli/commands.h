@@ -12,5 +12,6 @@ int cmd_tokenizer(int argc, char** argv);        // cmd_tokenizer.cpp
 int cmd_bench_attention(int argc, char** argv);  // cmd_bench_attention.cpp
 int cmd_bench_model(int argc, char** argv);      // cmd_bench_model.cpp
 int cmd_bench_compare(int argc, char** argv);    // cmd_bench_compare.cpp
+int tokenizer_train_command(int argc, char** argv);  // cmd_tokenizer_train.cpp: tessera tokenizer train
 
 }  // namespace tessera::cli

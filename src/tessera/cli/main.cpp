@@ -33,7 +33,7 @@ const char* kUsage =
     "  generate   continue a prompt with a trained checkpoint\n"
     "  prepare    turn a text file into train/val token shards (byte-level)\n"
     "  info       show a model's config, parameter count and memory estimate\n"
-    "  tokenizer  encode, decode, inspect or convert a BPE tokenizer (tokenizer encode|decode|info|convert)\n"
+    "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer train|encode|decode|info|convert)\n"
     "  bench      time the kernels, the AdamW step, attention or whole models (bench kernels|optimizer|attention|model|compare|allreduce)\n"
     "\n"
     "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
