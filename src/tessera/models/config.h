@@ -7,12 +7,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "tessera/nn/kinds.h"
 #include "tessera/ops/activation/activation.h"
 
 namespace tessera {
-
-enum class NormKind { LayerNorm, RmsNorm };
-enum class PositionKind { Learned, Rope, Sinusoidal };
 
 // Bounds ModelConfig::validate() enforces: far past any real model, so that size products fit their types.
 constexpr int kMaxLayers = 512, kMaxWidth = 1 << 18, kMaxVocab = 1 << 24, kMaxSeq = 1 << 20;
