@@ -5,6 +5,7 @@
 #include "nn/nn_harness.h"
 #include "tessera/nn/attention.h"
 #include "tessera/nn/block.h"
+#include "tessera/nn/cross_attention.h"
 #include "tessera/nn/embedding.h"
 #include "tessera/nn/linear.h"
 #include "tessera/nn/lm_head.h"
@@ -203,6 +204,19 @@ TEST(NnSelfAttention, ForwardAndBackwardMatchFiniteDifferences) {
   check_sublayer(dropout, 2, 4, C, 0.3f, rng);
 }
 
+// Grouped-query attention: the qkv projection shrinks to (H + 2 Hkv) Dh columns; multi-query at Hkv = 1.
+TEST(NnSelfAttention, GroupedKvHeadsMatchFiniteDifferences) {
+  std::mt19937_64 rng(test::test_seed());
+  const int C = 12;
+  SelfAttention gqa("h.0.", {.C = C, .H = 4, .Hkv = 2, .Dh = 3, .bias = true, .causal = true});
+  check_sublayer(gqa, 2, 5, C, 0.0f, rng);
+  SelfAttention mqa("h.0.", {.C = C, .H = 3, .Hkv = 1, .Dh = 4, .bias = false, .causal = true, .rope_theta = 50.0f});
+  check_sublayer(mqa, 2, 4, C, 0.2f, rng);
+  ParamBuffer pb;
+  gqa.add_params(pb);
+  EXPECT_EQ(pb.shape(static_cast<size_t>(pb.find("h.0.qkv.w"))), (std::vector<int64_t>{(4 + 2 * 2) * 3, C}));
+}
+
 TEST(NnMlp, ForwardAndBackwardMatchFiniteDifferences) {
   std::mt19937_64 rng(test::test_seed());
   const int C = 6;
@@ -347,6 +361,58 @@ TEST(NnLmHead, ForwardAndBackwardMatchFiniteDifferences) {
   forward(1.0);
   head.backward(h.env(), d_res.t(), x.t(), targets, 0.1f, 1.0, /*fused=*/true, count);
   EXPECT_LT(test::rel_error(d_res.v, separate), 1e-12);
+}
+
+
+// Cross-attention from Tq decoder rows over Tk memory rows, grouped KV heads, with key lengths: every parameter,
+// d_x and the memory's gradient (added to d_memory) against finite differences; masked keys change nothing.
+TEST(NnCrossAttention, ForwardAndBackwardMatchFiniteDifferences) {
+  const int B = 2, Tq = 3, Tk = 5, C = 8, N = B * Tq;
+  LayerHarness h(B, Tq);
+  std::mt19937_64 rng(test::test_seed());
+  CrossAttention cross("dec.0.cross.", {.C = C, .H = 4, .Hkv = 2, .Dh = 2, .bias = true});
+  cross.set_memory_length(Tk);
+  cross.add_params(h.params());
+  h.finalize_params(rng);
+  cross.schedule_forward(h.sched(), "decoder 0");
+  cross.schedule_backward(h.sched(), "decoder 0");
+  h.plan([&](PlanBuilder& pb) {
+    cross.declare_saved(pb, DType::F64);
+    cross.declare_temps(pb, DType::F64);
+  });
+  HostTensor x({N, C}), y({N, C}), w({N, C}), d_x({N, C}), mem({B * Tk, C}), d_mem({B * Tk, C});
+  x.v = test::randn<double>(x.v.size(), rng);
+  w.v = test::randn<double>(w.v.size(), rng);
+  mem.v = test::randn<double>(mem.v.size(), rng);
+  std::vector<int32_t> lens{Tk, 2};
+  cross.set_memory(mem.t(), d_mem.t(), test::i32_tensor(lens));
+  auto loss = [&] {
+    cross.forward(h.env(), x.t(), y.t());
+    double l = test::weighted_sum(y.v, w.v);
+    const Tensor b = cross.output_bias(h.env());
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < C; ++j) l += test::f64(b)[j] * w.v[static_cast<size_t>(n * C + j)];
+    return l;
+  };
+  auto backward = [&] {
+    cross.backward(h.env(), w.t(), x.t(), d_x.t(), /*accumulate=*/false);
+    const Tensor db = cross.d_output_bias(h.env());
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < C; ++j) test::f64(db)[j] += w.v[static_cast<size_t>(n * C + j)];
+  };
+  h.check_param_grads(loss, backward);
+  loss();
+  const std::vector<double> prefill = test::prefilled<double>(d_mem.v.size(), rng);
+  d_mem.v = prefill;
+  backward();
+  LayerHarness::check_input_grad(loss, x.v, d_x.v, "d_x");
+  LayerHarness::check_input_grad(loss, mem.v, test::added(d_mem.v, prefill), "d_memory");
+  // Sequence 1 sees its first 2 memory rows only.
+  const double base = loss();
+  for (int j = 0; j < C; ++j) mem.v[static_cast<size_t>((Tk + 3) * C + j)] += 1.0;
+  EXPECT_EQ(loss(), base);
+  mem.v[static_cast<size_t>((Tk + 1) * C)] += 1.0;
+  EXPECT_NE(loss(), base);
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ std::unique_ptr<Gpt::Layers> Gpt::make_layers(const ModelConfig& cfg, DType dtyp
   const BlockShape shape{
       .kind = BlockKind::Decoder,
       .placement = NormPlacement::Pre,
-      .attention = {.C = cfg.d_model, .H = cfg.n_heads, .Hkv = cfg.n_heads, .Dh = cfg.head_dim(), .bias = cfg.bias,
+      .attention = {.C = cfg.d_model, .H = cfg.n_heads, .Hkv = cfg.kv_heads(), .Dh = cfg.head_dim(), .bias = cfg.bias,
                     .rope_theta = cfg.positions == PositionKind::Rope ? cfg.rope_theta : 0.0f},
       .mlp = {.C = cfg.d_model, .F = cfg.d_ff, .kind = cfg.mlp, .bias = cfg.bias,
               .fused_gelu = fuses_gelu(cfg, dtype)},

@@ -2,7 +2,7 @@
 //
 // Pre-norm blocks:  h = x + Drop(Attn(Norm1(x)) Woᵀ + bo),  x' = h + Drop(Act(Norm2(h) W1ᵀ + b1) W2ᵀ + b2)
 // then a final norm and logits = Norm_f(x) W_lmᵀ (W_lm = wte when tied). Shapes: tokens (B, T), residual
-// stream (B*T, C), qkv (B*T, 3C), logits (B*T, V).
+// stream (B*T, C), qkv (B*T, (H + 2 Hkv) Dh) with Hkv key/value heads (3C without grouping), logits (B*T, V).
 //
 // The model runs on a Context: its parameters (one ParamBuffer) and activations (one Arena planned per (B, T))
 // live on the context's device, and every op goes through the Tensor-level entries, which send the work to the

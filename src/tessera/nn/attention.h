@@ -1,6 +1,7 @@
 // tessera/nn/attention.h — multi-head self-attention with grouped KV heads (ops/attention):
 //
-//   qkv = x Wqkvᵀ + bqkv   (N, (H + 2 Hkv) Dh): [q | k | v], H query heads and Hkv key/value heads
+//   qkv = x Wqkvᵀ + bqkv   (N, (H + 2 Hkv) Dh): [q | k | v], H query heads and Hkv key/value heads (Hkv
+//                          dividing H: each key/value head serves H / Hkv query heads; the packed fast path)
 //   att = softmax(Q Kᵀ / sqrt(Dh), causal) V   (N, H Dh), RoPE on q and k inside the op when rope_theta > 0
 //   y   = att Woᵀ          (N, C), the bias bo added by the residual op that follows
 //

@@ -2,6 +2,7 @@
 
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
+#include "tessera/nn/cross_attention.h"
 
 namespace tessera {
 
@@ -15,7 +16,11 @@ Block::Block(std::string prefix, std::string group, const BlockShape& s)
                        std::move(sub)});
   };
   stage("attn", std::make_unique<SelfAttention>(prefix_, self));
-  TS_CHECK(s.kind != BlockKind::DecoderCross, "internal: cross-attention needs the general attention op");
+  if (s.kind == BlockKind::DecoderCross) {
+    auto cross = std::make_unique<CrossAttention>(prefix_ + "cross.", s.attention);
+    cross_ = cross.get();
+    stage("cross", std::move(cross));
+  }
   stage("mlp", std::make_unique<Mlp>(prefix_, s.mlp));
 }
 
