@@ -1,7 +1,6 @@
 #include "tessera/models/gpt.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
