@@ -110,6 +110,41 @@ TEST(GptGradient, SinusoidalReluPaddingScaleDropout) {
   check_model_gradient(c, 0.05f);
 }
 
+// Grouped-query attention: 4 query heads sharing 2 key/value heads, and multi-query (1).
+TEST(GptGradient, LlamaGroupedKvHeads) {
+  for (int kv : {2, 1}) {
+    ModelConfig c = llama_style(test::small_config(/*vocab=*/11, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/4,
+                                                   /*d_ff=*/10, /*max_seq=*/8));
+    c.n_kv_heads = kv;
+    check_model_gradient(c, 0.1f);
+  }
+}
+
+TEST(GptConfig, GroupedKvHeadsShrinkTheQkvProjection) {
+  const ModelConfig gqa = model_preset("llama-gqa-small"), small = model_preset("cs336-small");
+  EXPECT_EQ(gqa.kv_heads(), 4);
+  EXPECT_EQ(gqa.qkv_width(), (12 + 2 * 4) * 64);
+  // 12 layers of k and v projections of 768 x 256 in place of 768 x 768.
+  EXPECT_EQ(small.num_params() - gqa.num_params(), int64_t{12} * 2 * 768 * (768 - 256));
+  EXPECT_TRUE(gqa.is_llama_compatible());
+  ParamBuffer pb;
+  Gpt::describe_params(gqa, pb);
+  EXPECT_EQ(pb.shape(static_cast<size_t>(pb.find("h.0.qkv.w"))), (std::vector<int64_t>{1280, 768}));
+  EXPECT_EQ(small.kv_heads(), small.n_heads);  // the default: no grouping
+  ModelConfig c = tiny_gpt2();
+  c.n_kv_heads = 3;  // does not divide 2 heads
+  EXPECT_THROW(c.validate(), Error);
+  c.n_kv_heads = -1;
+  EXPECT_THROW(c.validate(), Error);
+  c.n_kv_heads = 1;
+  EXPECT_FALSE(c.is_gpt2_compatible());
+  // n_kv_heads is written only with grouping, and read back.
+  EXPECT_FALSE(model_config_to_json(tiny_gpt2()).contains("n_kv_heads"));
+  EXPECT_EQ(model_config_from_json(model_config_to_json(gqa)).kv_heads(), 4);
+  model_config_set(c, "n_kv_heads", "2");
+  EXPECT_EQ(c.kv_heads(), 2);
+}
+
 TEST(GptConfig, PresetParameterCounts) {
   EXPECT_EQ(model_preset("gpt2-124m").num_params(), 124439808);  // Hugging Face gpt2
   EXPECT_EQ(model_preset("cs336-small").num_params(), 128625408);

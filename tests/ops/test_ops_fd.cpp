@@ -319,7 +319,7 @@ TEST_F(OpsFd, Rope) {
 // qkv afterwards is rope_forward's, v untouched.
 TEST_F(OpsFd, AttentionWithRope) {
   Context ctx;
-  for (const AttentionParams p : {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true,
+  for (const AttentionParams& p : {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true,
                                                   .rope_theta = 10000.0f},
                                   AttentionParams{.B = 1, .T = 5, .H = 3, .Dh = 4, .causal = false, .dropout = 0.3f,
                                                   .seed = 4, .stream = 2, .rope_theta = 500.0f,

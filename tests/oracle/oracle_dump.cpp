@@ -1,6 +1,8 @@
 // Writes what tests/oracle/torch_oracle.py checks with PyTorch: for a tiny GPT-2-style and a tiny Llama-style
 // model, the initial weights (Hugging Face names), a batch, tessera's logits and loss, every parameter gradient,
-// and the weights after 3 AdamW steps (with gradient clipping and label smoothing).
+// and the weights after 3 AdamW steps (with gradient clipping and label smoothing). And the same for a small
+// llama-gqa-small-shaped model (grouped-query attention), which tests/oracle/hf_check.py
+// also continues greedily with `tessera generate`.
 //   usage: tessera_oracle_dump OUT_DIR
 #include <algorithm>
 #include <cstdio>
@@ -92,6 +94,18 @@ int main(int argc, char** argv) {
     llama.norm_eps = 1e-6f;
     dump(std::string(argv[1]) + "/gpt2", gpt2, 11);
     dump(std::string(argv[1]) + "/llama", llama, 12);
+    // llama-gqa-small's shape (RMSNorm, SwiGLU, RoPE, untied, grouped KV heads: 2 query heads per key/value
+    // head), with the small dims of the Llama above.
+    ModelConfig gqa = model_preset("llama-gqa-small");
+    gqa.vocab = llama.vocab;
+    gqa.d_model = llama.d_model;
+    gqa.n_layers = llama.n_layers;
+    gqa.d_ff = llama.d_ff;
+    gqa.max_seq = llama.max_seq;
+    gqa.norm_eps = llama.norm_eps;
+    gqa.n_heads = 4;
+    gqa.n_kv_heads = 2;
+    dump(std::string(argv[1]) + "/llama-gqa", gqa, 13);
   } catch (const Error& e) {
     std::fprintf(stderr, "tessera_oracle_dump: %s\n", e.what());
     return 2;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Independent oracle: PyTorch rebuilds tessera's tiny GPT-2-style and Llama-style models from the safetensors
-files that tessera wrote (Hugging Face names and layouts), and checks tessera's logits, loss, every parameter
-gradient and the parameters after 3 AdamW steps. Relative error (||a - b|| / ||b|| per tensor) must be <= 1e-5
+"""Independent oracle: PyTorch rebuilds tessera's tiny GPT-2-style and Llama-style models (one of them with
+grouped-query attention) from the safetensors files that tessera wrote (Hugging Face names and layouts), and
+checks tessera's logits, loss, every parameter gradient and the parameters after 3 AdamW steps. Relative error (||a - b|| / ||b|| per tensor) must be <= 1e-5
 in fp32. The model code here is written from the Hugging Face definitions, not from tessera's.
 """
 import argparse
@@ -72,6 +72,7 @@ def llama_forward(p, cfg, tokens):
     B, T = tokens.shape
     C, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Dh = C // H
+    Hkv = cfg.get("num_key_value_heads", H)  # grouped-query attention: each K/V head serves H / Hkv query heads
     eps = cfg["rms_norm_eps"]
     inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, Dh, 2, dtype=torch.float64) / Dh))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
@@ -82,8 +83,9 @@ def llama_forward(p, cfg, tokens):
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q, k, v = (F.linear(h, p[pre + f"self_attn.{n}_proj.weight"]).view(B, T, H, Dh).transpose(1, 2)
+        q, k, v = (F.linear(h, p[pre + f"self_attn.{n}_proj.weight"]).view(B, T, -1, Dh).transpose(1, 2)
                    for n in ("q", "k", "v"))
+        k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         att = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)
@@ -114,7 +116,7 @@ def run_model(kind, d, failures):
     print(f"{kind}:")
     with open(os.path.join(d, "init", "config.json")) as f:
         cfg = json.load(f)
-    assert cfg["model_type"] == kind, f"expected a {kind} config.json, got {cfg['model_type']}"
+    assert cfg["model_type"] == kind.split("-")[0], f"expected a {kind} config.json, got {cfg['model_type']}"
     init, meta = load_safetensors(os.path.join(d, "init", "model.safetensors"))
     assert meta.get("format") == "pt"
     batch, bmeta = load_safetensors(os.path.join(d, "batch.safetensors"))
@@ -123,6 +125,8 @@ def run_model(kind, d, failures):
     eps_ls = float(bmeta["label_smoothing"])
     lr, wd, clip = float(bmeta["lr"]), float(bmeta["weight_decay"]), float(bmeta["clip"])
     forward = gpt2_forward if kind == "gpt2" else llama_forward
+    if kind == "llama-gqa":
+        assert cfg["num_key_value_heads"] < cfg["num_attention_heads"], "llama-gqa: no grouped KV heads"
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
 
     params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
@@ -183,7 +187,7 @@ def main():
     os.makedirs(a.workdir)
     subprocess.run([a.dump, a.workdir], check=True)
     failures = []
-    for kind in ("gpt2", "llama"):
+    for kind in ("gpt2", "llama", "llama-gqa"):
         run_model(kind, os.path.join(a.workdir, kind), failures)
     if failures:
         print(f"{len(failures)} checks above the tolerance {TOL}: {failures}")

@@ -34,7 +34,7 @@ std::vector<std::string> model_flag_names() {
 }
 
 void add_model_flags(Flags& f) {
-  f.add("preset", "NAME", "model preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b (default tiny)");
+  f.add("preset", "NAME", "model preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b, llama-gqa-small (default tiny)");
   for (const auto& field : model_config_fields()) f.add(dashed(field), "V", "override the preset's " + field);
 }
 

@@ -18,6 +18,8 @@ void ModelConfig::validate() const {
   TS_CHECK(n_layers > 0, "config: n_layers must be positive, got ", n_layers);
   TS_CHECK(n_heads > 0, "config: n_heads must be positive, got ", n_heads);
   TS_CHECK(d_model % n_heads == 0, "config: d_model ", d_model, " is not divisible by n_heads ", n_heads);
+  TS_CHECK(n_kv_heads >= 0, "config: n_kv_heads must be positive (or 0: n_heads), got ", n_kv_heads);
+  TS_CHECK(n_heads % kv_heads() == 0, "config: n_heads ", n_heads, " is not divisible by n_kv_heads ", kv_heads());
   TS_CHECK(positions != PositionKind::Rope || head_dim() % 2 == 0, "config: rope needs an even head dim, got ",
            head_dim());
   TS_CHECK(positions != PositionKind::Sinusoidal || d_model % 2 == 0, "config: sinusoidal positions need an even d_model, got ", d_model);
@@ -44,7 +46,8 @@ int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, V = vocab;
   const int64_t norm_params = (norm == NormKind::LayerNorm && bias) ? 2 * C : C;
   int64_t layer = 2 * norm_params;
-  layer += 3 * C * C + (bias ? 3 * C : 0);                      // qkv
+  const int64_t Q = qkv_width();
+  layer += Q * C + (bias ? Q : 0);                              // qkv
   layer += C * C + (bias ? C : 0);                              // attention output projection
   layer += static_cast<int64_t>(d_ff_in()) * C + (bias ? d_ff_in() : 0);  // fc
   layer += static_cast<int64_t>(d_ff) * C + (bias ? C : 0);     // fc projection
@@ -56,7 +59,7 @@ int64_t ModelConfig::num_params() const {
 
 bool ModelConfig::is_gpt2_compatible() const {
   return norm == NormKind::LayerNorm && mlp == Activation::Gelu && positions == PositionKind::Learned && bias &&
-         tied && emb_scale == 1.0f && padding_id == -1;
+         kv_heads() == n_heads && tied && emb_scale == 1.0f && padding_id == -1;
 }
 
 bool ModelConfig::is_llama_compatible() const {
@@ -74,7 +77,7 @@ ModelConfig llama_style(ModelConfig c) {
 }
 
 namespace {
-ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_heads) {
+ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_heads, int n_kv_heads = 0) {
   ModelConfig c;
   c.preset = name;
   c.vocab = 10000;
@@ -82,13 +85,15 @@ ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_h
   c.d_ff = d_ff;
   c.n_layers = n_layers;
   c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
   c.max_seq = 1024;
   return llama_style(c);
 }
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "gpt2-124m", "cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-2.7b"};
+  return {"tiny", "gpt2-124m", "cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-2.7b",
+          "llama-gqa-small"};
 }
 
 ModelConfig model_preset(std::string_view name) {
@@ -124,6 +129,8 @@ ModelConfig model_preset(std::string_view name) {
   if (name == "cs336-large") return cs336("cs336-large", 1280, 5120, 36, 20);
   if (name == "cs336-xl") return cs336("cs336-xl", 1600, 6400, 48, 25);
   if (name == "cs336-2.7b") return cs336("cs336-2.7b", 2560, 10240, 32, 32);
+  // cs336-small's shape with grouped-query attention: 12 query heads sharing 4 key/value heads.
+  if (name == "llama-gqa-small") return cs336("llama-gqa-small", 768, 3072, 12, 12, /*n_kv_heads=*/4);
   std::string known;
   for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   TS_THROW("unknown preset '", name, "' (known: ", known, ")");
@@ -167,7 +174,7 @@ bool parse_bool(std::string_view field, std::string_view v) {
 }  // namespace
 
 std::vector<std::string> model_config_fields() {
-  return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_seq", "norm", "mlp", "positions",
+  return {"vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq", "norm", "mlp", "positions",
           "bias",  "tied",    "dropout",  "attn_dropout", "emb_scale", "padding_id", "norm_eps", "rope_theta"};
 }
 
@@ -176,6 +183,7 @@ void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
   else if (f == "d_model") c.d_model = parse_int(f, v);
   else if (f == "n_layers") c.n_layers = parse_int(f, v);
   else if (f == "n_heads") c.n_heads = parse_int(f, v);
+  else if (f == "n_kv_heads") c.n_kv_heads = parse_int(f, v);
   else if (f == "d_ff") c.d_ff = parse_int(f, v);
   else if (f == "max_seq") c.max_seq = parse_int(f, v);
   else if (f == "norm") {
@@ -201,7 +209,7 @@ void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return {{"vocab", c.vocab},         {"d_model", c.d_model},
+  nlohmann::json j = {{"vocab", c.vocab},         {"d_model", c.d_model},
           {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
           {"d_ff", c.d_ff},           {"max_seq", c.max_seq},
           {"norm", norm_kind_name(c.norm)}, {"mlp", std::string(activation_name(c.mlp))},
@@ -211,6 +219,9 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"emb_scale", c.emb_scale}, {"padding_id", c.padding_id},
           {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
           {"preset", c.preset}};
+  // Only with grouping, so that the config of a model without it reads as before.
+  if (c.kv_heads() != c.n_heads) j["n_kv_heads"] = c.kv_heads();
+  return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j, std::string_view where) {
@@ -222,6 +233,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j, std::string_view whe
   c.d_model = json_int(j, "d_model", where);
   c.n_layers = json_int(j, "n_layers", where);
   c.n_heads = json_int(j, "n_heads", where);
+  // Files without n_kv_heads have no grouping.
+  c.n_kv_heads = j.contains("n_kv_heads") ? json_int(j, "n_kv_heads", where) : 0;
   c.d_ff = json_int(j, "d_ff", where);
   c.max_seq = json_int(j, "max_seq", where);
   model_config_set(c, "norm", json_string(j, "norm", where));

@@ -7,12 +7,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "tessera/nn/kinds.h"
 #include "tessera/ops/activation/activation.h"
 
 namespace tessera {
-
-enum class NormKind { LayerNorm, RmsNorm };
-enum class PositionKind { Learned, Rope, Sinusoidal };
 
 // Bounds ModelConfig::validate() enforces: far past any real model, so that size products fit their types.
 constexpr int kMaxLayers = 512, kMaxWidth = 1 << 18, kMaxVocab = 1 << 24, kMaxSeq = 1 << 20;
@@ -23,6 +21,7 @@ struct ModelConfig {
   int d_model = 128;
   int n_layers = 2;
   int n_heads = 4;
+  int n_kv_heads = 0;  // key/value heads (grouped-query attention), dividing n_heads; 0: n_heads
   int d_ff = 512;
   int max_seq = 128;
   NormKind norm = NormKind::LayerNorm;
@@ -38,6 +37,9 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
 
   int head_dim() const { return d_model / n_heads; }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // Width of the packed qkv projection's output: (H + 2 Hkv) Dh, 3 d_model without grouping.
+  int qkv_width() const { return (n_heads + 2 * kv_heads()) * head_dim(); }
   // Width of the first MLP matrix's output: d_ff, or 2 d_ff for SwiGLU ([gate | up]).
   int d_ff_in() const { return mlp == Activation::Swiglu ? 2 * d_ff : d_ff; }
   // Throws Error with a one-line reason for an impossible config.

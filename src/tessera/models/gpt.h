@@ -2,7 +2,7 @@
 //
 // Pre-norm blocks:  h = x + Drop(Attn(Norm1(x)) Woᵀ + bo),  x' = h + Drop(Act(Norm2(h) W1ᵀ + b1) W2ᵀ + b2)
 // then a final norm and logits = Norm_f(x) W_lmᵀ (W_lm = wte when tied). Shapes: tokens (B, T), residual
-// stream (B*T, C), qkv (B*T, 3C), logits (B*T, V).
+// stream (B*T, C), qkv (B*T, (H + 2 Hkv) Dh) with Hkv key/value heads (3C without grouping), logits (B*T, V).
 //
 // The model runs on a Context: its parameters (one ParamBuffer) and activations (one Arena planned per (B, T))
 // live on the context's device, and every op goes through the Tensor-level entries, which send the work to the
@@ -32,6 +32,7 @@
 #include "tessera/models/config.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/nn/param_buffer.h"
+#include "tessera/nn/step.h"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/norm/norm.h"
@@ -180,14 +181,9 @@ class Gpt {
   void set_tracer(Tracer* tracer);
 
  private:
-  struct LayerOffsets {
-    size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
-  };
-  // Where each parameter starts in the flat buffers (kNoParam when the config has none).
-  struct ParamLayout {
-    size_t wte = kNoParam, wpe = kNoParam, lnf_w = kNoParam, lnf_b = kNoParam, lm_head = kNoParam;
-    std::vector<LayerOffsets> layers;
-  };
+  // The model's nn layers (gpt.cpp): the embedding, the blocks and the head, wired for the cross-block fusions,
+  // with their parameters added and the step's events scheduled.
+  struct Layers;
   // A range of the flat gradients [begin, end) (elements) that backward writes from one op on: the head, a
   // layer, the embeddings. `birth`: the event of that op.
   struct GradRegion {
@@ -195,96 +191,63 @@ class Gpt {
     size_t begin = 0, end = 0;
     int birth = 0;
   };
-  struct LayerActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, att, lse, mid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_act;  // saved
-    Tensor d_tmp, d_ln, d_att, d_qkv, d_fc_act, d_fc_pre;  // gradient temporaries of this layer's backward
-    uint64_t stream_attn = 0, stream_mlp = 0;  // residual dropout after attention and after the MLP
-    uint64_t stream_probs = 0;                 // attention dropout (on the probabilities)
-  };
+  // The buffers of the model itself; the layers hold their own.
   struct Acts {
-    std::vector<Tensor> res;  // L + 1 residual stream states
-    std::vector<LayerActs> layers;
-    Tensor lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, loss, count, tmp;
-    Tensor d_res, d_lnf;
-    Tensor tokens, targets;
-    uint64_t stream_emb = 0;
+    Tensor tokens, targets, loss, count;
+    Tensor tmp;    // the sublayers' outputs before their residual add: one buffer for the whole forward
+    Tensor d_res;  // d of the residual stream, accumulated in place from the final norm down to the embedding
   };
-  // A planned buffer: the Tensor of Acts it becomes, once the plan has an offset for it.
-  struct Slot {
-    Tensor* tensor;
-    DType dtype;
-    std::vector<int64_t> shape;
+  // Marks the layers' events on the model (at).
+  struct Clock final : StepClock {
+    Gpt* model = nullptr;
+    void at(int event) override { model->at(event); }
   };
 
   void build();
-  // Adds the model's parameters to `pb` in their order (the flat layout); returns where each starts.
-  static ParamLayout add_params(const ModelConfig& cfg, ParamBuffer& pb);
-  // The gradient ranges, in the order backward reaches them.
-  static std::vector<GradRegion> grad_regions(const ModelConfig& cfg);
-  // Declares every activation buffer of a (B, T) step with its life into `mp` (gpt_plan.cpp), and where each
-  // one goes in `acts` (slots[i] is plan buffer i); then, with planned gradients, one fixed buffer per range of
-  // grad_regions (plan ids slots.size() on).
-  static void declare_plan(const ModelConfig& cfg, DType dtype, int B, int T, const PlanDebug& debug,
-                           GradMemory grads, MemoryPlan& mp, Acts& acts, std::vector<Slot>& slots);
-  // The step's events as they run: begin_step() starts a forward, at(op, layer) marks each op before it runs
+  // The layers of `cfg` computing in `dtype`, their parameters added to `pb` in the flat layout's order.
+  static std::unique_ptr<Layers> make_layers(const ModelConfig& cfg, DType dtype, ParamBuffer& pb);
+  static void add_params(const ModelConfig& cfg, ParamBuffer& pb);
+  // The gradient ranges, in the order backward reaches them (`total`: the flat buffer's size).
+  static std::vector<GradRegion> grad_regions(const Layers& layers, size_t total);
+  // Declares every activation buffer of a step into `pb` (gpt_plan.cpp): the model's and each layer's, with
+  // their lives; then, with planned gradients, one fixed buffer per range of grad_regions (plan ids
+  // pb.num_slots() on).
+  static void declare_plan(Layers& layers, int64_t C, DType dtype, GradMemory grads, size_t total, Acts& acts,
+                           PlanBuilder& pb);
+  // The values the layers read in this step.
+  StepEnv step_env();
+  // The step's events as they run: begin_step() starts a forward, at(event) marks each op before it runs
   // (checking the plan's order), and in the debug mode poisons the buffers that died and checks those born.
   void begin_step();
-  void at(StepOp op, int layer = 0);
+  void at(int event);
   void poison(int id);
   void check_unborn(int id);
-  // Moves the open profiler ranges to those of (op, layer): closes the op, layer and phase ranges that end
-  // there and opens the new ones. StepOp::End closes them all.
-  void ranges_to(StepOp op, int layer);
+  // Moves the open profiler ranges to those of `event`: closes the op, layer and phase ranges that end there
+  // and opens the new ones. The end of the step closes them all.
+  void ranges_to(int event);
   void range_push(const char* name);
   void range_pop();
   // Closes the open ranges when a forward returns (with or without targets) or throws.
   struct RangesCloser {
     Gpt& model;
-    ~RangesCloser() { model.ranges_to(StepOp::End, 0); }
+    ~RangesCloser() { model.ranges_to(model.end_event()); }
   };
-  // The first N rows of an (N_planned, cols) activation.
-  Tensor rows(const Tensor& t, int64_t n, int64_t cols) const;
-  // t's memory from element `col` on, flat: the start of column `col` of a row-major matrix, for a GEMM with a
-  // row stride.
-  Tensor columns_from(const Tensor& t, int64_t col) const;
-  // With padded logits rows, the lm_head's forward and dx GEMMs run over the first V0 = V rounded down to 64
-  // vocabulary entries, then the V - V0 left (17 of GPT-2's 50257) in a second, small GEMM: cuBLASLt ran the
-  // whole V = 50257 as an output width or a reduction length 5-7x slower than the aligned V0 (the dW GEMM, where V
-  // is the row count, was fast). Returns V0 (V when the rows are packed: one GEMM).
-  int64_t lm_head_split() const;
-  Tensor p(size_t offset, int64_t numel) const { return params_.data_at(offset, numel); }
-  Tensor g(size_t offset, int64_t numel) const { return params_.grad_at(offset, numel); }
-  void mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias);
-  void norm_forward(int N, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, size_t w,
-                    size_t b);
-  void norm_backward(int N, const Tensor& d_x, const Tensor& d_out, const Tensor& x, size_t w, size_t b,
-                     const Tensor& mean, const Tensor& rstd,
-                     const NormResidualBackward* res = nullptr);
-  // mid = residual + Drop(y + bias) and out = norm(mid) with its statistics, in one op (norm_residual_forward);
-  // stream: the add's dropout stream. bias, w, b: parameter offsets (kNoParam: none).
-  void residual_norm_forward(int N, uint64_t stream, const Tensor& mid, const Tensor& residual, const Tensor& y,
-                             size_t bias, const Tensor& out, const Tensor& mean, const Tensor& rstd, size_t w,
-                             size_t b);
-  // The backward of layer l's x' = mid + Drop(fc_act W2ᵀ + b2) as the norm above it runs it: d_tmp and d b2.
-  NormResidualBackward mlp_residual_backward(int l, int N);
-  void layer_forward(int l, int B, int T);
-  // Layer l's attention call: its shape, causal, and the last forward's attention dropout with layer l's stream.
-  AttentionParams attention_params(int l, int B, int T) const;
-  void layer_backward(int l, int B, int T);
+  int end_event() const;
+  // The input of block l: the embedding's output, or block l-1's.
+  Tensor block_input(int l, int64_t N) const;
 
   ModelConfig cfg_;
   std::unique_ptr<Context> owned_ctx_;
   Context* ctx_;
   DType dtype_;
   ParamBuffer params_;
-  size_t wte_ = kNoParam, wpe_ = kNoParam, lnf_w_ = kNoParam, lnf_b_ = kNoParam, lm_head_ = kNoParam;
-  std::vector<LayerOffsets> layers_;
+  std::unique_ptr<Layers> layers_;
+  Clock clock_;
   GradMemory grad_memory_ = GradMemory::Own;
   std::vector<GradRegion> grad_regions_;  // planned gradients: the ranges, by birth
   std::vector<int> grad_ids_;             // and their plan buffers
   size_t next_grad_zero_ = 0;             // the next range a pending zero_grad zeroes
   bool zero_pending_ = false;             // planned gradients: zero_grad() was called since the last backward
-  Buffer sinusoid_;  // (max_seq, C) table for sinusoidal positions, in the compute dtype
 
   Arena arena_;
   Acts acts_;
@@ -294,9 +257,9 @@ class Gpt {
   size_t next_death_ = 0, next_birth_ = 0;
   int event_ = -1;  // the event the step has reached (-1: before its start)
   Tracer* tracer_ = nullptr;
-  int range_phase_ = 0, range_layer_ = -1;  // the open ranges: phase 0 none, 1 forward, 2 backward
+  int range_phase_ = 0;     // the open ranges: phase 0 none, 1 forward, 2 backward
+  std::string range_group_;  // the open layer range ("layer 3"; empty: none)
   bool range_op_open_ = false;
-  std::vector<std::string> layer_range_names_;
   std::vector<size_t> live_bytes_;  // the plan's live bytes at each event (the trace's memory counter)
   Tensor loss_;
   int B_ = 0, T_ = 0;

@@ -1,5 +1,6 @@
-// The activation plan of Gpt: the events of a step, every buffer's life over them, the arena laid out by the
-// lifetime planner, and the debug mode that poisons dead buffers (see gpt_plan.h).
+// The activation plan of Gpt: the names of a step's events, the model's buffers and its layers' with their lives
+// (the layers declare their own), the arena laid out by the lifetime planner, and the debug mode that poisons
+// dead buffers (nn/step.h's PlanDebug).
 #include "tessera/models/gpt_plan.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/models/gpt.h"
+#include "tessera/models/gpt_layers.h"
 
 namespace tessera {
 
@@ -90,162 +92,68 @@ std::string step_event_name(int L, int e) {
   return e == step_event(L, StepOp::EmbeddingBwd) ? "backward embedding" : "end of step";
 }
 
-PlanDebug plan_debug_from_env() {
-  auto on = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v && std::strcmp(v, "0") != 0;
-  };
-  PlanDebug d;
-  d.poison_dead = on("TESSERA_POISON_DEAD");
-  d.no_reuse = on("TESSERA_PLAN_NO_REUSE");
-  return d;
-}
-
-// Every activation buffer of a step, with its life. The lives follow the code in gpt.cpp op by op: a buffer is
-// born at the op that first writes it and dies at the op that last reads it. The debug mode (PlanDebug) checks
-// both ends at run time, and tests/models/test_gpt.cpp checks that each declared life is tight.
-std::vector<Gpt::GradRegion> Gpt::grad_regions(const ModelConfig& cfg) {
-  ParamBuffer pb;  // the layout alone: nothing is allocated
-  const ParamLayout lay = add_params(cfg, pb);
-  const int L = cfg.n_layers;
-  auto ev = [&](StepOp op, int l = 0) { return step_event(L, op, l); };
-  auto layer_begin = [&](int l) { return l < L ? lay.layers[l].ln1_w : lay.lnf_w; };
+std::vector<Gpt::GradRegion> Gpt::grad_regions(const Layers& lay, size_t total) {
+  const int L = static_cast<int>(lay.blocks.size());
+  auto block_begin = [&](int l) { return l < L ? lay.blocks[l].param_begin() : lay.head.param_begin(); };
   std::vector<GradRegion> r;
   // The final norm's gradients (and an untied head's, whose dW GEMM comes first).
-  r.push_back({"grad.head", lay.lnf_w, pb.size(), ev(cfg.tied ? StepOp::LnFBwd : StepOp::LmHeadW)});
-  // A layer's from the first op that writes one: with biases, the norm backward just before the layer's (the next
-  // layer's ln1, or ln_f), which sums the fc proj bias with the residual's backward; without, the fc proj dW.
+  r.push_back({"grad.head", lay.head.param_begin(), total, lay.head.first_grad_event()});
+  // A block's from the first op that writes one: with biases, the norm backward just before the block's (the
+  // next block's first norm, or the final norm), which sums the last projection's bias with the residual's
+  // backward; without, the fc proj dW.
   for (int l = L - 1; l >= 0; --l)
-    r.push_back({"grad.h." + std::to_string(l), layer_begin(l), layer_begin(l + 1),
-                 cfg.bias ? ev(StepOp::FcpW, l) - 1 : ev(StepOp::FcpW, l)});
+    r.push_back({"grad.h." + std::to_string(l), block_begin(l), block_begin(l + 1), lay.blocks[l].first_grad_event()});
   // The embeddings' in the embedding's backward, or from the lm_head's dW when wte is the head too.
-  r.push_back({"grad.embedding", 0, layer_begin(0), ev(cfg.tied ? StepOp::LmHeadW : StepOp::EmbeddingBwd)});
+  const bool tied = lay.head.weight_offset() == lay.emb.wte_offset();
+  r.push_back({"grad.embedding", 0, block_begin(0), tied ? lay.head.lm_head_dw_event() : lay.emb.backward_event()});
   std::stable_sort(r.begin(), r.end(), [](const GradRegion& a, const GradRegion& b) { return a.birth < b.birth; });
   return r;
 }
 
-void Gpt::declare_plan(const ModelConfig& cfg, DType dt, int B, int T, const PlanDebug& dbg, GradMemory grads,
-                       MemoryPlan& mp, Acts& acts, std::vector<Slot>& slots) {
-  const int L = cfg.n_layers;
-  const int64_t N = static_cast<int64_t>(B) * T, C = cfg.d_model;
-  const int64_t F = cfg.d_ff, Fin = cfg.d_ff_in(), H = cfg.n_heads;
-  const DType st = dt == DType::F64 ? DType::F64 : DType::F32;  // statistics and the loss
-  const bool layernorm = cfg.norm == NormKind::LayerNorm;        // RMSNorm keeps no mean
-  auto ev = [&](StepOp op, int l = 0) { return step_event(L, op, l); };
-  bool planted_death = dbg.plant_early_death.empty(), planted_birth = dbg.plant_late_birth.empty();
-  auto plant = [&](const std::string& name, int& first, int& last) {
-    if (name == dbg.plant_early_death) {
-      TS_CHECK(last > first, "plan debug: ", name, " lives one event only; it cannot die earlier");
-      --last;
-      planted_death = true;
-    }
-    if (name == dbg.plant_late_birth) {
-      last = std::max(last, ++first);
-      planted_birth = true;
-    }
-  };
-  // A batch and sequence whose buffers pass MemoryPlan::kMaxTotal (1 EiB) are refused here, in the caller's terms,
-  // before any size can wrap around 2^64 (info printed wrapped sizes, and train's memory check read them). The
-  // planned gradients, added last as fixed buffers, are counted from the start, so that they cannot be the ones to
-  // pass it (with MemoryPlan's own, less helpful, message).
-  size_t grad_bytes = 0;
-  if (grads == GradMemory::Planned)
-    for (const GradRegion& r : grad_regions(cfg)) grad_bytes += (r.end - r.begin) * dtype_size(dt);
-  auto add = [&](Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
-    plant(name, first, last);
-    size_t bytes = dtype_size(d);
-    bool fits = true;
-    for (int64_t s : shape) fits = fits && s >= 0 && !__builtin_mul_overflow(bytes, static_cast<size_t>(s), &bytes);
-    const size_t used = mp.total() + grad_bytes + mp.align();  // the alignment: bytes' rounding
-    fits = fits && used <= MemoryPlan::kMaxTotal && bytes <= MemoryPlan::kMaxTotal - used;
-    TS_CHECK(fits, "batch ", B, " x seq ", T, ": the activations need more than 1 EiB (2^60 bytes) at ", name,
-             "; give a smaller batch or sequence");
-    mp.add(name, bytes, first, last);
-    slots.push_back({&t, d, std::move(shape)});
-  };
-  acts.res.assign(L + 1, Tensor());
-  acts.layers.assign(L, LayerActs{});
-
+// Every activation buffer of a step, with its life: the model's own here, each layer's by the layer. A buffer is
+// born at the op that first writes it and dies at the op that last reads it. The debug mode (PlanDebug) checks
+// both ends at run time, and tests/models/test_gpt.cpp checks that each declared life is tight.
+void Gpt::declare_plan(Layers& lay, int64_t C, DType dt, GradMemory grads, size_t total, Acts& acts,
+                       PlanBuilder& pb) {
+  const int L = static_cast<int>(lay.blocks.size());
+  const int64_t N = pb.N();
+  const DType st = stat_dtype(dt);  // statistics and the loss
   // The inputs and the loss outlive the step: the caller writes the inputs before it, reads the loss after it.
-  const int end = ev(StepOp::End);
-  add(acts.tokens, "tokens", DType::I32, {N}, 0, end);
-  add(acts.targets, "targets", DType::I32, {N}, 0, end);
-  add(acts.loss, "loss", st, {2}, 0, end);  // {Σ losses, mean}
-  add(acts.count, "count", DType::I32, {1}, 0, end);
-
-  add(acts.res[0], "res.0", dt, {N, C}, ev(StepOp::Embedding), ev(StepOp::Ln1Bwd, 0));
-  // The projection outputs before their residual add: one buffer for the whole forward.
-  add(acts.tmp, "tmp", dt, {N, C}, ev(StepOp::Proj, 0), ev(StepOp::Res2, L - 1));
-  for (int l = 0; l < L; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    LayerActs& A = acts.layers[l];
-    auto life = [&](StepOp a, StepOp b) { return std::pair{ev(a, l), ev(b, l)}; };
-    auto add_l = [&](Tensor& t, const char* name, DType d, std::vector<int64_t> shape, std::pair<int, int> lf) {
-      add(t, p + name, d, std::move(shape), lf.first, lf.second);
-    };
-    // Saved for the backward: each dies at the last op of this layer's backward that reads it.
-    // ln1 and its statistics: from layer 0's ln1 op, or from the layer below's mlp residual op above it.
-    const int ln1_birth = l == 0 ? ev(StepOp::Ln1, 0) : ev(StepOp::Res2, l - 1);
-    add_l(A.ln1, "ln1", dt, {N, C}, {ln1_birth, ev(StepOp::QkvW, l)});
-    if (layernorm) add_l(A.ln1_mean, "ln1.mean", st, {N}, {ln1_birth, ev(StepOp::Ln1Bwd, l)});
-    add_l(A.ln1_rstd, "ln1.rstd", st, {N}, {ln1_birth, ev(StepOp::Ln1Bwd, l)});
-    add_l(A.qkv, "qkv", dt, {N, 3 * C}, life(StepOp::Qkv, StepOp::AttnBwd));
-    add_l(A.att, "att", dt, {N, C}, life(StepOp::Attn, StepOp::AttnBwd));
-    add_l(A.lse, "lse", st, {N * H}, life(StepOp::Attn, StepOp::AttnBwd));
-    add_l(A.mid, "mid", dt, {N, C}, life(StepOp::Res1, StepOp::Ln2Bwd));
-    // ln2 and its statistics come out of the attention residual's op (norm_residual_forward).
-    add_l(A.ln2, "ln2", dt, {N, C}, life(StepOp::Res1, StepOp::FcW));
-    if (layernorm) add_l(A.ln2_mean, "ln2.mean", st, {N}, life(StepOp::Res1, StepOp::Ln2Bwd));
-    add_l(A.ln2_rstd, "ln2.rstd", st, {N}, life(StepOp::Res1, StepOp::Ln2Bwd));
-    // With the GELU fused into the fc GEMM (fuses_gelu) the Act op is gone: the fc GEMM writes fc_pre (with the
-    // bias) and fc_act; the fc proj dx GEMM writes d_fc_pre, which ActBwd turns in place into the GELU's gradient,
-    // so there is no d_fc_act.
-    const bool fused = fuses_gelu(cfg, dt);
-    add_l(A.fc_pre, "fc_pre", dt, {N, Fin}, life(StepOp::Fc, StepOp::ActBwd));
-    add_l(A.fc_act, "fc_act", dt, {N, F}, life(fused ? StepOp::Fc : StepOp::Act, StepOp::FcpW));
-    // The layer's output: read as the next layer's input until that layer's backward (or by the final norm's).
-    add(acts.res[l + 1], "res." + std::to_string(l + 1), dt, {N, C}, ev(StepOp::Res2, l),
-        l + 1 < L ? ev(StepOp::Ln1Bwd, l + 1) : ev(StepOp::LnFBwd));
-    // Gradient temporaries: born and dead inside this layer's backward.
-    // d_tmp: born in the norm backward before this layer's (the residual's backward comes along), the event
-    // before fc proj dW.
-    add_l(A.d_tmp, "d_tmp", dt, {N, C}, {ev(StepOp::FcpW, l) - 1, ev(StepOp::ProjX, l)});
-    if (!fused) add_l(A.d_fc_act, "d_fc_act", dt, {N, F}, life(StepOp::FcpX, StepOp::ActBwd));
-    add_l(A.d_fc_pre, "d_fc_pre", dt, {N, Fin}, life(fused ? StepOp::FcpX : StepOp::ActBwd, StepOp::FcX));
-    add_l(A.d_ln, "d_ln", dt, {N, C}, life(StepOp::FcX, StepOp::Ln1Bwd));
-    add_l(A.d_att, "d_att", dt, {N, C}, life(StepOp::ProjX, StepOp::AttnBwd));
-    add_l(A.d_qkv, "d_qkv", dt, {N, 3 * C}, life(StepOp::AttnBwd, StepOp::QkvX));
-  }
-  // ln_f's output and statistics: from the last layer's mlp residual op (the LnF event itself is empty).
-  const int lnf_birth = ev(StepOp::Res2, L - 1);
-  add(acts.lnf, "lnf", dt, {N, C}, lnf_birth, ev(StepOp::LmHeadW));
-  if (layernorm) add(acts.lnf_mean, "lnf.mean", st, {N}, lnf_birth, ev(StepOp::LnFBwd));
-  add(acts.lnf_rstd, "lnf.rstd", st, {N}, lnf_birth, ev(StepOp::LnFBwd));
-  // The cross-entropy backward overwrites the logits with d_logits, in place.
-  add(acts.logits, "logits", dt, {N, logits_stride(cfg, dt)}, ev(StepOp::Logits), ev(StepOp::LmHeadX));
-  add(acts.losses, "losses", st, {N}, ev(StepOp::Loss), ev(StepOp::Loss));
-  add(acts.ce_lse, "ce_lse", st, {N}, ev(StepOp::Loss), ev(StepOp::LossBwd));
-  add(acts.d_lnf, "d_lnf", dt, {N, C}, ev(StepOp::LmHeadX), ev(StepOp::LnFBwd));
-  // d of the residual stream, accumulated in place from the final norm down to the embedding.
-  add(acts.d_res, "d_res", dt, {N, C}, ev(StepOp::LnFBwd), ev(StepOp::EmbeddingBwd));
+  const int end = lay.sched.end();
+  pb.add(acts.tokens, "tokens", DType::I32, {N}, 0, end);
+  pb.add(acts.targets, "targets", DType::I32, {N}, 0, end);
+  pb.add(acts.loss, "loss", st, {2}, 0, end);  // {Σ losses, mean}
+  pb.add(acts.count, "count", DType::I32, {1}, 0, end);
+  lay.emb.declare(pb, dt, lay.blocks[0].input_last_use());
+  // The sublayers' outputs before their residual add: one buffer for the whole forward.
+  pb.add(acts.tmp, "tmp", dt, {N, C}, lay.blocks[0].sublayer_output_event(), lay.blocks.back().output_event());
+  for (int l = 0; l < L; ++l)
+    lay.blocks[l].declare(pb, dt, "res." + std::to_string(l + 1),
+                          l + 1 < L ? lay.blocks[l + 1].input_last_use() : lay.head.input_last_use());
+  lay.head.declare(pb, dt);
+  pb.add(acts.d_res, "d_res", dt, {N, C}, lay.head.backward_end(), lay.emb.backward_event());
   // Planned gradients: fixed buffers at their offsets in the flat layout, from the first op that writes each
   // range to the end of the step (the optimizer and the all-reduce read them after it).
   if (grads == GradMemory::Planned)
-    for (const GradRegion& r : grad_regions(cfg)) {
-      int first = r.birth, last = end;
-      plant(r.name, first, last);
-      mp.add_fixed(r.name, (r.end - r.begin) * dtype_size(dt), first, last, r.begin * dtype_size(dt));
-    }
-  TS_CHECK(planted_death && planted_birth, "plan debug: no activation is named ", dbg.plant_early_death, " ",
-           dbg.plant_late_birth);
+    for (const GradRegion& r : grad_regions(lay, total))
+      pb.add_fixed(r.name, (r.end - r.begin) * dtype_size(dt), r.birth, end, r.begin * dtype_size(dt));
+  pb.check_planted();
+}
+
+// The bytes of the planned gradients of `lay` (total: the flat buffer's elements).
+static size_t planned_grad_bytes(GradMemory grads, size_t total, DType dt) {
+  return grads == GradMemory::Planned ? total * dtype_size(dt) : 0;
 }
 
 MemoryPlan Gpt::activation_plan(const ModelConfig& cfg, int B, int T, DType dtype, const PlanDebug& debug,
                                 GradMemory grads) {
+  cfg.validate();
+  ParamBuffer pb;  // the layout alone: nothing is allocated
+  const std::unique_ptr<Layers> lay = make_layers(cfg, dtype, pb);
   MemoryPlan mp(Arena::kAlign);
   Acts acts;
-  std::vector<Slot> slots;
-  declare_plan(cfg, dtype, B, T, debug, grads, mp, acts, slots);
+  PlanBuilder plan(mp, debug, B, T, planned_grad_bytes(grads, pb.size(), dtype));
+  declare_plan(*lay, cfg.d_model, dtype, grads, pb.size(), acts, plan);
   mp.assign(/*reuse=*/!debug.no_reuse);
   return mp;
 }
@@ -261,19 +169,18 @@ void Gpt::reserve(int B, int T) {
   if (N <= planned_N_) return;
   arena_ = Arena();  // free the old plan before allocating the new one
   MemoryPlan mp(Arena::kAlign);
-  std::vector<Slot> slots;
   acts_ = Acts{};
-  declare_plan(cfg_, dtype_, B, T, debug_, grad_memory_, mp, acts_, slots);
+  PlanBuilder pb(mp, debug_, B, T, planned_grad_bytes(grad_memory_, params_.size(), dtype_));
+  declare_plan(*layers_, cfg_.d_model, dtype_, grad_memory_, params_.size(), acts_, pb);
   mp.assign(/*reuse=*/!debug_.no_reuse);
   arena_ = Arena(mp.peak(), ctx_->device());
-  for (size_t i = 0; i < slots.size(); ++i)
-    *slots[i].tensor = arena_.tensor_at(mp[static_cast<int>(i)].offset, slots[i].dtype, slots[i].shape);
+  pb.bind(arena_);
   grad_regions_.clear();
   grad_ids_.clear();
   if (grad_memory_ == GradMemory::Planned) {
-    grad_regions_ = grad_regions(cfg_);  // plan buffers slots.size() on, in this order
+    grad_regions_ = grad_regions(*layers_, params_.size());  // plan buffers pb.num_slots() on, in this order
     for (size_t i = 0; i < grad_regions_.size(); ++i) {
-      grad_ids_.push_back(static_cast<int>(slots.size() + i));
+      grad_ids_.push_back(static_cast<int>(pb.num_slots() + i));
       // Zeroed at the birth the plan declares (a planted one included), so that a declared life that misses the
       // first write loses that write's gradient: tests/models/test_gpt.cpp sees it.
       grad_regions_[i].birth = mp[grad_ids_.back()].first;
@@ -296,7 +203,7 @@ void Gpt::reserve(int B, int T) {
   live_bytes_ = plan_.live_bytes();
   // The debug mode's order of deaths and births. The buffers that outlive the step are never poisoned; planned
   // gradients are (every forward overwrites them), and their births are checked.
-  const int end = step_event(cfg_.n_layers, StepOp::End);
+  const int end = end_event();
   by_death_.clear();
   for (int i = 0; i < static_cast<int>(plan_.size()); ++i)
     if (plan_[i].last < end) by_death_.push_back(i);
@@ -316,7 +223,7 @@ void Gpt::set_plan_debug(const PlanDebug& debug) {
 }
 
 void Gpt::begin_step() {
-  ranges_to(StepOp::End, 0);  // a step that threw left some open
+  ranges_to(end_event());  // a step that threw left some open
   event_ = -1;
   next_death_ = next_birth_ = next_grad_zero_ = 0;
   if (tracer_) tracer_->counter("activation arena (allocated)", static_cast<double>(arena_.capacity()));
@@ -325,14 +232,13 @@ void Gpt::begin_step() {
   for (int id : grad_ids_) poison(id);
 }
 
-void Gpt::at(StepOp op, int layer) {
-  const int L = cfg_.n_layers, e = step_event(L, op, layer);
-  TS_CHECK(e > event_, "internal: the step reached ", step_event_name(L, e), " after ",
-           event_ < 0 ? std::string("its start") : step_event_name(L, event_),
-           ", against the order of the activation plan");
+void Gpt::at(int e) {
+  const StepSchedule& sched = layers_->sched;
+  TS_CHECK(e > event_, "internal: the step reached ", sched.name(e), " after ",
+           event_ < 0 ? std::string("its start") : sched.name(event_), ", against the order of the activation plan");
   event_ = e;
-  ranges_to(op, layer);
-  if (tracer_ && op != StepOp::End)
+  ranges_to(e);
+  if (tracer_ && e != sched.end())
     tracer_->counter("activations live (planned)", static_cast<double>(live_bytes_[e]));
   if (debug_.poison_dead) {
     while (next_death_ < by_death_.size() && plan_[by_death_[next_death_]].last < e) poison(by_death_[next_death_++]);
@@ -365,11 +271,11 @@ void Gpt::check_unborn(int id) {
   }
   const bool untouched = std::all_of(bytes, bytes + b.bytes, [](unsigned char c) { return c == 0xff; });
   TS_CHECK(untouched, "activation plan: ", b.name, " was written before its first declared use (",
-           step_event_name(cfg_.n_layers, b.first), "), over memory that may belong to a live buffer");
+           layers_->sched.name(b.first), "), over memory that may belong to a live buffer");
 }
 
 void Gpt::set_tracer(Tracer* tracer) {
-  ranges_to(StepOp::End, 0);
+  ranges_to(end_event());
   tracer_ = tracer;
 }
 
@@ -383,17 +289,18 @@ void Gpt::range_pop() {
   nvtx_pop();
 }
 
-void Gpt::ranges_to(StepOp op, int layer) {
-  const int phase = in(op, StepOp::Embedding, StepOp::Loss) ? 1 : in(op, StepOp::LossBwd, StepOp::EmbeddingBwd) ? 2 : 0;
-  const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::FcpW, StepOp::Ln1Bwd);
-  const int l = per_layer ? layer : -1;
+void Gpt::ranges_to(int e) {
+  const StepSchedule& sched = layers_->sched;
+  const StepEvent* ev = e < sched.end() ? &sched.events()[static_cast<size_t>(e)] : nullptr;
+  const int phase = !ev ? 0 : ev->phase == Phase::Forward ? 1 : 2;
+  const std::string group = ev ? ev->group : std::string();
   if (range_op_open_) {
     range_pop();
     range_op_open_ = false;
   }
-  if (range_layer_ >= 0 && (l != range_layer_ || phase != range_phase_)) {
+  if (!range_group_.empty() && (group != range_group_ || phase != range_phase_)) {
     range_pop();
-    range_layer_ = -1;
+    range_group_.clear();
   }
   if (range_phase_ != 0 && phase != range_phase_) {
     range_pop();
@@ -404,13 +311,11 @@ void Gpt::ranges_to(StepOp op, int layer) {
     range_push(phase == 1 ? "FWD_STEP" : "BWD_STEP");
     range_phase_ = phase;
   }
-  if (l >= 0 && range_layer_ < 0) {
-    if (layer_range_names_.empty())
-      for (int i = 0; i < cfg_.n_layers; ++i) layer_range_names_.push_back("layer " + std::to_string(i));
-    range_push(layer_range_names_[l].c_str());
-    range_layer_ = l;
+  if (!group.empty() && range_group_.empty()) {
+    range_push(ev->group.c_str());
+    range_group_ = group;
   }
-  range_push(range_name(op));
+  range_push(ev->range.c_str());
   range_op_open_ = true;
 }
 

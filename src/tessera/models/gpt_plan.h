@@ -1,18 +1,16 @@
-// tessera/models/gpt_plan.h — the events of a GPT training step, and its activation plan.
+// tessera/models/gpt_plan.h — the events of a GPT training step, by name.
 //
-// A step is a sequence of events, one per op: the embedding, then per layer the ten ops of a block, the final
-// norm, the logits and the loss; then the backward of the head, per layer (last layer first) the fourteen ops of
-// a block's backward, and the embedding's. Every activation buffer of Gpt declares the first and last event that
-// use it, and the lifetime planner (core/planner.h) lays them out in one arena so that buffers whose lives are
-// disjoint share memory: a layer's saved activations die in that layer's backward, whose gradient temporaries
-// are born and die there too, written over memory whose owner has died.
-//
-// The model marks each event as it runs it (Gpt checks that the events come in this order), which is what the
-// debug mode below hangs on.
+// Gpt's layers schedule a step's events (nn/step.h): the embedding, then per layer the ten ops of a block, the
+// final norm, the logits and the loss; then the backward of the head, per layer (last layer first) the twelve
+// ops of a block's backward, and the embedding's. The layers declare their activation buffers' lives over those
+// events, and the lifetime planner (core/planner.h) lays them out in one arena. StepOp names the same events for
+// the tools that print or draw a GPT step (info, the memory timeline) and for the tests;
+// tests/models/test_gpt.cpp checks that the layers' schedule matches it event for event.
 #pragma once
 #include <string>
 
 #include "tessera/core/planner.h"
+#include "tessera/nn/step.h"
 
 namespace tessera {
 
@@ -35,23 +33,5 @@ std::string step_event_name(int n_layers, int event);
 // The op's name as a profiler range, unique across forward and backward: "qkv", "attention bwd", "fc dW".
 const char* step_op_range_name(StepOp op);
 
-// Debug and test settings of the activation plan. Gpt reads the first two from the environment when it is made
-// (TESSERA_POISON_DEAD=1, TESSERA_PLAN_NO_REUSE=1), so that any run, `tessera train` included, can turn them on.
-struct PlanDebug {
-  // Fills every buffer with NaN (all bytes 0xff: NaN in f32, bf16, f16 and f64) at the end of its life, and
-  // checks at the start of its life that it is still all NaN. A buffer read after its declared last use then
-  // reads NaN, which reaches the loss or the gradients; a buffer written before its declared first use (over
-  // memory that may belong to a live buffer) fails the check with an Error that names it. Every buffer but the
-  // inputs and the loss is also filled before each step, so a read before the first write shows as well.
-  bool poison_dead = false;
-  // Gives every buffer memory of its own (peak = sum of all buffers): the reference a shared plan must match
-  // bit for bit.
-  bool no_reuse = false;
-  // Test hooks that plant a bug in the declared lives, so that a test can show the debug mode catches it: the
-  // buffer with this name is declared to die one event early, or to be born one event late.
-  std::string plant_early_death = {};
-  std::string plant_late_birth = {};
-};
-PlanDebug plan_debug_from_env();
 
 }  // namespace tessera

@@ -75,13 +75,14 @@ void add_layer_tensor(std::vector<ExportTensor>& out, CheckpointNaming naming, c
     return;
   }
   const std::string p = "model.layers." + layer + ".";
-  const int64_t C = cfg.d_model, F = cfg.d_ff;
+  const int64_t C = cfg.d_model, F = cfg.d_ff, KV = int64_t{cfg.kv_heads()} * cfg.head_dim();
   if (suffix == "ln1.w") one(p + "input_layernorm.weight", false);
   else if (suffix == "ln2.w") one(p + "post_attention_layernorm.weight", false);
   else if (suffix == "qkv.w") {
     out.push_back({p + "self_attn.q_proj.weight", seg, 0, C, cols, false});
-    out.push_back({p + "self_attn.k_proj.weight", seg, C, C, cols, false});
-    out.push_back({p + "self_attn.v_proj.weight", seg, 2 * C, C, cols, false});
+    // The packed rows [q | k | v]: H Dh = C query rows, then Hkv Dh rows each of k and v (grouped-query).
+    out.push_back({p + "self_attn.k_proj.weight", seg, C, KV, cols, false});
+    out.push_back({p + "self_attn.v_proj.weight", seg, C + KV, KV, cols, false});
   } else if (suffix == "proj.w") one(p + "self_attn.o_proj.weight", false);
   else if (suffix == "fc.w") {
     out.push_back({p + "mlp.gate_proj.weight", seg, 0, F, cols, false});
@@ -136,7 +137,7 @@ json hf_config(const ModelConfig& c, CheckpointNaming naming) {
   if (naming == CheckpointNaming::Llama) {
     return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
             {"hidden_size", c.d_model}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
-            {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_heads}, {"head_dim", c.head_dim()},
+            {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim()},
             {"max_position_embeddings", c.max_seq}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
             {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied}, {"attention_bias", false},
             {"mlp_bias", false}, {"attention_dropout", c.attn_dropout}, {"bos_token_id", 0},

@@ -1,14 +1,26 @@
-// tessera/ops/attention — causal multi-head attention (reference) and rotary position embedding.
+// tessera/ops/attention — multi-head attention (reference), its general form, and rotary position embedding.
 //
-// qkv: (B, T, 3, H, Dh) row-major, i.e. rows of width 3C = [q | k | v] with C = H * Dh, head h at h*Dh.
-// out: (B, T, H, Dh) = (B*T, C).  lse: (B, H, T), the logsumexp of each score row, saved for the backward.
-//   S = Q Kᵀ / sqrt(Dh) (entries j > i masked when causal),  lse_i = log Σ_j exp(S_ij),  O = exp(S - lse) V
+// Packed call (the decoder-only model's fast path): qkv (B, T, H + 2 Hkv, Dh) row-major, i.e. rows of width
+//   W = (H + 2 Hkv) Dh = [q (H Dh) | k (Hkv Dh) | v (Hkv Dh)], query head h at column h Dh, key / value head g at
+//   H Dh + g Dh / (H + Hkv) Dh + g Dh. With Hkv = H (n_kv_heads 0) that is (B, T, 3, H, Dh), W = 3C, C = H Dh.
+// General call: Q (B, Tq, H, Dh), K and V (B, Tk, Hkv, Dh), separate strided views (the last dim contiguous).
+// out: (B, Tq, H, Dh).  lse: (B, H, Tq), the logsumexp of each score row, saved for the backward.
+// Grouped-query attention: Hkv divides H; query head h reads key / value head h / (H / Hkv) (torch's
+//   repeat_interleave of K and V over heads, Hugging Face's repeat_kv). Hkv = 1 is multi-query attention.
+// Masks: key j is visible to query i of sequence b when j < len_b (key_lens, else Tk) and, when causal,
+//   j <= i + q_offset (queries start at position q_offset of the keys: a decode step against a cache, or the
+//   bottom-right alignment Tk - Tq). The packed call has Tq = Tk = T and q_offset 0 unless set.
+//   S = Q Kᵀ / sqrt(Dh) (masked entries -inf),  lse_i = log Σ_j exp(S_ij),  O = exp(S - lse) V
+// A query row with no visible key (len_b = 0, or a causal diagonal before key 0) has out = 0 and lse = +inf
+//   (FlashAttention-2's convention): P = exp(S - lse) = 0 in the backward, so its dQ is 0 and it adds nothing to
+//   dK and dV; a masked key's dK and dV are 0.
 // Backward (FlashAttention-2 form, P recomputed from lse): D_i = dO_i · O_i,  dS = P ∘ (dO Vᵀ - D),
-//   dQ = dS K / sqrt(Dh),  dK = dSᵀ Q / sqrt(Dh),  dV = Pᵀ dO.   d_qkv is overwritten.
+//   dQ = dS K / sqrt(Dh),  dK = dSᵀ Q / sqrt(Dh),  dV = Pᵀ dO; with GQA a key / value head's dK and dV are the sums
+//   over the H / Hkv query heads that read it, in head order (deterministic). d_qkv, dQ, dK, dV are overwritten.
 // Attention dropout (dropout > 0): O = (P ∘ Z) V with Z_ij = keep_ij / (1 - dropout), keep_ij drawn for query i
-//   and key j of head (b, h) from the shared Philox streams under (seed, stream) as attention_dropout.h lays the
-//   draws out (eight scores per Philox block, in the grouping the tensor-core fragments hold), so the reference and
-//   every CUDA kernel drop the same elements; lse is that of the undropped scores. The backward keeps its form
+//   and key j of query head (b, h) from the shared Philox streams under (seed, stream) as attention_dropout.h lays
+//   the draws out (eight scores per Philox block, in the grouping the tensor-core fragments hold), so the reference
+//   and every CUDA kernel drop the same elements; lse is that of the undropped scores. The backward keeps its form
 //   with dP = Z ∘ (dO Vᵀ): D_i = dO_i · O_i = Σ_j P_ij dP_ij still holds, dS = P ∘ (dP - D), dV = (P ∘ Z)ᵀ dO.
 #pragma once
 #include <cstdint>
@@ -24,6 +36,8 @@ namespace tessera {
 //   that qkv holds them rotated for the backward; attention_backward's d_qkv is the gradient with respect to q and
 //   k before the rotation (rope_backward of the plain one). The CUDA flash kernels apply that transposed rotation
 //   to dQ and dK in registers as they store them, with no pass over d_qkv of its own (attention.cu).
+// The general call's RoPE rotates Q in place at positions rope_pos_offset + q_offset + i and K at
+//   rope_pos_offset + j (CPU only; the CUDA entry refuses it: rotate with rope before a cached or cross call).
 struct AttentionParams {
   int B = 0, T = 0, H = 0, Dh = 0;
   bool causal = true;
@@ -31,9 +45,46 @@ struct AttentionParams {
   uint64_t seed = 0, stream = 0;
   float rope_theta = 0.0f;  // 0: no RoPE
   int rope_pos_offset = 0;
+  int n_kv_heads = 0;  // Hkv, dividing H; 0: H (no grouping)
+  int Tq = 0, Tk = 0;  // the general call's query and key lengths; 0: T. The packed call has Tq = Tk = T.
+  int q_offset = 0;    // >= 0; when causal, query i sees keys j <= i + q_offset
+  // Optional (B) int32 on the call's device: keys j >= key_lens[b] are masked for sequence b. Values must lie in
+  // [0, Tk]: the CPU entry refuses others, the CUDA kernels clamp them (they cannot read device memory to refuse).
+  Tensor key_lens{};
 };
 
-// The references attend over qkv as given (rope_theta must be 0: the Tensor-level entries apply RoPE around them).
+// The effective sizes of a call (the defaults above resolved).
+inline int attention_kv_heads(const AttentionParams& p) { return p.n_kv_heads > 0 ? p.n_kv_heads : p.H; }
+inline int attention_tq(const AttentionParams& p) { return p.Tq > 0 ? p.Tq : p.T; }
+inline int attention_tk(const AttentionParams& p) { return p.Tk > 0 ? p.Tk : p.T; }
+// True for the call the packed kernels have always taken: no grouping, Tq = Tk = T, no offset, no key lengths.
+inline bool attention_is_plain(const AttentionParams& p) {
+  return attention_kv_heads(p) == p.H && attention_tq(p) == p.T && attention_tk(p) == p.T && p.q_offset == 0 &&
+         !p.key_lens.defined();
+}
+// The packed qkv's row width, (H + 2 Hkv) Dh.
+inline int64_t attention_qkv_width(const AttentionParams& p) {
+  return (static_cast<int64_t>(p.H) + 2 * attention_kv_heads(p)) * p.Dh;
+}
+
+// A (B, T, heads, Dh) view of a buffer: element (b, t, h, d) at data[b sb + t st + h sh + d].
+template <typename T>
+struct AttentionView {
+  T* data = nullptr;
+  int64_t sb = 0, st = 0, sh = 0;
+  T* at(int b, int t, int h) const { return data + b * sb + t * st + h * sh; }
+};
+
+// The references attend over q, k, v as given (rope_theta must be 0: the Tensor-level entries apply RoPE around
+// them). The general one reads p.key_lens (on the CPU) and writes every element of dq, dk, dv.
+template <typename T>
+void attention_forward_ref(const AttentionParams& p, AttentionView<T> out, T* lse, AttentionView<const T> q,
+                           AttentionView<const T> k, AttentionView<const T> v);
+template <typename T>
+void attention_backward_ref(const AttentionParams& p, AttentionView<T> dq, AttentionView<T> dk, AttentionView<T> dv,
+                            AttentionView<const T> d_out, AttentionView<const T> q, AttentionView<const T> k,
+                            AttentionView<const T> v, AttentionView<const T> out, const T* lse);
+// The packed call: views of qkv (B*T, W) and out (B*T, C) handed to the general references.
 template <typename T>
 void attention_forward_ref(const AttentionParams& p, T* out, T* lse, const T* qkv);
 template <typename T>
@@ -41,13 +92,15 @@ void attention_backward_ref(const AttentionParams& p, T* d_qkv, const T* d_out, 
                             const T* lse);
 
 // Rotary position embedding (the "rotate half" form of GPT-NeoX and Hugging Face Llama), applied in place to
-// the q and k parts of qkv. For i < Dh/2 and position pos = pos_offset + t, with a = pos * theta^(-2i/Dh):
+// the q and k parts of qkv (the first H + Hkv heads of each row of width (H + 2 Hkv) Dh). For i < Dh/2 and
+// position pos = pos_offset + t, with a = pos * theta^(-2i/Dh):
 //   x'[i] = x[i] cos a - x[i + Dh/2] sin a,   x'[i + Dh/2] = x[i + Dh/2] cos a + x[i] sin a
 // The backward applies the transposed rotation to d_qkv in place.
 struct RopeParams {
   int B = 0, T = 0, H = 0, Dh = 0;
   float theta = 10000.0f;
   int pos_offset = 0;
+  int n_kv_heads = 0;  // Hkv; 0: H
 };
 
 // The RoPE of an attention call (its rope_theta and rope_pos_offset).
@@ -57,13 +110,19 @@ template <typename T>
 void rope_forward_ref(const RopeParams& p, T* qkv);
 template <typename T>
 void rope_backward_ref(const RopeParams& p, T* d_qkv);
+// The same rotation on a (B, T, heads, Dh) view (the general call's Q or K); sign -1 rotates back.
+template <typename T>
+void rope_rotate_view_ref(const RopeParams& p, int heads, AttentionView<T> x, double sign);
 
 }  // namespace tessera
 
 // ---- Tensor-level entries (attention.cpp): route to the reference or the CUDA kernels by device and dtype. ----
-// qkv, d_qkv: (B*T, 3C); out, d_out: (B*T, C), all in the compute dtype; lse: (B, H, T) f32 (f64 for an f64
-// computation). attention_backward OVERWRITES d_qkv (every element of it). rope_forward / rope_backward rotate
-// qkv / d_qkv IN PLACE (the q and k parts; the v part is left as it is).
+// Packed: qkv, d_qkv: (B*T, W), W = (H + 2 Hkv) Dh; out, d_out: (B*T, C), all in the compute dtype, contiguous;
+// lse: (B, H, T) f32 (f64 for an f64 computation). attention_backward OVERWRITES d_qkv (every element of it).
+// General: q, dq (B, Tq, H, Dh); k, v, dk, dv (B, Tk, Hkv, Dh); out, d_out (B, Tq, H, Dh): 4-D views with the last
+// stride 1 (any others: slices of a fused projection, or a cache); lse (B, H, Tq) contiguous. dq, dk, dv are
+// overwritten and must not overlap each other or the inputs. rope_forward / rope_backward rotate qkv / d_qkv IN
+// PLACE (the q and k parts; the v part is left as it is).
 namespace tessera {
 
 bool attention_supports(const AttentionParams& p, DType dtype, Device device, std::string* why = nullptr);
@@ -73,6 +132,11 @@ void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor
                        Context& ctx);
 void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, Context& ctx);
+void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& q,
+                       const Tensor& k, const Tensor& v, Context& ctx);
+void attention_backward(const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        const Tensor& d_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, Context& ctx);
 void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx);
 void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 
@@ -106,6 +170,18 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
 // and rounded to f32. One thread per (row, 16-byte pack of pairs, 4 q / k heads) when Dh / 2 is a whole number of
 // packs and qkv is 16-byte aligned, else one per (row, pair) over every q and k head of the row.
 void rope_forward_cuda(const RopeParams& p, DType dtype, void* qkv, Context& ctx);
+// The general call's launchers (views in device memory, the last dim contiguous; p.key_lens device int32 or
+// absent). attention_policy.h chooses the kernel family; every case has a correct one.
+void attention_forward_general_cuda(const AttentionParams& p, DType dtype, AttentionView<void> out, float* lse,
+                                    AttentionView<const void> q, AttentionView<const void> k,
+                                    AttentionView<const void> v, Context& ctx);
+void attention_backward_general_cuda(const AttentionParams& p, DType dtype, AttentionView<void> dq,
+                                     AttentionView<void> dk, AttentionView<void> dv, AttentionView<const void> d_out,
+                                     AttentionView<const void> q, AttentionView<const void> k,
+                                     AttentionView<const void> v, AttentionView<const void> out, const float* lse,
+                                     Context& ctx);
+// RoPE over a (B, p.T, heads, Dh) view in place (positions p.pos_offset + t); sign -1 rotates back.
+void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<void> x, float sign, Context& ctx);
 void rope_backward_cuda(const RopeParams& p, DType dtype, void* d_qkv, Context& ctx);
 
 }  // namespace tessera

@@ -9,7 +9,7 @@
 // queries c, c + 1 and needs half of each of two blocks, which it shares with the lane that holds the other halves
 // (one draws each, and they swap words), so that it too draws one block per eight scores.
 //   block = ((b H + h) Gi + i') Gj + j',  i' = 8 (i >> 4) + (i & 7),  j' = 4 (j >> 4) + ((j >> 1) & 3),
-//   Gi = 8 ceil(T / 16),  Gj = 4 ceil(T / 16);   word = 2 bit3(i) + bit3(j),  half = bit0(j) (the low half first).
+//   Gi = 8 ceil(Tq / 16),  Gj = 4 ceil(Tk / 16) (Tq = Tk = T for the packed call);   word = 2 bit3(i) + bit3(j),  half = bit0(j) (the low half first).
 // The score is kept when that 16-bit draw is >= ceil(p 2^16), i.e. when draw / 2^16 >= p, as philox_keep: with
 // probability within 2^-16 of 1 - p. A kept score is scaled by 1 / (1 - p).
 #pragma once
@@ -46,12 +46,16 @@ __device__ __forceinline__ void attention_dropout_resolve(AttentionDropoutDraw& 
 }
 #endif
 
-// The Philox block index of score (i, j) of head bh = b H + h, sequence length T (the formula above).
-TS_HOST_DEVICE uint64_t attention_dropout_block(uint64_t bh, int T, int i, int j) {
-  const uint64_t groups16 = (static_cast<uint64_t>(T) + 15) >> 4;
+// The Philox block index of score (i, j) of query head bh = b H + h, Tq queries and Tk keys (the formula above).
+TS_HOST_DEVICE uint64_t attention_dropout_block(uint64_t bh, int Tq, int Tk, int i, int j) {
+  const uint64_t groups_q = (static_cast<uint64_t>(Tq) + 15) >> 4, groups_k = (static_cast<uint64_t>(Tk) + 15) >> 4;
   const uint64_t ii = (static_cast<uint64_t>(i >> 4) << 3) | static_cast<uint64_t>(i & 7);
   const uint64_t jj = (static_cast<uint64_t>(j >> 4) << 2) | static_cast<uint64_t>((j >> 1) & 3);
-  return (bh * (groups16 << 3) + ii) * (groups16 << 2) + jj;
+  return (bh * (groups_q << 3) + ii) * (groups_k << 2) + jj;
+}
+// The packed call's: Tq = Tk = T.
+TS_HOST_DEVICE uint64_t attention_dropout_block(uint64_t bh, int T, int i, int j) {
+  return attention_dropout_block(bh, T, T, i, j);
 }
 
 // Which of the block's four words, and which 16-bit half of it, draws score (i, j).
@@ -61,9 +65,13 @@ TS_HOST_DEVICE bool attention_dropout_keeps(uint32_t word, int half, uint32_t th
 }
 
 // Kept (true) or dropped, one block drawn per call: for the reference and the tiled kernels.
-TS_HOST_DEVICE bool attention_dropout_keep(const AttentionDropoutDraw& d, uint64_t bh, int T, int i, int j) {
-  const Philox4 r = philox_block(d.seed, d.stream, attention_dropout_block(bh, T, i, j));
+TS_HOST_DEVICE bool attention_dropout_keep(const AttentionDropoutDraw& d, uint64_t bh, int Tq, int Tk, int i,
+                                           int j) {
+  const Philox4 r = philox_block(d.seed, d.stream, attention_dropout_block(bh, Tq, Tk, i, j));
   return attention_dropout_keeps(r.v[attention_dropout_word(i, j)], j & 1, d.threshold);
+}
+TS_HOST_DEVICE bool attention_dropout_keep(const AttentionDropoutDraw& d, uint64_t bh, int T, int i, int j) {
+  return attention_dropout_keep(d, bh, T, T, i, j);
 }
 
 }  // namespace tessera

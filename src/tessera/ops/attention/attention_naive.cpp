@@ -93,6 +93,10 @@ bool attention_naive_supports(const AttentionParams& p, DType dtype, Device devi
     if (why) *why = "the naive path has no attention dropout";
     return false;
   }
+  if (!attention_is_plain(p)) {
+    if (why) *why = "the naive path takes H == n_kv_heads, Tq = Tk = T, no q_offset and no key_lens";
+    return false;
+  }
   if (p.rope_theta != 0.0f) {
     if (why) *why = "the naive path has no RoPE (rotate q and k with rope_forward first)";
     return false;
