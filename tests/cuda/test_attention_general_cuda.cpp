@@ -75,8 +75,18 @@ void expect_lse_close(std::vector<double> got, std::vector<double> ref, const st
 
 void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& rng) {
   const Layout lq(c.B, c.Tq, c.H, c.Dh), lk(c.B, c.Tk, c.Hkv, c.Dh);
-  AttentionParams p{.B = c.B, .T = c.Tq, .H = c.H, .Dh = c.Dh, .causal = c.causal, .dropout = c.dropout, .seed = 5,
-                    .stream = 9, .n_kv_heads = c.Hkv, .Tq = c.Tq, .Tk = c.Tk, .q_offset = c.q_offset};
+  AttentionParams p{.B = c.B,
+                    .T = c.Tq,
+                    .H = c.H,
+                    .Dh = c.Dh,
+                    .causal = c.causal,
+                    .dropout = c.dropout,
+                    .seed = 5,
+                    .stream = 9,
+                    .n_kv_heads = c.Hkv,
+                    .Tq = c.Tq,
+                    .Tk = c.Tk,
+                    .q_offset = c.q_offset};
   const auto q = rounded(dt, randn<double>(lq.size(), rng, 1.5)), k = rounded(dt, randn<double>(lk.size(), rng, 1.5));
   const auto v = rounded(dt, randn<double>(lk.size(), rng)), d_out = rounded(dt, randn<double>(lq.size(), rng));
   std::vector<int32_t> lens = c.lens;
@@ -96,7 +106,8 @@ void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& r
   const Tensor tout = dev.poisoned(dt, static_cast<int64_t>(lq.size()));
   const Tensor tlse = dev.poisoned(DType::F32, static_cast<int64_t>(lse.size()));
   const Tensor tdq = dev.poisoned(dt, static_cast<int64_t>(lq.size()));
-  const Tensor tdk = dev.poisoned(dt, static_cast<int64_t>(lk.size())), tdv = dev.poisoned(dt, static_cast<int64_t>(lk.size()));
+  const Tensor tdk = dev.poisoned(dt, static_cast<int64_t>(lk.size())),
+               tdv = dev.poisoned(dt, static_cast<int64_t>(lk.size()));
   attention_forward(p, lq.on(tout, dt), tlse, lq.on(tq, dt), lk.on(tk, dt), lk.on(tv, dt), ctx);
   attention_backward(p, lq.on(tdq, dt), lk.on(tdk, dt), lk.on(tdv, dt), lq.on(tdo, dt), lq.on(tq, dt), lk.on(tk, dt),
                      lk.on(tv, dt), lq.on(tout, dt), tlse, ctx);
@@ -153,7 +164,8 @@ TEST(CudaAttentionGeneral, BackwardIsDeterministic) {
                            t.device());
   };
   const Tensor q = dev.upload(DType::BF16, randn<double>(nq, rng)), k = dev.upload(DType::BF16, randn<double>(nk, rng));
-  const Tensor v = dev.upload(DType::BF16, randn<double>(nk, rng)), d_o = dev.upload(DType::BF16, randn<double>(nq, rng));
+  const Tensor v = dev.upload(DType::BF16, randn<double>(nk, rng)),
+               d_o = dev.upload(DType::BF16, randn<double>(nq, rng));
   const Tensor out = dev.alloc(DType::BF16, nq), lse = dev.alloc(DType::F32, int64_t{B} * H * Tq);
   attention_forward(p, as4(out, Tq, H), lse, as4(q, Tq, H), as4(k, Tk, Hkv), as4(v, Tk, Hkv), ctx);
   std::vector<double> first;
@@ -167,8 +179,10 @@ TEST(CudaAttentionGeneral, BackwardIsDeterministic) {
       const auto part = dev.download(t);
       got.insert(got.end(), part.begin(), part.end());
     }
-    if (run == 0) first = got;
-    else EXPECT_EQ(got, first) << "[" << attention_cuda_kernel(p, DType::BF16, ctx) << "] run " << run;
+    if (run == 0)
+      first = got;
+    else
+      EXPECT_EQ(got, first) << "[" << attention_cuda_kernel(p, DType::BF16, ctx) << "] run " << run;
   }
 }
 
@@ -179,11 +193,12 @@ void run_packed_gqa_case(const AttentionParams& p, DType dt, Context& ctx, std::
   AttentionParams plain = p;
   plain.rope_theta = 0.0f;
   std::vector<double> rotated = qkv;
-  if (p.rope_theta > 0.0f) rotated = rounded(dt, [&] {
-    std::vector<double> r = qkv;
-    rope_forward_ref(attention_rope(p), r.data());
-    return r;
-  }());
+  if (p.rope_theta > 0.0f)
+    rotated = rounded(dt, [&] {
+      std::vector<double> r = qkv;
+      rope_forward_ref(attention_rope(p), r.data());
+      return r;
+    }());
   std::vector<double> out(N * C), lse(N * p.H), d_qkv(N * W);
   attention_forward_ref<double>(plain, out.data(), lse.data(), rotated.data());
   const auto out_rounded = rounded(dt, out);
@@ -215,8 +230,17 @@ TEST(CudaAttentionPackedGqa, MatchesReference) {
         run_packed_gqa_case({.B = 2, .T = 130, .H = 8, .Dh = Dh, .causal = causal, .n_kv_heads = 2}, dt, ctx, rng);
         run_packed_gqa_case({.B = 1, .T = 77, .H = 4, .Dh = Dh, .causal = causal, .n_kv_heads = 1}, dt, ctx, rng);
       }
-  run_packed_gqa_case({.B = 2, .T = 100, .H = 6, .Dh = 64, .causal = true, .dropout = 0.2f, .seed = 3, .stream = 4,
-                       .rope_theta = 10000.0f, .rope_pos_offset = 5, .n_kv_heads = 2},
+  run_packed_gqa_case({.B = 2,
+                       .T = 100,
+                       .H = 6,
+                       .Dh = 64,
+                       .causal = true,
+                       .dropout = 0.2f,
+                       .seed = 3,
+                       .stream = 4,
+                       .rope_theta = 10000.0f,
+                       .rope_pos_offset = 5,
+                       .n_kv_heads = 2},
                       DType::BF16, ctx, rng);
 }
 
@@ -226,8 +250,17 @@ TEST(CudaAttentionGeneral, RopeMatchesTheCpuEntry) {
   TS_CUDA_CONTEXT_OR_SKIP(gpu);
   std::mt19937_64 rng(test_seed());
   const int B = 2, Tq = 20, Tk = 50, H = 4, Hkv = 2, Dh = 32;
-  const AttentionParams p{.B = B, .T = Tq, .H = H, .Dh = Dh, .causal = true, .rope_theta = 10000.0f,
-                          .rope_pos_offset = 3, .n_kv_heads = Hkv, .Tq = Tq, .Tk = Tk, .q_offset = 30};
+  const AttentionParams p{.B = B,
+                          .T = Tq,
+                          .H = H,
+                          .Dh = Dh,
+                          .causal = true,
+                          .rope_theta = 10000.0f,
+                          .rope_pos_offset = 3,
+                          .n_kv_heads = Hkv,
+                          .Tq = Tq,
+                          .Tk = Tk,
+                          .q_offset = 30};
   const int64_t nq = int64_t{B} * Tq * H * Dh, nk = int64_t{B} * Tk * Hkv * Dh;
   auto q = randn<double>(nq, rng), k = randn<double>(nk, rng), v = randn<double>(nk, rng), w = randn<double>(nq, rng);
   const auto q0 = q, k0 = k;
@@ -237,19 +270,20 @@ TEST(CudaAttentionGeneral, RopeMatchesTheCpuEntry) {
   };
   Context cpu;
   const Tensor lse_h(lse.data(), DType::F64, {static_cast<int64_t>(lse.size())});
-  attention_forward(p, t4(out.data(), DType::F64, Tq, H, Device::cpu()), lse_h, t4(q.data(), DType::F64, Tq, H, Device::cpu()),
-                    t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()),
-                    cpu);
-  attention_backward(p, t4(dq.data(), DType::F64, Tq, H, Device::cpu()), t4(dk.data(), DType::F64, Tk, Hkv, Device::cpu()),
-                     t4(dv.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(w.data(), DType::F64, Tq, H, Device::cpu()),
-                     t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
-                     t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(out.data(), DType::F64, Tq, H, Device::cpu()),
-                     lse_h, cpu);
+  attention_forward(p, t4(out.data(), DType::F64, Tq, H, Device::cpu()), lse_h,
+                    t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
+                    t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), cpu);
+  attention_backward(
+      p, t4(dq.data(), DType::F64, Tq, H, Device::cpu()), t4(dk.data(), DType::F64, Tk, Hkv, Device::cpu()),
+      t4(dv.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(w.data(), DType::F64, Tq, H, Device::cpu()),
+      t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
+      t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(out.data(), DType::F64, Tq, H, Device::cpu()), lse_h, cpu);
   DeviceArena dev(gpu);
   const Tensor gq = dev.upload(DType::F32, q0), gk = dev.upload(DType::F32, k0), gv = dev.upload(DType::F32, v);
   const Tensor gw = dev.upload(DType::F32, w), gout = dev.poisoned(DType::F32, nq);
   const Tensor glse = dev.poisoned(DType::F32, static_cast<int64_t>(lse.size()));
-  const Tensor gdq = dev.poisoned(DType::F32, nq), gdk = dev.poisoned(DType::F32, nk), gdv = dev.poisoned(DType::F32, nk);
+  const Tensor gdq = dev.poisoned(DType::F32, nq), gdk = dev.poisoned(DType::F32, nk),
+               gdv = dev.poisoned(DType::F32, nk);
   const Device d = gpu.device();
   attention_forward(p, t4(gout.data(), DType::F32, Tq, H, d), glse, t4(gq.data(), DType::F32, Tq, H, d),
                     t4(gk.data(), DType::F32, Tk, Hkv, d), t4(gv.data(), DType::F32, Tk, Hkv, d), gpu);

@@ -37,11 +37,19 @@ void write_case(const std::filesystem::path& dir, int index, const OracleCase& c
   std::vector<double> v = test::randn<double>(nk, rng), d_out = test::randn<double>(nq, rng);
   std::vector<double> out(nq), lse(int64_t{c.B} * c.H * c.Tq), dq(nq), dk(nk), dv(nk);
   std::vector<int32_t> lens = c.lens;
-  AttentionParams p{.B = c.B, .T = c.Tq, .H = c.H, .Dh = c.Dh, .causal = c.causal, .n_kv_heads = c.Hkv, .Tq = c.Tq,
-                    .Tk = c.Tk, .q_offset = c.q_offset};
+  AttentionParams p{.B = c.B,
+                    .T = c.Tq,
+                    .H = c.H,
+                    .Dh = c.Dh,
+                    .causal = c.causal,
+                    .n_kv_heads = c.Hkv,
+                    .Tq = c.Tq,
+                    .Tk = c.Tk,
+                    .q_offset = c.q_offset};
   if (!lens.empty()) p.key_lens = Tensor(lens.data(), DType::I32, {c.B});
   auto t4 = [&](std::vector<double>& x, int T, int heads) {
-    return Tensor::strided(x.data(), DType::F64, {c.B, T, heads, c.Dh}, {int64_t{T} * heads * c.Dh, heads * c.Dh, c.Dh, 1});
+    return Tensor::strided(x.data(), DType::F64, {c.B, T, heads, c.Dh},
+                           {int64_t{T} * heads * c.Dh, heads * c.Dh, c.Dh, 1});
   };
   const Tensor tl(lse.data(), DType::F64, {static_cast<int64_t>(lse.size())});
   Context ctx;
@@ -57,9 +65,9 @@ void write_case(const std::filesystem::path& dir, int index, const OracleCase& c
        << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"q_offset\": " << c.q_offset << ", \"lens\": ["
        << lens_json << "]}\n";
   ASSERT_TRUE(meta.good());
-  for (auto [name, x] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"d_out", &d_out},
-                         std::pair{"out", &out}, std::pair{"lse", &lse}, std::pair{"dq", &dq}, std::pair{"dk", &dk},
-                         std::pair{"dv", &dv}})
+  for (auto [name, x] :
+       {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"d_out", &d_out}, std::pair{"out", &out},
+        std::pair{"lse", &lse}, std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
     write_f64(dir / (stem + "_" + name + ".f64"), *x);
 }
 
@@ -77,8 +85,8 @@ TEST(AttentionOracle, TorchAgreesOnTheGeneralCall) {
       {"an empty sequence", 2, 3, 6, 2, 1, 4, true, 2, {0, 6}},
   };
   for (size_t i = 0; i < cases.size(); ++i) write_case(dir, static_cast<int>(i), cases[i], rng);
-  const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR + "/tests/oracle/attention_oracle.py '" +
-                          dir.string() + "'";
+  const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                          "/tests/oracle/attention_oracle.py '" + dir.string() + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << " (seed " << test::test_seed() << ")";
 }
 
