@@ -369,6 +369,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kCols; ++k) acc_k[i][k] = acc_v[i][k] = 0.0f;
   const int n_qt = k0 < kend ? (g.Tq + kTile - 1) / kTile : 0;  // a tile of masked keys sees no query
+  // One loop over (query head of the group, query tile), heads in order: dK / dV sum them deterministically.
   for (int h = hk * g.group; h < (hk + 1) * g.group; ++h)
   for (int qt = g.first_query_tile(k0); qt < n_qt; ++qt) {
     const long bh = static_cast<long>(b) * g.H + h;
