@@ -21,8 +21,15 @@ done | tee "$OUT/sass_flash.txt"
 export OMP_NUM_THREADS=4
 timeout 240 build-gpu/tests/tessera_cuda_tests --gtest_filter='CudaFlash*:CudaNaive*:CudaAttention*:CudaRope*:CudaGpt*' >"$OUT/cuda_tests.log" 2>&1 || rc=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|> " "$OUT/cuda_tests.log" | head -60
+# The general call (GQA, Tq != Tk, q_offset, key lengths) and the packed GQA call under each flash family's
+# TESSERA_FLASH_PATH; a failure names the kernel family that ran ([tiled-fma], [flash-mma], ...).
+for path in mma hopper; do
+  TESSERA_FLASH_PATH=$path timeout 180 build-gpu/tests/tessera_cuda_tests \
+    --gtest_filter='CudaAttentionGeneral*:CudaAttentionPackedGqa*' >"$OUT/general_$path.log" 2>&1 || rc=1
+  echo "TESSERA_FLASH_PATH=$path:"; grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|> " "$OUT/general_$path.log" | head -30
+done
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/tessera_cuda_tests \
-  --gtest_filter='CudaFlashAttention.ForwardAndBackwardAreDeterministic:CudaFlashAttention.LongSequence*:CudaNaive*' >"$OUT/memcheck.log" 2>&1 || rc=1
+  --gtest_filter='CudaFlashAttention.ForwardAndBackwardAreDeterministic:CudaFlashAttention.LongSequence*:CudaNaive*:CudaAttentionGeneral.BackwardIsDeterministic' >"$OUT/memcheck.log" 2>&1 || rc=1
 tail -2 "$OUT/memcheck.log"
 timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/tests/tessera_cuda_tests \
   --gtest_filter='CudaFlashAttention.LongSequence*' >"$OUT/racecheck.log" 2>&1 || rc=1

@@ -104,19 +104,37 @@ struct General {
   Context ctx;
 
   General(const Case& c_, std::mt19937_64& rng)
-      : c(c_), lens(c_.lens), q(c.B, c.Tq, c.H, c.Dh), k(c.B, c.Tk, c.Hkv, c.Dh), v(c.B, c.Tk, c.Hkv, c.Dh),
-        out(c.B, c.Tq, c.H, c.Dh), d_out(c.B, c.Tq, c.H, c.Dh), dq(c.B, c.Tq, c.H, c.Dh), dk(c.B, c.Tk, c.Hkv, c.Dh),
-        dv(c.B, c.Tk, c.Hkv, c.Dh), lse(static_cast<size_t>(c.B) * c.H * c.Tq) {
-    p = {.B = c.B, .T = c.Tq, .H = c.H, .Dh = c.Dh, .causal = c.causal, .dropout = c.dropout, .seed = 21,
-         .stream = 3, .n_kv_heads = c.Hkv, .Tq = c.Tq, .Tk = c.Tk, .q_offset = c.q_offset};
+      : c(c_),
+        lens(c_.lens),
+        q(c.B, c.Tq, c.H, c.Dh),
+        k(c.B, c.Tk, c.Hkv, c.Dh),
+        v(c.B, c.Tk, c.Hkv, c.Dh),
+        out(c.B, c.Tq, c.H, c.Dh),
+        d_out(c.B, c.Tq, c.H, c.Dh),
+        dq(c.B, c.Tq, c.H, c.Dh),
+        dk(c.B, c.Tk, c.Hkv, c.Dh),
+        dv(c.B, c.Tk, c.Hkv, c.Dh),
+        lse(static_cast<size_t>(c.B) * c.H * c.Tq) {
+    p = {.B = c.B,
+         .T = c.Tq,
+         .H = c.H,
+         .Dh = c.Dh,
+         .causal = c.causal,
+         .dropout = c.dropout,
+         .seed = 21,
+         .stream = 3,
+         .n_kv_heads = c.Hkv,
+         .Tq = c.Tq,
+         .Tk = c.Tk,
+         .q_offset = c.q_offset};
     if (!lens.empty()) p.key_lens = Tensor(lens.data(), DType::I32, {c.B});
     for (Strided* s : {&q, &k, &v, &d_out}) s->set(randn<double>(s->numel(), rng));
   }
   void forward() {
     out.fill(std::numeric_limits<double>::quiet_NaN());
     lse = poisoned<double>(lse.size());
-    attention_forward(p, out.tensor(), Tensor(lse.data(), DType::F64, {static_cast<int64_t>(lse.size())}),
-                      q.tensor(), k.tensor(), v.tensor(), ctx);
+    attention_forward(p, out.tensor(), Tensor(lse.data(), DType::F64, {static_cast<int64_t>(lse.size())}), q.tensor(),
+                      k.tensor(), v.tensor(), ctx);
   }
   void backward() {
     for (Strided* s : {&dq, &dk, &dv}) s->fill(std::numeric_limits<double>::quiet_NaN());
@@ -157,7 +175,8 @@ TEST_F(AttentionGeneral, GradientsMatchFiniteDifferences) {
     General g(c, rng);
     g.loss();
     g.backward();
-    for (auto [x, dx, name] : {std::tuple{&g.q, &g.dq, "dq"}, std::tuple{&g.k, &g.dk, "dk"}, std::tuple{&g.v, &g.dv, "dv"}}) {
+    for (auto [x, dx, name] :
+         {std::tuple{&g.q, &g.dq, "dq"}, std::tuple{&g.k, &g.dk, "dk"}, std::tuple{&g.v, &g.dv, "dv"}}) {
       std::vector<double> point = x->values();
       auto loss = [&] {
         x->set(point);
@@ -225,7 +244,8 @@ TEST_F(AttentionGeneral, KeyLengthsAreShorterKeys) {
         }
     } else {
       General one({"one sequence", 1, c.Tq, L, c.H, c.Hkv, c.Dh, false}, rng);
-      for (auto [dst, src] : {std::pair{&one.q, &g.q}, std::pair{&one.k, &g.k}, std::pair{&one.v, &g.v}, std::pair{&one.d_out, &g.d_out}})
+      for (auto [dst, src] :
+           {std::pair{&one.q, &g.q}, std::pair{&one.k, &g.k}, std::pair{&one.v, &g.v}, std::pair{&one.d_out, &g.d_out}})
         for (int t = 0; t < dst->T; ++t)
           for (int h = 0; h < dst->heads; ++h)
             for (int d = 0; d < c.Dh; ++d) dst->at(0, t, h, d) = src->at(b, t, h, d);
@@ -295,8 +315,17 @@ TEST_F(AttentionGeneral, PackedGqaIsTheGeneralCallOverViews) {
   for (float theta : {0.0f, 1000.0f}) {
     const int B = 2, T = 5, H = 6, Hkv = 2, Dh = 4;
     const int64_t W = (H + 2 * Hkv) * Dh, N = int64_t{B} * T, C = H * Dh;
-    const AttentionParams p{.B = B, .T = T, .H = H, .Dh = Dh, .causal = true, .dropout = 0.25f, .seed = 8,
-                            .stream = 1, .rope_theta = theta, .rope_pos_offset = 3, .n_kv_heads = Hkv};
+    const AttentionParams p{.B = B,
+                            .T = T,
+                            .H = H,
+                            .Dh = Dh,
+                            .causal = true,
+                            .dropout = 0.25f,
+                            .seed = 8,
+                            .stream = 1,
+                            .rope_theta = theta,
+                            .rope_pos_offset = 3,
+                            .n_kv_heads = Hkv};
     const std::vector<double> x = randn<double>(N * W, rng), w = randn<double>(N * C, rng);
     std::vector<double> qkv = x, out = poisoned<double>(N * C), lse = poisoned<double>(N * H);
     std::vector<double> d_qkv = poisoned<double>(N * W), w_copy = w;
@@ -349,21 +378,18 @@ TEST_F(AttentionGeneral, RopeGradients) {
 
 TEST_F(AttentionGeneral, RefusesBadArguments) {
   std::string why;
-  EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 6, .Dh = 8, .n_kv_heads = 4}, DType::F32, Device::cpu(),
-                                  &why));
+  EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 6, .Dh = 8, .n_kv_heads = 4}, DType::F32, Device::cpu(), &why));
   EXPECT_NE(why.find("n_kv_heads must divide"), std::string::npos) << why;
-  EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 2, .Dh = 8, .q_offset = -1}, DType::F32, Device::cpu(),
-                                  &why));
+  EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 2, .Dh = 8, .q_offset = -1}, DType::F32, Device::cpu(), &why));
   EXPECT_NE(why.find("q_offset >= 0"), std::string::npos) << why;
-  EXPECT_FALSE(attention_naive_supports({.B = 1, .T = 4, .H = 2, .Dh = 8, .n_kv_heads = 1}, DType::F32,
-                                        Device::cpu(), &why));
+  EXPECT_FALSE(
+      attention_naive_supports({.B = 1, .T = 4, .H = 2, .Dh = 8, .n_kv_heads = 1}, DType::F32, Device::cpu(), &why));
 
   General g({"checks", 2, 3, 4, 2, 1, 3, false, 0, {4, 5}}, rng);
   EXPECT_NE(test::error_of([&] { g.forward(); }).find("key_lens[1] = 5 is outside [0, 4]"), std::string::npos);
   g.lens = {4, 4};
   g.p.n_kv_heads = 2;
-  EXPECT_NE(test::error_of([&] { g.forward(); }).find("k is (2, 4, 1, 3), expected (2, 4, 2, 3)"),
-            std::string::npos);
+  EXPECT_NE(test::error_of([&] { g.forward(); }).find("k is (2, 4, 1, 3), expected (2, 4, 2, 3)"), std::string::npos);
   g.p.n_kv_heads = 1;
   g.p.Tq = 0;  // 0: T, which is 3 here: accepted
   EXPECT_EQ(test::error_of([&] { g.forward(); }), "");

@@ -11,6 +11,7 @@
 // Q, K, V and dO tiles sit in shared memory in the storage dtype with an odd number of 4-byte words per row, so
 // the column reads K[tx + 16j][d] hit 16 different banks. Head dims are padded to kDp in {32, 64, 96, 128}
 // (zero-filled); dot products run over the real Dh only.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -71,29 +72,58 @@ __device__ __forceinline__ float half_warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ bool score_valid(int qi, int kj, int seq_len, bool causal) {
-  return qi < seq_len && kj < seq_len && (!causal || kj <= qi);
+// A (B, T, heads, Dh) view in device memory (attention.h's AttentionView), the head dim contiguous.
+template <typename T>
+struct Heads {
+  T* p;
+  long sb, st, sh;
+  __device__ __forceinline__ T* at(int b, int t, int h) const { return p + b * sb + t * st + h * sh; }
+};
+
+// The sizes and masks of a call (attention.h): query head h reads KV head h / group; key j is visible to query i
+// of sequence b when j < key_end(b) and, causal, j <= i + q_offset.
+struct TiledShape {
+  int Tq, Tk, H, group, Dh, q_offset;
+  bool causal;
+  const int32_t* key_lens;  // (B) or null
+  __device__ __forceinline__ int key_end(int b) const { return key_lens ? min(max(key_lens[b], 0), Tk) : Tk; }
+  // Key tiles [0, n) that queries [q0, q0 + 64) can see.
+  __device__ __forceinline__ int key_tiles(int q0, int kend) const {
+    int end = kend;
+    if (causal) end = min(end, min(q0 + kTile, Tq) + q_offset);
+    return end <= 0 ? 0 : (end + kTile - 1) / kTile;
+  }
+  // The first query tile that can see a key of [k0, k0 + 64).
+  __device__ __forceinline__ int first_query_tile(int k0) const {
+    return causal ? max(0, k0 - q_offset) / kTile : 0;
+  }
+};
+
+__device__ __forceinline__ bool score_valid(int qi, int kj, int kend, const TiledShape& g) {
+  return qi < g.Tq && kj < kend && (!g.causal || kj <= qi + g.q_offset);
 }
 
 // Z of attention.h for query qi, key kj of head bh: 1 without dropout, else 1 / (1 - p) or 0 as drawn (one
 // Philox block per score: the f32 path is the correct one, not the fast one). The draw is out of line, so that its
 // registers do not raise the kernels' allocation, and behind the test, so that no call is made without dropout.
-__device__ __noinline__ float dropout_z_drawn(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi,
+__device__ __noinline__ float dropout_z_drawn(const AttentionDropoutDraw& d, uint64_t bh, const TiledShape& g, int qi,
                                               int kj) {
-  return attention_dropout_keep(d, bh, seq_len, qi, kj) ? d.scale : 0.0f;
+  return attention_dropout_keep(d, bh, g.Tq, g.Tk, qi, kj) ? d.scale : 0.0f;
 }
-__device__ __forceinline__ float dropout_z(const AttentionDropoutDraw& d, uint64_t bh, int seq_len, int qi, int kj) {
-  return d.threshold ? dropout_z_drawn(d, bh, seq_len, qi, kj) : 1.0f;
+__device__ __forceinline__ float dropout_z(const AttentionDropoutDraw& d, uint64_t bh, const TiledShape& g, int qi,
+                                           int kj) {
+  return d.threshold ? dropout_z_drawn(d, bh, g, qi, kj) : 1.0f;
 }
 
-// out: (B*T, C); lse: (B, H, T) f32; qkv: (B*T, 3C) with q, k, v of head h at columns h*Dh, C + h*Dh, 2C + h*Dh.
-// Grid (ceil(T/64), H, B). For each key tile (only those at or below the diagonal when causal):
+// out, q: (B, Tq, H, Dh) views; k, v: (B, Tk, Hkv, Dh); lse: (B, H, Tq) f32.
+// Grid (ceil(Tq/64), H, B). For each key tile that some query of the tile sees (TiledShape::key_tiles):
 //   S = Q Kᵀ * scale (masked: -inf),  m' = max(m, rowmax S),  P = exp(S - m'),  l = l e^(m - m') + rowsum P,
-//   acc = acc e^(m - m') + (P ∘ Z) V.   At the end out = acc / l and lse = m + log l (Z: dropout, attention.h).
+//   acc = acc e^(m - m') + (P ∘ Z) V.   At the end out = acc / l and lse = m + log l (Z: dropout, attention.h);
+//   a row that saw no key (l = 0) gets out = 0 and lse = +inf.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_tiled_online(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                                   int seq_len, int H, int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
+    attention_forward_tiled_online(Heads<T> out, float* __restrict__ lse, Heads<const T> Q, Heads<const T> K,
+                                   Heads<const T> V, TiledShape g, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
@@ -102,11 +132,10 @@ __global__ void __launch_bounds__(kThreads)
   T* sV = sK + kTile * kStride;
   float* sP = reinterpret_cast<float*>(sV + kTile * kStride);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
-  const int C = H * Dh;
-  const long row3 = 3L * C;
-  const T* base = qkv + static_cast<long>(b) * seq_len * row3 + static_cast<long>(h) * Dh;
-  load_tile<T, kDp>(sQ, base + q0 * row3, row3, min(kTile, seq_len - q0), Dh);
+  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z, hk = h / g.group, Dh = g.Dh;
+  const int kend = g.key_end(b);
+  const uint64_t bh = static_cast<uint64_t>(b) * g.H + h;
+  load_tile<T, kDp>(sQ, Q.at(b, q0, h), Q.st, min(kTile, g.Tq - q0), Dh);
 
   float m[4], l[4], acc[4][kCols];
 #pragma unroll
@@ -116,12 +145,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kCols; ++k) acc[i][k] = 0.0f;
   }
-  const int n_kt = causal ? blockIdx.x + 1 : (seq_len + kTile - 1) / kTile;
+  const int n_kt = g.key_tiles(q0, kend);
   for (int kt = 0; kt < n_kt; ++kt) {
-    const int k0 = kt * kTile, k_rows = min(kTile, seq_len - k0);
+    const int k0 = kt * kTile, k_rows = min(kTile, g.Tk - k0);
     __syncthreads();  // the previous tile's reads of sK, sV, sP are done
-    load_tile<T, kDp>(sK, base + C + k0 * row3, row3, k_rows, Dh);
-    load_tile<T, kDp>(sV, base + 2 * C + k0 * row3, row3, k_rows, Dh);
+    load_tile<T, kDp>(sK, K.at(b, k0, hk), K.st, k_rows, Dh);
+    load_tile<T, kDp>(sV, V.at(b, k0, hk), V.st, k_rows, Dh);
     __syncthreads();
     float s[4][4] = {};
 #pragma unroll 4
@@ -142,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        s[i][j] = score_valid(qi, k0 + tx + 16 * j, seq_len, causal) ? s[i][j] * scale : -INFINITY;
+        s[i][j] = score_valid(qi, k0 + tx + 16 * j, kend, g) ? s[i][j] * scale : -INFINITY;
         mx = fmaxf(mx, s[i][j]);
       }
       const float m_new = fmaxf(m[i], half_warp_max(mx));
@@ -152,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float pij = expf(s[i][j] - shift);
-        const float z = dropout_z(drop, static_cast<uint64_t>(b) * H + h, seq_len, qi, k0 + tx + 16 * j);
+        const float z = dropout_z(drop, bh, g, qi, k0 + tx + 16 * j);
         sP[(ty + 16 * i) * kPStride + tx + 16 * j] = pij * z;
         ps += pij;
       }
@@ -178,44 +207,44 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + ty + 16 * i;
-    if (qi >= seq_len) continue;
-    const float inv = 1.0f / l[i];  // the kept P already carry 1 / (1 - p) (dropout_z)
-    T* o = out + (static_cast<long>(b) * seq_len + qi) * C + static_cast<long>(h) * Dh;
+    if (qi >= g.Tq) continue;
+    const bool seen = l[i] > 0.0f;
+    const float inv = seen ? 1.0f / l[i] : 0.0f;  // the kept P already carry 1 / (1 - p) (dropout_z)
+    T* o = out.at(b, qi, h);
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int d = tx + 16 * k;
       if (d < Dh) o[d] = from_f32<T>(acc[i][k] * inv);
     }
-    if (tx == 0) lse[(static_cast<long>(b) * H + h) * seq_len + qi] = m[i] + logf(l[i]);
+    if (tx == 0) lse[bh * g.Tq + qi] = seen ? m[i] + logf(l[i]) : INFINITY;
   }
 }
 
-// D: (B, H, T) f32, D = rowsum(d_out ∘ out) per head; d_out, out: (B*T, C). One warp per (row, head).
+// D: (B, H, Tq) f32, D = rowsum(d_out ∘ out) per head; d_out, out: (B, Tq, H, Dh) views. One warp per
+// (b, t, h), w = (b Tq + t) H + h.
 template <typename T>
-__global__ void attention_backward_row_dot(float* __restrict__ D, const T* __restrict__ d_out,
-                                           const T* __restrict__ out, int seq_len, int H, int Dh, long n_rows) {
+__global__ void attention_backward_row_dot(float* __restrict__ D, Heads<const T> d_out, Heads<const T> out, int Tq,
+                                           int H, int Dh, long n_rows) {
   const long w = (static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (w >= n_rows) return;  // the whole warp leaves together
-  const long off = w * Dh;  // (n*H + h)*Dh = n*C + h*Dh
+  const long n = w / H;
+  const int h = static_cast<int>(w % H), b = static_cast<int>(n / Tq), t = static_cast<int>(n % Tq);
+  const T* dO = d_out.at(b, t, h);
+  const T* o = out.at(b, t, h);
   float s = 0.0f;
-  for (int d = lane; d < Dh; d += 32) s = fmaf(to_f32(d_out[off + d]), to_f32(out[off + d]), s);
+  for (int d = lane; d < Dh; d += 32) s = fmaf(to_f32(dO[d]), to_f32(o[d]), s);
   s = cuda::warp_sum(s);
-  if (lane == 0) {
-    const long n = w / H;
-    const int h = static_cast<int>(w % H);
-    const long b = n / seq_len, t = n % seq_len;
-    D[(b * H + h) * seq_len + t] = s;
-  }
+  if (lane == 0) D[(static_cast<long>(b) * H + h) * Tq + t] = s;
 }
 
-// dQ for one query tile. Grid (ceil(T/64), H, B). For each key tile at or below the diagonal:
-//   P = exp(S - lse), dP = Z ∘ (dO Vᵀ), dS = P ∘ (dP - D), dQ += dS K;  at the end d_qkv[q part] = dQ * scale.
+// dQ for one query tile. Grid (ceil(Tq/64), H, B). For each key tile its queries see:
+//   P = exp(S - lse), dP = Z ∘ (dO Vᵀ), dS = P ∘ (dP - D), dQ += dS K;  at the end dq = dQ * scale.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_tiled(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
-                                const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
+    attention_backward_dq_tiled(Heads<T> dq, Heads<const T> d_out, Heads<const T> Q, Heads<const T> K,
+                                Heads<const T> V, const float* __restrict__ lse, const float* __restrict__ D,
+                                TiledShape g, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
@@ -225,30 +254,27 @@ __global__ void __launch_bounds__(kThreads)
   T* sV = sK + kTile * kStride;
   float* sdS = reinterpret_cast<float*>(sV + kTile * kStride);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
-  const int C = H * Dh;
-  const long row3 = 3L * C;
-  const long bh = static_cast<long>(b) * H + h;
-  const T* base = qkv + static_cast<long>(b) * seq_len * row3 + static_cast<long>(h) * Dh;
-  const int q_rows = min(kTile, seq_len - q0);
-  load_tile<T, kDp>(sQ, base + q0 * row3, row3, q_rows, Dh);
-  load_tile<T, kDp>(sdO, d_out + (static_cast<long>(b) * seq_len + q0) * C + static_cast<long>(h) * Dh, C, q_rows,
-                    Dh);
+  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z, hk = h / g.group, Dh = g.Dh;
+  const int kend = g.key_end(b);
+  const long bh = static_cast<long>(b) * g.H + h;
+  const int q_rows = min(kTile, g.Tq - q0);
+  load_tile<T, kDp>(sQ, Q.at(b, q0, h), Q.st, q_rows, Dh);
+  load_tile<T, kDp>(sdO, d_out.at(b, q0, h), d_out.st, q_rows, Dh);
   float row_lse[4], row_D[4], acc[4][kCols];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + ty + 16 * i;
-    row_lse[i] = qi < seq_len ? lse[bh * seq_len + qi] : 0.0f;
-    row_D[i] = qi < seq_len ? D[bh * seq_len + qi] : 0.0f;
+    row_lse[i] = qi < g.Tq ? lse[bh * g.Tq + qi] : 0.0f;
+    row_D[i] = qi < g.Tq ? D[bh * g.Tq + qi] : 0.0f;
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) acc[i][k] = 0.0f;
+    for (int c = 0; c < kCols; ++c) acc[i][c] = 0.0f;
   }
-  const int n_kt = causal ? blockIdx.x + 1 : (seq_len + kTile - 1) / kTile;
+  const int n_kt = g.key_tiles(q0, kend);
   for (int kt = 0; kt < n_kt; ++kt) {
-    const int k0 = kt * kTile, k_rows = min(kTile, seq_len - k0);
+    const int k0 = kt * kTile, k_rows = min(kTile, g.Tk - k0);
     __syncthreads();
-    load_tile<T, kDp>(sK, base + C + k0 * row3, row3, k_rows, Dh);
-    load_tile<T, kDp>(sV, base + 2 * C + k0 * row3, row3, k_rows, Dh);
+    load_tile<T, kDp>(sK, K.at(b, k0, hk), K.st, k_rows, Dh);
+    load_tile<T, kDp>(sV, V.at(b, k0, hk), V.st, k_rows, Dh);
     __syncthreads();
     float s[4][4] = {}, dp[4][4] = {};
 #pragma unroll 2
@@ -278,8 +304,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int kj = k0 + tx + 16 * j;
-        const float pij = score_valid(qi, kj, seq_len, causal) ? expf(s[i][j] * scale - row_lse[i]) : 0.0f;
-        const float z = dropout_z(drop, static_cast<uint64_t>(bh), seq_len, qi, kj);
+        const float pij = score_valid(qi, kj, kend, g) ? expf(s[i][j] * scale - row_lse[i]) : 0.0f;
+        const float z = dropout_z(drop, static_cast<uint64_t>(bh), g, qi, kj);
         sdS[(ty + 16 * i) * kPStride + tx + 16 * j] = pij * (z * dp[i][j] - row_D[i]);
       }
     }
@@ -300,25 +326,26 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + ty + 16 * i;
-    if (qi >= seq_len) continue;
-    T* dq = d_qkv + (static_cast<long>(b) * seq_len + qi) * row3 + static_cast<long>(h) * Dh;
+    if (qi >= g.Tq) continue;
+    T* dqi = dq.at(b, qi, h);
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      const int d = tx + 16 * k;
-      if (d < Dh) dq[d] = from_f32<T>(acc[i][k] * scale);
+    for (int c = 0; c < kCols; ++c) {
+      const int d = tx + 16 * c;
+      if (d < Dh) dqi[d] = from_f32<T>(acc[i][c] * scale);
     }
   }
 }
 
-// dK and dV for one key tile. Grid (ceil(T/64), H, B). For each query tile at or below the diagonal (the
-// transposed view: rows of the micro-tile are keys ty + 16i, columns queries tx + 16j):
+// dK and dV for one key tile of KV head hk. Grid (ceil(Tk/64), Hkv, B). For each query head h of hk's group in
+// order, and each query tile that sees a key of the tile (the transposed view: rows of the micro-tile are keys
+// ty + 16i, columns queries tx + 16j):
 //   Pᵀ = exp(Sᵀ - lse), dPᵀ = Zᵀ ∘ (V dOᵀ), dSᵀ = Pᵀ ∘ (dPᵀ - D),  dV += (P ∘ Z)ᵀ dO,  dK += dSᵀ Q;
-// at the end d_qkv[k part] = dK * scale and d_qkv[v part] = dV.
+// at the end dk = dK * scale and dv = dV (every row written: a masked key's are 0).
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_tiled(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
-                                  const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                  int Dh, bool causal, float scale, AttentionDropoutDraw drop) {
+    attention_backward_dkdv_tiled(Heads<T> dk, Heads<T> dv, Heads<const T> d_out, Heads<const T> Q,
+                                  Heads<const T> K, Heads<const T> V, const float* __restrict__ lse,
+                                  const float* __restrict__ D, TiledShape g, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
@@ -331,30 +358,29 @@ __global__ void __launch_bounds__(kThreads)
   float* sLse = sdST + kTile * kPStride;
   float* sD = sLse + kTile;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int k0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
-  const int C = H * Dh;
-  const long row3 = 3L * C;
-  const long bh = static_cast<long>(b) * H + h;
-  const T* base = qkv + static_cast<long>(b) * seq_len * row3 + static_cast<long>(h) * Dh;
-  const T* dO_base = d_out + static_cast<long>(b) * seq_len * C + static_cast<long>(h) * Dh;
-  const int k_rows = min(kTile, seq_len - k0);
-  load_tile<T, kDp>(sK, base + C + k0 * row3, row3, k_rows, Dh);
-  load_tile<T, kDp>(sV, base + 2 * C + k0 * row3, row3, k_rows, Dh);
+  const int k0 = blockIdx.x * kTile, hk = blockIdx.y, b = blockIdx.z, Dh = g.Dh;
+  const int kend = g.key_end(b);
+  const int k_rows = min(kTile, g.Tk - k0);
+  load_tile<T, kDp>(sK, K.at(b, k0, hk), K.st, k_rows, Dh);
+  load_tile<T, kDp>(sV, V.at(b, k0, hk), V.st, k_rows, Dh);
   float acc_k[4][kCols], acc_v[4][kCols];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int k = 0; k < kCols; ++k) acc_k[i][k] = acc_v[i][k] = 0.0f;
-  const int n_qt = (seq_len + kTile - 1) / kTile;
-  for (int qt = causal ? blockIdx.x : 0; qt < n_qt; ++qt) {
-    const int q0 = qt * kTile, q_rows = min(kTile, seq_len - q0);
+  const int n_qt = k0 < kend ? (g.Tq + kTile - 1) / kTile : 0;  // a tile of masked keys sees no query
+  // One loop over (query head of the group, query tile), heads in order: dK / dV sum them deterministically.
+  for (int h = hk * g.group; h < (hk + 1) * g.group; ++h)
+  for (int qt = g.first_query_tile(k0); qt < n_qt; ++qt) {
+    const long bh = static_cast<long>(b) * g.H + h;
+    const int q0 = qt * kTile, q_rows = min(kTile, g.Tq - q0);
     __syncthreads();
-    load_tile<T, kDp>(sQ, base + q0 * row3, row3, q_rows, Dh);
-    load_tile<T, kDp>(sdO, dO_base + static_cast<long>(q0) * C, C, q_rows, Dh);
+    load_tile<T, kDp>(sQ, Q.at(b, q0, h), Q.st, q_rows, Dh);
+    load_tile<T, kDp>(sdO, d_out.at(b, q0, h), d_out.st, q_rows, Dh);
     if (threadIdx.x < kTile) {
       const int qi = q0 + threadIdx.x;
-      sLse[threadIdx.x] = qi < seq_len ? lse[bh * seq_len + qi] : 0.0f;
-      sD[threadIdx.x] = qi < seq_len ? D[bh * seq_len + qi] : 0.0f;
+      sLse[threadIdx.x] = qi < g.Tq ? lse[bh * g.Tq + qi] : 0.0f;
+      sD[threadIdx.x] = qi < g.Tq ? D[bh * g.Tq + qi] : 0.0f;
     }
     __syncthreads();
     float s[4][4] = {}, dp[4][4] = {};
@@ -385,8 +411,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int r = tx + 16 * j;
-        const float pij = score_valid(q0 + r, kj, seq_len, causal) ? expf(s[i][j] * scale - sLse[r]) : 0.0f;
-        const float z = dropout_z(drop, static_cast<uint64_t>(bh), seq_len, q0 + r, kj);
+        const float pij = score_valid(q0 + r, kj, kend, g) ? expf(s[i][j] * scale - sLse[r]) : 0.0f;
+        const float z = dropout_z(drop, static_cast<uint64_t>(bh), g, q0 + r, kj);
         sPT[(ty + 16 * i) * kPStride + r] = pij * z;
         sdST[(ty + 16 * i) * kPStride + r] = pij * (z * dp[i][j] - sD[r]);
       }
@@ -417,15 +443,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int kj = k0 + ty + 16 * i;
-    if (kj >= seq_len) continue;
-    T* dk = d_qkv + (static_cast<long>(b) * seq_len + kj) * row3 + C + static_cast<long>(h) * Dh;
-    T* dv = dk + C;
+    if (kj >= g.Tk) continue;
+    T* dk_row = dk.at(b, kj, hk);
+    T* dv_row = dv.at(b, kj, hk);
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int d = tx + 16 * k;
       if (d < Dh) {
-        dk[d] = from_f32<T>(acc_k[i][k] * scale);
-        dv[d] = from_f32<T>(acc_v[i][k]);
+        dk_row[d] = from_f32<T>(acc_k[i][k] * scale);
+        dv_row[d] = from_f32<T>(acc_v[i][k]);
       }
     }
   }
@@ -443,15 +469,16 @@ __global__ void rope_table_fill(float2* __restrict__ table, long n, int half, in
   table[idx] = make_float2(static_cast<float>(cs), static_cast<float>(sn));
 }
 
-// qkv: (B*T, 3C), rotated in place; the q and k heads of a row are its first 2H heads of Dh columns.
+// qkv: (B*T, W) with W = row_heads Dh, rotated in place; the q and k heads of a row are its first rot_heads heads
+// of Dh columns (H + Hkv of H + 2 Hkv).
 // sign = -1: the transposed rotation (the backward). One thread per (row n, 16-byte pack j of the first half's
 // columns, group of kHeads of the 2H heads): the pack's cos / sin are loaded once for its heads, and each head's
 // two packs (columns 8j.. and Dh/2 + 8j.. for bf16) are loaded before any is stored.
 template <typename T, int kHeads>
-__global__ void rope_rotate_packs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int H, int Dh,
-                                  const float2* __restrict__ table, float sign) {
+__global__ void rope_rotate_packs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int rot_heads,
+                                  int row_heads, int Dh, const float2* __restrict__ table, float sign) {
   constexpr int kV = cuda::Pack<T>::kVec;
-  const int half = Dh / 2, packs = half / kV, groups = (2 * H + kHeads - 1) / kHeads;
+  const int half = Dh / 2, packs = half / kV, groups = (rot_heads + kHeads - 1) / kHeads;
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int j = static_cast<int>(idx % packs);
   const long rest = idx / packs;
@@ -465,17 +492,17 @@ __global__ void rope_rotate_packs(T* __restrict__ qkv, long n_rows, int seq_len,
     const float4 t = *reinterpret_cast<const float4*>(cs + e);
     c[e] = t.x, s[e] = sign * t.y, c[e + 1] = t.z, s[e + 1] = sign * t.w;
   }
-  T* row = qkv + n * 3L * H * Dh + j * kV;
+  T* row = qkv + n * row_heads * Dh + j * kV;
   cuda::Pack<T> x1[kHeads], x2[kHeads];
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
     const int hh = group * kHeads + k;
-    if (hh < 2 * H) x1[k] = cuda::load_pack(row + hh * Dh), x2[k] = cuda::load_pack(row + hh * Dh + half);
+    if (hh < rot_heads) x1[k] = cuda::load_pack(row + hh * Dh), x2[k] = cuda::load_pack(row + hh * Dh + half);
   }
 #pragma unroll
   for (int k = 0; k < kHeads; ++k) {
     const int hh = group * kHeads + k;
-    if (hh >= 2 * H) continue;
+    if (hh >= rot_heads) continue;
     cuda::Pack<T> y1, y2;
 #pragma unroll
     for (int e = 0; e < kV; ++e) {
@@ -490,8 +517,8 @@ __global__ void rope_rotate_packs(T* __restrict__ qkv, long n_rows, int seq_len,
 
 // The same for any Dh and alignment: one thread per (row n, pair i < Dh/2), over every q and k head of the row.
 template <typename T>
-__global__ void rope_rotate_pairs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int H, int Dh,
-                                  const float2* __restrict__ table, float sign) {
+__global__ void rope_rotate_pairs(T* __restrict__ qkv, long n_rows, int seq_len, int pos_offset, int rot_heads,
+                                  int row_heads, int Dh, const float2* __restrict__ table, float sign) {
   const int half = Dh / 2;
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_rows * half) return;
@@ -499,12 +526,32 @@ __global__ void rope_rotate_pairs(T* __restrict__ qkv, long n_rows, int seq_len,
   const int i = static_cast<int>(idx % half);
   const float2 t = table[static_cast<long>(pos_offset + n % seq_len) * half + i];
   const float c = t.x, s = sign * t.y;
-  T* row = qkv + n * 3L * H * Dh;
-  for (int hh = 0; hh < 2 * H; ++hh) {  // q then k heads
+  T* row = qkv + n * row_heads * Dh;
+  for (int hh = 0; hh < rot_heads; ++hh) {  // q then k heads
     T* x = row + hh * Dh;
     const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
     x[i] = from_f32<T>(x1 * c - x2 * s);
     x[i + half] = from_f32<T>(x2 * c + x1 * s);
+  }
+}
+
+// The general call's RoPE over a (B, T, heads, Dh) view: one thread per (b, t, pair i < Dh/2), over its heads.
+template <typename T>
+__global__ void rope_rotate_view(Heads<T> x, int B, int T_, int heads, int pos_offset, int Dh,
+                                 const float2* __restrict__ table, float sign) {
+  const int half = Dh / 2;
+  const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long>(B) * T_ * half) return;
+  const int i = static_cast<int>(idx % half);
+  const long n = idx / half;
+  const int b = static_cast<int>(n / T_), t = static_cast<int>(n % T_);
+  const float2 cs = table[static_cast<long>(pos_offset + t) * half + i];
+  const float c = cs.x, s = sign * cs.y;
+  for (int h = 0; h < heads; ++h) {
+    T* e = x.at(b, t, h);
+    const float x1 = to_f32(e[i]), x2 = to_f32(e[i + half]);
+    e[i] = from_f32<T>(x1 * c - x2 * s);
+    e[i + half] = from_f32<T>(x2 * c + x1 * s);
   }
 }
 
@@ -518,15 +565,16 @@ void dispatch_head_pad(int Dh, F&& f) {
   else TS_THROW("attention: the CUDA kernels take head dims up to ", kAttentionMaxDh, ", got ", Dh);
 }
 
-// Launches a tiled attention kernel on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared memory.
+// Launches a tiled attention kernel on the (ceil(rows/64), heads, B) grid with `smem` bytes of dynamic shared
+// memory.
 template <typename Kernel, typename... Args>
-void launch_tiled(const char* op, Kernel kernel, size_t smem, const AttentionParams& p, Context& ctx,
+void launch_tiled(const char* op, Kernel kernel, size_t smem, int rows, int heads, int B, Context& ctx,
                   Args... args) {
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, op, ": needs ", smem, " bytes of shared memory per block, the ",
            "device has ", ctx.gpu().smem_per_block_optin);
-  TS_CHECK(p.H <= 65535 && p.B <= 65535, op, ": H and B must be at most 65535");
+  TS_CHECK(heads <= 65535 && B <= 65535, op, ": H and B must be at most 65535");
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(ceil_div(p.T, kTile), p.H, p.B);
+  const dim3 grid(ceil_div(rows, kTile), heads, B);
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(args...);
   TS_CHECK_LAUNCH();
 }
@@ -561,15 +609,107 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, float sign, Contex
   cuda::dispatch_float(dtype, sign > 0 ? "rope_forward" : "rope_backward", [&](auto t) {
     using T = decltype(t);
     constexpr int kV = cuda::Pack<T>::kVec, kHeads = 4;
+    const int Hkv = p.n_kv_heads > 0 ? p.n_kv_heads : p.H, rot_heads = p.H + Hkv, row_heads = p.H + 2 * Hkv;
     if (half % kV == 0 && cuda::aligned16(qkv)) {
-      const long threads = n_rows * (half / kV) * ((2 * p.H + kHeads - 1) / kHeads);
+      const long threads = n_rows * (half / kV) * ((rot_heads + kHeads - 1) / kHeads);
       rope_rotate_packs<T, kHeads><<<ceil_div(threads, 256), 256, 0, ctx.stream()>>>(
-          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, p.H, p.Dh, table, sign);
+          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, rot_heads, row_heads, p.Dh, table, sign);
     } else {
       rope_rotate_pairs<T><<<ceil_div(n_rows * half, 256), 256, 0, ctx.stream()>>>(
-          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, p.H, p.Dh, table, sign);
+          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, rot_heads, row_heads, p.Dh, table, sign);
     }
     TS_CHECK_LAUNCH();
+  });
+}
+
+template <typename T, typename V>
+Heads<T> heads_of(const AttentionView<V>& v) {
+  return {static_cast<T*>(v.data), static_cast<long>(v.sb), static_cast<long>(v.st), static_cast<long>(v.sh)};
+}
+
+TiledShape tiled_shape(const AttentionParams& p) {
+  return {.Tq = attention_tq(p), .Tk = attention_tk(p), .H = p.H, .group = p.H / attention_kv_heads(p), .Dh = p.Dh,
+          .q_offset = p.q_offset, .causal = p.causal,
+          .key_lens = p.key_lens.defined() ? p.key_lens.as<int32_t>() : nullptr};
+}
+
+// The packed call's q, k and v inside qkv (B*T, W), and a (B*T, C) buffer as (B, T, H, Dh).
+struct PackedViews {
+  AttentionView<const void> q, k, v;
+};
+PackedViews packed_views(const AttentionParams& p, DType dtype, const void* qkv) {
+  const int64_t W = attention_qkv_width(p), C = static_cast<int64_t>(p.H) * p.Dh;
+  const int64_t kv = static_cast<int64_t>(attention_kv_heads(p)) * p.Dh;
+  const char* base = static_cast<const char*>(qkv);
+  const size_t es = dtype_size(dtype);
+  return {.q = {qkv, p.T * W, W, p.Dh}, .k = {base + C * es, p.T * W, W, p.Dh},
+          .v = {base + (C + kv) * es, p.T * W, W, p.Dh}};
+}
+template <typename V>
+AttentionView<V> rows_view(const AttentionParams& p, V* x) {
+  const int64_t C = static_cast<int64_t>(p.H) * p.Dh;
+  return {x, p.T * C, C, p.Dh};
+}
+AttentionView<void> mutable_view(const AttentionView<const void>& v) {
+  return {const_cast<void*>(v.data), v.sb, v.st, v.sh};
+}
+
+// The tiled f32-FMA kernels, which take every case (attention.h's views, GQA, masks, dropout).
+void tiled_forward(const AttentionParams& p, DType dtype, AttentionView<void> out, float* lse,
+                   AttentionView<const void> q, AttentionView<const void> k, AttentionView<const void> v,
+                   Context& ctx) {
+  constexpr const char* op = "attention_forward";
+  const TiledShape g = tiled_shape(p);
+  if (static_cast<long>(p.B) * g.Tq == 0) return;
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  cuda::dispatch_float(dtype, op, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_pad(p.Dh, [&](auto pad) {
+      constexpr int kDp = decltype(pad)::value;
+      launch_tiled(op, attention_forward_tiled_online<T, kDp>, forward_smem<T, kDp>(), g.Tq, p.H, p.B, ctx,
+                   heads_of<T>(out), lse, heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v), g,
+                   attention_scale(p.Dh), drop);
+    });
+  });
+}
+
+// D = rowsum(d_out ∘ out) into `D` (B, H, Tq) f32.
+void row_dot(const AttentionParams& p, DType dtype, float* D, AttentionView<const void> d_out,
+             AttentionView<const void> out, Context& ctx) {
+  const long n_rows = static_cast<long>(p.B) * attention_tq(p) * p.H;
+  if (n_rows == 0) return;
+  cuda::dispatch_float(dtype, "attention_backward", [&](auto t) {
+    using T = decltype(t);
+    attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
+        D, heads_of<const T>(d_out), heads_of<const T>(out), attention_tq(p), p.H, p.Dh, n_rows);
+    TS_CHECK_LAUNCH();
+  });
+}
+
+// dq, dk, dv from D (computed before, in `D`).
+void tiled_backward(const AttentionParams& p, DType dtype, AttentionView<void> dq, AttentionView<void> dk,
+                    AttentionView<void> dv, AttentionView<const void> d_out, AttentionView<const void> q,
+                    AttentionView<const void> k, AttentionView<const void> v, const float* lse, const float* D,
+                    Context& ctx) {
+  constexpr const char* op = "attention_backward";
+  const TiledShape g = tiled_shape(p);
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  cuda::dispatch_float(dtype, op, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_pad(p.Dh, [&](auto pad) {
+      constexpr int kDp = decltype(pad)::value;
+      const float scale = attention_scale(p.Dh);
+      if (g.Tq > 0) {
+        launch_tiled(op, attention_backward_dq_tiled<T, kDp>, backward_dq_smem<T, kDp>(), g.Tq, p.H, p.B, ctx,
+                     heads_of<T>(dq), heads_of<const T>(d_out), heads_of<const T>(q), heads_of<const T>(k),
+                     heads_of<const T>(v), lse, D, g, scale, drop);
+      }
+      if (g.Tk > 0) {
+        launch_tiled(op, attention_backward_dkdv_tiled<T, kDp>, backward_dkdv_smem<T, kDp>(), g.Tk,
+                     attention_kv_heads(p), p.B, ctx, heads_of<T>(dk), heads_of<T>(dv), heads_of<const T>(d_out),
+                     heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v), lse, D, g, scale, drop);
+      }
+    });
   });
 }
 
@@ -577,11 +717,8 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, float sign, Contex
 
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx) {
-  constexpr const char* op = "attention_forward";
   TS_CHECK(p.rope_theta == 0.0f, "internal: attention_forward_cuda takes q and k rotated (attention_forward ",
            "applies RoPE)");
-  const AttentionDropoutDraw drop =
-      attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   if (static_cast<long>(p.B) * p.T == 0) return;
   if (flash_attention_eligible(p, dtype, {qkv, out})) {
     const FlashAttentionArgs a{.qkv = qkv, .out = out, .lse = lse};
@@ -589,75 +726,86 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
     else flash_attention_forward_cuda(p, dtype, a, ctx);
     return;
   }
-  cuda::dispatch_float(dtype, op, [&](auto t) {
-    using T = decltype(t);
-    dispatch_head_pad(p.Dh, [&](auto pad) {
-      constexpr int kDp = decltype(pad)::value;
-      launch_tiled(op, attention_forward_tiled_online<T, kDp>, forward_smem<T, kDp>(), p, ctx, static_cast<T*>(out),
-                   lse, static_cast<const T*>(qkv), p.T, p.H, p.Dh, p.causal, attention_scale(p.Dh), drop);
-    });
-  });
+  const PackedViews in = packed_views(p, dtype, qkv);
+  tiled_forward(p, dtype, rows_view(p, out), lse, in.q, in.k, in.v, ctx);
 }
 
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
                              const void* qkv, const void* out, const float* lse, Context& ctx) {
-  constexpr const char* op = "attention_backward";
-  const AttentionDropoutDraw drop =
-      attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
   const long n_rows = static_cast<long>(p.B) * p.T * p.H;
   if (n_rows == 0) return;
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(n_rows) * sizeof(float)));
-  cuda::dispatch_float(dtype, op, [&](auto t) {
-    using T = decltype(t);
-    const bool flash = flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv});
-    const bool hopper = flash && flash_backward_uses_hopper(p, dtype, ctx);
-    // The Hopper dQ pass computes D itself from the dO tile it holds, when it can read out in 16-byte vectors:
-    // doing so instead of attention_backward_row_dot took 0.11-0.23 ms off the backward at 32k tokens x 2048
-    // (H200, bf16; bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
-    const bool d_in_dq = hopper && cuda::aligned16(out);
-    if (!d_in_dq) {
-      attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
-          D, static_cast<const T*>(d_out), static_cast<const T*>(out), p.T, p.H, p.Dh, n_rows);
-      TS_CHECK_LAUNCH();
-    }
-    // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is the
-    // chosen kernels' compiled width (Dh / 2 then a multiple of 8, the pairs in one lane); elsewhere (a head run
-    // zero-padded) a pass over d_qkv follows.
-    const bool rope = p.rope_theta > 0.0f;
-    const int width = hopper ? flash_hopper_head_pad(p.Dh) : flash_attention_head_pad(p.Dh);
-    const bool rope_in_flash = rope && flash && width == p.Dh && p.Dh % 16 == 0;
-    const void* rope_cs = rope_in_flash ? rope_table(p.rope_theta, p.Dh, long{p.rope_pos_offset} + p.T, ctx) : nullptr;
-    if (flash) {
-      if (hopper) {
-        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .out_in = d_in_dq ? out : nullptr,
-                                   .D_out = D, .d_qkv = d_qkv, .rope_cs = rope_cs,
-                                   .rope_pos_offset = p.rope_pos_offset};
-        flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
-      } else {
-        const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv,
-                                   .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
-        flash_attention_backward_dq_cuda(p, dtype, a, ctx);
-        flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
-      }
-      if (rope && !rope_in_flash) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
-      return;
-    }
-    dispatch_head_pad(p.Dh, [&](auto pad) {
-      constexpr int kDp = decltype(pad)::value;
-      const float scale = attention_scale(p.Dh);
-      launch_tiled(op, attention_backward_dq_tiled<T, kDp>, backward_dq_smem<T, kDp>(), p, ctx,
-                   static_cast<T*>(d_qkv), static_cast<const T*>(d_out), static_cast<const T*>(qkv), lse,
-                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale, drop);
-      launch_tiled(op, attention_backward_dkdv_tiled<T, kDp>, backward_dkdv_smem<T, kDp>(), p, ctx,
-                   static_cast<T*>(d_qkv), static_cast<const T*>(d_out), static_cast<const T*>(qkv), lse,
-                   static_cast<const float*>(D), p.T, p.H, p.Dh, p.causal, scale, drop);
-    });
+  const bool rope = p.rope_theta > 0.0f;
+  const bool flash = flash_attention_eligible(p, dtype, {qkv, d_out, d_qkv});
+  if (!flash) {
+    const PackedViews in = packed_views(p, dtype, qkv), d = packed_views(p, dtype, d_qkv);
+    row_dot(p, dtype, D, rows_view(p, d_out), rows_view(p, out), ctx);
+    tiled_backward(p, dtype, mutable_view(d.q), mutable_view(d.k), mutable_view(d.v), rows_view(p, d_out), in.q,
+                   in.k, in.v, lse, D, ctx);
     if (rope) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
+    return;
+  }
+  const bool hopper = flash_backward_uses_hopper(p, dtype, ctx);
+  // The Hopper dQ pass computes D itself from the dO tile it holds, when it can read out in 16-byte vectors:
+  // doing so instead of attention_backward_row_dot took 0.11-0.23 ms off the backward at 32k tokens x 2048
+  // (H200, bf16; bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
+  const bool d_in_dq = hopper && cuda::aligned16(out);
+  if (!d_in_dq) row_dot(p, dtype, D, rows_view(p, d_out), rows_view(p, out), ctx);
+  // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is the
+  // chosen kernels' compiled width (Dh / 2 then a multiple of 8, the pairs in one lane); elsewhere (a head run
+  // zero-padded) a pass over d_qkv follows.
+  const int width = hopper ? flash_hopper_head_pad(p.Dh) : flash_attention_head_pad(p.Dh);
+  const bool rope_in_flash = rope && width == p.Dh && p.Dh % 16 == 0;
+  const void* rope_cs = rope_in_flash ? rope_table(p.rope_theta, p.Dh, long{p.rope_pos_offset} + p.T, ctx) : nullptr;
+  if (hopper) {
+    const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .out_in = d_in_dq ? out : nullptr,
+                               .D_out = D, .d_qkv = d_qkv, .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
+    flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
+  } else {
+    const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv,
+                               .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
+    flash_attention_backward_dq_cuda(p, dtype, a, ctx);
+    flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
+  }
+  if (rope && !rope_in_flash) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
+}
+
+void attention_forward_general_cuda(const AttentionParams& p, DType dtype, AttentionView<void> out, float* lse,
+                                    AttentionView<const void> q, AttentionView<const void> k,
+                                    AttentionView<const void> v, Context& ctx) {
+  TS_CHECK(p.rope_theta == 0.0f, "internal: attention_forward_general_cuda takes q and k rotated");
+  tiled_forward(p, dtype, out, lse, q, k, v, ctx);
+}
+
+void attention_backward_general_cuda(const AttentionParams& p, DType dtype, AttentionView<void> dq,
+                                     AttentionView<void> dk, AttentionView<void> dv, AttentionView<const void> d_out,
+                                     AttentionView<const void> q, AttentionView<const void> k,
+                                     AttentionView<const void> v, AttentionView<const void> out, const float* lse,
+                                     Context& ctx) {
+  TS_CHECK(p.rope_theta == 0.0f, "internal: attention_backward_general_cuda returns the gradients of rotated q, k");
+  const long n_rows = static_cast<long>(p.B) * attention_tq(p) * p.H;
+  float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(std::max(n_rows, 1L)) * sizeof(float)));
+  row_dot(p, dtype, D, d_out, out, ctx);
+  tiled_backward(p, dtype, dq, dk, dv, d_out, q, k, v, lse, D, ctx);
+}
+
+void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<void> x, float sign, Context& ctx) {
+  const long n = static_cast<long>(p.B) * p.T * (p.Dh / 2);
+  if (n == 0) return;
+  const float2* table = rope_table(p.theta, p.Dh, static_cast<long>(p.pos_offset) + p.T, ctx);
+  cuda::dispatch_float(dtype, "rope", [&](auto t) {
+    using T = decltype(t);
+    rope_rotate_view<T><<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(heads_of<T>(x), p.B, p.T, heads, p.pos_offset,
+                                                                     p.Dh, table, sign);
+    TS_CHECK_LAUNCH();
   });
 }
 
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {
-  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0) return "tiled-fma";
+  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0 ||
+      !attention_is_plain(p)) {
+    return "tiled-fma";
+  }
   // Forward and backward each take the Hopper kernels or mma.sync (TESSERA_FLASH_PATH, see flash_hopper.h).
   const bool fwd = flash_forward_uses_hopper(p, dtype, ctx), bwd = flash_backward_uses_hopper(p, dtype, ctx);
   if (fwd && bwd) return "flash-hopper";

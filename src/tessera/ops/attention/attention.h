@@ -37,7 +37,8 @@ namespace tessera {
 //   k before the rotation (rope_backward of the plain one). The CUDA flash kernels apply that transposed rotation
 //   to dQ and dK in registers as they store them, with no pass over d_qkv of its own (attention.cu).
 // The general call's RoPE rotates Q in place at positions rope_pos_offset + q_offset + i and K at
-//   rope_pos_offset + j (CPU only; the CUDA entry refuses it: rotate with rope before a cached or cross call).
+//   rope_pos_offset + j (all Tk keys: a cache that holds rotated keys calls it with rope_theta 0 and rotates its
+//   new keys where it writes them); its backward rotates dQ and dK back.
 struct AttentionParams {
   int B = 0, T = 0, H = 0, Dh = 0;
   bool causal = true;
@@ -141,9 +142,12 @@ void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx);
 void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 
 // ---- CUDA launchers (attention.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
-// bf16 / f16 with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned qkv, out, d_out, d_qkv run FlashAttention-2 on
-// tensor cores (flash.h: mma.sync m16n8k16, f32 accumulators, head widths 32, 64, 80, 128; a dQ pass and a dK/dV
-// pass, deterministic). Everything else, f32 included, runs the tiled f32-FMA kernels described next.
+// The packed call's plain case (attention_is_plain) in bf16 / f16 with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned
+// qkv, out, d_out, d_qkv runs FlashAttention-2 on tensor cores (flash.h: mma.sync m16n8k16, f32 accumulators, head
+// widths 32, 64, 80, 128; a dQ pass and a dK/dV pass, deterministic; flash_hopper.h on sm_90a). Everything else
+// (f32, grouped KV heads, the general call, key lengths, offsets) runs the tiled f32-FMA kernels described next;
+// attention_policy.cu holds the choice. With grouped heads the dK/dV kernel's grid is over (key tile, KV head,
+// batch), each block summing its group's query heads in order (deterministic, no atomics).
 // Forward: one block of 256 threads per (query tile of 64 rows, head, batch); K/V tiles of 64 rows in shared
 // memory, online softmax (running max and sum in f32 registers), the T x T matrix never stored; lse saved.
 // Backward: D = rowsum(d_out * out) (f32, in ctx.scratch: B*H*T floats), then one kernel per query tile for

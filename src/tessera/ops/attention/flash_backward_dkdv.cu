@@ -144,38 +144,17 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
   store_rows<T, kD8>(dk_base + C, ld, dv, row0, seq_len, Dh, v_scales);
 }
 
-template <typename T, int kD>
-void launch_dkdv(const AttentionParams& p, const FlashAttentionArgs& a, Context& ctx) {
-  constexpr size_t smem = dkdv_smem_bytes<kD>();
-  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
-  // Without dropout, an instance with no trace of it: behind a runtime branch, the call to the keep bits cost the
-  // mma.sync backward 1-7% without dropout (2026-12-01-rope-in-attention-h200.md).
-  const auto kernel = drop.threshold ? flash_attention_backward_dkdv_mma<T, kD, true>
-                                       : flash_attention_backward_dkdv_mma<T, kD, false>;
-  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_backward: the flash dK/dV kernel needs ", smem,
-           " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
-  TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
-  TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the dK / dV pass rotates back RoPE only at Dh = ", kD);
-  const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
-  kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
-                                                  static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e, drop, rope);
-  TS_CHECK_LAUNCH();
-}
-
 }  // namespace
 }  // namespace flash
 
 void flash_attention_backward_dkdv_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                         Context& ctx) {
-  TS_CHECK(p.H <= 65535 && p.B <= 65535, "attention_backward: H and B must be at most 65535");
-  flash::dispatch_head(p.Dh, [&](auto d) {
+  flash::dispatch_backward(p, dtype, [&](auto t, auto d) {
+    using T = decltype(t);
     constexpr int kD = decltype(d)::value;
-    if (dtype == DType::BF16) flash::launch_dkdv<__nv_bfloat16, kD>(p, a, ctx);
-    else if (dtype == DType::F16) flash::launch_dkdv<__half, kD>(p, a, ctx);
-    else TS_THROW("attention_backward: the flash kernels take bf16 or f16, not ", dtype_name(dtype));
+    const auto with_dropout = flash::flash_attention_backward_dkdv_mma<T, kD, true>;
+    const auto without = flash::flash_attention_backward_dkdv_mma<T, kD, false>;
+    flash::launch_backward_pass<T, kD>("dK/dV", flash::dkdv_smem_bytes<kD>(), with_dropout, without, p, a, ctx);
   });
 }
 

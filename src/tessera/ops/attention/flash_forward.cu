@@ -153,23 +153,6 @@ void launch_forward(const AttentionParams& p, const FlashAttentionArgs& a, Conte
 }  // namespace
 }  // namespace flash
 
-int flash_attention_head_pad(int Dh) {
-  if (Dh <= 0 || Dh % 8 != 0) return 0;
-  if (Dh <= 32) return 32;
-  if (Dh <= 64) return 64;
-  if (Dh <= 80) return 80;
-  if (Dh <= 128) return 128;
-  return 0;
-}
-
-bool flash_attention_eligible(const AttentionParams& p, DType dtype, std::initializer_list<const void*> ptrs) {
-  if (dtype != DType::BF16 && dtype != DType::F16) return false;
-  if (flash_attention_head_pad(p.Dh) == 0) return false;
-  for (const void* ptr : ptrs)
-    if (!cuda::aligned16(ptr)) return false;
-  return true;
-}
-
 void flash_attention_forward_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
   TS_CHECK(p.H <= 65535 && p.B <= 65535, "attention_forward: H and B must be at most 65535");
   flash::dispatch_head(p.Dh, [&](auto d) {

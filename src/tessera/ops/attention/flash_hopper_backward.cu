@@ -600,15 +600,6 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
 }  // namespace
 }  // namespace flash_hopper
 
-bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
-  return flash_hopper_forward_eligible(p, dtype, ctx);
-}
-
-bool flash_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
-  // The forward's rule (flash_forward_uses_hopper has the measurements).
-  return flash_path_takes_hopper("attention_backward", flash_hopper_backward_eligible, p, dtype, ctx);
-}
-
 void flash_attention_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                           Context& ctx) {
   TS_CHECK(a.D_out != nullptr, "attention_backward (Hopper path): no D_out (the dQ pass computes or reads D in it)");

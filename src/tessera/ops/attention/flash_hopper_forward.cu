@@ -344,87 +344,10 @@ bool compiled_for(const Context& ctx) {
 
 }  // namespace
 
-namespace {
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    else
-      (void)cudaGetLastError();  // leave no sticky runtime error behind
-  });
-  TS_CHECK(fn != nullptr, op, ": the driver has no cuTensorMapEncodeTiled");
-  return fn;
-}
-}  // namespace
-
-CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
-                           int box_rows) {
-  const uint64_t row = static_cast<uint64_t>(heads) * Dh * 2;  // bytes
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Dh), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(Dh) * 2, row, row * T};  // bytes, dims 1 .. 3
-  const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  const CUresult r = tensor_map_encoder(op)(
-      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TS_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
-           " for (B=", B, ", T=", T, ", ", heads, " heads of ", Dh, ")");
-  return map;
-}
-
 }  // namespace flash_hopper
-
-FlashForwardPath flash_forward_path_requested() {
-  const char* v = std::getenv("TESSERA_FLASH_PATH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FlashForwardPath::Auto;
-  if (std::strcmp(v, "mma") == 0) return FlashForwardPath::Mma;
-  if (std::strcmp(v, "hopper") == 0) return FlashForwardPath::Hopper;
-  TS_THROW("TESSERA_FLASH_PATH must be auto, mma or hopper, not '", v, "'");
-}
 
 bool flash_hopper_available(const Context& ctx) {
   return ctx.is_cuda() && flash_hopper::compiled_for(ctx);
-}
-
-bool flash_hopper_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
-  if (dtype != DType::BF16 && dtype != DType::F16) return false;
-  if (flash_hopper_head_pad(p.Dh) == 0) return false;  // a multiple of 8 up to 128, zero-padded to 64 or 128
-  if (p.H > 65535 || p.B > 65535) return false;
-  return flash_hopper_available(ctx);
-}
-
-bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const AttentionParams& p, DType dtype,
-                             const Context& ctx) {
-  switch (flash_forward_path_requested()) {
-    case FlashForwardPath::Mma: return false;
-    case FlashForwardPath::Auto: return eligible(p, dtype, ctx);
-    case FlashForwardPath::Hopper:
-      TS_CHECK(flash_hopper_available(ctx), op, ": TESSERA_FLASH_PATH=hopper, but this device or build has no sm_90a ",
-               "Hopper kernels (device compute capability ", ctx.gpu().sm_major, ".", ctx.gpu().sm_minor, ")");
-      return eligible(p, dtype, ctx);
-  }
-  return false;
-}
-
-bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
-  // Auto takes both Hopper kernels wherever eligible: with exp2 on the MUFU unit alone (flash::exp2_approx) they
-  // beat mma.sync at Dh 64 and 128 on the H200 (causal, 32k tokens, T 1k-16k: forward + backward 178-271 against
-  // 160-204 TFLOP/s at Dh 64, 256-379 against 172-224 at Dh 128; gpt2-124m step 32.2 against 33.3-33.7 ms;
-  // bench/results/2026-11-30-fast-exp2-h200.md). The other head widths run zero-padded in the 64 and 128 kernels,
-  // and beat mma.sync too, forward and backward: Dh 32 / 80 / 96 T 16k forward + backward 228 / 335 / 390 against
-  // 148 / 196 / 151 TFLOP/s; the CS336 table's d 16 T 16k forward 1.11 against 1.71 ms
-  // (bench/results/2026-12-02-padded-heads-hopper-h200.md).
-  return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
 }
 
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,

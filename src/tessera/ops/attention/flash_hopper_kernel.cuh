@@ -51,7 +51,7 @@ constexpr int kBoxCols = 64;  // a TMA box's columns: 128 bytes of 16-bit values
 // 128-byte swizzle, zeros outside. A box at column 64 bx of head h holds that head's columns 64 bx .. 64 bx + 63,
 // the ones at Dh and past it read as zeros (not the next head's): a head narrower than the kernels' compiled width
 // runs zero-padded in it. Rows past T read as zeros too. `op` names the caller in its errors. Defined in
-// flash_hopper_forward.cu.
+// attention_policy.cu (the kernel choice and the TMA descriptors).
 CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
                            int box_rows);
 

@@ -21,9 +21,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/core/cuda_util.cuh"
 #include "tessera/core/error.h"
 #include "tessera/ops/attention/attention_dropout.h"
 #include "tessera/ops/attention/flash.h"
@@ -391,6 +393,39 @@ void dispatch_head(int Dh, F&& f) {
     case 128: f(std::integral_constant<int, 128>{}); return;
     default: TS_THROW("attention: no flash kernel for head dim ", Dh);
   }
+}
+
+// Host side, the setup both backward passes share: `kernel_drop` or `kernel_plain` (the pass's instances with and
+// without dropout: behind a runtime branch, the call to the keep bits cost the mma.sync backward 1-7% without
+// dropout, 2026-12-01-rope-in-attention-h200.md) on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared
+// memory, taking (d_qkv, d_out, qkv, lse, D, T, H, Dh, causal, scale, scale log2e, dropout, RoPE table).
+template <typename T, int kD, typename Kernel>
+void launch_backward_pass(const char* pass, size_t smem, Kernel kernel_drop, Kernel kernel_plain,
+                          const AttentionParams& p, const FlashAttentionArgs& a, Context& ctx) {
+  const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
+  const Kernel kernel = drop.threshold ? kernel_drop : kernel_plain;
+  TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_backward: the flash ", pass, " kernel needs ", smem,
+           " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
+  TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
+  TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the ", pass, " pass rotates back RoPE only at Dh = ", kD);
+  const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
+  kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
+                                                  static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
+                                                  p.causal, scale, scale * kLog2e, drop, rope);
+  TS_CHECK_LAUNCH();
+}
+
+// Host side: launch(type tag, width tag) for a backward pass's (dtype, Dh), bf16 or f16.
+template <typename F>
+void dispatch_backward(const AttentionParams& p, DType dtype, F&& launch) {
+  TS_CHECK(p.H <= 65535 && p.B <= 65535, "attention_backward: H and B must be at most 65535");
+  dispatch_head(p.Dh, [&](auto d) {
+    if (dtype == DType::BF16) launch(__nv_bfloat16{}, d);
+    else if (dtype == DType::F16) launch(__half{}, d);
+    else TS_THROW("attention_backward: the flash kernels take bf16 or f16, not ", dtype_name(dtype));
+  });
 }
 
 }  // namespace tessera::flash
