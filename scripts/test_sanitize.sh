@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-asan}
+# Warnings are not errors here, whatever TESSERA_WERROR says: the normal build checks them, and under -fsanitize
+# GCC 12 warns -Wmaybe-uninitialized inside <regex> (std::function in regex_automaton.h, cli/common.cpp), a false
+# positive that the sanitizers' instrumentation brings out.
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=OFF -DTESSERA_SANITIZE=ON \
-  -DTESSERA_WERROR="${TESSERA_WERROR:-OFF}" -DCMAKE_CXX_FLAGS=-g1 | grep -- "-- tessera:"
+  -DTESSERA_WERROR=OFF -DCMAKE_CXX_FLAGS=-g1 | grep -- "-- tessera:"
 cmake --build "$BUILD" -j"$(nproc)"
 # Leaks are not checked (detect_leaks=0): OpenMPI's start-up leaks in every rank, from components it has unloaded
 # by exit, so LeakSanitizer cannot name them for a suppression, and the tests run tessera under mpirun. UBSan aborts
