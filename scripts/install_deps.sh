@@ -10,6 +10,8 @@ pkgs=(build-essential cmake ninja-build libcli11-dev libgtest-dev libopenblas-de
 pkgs+=(python3-venv)
 # MPI: mpirun starts the ranks of a distributed run and carries the CPU collectives; the tests run 2 and 4 ranks.
 pkgs+=(openmpi-bin libopenmpi-dev)
+# clang-format (14 on Debian 12) for scripts/check_format.sh; the sanitizer runtimes (libasan, libubsan) come with gcc.
+pkgs+=(clang-format)
 
 # A mirror or index hiccup should not fail a whole CI run: try each download step up to three times.
 retry() {

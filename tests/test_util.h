@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -119,6 +121,61 @@ inline ModelConfig small_config(int vocab, int d_model, int n_layers, int n_head
   return c;
 }
 
+// `c` with Llama's shape: RMSNorm, SwiGLU, rotary positions, no biases, untied embeddings.
+inline ModelConfig llama_shaped(ModelConfig c) {
+  c.norm = NormKind::RmsNorm;
+  c.mlp = Activation::Swiglu;
+  c.positions = PositionKind::Rope;
+  c.bias = false;
+  c.tied = false;
+  return c;
+}
+
+// `s` without its leading and trailing spaces.
+inline std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// The cells of one markdown table line "| a | b |" -> {"a", "b"}, trimmed.
+inline std::vector<std::string> md_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1)
+    cells.push_back(trim(line.substr(i, j - i)));
+  return cells;
+}
+
+// The cells of every row of the markdown table whose header line starts with `header_start`, the header first.
+inline std::vector<std::vector<std::string>> md_table(const std::string& md, const std::string& header_start) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(md);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(header_start, 0) == 0) inside = true;
+    else if (inside && (line.empty() || line[0] != '|')) break;
+    if (!inside || line.rfind("|---", 0) == 0) continue;
+    rows.push_back(md_cells(line));
+  }
+  return rows;
+}
+
+// First cell -> the row's cells, for every table line from the first header "| <key> |" on (later tables too);
+// the header's cells go to *header.
+inline std::map<std::string, std::vector<std::string>> table_rows(const std::string& md, const std::string& key,
+                                                                  std::vector<std::string>* header) {
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream in(md);
+  bool in_table = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| " + key + " |", 0) == 0) in_table = true;
+    if (!in_table || line.empty() || line[0] != '|' || line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells = md_cells(line);
+    if (cells.at(0) == key) *header = cells;
+    else rows[cells.at(0)] = cells;
+  }
+  return rows;
+}
+
 // A fresh, empty directory under the system temp dir, unique to this process and `name`.
 inline std::filesystem::path temp_dir(const std::string& name) {
   namespace fs = std::filesystem;
@@ -198,9 +255,8 @@ inline std::string error_of(const std::function<void()>& f) {
 constexpr double kFdTolF64 = 1e-6;     // finite differences in fp64 with h = 1e-6
 constexpr double kRefTolF32 = 1e-5;    // fp32 path against an fp64 or independent reference
 
-// Each number ("12", "9.87", "0.0012") as one '#', to compare two runs' text timings aside: a GB/s figure just
-// under 10 prints with "%.3g", and 9.997 came out as "10", which read as another format than "9.87" and failed a
-// comparison of two runs now and then.
+// Each number ("12", "9.87", "0.0012", "9.99e-05") as one '#', to compare two runs' text with timings aside: one
+// number may print as "10" in one run and "9.87" in the next, so digits, decimal point and exponent go as a whole.
 inline std::string without_numbers(const std::string& text) {
   const auto digit = [&](size_t i) { return i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); };
   std::string out;

@@ -1,7 +1,7 @@
 // A stand-in for the PyTorch peer in bench tests: TESSERA_PYTHON becomes a shell script that records the arguments
 // it was given (args.txt) and runs a canned body (echo the records bench/peers/*.py would print), in a temporary
 // directory of the test's own; the environment is restored afterwards. Shared by bench model --peer and bench
-// compare's tests, with the table helpers both use.
+// compare's tests (their table helpers are test_util.h's).
 #pragma once
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,36 +16,15 @@
 #include <gtest/gtest.h>
 
 #include "tessera/core/file_io.h"
+#include "test_util.h"
 
 namespace tessera::test {
-
-inline std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
 
 // A speedup as the bench tables print it.
 inline std::string speedup_cell(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f×", x);
   return buf;
-}
-
-// The cells of every row of the markdown table whose header line starts with `header_start`, the header first.
-inline std::vector<std::vector<std::string>> md_table(const std::string& md, const std::string& header_start) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream in(md);
-  bool inside = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(header_start, 0) == 0) inside = true;
-    else if (inside && (line.empty() || line[0] != '|')) break;
-    if (!inside || line.rfind("|---", 0) == 0) continue;
-    std::vector<std::string> cells;
-    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1)
-      cells.push_back(trim(line.substr(i, j - i)));
-    rows.push_back(cells);
-  }
-  return rows;
 }
 
 class PeerStandIn : public ::testing::Test {

@@ -30,26 +30,8 @@ namespace fs = std::filesystem;
 // `tessera bench args`.
 test::CliRun run_bench(const std::string& args) { return test::run("bench " + args); }
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
-// kernel name -> its row's cells, from a markdown table whose header starts with "| kernel |".
-std::map<std::string, std::vector<std::string>> table_rows(const std::string& md, std::vector<std::string>* header) {
-  std::map<std::string, std::vector<std::string>> rows;
-  std::istringstream in(md);
-  bool in_table = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("| kernel |", 0) == 0) in_table = true;
-    if (!in_table || line.empty() || line[0] != '|' || line.rfind("|---", 0) == 0) continue;
-    std::vector<std::string> cells;
-    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1) cells.push_back(trim(line.substr(i, j - i)));
-    if (cells.at(0) == "kernel") *header = cells;
-    else rows[cells.at(0)] = cells;
-  }
-  return rows;
-}
+using test::table_rows;
+using test::trim;
 
 // `text` with every run of digits as one '#': two runs' outputs then compare, whatever their timings and dates.
 using test::without_numbers;
@@ -69,7 +51,7 @@ class Bench : public ::testing::Test {
   void expect_rows(const fs::path& md, const std::vector<std::string>& kernels) {
     ASSERT_TRUE(fs::exists(md));
     std::vector<std::string> header;
-    const auto rows = table_rows(read_file_text(md.string()), &header);
+    const auto rows = table_rows(read_file_text(md.string()), "kernel", &header);
     size_t gbs_col = header.size();
     for (size_t i = 0; i < header.size(); ++i)
       if (header[i] == "GB/s") gbs_col = i;
@@ -160,7 +142,7 @@ TEST_F(Bench, KernelsOnGpuSetEachRowAgainstBothCopies) {
   const test::CliRun r = run_bench("kernels --size small --device cuda --iters 2 --warmup 1 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   std::vector<std::string> header;
-  const auto rows = table_rows(read_file_text(md.string()), &header);
+  const auto rows = table_rows(read_file_text(md.string()), "kernel", &header);
   const auto col = [&](const std::string& name) {
     return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
   };

@@ -37,26 +37,7 @@ constexpr int kB = 2, kT = 16;
 // The sweep every successful run here makes: one size that fits and one planned above the limit.
 const std::string kCommon = "bench model --device cpu --batch 2 --seq 16 --warmup 0 --steps 2";
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
-// size -> cells of its row, from the markdown table whose header starts with "| size |".
-std::map<std::string, std::vector<std::string>> table_rows(const std::string& md, std::vector<std::string>* header) {
-  std::map<std::string, std::vector<std::string>> rows;
-  std::istringstream in(md);
-  bool in_table = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("| size |", 0) == 0) in_table = true;
-    if (!in_table || line.empty() || line[0] != '|' || line.rfind("|---", 0) == 0) continue;
-    std::vector<std::string> cells;
-    for (size_t i = 1, j; (j = line.find('|', i)) != std::string::npos; i = j + 1) cells.push_back(trim(line.substr(i, j - i)));
-    if (cells.at(0) == "size") *header = cells;
-    else rows[cells.at(0)] = cells;
-  }
-  return rows;
-}
+using test::table_rows;
 
 std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
   std::vector<std::vector<std::string>> rows;
@@ -178,7 +159,7 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
                               "wrote " + js.string() + "\n", "wrote " + csv.string() + "\n"});
 
   std::vector<std::string> header;
-  const auto rows = table_rows(read_file_text(md.string()), &header);
+  const auto rows = table_rows(read_file_text(md.string()), "size", &header);
   ASSERT_EQ(header, (std::vector<std::string>{"size", "d_model", "d_ff", "layers", "heads", "params", "fwd ms",
                                               "fwd+bwd ms", "step ms", "fwd mem", "train mem", "tokens/s", "MFU"}));
   ASSERT_EQ(rows.size(), 2u);

@@ -27,12 +27,7 @@ ModelConfig gpt2_style() {
 }
 
 ModelConfig llama_style() {
-  ModelConfig c = gpt2_style();
-  c.norm = NormKind::RmsNorm;
-  c.mlp = Activation::Swiglu;
-  c.positions = PositionKind::Rope;
-  c.bias = false;
-  c.tied = false;
+  ModelConfig c = llama_shaped(gpt2_style());
   c.d_ff = 160;
   c.dropout = 0.0f;
   c.attn_dropout = 0.0f;

@@ -14,14 +14,7 @@ ModelConfig plan_config(bool llama) {
   ModelConfig c = small_config(/*vocab=*/97, /*d_model=*/64, /*n_layers=*/2, /*n_heads=*/4, /*d_ff=*/256,
                                /*max_seq=*/32);
   c.dropout = 0.1f;
-  if (llama) {
-    c.norm = NormKind::RmsNorm;
-    c.mlp = Activation::Swiglu;
-    c.positions = PositionKind::Rope;
-    c.bias = false;
-    c.tied = false;
-  }
-  return c;
+  return llama ? llama_shaped(c) : c;
 }
 
 // Three AdamW steps of `micros` micro-batches each: every loss, then the parameters, as f32 bits.

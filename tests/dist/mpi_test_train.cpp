@@ -49,15 +49,7 @@ constexpr float kAdamEps = 1e-3f;
 
 ModelConfig gpt2_style() { return test::small_config(kVocab, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/8); }
 
-ModelConfig llama_style() {
-  ModelConfig c = gpt2_style();
-  c.norm = NormKind::RmsNorm;
-  c.mlp = Activation::Swiglu;
-  c.positions = PositionKind::Rope;
-  c.bias = false;
-  c.tied = false;
-  return c;
-}
+ModelConfig llama_style() { return test::llama_shaped(gpt2_style()); }
 
 // Relative errors ‖a − b‖ / ‖b‖: over the whole buffer (the bound, kParamTol), and the largest over any
 // one tensor, and which (kTensorTol). A tensor that is small and a sum with much cancellation (a bias, summed

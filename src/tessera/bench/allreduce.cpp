@@ -77,8 +77,8 @@ std::vector<AllreduceRow> bench_allreduce(Communicator& comm, Communicator& cont
     for (int it = 0; it < timing.warmup + timing.iters; ++it) {
       // On GPUs the barrier is the NCCL one (a one-word all-reduce that every rank waits for), as
       // torch.distributed's dist.barrier() is in the peer: the ranks' streams start the timed collective
-      // together. An MPI barrier lines up the hosts only, and a rank whose launch came later then showed up as
-      // collective time in the slowest rank's figure (0.18 ms at 1 MB against torch's 0.067 on 2 x H200).
+      // together. An MPI barrier lines up the hosts only: a rank whose launch came later would count as collective
+      // time in the slowest rank's figure.
       if (ctx.is_cuda()) comm.barrier();
       else control.barrier();
       double t = 0;

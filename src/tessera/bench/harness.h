@@ -3,7 +3,7 @@
 // CPU: std::chrono::steady_clock around each run. CUDA: a cudaEvent pair recorded on ctx.stream() around each
 // run, so only the GPU time of the work queued by the callable counts (not the host's launch overhead, unless the
 // GPU waits on it). Before every run on CUDA the L2 cache is flushed by READING a 128 MiB scratch buffer (larger
-// than the H100/H200's 50-60 MiB L2), so each run reads its inputs from HBM as it would inside a training step;
+// than a Hopper GPU's 50-60 MiB L2), so each run reads its inputs from HBM as it would inside a training step;
 // the flush is queued before the start event and is not timed. A read, not a write: a written flush buffer leaves
 // L2 full of dirty lines, whose write-back the next (timed) run pays for — up to 60 MB of extra HBM traffic,
 // which more than doubles the traffic of a 50 MB kernel. The read also writes back the previous run's outputs

@@ -45,11 +45,10 @@ namespace {
 constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwidth ratio is taken against
 
 // The copy that a row of `bytes` moved is also set against: half of them read, half written, at most the 1 GiB
-// copy. A small copy pays the launch and the ramp that a 1 GiB one hides: on the H200 a copy that
-// moves 50 MB (25 MB copied, what a (16384, 768) bf16 norm moves) ran at 83% of the 1 GiB copy's rate, one that
-// moves 100 MB at 94% (bench/micro/copy_by_size.cu).
-// The size is rounded to whole 64 KiB: cudaMemcpyAsync of 25232896 bytes (half of the LayerNorm forward's) ran 17%
-// slower than one of 24 MiB on the H200, a quirk of the copy at sizes off such a boundary, not of the memory.
+// copy. A small copy pays the launch and the ramp that a 1 GiB one hides, so a kernel is set against a copy of its
+// own size too (bench/micro/copy_by_size.cu; bench/results/2026-12-01-copy-size-and-pdl-h200.md).
+// The size is rounded to whole 64 KiB: cudaMemcpyAsync is slower at sizes off such a boundary, a quirk of the copy,
+// not of the memory.
 size_t same_size_copy_bytes(double bytes) {
   constexpr double kGrain = 64 * 1024;
   const double half = std::max(kGrain, std::round(bytes / 2 / kGrain) * kGrain);

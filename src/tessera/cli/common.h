@@ -57,8 +57,8 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
 
 // A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text, for prepare and
-// train --data TEXT: a 1.6 GB text took 10-20 s with nothing printed. Off for a text under 16 MiB (a fraction of a
-// second), and where `enabled` is false.
+// train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in silence. Off for a text
+// under 16 MiB (a fraction of a second), and where `enabled` is false.
 class PrepareProgress {
  public:
   static constexpr size_t kMinBytes = size_t{16} << 20;

@@ -109,9 +109,9 @@ void ensure_writable_dir(const std::string& dir);
 // ensure_writable_dir, returning the directories on dir's path that this call's own mkdir made, outermost first, for
 // a command to remove again if it fails (*made_dir, when given: whether dir itself is among them; "new/../old" makes
 // only new). When it throws, what it made is removed again. Not "each that did not exist a moment
-// before": two runs started at once into the same new directory both saw it missing, and the one refused by the
-// other then removed the directory the other worked in; and a symbolic link to nothing does not "exist" either, so
-// a failed prepare into one removed the user's link.
+// before": two runs started at once into the same new directory would both see it missing, and the one refused by
+// the other would remove the directory the other works in; and a symbolic link to nothing does not "exist" either,
+// so a failed prepare into one would remove the user's link.
 std::vector<std::filesystem::path> create_dirs_recorded(const std::string& dir, bool* made_dir = nullptr);
 
 // The one-line error for a path that the file system refuses (a name too long, a directory not searchable), as

@@ -33,8 +33,8 @@ struct DataParallelOptions {
   // --comm-sms (NCCL): the CTAs each collective may use (ncclConfig_t::maxCTAs), and, for the forms that overlap
   // the backward (overlap, bucket), the GEMMs of a synced backward plan for the GPU's SMs less these
   // (Context::set_gemm_sm_target, set in begin_backward and reset in end_backward).
-  // 0 (the default): NCCL's own choice, and GEMMs on every SM. Measured on 2 x H200 (gpt2-124m, B 16, T 1024,
-  // bucket 25 MB): 0 gave 95.3% scaling, 16 gave 92.5% and 32 gave 89.6%, so the cap is off unless asked for.
+  // 0 (the default): NCCL's own choice, and GEMMs on every SM; a cap scaled worse when measured
+  // (bench/results/2026-11-30-step-and-comm-2xh200.md), so it is off unless asked for.
   int comm_sms = 0;
 };
 

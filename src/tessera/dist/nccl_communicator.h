@@ -7,7 +7,7 @@
 // tensor is ready), and records a second event after the collective; wait() makes the compute stream wait for
 // that one, so later kernels see the result, and the host polls it against the timeout, so that a dead or
 // stalled peer becomes an Error rather than a hang (the communicator is aborted, ncclCommAbort).
-// The communicator is blocking (a non-blocking one costs ~50 µs more per call): the join runs on a helper thread
+// The communicator is blocking (a non-blocking one costs more per call): the join runs on a helper thread
 // watched against the same timeout, and makes every connection (NCCL_RUNTIME_CONNECT=0), so no later call blocks
 // the host on a peer that is gone.
 // Sum is ncclSum, Avg ncclAvg. f32, f64, bf16, f16, i32 and u8 reduce; u16 only moves.

@@ -4,8 +4,14 @@
 // (ggml's split between asking and running), then checks its tensors with expect(), then routes:
 //   CPU, f32 or f64  -> <op>_ref<float|double>  (the readable reference; f64 exists for gradient checks)
 //   CUDA, f32/bf16/f16 -> <op>_cuda             (the fused kernels; statistics always f32)
+// That routing is written here once: dispatch() (CUDA launcher or CPU reference) and on_cuda() (the CUDA branch
+// alone, for an entry whose CPU side is not one reference call). They hold the build's only
+// `#ifdef TESSERA_WITH_CUDA` for the entries: without CUDA the launcher lambda is never called, so the *_cuda
+// functions (declared in every build, defined in the .cu files) are never referenced.
 #pragma once
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
@@ -59,6 +65,33 @@ void dispatch_ref(DType dtype, const char* op, F&& f) {
   if (dtype == DType::F32) f(float{});
   else if (dtype == DType::F64) f(double{});
   else TS_THROW(op, ": no CPU reference for dtype ", dtype_name(dtype));
+}
+
+// On a CUDA context: runs `cuda` and returns true, or returns what `cuda` returns where that is a bool (false: the
+// launcher declined the shape and the caller falls back). Elsewhere, and in a build without CUDA: returns false.
+template <typename F>
+bool on_cuda(const Context& ctx, F&& cuda) {
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.is_cuda()) {
+    if constexpr (std::is_same_v<std::invoke_result_t<F>, bool>) {
+      return cuda();
+    } else {
+      cuda();
+      return true;
+    }
+  }
+#else
+  (void)ctx;
+  (void)cuda;
+#endif
+  return false;
+}
+
+// An op entry's routing: `cuda()` on a CUDA context, else `ref(float{})` or `ref(double{})` by dtype.
+template <typename Cuda, typename Ref>
+void dispatch(const Context& ctx, DType dtype, const char* op, Cuda&& cuda, Ref&& ref) {
+  if (on_cuda(ctx, std::forward<Cuda>(cuda))) return;
+  dispatch_ref(dtype, op, std::forward<Ref>(ref));
 }
 
 }  // namespace tessera

@@ -32,16 +32,12 @@ void activation_forward(const ActivationParams& p, const Tensor& out, const Tens
   expect(in, op, "in", dt, p.N * W, ctx);
   expect(out, op, "out", dt, static_cast<int64_t>(p.N) * p.d_ff, ctx);
   expect(bias, op, "bias", dt, W, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    activation_forward_cuda(p, dt, out.data(), in.data(), bias.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    activation_forward_ref<T>(p, out.as<T>(), in.as<T>(), bias.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { activation_forward_cuda(p, dt, out.data(), in.data(), bias.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        activation_forward_ref<T>(p, out.as<T>(), in.as<T>(), bias.as<T>());
+      });
 }
 
 void activation_backward(const ActivationParams& p, const Tensor& d_in, const Tensor& d_bias, const Tensor& d_out,
@@ -55,16 +51,13 @@ void activation_backward(const ActivationParams& p, const Tensor& d_in, const Te
   expect(d_out, op, "d_out", dt, static_cast<int64_t>(p.N) * p.d_ff, ctx);
   expect(bias, op, "bias", dt, W, ctx, /*optional=*/true);
   expect(d_bias, op, "d_bias", dt, W, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    activation_backward_cuda(p, dt, d_in.data(), d_bias.data(), d_out.data(), in.data(), bias.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    activation_backward_ref<T>(p, d_in.as<T>(), d_bias.as<T>(), d_out.as<T>(), in.as<T>(), bias.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] { activation_backward_cuda(p, dt, d_in.data(), d_bias.data(), d_out.data(), in.data(), bias.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        activation_backward_ref<T>(p, d_in.as<T>(), d_bias.as<T>(), d_out.as<T>(), in.as<T>(), bias.as<T>());
+      });
 }
 
 }  // namespace tessera

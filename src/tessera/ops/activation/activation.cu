@@ -13,16 +13,16 @@ using cuda::ceil_div;
 constexpr int kThreads = 256;
 constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
 constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
-// Rows each backward thread loads before it stores. Measured on the H200 (N = 16384, d_ff = 3072, bf16): 4 cut
-// the bandwidth of the GELU / SwiGLU backward from 0.79 / 0.81 of copy to 0.59 / 0.44 (registers), so 1: the
-// activation math already hides the load latency that the residual backward needs batching for.
+// Rows each backward thread loads before it stores: 1. The activation math already hides the load latency that the
+// residual backward batches rows for, and more rows in flight cost registers and occupancy (measured with bench
+// kernels: slower at 4).
 constexpr int kBatch = 1;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 // tanh for the GELU of T: the hardware approximation (tanh.approx.f32, one MUFU op, max relative error 2^-10.99)
 // for 16-bit T, whose rounding of the result (2^-8 for bf16, 2^-11 for f16) is as coarse; the accurate tanhf for
-// f32, whose tests compare at 1e-5. Measured on the H200 (N = 16384, d_ff = 3072, bf16): tanhf's instruction count
-// held the forward to 66% of the copy bandwidth.
+// f32, whose tests compare at 1e-5. tanhf's instruction count holds a 16-bit forward well below the copy bandwidth
+// (bench/results/2026-11-30-kernels-h200.md).
 template <typename T>
 __device__ __forceinline__ float tanh_for(float x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -104,10 +104,8 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 // (and F + f0 .. for Swiglu) and rows by*8 + ty stepping gridDim.y*8; the 8 row lanes are summed in shared
 // memory in ty order into partial[group, c], and the chunk's last block adds the groups' rows in order into d_bias
 // (cuda::last_block_of_chunk, counters: one per chunk): deterministic.
-// Blocks per SM: 5 without a gate (48 registers; the one-wave grid then has 660 blocks for d_ff = 3072 bf16). The
-// fused bias sums had taken it to 52 registers, 4 blocks per SM, and 90 µs for (16384, 3072) bf16, against 84.8 µs
-// bounded (ncu and bench kernels on the H200). SwiGLU: 3, as before the fused sums (80 registers, no spill; it
-// would spill at 5, and unbounded it took 116, 2 blocks per SM).
+// Blocks per SM: 5 without a gate (48 registers), 3 for SwiGLU (80 registers, no spill; it would spill at 5): bounds
+// that keep the one-wave grid resident (bench/results/2026-12-01-one-wave-tails-h200.md).
 template <typename T, int W, bool kGlu>
 __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,

@@ -41,16 +41,13 @@ void embedding_forward(const EmbeddingParams& p, const Tensor& out, const Tensor
   expect(wte, op, "wte", dt, static_cast<int64_t>(p.V) * p.C, ctx);
   expect(wpe, op, "wpe", dt, static_cast<int64_t>(p.max_seq) * p.C, ctx, /*optional=*/true);
   expect(out, op, "out", dt, BT * p.C, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    embedding_forward_cuda(p, dt, out.data(), tokens.as<int32_t>(), wte.data(), wpe.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    embedding_forward_ref<T>(p, out.as<T>(), tokens.as<int32_t>(), wte.as<T>(), wpe.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] { embedding_forward_cuda(p, dt, out.data(), tokens.as<int32_t>(), wte.data(), wpe.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        embedding_forward_ref<T>(p, out.as<T>(), tokens.as<int32_t>(), wte.as<T>(), wpe.as<T>());
+      });
 }
 
 void embedding_backward(const EmbeddingParams& p, const Tensor& d_wte, const Tensor& d_wpe, const Tensor& d_out,
@@ -63,16 +60,13 @@ void embedding_backward(const EmbeddingParams& p, const Tensor& d_wte, const Ten
   expect(d_wte, op, "d_wte", dt, static_cast<int64_t>(p.V) * p.C, ctx);
   expect(d_wpe, op, "d_wpe", dt, static_cast<int64_t>(p.max_seq) * p.C, ctx, /*optional=*/true);
   expect(d_out, op, "d_out", dt, BT * p.C, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    embedding_backward_cuda(p, dt, d_wte.data(), d_wpe.data(), d_out.data(), tokens.as<int32_t>(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    embedding_backward_ref<T>(p, d_wte.as<T>(), d_wpe.as<T>(), d_out.as<T>(), tokens.as<int32_t>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] { embedding_backward_cuda(p, dt, d_wte.data(), d_wpe.data(), d_out.data(), tokens.as<int32_t>(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        embedding_backward_ref<T>(p, d_wte.as<T>(), d_wpe.as<T>(), d_out.as<T>(), tokens.as<int32_t>());
+      });
 }
 
 }  // namespace tessera

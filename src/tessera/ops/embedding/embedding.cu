@@ -36,9 +36,8 @@ __device__ __forceinline__ void apply_stream_base(EmbedArgs& a) {
 // tokens: (B*T) i32; wte: (V, C); wpe: (max_seq, C) or null; out: (B*T, C). f is the dropout factor of element
 // r*C + c (1 without dropout). One thread per W-element unit (W = 16-byte pack or 1), grid-stride over a grid the
 // GPU holds at once; C % W == 0, so a unit never straddles two rows.
-// Measured on the H200 ((16384, 768) bf16, 2 dependent loads per unit: the id, then the row): this grid of 8 blocks
-// per SM ran at 71% of the copy bandwidth against 68% for a grid of one thread per unit; two or four units a thread
-// with all their loads issued together ran at 54% and 41% (72 registers: 3 blocks per SM).
+// Each unit makes 2 dependent loads (the id, then the row); one unit a thread over a resident grid was the fastest
+// of the shapes measured (bench/results/2026-12-02-embedding-forward-variants-h200.md).
 template <typename T, int W>
 __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe, int64_t units,
@@ -96,12 +95,10 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 }
 
 // The stable sort of the rows by key, as a bucket sort (the same output as a stable radix sort: keys ascending,
-// each key's rows ascending). cub's radix sort spent about 30 µs on 16384 rows of GPT-2's vocab (two onesweep
-// passes of 11 µs on 2 blocks each, a histogram and a scan: latency, not bandwidth). Against it, this one took
-// the backward from 74 to 57 µs on uniform ids, and from 72 to 70 on Zipf ids, where a few buckets hold
-// thousands of rows (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its ranking grows with the square
-// of the largest bucket (step 3: every row one id costs about n² / 32 shuffles, ~30 µs at 16384 rows), so above
-// kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
+// each key's rows ascending). cub's radix sort is bound by latency at these sizes (several passes of few blocks);
+// the bucket sort is faster up to the limit below (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its
+// ranking grows with the square of the largest bucket (step 3: every row one id costs about n² / 32 shuffles), so
+// above kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
 // Step 1: keys[r] = backward_key(tokens[r]); slot[r] = r's place
 // among its key's rows in whatever order the integer atomics ran (counts zeroed before): one atomic per key a warp
 // holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
@@ -139,7 +136,7 @@ __global__ void embedding_backward_scatter(int32_t* __restrict__ bucket, const i
 // below r: the stable order. A bucket of up to kWalk rows each lane walks alone (uniform ids: 1 or 2). A longer
 // one (text's frequent ids: about 1400 of 16384 rows for GPT-2's most frequent id) the warp reads together, 32
 // entries a coalesced load (kBigLoads of them in flight), each lane counting the entries below its row through
-// shuffles: a lone walk of such a bucket waited on one load after another, 17-25 µs on Zipf ids. The rows of key
+// shuffles, so that the loads overlap (a lone walk waits on one load after another). The rows of key
 // V (padded / invalid, never summed) keep the atomics' order.
 constexpr int kWalk = 64, kBigLoads = 4;
 __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32_t* __restrict__ sorted_rows,
@@ -278,9 +275,8 @@ __device__ __forceinline__ void embedding_backward_wte_sorted_runs(
   if (i >= n) return;
   const int chunk = i / kChunk, pos = chunk * kChunk + lane;
   // One round of loads: the chunk's keys and rows, and (lane 0, when i starts the chunk) the key before it; i's
-  // key and the one before it come from those by shuffles. Loaded first on their own, those two keys put a second
-  // L2 round trip before the run's d_out loads: 46.0-46.2 µs against 47.0-48.4 on uniform ids at 16384 rows, 164
-  // against 174 at 65536 (bench/results/2026-12-02-embedding-key-loads-h200.md).
+  // key and the one before it come from those by shuffles. Loaded first on their own, those two keys would put a
+  // second L2 round trip before the run's d_out loads (bench/results/2026-12-02-embedding-key-loads-h200.md).
   const int32_t key = pos < n ? sorted_keys[pos] : a.V;
   const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
   const int at = i - chunk * kChunk;
@@ -363,14 +359,12 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
 }
 
 // d_wpe and pass 2 in one launch: blocks [0, wpe_blocks) take d_wpe's columns, the rest pass 2 (block b =
-// blockIdx.x - wpe_blocks is (b % runs_x, b / runs_x)). The two read the same d_out independently: 4-10 µs less
-// than two launches on the H200 at 16384 rows, before the launches were chained
-// (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched
-// as a programmatic dependent (see embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's
-// need nothing they wrote and do not wait. Each of their threads walks B rows, the longest chain of loads in the
-// launch, so they come first in the grid: there they start with the launch, beside the sort's last kernels; last,
-// they were the launch's tail (the backward at 16384 rows: 43 µs against 49,
-// bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
+// blockIdx.x - wpe_blocks is (b % runs_x, b / runs_x)). The two read the same d_out independently, so one launch
+// saves one (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched as a programmatic dependent (see
+// embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's need nothing they wrote and do not
+// wait. Each of their threads walks B rows, the longest chain of loads in the launch, so they come first in the
+// grid: there they start with the launch, beside the sort's last kernels, instead of being its tail
+// (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_runs_and_wpe(T* __restrict__ d_wte, T* __restrict__ d_wpe, const T* __restrict__ d_out,
@@ -513,9 +507,8 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   // before it (cuda::launch_dependent): it is launched while that one runs, and waits for its writes
   // (wait_for_primary_grid) before its first read of them; d_wpe's blocks of the last launch read nothing the chain
   // writes and never wait. The kernels before the chain (the memset, the count or keys kernel, cub's) are ordinary
-  // launches, so the chain starts after everything earlier on the stream is done. Seven short kernels in a row each
-  // paid a launch and a ramp: chained, the backward took 52 µs against 57-58 on uniform ids on the H200 at 16384
-  // rows (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
+  // launches, so the chain starts after everything earlier on the stream is done. Chaining hides the launch and the
+  // ramp of each short kernel (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
   if (use_bucket_sort(n)) {
     TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
     embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,

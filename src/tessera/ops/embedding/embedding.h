@@ -69,7 +69,7 @@ void embedding_backward(const EmbeddingParams& p, const Tensor& d_wte, const Ten
 //   uniform ids (runs of 1-2 rows) only the first piece.
 //   d_wpe: one thread per (t, pack) sums over b in order and adds to d_wpe[pos_offset + t], in pass 2's launch.
 //   Above kEmbeddingBucketSortMaxRows rows the sort is cub's radix sort instead (same output): the bucket sort's
-//   ranking grows with the square of the largest bucket (every row one id: ~30 µs at 16384 rows on the H200).
+//   ranking grows with the square of the largest bucket (every row one id is the worst case).
 constexpr int kEmbeddingBucketSortMaxRows = 32768;
 // Scratch: embedding_backward_scratch_bytes(B*T, V, C) bytes of ctx.scratch (5 × B*T int32, 2 × (V + 1) int32, the
 // chunk partials ceil(B*T / 32) × C f32, and cub's prefix-sum or radix-sort storage).

@@ -65,18 +65,14 @@ void gemm(const GemmParams& p, const Tensor& c, const Tensor& a, const Tensor& b
   expect_matrix(b, op, "b", dt, p.b_rows(), p.b_cols(), p.ld_b(), p.batch, p.stride_b, ctx);
   expect_matrix(c, op, "c", dt, p.M, p.N, p.ld_c(), p.batch, p.stride_c, ctx);
   expect(bias, op, "bias", dt, p.N, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    gemm_cuda(p, dt, c.data(), a.data(), b.data(), bias.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    for (int i = 0; i < p.batch; ++i)
-      gemm_ref<T>(p, c.as<T>() + i * p.stride_c, a.as<T>() + i * p.stride_a, b.as<T>() + i * p.stride_b,
-                  bias.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { gemm_cuda(p, dt, c.data(), a.data(), b.data(), bias.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        for (int i = 0; i < p.batch; ++i)
+          gemm_ref<T>(p, c.as<T>() + i * p.stride_c, a.as<T>() + i * p.stride_a, b.as<T>() + i * p.stride_b,
+                      bias.as<T>());
+      });
 }
 
 namespace {
@@ -103,10 +99,11 @@ void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre
   expect(out, op, "out", dt, MN, ctx);
   expect(pre, op, "pre", dt, MN, ctx);
   expect(bias, op, "bias", dt, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda() && gemm_gelu_forward_cuda(p, dt, out.data(), pre.data(), a.data(), b.data(), bias.data(), ctx))
+  // Where cuBLASLt has no fused algorithm (false), the GEMM and the GELU run apart, each routed on its own.
+  if (on_cuda(ctx, [&] {
+        return gemm_gelu_forward_cuda(p, dt, out.data(), pre.data(), a.data(), b.data(), bias.data(), ctx);
+      }))
     return;
-#endif
   gemm(p, pre, a, b, bias, ctx);
   activation_forward({.N = p.M, .d_ff = p.N, .kind = Activation::Gelu}, out, pre, Tensor(), ctx);
 }
@@ -119,16 +116,12 @@ void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c,
   TS_CHECK(p.M >= 0 && p.N >= 0, op, ": needs M, N >= 0");
   expect(d_c, op, "d_c", dt, static_cast<int64_t>(p.M) * p.N, ctx);
   expect(d_bias, op, "d_bias", dt, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    bias_grad_cuda(p, dt, d_bias.data(), d_c.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    bias_grad_ref<T>(p.M, p.N, d_bias.as<T>(), d_c.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { bias_grad_cuda(p, dt, d_bias.data(), d_c.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        bias_grad_ref<T>(p.M, p.N, d_bias.as<T>(), d_c.as<T>());
+      });
 }
 
 }  // namespace tessera

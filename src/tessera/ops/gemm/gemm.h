@@ -74,9 +74,8 @@ void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c,
 // p as for gemm, restricted to alpha 1, beta 0, batch 1 and packed rows; pre and out (M, N) packed row-major in
 // the compute dtype. On the CPU (the reference): gemm, then activation_forward without a bias. On CUDA: one
 // cublasLtMatmul with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (pre is its aux output); the CPU's two ops when cuBLASLt has
-// no algorithm with that epilogue (N % 8 != 0, unaligned pointers). (The backward's CUBLASLT_EPILOGUE_DGELU was
-// tried and was no faster than the product followed by activation_backward: 2626 against 2637 µs over the 12 layers
-// of a gpt2-124m step, B 16, T 1024, on the H200; the model runs the latter, in place, which is simpler.)
+// no algorithm with that epilogue (N % 8 != 0, unaligned pointers). The backward uses no DGELU epilogue: the product
+// followed by activation_backward, in place, is simpler and as fast (bench/results/2026-11-30-step-fusions-h200.md).
 void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
                        const Tensor& bias, Context& ctx);
 

@@ -49,16 +49,16 @@ void cross_entropy_forward(const CrossEntropyParams& p, const Tensor& losses, co
                            const Tensor& targets, Context& ctx) {
   constexpr const char* op = "cross_entropy_forward";
   const DType dt = check_ce_forward(op, p, losses, lse, logits, targets, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    cross_entropy_forward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(), targets.as<int32_t>(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    cross_entropy_forward_ref<T>(p, losses.as<T>(), lse.as<T>(), logits.as<T>(), targets.as<int32_t>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        cross_entropy_forward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(), targets.as<int32_t>(),
+                                   ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        cross_entropy_forward_ref<T>(p, losses.as<T>(), lse.as<T>(), logits.as<T>(), targets.as<int32_t>());
+      });
 }
 
 void cross_entropy_loss_sum(const CrossEntropyParams& p, const Tensor& sum_mean, const Tensor& count,
@@ -70,14 +70,12 @@ void cross_entropy_loss_sum(const CrossEntropyParams& p, const Tensor& sum_mean,
   expect(targets, op, "targets", DType::I32, p.N, ctx);
   expect(sum_mean, op, "sum_mean", st, 2, ctx);
   expect(count, op, "count", DType::I32, 1, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    TS_CHECK(st == DType::F32, op, ": CUDA losses are f32");
-    cross_entropy_loss_sum_cuda(p, sum_mean.as<float>(), count.as<int32_t>(), losses.as<float>(),
-                                targets.as<int32_t>(), ctx);
+  if (on_cuda(ctx, [&] {
+        TS_CHECK(st == DType::F32, op, ": CUDA losses are f32");
+        cross_entropy_loss_sum_cuda(p, sum_mean.as<float>(), count.as<int32_t>(), losses.as<float>(),
+                                    targets.as<int32_t>(), ctx);
+      }))
     return;
-  }
-#endif
   // The host sums in row order in f64, as the CPU model always has.
   const int32_t* y = targets.as<int32_t>();
   double sum = 0;
@@ -109,13 +107,11 @@ void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits,
   expect(targets, op, "targets", DType::I32, p.N, ctx);
   expect(lse, op, "lse", st, p.N, ctx);
   expect(count, op, "count", DType::I32, 1, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    cross_entropy_backward_cuda(p, dt, d_logits.data(), logits.data(), lse.as<float>(), targets.as<int32_t>(),
-                                static_cast<float>(d_loss), count.as<int32_t>(), ctx);
+  if (on_cuda(ctx, [&] {
+        cross_entropy_backward_cuda(p, dt, d_logits.data(), logits.data(), lse.as<float>(), targets.as<int32_t>(),
+                                    static_cast<float>(d_loss), count.as<int32_t>(), ctx);
+      }))
     return;
-  }
-#endif
   const double scale = count.defined() ? d_loss / std::max(count.as<int32_t>()[0], 1) : d_loss;
   dispatch_ref(dt, op, [&](auto t) {
     using T = decltype(t);
@@ -129,18 +125,19 @@ void cross_entropy_forward_backward(const CrossEntropyParams& p, const Tensor& l
   constexpr const char* op = "cross_entropy_forward_backward";
   const DType dt = check_ce_forward(op, p, losses, lse, logits, targets, ctx);
   expect(count, op, "count", DType::I32, 1, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    cross_entropy_forward_backward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(),
-                                        targets.as<int32_t>(), static_cast<float>(d_loss), count.as<int32_t>(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    count.as<int32_t>()[0] = static_cast<int32_t>(cross_entropy_forward_backward_ref<T>(
-        p, losses.as<T>(), lse.as<T>(), logits.as<T>(), targets.as<int32_t>(), d_loss));
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        cross_entropy_forward_backward_cuda(p, dt, losses.as<float>(), lse.as<float>(), logits.data(),
+                                            targets.as<int32_t>(), static_cast<float>(d_loss), count.as<int32_t>(),
+                                            ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        count.as<int32_t>()[0] =
+            static_cast<int32_t>(cross_entropy_forward_backward_ref<T>(p, losses.as<T>(), lse.as<T>(), logits.as<T>(),
+                                                                       targets.as<int32_t>(), d_loss));
+      });
 }
 
 }  // namespace tessera

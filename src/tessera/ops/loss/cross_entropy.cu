@@ -234,7 +234,7 @@ size_t fused_row_smem_bytes(int V, size_t elem_bytes) {
   return (static_cast<size_t>(V) + 16 / elem_bytes) * elem_bytes;
 }
 
-// Blocks per SM the fused kernel is built for: 2 rows of ~100 KB (bf16, V = 50257) fill an H200's 228 KB, and 2 ×
+// Blocks per SM the fused kernel is built for: 2 rows of ~100 KB (bf16, V = 50257) fill a Hopper SM's 228 KB, and 2 ×
 // 512 threads keeps registers at ≤ 64 a thread. While one block waits for its row, the other computes and stores.
 constexpr int kFusedBlocksPerSm = 2;
 
@@ -274,8 +274,7 @@ __global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entrop
   // row at hand the online update's compare, branch and accurate expf per element are not needed: this kernel is
   // as much instruction-bound as memory-bound (gpt2-124m: 50304 logits a row, two exponentials each). exp(d) is
   // exp2f(d log2 e) of the difference d, so that d = 0 gives exactly 1 (a V = 1 row's gradient is exactly 0; the
-  // FFMA form z log2 e - m log2 e left ~1e-7 there, and failed the f32 test on the H200). Each pass merges over the
-  // block in a fixed order.
+  // FFMA form z log2 e - m log2 e leaves ~1e-7 there). Each pass merges over the block in a fixed order.
   __shared__ float sm_a[32], sm_b[32], sm_bcast;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   constexpr float kLog2e = 1.4426950408889634f;

@@ -48,16 +48,16 @@ void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mea
   expect(b, op, "b", dt, p.C, ctx, /*optional=*/true);
   expect(mean, op, "mean", st, p.N, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    layernorm_forward_cuda(p, dt, out.data(), mean.as<float>(), rstd.as<float>(), x.data(), w.data(), b.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    layernorm_forward_ref<T>(p, out.as<T>(), mean.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>(), b.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        layernorm_forward_cuda(p, dt, out.data(), mean.as<float>(), rstd.as<float>(), x.data(), w.data(), b.data(),
+                               ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        layernorm_forward_ref<T>(p, out.as<T>(), mean.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>(), b.as<T>());
+      });
 }
 
 void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_b,
@@ -75,18 +75,17 @@ void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_
   expect(d_b, op, "d_b", dt, p.C, ctx, /*optional=*/true);
   expect(mean, op, "mean", st, p.N, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    layernorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
-                            mean.as<float>(), rstd.as<float>(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    layernorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_b.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(),
-                              mean.as<T>(), rstd.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        layernorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
+                                mean.as<float>(), rstd.as<float>(), ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        layernorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_b.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(),
+                                  mean.as<T>(), rstd.as<T>());
+      });
 }
 
 void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
@@ -99,16 +98,12 @@ void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd,
   expect(out, op, "out", dt, NC, ctx);
   expect(w, op, "w", dt, p.C, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    rmsnorm_forward_cuda(p, dt, out.data(), rstd.as<float>(), x.data(), w.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    rmsnorm_forward_ref<T>(p, out.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { rmsnorm_forward_cuda(p, dt, out.data(), rstd.as<float>(), x.data(), w.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        rmsnorm_forward_ref<T>(p, out.as<T>(), rstd.as<T>(), x.as<T>(), w.as<T>());
+      });
 }
 
 void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
@@ -123,16 +118,15 @@ void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w,
   expect(w, op, "w", dt, p.C, ctx);
   expect(d_w, op, "d_w", dt, p.C, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    rmsnorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.as<float>(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    rmsnorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(), rstd.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        rmsnorm_backward_cuda(p, dt, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.as<float>(), ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        rmsnorm_backward_ref<T>(p, d_x.as<T>(), d_w.as<T>(), d_out.as<T>(), x.as<T>(), w.as<T>(), rstd.as<T>());
+      });
 }
 
 void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualParams& rp, const Tensor& mid,
@@ -154,13 +148,11 @@ void norm_residual_forward(const NormParams& p, bool layernorm, const ResidualPa
   expect(b, op, "b", dt, p.C, ctx, /*optional=*/true);
   if (layernorm) expect(mean, op, "mean", st, p.N, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    norm_residual_forward_cuda(p, dt, rp, mid.data(), out.data(), layernorm ? mean.as<float>() : nullptr,
-                               rstd.as<float>(), residual.data(), y.data(), bias.data(), w.data(), b.data(), ctx);
+  if (on_cuda(ctx, [&] {
+        norm_residual_forward_cuda(p, dt, rp, mid.data(), out.data(), layernorm ? mean.as<float>() : nullptr,
+                                   rstd.as<float>(), residual.data(), y.data(), bias.data(), w.data(), b.data(), ctx);
+      }))
     return;
-  }
-#endif
   residual_forward(rp, mid, residual, y, bias, ctx);
   if (layernorm) layernorm_forward(p, out, mean, rstd, mid, w, b, ctx);
   else rmsnorm_forward(p, out, rstd, mid, w, ctx);
@@ -184,14 +176,12 @@ void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d
   expect(res.d_bias, op, "d_bias", dt, p.C, ctx, /*optional=*/true);
   if (layernorm) expect(mean, op, "mean", st, p.N, ctx);
   expect(rstd, op, "rstd", st, p.N, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    norm_residual_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
-                                layernorm ? mean.as<float>() : nullptr, rstd.as<float>(), res.p, res.d_y.data(),
-                                res.d_bias.data(), ctx);
+  if (on_cuda(ctx, [&] {
+        norm_residual_backward_cuda(p, dt, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
+                                    layernorm ? mean.as<float>() : nullptr, rstd.as<float>(), res.p, res.d_y.data(),
+                                    res.d_bias.data(), ctx);
+      }))
     return;
-  }
-#endif
   if (layernorm) layernorm_backward(p, d_x, d_w, d_b, d_out, x, w, mean, rstd, ctx);
   else rmsnorm_backward(p, d_x, d_w, d_out, x, w, rstd, ctx);
   residual_backward(res.p, res.d_y, res.d_bias, d_x, ctx);

@@ -17,9 +17,8 @@ using cuda::to_f32;
 // Both directions use the same layout. A row is taken by a group of G threads (G a power of two, 32 .. 256) and
 // a block of kThreads holds R = kThreads / G groups, i.e. R rows in flight. A row is cut into units of U elements
 // (U = one 16-byte pack when the row allows it, else 1); thread t of a group owns units t, t + G, ..., at most
-// kUnits(U) of them, and keeps them in registers: every load of a row is issued before the first reduction
-// (measured on the H200: a loop that reloads the row for its second pass, one load in flight per lane, ran at
-// 54% of the copy bandwidth for (16384, 768) bf16), and the row is read from memory once.
+// kUnits(U) of them, and keeps them in registers: every load of a row is issued before the first reduction (a loop
+// that reloads the row for its second pass keeps one load in flight per lane), and the row is read from memory once.
 constexpr int kThreads = 256;
 // Units per thread: 16 scalars, 4 packs of 4 f32 or 3 packs of 8 16-bit values, so that C = kNormMaxC fits in a
 // block of kThreads and a thread's registers (the backward holds d_out and x of its units as packed values, and
@@ -91,12 +90,11 @@ struct ResidualHead {
 
 // x, out: (N, C); mean, rstd: (N) f32. One pass: Σ(x - x0) and Σ(x - x0)² together, shifted by the row's first
 // element so that a large common offset does not cancel the variance away; then out from the registers.
-// With the residual fused the kernel loads no row ahead: two rows of residual and y took about 100 registers for bf16
-// rows, 2 blocks per SM, and the fused op ran at 49 us for (16384, 768) bf16 where residual + norm took 29 + 24
-// (bounded to 3 blocks per SM, it spilled 212 bytes). One row of two inputs in flight per group, at 3 blocks per SM,
-// keeps as many bytes in flight as the norm alone with its row ahead (packed rows; the scalar path would spill).
-// The norm alone on packed rows is bounded to 4 blocks per SM (64 registers, no spill): it held 78 and ran 3 blocks,
-// 34% occupancy, stalled on memory latency (ncu on the H200, (16384, 768) bf16); bounded, 16.0 µs against 17.5.
+// With the residual fused the kernel loads no row ahead: two rows of residual and y cost too many registers (2 blocks
+// per SM, or spills at 3; bench/results/2026-11-30-fused-norm-residual-h200.md). One row of two inputs in flight per
+// group, at 3 blocks per SM, keeps as many bytes in flight as the norm alone with its row ahead (packed rows; the
+// scalar path would spill). The norm alone on packed rows is bounded to 4 blocks per SM (64 registers, no spill):
+// unbounded it ran 3, stalled on memory latency.
 template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
     norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
@@ -109,8 +107,8 @@ __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
     if (res.stream_base && res.dropout > 0.0f) res.stream += *res.stream_base;
     x = res.residual;
   }
-  // The group's next row is loaded while this one is reduced and written (two rows in flight per group: with one,
-  // ncu showed the kernel stalled on memory latency at 50% occupancy, (16384, 768) bf16 on the H200).
+  // The group's next row is loaded while this one is reduced and written: two rows in flight per group, as one row
+  // leaves the kernel stalled on memory latency.
   auto load_row = [&](int row, cuda::RawUnit<T, U> (&dst)[K], cuda::RawUnit<T, U> (&dst_y)[KY], float& first) {
     if (row >= N) return;
     const T* xr = x + static_cast<size_t>(row) * C;
@@ -241,10 +239,10 @@ __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
 // group reduction per row for the two sums. Each thread sums its columns' d_w (d_out * xhat) and d_b (d_out) over
 // the rows it sees in f32, in shared memory that only it touches (acc: a row of 2 K U + 1 floats per thread, d_w's
 // then d_b's; the odd length puts a warp's 32 accesses in 32 banks, and the offsets are compile-time constants, which
-// a [K U][thread] layout's runtime stride G was not): in registers these sums took 48 of 128 registers and held the
-// kernel to 2 blocks per SM, 25% occupancy, stalled on memory latency (ncu on the H200, (16384, 768) bf16). The
-// registers freed now load d_x together with d_out and x: one memory round trip per row, not two. (3 blocks per SM
-// would cap registers at 80: the bf16 instance then spills, as ptxas -v shows, so the bound stays at 2.)
+// a [K U][thread] layout's runtime stride G was not): in registers these sums would take a third of the kernel's
+// registers and its occupancy with them. The registers this frees load d_x together with d_out and x: one memory
+// round trip per row, not two. (3 blocks per SM would cap registers at 80: the bf16 instance then spills, as
+// ptxas -v shows, so the bound stays at 2.)
 // At the end the R groups of the block add theirs in group order, and the block writes one row of partial_w /
 // partial_b (gridDim.x, C) f32, which norm_param_grad_reduce adds in a fixed order: deterministic, no atomics.
 // With the residual backward fused in (kRes), each thread's row also holds the residual bias sums: 3 K U + 1.
@@ -374,15 +372,11 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 
 // d_w[c] += Σ_blocks partial_w[block, c], and d_b likewise (blockIdx.y: 0 for w, 1 for b). Block (32 columns,
 // 32 lanes): lane y sums blocks y, y + 32, ... in order, all its loads issued at once, then a warp adds a column's
-// 32 lane sums in a fixed tree: the same order on every run. (8 lanes left each thread a chain of blocks / 8
-// dependent loads: 4.9 µs for 528 x 768 x 2 partials, 10% occupancy; 32 lanes with 4 loads in flight still took
-// 5.4 µs for 264 x 768 x 2, no warp eligible in 85% of cycles: ncu on the H200; issuing them all at once moved
-// the bench's LayerNorm backward by less than its noise, 35.8-36.1 µs against 35.9-36.4.)
+// 32 lane sums in a fixed tree: the same order on every run. (Fewer lanes leave each thread a longer chain of
+// dependent loads.)
 // Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so that its launch and ramp
-// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead (counted in buckets of
-// 16 blocks, the last of each bucket summing its rows, the last bucket the bucket sums) ran 52 µs against 38
-// (2026-12-01-copy-size-and-pdl-h200.md), and the last 48 blocks waiting for the rest 39.0 against 37.6
-// (2026-12-01-one-wave-tails-h200.md).
+// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead was slower
+// (bench/results/2026-12-01-copy-size-and-pdl-h200.md, bench/results/2026-12-01-one-wave-tails-h200.md).
 // Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
 static_assert(kReduceLanes == 32, "a warp adds a column's lane sums: one lane sum per lane");

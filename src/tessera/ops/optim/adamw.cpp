@@ -106,13 +106,11 @@ void adamw_step(const AdamWParams& p, const AdamWSegmentTable& table, const Tens
   expect(m, op, "m", DType::F32, n, ctx);
   expect(v, op, "v", DType::F32, n, ctx);
   expect(grad_norm, op, "grad_norm", DType::F32, 1, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    adamw_step_cuda(p, table, dt, params.data(), grads.data(), master.as<float>(), m.as<float>(), v.as<float>(),
-                    grad_norm.as<float>(), ctx, device_scalars);
+  if (on_cuda(ctx, [&] {
+        adamw_step_cuda(p, table, dt, params.data(), grads.data(), master.as<float>(), m.as<float>(), v.as<float>(),
+                        grad_norm.as<float>(), ctx, device_scalars);
+      }))
     return;
-  }
-#endif
   // The reference clips over the whole buffer; gaps between segments are zero in a CPU model (no padding there).
   float* g = grads.as<float>();
   const double norm = grad_norm_ref(g, static_cast<size_t>(n)) / p.grad_scale;

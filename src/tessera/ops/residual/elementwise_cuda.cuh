@@ -96,7 +96,7 @@ __device__ __forceinline__ void dropout_factors_w(uint64_t seed, uint64_t stream
 // column sums over its rows as one row of `partial` (row blockIdx.y, `width` floats), then calls
 // last_block_of_chunk: the last block of the chunk to arrive adds the chunk's rows in group order into the output
 // (column_partials_add), so the sum has a fixed order (deterministic, no float atomics) and needs no second kernel,
-// whose launch and ramp cost 4-7 µs beside a 15 µs kernel (ncu on the H200, (16384, 768) bf16).
+// whose launch and ramp would be a large part of a short kernel's time.
 //
 // Arrival is counted in *counter (Context::arrival_counters(), one per chunk: blockIdx.x), zero before the launch;
 // the last block sets it back to zero for the next one. Returns true in that block only (uniform over the block).
@@ -198,10 +198,9 @@ int blocks_per_sm() {
 }
 
 // Row groups for a (column chunks × row groups) grid that the GPU holds in one wave (each block then loops over
-// its rows): fewer partial rows for the fused column sums to add, and no partial last wave. Measured on the H200
-// ((16384, 3072) bf16, GELU backward with its bias sums): 84.8 µs in one wave of 5 blocks per SM, 90.5 and 96.3 µs
-// with grids 4 and 8 blocks per SM deep. Never more groups than row tiles of rows_per_block, nor than a grid's y
-// limit.
+// its rows): fewer partial rows for the fused column sums to add, and no partial last wave; one wave beat deeper
+// grids (bench/results/2026-12-01-one-wave-tails-h200.md). Never more groups than row tiles of rows_per_block, nor
+// than a grid's y limit.
 inline int one_wave_row_groups(int N, int col_chunks, int rows_per_block, int blocks_per_sm, int sm_count) {
   const int tiles = std::max(1, static_cast<int>(ceil_div(N, rows_per_block)));
   const int resident = blocks_per_sm * sm_count;

@@ -34,16 +34,12 @@ void residual_forward(const ResidualParams& p, const Tensor& out, const Tensor& 
   expect(residual, op, "residual", dt, NC, ctx);
   expect(out, op, "out", dt, NC, ctx);
   expect(bias, op, "bias", dt, p.C, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    residual_forward_cuda(p, dt, out.data(), residual.data(), x.data(), bias.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    residual_forward_ref<T>(p, out.as<T>(), residual.as<T>(), x.as<T>(), bias.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { residual_forward_cuda(p, dt, out.data(), residual.data(), x.data(), bias.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        residual_forward_ref<T>(p, out.as<T>(), residual.as<T>(), x.as<T>(), bias.as<T>());
+      });
 }
 
 void residual_backward(const ResidualParams& p, const Tensor& d_x, const Tensor& d_bias, const Tensor& d_out,
@@ -55,16 +51,12 @@ void residual_backward(const ResidualParams& p, const Tensor& d_x, const Tensor&
   expect(d_out, op, "d_out", dt, NC, ctx);
   expect(d_x, op, "d_x", dt, NC, ctx);
   expect(d_bias, op, "d_bias", dt, p.C, ctx, /*optional=*/true);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    residual_backward_cuda(p, dt, d_x.data(), d_bias.data(), d_out.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    residual_backward_ref<T>(p, d_x.as<T>(), d_bias.as<T>(), d_out.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { residual_backward_cuda(p, dt, d_x.data(), d_bias.data(), d_out.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        residual_backward_ref<T>(p, d_x.as<T>(), d_bias.as<T>(), d_out.as<T>());
+      });
 }
 
 }  // namespace tessera

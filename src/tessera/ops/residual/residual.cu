@@ -14,10 +14,9 @@ constexpr int kThreads = 256;
 constexpr int kBatch = 4;  // rows each backward thread loads before it stores
 // Column units (of W elements) per backward block, threadIdx.x; the block's other kThreads / tile_cols rows are
 // threadIdx.y. Packs: 8 units (128 bytes of a row), 32 rows. The last block of a column chunk adds the chunk's
-// partial rows, one per row group: with 8 units a chunk is 64 columns (bf16) of 33 groups at (16384, 768), against
-// 256 columns of 132 groups with 32 units and 8 rows, and the kernel went from 19.5-20.0 to 18.4-18.6 µs (bench
-// kernels, H200: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md; 16 units: 18.7-19.3). Single
-// elements keep 32 units, so that a warp's row segment stays 32 elements wide.
+// partial rows, one per row group: with 8 units a chunk is 64 columns (bf16), with fewer groups to add than 32
+// units and 8 rows give (measured faster: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md).
+// Single elements keep 32 units, so that a warp's row segment stays 32 elements wide.
 template <int W>
 constexpr int tile_cols() { return W > 1 ? 8 : 32; }
 
@@ -62,9 +61,9 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 // row lanes are summed in shared memory in ty order into partial[group, c]; the chunk's last block adds the groups'
 // rows in order into d_bias (cuda::last_block_of_chunk, counters: one per chunk). A fixed order, so d_bias is the
 // same on every run. d_x may alias d_out.
-// The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): with f32 copies the kernel took
-// 96 registers, 2 blocks per SM (25% occupancy), and ran at half the copy bandwidth (ncu on the H200, (16384, 768)
-// bf16); 3 blocks per SM cap it at 80 (the bf16 instance then spills 12 bytes, against 103 registers uncapped).
+// The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): f32 copies cost registers and
+// occupancy (bench/results/2026-12-02-embedding-columns-and-residual-tail-h200.md); 3 blocks per SM cap it at 80
+// registers.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, 3)
     residual_backward_row_tiles(T* d_x, T* __restrict__ d_bias, float* __restrict__ partial,
