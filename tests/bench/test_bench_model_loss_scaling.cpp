@@ -55,7 +55,7 @@ ModelBenchConfig config(int steps) {
 }
 
 ModelBenchRow run(ModelBenchConfig bc, Seen& seen, int64_t plant_at = 0) {
-  bc.before_optimizer_step = [&seen, plant_at](int64_t step, Gpt& m) {
+  bc.before_optimizer_step = [&seen, plant_at](int64_t step, Model& m) {
     seen.params[step] = m.params().read_f32(m.context());
     seen.loss[step] = m.read_loss();
     if (step == plant_at) m.params().host_grad<float>()[7] = std::numeric_limits<float>::infinity();

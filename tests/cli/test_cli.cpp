@@ -19,6 +19,7 @@
 
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "cli/cli_run.h"

@@ -41,7 +41,7 @@ inline TrainOptions tiny_run(const std::filesystem::path& d, const std::string& 
 }
 
 // Writes an f16 +inf into an element of the first parameter segment's gradient (on the device).
-inline void plant_inf_f16(Gpt& m) {
+inline void plant_inf_f16(Model& m) {
   ASSERT_EQ(m.params().dtype(), DType::F16);
   const size_t at = m.params().segments().front().offset + 3;
   const uint16_t inf = 0x7c00u;

@@ -1,5 +1,6 @@
 // Bias + GELU / ReLU / SwiGLU: the CUDA kernels against the f64 reference, through the Tensor-level entries.
 #include "cuda_test_util.h"
+#include "tessera/models/gpt.h"
 #include "tessera/ops/activation/activation.h"
 
 namespace tessera::test {

@@ -18,6 +18,7 @@
 #include "cuda_test_util.h"
 #include "cuda_train_util.h"
 #include "tessera/bench/model.h"
+#include "tessera/bench/memory_timeline.h"
 #include "tessera/core/cuda_graph.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
@@ -160,7 +161,7 @@ TEST(CudaGraphStep, F16PlantedOverflowSkipsAndRecapturesLikeEager) {
   TrainOptions o = changing_every_step(d, "f16", kSteps);
   o.loss_scale_init = 1024.0;  // the tiny model does not overflow by itself there (test_loss_scaling_cuda.cpp)
   TrainControl c;
-  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+  c.before_optimizer_step = [&](int64_t step, Model& m) {
     if (step == kPlant) plant_inf_f16(m);
   };
   const Runs r = train_both(d, o, c);
@@ -232,7 +233,11 @@ TEST(CudaGraphStep, MemoryTimelineMeasuresItsStepEagerly) {
   TrainOptions o = changing_every_step(d, "bf16", kSteps);
   o.memory_timeline = (d / "m.png").string();
   o.trace_step = 3;
-  const Runs r = train_both(d, o);
+  TrainControl c;
+  c.on_memory_timeline = [&](const std::vector<MemoryTimelinePoint>& points, const std::string& title) {
+    write_memory_timeline(o.memory_timeline, (d / "m.csv").string(), points, title);
+  };
+  const Runs r = train_both(d, o, c);
   expect_identical(r, kSteps);
   EXPECT_EQ(r.graph.graph_steps, kSteps - 2) << "step 1 (eager set-up) and the measured step 3 run eagerly";
   std::ifstream csv(d / "m.csv");
@@ -295,7 +300,7 @@ TEST(CudaGraphStep, BenchModelF16StepsWithTrainsLossScaling) {
     ModelBenchConfig bc{.batch = 2, .seq = 64, .dtype = DType::F16, .warmup = 2, .steps = 6, .cuda_graph = graph};
     bc.fwd = bc.fwd_bwd = !step_only;
     bc.loss_scaler = {.init_scale = init, .growth_interval = 1000};
-    bc.before_optimizer_step = [&r, plant_at](int64_t step, Gpt& m) {
+    bc.before_optimizer_step = [&r, plant_at](int64_t step, Model& m) {
       r.params[step] = m.params().read_f32(m.context());
       r.loss[step] = m.read_loss();
       if (step == plant_at) plant_inf_f16(m);

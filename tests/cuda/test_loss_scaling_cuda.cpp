@@ -47,7 +47,7 @@ TEST(CudaLossScaling, F16SkipsAPlantedOverflowAndHalvesTheScale) {
   o.loss_scale_init = 1024.0;  // small enough that the tiny model does not overflow by itself (checked below)
   std::vector<std::vector<float>> before(o.steps + 2);
   TrainControl c;
-  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+  c.before_optimizer_step = [&](int64_t step, Model& m) {
     before[step] = m.params().read_f32(m.context());  // the f32 master weights
     if (step == kPlantStep) plant_inf_f16(m);
   };

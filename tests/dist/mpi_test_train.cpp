@@ -28,6 +28,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/dist/data_parallel.h"
 #include "tessera/dist/zero.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/trainer.h"
@@ -156,8 +157,8 @@ class Training : public ::testing::TestWithParam<Backend> {
 
   // The same run on every rank, data parallel.
   DistRun parallel(TrainOptions o, const DataParallelOptions& d, const std::string& tag,
-                  std::function<void(int64_t, Gpt&)> before_optimizer_step = {},
-                  std::function<void(int64_t, Gpt&)> before_grad_sync = {}) {
+                  std::function<void(int64_t, Model&)> before_optimizer_step = {},
+                  std::function<void(int64_t, Model&)> before_grad_sync = {}) {
     o.world_size = N();
     o.out = (dir_ / tag).string();
     TrainSetup setup = train_setup(o);
@@ -262,7 +263,7 @@ TEST_P(Training, LossScalingSkipsTheSameStepOnEveryRank) {
   o.loss_scaling = true;
   o.loss_scale_init = 1024;
   o.loss_scale_interval = 1000;
-  auto plant = [&](int64_t step, Gpt& m) {
+  auto plant = [&](int64_t step, Model& m) {
     if (step != 2) return;
     const float inf = std::numeric_limits<float>::infinity();
     const size_t at = m.params().segments().back().offset;
@@ -297,7 +298,7 @@ TEST_P(Training, OneRanksOverflowSkipsTheStepOnEveryRank) {
   o.loss_scaling = true;
   o.loss_scale_init = 1024;
   o.loss_scale_interval = 1000;
-  auto plant_on_last_rank = [&](int64_t step, Gpt& m) {
+  auto plant_on_last_rank = [&](int64_t step, Model& m) {
     if (step != 2 || rank() != N() - 1) return;
     const float inf = std::numeric_limits<float>::infinity();
     const size_t at = m.params().segments().back().offset;

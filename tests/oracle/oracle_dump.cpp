@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tessera/core/error.h"
+#include "tessera/models/gpt.h"
 #include "tessera/ops/optim/adamw.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/safetensors.h"

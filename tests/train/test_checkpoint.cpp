@@ -11,6 +11,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/safetensors.h"
@@ -220,7 +221,7 @@ TEST(Checkpoint, SaveHostBytesIsTheLargestTransposedTensor) {
 
 // Runs save_checkpoint in a child process with TESSERA_FAULT_INJECT=`faults`. Returns the signal that killed
 // it, or 0 when it finished. (The child only writes files: no OpenMP after fork.)
-int save_in_child(const std::string& dir, const Gpt& model, const TrainState& state, const std::string& faults) {
+int save_in_child(const std::string& dir, const Model& model, const TrainState& state, const std::string& faults) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {

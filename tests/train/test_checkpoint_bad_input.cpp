@@ -15,6 +15,7 @@
 #include "cli/cli_run.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/safetensors.h"
 #include "tessera/train/trainer.h"

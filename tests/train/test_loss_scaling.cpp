@@ -196,7 +196,7 @@ TEST(LossScaling, PlantedOverflowSkipsTheStepAndHalvesTheScale) {
   o.loss_scale_interval = 2;
   std::vector<std::vector<float>> before_step(8);  // the parameters each step's optimizer starts from
   TrainControl c;
-  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+  c.before_optimizer_step = [&](int64_t step, Model& m) {
     before_step[step] = m.params().read_f32(m.context());
     if (step == 3) m.params().host_grad<float>()[7] = std::numeric_limits<float>::infinity();
   };
@@ -319,7 +319,7 @@ TEST(Diverged, ANonFiniteGradientStopsTheRunBeforeItOverwritesTheCheckpoint) {
   o.ckpt_every = 1;
   o.out = (d / "run").string();
   TrainControl c;
-  c.before_optimizer_step = [&](int64_t step, Gpt& m) {
+  c.before_optimizer_step = [&](int64_t step, Model& m) {
     if (step == 3) m.params().host_grad<float>()[7] = std::numeric_limits<float>::infinity();
   };
   try {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/trainer.h"
@@ -33,7 +34,7 @@ std::vector<uint16_t> random_tokens(size_t n, uint64_t seed) {
 }
 
 // The mean loss over the windows [k*T, k*T + T] for k < windows, one forward each.
-double direct_loss(Gpt& m, const std::vector<uint16_t>& tokens, int T, size_t windows) {
+double direct_loss(Model& m, const std::vector<uint16_t>& tokens, int T, size_t windows) {
   double sum = 0;
   std::vector<int32_t> x(T), y(T);
   for (size_t k = 0; k < windows; ++k) {

@@ -11,7 +11,7 @@
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/models/config.h"
-#include "tessera/models/gpt.h"
+#include "tessera/models/model.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/embedding/embedding.h"
 #include "tessera/ops/loss/cross_entropy.h"
@@ -292,7 +292,8 @@ std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h) {
   Context& ctx = h.context();
   TS_CHECK(cfg.size != BenchSize::Large, "bench optimizer: --size large applies to bench kernels only");
   const std::string preset = cfg.size == BenchSize::Full ? "gpt2-124m" : "tiny";
-  Gpt model(model_preset(preset), ctx, cfg.dtype);
+  const std::unique_ptr<Model> owned = make_model(model_preset(preset), ctx, cfg.dtype);
+  Model& model = *owned;
   ParamBuffer& params = model.params();
   Rng rng(/*seed=*/124439808);
   const int64_t n = static_cast<int64_t>(params.size());

@@ -54,7 +54,7 @@ struct BenchRow {
 // embedding fwd/bwd (also without a position table, and on Zipf ids), layernorm fwd/bwd, residual fwd/bwd, gelu
 // fwd/bwd, swiglu fwd/bwd, cross-entropy fwd+bwd (the families in cfg.only, or all).
 std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h);
-// adamw step over the flat buffers of gpt2-124m (full) or tiny (small), built by Gpt on the harness's context.
+// adamw step over the flat buffers of gpt2-124m (full) or tiny (small), built by Model on the harness's context.
 std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h);
 
 }  // namespace tessera

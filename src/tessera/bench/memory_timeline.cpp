@@ -6,7 +6,6 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
-#include "tessera/models/gpt_plan.h"
 
 namespace tessera {
 
@@ -35,35 +34,6 @@ int PlotLayout::event_x(int event, int n_events) const {
 
 int PlotLayout::bytes_y(double bytes) const {
   return y1 - static_cast<int>(std::lround(bytes / y_max * (y1 - y0)));
-}
-
-std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t optimizer_state_bytes,
-                                                        const std::vector<size_t>& measured_at_phase_end) {
-  // The legend names what the band holds: it said "params, grads, adamw state" also where the gradients are planned
-  // in the arena (train without --accum, bench model), and so counted in the live activations, not here.
-  const ParamBuffer& params = model.params();
-  const size_t static_bytes = params.bytes() + optimizer_state_bytes;
-  std::string holds = "params";
-  if (params.has_master()) holds += ", f32 master weights";
-  if (params.owns_grad()) holds += ", grads";
-  if (optimizer_state_bytes > 0) holds += ", adamw m and v";
-  const std::vector<size_t> live = model.current_plan().live_bytes();
-  const int L = model.config().n_layers, end = step_event(L, StepOp::End), bwd0 = step_event(L, StepOp::LossBwd);
-  std::vector<MemoryTimelinePoint> points;
-  for (int e = 0; e <= end; ++e) {
-    MemoryTimelinePoint p;
-    p.event = e;
-    const int phase = e < bwd0 ? 0 : e < end ? 1 : 2;
-    p.phase = phase == 0 ? "forward" : phase == 1 ? "backward" : "optimizer";
-    p.name = step_event_name(L, e);
-    p.activations_live = e < static_cast<int>(live.size()) ? live[static_cast<size_t>(e)] : 0;
-    p.static_bytes = static_bytes;
-    p.static_holds = holds;
-    p.arena = model.activation_peak();
-    if (static_cast<size_t>(phase) < measured_at_phase_end.size()) p.measured = measured_at_phase_end[phase];
-    points.push_back(std::move(p));
-  }
-  return points;
 }
 
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points) {

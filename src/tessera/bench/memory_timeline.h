@@ -15,7 +15,7 @@
 
 #include "tessera/bench/model.h"
 #include "tessera/bench/png.h"
-#include "tessera/models/gpt.h"
+#include "tessera/train/memory_record.h"
 
 namespace tessera {
 
@@ -32,13 +32,6 @@ inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}
     kColorStatic{200, 200, 200}, kColorPlanned{31, 60, 150}, kColorAllocated{200, 40, 40},
     kColorMeasured{20, 140, 60};
 
-// One point per event of a training step of `model` (its current plan): the plan's live bytes at the event (the
-// gradients among them when planned), the static bytes (ParamBuffer::bytes(): parameters, their own gradients if
-// any, master weights; and `optimizer_state_bytes`, AdamW's m and v, 0 without an optimizer) and what they hold,
-// the arena; measured_at_phase_end: the device memory at the end of the forward, the backward and the optimizer
-// (GPU), or empty.
-std::vector<MemoryTimelinePoint> memory_timeline_points(const Gpt& model, size_t optimizer_state_bytes,
-                                                        const std::vector<size_t>& measured_at_phase_end);
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points);
 // `title` as one line, or as two where it is wider than `max_width` pixels at the plot's text scale: broken after the
 // last ", " or before the last " (" that fits, else mid-word. The second line is not wrapped again.

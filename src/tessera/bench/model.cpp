@@ -15,10 +15,10 @@
 #include "tessera/core/error.h"
 #include "tessera/core/memory.h"
 #include "tessera/core/units.h"
-#include "tessera/models/gpt.h"
-#include "tessera/models/gpt_plan.h"
+#include "tessera/models/model.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/train/graph_step.h"
+#include "tessera/train/train_step.h"
 #include "tessera/train/optimizer.h"
 
 namespace tessera {
@@ -65,9 +65,9 @@ RegionTiming time_region(Context& ctx, const std::function<void()>& fn, int warm
 }
 
 // Weights for timing: norm gains 1, everything else uniform in ±0.02 from a hash of (segment, index), filled by
-// all cores. Gpt::init_weights draws N(0, 0.02) one element at a time on one core, which takes minutes for the
+// all cores. The model's init_weights draws N(0, 0.02) one element at a time on one core, which takes minutes for the
 // 2.7B model; the timing of a step does not depend on the values, only on their being ordinary numbers.
-void bench_init_weights(Gpt& model) {
+void bench_init_weights(Model& model) {
   ParamBuffer& pb = model.params();
   std::vector<float> w(pb.size(), 0.0f);
   for (const ParamSegment& seg : pb.segments()) {
@@ -120,7 +120,7 @@ PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType d
   // Parameters and master weights; the gradients are planned with the activations, as the bench runs the model.
   m.params = elems * (es + (es < 4 ? 4 : 0));
   m.optimizer = elems * 8;
-  m.activations = Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Planned);
+  m.activations = model_activation_bytes(cfg, B, T, dtype, GradMemory::Planned);
   return m;
 }
 
@@ -172,6 +172,66 @@ int model_bench_part_count(const ModelBenchConfig& bc) {
   return int{bc.fwd} + int{bc.fwd_bwd} + int{bc.step} + int{bc.trace || bc.memory_timeline};
 }
 
+namespace {
+
+// One step of a size recorded after its timed regions: a Chrome trace of it (with the phase ranges and the memory
+// counters) and the memory timeline's measured samples at the end of each phase, into row. A training step
+// whenever the optimizer exists; else forward and backward (or the forward alone) as the regions asked for.
+void record_step(Model& model, Context& ctx, size_t baseline, const ModelBenchConfig& bc, AdamW* opt,
+                 const TrainStepConfig& step_cfg, float lr, double scale, RngState& rng,
+                 const std::function<void()>& before_optimizer, const std::function<void()>& after_optimizer,
+                 ModelBenchRow& row) {
+  auto tracer = bc.trace ? std::make_shared<Tracer>(ctx) : nullptr;
+  model.set_tracer(tracer.get());
+  std::vector<size_t> at_phase_end;  // forward, backward, optimizer
+  auto sample = [&](const char* what) {
+    if (!ctx.is_cuda()) return;
+    ctx.synchronize();
+    const size_t used = used_above(ctx, baseline);
+    at_phase_end.push_back(used);
+    if (tracer) tracer->counter(std::string("device memory in use (measured) ") + what, static_cast<double>(used));
+  };
+  const bool full = opt != nullptr;  // a training step whenever the optimizer exists
+  const bool backward = full || bc.fwd_bwd;
+  TrainStepConfig recorded_cfg = step_cfg;
+  recorded_cfg.backward = backward;
+  TrainStep recorded(model, opt, recorded_cfg);
+  if (!backward) model.zero_grad();  // as before every step's forward
+  recorded.forward_backward(scale, &rng,
+                            {.after_forward = [&](int) { sample("after forward"); },
+                             .after_backward = [&](bool) { sample("after backward"); }});
+  if (full) {
+    before_optimizer();
+    recorded.optimizer_step(lr, scale, tracer.get());
+    after_optimizer();
+    sample("after optimizer");
+  }
+  model.set_tracer(nullptr);
+  ctx.synchronize();
+  row.trace = tracer;
+
+  if (bc.memory_timeline)
+    row.timeline = memory_timeline_points(model, opt ? opt->state_bytes() : 0,
+                                          ctx.is_cuda() ? at_phase_end : std::vector<size_t>{});
+}
+
+// A size that ran out of memory part way: the reason, and nothing measured.
+void mark_out_of_memory(ModelBenchRow& row, const std::string& why) {
+  row.oom = true;
+  row.oom_reason = why;
+  row.fwd.reset();
+  row.fwd_bwd.reset();
+  row.step.reset();
+  row.mem_fwd.reset();
+  row.mem_train.reset();
+  row.trace.reset();
+  row.timeline.clear();
+  row.loss_scale.reset();
+  row.optimizer_steps = row.skipped_steps = 0;
+}
+
+}  // namespace
+
 ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s) {
   TS_CHECK(bc.batch > 0 && bc.seq > 0, "bench model: --batch and --seq must be positive");
   TS_CHECK(bc.seq <= cfg.max_seq, "bench model: --seq ", bc.seq, " exceeds max_seq ", cfg.max_seq, " of ", cfg.preset);
@@ -202,7 +262,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
   const size_t baseline = ctx.device_memory_used();
   const int B = bc.batch, T = bc.seq, N = B * T;
   try {
-    Gpt model(cfg, ctx, bc.dtype);
+    const std::unique_ptr<Model> owned = make_model(cfg, ctx, bc.dtype);
+    Model& model = *owned;
     model.set_grad_memory(GradMemory::Planned);  // as train runs it (no accumulation here)
     bench_init_weights(model);
     {
@@ -215,7 +276,6 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       ctx.synchronize();
     }
     RngState rng{bc.seed, 0};
-    const ForwardOptions fo{.training = true, .label_smoothing = 0.0f, .rng = &rng};
     // A small learning rate: the step must run its full arithmetic, not move the weights far from init.
     constexpr float kLr = 1e-5f;
     const size_t param_bytes = model.params().bytes();
@@ -223,16 +283,13 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     StepLossScaling scaling =
         model_bench_loss_scaling(bc) ? StepLossScaling(bc.loss_scaler) : StepLossScaling();
     // The forward alone computes the loss; a training step's forward also writes the loss gradient at the scale its
-    // backward will use (as train does).
-    auto forward = [&] { model.forward_device(B, T, /*with_targets=*/true, fo); };
-    auto forward_backward = [&] {
-      const double s = scaling.scale();
-      ForwardOptions fo_train = fo;
-      fo_train.loss_grad_scale = s;
-      model.zero_grad();
-      model.forward_device(B, T, /*with_targets=*/true, fo_train);
-      model.backward(s);
-    };
+    // backward will use (train's step, train_step.h).
+    const TrainStepConfig step_cfg{.B = B, .T = T, .skip_nonfinite = scaling.on()};
+    TrainStepConfig forward_cfg = step_cfg;
+    forward_cfg.backward = false;
+    TrainStep forward_only(model, nullptr, forward_cfg), forward_backward_only(model, nullptr, step_cfg);
+    auto forward = [&] { forward_only.forward_backward(scaling.scale(), &rng); };
+    auto forward_backward = [&] { forward_backward_only.forward_backward(scaling.scale(), &rng); };
 
     std::unique_ptr<AdamW> opt;  // made after the fwd and fwd-bwd regions, whose memory it is not part of
     auto before_optimizer = [&] {
@@ -247,10 +304,9 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       if (report.skipped) row.skipped_steps++;
       scaling.update(report, row.optimizer_steps);
     };
+    std::unique_ptr<TrainStep> train_step;  // with the optimizer, once it exists
     auto step = [&] {
-      forward_backward();
-      before_optimizer();
-      opt->step(model.params(), kLr, scaling.grad_scaling());
+      train_step->run(kLr, scaling.scale(), &rng, {.before_optimizer = before_optimizer});
       after_optimizer();
     };
 
@@ -290,7 +346,10 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       part("fwd+bwd");
       row.fwd_bwd = time_region(ctx, as_graph(forward_backward, /*backward=*/true, nullptr), bc.warmup, bc.steps);
     }
-    if (needs_optimizer) opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
+    if (needs_optimizer) {
+      opt = std::make_unique<AdamW>(model.params(), AdamWConfig{}, ctx);
+      train_step = std::make_unique<TrainStep>(model, opt.get(), step_cfg);
+    }
     if (bc.step) {
       part("step");
       row.step = time_region(ctx, as_graph(step, /*backward=*/true, opt.get()), bc.warmup, bc.steps);
@@ -301,58 +360,13 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     // memory timeline's measured samples at the end of each phase.
     if (bc.trace || bc.memory_timeline) {
       part("recorded step");
-      auto tracer = bc.trace ? std::make_shared<Tracer>(ctx) : nullptr;
-      model.set_tracer(tracer.get());
-      std::vector<size_t> at_phase_end;  // forward, backward, optimizer
-      auto sample = [&](const char* what) {
-        if (!ctx.is_cuda()) return;
-        ctx.synchronize();
-        const size_t used = used_above(ctx, baseline);
-        at_phase_end.push_back(used);
-        if (tracer) tracer->counter(std::string("device memory in use (measured) ") + what, static_cast<double>(used));
-      };
-      const bool full = opt != nullptr;  // a training step whenever the optimizer exists
-      const bool backward = full || bc.fwd_bwd;
-      ForwardOptions fo_step = fo;
-      if (backward) fo_step.loss_grad_scale = scaling.scale();
-      model.zero_grad();
-      model.forward_device(B, T, /*with_targets=*/true, fo_step);
-      sample("after forward");
-      if (backward) {
-        model.backward(scaling.scale());
-        sample("after backward");
-      }
-      if (full) {
-        before_optimizer();
-        {
-          const TraceScope optim(tracer.get(), "OPTIM_STEP");
-          opt->step(model.params(), kLr, scaling.grad_scaling());
-        }
-        after_optimizer();
-        sample("after optimizer");
-      }
-      model.set_tracer(nullptr);
-      ctx.synchronize();
-      row.trace = tracer;
-
-      if (bc.memory_timeline)
-        row.timeline = memory_timeline_points(model, opt ? opt->state_bytes() : 0,
-                                              ctx.is_cuda() ? at_phase_end : std::vector<size_t>{});
+      record_step(model, ctx, baseline, bc, opt.get(), step_cfg, kLr, scaling.scale(), rng, before_optimizer,
+                  after_optimizer, row);
     }
     if (scaling.on()) row.loss_scale = scaling.scale();
   } catch (const Error& e) {
     if (!is_out_of_memory(e.what())) throw;
-    row.oom = true;
-    row.oom_reason = e.what();
-    row.fwd.reset();
-    row.fwd_bwd.reset();
-    row.step.reset();
-    row.mem_fwd.reset();
-    row.mem_train.reset();
-    row.trace.reset();
-    row.timeline.clear();
-    row.loss_scale.reset();
-    row.optimizer_steps = row.skipped_steps = 0;
+    mark_out_of_memory(row, e.what());
     return row;
   }
 

@@ -53,10 +53,11 @@
 #include "tessera/core/trace.h"
 #include "tessera/models/config.h"
 #include "tessera/train/loss_scaler.h"
+#include "tessera/train/memory_record.h"
 
 namespace tessera {
 
-class Gpt;
+class Model;
 
 enum class ModelBenchMode { Fwd, FwdBwd, Step };
 const char* model_bench_mode_name(ModelBenchMode m);  // "fwd", "fwd-bwd", "step"
@@ -83,7 +84,7 @@ struct ModelBenchConfig {
   LossScalerConfig loss_scaler = {};
   // Test hook: on the host before each optimizer step of the step region (untimed runs included, and the --trace
   // step), with its number from 1 (a test reads the parameters there or plants an overflow in the gradient).
-  std::function<void(int64_t step, Gpt& model)> before_optimizer_step = {};
+  std::function<void(int64_t step, Model& model)> before_optimizer_step = {};
   // Called as each part of a size starts (its untimed runs and CUDA graph captures included), for a progress bar:
   // "fwd", "fwd+bwd", "step" (the regions asked for), then "recorded step" (trace or memory timeline).
   std::function<void(const char* part)> on_part = {};
@@ -117,22 +118,6 @@ PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType d
 
 // GEMM FLOPs of one forward over B·T tokens (the formula in the header comment).
 double model_forward_flops(const ModelConfig& cfg, int B, int T);
-
-// One point of the memory timeline of a training step: one per event of the step's plan (gpt_plan.h), the last
-// (the end of the step) being where AdamW runs.
-struct MemoryTimelinePoint {
-  int event = 0;
-  std::string phase;  // "forward", "backward", "optimizer"
-  std::string name;   // step_event_name
-  size_t activations_live = 0;  // the plan's live bytes at the event (planned gradients included)
-  size_t static_bytes = 0;      // parameters, own gradients, master weights, AdamW state: held for the whole step
-  std::string static_holds;     // what static_bytes holds, for the plot's legend (the same at every point)
-  size_t arena = 0;             // the activation arena allocated (the plan's peak)
-  // GPU: the device memory in use above the baseline, measured (cudaMemGetInfo) at the end of the event's phase;
-  // nullopt on the CPU.
-  std::optional<size_t> measured;
-  size_t planned_total() const { return static_bytes + activations_live; }
-};
 
 struct ModelBenchRow {
   std::string size;  // the preset

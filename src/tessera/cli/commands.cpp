@@ -20,7 +20,7 @@
 #include "tessera/core/units.h"
 #include "tessera/dist/zero.h"
 #include "tessera/infer/sampler.h"
-#include "tessera/models/gpt.h"
+#include "tessera/models/model.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
@@ -266,17 +266,17 @@ int cmd_info(int argc, char** argv) {
   const int64_t n = cfg.num_params();
   // ZeRO-1 shards the flat buffers (the parameters with each segment's padding to 16) in blocks of 16, at least one
   // a rank: the same size and check as train's, so that info refuses what train refuses and no more.
-  const size_t flat = Gpt::flat_params(cfg);
+  const size_t flat = model_flat_params(cfg);
   TS_CHECK(!zero || world <= zero_max_world(flat), "--world ", world, " --zero 1: ZeRO-1 shards the optimizer state in "
            "blocks of ", kSegmentAlign, " parameters, and the model's ", flat, " make ", zero_max_world(flat),
            ": give at most that many ranks");
   // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
-  // debug settings (TESSERA_PLAN_NO_REUSE), lays out Gpt's arena. Made before anything is printed: a plan past
+  // debug settings (TESSERA_PLAN_NO_REUSE), lays out the model's arena. Made before anything is printed: a plan past
   // 1 EiB is an error, which came after the config block.
   const PlanDebug debug = plan_debug_from_env();
   const GradMemory grads = train_grad_memory(accum);
   const bool planned_grads = grads == GradMemory::Planned;
-  const MemoryPlan plan = Gpt::activation_plan(cfg, B, T, dtype, debug, grads);
+  const MemoryPlan plan = model_activation_plan(cfg, B, T, dtype, debug, grads);
   // The gradients as the arena holds them: the flat buffer, with its padding between tensors.
   double grad_bytes = 0;
   for (const PlanBuffer& b : plan.buffers())
@@ -308,7 +308,7 @@ int cmd_info(int argc, char** argv) {
   const std::string master_part = master > 0 ? "master " + human_bytes(master) + ", " : "";
   if (planned_grads) {
     // What the same step would need with the gradients in a buffer of their own (as with --accum > 1).
-    const double own = grad_bytes + static_cast<double>(Gpt::activation_bytes(cfg, B, T, dtype, GradMemory::Own));
+    const double own = grad_bytes + static_cast<double>(model_activation_bytes(cfg, B, T, dtype, GradMemory::Own));
     // On a tiny model the plan's alignment can cost a few bytes more than a buffer of their own: said as "more".
     std::printf("             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
                 "%s %s than in a buffer of their own)\n",
@@ -323,25 +323,24 @@ int cmd_info(int argc, char** argv) {
   }
 
   const LiveSet live = plan.max_live();
-  const int L = cfg.n_layers;
   auto line = [](const char* what, size_t bytes) {
     std::printf("             %-17s %11s (%zu bytes)", what, human_bytes(static_cast<double>(bytes)).c_str(), bytes);
   };
   std::printf("activation plan%s, by lifetime over the %d ops of a training step (forward and backward)%s:\n",
-              planned_grads ? " with the gradients" : "", step_num_events(L) - 1,
+              planned_grads ? " with the gradients" : "", model_step_events(cfg) - 1,
               debug.no_reuse ? ", without reuse (TESSERA_PLAN_NO_REUSE)" : "");
   line("planned peak", plan.peak());
   std::printf(": the arena the model allocates\n");
   line("sum of buffers", plan.total());
   std::printf(": what its %zu buffers need without sharing\n", plan.size());
   line("biggest live set", live.bytes);
-  std::printf(" at %s\n", step_event_name(L, live.event).c_str());
+  std::printf(" at %s\n", model_step_event_name(cfg, live.event).c_str());
   std::printf("             live there: %s\n", live_set_summary(plan, live.event, 6).c_str());
   if (a.has("plan")) {
     std::printf("%-20s %14s %12s  %s\n", "buffer", "offset", "bytes", "life");
     for (const PlanBuffer& b : plan.buffers())
       std::printf("%-20s %14zu %12zu  %s .. %s\n", b.name.c_str(), b.offset, b.bytes,
-                  step_event_name(L, b.first).c_str(), step_event_name(L, b.last).c_str());
+                  model_step_event_name(cfg, b.first).c_str(), model_step_event_name(cfg, b.last).c_str());
   }
   if (world > 1 || zero) {
     // ZeRO-1 gives each rank one contiguous range of the flat buffers (dist/zero.h): a block of c elements, c a

@@ -99,7 +99,7 @@ const char* stop_word(int sig) {
                                                                                     : "interrupted";
 }
 
-void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
+void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
   // A write that fails (stdout on a full disk, or closed) stops the generation there: the text is lost, and the rest
   // would be too. main() checks what other commands print, once they return.
   const auto put = [](const std::string& text) {  // may hold any byte, NUL included

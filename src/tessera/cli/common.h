@@ -54,7 +54,7 @@ inline constexpr const char* kOutputLostNote = " (the command had finished: only
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 // Prints the prompt, then each generated token's text as it is drawn (stdout flushed each time, so a long sample
 // shows as it comes and an interrupt loses nothing printed before it), then a newline.
-void generate_streamed(Gpt& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
+void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
 
 // A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text, for prepare and
 // train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in silence. Off for a text

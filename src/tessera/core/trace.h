@@ -34,7 +34,7 @@ class Tracer {
   Tracer& operator=(const Tracer&) = delete;
 
   // Opens a range nested in the open ones, and closes the innermost. Only the slice is recorded here; NVTX is
-  // the caller's (TraceScope and Gpt do both).
+  // the caller's (TraceScope and Model do both).
   void begin(const std::string& name);
   void end();
   int depth() const { return static_cast<int>(open_.size()); }

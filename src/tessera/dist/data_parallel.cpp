@@ -123,7 +123,7 @@ void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::s
                         /*quiet=*/control.rank() != 0);
 }
 
-void DataParallelRun::attach(Gpt& model) {
+void DataParallelRun::attach(Model& model) {
   ParamBuffer& params = model.params();
   TS_CHECK(params.device() == grads_->device(), "data parallel: the model is on ", params.device().str(),
            " but the gradient communicator works on ", grads_->device().str());
@@ -134,13 +134,13 @@ void DataParallelRun::attach(Gpt& model) {
   if (opt_.zero == 0) sync_ = std::make_unique<GradSync>(*grads_, params, opt_.ddp, opt_.bucket_mb);
 }
 
-std::unique_ptr<Optimizer> DataParallelRun::make_optimizer(Gpt& model, const AdamWConfig& cfg) {
+std::unique_ptr<Optimizer> DataParallelRun::make_optimizer(Model& model, const AdamWConfig& cfg) {
   TS_CHECK(model_ == &model, "internal: make_optimizer before attach");
   if (opt_.zero == 1) return std::make_unique<ZeroAdamW>(model.params(), cfg, *grads_, control_, model.context());
   return std::make_unique<AdamW>(model.params(), cfg, model.context());
 }
 
-void DataParallelRun::begin_backward(Gpt& model, bool sync) {
+void DataParallelRun::begin_backward(Model& model, bool sync) {
   TS_CHECK(model_ == &model, "internal: begin_backward before attach");
   if (sync) {
     ++sync_steps_;
@@ -156,7 +156,7 @@ void DataParallelRun::begin_backward(Gpt& model, bool sync) {
   if (sync_) sync_->begin_backward(model, sync);
 }
 
-void DataParallelRun::end_backward(Gpt& model, bool sync) {
+void DataParallelRun::end_backward(Model& model, bool sync) {
   if (sync_) sync_->end_backward(model, sync);
   if (overlap_sm_target_ > 0) model.context().set_gemm_sm_target(0);
 }

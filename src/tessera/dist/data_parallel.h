@@ -48,10 +48,10 @@ class DataParallelRun final : public DataParallel {
   int rank() const override { return control_.rank(); }
   int world_size() const override { return control_.size(); }
   void check_consistent(uint64_t fingerprint, const std::string& what) override;
-  void attach(Gpt& model) override;
-  std::unique_ptr<Optimizer> make_optimizer(Gpt& model, const AdamWConfig& cfg) override;
-  void begin_backward(Gpt& model, bool sync) override;
-  void end_backward(Gpt& model, bool sync) override;
+  void attach(Model& model) override;
+  std::unique_ptr<Optimizer> make_optimizer(Model& model, const AdamWConfig& cfg) override;
+  void begin_backward(Model& model, bool sync) override;
+  void end_backward(Model& model, bool sync) override;
   void sum_host(std::vector<double>& values) override;
 
   Communicator& control() { return control_; }
@@ -65,7 +65,7 @@ class DataParallelRun final : public DataParallel {
   MpiCommunicator control_;
   std::unique_ptr<Communicator> grads_;
   std::unique_ptr<GradSync> sync_;
-  Gpt* model_ = nullptr;
+  Model* model_ = nullptr;
   int64_t sync_steps_ = 0;  // backward passes with sync begun (the fault injection's step count)
   int fault_rank_ = -1;     // TESSERA_DIST_FAULT, parsed once
   int64_t fault_step_ = 0;

@@ -61,7 +61,7 @@ GradSync::GradSync(Communicator& comm, const ParamBuffer& params, DdpMode mode, 
   order_ = by_descending_offset(params);
 }
 
-void GradSync::begin_backward(Gpt& model, bool sync) {
+void GradSync::begin_backward(Model& model, bool sync) {
   TS_CHECK(&model.params() == params_, "internal: DDP prepared for another model");
   TS_CHECK(pending_.empty(), "internal: DDP: the previous step's reductions were not waited for");
   frontier_ = params_->size();
@@ -96,7 +96,7 @@ void GradSync::on_grad_ready(size_t begin, size_t end) {
   for (CommHandle& h : pending_) h.test();
 }
 
-void GradSync::end_backward(Gpt& model, bool sync) {
+void GradSync::end_backward(Model& model, bool sync) {
   model.set_grad_ready_hook(nullptr);
   if (!sync) return;
   switch (mode_) {

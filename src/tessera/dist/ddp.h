@@ -6,7 +6,7 @@
 //   naive    one blocking all-reduce per parameter tensor, after backward;
 //   flat     one all-reduce over the whole flat gradient buffer, after backward (it is contiguous: no copy);
 //   overlap  each parameter's all-reduce starts, asynchronously, as soon as backward reports its gradient final
-//            (Gpt::set_grad_ready_hook: per layer, in reverse order), and the step waits for all of them;
+//            (Model::set_grad_ready_hook: per layer, in reverse order), and the step waits for all of them;
 //   bucket   the buffer is cut into buckets of about bucket_mb MB in reverse layer order (contiguous ranges of the
 //            flat buffer at segment starts, so a bucket needs no copy); each bucket's all-reduce starts as soon
 //            as its last gradient is final.
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "tessera/dist/communicator.h"
-#include "tessera/models/gpt.h"
+#include "tessera/models/model.h"
 #include "tessera/nn/param_buffer.h"
 
 namespace tessera {
@@ -47,8 +47,8 @@ class GradSync {
   // Around model.backward(): with sync, begin installs the model's grad-ready hook (overlap, bucket), and end
   // leaves the averaged gradients in params.grad() (ordered before later work on the model's stream). Without
   // sync (an accumulation micro-step that is not the last) neither communicates.
-  void begin_backward(Gpt& model, bool sync);
-  void end_backward(Gpt& model, bool sync);
+  void begin_backward(Model& model, bool sync);
+  void end_backward(Model& model, bool sync);
 
   DdpMode mode() const { return mode_; }
   const std::vector<GradRange>& buckets() const { return buckets_; }

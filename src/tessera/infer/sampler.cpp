@@ -55,7 +55,7 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
   return idx[keep - 1];
 }
 
-std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+std::vector<int32_t> generate(Model& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
                               const std::function<void(int32_t)>& on_token) {
   sampler_check(p);
   TS_CHECK(!tokens.empty(), "generate: the prompt is empty");

@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "tessera/models/gpt.h"
+#include "tessera/models/model.h"
 
 namespace tessera {
 
@@ -31,7 +31,7 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
 // per token; the KV-cache generator replaces this in the inference issue.) Reserves the model's activations
 // once for the longest context it will run, so the arena is not re-planned per token. on_token, when given, sees
 // each new token as soon as it is drawn (the CLI prints the text as it comes).
-std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+std::vector<int32_t> generate(Model& model, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
                               const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace tessera

@@ -31,6 +31,7 @@
 #include "tessera/core/trace.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt_plan.h"
+#include "tessera/models/model.h"
 #include "tessera/nn/param_buffer.h"
 #include "tessera/nn/step.h"
 #include "tessera/ops/attention/attention.h"
@@ -39,49 +40,22 @@
 
 namespace tessera {
 
-// Where a model keeps its gradients (Gpt::set_grad_memory).
-enum class GradMemory {
-  // A buffer of their own, kept across forwards: backward() adds into it until zero_grad(). Gradient accumulation
-  // over micro-batches needs this; it is the default.
-  Own,
-  // Planned in the activation arena, at the same offsets (still one contiguous range, so the optimizer, the
-  // all-reduce and ZeRO's shards see no difference): the ranges of the final norm and head, of each layer and of
-  // the embeddings are fixed buffers of the plan, each born at the first backward op that writes it (and zeroed
-  // there) and living to the end of the step. Activations use that memory before then, as PyTorch reuses the
-  // memory of dead activations for the gradients it allocates during backward. Every forward overwrites the
-  // gradients, so a backward needs a zero_grad() since the last backward, and they hold until the next forward.
-  Planned,
-};
-// What training uses: planned gradients, unless it accumulates them over micro-batches.
-inline GradMemory train_grad_memory(int accum) { return accum > 1 ? GradMemory::Own : GradMemory::Planned; }
-
-struct ForwardOptions {
-  bool training = false;        // dropout on
-  float label_smoothing = 0.0f;
-  RngState* rng = nullptr;      // dropout streams are taken from here when training with dropout > 0
-  // Set when backward(*loss_grad_scale) follows this forward (a training step): the forward then also writes the
-  // loss gradient over the logits (cross_entropy_forward_backward: the logits read once and written once, where a
-  // forward's loss and the backward's gradient read them twice), and backward() starts from it. The logits are
-  // gone after such a forward.
-  std::optional<double> loss_grad_scale = std::nullopt;
-};
-
-class Gpt {
+class Gpt final : public Model {
  public:
   // A model on ctx's device computing in `dtype`. The context must outlive the model. master: whether a 16-bit
   // model keeps f32 master weights (ParamBuffer).
   Gpt(const ModelConfig& cfg, Context& ctx, DType dtype = DType::F32, MasterWeights master = MasterWeights::On);
   // A CPU model with a context of its own (the reference engine and tests).
   explicit Gpt(const ModelConfig& cfg, DType dtype = DType::F32);
-  ~Gpt();
+  ~Gpt() override;
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
-  const ModelConfig& config() const { return cfg_; }
-  Context& context() const { return *ctx_; }
-  DType dtype() const { return dtype_; }
-  ParamBuffer& params() { return params_; }
-  const ParamBuffer& params() const { return params_; }
+  const ModelConfig& config() const override { return cfg_; }
+  Context& context() const override { return *ctx_; }
+  DType dtype() const override { return dtype_; }
+  ParamBuffer& params() override { return params_; }
+  const ParamBuffer& params() const override { return params_; }
   // The elements of the flat parameter buffers of `cfg`, padding included (params().size() of its model), without
   // making one: what ZeRO-1 shards.
   static size_t flat_params(const ModelConfig& cfg);
@@ -91,53 +65,53 @@ class Gpt {
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2 n_layers), zero biases, unit norm gains. Each tensor draws its own Philox stream of `seed`.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
 
   // Plans the activations for up to B*T tokens (a smaller B*T reuses the plan).
-  void reserve(int B, int T);
+  void reserve(int B, int T) override;
   // The model's input buffers, (B*T) int32 on its device, for a caller that copies a batch in itself.
-  Tensor tokens_buffer(int B, int T);
-  Tensor targets_buffer(int B, int T);
+  Tensor tokens_buffer(int B, int T) override;
+  Tensor targets_buffer(int B, int T) override;
 
   // Runs the model on the tokens (and targets) already in tokens_buffer / targets_buffer. With targets it
   // computes the mean cross-entropy over non-ignored targets (padding_id is ignored) into loss(), on the device.
-  void forward_device(int B, int T, bool with_targets, const ForwardOptions& opt);
+  void forward_device(int B, int T, bool with_targets, const ForwardOptions& opt) override;
   // Host convenience: copies tokens (B*T) and targets (or null) in, runs forward_device and, with targets,
   // returns the mean loss (one explicit device-to-host copy); without, returns 0.
-  double forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
+  double forward(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) override;
   // The same without reading the loss back: the step stays on the device (loss() holds the mean loss), and the
   // training loop reads it once per step, after the optimizer.
-  void forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt);
+  void forward_async(const int32_t* tokens, const int32_t* targets, int B, int T, const ForwardOptions& opt) override;
   // The host-side check of a batch's token ids that forward_async makes before its copy (embedding_check): a bad
   // id is an Error here, before it reaches a kernel as an out-of-range row. A caller that copies batches in itself
   // (a CUDA graph's staging, train/graph_step.h) calls it.
-  void check_tokens(const int32_t* tokens, int B, int T) const;
+  void check_tokens(const int32_t* tokens, int B, int T) const override;
   // The mean loss of the last forward with targets: a device scalar in the stat dtype.
-  Tensor loss() const { return loss_; }
-  double read_loss() const;
+  Tensor loss() const override { return loss_; }
+  double read_loss() const override;
 
   // Accumulates into params().grad() the gradient of loss_scale * (mean loss of the last forward).
   // Needs a forward with targets just before. Overwrites the logits.
-  void backward(double loss_scale = 1.0);
+  void backward(double loss_scale = 1.0) override;
   // Own gradients: zero-filled now. Planned: each range is zeroed as the next backward reaches its birth.
-  void zero_grad();
+  void zero_grad() override;
   // Moves the gradients (their values are lost): GradMemory::Planned releases their own buffer and plans them at
   // the next reserve or forward; Own allocates it again, zero-filled. Call it between steps, before a GraphStep is
   // made for the model: a graph captured earlier keeps the old addresses until a re-plan makes it capture again.
-  void set_grad_memory(GradMemory where);
-  GradMemory grad_memory() const { return grad_memory_; }
+  void set_grad_memory(GradMemory where) override;
+  GradMemory grad_memory() const override { return grad_memory_; }
   // Called during backward() each time a range [begin, end) of the flat gradient buffer (elements, padding
   // included) holds its final gradient for this backward: the LM head and final norm, then layers L-1 .. 0, then
   // the embeddings (wte last, as a tied head adds to it twice). The ranges descend and together cover the buffer
   // once. On a GPU the kernels that wrote a range are queued on the context's stream, not finished. Data-parallel
   // training (dist/) starts reducing a range here while backward goes on. An empty function: no calls.
   using GradReadyHook = std::function<void(size_t begin, size_t end)>;
-  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  void set_grad_ready_hook(GradReadyHook hook) override { grad_ready_ = std::move(hook); }
 
   // Logits of the last forward, in the compute dtype, on the device: (B*T, logits_stride()), row n's V logits
   // starting at n * logits_stride().
-  Tensor logits() const;
-  int64_t logits_stride() const { return logits_stride(cfg_, dtype_); }
+  Tensor logits() const override;
+  int64_t logits_stride() const override { return logits_stride(cfg_, dtype_); }
   // The row stride of the logits buffer: V for f32 / f64 models; for 16-bit ones V rounded up to a multiple of 64
   // (50257 -> 50304, as llm.c pads its vocab), so that each row starts 128-byte aligned and cuBLASLt can run the
   // lm_head GEMMs on its aligned tensor-core kernels. The padding columns are never read or written.
@@ -150,9 +124,9 @@ class Gpt {
     return cfg.mlp == Activation::Gelu && cfg.bias && (dtype == DType::BF16 || dtype == DType::F16);
   }
   // Row `row` of the logits as f32 on the host (sampling).
-  std::vector<float> read_logits_row(int row) const;
-  int last_B() const { return B_; }
-  int last_T() const { return T_; }
+  std::vector<float> read_logits_row(int row) const override;
+  int last_B() const override { return B_; }
+  int last_T() const override { return T_; }
 
   // The activation plan for (B, T): every buffer with its life (in events of the step, gpt_plan.h) and its
   // offset, the planned peak, the sum of all buffers and the largest live set. The model lays out its arena from
@@ -165,20 +139,20 @@ class Gpt {
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, DType dtype = DType::F32,
                                  GradMemory grads = GradMemory::Own);
   // The peak of this model's current plan, and how many plans it has made (generation must not re-plan per token).
-  size_t activation_peak() const { return arena_.capacity(); }
-  int64_t plan_count() const { return plans_made_; }
-  int64_t planned_tokens() const { return planned_N_; }
-  const MemoryPlan& current_plan() const { return plan_; }
+  size_t activation_peak() const override { return arena_.capacity(); }
+  int64_t plan_count() const override { return plans_made_; }
+  int64_t planned_tokens() const override { return planned_N_; }
+  const MemoryPlan& current_plan() const override { return plan_; }
   // Debug settings of the plan (poison dead buffers, no reuse; gpt_plan.h). The model starts with those of the
   // environment; new settings take effect at the next plan, which the next reserve or forward makes.
-  void set_plan_debug(const PlanDebug& debug);
-  const PlanDebug& plan_debug() const { return debug_; }
+  void set_plan_debug(const PlanDebug& debug) override;
+  const PlanDebug& plan_debug() const override { return debug_; }
 
   // Profiling. Every step opens nested ranges: FWD_STEP and BWD_STEP, one per layer ("layer 3") inside them,
   // and one per op inside those ("qkv", "attention bwd", "fc dW"; step_op_range_name). They are NVTX ranges
   // in a CUDA build (for nsys), and with a tracer also slices of its Chrome trace, together with a counter of
   // the activation memory the plan has live at each op. Set the tracer between steps; null stops recording.
-  void set_tracer(Tracer* tracer);
+  void set_tracer(Tracer* tracer) override;
 
  private:
   // The model's nn layers (gpt.cpp): the embedding, the blocks and the head, wired for the cross-block fusions,

@@ -32,7 +32,7 @@ void ParamBuffer::finalize(Context& ctx) {
 
 Tensor ParamBuffer::grad() const {
   TS_CHECK(grad_memory_, "internal: gradients used before the model laid them out (they live in its activation "
-           "arena until Gpt::reserve or the first forward)");
+           "arena until Model::reserve or the first forward)");
   const int64_t n = static_cast<int64_t>(total_);
   return Tensor::from_shape(grad_memory_, dtype_, std::initializer_list<int64_t>{n}, device_);
 }

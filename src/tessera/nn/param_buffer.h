@@ -9,7 +9,7 @@
 // data-parallel training all-reduce the gradients in place, and lets ZeRO-1 shard by ranges.
 //
 // The gradient buffer is allocated here by default. A model may instead lay it out inside its activation arena
-// (Gpt, GradMemory::Planned): it releases the buffer's own memory and binds the flat gradients to memory it owns,
+// (Model, GradMemory::Planned): it releases the buffer's own memory and binds the flat gradients to memory it owns,
 // where they keep the same offsets; grad() is then valid once bound.
 #pragma once
 #include <cstdint>

@@ -27,12 +27,6 @@ namespace tessera {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-CheckpointNaming checkpoint_naming(const ModelConfig& cfg) {
-  if (cfg.is_gpt2_compatible()) return CheckpointNaming::Gpt2;
-  if (cfg.is_llama_compatible()) return CheckpointNaming::Llama;
-  return CheckpointNaming::Tessera;
-}
-
 bool fault_injected(const char* point) {
   const char* env = std::getenv("TESSERA_FAULT_INJECT");
   if (!env) return false;
@@ -40,117 +34,12 @@ bool fault_injected(const char* point) {
   return list.find(std::string(",") + point + ",") != std::string::npos;
 }
 
-namespace {
-const char* naming_name(CheckpointNaming n) {
-  switch (n) {
-    case CheckpointNaming::Gpt2: return "gpt2";
-    case CheckpointNaming::Llama: return "llama";
-    case CheckpointNaming::Tessera: return "tessera";
-  }
-  return "?";
-}
-
-// Maps tessera's per-layer suffix to the Hugging Face name(s).
-void add_layer_tensor(std::vector<ExportTensor>& out, CheckpointNaming naming, const ModelConfig& cfg, int seg,
-                      const std::string& layer, const std::string& suffix, int64_t rows, int64_t cols) {
-  const bool vec = cols == 1;
-  auto one = [&](const std::string& name, bool transpose) {
-    out.push_back({name, seg, 0, rows, cols, transpose && !vec});
-  };
-  if (naming == CheckpointNaming::Gpt2) {
-    const std::string p = "transformer.h." + layer + ".";
-    if (suffix == "ln1.w") one(p + "ln_1.weight", false);
-    else if (suffix == "ln1.b") one(p + "ln_1.bias", false);
-    else if (suffix == "ln2.w") one(p + "ln_2.weight", false);
-    else if (suffix == "ln2.b") one(p + "ln_2.bias", false);
-    else if (suffix == "qkv.w") one(p + "attn.c_attn.weight", true);
-    else if (suffix == "qkv.b") one(p + "attn.c_attn.bias", false);
-    else if (suffix == "proj.w") one(p + "attn.c_proj.weight", true);
-    else if (suffix == "proj.b") one(p + "attn.c_proj.bias", false);
-    else if (suffix == "fc.w") one(p + "mlp.c_fc.weight", true);
-    else if (suffix == "fc.b") one(p + "mlp.c_fc.bias", false);
-    else if (suffix == "fcp.w") one(p + "mlp.c_proj.weight", true);
-    else if (suffix == "fcp.b") one(p + "mlp.c_proj.bias", false);
-    else TS_THROW("internal: no GPT-2 name for ", suffix);
-    return;
-  }
-  const std::string p = "model.layers." + layer + ".";
-  const int64_t C = cfg.d_model, F = cfg.d_ff, KV = int64_t{cfg.kv_heads()} * cfg.head_dim();
-  if (suffix == "ln1.w") one(p + "input_layernorm.weight", false);
-  else if (suffix == "ln2.w") one(p + "post_attention_layernorm.weight", false);
-  else if (suffix == "qkv.w") {
-    out.push_back({p + "self_attn.q_proj.weight", seg, 0, C, cols, false});
-    // The packed rows [q | k | v]: H Dh = C query rows, then Hkv Dh rows each of k and v (grouped-query).
-    out.push_back({p + "self_attn.k_proj.weight", seg, C, KV, cols, false});
-    out.push_back({p + "self_attn.v_proj.weight", seg, C + KV, KV, cols, false});
-  } else if (suffix == "proj.w") one(p + "self_attn.o_proj.weight", false);
-  else if (suffix == "fc.w") {
-    out.push_back({p + "mlp.gate_proj.weight", seg, 0, F, cols, false});
-    out.push_back({p + "mlp.up_proj.weight", seg, F, F, cols, false});
-  } else if (suffix == "fcp.w") one(p + "mlp.down_proj.weight", false);
-  else TS_THROW("internal: no Llama name for ", suffix);
-}
-}  // namespace
-
-std::vector<ExportTensor> checkpoint_layout(const Gpt& model) {
-  return checkpoint_layout(model.config(), model.params());
-}
-
-std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params) {
-  const CheckpointNaming naming = checkpoint_naming(cfg);
-  const auto& segs = params.segments();
-  std::vector<ExportTensor> out;
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const auto& shape = params.shape(s);
-    const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
-    const std::string& name = segs[s].name;
-    const int seg = static_cast<int>(s);
-    if (naming == CheckpointNaming::Tessera) {
-      out.push_back({name, seg, 0, rows, cols, false});
-      continue;
-    }
-    const bool gpt2 = naming == CheckpointNaming::Gpt2;
-    if (name == "wte") out.push_back({gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", seg, 0, rows, cols, false});
-    else if (name == "wpe") out.push_back({"transformer.wpe.weight", seg, 0, rows, cols, false});
-    else if (name == "lnf.w") out.push_back({gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", seg, 0, rows, 1, false});
-    else if (name == "lnf.b") out.push_back({"transformer.ln_f.bias", seg, 0, rows, 1, false});
-    else if (name == "lm_head") out.push_back({"lm_head.weight", seg, 0, rows, cols, false});
-    else {
-      // "h.<layer>.<suffix>"
-      const size_t dot = name.find('.', 2);
-      add_layer_tensor(out, naming, cfg, seg, name.substr(2, dot - 2), name.substr(dot + 1), rows, cols);
-    }
-  }
-  return out;
-}
+std::vector<ExportTensor> checkpoint_layout(const Model& model) { return model.hf_tensors(); }
 
 namespace {
-json hf_config(const ModelConfig& c, CheckpointNaming naming) {
-  if (naming == CheckpointNaming::Gpt2) {
-    return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab},
-            {"n_positions", c.max_seq}, {"n_ctx", c.max_seq}, {"n_embd", c.d_model}, {"n_layer", c.n_layers},
-            {"n_head", c.n_heads}, {"n_inner", c.d_ff}, {"activation_function", "gelu_new"},
-            {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", c.attn_dropout},
-            {"layer_norm_epsilon", c.norm_eps}, {"initializer_range", 0.02}, {"tie_word_embeddings", true},
-            {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
-  }
-  if (naming == CheckpointNaming::Llama) {
-    return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
-            {"hidden_size", c.d_model}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
-            {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim()},
-            {"max_position_embeddings", c.max_seq}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-            {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied}, {"attention_bias", false},
-            {"mlp_bias", false}, {"attention_dropout", c.attn_dropout}, {"bos_token_id", 0},
-            {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
-  }
-  json j = model_config_to_json(c);
-  j["model_type"] = "tessera";
-  return j;
-}
-
 // Streams every exported tensor from the parameter buffer; only a transposed one passes through the writer's
 // one temporary (checkpoint_save_host_bytes counts it).
-void write_model_files(const std::string& dir, const Gpt& model) {
+void write_model_files(const std::string& dir, const Model& model) {
   SafetensorsWriter w;
   // A CPU f32 model is streamed from its own buffer; any other (a GPU or 16-bit model) is first copied to the
   // host as f32, from its master weights when it has them.
@@ -177,9 +66,9 @@ void write_model_files(const std::string& dir, const Gpt& model) {
   }
   w.set_metadata("format", "pt");
   w.set_metadata("tessera_config", model_config_to_json(model.config()).dump());
-  w.set_metadata("tessera_naming", naming_name(checkpoint_naming(model.config())));
+  w.set_metadata("tessera_naming", checkpoint_naming_name(checkpoint_naming(model.config())));
   w.write(dir + "/model.safetensors");
-  write_file_atomic(dir + "/config.json", hf_config(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
+  write_file_atomic(dir + "/config.json", hf_config_json(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
 }
 
 // TESSERA_FAULT_INJECT=<point>[,<point>...] makes save_checkpoint die by SIGKILL at that point, as a crash or a
@@ -279,7 +168,7 @@ std::vector<int64_t> stored_shape(const ExportTensor& t, bool vec) {
   return vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols};
 }
 
-void weights_from(const SafetensorsFile& st, Gpt& model) {
+void weights_from(const SafetensorsFile& st, Model& model) {
   // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
   ParamBuffer& params = model.params();
   const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
@@ -327,7 +216,7 @@ size_t checkpoint_save_host_bytes(const ModelConfig& cfg) {
   return std::max({3 * C * C, C * C, F_in * C, C * F}) * sizeof(float);
 }
 
-void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state) {
+void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state) {
   fs::path target = fs::path(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "ck/"
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -409,28 +298,28 @@ ModelConfig check_checkpoint_model(const std::string& path) {
   const SafetensorsFile st = SafetensorsFile::load(model_file(path));
   const ModelConfig cfg = config_from(st);
   ParamBuffer pb;  // segments only: nothing allocated
-  Gpt::describe_params(cfg, pb);
+  model_describe_params(cfg, pb);
   const auto layout = checkpoint_layout(cfg, pb);
   check_tensor_names(st, layout);
   for (const ExportTensor& t : layout) st.check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
   return cfg;
 }
 
-void load_checkpoint_weights(const std::string& path, Gpt& model) {
+void load_checkpoint_weights(const std::string& path, Model& model) {
   weights_from(SafetensorsFile::load(model_file(path)), model);
 }
 
-std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path) {
+std::unique_ptr<Model> load_checkpoint_model(const std::string& path) {
   // One open: the config from the header's metadata, then the weights from the same mapping.
   const SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  auto model = std::make_unique<Gpt>(config_from(st));
+  auto model = make_model(config_from(st));
   weights_from(st, *model);
   return model;
 }
 
-std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype) {
+std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype) {
   const SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  auto model = std::make_unique<Gpt>(config_from(st), ctx, dtype);
+  auto model = make_model(config_from(st), ctx, dtype);
   weights_from(st, *model);
   return model;
 }
@@ -457,7 +346,7 @@ bool holds_train_state(const std::string& dir) {
          fs::is_regular_file(fs::path(dir) / "optimizer.safetensors");
 }
 
-TrainState load_train_state(const std::string& path, const Gpt& model) {
+TrainState load_train_state(const std::string& path, const Model& model) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
   TS_CHECK(fs::exists(file), "checkpoint ", dir, " has no optimizer state (", file, " is missing)");

@@ -24,25 +24,13 @@
 #include <vector>
 
 #include "tessera/core/philox.h"
-#include "tessera/models/gpt.h"
+#include "tessera/models/hf_naming.h"
+#include "tessera/models/model.h"
 
 namespace tessera {
 
-enum class CheckpointNaming { Gpt2, Llama, Tessera };
-
-CheckpointNaming checkpoint_naming(const ModelConfig& cfg);
-
-// One exported tensor: rows [row_begin, row_begin + rows) of a model segment viewed as (segment rows, cols),
-// optionally transposed.
-struct ExportTensor {
-  std::string name;
-  int segment = 0;
-  int64_t row_begin = 0, rows = 0, cols = 0;
-  bool transpose = false;
-};
-std::vector<ExportTensor> checkpoint_layout(const Gpt& model);
-// The same from the config and a ParamBuffer that describes it (Gpt::describe_params), with no model built.
-std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params);
+// The tensors a model's checkpoint holds: model.hf_tensors() (models/hf_naming.h names them).
+std::vector<ExportTensor> checkpoint_layout(const Model& model);
 
 struct TrainState {
   int64_t step = 0;
@@ -71,7 +59,7 @@ struct TrainState {
 std::optional<std::pair<double, int64_t>> best_record(const std::string& dir);
 
 // Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
-void save_checkpoint(const std::string& dir, const Gpt& model, const TrainState* state);
+void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state);
 // For tests: whether TESSERA_FAULT_INJECT (a comma list) names `point`. save_checkpoint dies by SIGKILL at its
 // points, as a crash would; train raises a stop signal at its own (cmd_train.cpp).
 bool fault_injected(const char* point);
@@ -101,12 +89,12 @@ ModelConfig load_checkpoint_config(const std::string& path);
 ModelConfig check_checkpoint_model(const std::string& path);
 // Loads parameters into a model built from load_checkpoint_config. Every tensor must be present with the
 // expected shape, and no unknown tensor may be there.
-void load_checkpoint_weights(const std::string& path, Gpt& model);
+void load_checkpoint_weights(const std::string& path, Model& model);
 // Builds the model and loads its weights, reading model.safetensors once.
-std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path);
+std::unique_ptr<Model> load_checkpoint_model(const std::string& path);
 // The same model on ctx's device in `dtype` (a checkpoint holds f32: a 16-bit model gets f32 master weights from it).
-std::unique_ptr<Gpt> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype);
+std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype);
 // Loads the training state; fails if the checkpoint has none or it does not fit the model.
-TrainState load_train_state(const std::string& dir, const Gpt& model);
+TrainState load_train_state(const std::string& dir, const Model& model);
 
 }  // namespace tessera

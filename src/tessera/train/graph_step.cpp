@@ -19,8 +19,14 @@ struct StreamBaseScope {
 
 }  // namespace
 
-GraphStep::GraphStep(Gpt& model, Optimizer* optimizer, const GraphStepConfig& cfg)
-    : model_(&model), optimizer_(optimizer), cfg_(cfg), ctx_(&model.context()) {
+GraphStep::GraphStep(Model& model, Optimizer* optimizer, const GraphStepConfig& cfg)
+    : model_(&model),
+      optimizer_(optimizer),
+      cfg_(cfg),
+      ctx_(&model.context()),
+      step_(model, optimizer,
+            {.B = cfg.B, .T = cfg.T, .accum = cfg.accum, .label_smoothing = cfg.label_smoothing,
+             .backward = cfg.backward, .skip_nonfinite = cfg.skip_nonfinite, .losses = cfg.losses}) {
   TS_CHECK(ctx_->is_cuda(), "internal: a CUDA graph step on a CPU model");
   TS_CHECK(cfg.B > 0 && cfg.T > 0 && cfg.accum >= 1, "internal: graph step of batch ", cfg.B, " x ", cfg.T, ", accum ",
            cfg.accum);
@@ -59,34 +65,18 @@ int32_t* GraphStep::targets(int micro) {
   return staged_targets(micro);
 }
 
-size_t GraphStep::loss_bytes() const { return model_->dtype() == DType::F64 ? sizeof(double) : sizeof(float); }
-
 void GraphStep::enqueue_step(double loss_scale, RngState* rng, bool from_device) {
   Context& ctx = *ctx_;
-  Gpt& model = *model_;
-  const int B = cfg_.B, T = cfg_.T;
-  const size_t n = static_cast<size_t>(B) * T;
   if (from_device && cfg_.in_capture) cfg_.in_capture();
   // The scalars of this step (its stream base, the optimizer's), read by the kernels of both graphs.
   if (from_device)
     copy_bytes(device_header_.data(), ctx.device(), staging_.data(), Device::cpu(), header_bytes_, ctx);
-  if (cfg_.backward) model.zero_grad();
-  // With a backward, the forward also writes the loss gradient (the fused cross-entropy), as the eager step does.
-  ForwardOptions fo{.training = true, .label_smoothing = cfg_.label_smoothing, .rng = rng};
-  if (cfg_.backward) fo.loss_grad_scale = loss_scale / cfg_.accum;
-  for (int micro = 0; micro < cfg_.accum; ++micro) {
-    if (cfg_.upload_batch) {
-      copy_bytes(model.tokens_buffer(B, T).data(), ctx.device(), staged_tokens(micro), Device::cpu(),
-                 n * sizeof(int32_t), ctx);
-      copy_bytes(model.targets_buffer(B, T).data(), ctx.device(), staged_targets(micro), Device::cpu(),
-                 n * sizeof(int32_t), ctx);
-    }
-    model.forward_device(B, T, /*with_targets=*/true, fo);
-    if (cfg_.losses)
-      copy_bytes(static_cast<char*>(cfg_.losses) + micro * loss_bytes(), ctx.device(), model.loss().data(),
-                 ctx.device(), loss_bytes(), ctx);
-    if (cfg_.backward) model.backward(loss_scale / cfg_.accum);
-  }
+  TrainStepHooks hooks;
+  if (cfg_.upload_batch)
+    hooks.batch = [this](int micro) -> std::optional<MicroBatch> {
+      return MicroBatch{.tokens = staged_tokens(micro), .targets = staged_targets(micro)};
+    };
+  step_.forward_backward(loss_scale, rng, hooks);
   staging_.mark_read(ctx);
 }
 
@@ -111,9 +101,7 @@ void GraphStep::capture(double loss_scale, uint64_t seed) {
 void GraphStep::capture_graphs(double loss_scale, RngState& relative) {
   Context& ctx = *ctx_;
   const void* scalars = static_cast<const char*>(device_header_.data()) + optimizer_offset_;
-  auto enqueue_optimizer = [&] {
-    optimizer_->enqueue_graph_step(model_->params(), {.scale = 1.0f, .skip_nonfinite = cfg_.skip_nonfinite}, scalars);
-  };
+  auto enqueue_optimizer = [&] { step_.enqueue_graph_optimizer(scalars); };
   const bool one_graph = cfg_.optimizer && !cfg_.host_between;
   {
     const StreamBaseScope base(ctx, static_cast<const uint64_t*>(device_header_.data()));
@@ -130,13 +118,12 @@ void GraphStep::capture_graphs(double loss_scale, RngState& relative) {
 void GraphStep::run(float lr, double loss_scale, RngState* rng, const std::function<void()>& between) {
   Context& ctx = *ctx_;
   TS_CHECK(!between || cfg_.host_between, "internal: a host hook inside a one-graph step (set host_between)");
-  const GradScaling scaling{.scale = static_cast<float>(loss_scale), .skip_nonfinite = cfg_.skip_nonfinite};
   staging_.wait_until_read();
   if (eager_runs_ == 0) {
     // The first step eagerly: what it allocates and sets up once, a capture may not.
     enqueue_step(loss_scale, rng, /*from_device=*/false);
     if (between) between();
-    if (cfg_.optimizer) optimizer_->step(model_->params(), lr, scaling);
+    if (cfg_.optimizer) step_.optimizer_step(lr, loss_scale);
     eager_runs_++;
     return;
   }
@@ -147,7 +134,7 @@ void GraphStep::run(float lr, double loss_scale, RngState* rng, const std::funct
   char* staged = static_cast<char*>(staging_.data());
   const uint64_t base = rng ? rng->next_stream : 0;
   std::memcpy(staged, &base, sizeof base);
-  if (cfg_.optimizer) optimizer_->stage_step(model_->params(), lr, scaling, staged + optimizer_offset_);
+  if (cfg_.optimizer) step_.stage_optimizer(lr, loss_scale, staged + optimizer_offset_);
   step_graph_.launch(ctx);
   if (rng) rng->next_stream += draws_;
   if (between) between();

@@ -6,10 +6,11 @@
 // optimizer's report after it.
 //
 // The step graph, on the context's stream:
-//   copy the staged scalars in (one H2D copy from pinned memory), zero_grad, then for each of the `accum`
-//   micro-steps: copy its staged tokens and targets into the model's input buffers, forward_device, copy its mean
-//   loss out, backward(S / accum); then an event the host waits on before it rewrites the staging; then the
-//   optimizer's device half (Optimizer::enqueue_graph_step: AdamW's norm and update launches).
+//   copy the staged scalars in (one H2D copy from pinned memory), then TrainStep's forward_backward (train_step.h:
+//   zero_grad, and for each of the `accum` micro-steps its staged tokens and targets copied into the model's input
+//   buffers, forward_device, its mean loss copied out, backward(S / accum)); then an event the host waits on before
+//   it rewrites the staging; then the optimizer's device half (Optimizer::enqueue_graph_step: AdamW's norm and
+//   update launches).
 // With `host_between` (the trainer's test hooks that plant a gradient) the optimizer's half is a second graph,
 // replayed after the host's `between`.
 //
@@ -20,12 +21,12 @@
 //   - dropout: the graph is captured with Philox streams relative to the step (0, 1, ...) and the kernels add a
 //     base from device memory (Context::philox_stream_base), staged as the run's next stream, so a replay draws
 //     exactly the eager step's masks; the seed is fixed for a run (a new one is captured anew);
-//   - tokens and targets: staged in pinned memory by the host (which checks the ids there, Gpt::check_tokens) and
+//   - tokens and targets: staged in pinned memory by the host (which checks the ids there, Model::check_tokens) and
 //     copied by the graph;
 //   - S in the backward (the cross-entropy's scale): captured; when the loss scaler changes S (an overflow halves
 //     it, 2000 good steps double it) the step graph is captured again;
 //   - the context's scratch and the activation arena: their addresses are captured; a reallocation of either
-//     (Context::scratch_generation, Gpt::plan_count) captures again.
+//     (Context::scratch_generation, Model::plan_count) captures again.
 // Grad clipping, weight decay, β, ε and label smoothing are fixed for a run.
 //
 // The first run() is eager (the same launches, with the scalars as kernel arguments): it grows the scratch, plans
@@ -38,8 +39,9 @@
 
 #include "tessera/core/buffer.h"
 #include "tessera/core/cuda_graph.h"
-#include "tessera/models/gpt.h"
+#include "tessera/models/model.h"
 #include "tessera/train/optimizer.h"
+#include "tessera/train/train_step.h"
 
 namespace tessera {
 
@@ -62,7 +64,7 @@ struct GraphStepConfig {
 class GraphStep {
  public:
   // The model's context must be a CUDA one; optimizer may be null when cfg.optimizer is false.
-  GraphStep(Gpt& model, Optimizer* optimizer, const GraphStepConfig& cfg);
+  GraphStep(Model& model, Optimizer* optimizer, const GraphStepConfig& cfg);
 
   // Pinned staging of micro-step m's batch, B*T int32 each, for the host to fill (and check) before run(). Waits
   // until the previous step's copies have read it (no wait when the host synchronized since).
@@ -92,12 +94,12 @@ class GraphStep {
   // The staging of micro-step m's batch, without waiting (inside a capture nothing may wait).
   int32_t* staged_tokens(int micro) const;
   int32_t* staged_targets(int micro) const;
-  size_t loss_bytes() const;
 
-  Gpt* model_;
+  Model* model_;
   Optimizer* optimizer_;
   GraphStepConfig cfg_;
   Context* ctx_;
+  TrainStep step_;  // the step's launches, the eager loop's (train_step.h)
   size_t optimizer_offset_ = 0, batch_offset_ = 0, header_bytes_ = 0;
   PinnedStaging staging_;  // [stream base u64 | optimizer scalars | tokens (accum·B·T) | targets (accum·B·T)]
   Buffer device_header_;   // [stream base | optimizer scalars], copied from the staging by the step graph
