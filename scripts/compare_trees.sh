@@ -4,7 +4,7 @@
 #   build:  only the builds (a later call on the warm machine reuses them)
 #   losses: a gpt2-124m bf16 run of each tree; their metrics.jsonl losses must agree bit for bit
 #   speed:  `bench model` (tessera's side of `bench compare`) for gpt2-124m at B 16, T 1024 and the five cs336
-#           sizes at B 4, T 256, then `bench attention`, old and new alternated twice, into OUT as markdown
+#           sizes at B 4, T 256, then `bench attention`, old and new alternated ROUNDS times (default 2), into OUT as markdown
 # Usage: scripts/compare_trees.sh OLD_DIR OUT_DIR MODE...   (OLD_DIR: a source tree, e.g. `git archive` of a commit)
 set -uo pipefail
 OLD=$(cd "${1:?usage: scripts/compare_trees.sh OLD_DIR OUT_DIR MODE...}" && pwd)
@@ -44,7 +44,7 @@ for mode in "$@"; do
         echo "losses: DIFFER"; diff "$OUT/losses_old.txt" "$OUT/losses_new.txt" | head; rc=1
       fi ;;
     speed)
-      for round in 1 2; do
+      for round in $(seq 1 "${ROUNDS:-2}"); do
         for t in old new; do
           dir=$OLD; [ $t = new ] && dir=$NEW
           B=$dir/build-gpu/tessera

