@@ -12,8 +12,14 @@ Block::Block(std::string prefix, std::string group, const BlockShape& s)
   self.causal = s.kind != BlockKind::Encoder;
   auto stage = [&](const char* name, std::unique_ptr<Sublayer> sub) {
     const std::string norm = "ln" + std::to_string(stages_.size() + 1);
-    stages_.push_back({name, Norm(prefix_ + norm, s.norm, s.attention.bias, s.attention.C, s.norm_eps),
-                       std::move(sub)});
+    stages_.push_back({.name = name,
+                       .norm = Norm(prefix_ + norm, s.norm, s.attention.bias, s.attention.C, s.norm_eps),
+                       .sub = std::move(sub),
+                       .stream = 0,
+                       .res_event = -1,
+                       .norm_event = -1,
+                       .norm_bwd_event = -1,
+                       .mid = Tensor{}});
   };
   stage("attn", std::make_unique<SelfAttention>(prefix_, self));
   if (s.kind == BlockKind::DecoderCross) {
