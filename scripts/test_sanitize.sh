@@ -2,7 +2,9 @@
 # Builds the CPU tests with AddressSanitizer + UndefinedBehaviorSanitizer (TESSERA_SANITIZE, CUDA off) in
 # build-asan/ and runs them: an out-of-bounds access, a use after free or undefined behaviour fails the test that
 # met it. Extra arguments go to ctest (e.g. -R Gemm).
-# Every CPU test runs, the Python oracles too (their tessera_oracle_dump is the sanitized binary).
+# Every CPU test runs, the Python oracles too (their tessera_oracle_dump is the sanitized binary), except those that
+# run tessera under an address limit: ASan's shadow memory leaves no room for one, and they skip
+# (TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY, tests/cli/cli_run.h). .ci/run runs this after the normal suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-asan}

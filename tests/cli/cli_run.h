@@ -47,6 +47,18 @@ inline CliRun run_after(const std::string& prefix, const std::string& args, cons
 
 inline CliRun run(const std::string& args, const std::filesystem::path& cwd = {}) { return run_after("", args, cwd); }
 
+// AddressSanitizer reserves terabytes of address space for its shadow memory as a process starts, so under an
+// address limit (ulimit -v) a sanitized tessera cannot start at all: the tests that impose one skip in that build
+// (scripts/test_sanitize.sh), and run in every other.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressLimitsApply = false;
+#else
+inline constexpr bool kAddressLimitsApply = true;
+#endif
+#define TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY()                                                      \
+  if (!::tessera::test::kAddressLimitsApply)                                                       \
+  GTEST_SKIP() << "built with AddressSanitizer, whose shadow memory no address limit leaves room for"
+
 // The prefix that runs tessera with its address space limited to `mib` MiB (ulimit -v), with one OpenMP and
 // OpenBLAS thread: each thread reserves address space, and a run that could not start its threads spun instead of
 // failing.

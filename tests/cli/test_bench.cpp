@@ -323,6 +323,7 @@ TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
 // does not (std::bad_alloc), nor do AdamW's gpt2-124m parameters or attention's naive scores at T 4096. bench
 // kernels --size large says the same.
 TEST_F(Bench, OutOfMemoryAtSizeFullOrLargeNamesSizeSmall) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   for (const auto& [which, mib] : {std::pair{"kernels", 128}, std::pair{"kernels", 256}, std::pair{"optimizer", 256},
                                    std::pair{"attention", 256}}) {
     const std::string args = std::string("bench ") + which + " --device cpu --warmup 0 --iters 1 --size ";

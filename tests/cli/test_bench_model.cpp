@@ -240,6 +240,7 @@ TEST_F(BenchModel, TableJsonCsvAndOomOnTheCpu) {
 // which bench model did not take for an allocation failure: the sweep ended with that error instead of marking the
 // size OOM and going on.
 TEST_F(BenchModel, AnAllocationTheSystemRefusesIsAnOomRow) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   // gpt2-124m plans ~1.5 GiB: with less available, it is marked OOM by its plan, before any allocation.
   if (available_host_memory() < (size_t{2} << 30)) GTEST_SKIP() << "under 2 GiB of host memory available";
   const fs::path js = dir / "m.json";

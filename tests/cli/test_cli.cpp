@@ -168,6 +168,7 @@ TEST_F(Cli, MissingShard) {
 // in 5 s) to be refused for their first byte. The address limit and the timeout turn a regression into a failure,
 // not a machine out of memory or a hung suite.
 TEST_F(Cli, AnEndlessNonTextInputIsRefusedAtOnce) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const std::string guard = test::address_limit_prefix(4096) + "timeout 60 ";
   const CliRun zero = test::run_after(guard, "prepare --text /dev/zero --out " + (dir / "z").string());
   expect_error(zero, "a NUL byte at byte 0", dir / "z");
@@ -566,6 +567,7 @@ TEST_F(Cli, TrainInterruptedWhilePreparingItsTextLeavesNothing) {
 // the text depends on the machine (on the GPU machine, 16 cores and libcuda mapped, about 100 MiB more than here),
 // and cancels.
 TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path small = dir / "small.txt", out = dir / "o";
   fs::rename(big_text(dir, 32), small);
   const fs::path large = big_text(dir, 96);
@@ -587,6 +589,7 @@ TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
 
 // A text too large to read whole says so, by name and size, not only "out of memory". The file is sparse.
 TEST_F(Cli, ATextTooLargeToReadWholeIsNamedInTheError) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path text = dir / "huge.txt", out = dir / "o";
   std::ofstream(text).close();
   fs::resize_file(text, uintmax_t{2} << 30);
@@ -937,6 +940,7 @@ TEST_F(Cli, GenerateStreamsItsText) {
 // Out of memory making the model (past a ulimit -v, where the check of the free memory up front passes) left an
 // empty output directory, and the prepared data in it.
 TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path out = dir / "o";
   // cs336-small's f32 parameters alone are 0.48 GiB, more than the limit leaves.
   const CliRun r = test::run_after(test::address_limit_prefix(test::startup_address_mib() + 256),
@@ -951,6 +955,7 @@ TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
 // never ended and ignored Ctrl-C (a new user's trial). Now each limit either trains or fails in one line, and the
 // limits just above the start-up's are the ones where the GEMMs' buffers do not fit.
 TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const std::string args = "train --batch 8 --seq 64 --d-model 32 --n-layers 1 --n-heads 2 --steps 1 --no-progress "
                            "--sample-tokens 0 --device cpu --out ";
   int blas_errors = 0, trained = 0;
@@ -980,6 +985,7 @@ TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
 // buffers they retry the mapping forever, and exit() waits for them: `info` printed its report and never ended, and
 // a bench hung after its out-of-memory line (a new user's trial). Both now end.
 TEST_F(Cli, CommandsEndWhenBlasThreadsFoundNoRoomUnderAnAddressLimit) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const std::string limit = "ulimit -v " + std::to_string((test::startup_address_mib() + 32) * 1024) +
                             " && OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout -k 5 30 ";
   const CliRun info = test::run_after(limit, "info");

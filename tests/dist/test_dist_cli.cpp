@@ -395,6 +395,7 @@ TEST(DistCli, TrainOnOneRankSaysRank) {
 // needs is measured, from that start: on the GPU machine (16 cores) MPI's own threads took more, and a fixed 356 MiB
 // beyond the start failed there in MPI's thread start-up. 256 MiB beyond it leaves the 2 x 64 MiB copy no room.
 TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path d = test::temp_dir("dist_cli_bench_peak");
   const auto limited = [&](size_t mib, const std::string& size) {
     return mpirun("", 2, "allreduce --backend mpi-cpu --sizes " + size + " --warmup 0 --iters 1", d, "bench",
@@ -411,6 +412,7 @@ TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
 // Out of host memory in a phase that every rank runs (a text file read whole, past a ulimit -v) is one line and an
 // agreed end: it was "out of memory" from every rank and then MPI_Abort. The file is sparse: no disk is used.
 TEST(DistCli, OutOfHostMemoryWhileTheRanksAgreeIsOneLine) {
+  TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path d = test::temp_dir("dist_cli_oom");
   std::ofstream(d / "big.txt").close();
   fs::resize_file(d / "big.txt", uintmax_t{2} << 30);
