@@ -1,8 +1,11 @@
-// A model that Gpt does not describe, composed of the same nn layers: a 2-layer post-norm encoder (non-causal
-// self-attention) and a 2-layer post-norm decoder whose blocks cross-attend over the encoder's output (Tq != Tk,
+// A model that Gpt does not describe, composed of the same nn layers: a 2-layer encoder (non-causal
+// self-attention) and a 2-layer decoder whose blocks cross-attend over the encoder's output (Tq != Tk,
 // grouped KV heads, key lengths), with token + position embeddings on both sides and a language-model head. Its
 // gradient, of every parameter of both stacks, is checked against fp64 finite differences on the CPU: the
-// encoder-decoder model is composition.
+// encoder-decoder model is composition. The decoder in both norm placements: post-norm (the Transformer of
+// "Attention Is All You Need", BART) and pre-norm (fairseq's --decoder-normalize-before), whose block with
+// cross-attention has three norms before its three sublayers, each block's last residual add computing the next
+// one's first norm (the head's final norm after the last).
 #include <gtest/gtest.h>
 
 #include "nn/nn_harness.h"
@@ -16,9 +19,9 @@ namespace {
 
 constexpr int kB = 2, kTs = 5, kTt = 4, kC = 8, kV = 13, kLayers = 2;
 
-BlockShape post_norm(BlockKind kind) {
+BlockShape block_shape(BlockKind kind, NormPlacement placement) {
   return {.kind = kind,
-          .placement = NormPlacement::Post,
+          .placement = placement,
           .attention = {.C = kC, .H = 4, .Hkv = 2, .Dh = 2, .bias = true},
           .mlp = {.C = kC, .F = 12, .kind = Activation::Gelu, .bias = true},
           .norm = NormKind::LayerNorm,
@@ -36,14 +39,24 @@ struct EncoderDecoder {
   Arena enc_arena, dec_arena;
   Tensor enc_tmp, dec_tmp, memory_grad, d_enc, d_dec;
 
-  explicit EncoderDecoder(ParamBuffer& pb) {
+  EncoderDecoder(ParamBuffer& pb, NormPlacement placement) {
     enc.reserve(kLayers);
     dec.reserve(kLayers);
     for (int l = 0; l < kLayers; ++l) {
-      enc.emplace_back("enc." + std::to_string(l) + ".", "encoder " + std::to_string(l), post_norm(BlockKind::Encoder));
+      enc.emplace_back("enc." + std::to_string(l) + ".", "encoder " + std::to_string(l),
+                       block_shape(BlockKind::Encoder, NormPlacement::Post));
       dec.emplace_back("dec." + std::to_string(l) + ".", "decoder " + std::to_string(l),
-                       post_norm(BlockKind::DecoderCross));
+                       block_shape(BlockKind::DecoderCross, placement));
       dec.back().cross_attention()->set_memory_length(kTs);
+    }
+    // A pre-norm block's last residual add computes the norm that reads its output (the cross-block fusion): the
+    // next block's first norm, or the head's final norm.
+    if (placement == NormPlacement::Pre) {
+      for (int l = 0; l < kLayers; ++l) {
+        dec[l].set_producer(l > 0 ? &dec[l - 1] : nullptr);
+        dec[l].set_next_norm(l + 1 < kLayers ? &dec[l + 1].input_norm() : &head.input_norm());
+      }
+      head.set_producer(&dec.back());
     }
     enc_emb.add_params(pb);
     for (Block& b : enc) b.add_params(pb);
@@ -78,7 +91,8 @@ struct EncoderDecoder {
     dec_emb.declare(pd, DType::F64, dec[0].input_last_use());
     pd.add(dec_tmp, "dec.tmp", DType::F64, {kB * kTt, kC}, 0, end);
     for (int l = 0; l < kLayers; ++l)
-      dec[l].declare(pd, DType::F64, "", l + 1 < kLayers ? dec[l + 1].input_last_use() : head.input_last_use());
+      dec[l].declare(pd, DType::F64, "dec.res." + std::to_string(l + 1),
+                     l + 1 < kLayers ? dec[l + 1].input_last_use() : head.input_last_use());
     head.declare(pd, DType::F64);
     pd.add(d_dec, "dec.d_res", DType::F64, {kB * kTt, kC}, 0, end);
     for (auto* p : {&enc_plan, &dec_plan}) p->assign(/*reuse=*/false);
@@ -123,10 +137,10 @@ struct EncoderDecoder {
   }
 };
 
-TEST(NnEncoderDecoder, PostNormWithCrossAttentionMatchesFiniteDifferences) {
+void check_encoder_decoder(NormPlacement placement) {
   test::LayerHarness h(kB, kTt);
   std::mt19937_64 rng(test::test_seed());
-  EncoderDecoder m(h.params());
+  EncoderDecoder m(h.params(), placement);
   h.finalize_params(rng);
   m.plan();
   std::vector<int32_t> src = test::randint(kB * kTs, kV, rng), tgt = test::randint(kB * kTt, kV, rng);
@@ -146,6 +160,10 @@ TEST(NnEncoderDecoder, PostNormWithCrossAttentionMatchesFiniteDifferences) {
   m.backward(h.params(), h.ctx(), src_t, tgt_t, targets_t, count_t);
   EXPECT_EQ(m.clock.last, m.sched.end() - 1);
 }
+
+TEST(NnEncoderDecoder, PostNormWithCrossAttentionMatchesFiniteDifferences) { check_encoder_decoder(NormPlacement::Post); }
+
+TEST(NnEncoderDecoder, PreNormWithCrossAttentionMatchesFiniteDifferences) { check_encoder_decoder(NormPlacement::Pre); }
 
 }  // namespace
 }  // namespace tessera
