@@ -183,8 +183,8 @@ int cmd_bench_model(int argc, char** argv) {
   BenchHarness h(ctx);
   const int gemm_n = ctx.is_cuda() ? kGemmGpu : kGemmCpu;
   const DType gemm_dt = ctx.is_cuda() ? DType::BF16 : DType::F32;
-  // At least 2 + 10 runs whatever --warmup and --steps: timed twice (--steps 2) on a loaded machine, one slow run
-  // halved the rate and MFU read 120%.
+  // At least 2 + 10 runs whatever --warmup and --steps: with only a couple of timed runs, one slow run on a loaded
+  // machine would lower the rate that MFU divides by, and MFU could read above 100%.
   const GemmRate gemm_rate = measure_gemm_rate(
       h, gemm_n, gemm_dt, {.warmup = std::max(bc.warmup, 2), .iters = std::max(bc.steps, kGemmRateMinRuns)});
   const std::string gemm_impl = ctx.is_cuda() ? "cuBLASLt" : gemm_uses_blas() ? "OpenBLAS" : "plain loop";

@@ -52,7 +52,7 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_ns.store(monotonic_ns());
   g_stop = sig;
   // Said at once: the step, or a checkpoint being written, can take minutes, and a stop that printed nothing until
-  // then drew the second Ctrl-C that abandons the checkpoint (a new user's trial). Not for SIGPIPE: stderr may be
+  // then would invite the second Ctrl-C that abandons the checkpoint. Not for SIGPIPE: stderr may be
   // the pipe that closed. The interrupted code sees errno as it was.
   if (sig != SIGPIPE && g_stop_note != nullptr) {
     const int saved = errno;
