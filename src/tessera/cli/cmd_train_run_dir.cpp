@@ -133,8 +133,8 @@ void TrainCommand::check_out_dir() {
       if (shard) shards.push_back(name);
     }
     // Shards with no run beside them were prepared by hand (tessera prepare --out OUT/data): replaced without a
-    // word, they were lost. A run's own shards go with the run, which --force replaces. All of them are named
-    // (the first few): one name read as if the others were not at stake.
+    // word, they would be lost. A run's own shards go with the run, which --force replaces. All of them are named
+    // (the first few): one name would read as if the others were not at stake.
     std::sort(shards.begin(), shards.end());
     TS_CHECK(shards.empty() || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, "
              "but its data/ holds shards (", first_names(shards), ") that train would replace with those of ",

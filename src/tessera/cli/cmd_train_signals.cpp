@@ -65,7 +65,7 @@ void set_stop_note(bool lead, bool checkpoints, bool progress) {
   g_stop_note = !lead ? nullptr : checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
   g_stop_note_len = !lead ? 0 : checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
   // The note's leading newline ends a bar drawn in place; with none (--no-progress, or stderr not a terminal,
-  // where the bar prints whole lines) it was an empty line.
+  // where the bar prints whole lines) it would be an empty line, so it is dropped there.
   if (g_stop_note && !(progress && ::isatty(STDERR_FILENO))) {
     ++g_stop_note;
     --g_stop_note_len;

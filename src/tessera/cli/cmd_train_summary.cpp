@@ -115,7 +115,7 @@ TrainResult TrainCommand::train_run() {
       const bool checkpoint = fs::exists(out / "checkpoint", ec2);
       if ((!ec && metrics > 0) || checkpoint) created.keep();
       // An empty metrics.jsonl (a new run's, or a branch's into --out NEW) in a directory that was there before
-      // would make it a run: the same command was then refused as one into a run, with nothing in it.
+      // would make it a run: the same command would then be refused as one into a run, with nothing in it.
       else if (!ec && lead) fs::remove(out / "metrics.jsonl", ec);
       throw;
     }
@@ -140,8 +140,8 @@ std::optional<int> TrainCommand::summarize(const TrainResult& r) {
   const std::string resume_cmd = launcher + shell_quote(argv_[0]) + " train --resume " + shell_quote(r.checkpoint) +
                                  (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
                                  dist_flags + precision_flags;
-  // The --trace / --memory-timeline files, or why there are none: they were written without a word, and a run
-  // stopped before its --trace-step left none, silently too.
+  // The --trace / --memory-timeline files, or why there are none (a run stopped before its --trace-step leaves
+  // none): said, so that neither the files nor their absence goes unmentioned.
   const bool wants_trace = !o.trace.empty() || !o.memory_timeline.empty();
   std::string traced;
   for (const std::string& f : r.traced) traced += (traced.empty() ? "" : ", ") + f;

@@ -84,8 +84,9 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(non_finite == 0, "checkpoint ", given, ": ", counted(non_finite, "weight"), " of the model ",
            non_finite == 1 ? "is" : "are",
            " NaN or infinite (the run that wrote it diverged): nothing to generate from");
-  // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) was refused
-  // by the default prompt's "byte 84, outside the model's vocab", about a prompt the user never gave.
+  // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) is refused
+  // here, about the model, rather than by the default prompt's "byte 84, outside the model's vocab", about a prompt
+  // the user never gave.
   const int vocab = model->config().vocab;
   TS_CHECK(vocab >= kByteVocab || a.has("prompt"), "checkpoint ", given, ": the model's vocab of ", vocab, " tokens is "
            "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
@@ -238,7 +239,7 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
   TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
   TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
-  // Without --world the figures were for one rank holding everything, printed as if sharded.
+  // Without --world the figures would be for one rank holding everything, printed as if sharded.
   TS_CHECK(!zero || a.has("world"), "--zero 1 shards the optimizer state over data-parallel ranks: give their number "
            "with --world N");
   if (a.has("checkpoint")) {
