@@ -147,7 +147,7 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string& regions_line = target.regions_line;
   const bool several = cfgs.size() > 1;
   // Every file the sweep will write, checked before its first step: the per-size names, and each plot's CSV (a
-  // directory named FILE.csv failed only after the timing, beside the PNG it had written).
+  // directory named FILE.csv would fail only after the timing, beside the PNG it had written).
   for (const ModelConfig& c : cfgs) {
     if (bc.trace) {
       const std::string trace = per_size_path(trace_path, c.preset, several);

@@ -39,7 +39,8 @@ void TrainCommand::print_start() {
                                                            setup.context->device().str() + ") in " + precision
                                                      : std::string("the CPU");
   if (lead) {
-    // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" read as a contradiction.
+    // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" would read as a
+    // contradiction.
     // --stop-after ends this call at its step (checked to be one this run takes): "for steps 5 to 10" under
     // --stop-after 5 promised five steps and ran one.
     const bool resumed = !o.resume.empty() && setup.model;

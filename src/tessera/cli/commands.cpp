@@ -169,7 +169,7 @@ int cmd_prepare(int argc, char** argv) {
   for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
   if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
   const std::string shards = counted(r.removed.size(), "earlier shard");
-  // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" read as one token too many.
+  // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" would read as one token too many.
   const std::string counts = r.n_train != 1 && r.n_val != 1
                                  ? std::to_string(r.n_train) + " train and " + counted(r.n_val, "val token")
                                  : counted(r.n_train, "train token") + " and " + counted(r.n_val, "val token");
