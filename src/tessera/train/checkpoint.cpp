@@ -118,7 +118,8 @@ std::string model_file(const std::string& path) {
     return p;
   }
   if (!fs::is_directory(p)) return p;
-  // A directory that is no checkpoint (a run's data/, say) said "cannot read DIR/model.safetensors".
+  // A directory that is no checkpoint (a run's data/, say) is said to be none, not "cannot read
+  // DIR/model.safetensors".
   const fs::path file = fs::path(p) / "model.safetensors";
   TS_CHECK(fs::exists(file) || !fs::exists(p), path, " is not a checkpoint: it holds no model.safetensors (train "
            "writes its checkpoints to OUT/checkpoint and OUT/best)");
