@@ -219,7 +219,8 @@ int TrainCommand::make_out_dir() {
     }
     // The run that --force replaces goes only once the new one's data has been checked. Its <dir>.old too (a swap
     // cut short): the loaders read RUN/checkpoint.old while RUN/checkpoint is missing, so until the new run's first
-    // save (never, with --no-checkpoint; best/ only with validation) the old run's model stood in for the new one's.
+    // save (never, with --no-checkpoint; best/ only with validation) the old run's model would stand in for the
+    // new one's.
     if (a.has("force")) {
       for (const char* name : {"metrics.jsonl", "checkpoint", "checkpoint.old", "best", "best.old"})
         fs::remove_all(out / name);

@@ -126,9 +126,9 @@ int cmd_prepare(int argc, char** argv) {
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string out = a.str("out");
-  // A run's own data, a run's directory or a checkpoint: prepare replaced RUN/data's shards without a word, and
-  // the run could no longer be resumed (its --resume checks a fingerprint of them); into a run or a checkpoint it
-  // mixed shards in with them.
+  // A run's own data, a run's directory or a checkpoint is refused without --force: prepare would replace RUN/data's
+  // shards without a word, and the run could no longer be resumed (its --resume checks a fingerprint of them); into
+  // a run or a checkpoint it would mix shards in with them.
   if (!a.has("force") && std::filesystem::is_directory(out)) {
     namespace fs = std::filesystem;
     const fs::path normal = fs::path(out).lexically_normal();

@@ -45,7 +45,7 @@ Flags::Flags(std::string command, std::string summary)
   app_->set_help_flag("--help,-h", "show this help");
   // Extras are collected, not thrown, so that parse() can word the error and suggest the nearest flag.
   app_->allow_extras();
-  // As before CLI11: a repeated flag is not an error, the last value wins.
+  // A repeated flag is not an error: the last value wins.
   app_->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 

@@ -281,7 +281,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   fd_ = -1;
   if (e == EWOULDBLOCK) throw_in_use();
   // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
-  // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
+  // runs unlocked: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;
   TS_THROW("cannot lock ", what, " ", dir, ": ", std::strerror(e));
 }

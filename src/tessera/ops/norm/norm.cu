@@ -395,7 +395,8 @@ __global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(Para
   __shared__ float lanes[kReduceLanes][33];
   T* out = sums.out[blockIdx.y];
   // d_w / d_b as they were, loaded before the wait: the row kernel does not write them, and the kernels before it
-  // have finished (it is an ordinary launch). Read after the sums it was one more memory round trip in the tail.
+  // have finished (it is an ordinary launch). Read after the sums they would be one more memory round trip in the
+  // tail.
   const int col = blockIdx.x * 32 + threadIdx.y;
   const float before = threadIdx.x == 0 && col < C ? to_f32(out[col]) : 0.0f;
   cuda::wait_for_primary_grid();  // the row kernel's partials

@@ -141,7 +141,8 @@ template <typename T, int W, int kCols, int kLanes>
 __device__ __forceinline__ void column_partials_add(T* out, const float* partial, int groups, int width, int c0,
                                                     bool valid, float* lanes) {
   constexpr int kAhead = 4;
-  // out as it was, loaded with the partials: read after the sums it was one more memory round trip at the very end.
+  // out as it was, loaded with the partials: read after the sums it would be one more memory round trip at the
+  // very end.
   // Only this block writes it, and only below.
   float o[W] = {};
   if (threadIdx.y == 0 && valid)
