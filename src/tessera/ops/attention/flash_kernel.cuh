@@ -44,7 +44,7 @@ constexpr int smem_stride() { return kD + 8; }
 
 // 2^x on the MUFU unit alone (ex2.approx.ftz: within 2 ulp, results under 2^-126 flushed to 0), as FlashAttention
 // gets it from --use_fast_math. Without fast math exp2f wraps every MUFU.EX2 in range scaling (a compare and two
-// predicated multiplies per score), work on the softmax's hottest path that a profile of the dQ kernel shows.
+// predicated multiplies per score), on the softmax's hottest path.
 // exp2(-inf) is +0, which the masked scores rely on.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
