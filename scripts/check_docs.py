@@ -9,6 +9,10 @@
         docs/ARCHITECTURE.md's layers table is true: one row per folder of src/tessera/, and each row's "uses" is
         exactly the set of layers its folder's files include ("tessera/<layer>/..."). A layer may use only layers
         above it in the table, unless its cell marks that use "(an exception ...)".
+    python3 scripts/check_docs.py comments [--source DIR]
+        No comment in src/ quotes a measurement (a number with a time or rate unit), cites a bench/results/ file or
+        names a GPU model: those are one run's facts and go to bench/results/ and the commit message. String
+        literals are not comments, and COMMENT_ALLOW lists the few comments where a name is part of a format.
     python3 scripts/check_docs.py commands --build BUILD_DIR [--source DIR] [PAGE.md ...]
         Runs every fenced block tagged `sh doctest` in those pages (default: the pages above), as written, with
         bash -e -o pipefail. Each page runs in a fresh scratch directory holding `build` (a link to BUILD_DIR) and
@@ -199,6 +203,84 @@ def check_layers(source):
     return problems
 
 
+# What a comment in src/ may not hold: a measurement, a results file or a GPU's model name. Those are a run's facts,
+# true of one tree on one machine, and they belong in bench/results/ and the commit message; a comment states the
+# invariant, the formula or the reason, which stay true. A unit alone ("the TFLOP/s table", "µs from mark 0") is
+# a definition, not a measurement, and passes; a number with a time or rate unit does not.
+COMMENT_RULES = [
+    (re.compile(r"bench/results|results/20\d\d|\b20\d\d-\d\d-\d\d-[\w.-]+\.(?:md|csv|png)\b"), "cites a results file"),
+    (re.compile(r"\d+(?:\.\d+)?\s*(?:µs|us|ms|ns)\b"), "quotes a time"),
+    (re.compile(r"\d+(?:\.\d+)?\s*(?:[TGP]FLOP/?s|[TGM]B/s|GiB/s)"), "quotes a rate"),
+    (re.compile(r"\b(?:[AHB]100|H200|GH200|B200|V100|L40S?|A10G?|RTX\s?\d{4})\b"), "names a GPU model"),
+]
+
+# (path relative to the source root, text the comment holds) of the few comments allowed to match a rule: where a
+# model name is part of an identifier or a format the comment documents. Keep it short.
+COMMENT_ALLOW = set()
+
+SOURCE_EXTS = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
+
+
+def comments(text):
+    """(line number, text) of every comment in C++ / CUDA source: `//` to the end of the line, and each line of a
+    `/* */` block. String, character and raw string literals are skipped, so a "// in a string" is not a comment
+    and a message string may name what it likes."""
+    out, i, n, line = [], 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            i += 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append((line, text[i + 2:j]))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j
+            for k, part in enumerate(text[i + 2:j].split("\n")):
+                out.append((line + k, part))
+            line += text.count("\n", i, j)
+            i = j + 2
+        elif c == "R" and text.startswith('"', i + 1) and not (i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = re.match(r'R"([^()\\\s]{0,16})\(', text[i:])
+            if not m:
+                i += 1
+                continue
+            end = text.find(")" + m.group(1) + '"', i + m.end())
+            end = n if end < 0 else end + len(m.group(1)) + 2
+            line += text.count("\n", i, end)
+            i = end
+        elif c == '"' or (c == "'" and not (i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"))):
+            # A ' after a digit or a letter is a digit separator (1'000) or part of a prefix such as u8'x'.
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def check_comments(source):
+    problems = []
+    root = os.path.join(source, "src")
+    for path in sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True)):
+        if not path.endswith(SOURCE_EXTS) or not os.path.isfile(path):
+            continue
+        rel = os.path.relpath(path, source)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            found = comments(f.read())
+        for n, body in found:
+            for rule, what in COMMENT_RULES:
+                m = rule.search(body)
+                if m and (rel, body.strip()) not in COMMENT_ALLOW:
+                    problems.append(f"{rel}:{n}: a comment {what} ('{m.group(0)}'): state the invariant or the "
+                                    "reason; the figures belong in bench/results/ and the commit message")
+    return problems
+
+
 def doctest_blocks(text):
     """(line number, script) of each fenced block whose info string is `sh doctest`."""
     blocks, current, start, fence = [], None, 0, None
@@ -264,7 +346,7 @@ def check_commands(source, build, only):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["links", "layers", "commands"])
+    ap.add_argument("what", choices=["links", "layers", "comments", "commands"])
     ap.add_argument("pages", nargs="*", help="commands: only these pages")
     ap.add_argument("--source", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
                     help="the repository's root (default: this script's parent)")
@@ -275,6 +357,8 @@ def main():
         problems = check_links(source)
     elif a.what == "layers":
         problems = check_layers(source)
+    elif a.what == "comments":
+        problems = check_comments(source)
     else:
         if not a.build:
             ap.error("commands needs --build BUILD_DIR")

@@ -32,7 +32,7 @@ std::vector<double> slowest_rank(Communicator& control, const std::vector<double
 
 // The elements at both ends and the middle ← rank + 1, all-reduced, then checked on the host against n(n + 1)/2.
 // Only those elements travel to and from the host: the size's one buffer is all this benchmark holds, which is what
-// bench allreduce checks against the memory before timing (a full host copy of a 1 GB size was 2 GB more a rank).
+// bench allreduce checks against the memory before timing (full host copies would add twice the size a rank).
 void check_result(Communicator& comm, Context& ctx, const Tensor& x) {
   const int64_t n = x.numel();
   const int r = comm.rank(), N = comm.size();

@@ -17,7 +17,7 @@ namespace tessera {
 // small: tiny shapes (a CPU run takes seconds); full: issue 6's shapes (N = 16384 rows of C = 768, d_ff = 3072,
 // V = 50257; AdamW over gpt2-124m); large (kernels only): full's widths over 4x the rows, N = 65536. At full's
 // sizes the (N, C) kernels move 50-100 MB, and even a copy of that many bytes stays below the 1 GiB copy's rate
-// (launch, ramp and drain: bench/results/2026-12-01-copy-size-and-pdl-h200.md); at large's 200-400 MB a copy comes
+// (it pays the launch, ramp and drain that a 1 GiB copy hides); at large's 200-400 MB a copy comes
 // close to the 1 GiB rate, so "% of copy" there is close to the kernel's own bandwidth.
 // The cross-entropy rows are not run at large: at full their logits already move 3-5 GB, and at large the random
 // fill of 3.3G logits on the host would take longer than the rest of the table.

@@ -138,7 +138,7 @@ std::string run_peer_script(const std::string& args, const std::string& what,
   if (signalled) ::raise(signalled);
   if (!timed_out) take_line(pending);  // a last line without its newline (one cut by the timeout is dropped)
   // The peers start their own errors with "peer: " (`sys.exit("peer: torch is not importable")`), which the note
-  // says already: "peer skipped: peer: ..." said it twice.
+  // says already: dropped, so that the line does not read "peer skipped: peer: ...".
   if (last.starts_with("peer: ")) last.erase(0, 6);
   if (timed_out) {
     const std::string limit = "stopped at --peer-timeout " + fmt_seconds(timeout_s);

@@ -35,7 +35,8 @@ std::vector<std::string> split_list(const std::string& s) {
 
 size_t parse_bytes(const std::string& what, const std::string& v) {
   const std::optional<double> x = parse_byte_size(v);
-  // A size in the form, but not one to take, says so: '0' and '99999999999999999999' were told to look like 2GiB.
+  // A size in the form, but not one to take ('0', '99999999999999999999'), says so, rather than asking for the
+  // form it already has.
   TS_CHECK(x, what, ": --max-memory expects a size such as 512MiB or 2GiB, got '", v, "'");
   TS_CHECK(*x > 0, what, ": --max-memory must be positive, got '", v, "'");
   TS_CHECK(*x >= 1, what, ": --max-memory '", v, "' is less than 1 byte");
@@ -131,8 +132,8 @@ double read_peer_timeout(const Flags& a, const std::string& what) {
   const double s = a.number("peer-timeout", 0.0);
   TS_CHECK(s >= 0, what, ": --peer-timeout must be 0 (no limit) or a positive number of seconds, got ",
            a.str("peer-timeout"));
-  // The deadline is a clock reading in nanoseconds (64 bits): 1e18 s overflowed it into the past, and the peer was
-  // stopped at once. A year is beyond any peer run.
+  // The deadline is a clock reading in nanoseconds (64 bits): a timeout past about 292 years overflows it into the
+  // past, which would stop the peer at once. A year is beyond any peer run.
   constexpr double kYear = 365.0 * 24 * 3600;
   TS_CHECK(s <= kYear, what, ": --peer-timeout ", a.str("peer-timeout"), " is out of range (at most a year, ",
            static_cast<long long>(kYear), " s; 0 for no limit)");

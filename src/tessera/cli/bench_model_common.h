@@ -33,7 +33,7 @@ struct ModelBenchTarget {
   std::string prec = {};           // "f32", "bf16" or "f16"
   std::vector<std::string> names = {};  // the presets, in the order given
   std::vector<ModelConfig> cfgs = {};
-  std::string device = {};         // "cpu" or "cuda:0 (NVIDIA H200)"
+  std::string device = {};         // "cpu" or "cuda:0 (<the GPU's name>)"
   std::string no_graph = {};       // model_bench_graph_refusal: "" when the regions are CUDA graph replays
   std::string regions_line = {};   // "regions: ..." for the header
 };
@@ -71,7 +71,7 @@ ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vecto
                          const ModelBenchConfig& bc, const std::string& precision, const std::string& device,
                          double timeout_s);
 
-// A time in ms: 3 decimals below 10 ms, else 2.
+// A time in ms: 3 decimals below 10, else 2.
 std::string ms_text(double ms);
 std::string csv_num(double v);  // %.6g
 // A memory cell: "OOM", "–" when absent, else human_bytes.

@@ -117,8 +117,8 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
                " elements (", es, " bytes)");
     // A size that cannot fit is refused here, by every rank at once in one line, rather than by an allocation
     // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory,
-    // and Open MPI's non-blocking in-place all-reduce scratch of up to twice its size beside it (measured under
-    // ulimit -v: 64 MiB on 2 ranks needs about 3 x 64 MiB a rank more than 4 KB does); NCCL: one on each rank's
+    // and Open MPI's non-blocking in-place all-reduce scratch of up to twice its size beside it (as measured under
+    // ulimit -v: about three times the size a rank in all); NCCL: one on each rank's
     // GPU. The result is checked without a host copy (check_result), so nothing else grows with the size.
     const size_t largest = *std::max_element(sizes.begin(), sizes.end());
     if (backend == "mpi-cpu") {

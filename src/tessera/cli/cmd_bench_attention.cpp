@@ -224,7 +224,7 @@ int cmd_bench_attention(int argc, char** argv) {
         "\n\nFLOPs: forward 4·B·H·T²·Dh / 2, forward + backward 3.5x that (FlashAttention's count).\n\n"
         "| impl | Dh | T | B × H | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|\n";
-  // Two significant digits below 1 TFLOP/s: the CPU's reference loops would read "0.0" in every cell.
+  // Two significant digits below 1: the CPU's reference loops would read "0.0" in every cell.
   const auto tflops = [](double t) { return t >= 1.0 ? fmt("%.1f", t) : fmt("%.2g", t); };
   for (const auto& r : flops_rows) {
     const std::string key = "| " + std::to_string(r.Dh) + " | " + std::to_string(r.T) + " | " + std::to_string(r.B) +

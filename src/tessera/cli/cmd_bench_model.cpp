@@ -147,7 +147,7 @@ int cmd_bench_model(int argc, char** argv) {
   const std::string& regions_line = target.regions_line;
   const bool several = cfgs.size() > 1;
   // Every file the sweep will write, checked before its first step: the per-size names, and each plot's CSV (a
-  // directory named FILE.csv failed only after the timing, beside the PNG it had written).
+  // directory named FILE.csv would fail only after the timing, beside the PNG it had written).
   for (const ModelConfig& c : cfgs) {
     if (bc.trace) {
       const std::string trace = per_size_path(trace_path, c.preset, several);
@@ -183,8 +183,8 @@ int cmd_bench_model(int argc, char** argv) {
   BenchHarness h(ctx);
   const int gemm_n = ctx.is_cuda() ? kGemmGpu : kGemmCpu;
   const DType gemm_dt = ctx.is_cuda() ? DType::BF16 : DType::F32;
-  // At least 2 + 10 runs whatever --warmup and --steps: timed twice (--steps 2) on a loaded machine, one slow run
-  // halved the rate and MFU read 120%.
+  // At least 2 + 10 runs whatever --warmup and --steps: with only a couple of timed runs, one slow run on a loaded
+  // machine would lower the rate that MFU divides by, and MFU could read above 100%.
   const GemmRate gemm_rate = measure_gemm_rate(
       h, gemm_n, gemm_dt, {.warmup = std::max(bc.warmup, 2), .iters = std::max(bc.steps, kGemmRateMinRuns)});
   const std::string gemm_impl = ctx.is_cuda() ? "cuBLASLt" : gemm_uses_blas() ? "OpenBLAS" : "plain loop";

@@ -94,7 +94,8 @@ bool TrainCommand::check_data() {
     for (const auto& [flag, path] : trace_outputs(o)) files.claim(flag, path);
     {
       // A stop while the text is read (seconds for gigabytes, or an endless --data /dev/zero) ends the command as
-      // one while its prepare runs does: a line, 128 + the signal, nothing written. Unhandled, it was a silent kill.
+      // one while its prepare runs does: a line, 128 + the signal, nothing written. Unhandled, it would be a
+      // silent kill.
       text_signals.emplace(std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP}, &read_stop,
                            /*keep_ignored=*/std::initializer_list<int>{SIGHUP});
       try {

@@ -111,7 +111,7 @@ class TrainCommand {
   std::optional<DirectoryLock> data_lock;
   SignalFlag read_stop = 0;  // a stop while the --data text is read
   // One process: from the read of a --data text until the training's own handlers, a stop is recorded in read_stop
-  // and said, where between the read, the prepare and the training the default action had killed train without a
+  // and said, where between the read, the prepare and the training the default action would kill train without a
   // word (seconds, for gigabytes of text). Ranks keep it for the read alone: a flag that some ranks saw and others
   // did not would part them, and mpirun ends them all on a stop anyway.
   std::optional<ScopedSignals> text_signals;

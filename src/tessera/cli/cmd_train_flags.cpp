@@ -118,15 +118,15 @@ void TrainCommand::read_flags() {
   o.weight_decay = a.number_f32("weight-decay", o.weight_decay);
   o.grad_clip = a.number_f32("grad-clip", o.grad_clip);
   o.label_smoothing = a.number_f32("label-smoothing", o.label_smoothing);
-  // Said as typed: 0.99999999 is 1 as a float, and "got 1" read as if the number had been misread.
+  // Said as typed: 0.99999999 is 1 as a float, and "got 1" would read as if the number had been misread.
   TS_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
            a.str("label-smoothing"),
            o.label_smoothing == 1 && a.number("label-smoothing", 1.0) < 1 ? " (1 as a float)" : "");
   o.seed = a.u64("seed", o.seed);
   o.device = a.str("device", "");
   o.precision = a.str("precision", "");
-  // Empty means "the device's default" inside TrainOptions: `--precision ''` trained as if the flag were absent,
-  // where info and bench refuse it.
+  // Empty means "the device's default" inside TrainOptions, so `--precision ''` is refused here, as info and bench
+  // refuse it, rather than taken as if the flag were absent.
   TS_CHECK(!a.has("precision") || !o.precision.empty(),
            "--precision: unknown precision '' (expected f32, bf16 or f16)");
   const std::string master = a.str("master-weights", "on");

@@ -133,8 +133,8 @@ void TrainCommand::check_out_dir() {
       if (shard) shards.push_back(name);
     }
     // Shards with no run beside them were prepared by hand (tessera prepare --out OUT/data): replaced without a
-    // word, they were lost. A run's own shards go with the run, which --force replaces. All of them are named
-    // (the first few): one name read as if the others were not at stake.
+    // word, they would be lost. A run's own shards go with the run, which --force replaces. All of them are named
+    // (the first few): one name would read as if the others were not at stake.
     std::sort(shards.begin(), shards.end());
     TS_CHECK(shards.empty() || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, "
              "but its data/ holds shards (", first_names(shards), ") that train would replace with those of ",
@@ -219,7 +219,8 @@ int TrainCommand::make_out_dir() {
     }
     // The run that --force replaces goes only once the new one's data has been checked. Its <dir>.old too (a swap
     // cut short): the loaders read RUN/checkpoint.old while RUN/checkpoint is missing, so until the new run's first
-    // save (never, with --no-checkpoint; best/ only with validation) the old run's model stood in for the new one's.
+    // save (never, with --no-checkpoint; best/ only with validation) the old run's model would stand in for the
+    // new one's.
     if (a.has("force")) {
       for (const char* name : {"metrics.jsonl", "checkpoint", "checkpoint.old", "best", "best.old"})
         fs::remove_all(out / name);

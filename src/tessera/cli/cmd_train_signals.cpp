@@ -52,7 +52,7 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_ns.store(monotonic_ns());
   g_stop = sig;
   // Said at once: the step, or a checkpoint being written, can take minutes, and a stop that printed nothing until
-  // then drew the second Ctrl-C that abandons the checkpoint (a new user's trial). Not for SIGPIPE: stderr may be
+  // then would invite the second Ctrl-C that abandons the checkpoint. Not for SIGPIPE: stderr may be
   // the pipe that closed. The interrupted code sees errno as it was.
   if (sig != SIGPIPE && g_stop_note != nullptr) {
     const int saved = errno;
@@ -65,7 +65,7 @@ void set_stop_note(bool lead, bool checkpoints, bool progress) {
   g_stop_note = !lead ? nullptr : checkpoints ? kStopNoteCheckpoint : kStopNoteNone;
   g_stop_note_len = !lead ? 0 : checkpoints ? sizeof kStopNoteCheckpoint - 1 : sizeof kStopNoteNone - 1;
   // The note's leading newline ends a bar drawn in place; with none (--no-progress, or stderr not a terminal,
-  // where the bar prints whole lines) it was an empty line.
+  // where the bar prints whole lines) it would be an empty line, so it is dropped there.
   if (g_stop_note && !(progress && ::isatty(STDERR_FILENO))) {
     ++g_stop_note;
     --g_stop_note_len;

@@ -39,7 +39,8 @@ void TrainCommand::print_start() {
                                                            setup.context->device().str() + ") in " + precision
                                                      : std::string("the CPU");
   if (lead) {
-    // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" read as a contradiction.
+    // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" would read as a
+    // contradiction.
     // --stop-after ends this call at its step (checked to be one this run takes): "for steps 5 to 10" under
     // --stop-after 5 promised five steps and ran one.
     const bool resumed = !o.resume.empty() && setup.model;
@@ -115,7 +116,7 @@ TrainResult TrainCommand::train_run() {
       const bool checkpoint = fs::exists(out / "checkpoint", ec2);
       if ((!ec && metrics > 0) || checkpoint) created.keep();
       // An empty metrics.jsonl (a new run's, or a branch's into --out NEW) in a directory that was there before
-      // would make it a run: the same command was then refused as one into a run, with nothing in it.
+      // would make it a run: the same command would then be refused as one into a run, with nothing in it.
       else if (!ec && lead) fs::remove(out / "metrics.jsonl", ec);
       throw;
     }
@@ -140,8 +141,8 @@ std::optional<int> TrainCommand::summarize(const TrainResult& r) {
   const std::string resume_cmd = launcher + shell_quote(argv_[0]) + " train --resume " + shell_quote(r.checkpoint) +
                                  (fs::path(r.checkpoint).parent_path() == out ? "" : " --out " + shell_quote(o.out)) +
                                  dist_flags + precision_flags;
-  // The --trace / --memory-timeline files, or why there are none: they were written without a word, and a run
-  // stopped before its --trace-step left none, silently too.
+  // The --trace / --memory-timeline files, or why there are none (a run stopped before its --trace-step leaves
+  // none): said, so that neither the files nor their absence goes unmentioned.
   const bool wants_trace = !o.trace.empty() || !o.memory_timeline.empty();
   std::string traced;
   for (const std::string& f : r.traced) traced += (traced.empty() ? "" : ", ") + f;

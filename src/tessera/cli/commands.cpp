@@ -84,8 +84,9 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(non_finite == 0, "checkpoint ", given, ": ", counted(non_finite, "weight"), " of the model ",
            non_finite == 1 ? "is" : "are",
            " NaN or infinite (the run that wrote it diverged): nothing to generate from");
-  // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) was refused
-  // by the default prompt's "byte 84, outside the model's vocab", about a prompt the user never gave.
+  // Byte-level text in and out: a model whose vocab is narrower than the bytes (trained on other ids) is refused
+  // here, about the model, rather than by the default prompt's "byte 84, outside the model's vocab", about a prompt
+  // the user never gave.
   const int vocab = model->config().vocab;
   TS_CHECK(vocab >= kByteVocab || a.has("prompt"), "checkpoint ", given, ": the model's vocab of ", vocab, " tokens is "
            "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
@@ -125,9 +126,9 @@ int cmd_prepare(int argc, char** argv) {
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const std::string out = a.str("out");
-  // A run's own data, a run's directory or a checkpoint: prepare replaced RUN/data's shards without a word, and
-  // the run could no longer be resumed (its --resume checks a fingerprint of them); into a run or a checkpoint it
-  // mixed shards in with them.
+  // A run's own data, a run's directory or a checkpoint is refused without --force: prepare would replace RUN/data's
+  // shards without a word, and the run could no longer be resumed (its --resume checks a fingerprint of them); into
+  // a run or a checkpoint it would mix shards in with them.
   if (!a.has("force") && std::filesystem::is_directory(out)) {
     namespace fs = std::filesystem;
     const fs::path normal = fs::path(out).lexically_normal();
@@ -168,7 +169,7 @@ int cmd_prepare(int argc, char** argv) {
   for (size_t i = 0; i < r.removed.size() && i < 4; ++i) removed += (i ? ", " : "") + r.removed[i];
   if (r.removed.size() > 4) removed += ", and " + std::to_string(r.removed.size() - 4) + " more";
   const std::string shards = counted(r.removed.size(), "earlier shard");
-  // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" read as one token too many.
+  // A count of 1 (a tiny text) gets its own noun: "1 train and 1 val tokens" would read as one token too many.
   const std::string counts = r.n_train != 1 && r.n_val != 1
                                  ? std::to_string(r.n_train) + " train and " + counted(r.n_val, "val token")
                                  : counted(r.n_train, "train token") + " and " + counted(r.n_val, "val token");
@@ -238,7 +239,7 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
   TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
   TS_CHECK(zero == 0 || zero == 1, "--zero: only stage 1 is built (--zero 1), got ", zero);
-  // Without --world the figures were for one rank holding everything, printed as if sharded.
+  // Without --world the figures would be for one rank holding everything, printed as if sharded.
   TS_CHECK(!zero || a.has("world"), "--zero 1 shards the optimizer state over data-parallel ranks: give their number "
            "with --world N");
   if (a.has("checkpoint")) {

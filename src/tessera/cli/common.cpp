@@ -47,10 +47,10 @@ ModelConfig model_from_flags(const Flags& f) {
     cfg.validate();
   } catch (const Error& e) {
     // A field given as a flag is named as the flag: the field a message is about ("config: emb_scale must be ..."
-    // for --emb-scale nan read as if a config file were wrong, where --lr nan says "--lr ..."), and any other field
-    // it quotes with its value (`--preset gpt2-124m --n-heads 5` said "config: d_model 768 is not divisible by
-    // n_heads 5"). Fields from the preset keep their names; words and quoted values that happen to spell a field
-    // ("got 'tied'", "sinusoidal positions need") are left alone. A message that names no flag stays as it is.
+    // for --emb-scale nan would read as if a config file were wrong, where --lr nan says "--lr ..."), and any other
+    // field it quotes with its value (`--preset gpt2-124m --n-heads 5`: "... not divisible by --n-heads 5", not
+    // "by n_heads 5"). Fields from the preset keep their names; words and quoted values that happen to spell a
+    // field ("got 'tied'", "sinusoidal positions need") are left alone. A message that names no flag stays as it is.
     const std::string msg = e.what(), config = "config: ";
     std::string out = msg;
     for (const auto& field : model_config_fields()) {

@@ -48,7 +48,7 @@ class OutputLost : public Error {
   using Error::Error;
 };
 // Added to "cannot write standard output: ..." where the command's work was done before its output was lost
-// (prepare's shards, a training run before its sample): exit 2 alone read as nothing written.
+// (prepare's shards, a training run before its sample): exit 2 alone would read as nothing written.
 inline constexpr const char* kOutputLostNote = " (the command had finished: only what it printed was lost)";
 // Byte-level tokens of `prompt`; each must be below `vocab`.
 std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);

@@ -45,7 +45,7 @@ Flags::Flags(std::string command, std::string summary)
   app_->set_help_flag("--help,-h", "show this help");
   // Extras are collected, not thrown, so that parse() can word the error and suggest the nearest flag.
   app_->allow_extras();
-  // As before CLI11: a repeated flag is not an error, the last value wins.
+  // A repeated flag is not an error: the last value wins.
   app_->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
@@ -78,8 +78,8 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
       if (end < a.size()) attached.emplace(name, a.substr(end + 1));
       TS_CHECK(end == a.size() || it == placeholders_.end() || !it->second.empty(), command_, ": --", name,
                " takes no value");
-      // `--name=` gives the empty value, as `--name ''` does (and getopt_long): CLI11 took the next argument as its
-      // value, or said that "a flag is missing its value" without naming it.
+      // `--name=` gives the empty value, as `--name ''` does (and getopt_long), rather than the next argument as its
+      // value, or a "flag is missing its value" that does not name it.
       if (end + 1 == a.size() && it != placeholders_.end()) {
         args.emplace_back();
         a.pop_back();
@@ -110,8 +110,8 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
   } catch (const CLI::ParseError& e) {
     TS_THROW(command_, ": ", e.what(), see);
   }
-  // A flag given without its value took the next flag as it: `--out --force` trained into a directory named
-  // "--force". A separate value that is exactly one of this command's flags is taken as that mistake. Anything
+  // A flag given without its value would take the next flag as it: `--out --force` would train into a directory
+  // named "--force". A separate value that is exactly one of this command's flags is taken as that mistake. Anything
   // else that starts with "--" is still a value, and `--prompt=--force` says unambiguously that it is one.
   for (const auto& [name, option] : options_) {
     if (placeholders_.at(name).empty() || option->count() == 0) continue;
@@ -160,7 +160,7 @@ int Flags::integer(const std::string& name, int fallback) const {
                                           v[0] == '+'),
            command_, ": --", name, " expects an integer, got '", v, "'");
   // The side it left by, not int's whole range: most of these flags must be positive, and "-2147483648 to
-  // 2147483647" read as if a negative count were fine.
+  // 2147483647" would read as if a negative count were fine.
   const bool high = errno == ERANGE ? x > 0 : x > INT32_MAX;
   TS_CHECK(errno == 0 && x >= INT32_MIN && x <= INT32_MAX, command_, ": --", name, " ", v, " is out of range (",
            high ? "at most " : "at least ", high ? int64_t{INT32_MAX} : int64_t{INT32_MIN}, ")");

@@ -49,8 +49,8 @@ int fail(std::string msg, const char* kind = "error", int code = 2) {
 
 // A standard stream that was closed when tessera started (`tessera train 2>&-`) is opened on /dev/null in the mode
 // that makes every use fail (stdout and stderr read-only: writes fail with EBADF), as gnulib's stdopen does. Left
-// closed, its number went to the next file tessera opened, and what was printed on it landed there: train's progress
-// lines, in metrics.jsonl.
+// closed, its number would go to the next file tessera opened, and what is printed on it would land there (train's
+// progress lines in metrics.jsonl).
 void hold_closed_std_streams() {
   for (int fd = 0; fd <= 2; ++fd) {
     if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;

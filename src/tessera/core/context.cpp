@@ -43,7 +43,7 @@ Context Context::from_name(const std::string& name) {
   if (name == "cpu") return Context(Device::cpu());
   if (name == "cuda" || name.starts_with("cuda:")) {
     int index = 0;
-    if (name != "cuda") {  // "cuda:" alone was taken as cuda:0
+    if (name != "cuda") {  // "cuda:" alone is refused, not taken as cuda:0
       char* end = nullptr;
       const long v = std::strtol(name.c_str() + 5, &end, 10);
       TS_CHECK(std::isdigit(static_cast<unsigned char>(name[5])) && *end == '\0' && v < 1024, "--device: '", name,

@@ -86,8 +86,8 @@ class Context {
   // The SMs a cuBLASLt GEMM may plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET); 0: all of them. Data-parallel
   // training that overlaps NCCL collectives with the backward sets it to the SM count less the collectives' CTAs:
   // Hopper's persistent GEMM kernels launch one CTA per SM, and with NCCL holding some SMs a whole wave of tiles
-  // waited for the collective to end. (Measured: planning for fewer SMs cost more than the waves it saved; the
-  // option stays for tuning, off by default.)
+  // waits for the collective to end. It is off by default: planning for fewer SMs measured costlier than the waves
+  // it saves; the option stays for tuning.
   int gemm_sm_target() const { return gemm_sm_target_; }
   void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
 

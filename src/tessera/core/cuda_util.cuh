@@ -135,7 +135,7 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // call wait_for_primary_grid before it reads anything the first one wrote: that returns once the first kernel has
 // finished and its writes are visible. wait_for_primary_grid is a no-op in a kernel launched the ordinary way, and
 // allow_dependent_launch does nothing when no programmatic dependent follows. What it saves is the gap between the
-// two kernels and the second one's launch (bench/results/2026-12-01-copy-size-and-pdl-h200.md).
+// two kernels and the second one's launch.
 // Code built for an architecture below sm_90 has no griddepcontrol. On such a GPU the dependent launches do not
 // overlap, but the same code JIT-compiled for an sm_90 GPU would run them overlapped without their waits, reading
 // inputs before they are written: such a build is refused here rather than compiled with the waits dropped.

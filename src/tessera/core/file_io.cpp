@@ -281,7 +281,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what, co
   fd_ = -1;
   if (e == EWOULDBLOCK) throw_in_use();
   // A file system that locks no directories (NFS: EBADF on one opened read-only; Lustre without -o flock: ENOSYS)
-  // runs unlocked, as before the lock: refusing there would stop every run in a home or scratch directory.
+  // runs unlocked: refusing there would stop every run in a home or scratch directory.
   if (e == EBADF || e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL) return;
   TS_THROW("cannot lock ", what, " ", dir, ": ", std::strerror(e));
 }
@@ -342,8 +342,8 @@ std::vector<fs::path> create_dirs_recorded(const std::string& dir, bool* made_di
 
 void ensure_writable_dir(const std::string& dir) {
   std::error_code ec;
-  // A file in its place said "cannot create output directory F: Not a directory" (mkdir's words), as if making the
-  // directory had failed; the path is simply not a directory, as train's own check says.
+  // A file in its place is said as such, not in mkdir's words ("cannot create output directory F: Not a
+  // directory"), as if making the directory had failed; the path is simply not a directory, as train's own check says.
   TS_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "output path ", dir, " is not a directory");
   fs::create_directories(dir, ec);
   // A symbolic link to nothing (the path or a directory above it): mkdir's "File exists" alone named a path that

@@ -23,14 +23,14 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, const char* what =
 // that an endless input (a pipe from `yes`) cannot hold off Ctrl-C until memory runs out. `stop_at_nul`: the read
 // ends after the first block (at most 64 KiB past the file's reported size) that holds a NUL byte, which no text
 // has: the caller's text check then refuses the input at that byte. Without it --text /dev/zero and /dev/urandom
-// were read until memory ran out (2.7 GB in 5 s) to be refused for their first byte.
+// would be read until memory ran out, to be refused for their first byte.
 std::string read_file_text(const std::string& path, const char* what = "file",
                            const volatile std::sig_atomic_t* stop = nullptr, bool stop_at_nul = false);
 
 // What to add to "<path> does not exist" when `path`, or a directory on it, is a symbolic link whose target does not
 // resolve: " (<link> is a symbolic link to <target>, which does not resolve)", a relative target shown from the
 // working directory; else "" (a link loop included: fs::exists throws ELOOP before this is asked). fs::exists
-// follows links, so a dangling one read as a plain missing path while ls showed it there.
+// follows links, so a dangling one would read as a plain missing path while ls shows it there.
 std::string dangling_link_note(const std::string& path);
 
 // Writes `path` atomically: the bytes go to a temporary file beside it, which is flushed to disk and then

@@ -4,8 +4,8 @@
 namespace tessera {
 
 // Work (iterations × inner loop length) below which a reference loop stays on one thread: forking OpenMP
-// threads for less costs more than it saves, and oversubscribes machines that run many small tests at once
-// (measured: the fp64 model gradient checks went from under a second to minutes under `ctest -j8` on 16 cores).
+// threads for less costs more than it saves, and oversubscribes machines that run many small tests at once (the
+// fp64 model gradient checks are many such small loops, under a parallel ctest).
 constexpr long kParallelMinWork = 1L << 16;
 
 }  // namespace tessera

@@ -1,7 +1,7 @@
 // tessera/core/units.h — numbers and byte sizes as the command line writes them.
 //
 // strtod and sscanf("%lf") also read hex floats ("0x10" is 16), "inf", "nan" and leading blanks: a flag such as
-// `--lr 0x10` was taken as 16. These read decimal notation only.
+// `--lr 0x10` would be taken as 16. These read decimal notation only.
 #pragma once
 #include <cstddef>
 #include <optional>
@@ -18,7 +18,7 @@ double parse_decimal_prefix(std::string_view v, size_t* used);
 // decimal past double's range as +-inf, and a double past float's rounds to +-inf as a float: both are OutOfRange,
 // so that the message can quote what was typed ("--lr 1e300 is out of range") instead of the inf it would have
 // become. A nonzero decimal closer to zero than T's smallest normal magnitude is Underflow: as a float, `--lr 1e-50`
-// was 0, and the error then said "got 0" of a number that was not. *out is set when Ok.
+// is 0, and an error would say "got 0" of a number that is not. *out is set when Ok.
 enum class DecimalStatus { Ok, NotANumber, OutOfRange, Underflow };
 template <typename T>
 DecimalStatus parse_decimal(std::string_view v, T* out);

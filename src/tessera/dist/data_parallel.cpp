@@ -49,8 +49,8 @@ Fault read_fault() {
 }
 
 // The form of the run's collectives: what its ranks must agree on beyond the training options. Ranks with
-// different --ddp, --bucket-mb or --zero issued different collectives and failed inside MPI ("MPI_ERR_IN_STATUS",
-// after a run directory was made) or, for bucket against flat, trained on as if they agreed. What the form does
+// different --ddp, --bucket-mb or --zero would issue different collectives and fail inside MPI ("MPI_ERR_IN_STATUS",
+// after a run directory is made) or, for bucket against flat, train on as if they agreed. What the form does
 // not use is left out (--ddp under ZeRO-1, --bucket-mb outside bucket). --comm-timeout is each rank's own wait, and
 // --comm-sms each GPU's own share (NCCL aligns its channels across the ranks itself).
 std::string collective_form(const DataParallelOptions& o) {
@@ -196,7 +196,7 @@ void run_collectively(Communicator& control, const std::function<void()>& fn, st
     msg = filesystem_error_message(e);
   } catch (const std::bad_alloc&) {
     // Out of host memory in a phase every rank runs (under a ulimit -v, say): one line too, and an agreed end,
-    // where it was a line from each rank and MPI_Abort. (A text file read whole says so itself, as an Error.)
+    // rather than a line from each rank and MPI_Abort. (A text file read whole says so itself, as an Error.)
     failed = 1;
     msg = "out of memory";
     if (!oom_hint.empty()) msg.append(" (").append(oom_hint).append(")");

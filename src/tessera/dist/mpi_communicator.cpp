@@ -72,8 +72,8 @@ class MpiOp final : public PendingOp {
     return true;
   }
 
-  // Polls: spin (yielding) for the first iterations, where small collectives finish, then sleep 50 us between
-  // polls so that a rank waiting on a slow peer leaves the cores to it (CI runs 4 ranks on 2 cores).
+  // Polls: spin (yielding) for the first iterations, where small collectives finish, then sleep between polls so
+  // that a rank waiting on a slow peer leaves the cores to it (CI runs 4 ranks on 2 cores).
   void wait() override {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();

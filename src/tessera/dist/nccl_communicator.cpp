@@ -225,7 +225,7 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   if (rank_ == 0) TS_CHECK_NCCL(ncclGetUniqueId(&id));
   bootstrap.broadcast(Tensor(&id, DType::U8, {static_cast<int64_t>(sizeof id)}), /*root=*/0);
   // A blocking communicator: a non-blocking one costs more per collective call, which overlapped DDP pays once per
-  // bucket (bench/results/2026-11-30-step-and-comm-2xh200.md). Its
+  // bucket. Its
   // collectives return once enqueued either way, so they are still watched against the timeout (NcclOp::wait). The
   // join itself blocks: it runs on a helper thread, watched here against the timeout; a join that never ends
   // (a peer gone between the id's broadcast and the join) leaves that thread to the process's exit, and one that

@@ -153,7 +153,7 @@ int parse_int(std::string_view field, std::string_view v) {
   TS_CHECK(ec == std::errc() && ptr == v.data() + v.size(), "config: ", field, " expects an integer, got '", v, "'");
   return out;
 }
-// Decimal notation only, as the command line's numbers are (core/units.h): strtof took "0x10" as 16. A finite
+// Decimal notation only, as the command line's numbers are (core/units.h): strtof alone takes "0x10" as 16. A finite
 // number past float's range, or too close to zero for it, is said with the text as typed, not as "got inf" or
 // "got 0". "inf" and "nan" are read as such, for validate() to say what the field accepts ("must be positive and
 // finite").

@@ -102,7 +102,7 @@ void Gpt::init_weights(uint64_t seed) {
     const bool is_bias = seg.name.ends_with(".b");
     const bool is_resid = seg.name.ends_with("proj.w") || seg.name.ends_with("fcp.w");
     // Each value is a pure function of (seed, segment, index), so the cores split the elements and the bits do not
-    // depend on the thread count. On one core the 2.7B model took minutes before its first step.
+    // depend on the thread count: a billion-parameter model's initialization is then no longer one core's work.
     const int64_t n = static_cast<int64_t>(seg.numel);
     float* dst = w.data() + seg.offset;
     const double sd = is_resid ? resid_std : 0.02;

@@ -98,8 +98,8 @@ void rename_or_throw(const fs::path& from, const fs::path& to, const fs::path& p
 std::string model_file(const std::string& path) {
   const std::string p = resolve_checkpoint_dir(path);
   if (fs::is_regular_file(p)) {
-    // A file given where a checkpoint was meant (a text file, a config.json) said "file is truncated (3 bytes)" or
-    // gave a header length spelled by its text: read as faults in a checkpoint, not as the wrong file. A file is
+    // A file given where a checkpoint was meant (a text file, a config.json) is named as the wrong file, not
+    // reported as a checkpoint's fault ("file is truncated", or a header length spelled by its text). A file is
     // none when it is too short for the 8-byte header length, or gives a length past its end with no '{' of a
     // header after it (as the safetensors load judges); a safetensors file's own faults are left to the load.
     std::error_code ec;
@@ -118,7 +118,8 @@ std::string model_file(const std::string& path) {
     return p;
   }
   if (!fs::is_directory(p)) return p;
-  // A directory that is no checkpoint (a run's data/, say) said "cannot read DIR/model.safetensors".
+  // A directory that is no checkpoint (a run's data/, say) is said to be none, not "cannot read
+  // DIR/model.safetensors".
   const fs::path file = fs::path(p) / "model.safetensors";
   TS_CHECK(fs::exists(file) || !fs::exists(p), path, " is not a checkpoint: it holds no model.safetensors (train "
            "writes its checkpoints to OUT/checkpoint and OUT/best)");

@@ -127,7 +127,7 @@ struct Split {
 
   Split(size_t n, double fraction) : size(n), f(fraction), blocks(val_blocks_in(n / kSplitBlock, fraction) > 0) {
     // At least one val byte (none for an empty text), and never more than the text: for an empty text the train
-    // split was size - 1 bytes (2^64 - 1), which passed train --data's check of its length.
+    // split would otherwise be size - 1 bytes (2^64 - 1), which passes train --data's check of its length.
     if (!blocks)
       tail = std::min<size_t>(n, std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * fraction)));
   }
@@ -245,7 +245,7 @@ bool is_shard_file(const std::string& path) {
   while (got < 0 && errno == EINTR);
   const int err = errno;
   ::close(fd);
-  // A read that fails is the file's fault, not a missing header: say so (EIO on a bad disk read as "not a shard").
+  // A read that fails is the file's fault, not a missing header: say so (EIO on a bad disk, not "not a shard").
   TS_CHECK(got >= 0, "data: cannot read ", path, ": ", std::strerror(err));
   return got == static_cast<ssize_t>(sizeof magic) && magic == kShardMagic;
 }
@@ -313,7 +313,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   // (train_*.bin, val_*.bin: an earlier prepare's, or copies) go with the renames; others (llm.c's
   // fineweb_train_000001.bin) may be downloads that took hours, and are not removed but refused.
   // What is replaced or removed must be a shard (its header's magic): a text named train_notes.bin, even the text
-  // being prepared, was removed as an earlier shard.
+  // being prepared, would otherwise be removed as an earlier shard.
   std::vector<std::string> stale;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {

@@ -4,8 +4,8 @@ namespace tessera {
 
 std::vector<MemoryTimelinePoint> memory_timeline_points(const Model& model, size_t optimizer_state_bytes,
                                                         const std::vector<size_t>& measured_at_phase_end) {
-  // The legend names what the band holds: it said "params, grads, adamw state" also where the gradients are planned
-  // in the arena (train without --accum, bench model), and so counted in the live activations, not here.
+  // The legend names what the band holds: not "params, grads, adamw state" where the gradients are planned in the
+  // arena (train without --accum, bench model), and so counted in the live activations, not here.
   const ParamBuffer& params = model.params();
   const size_t static_bytes = params.bytes() + optimizer_state_bytes;
   std::string holds = "params";

@@ -141,7 +141,7 @@ uint64_t run_fingerprint(const TrainOptions& o) {
   Fnv f;
   // Everything that shapes the run's numbers (the device does not: ranks own different GPUs). The data counts by
   // its shards' names and contents (add_split below), not by its path: ranks started in different working
-  // directories with a relative --data hold different absolute paths to the same shards, and were refused as
+  // directories with a relative --data hold different absolute paths to the same shards, and must not be refused as
   // disagreeing. --out and --resume still count as given (the other ranks read a --text run's OUT/data).
   json options = train_options_to_json(o);
   options.erase("data");

@@ -98,11 +98,11 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   // kind of file (a config.json, a token shard given as a checkpoint).
   const bool json_next = size > 8 && bytes[8] == '{';
   // Said first when the bytes are not a safetensors header: "header length 8031924123371070824 exceeds the file
-  // size 25" for a text file read as a fault in a checkpoint, not as the wrong file.
+  // size 25" for a text file would read as a fault in a checkpoint, not as the wrong file.
   TS_CHECK(n <= size - 8 || json_next, "safetensors: ", path, " is not a safetensors file (its first 8 bytes give a "
            "header length of ", n, " bytes, beyond the file size ", size, ")");
   // Past the end of the file, a length no writer would give is a corrupt length field, not a cut-short file:
-  // 18446744073709551615 said "the file is truncated" of a file of full length. Hugging Face's safetensors refuses
+  // 18446744073709551615 would say "the file is truncated" of a file of full length. Hugging Face's safetensors refuses
   // headers over 100 MB, so a longer one cannot have been written as one.
   constexpr uint64_t kMaxHeader = 100'000'000;
   TS_CHECK(n <= size - 8 || n <= kMaxHeader, "safetensors: ", path, ": its header length is corrupt (the first 8 "

@@ -427,7 +427,7 @@ void TrainLoop::validate_and_save(int64_t step, bool last, bool time_due, nlohma
 
 void TrainLoop::show_progress(int64_t step, const StepOutcome& s) {
   char fields[160];
-  // Below 100 tokens a second (a big model on the CPU) "0.0k" said nothing: those are shown whole.
+  // Below 100 tokens a second (a big model on the CPU) "0.0k" would say nothing: those are shown whole.
   const double tps = s.tokens_per_s;
   const int len = tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.3g tok/s", s.loss, s.lr, tps)
                             : std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", s.loss, s.lr,

@@ -157,7 +157,8 @@ void next_batch_share(TokenStream& data, int B, int T, int rank, int world, int3
 }
 
 std::vector<std::pair<const char*, std::string>> trace_outputs(const TrainOptions& o) {
-  // The plot's CSV too: a directory named FILE.csv failed only after the training, beside the PNG it had written.
+  // The plot's CSV too: a directory named FILE.csv would fail only after the training, beside the PNG it had
+  // written.
   const std::string timeline_csv =
       o.memory_timeline.empty() ? "" : fs::path(o.memory_timeline).replace_extension(".csv").string();
   return {{"--trace", o.trace}, {"--memory-timeline", o.memory_timeline}, {"--memory-timeline's CSV", timeline_csv}};
@@ -228,7 +229,7 @@ TrainSetup train_setup(TrainOptions o) {
              o.world_size == 1 ? "a single process (no mpirun)" : "mpirun -np " + std::to_string(o.world_size),
              ", not ", world == 1 ? std::string("a single process") : std::to_string(world) + " ranks",
              " (the checkpoint loads anywhere as a model: tessera generate)");
-    // "nothing to do for --steps 7" named a flag the user had not typed when --steps was the saved run's.
+    // When --steps is the saved run's, "nothing to do for --steps 7" would name a flag the user had not typed.
     TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
              steps > 0 ? ", nothing to do for --steps " + std::to_string(o.steps)
                        : ", the last of the run's " + std::to_string(o.steps) + " steps",
@@ -244,14 +245,14 @@ TrainSetup train_setup(TrainOptions o) {
              " to ", last, ")");
   };
   if (o.stop_after > 0) check_step("--stop-after", o.stop_after, o.steps);
-  // A trace step after --stop-after was never reached, and no trace written, without a word.
+  // A trace step after --stop-after would never be reached, and no trace written, without a word: refused here.
   const int64_t last_step = o.stop_after > 0 ? o.stop_after : o.steps;
   if (o.trace_step == 0) o.trace_step = static_cast<int>(std::min(first_step + 1, last_step));
   if (!o.trace.empty() || !o.memory_timeline.empty()) check_step("--trace-step", o.trace_step, last_step);
-  // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl replaced the
-  // metrics, one of a data shard replaced the shard (both "succeeded").
+  // None of them may be a file the run itself writes or reads: a --trace of OUT/metrics.jsonl would replace the
+  // metrics, one of a data shard the shard, and both would "succeed".
   // A resumed run's metrics are read, cut back and appended to: one that is not a readable file (a directory made
-  // in its place) failed only after the run's startup lines.
+  // in its place) is refused here, not after the run's startup lines.
   const std::string metrics = (fs::path(o.out) / "metrics.jsonl").string();
   if (s.model && fs::exists(metrics)) {
     TS_CHECK(fs::is_regular_file(metrics), "output directory ", o.out, ": its metrics.jsonl is not a file: move it "
@@ -336,7 +337,7 @@ void train_open_data(TrainSetup& s) {
            o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
   s.train_data = std::make_unique<TokenStream>(train_shards, o.model.vocab);
   s.val_data.reset();
-  // A directory with train shards alone trains without validation, as one shard file does (it was refused).
+  // A directory with train shards alone trains without validation, as one shard file does.
   const std::vector<std::string> val =
       fs::is_directory(o.data) ? list_shards(o.data, "val") : std::vector<std::string>{};
   if (!val.empty()) s.val_data = std::make_unique<TokenStream>(val, o.model.vocab);

@@ -21,8 +21,8 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 // tanh for the GELU of T: the hardware approximation (tanh.approx.f32, one MUFU op, max relative error 2^-10.99)
 // for 16-bit T, whose rounding of the result (2^-8 for bf16, 2^-11 for f16) is as coarse; the accurate tanhf for
-// f32, whose tests compare at 1e-5. tanhf's instruction count holds a 16-bit forward well below the copy bandwidth
-// (bench/results/2026-11-30-kernels-h200.md).
+// f32, whose tests compare at 1e-5. tanhf's instruction count would hold a 16-bit forward well below the copy
+// bandwidth.
 template <typename T>
 __device__ __forceinline__ float tanh_for(float x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -105,7 +105,7 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 // memory in ty order into partial[group, c], and the chunk's last block adds the groups' rows in order into d_bias
 // (cuda::last_block_of_chunk, counters: one per chunk): deterministic.
 // Blocks per SM: 5 without a gate (48 registers), 3 for SwiGLU (80 registers, no spill; it would spill at 5): bounds
-// that keep the one-wave grid resident (bench/results/2026-12-01-one-wave-tails-h200.md).
+// that keep the one-wave grid resident.
 template <typename T, int W, bool kGlu>
 __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,

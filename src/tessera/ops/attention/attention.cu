@@ -747,8 +747,7 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   }
   const bool hopper = flash_backward_uses_hopper(p, dtype, ctx);
   // The Hopper dQ pass computes D itself from the dO tile it holds, when it can read out in 16-byte vectors:
-  // doing so instead of attention_backward_row_dot took 0.11-0.23 ms off the backward at 32k tokens x 2048
-  // (H200, bf16; bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
+  // that saves the attention_backward_row_dot launch and its separate read of dO.
   const bool d_in_dq = hopper && cuda::aligned16(out);
   if (!d_in_dq) row_dot(p, dtype, D, rows_view(p, d_out), rows_view(p, out), ctx);
   // RoPE's backward: the flash passes rotate dQ and dK back in registers as they store them where Dh is the

@@ -111,12 +111,9 @@ bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const At
 
 bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
   // Auto takes both Hopper kernels wherever eligible: with exp2 on the MUFU unit alone (flash::exp2_approx) they
-  // beat mma.sync at Dh 64 and 128 on the H200 (causal, 32k tokens, T 1k-16k: forward + backward 178-271 against
-  // 160-204 TFLOP/s at Dh 64, 256-379 against 172-224 at Dh 128; gpt2-124m step 32.2 against 33.3-33.7 ms;
-  // bench/results/2026-11-30-fast-exp2-h200.md). The other head widths run zero-padded in the 64 and 128 kernels,
-  // and beat mma.sync too, forward and backward: Dh 32 / 80 / 96 T 16k forward + backward 228 / 335 / 390 against
-  // 148 / 196 / 151 TFLOP/s; the CS336 table's d 16 T 16k forward 1.11 against 1.71 ms
-  // (bench/results/2026-12-02-padded-heads-hopper-h200.md).
+  // measured faster than mma.sync, forward and backward, at Dh 64 and 128 and in the gpt2-124m step; the other head
+  // widths run zero-padded in the 64 and 128 kernels and measured faster than mma.sync too (see the commits that
+  // chose the fast exp2 and the padded heads).
   return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
 }
 

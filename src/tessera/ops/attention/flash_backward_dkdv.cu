@@ -33,9 +33,8 @@ constexpr size_t dkdv_smem_bytes() {
 // At the end dK / sqrt(Dh) (with RoPE, rotated back first: rope_rotate_back) and dV are stored; each element is
 // written by one thread once: deterministic.
 // Blocks per SM the compiler must fit. At Dh 64 the kernel wants 187 registers, which leaves room for 2 blocks (8
-// warps); bounded to 3 it takes 168 with a 32-byte spill, and gpt2-124m's attention backward (B 16, T 1024, 12
-// layers, one traced step on the H200) went 6.97 -> 6.68 ms. Also measured there: 32 queries a step with 3 blocks
-// (no spill) 7.11 ms, and with 4 blocks 6.97 ms.
+// warps); bounded to 3 it takes 168 with a 32-byte spill, and measured faster than 2 blocks over gpt2-124m's
+// attention backward, and faster than 32 queries a step with 3 or 4 blocks (see the commit that chose it).
 template <int kD>
 constexpr int kDkdvMinBlocks = kD == 64 ? 3 : 1;
 

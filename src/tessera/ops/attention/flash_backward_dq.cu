@@ -23,9 +23,9 @@ constexpr size_t dq_smem_bytes() {
 // With dropout, dP = Z ∘ (dO Vᵀ) (attention.h): the dropped elements of dO Vᵀ are zeroed, the kept ones scaled
 // by 1 / (1 - p), before dS. At the end dQ / sqrt(Dh) is stored (with RoPE, rotated back first: rope_rotate_back).
 // Each dQ element is written by one thread once: deterministic.
-// Blocks an SM: 3 (4 at Dh 32), what the kernel reached unbounded while dropout was a runtime branch (164-168
-// registers; 126 at Dh 32). Unbounded, the instance with dropout took 224 at Dh 128 (2 blocks); bounded to 1 block,
-// those without it took 200-228.
+// Blocks an SM: 3 (4 at Dh 32), which holds every instance to at most 168 registers a thread (128 at Dh 32), the
+// occupancy of the one kernel that both instances replace (164-168 registers; 126 at Dh 32). Unbounded, the
+// instance with dropout takes 224 at Dh 128 (2 blocks); bounded to 1 block, those without it take 200-228.
 template <int kD>
 constexpr int kDqMinBlocks = kD == 32 ? 4 : 3;
 

@@ -71,10 +71,9 @@ template <int kD>
 constexpr int step_tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
 template <int kD>
 constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
-// The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (forward + backward
-// 331-333 -> 344-345 TFLOP/s at T 4k, 367 -> 381-383 at T 16k: 2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128,
-// where a second 64 columns of Sᵀ and dPᵀ beside dK and dV spilled 768 bytes (ptxas C7512: wgmma serialized) and
-// ran 14-20% slower.
+// The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (measured faster
+// than 64-row tiles); 64 at Dh 128, where a second 64 columns of Sᵀ and dPᵀ beside dK and dV would not fit the
+// registers (ptxas spills and serializes the wgmmas: C7512).
 template <int kD>
 constexpr int dkdv_query_rows() { return kD == 64 ? 128 : 64; }
 template <int kD>
@@ -163,9 +162,8 @@ __device__ __forceinline__ void produce_steps(int n, int bytes, uint64_t* bar_fu
 }
 
 // The dQ pass streams K / V tiles of 128 keys (two 64-row TMA boxes per column box, laid out as a block tile), so
-// that S = Q Kᵀ and dP = dO Vᵀ are m64n128k16 products: against 64-key tiles (m64n64k16) forward + backward went
-// from 447-450 to 479-484 TFLOP/s at Dh 128, T 16k, and 444 to 461-462 at T 4k; at Dh 64 from 329 to 333 at T 4k
-// and within the noise at 1k and 16k (2026-12-01-dq-pass-128-keys-h200.md).
+// that S = Q Kᵀ and dP = dO Vᵀ are m64n128k16 products: measured faster than 64-key tiles (m64n64k16) at Dh 128,
+// and no slower at Dh 64.
 constexpr int kDqKeys = 128;
 static_assert(kDqKeys == kBlockRows, "the dQ pass's K / V tiles are laid out and loaded as block tiles");
 template <int kD>
@@ -285,8 +283,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (turn_wait / turn_pass, flash_hopper_kernel.cuh) and hands the turn over once they are issued, so that one
   // consumer's exponentials and dS run while the other's products do. Two turns a
   // tile: S and dP, then dQ += dS K. Consumer 0 goes first; consumer 1 makes no hand-over after its last turn, so
-  // every arrival is waited for. The turns took 2-5% off the backward at Dh 64 and 1-2% at Dh 128; the same turns
-  // in the dK / dV pass made it slower (bench/results/2026-12-01-backward-turns-h200.md). No tile is skipped: with
+  // every arrival is waited for. The turns measured faster here; the same turns in the dK / dV pass measured
+  // slower, so that pass has none. No tile is skipped: with
   // 128-key tiles and 128 queries a block, n_kt stops at the diagonal tile, which both warpgroups need, and both
   // must take the same number of turns.
   static_assert(kKeys == kBlockRows, "a tile wholly past a warpgroup's last query would need a skip, and its turns");
@@ -295,10 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = j % kStages;
     const int k0 = j * kKeys;
     mbar_wait(&bar_full[s], (j / kStages) & 1);
-    // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (with the dK / dV
-    // pass doing the same, the backward at Dh 64 went from 1.63 / 4.14 / 14.6 ms to 1.57 / 3.90-3.91 /
-    // 14.0-14.1 ms at T 1k / 4k / 16k, 32k tokens; within 1.5% at Dh 128:
-    // 2026-12-01-split-waits-and-fused-d-h200.md).
+    // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (the dK / dV pass does
+    // the same; measured faster than one group at Dh 64, level at Dh 128).
     turn_wait(cw);
     issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
     turn_pass(cw);
@@ -395,8 +391,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_release<kProducerRegs>();
     if (threadIdx.x / 32 == 1) {
       // Warp 1 stages each query tile's lse (log2 units; +inf past T, so P = 0) and D in shared memory, kQRows / 32
-      // queries a lane; its arrival on the stage's full barrier releases them to the consumers (a consumer read
-      // them straight from global memory, per accumulator column, and stalled on those loads: ncu, H200).
+      // queries a lane; its arrival on the stage's full barrier releases them to the consumers, which would
+      // otherwise stall on loading them from global memory, per accumulator column.
       const int lane = threadIdx.x % 32;
       const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
       for (int t = 0; t < n_qt - i_begin; ++t) {
@@ -497,8 +493,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kQRows == 128) {
     // Compiled width 64: tile t + 1's Sᵀ is queued on the tensor cores behind tile t's dV and dK, so that they do
-    // not wait for this consumer to come round the loop and issue it (forward + backward at T 4k / 16k 392 / 415-418
-    // -> 400-403 / 420-428 TFLOP/s, level at 1k: 2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
+    // not wait for this consumer to come round the loop and issue it (measured faster at T 4k and 16k, level at
+    // 1k). A trip issues tile
     // t's dPᵀ (tile t's Sᵀ complete), then tile t's dV, dK and tile t + 1's Sᵀ, and waits for all of them, so that
     // no wgmma is in flight across the loop's back edge: ptxas serialized every wgmma of the loop (C7514) when
     // tile t + 1's Sᵀ was left in flight into the next trip. Pᵀ, dSᵀ and the next Sᵀ fit beside dK and dV; with

@@ -25,10 +25,9 @@
 //     softmax, while the tensor cores add the previous tile's P V), and out takes 1 / (1 - p).
 // Overlap, as FlashAttention-3 does it: each consumer issues tile j's S with tile j - 1's P V and runs tile j's
 // softmax while they execute (software pipelining), and the two consumers take turns issuing their products
-// (ping-pong on two named barriers), so that one's softmax runs while the other's products do. Measured on the
-// H200 (bf16, causal, 32k tokens x 2048, T 1k-16k): the forward took 7-8% less time at Dh 64 and 8-11% less at
-// Dh 128 than with neither; pipelining without the turns was 1-16% slower than neither
-// (bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
+// (ping-pong on two named barriers), so that one's softmax runs while the other's products do. Both together
+// measured faster than neither at Dh 64 and 128; pipelining without the turns measured slower than neither, as the
+// two consumers then issue their products together and then both sit in their softmax.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -73,18 +72,17 @@ constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align
 
 // The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
 // base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
-// in one build (the uniform warpgroup index in both), stepping took the forward from 394 / 598 / 695 to 401 / 611
-// / 710 TFLOP/s at Dh 128 (T 1k / 4k / 16k) and from 288 / 439 / 514 down to 282 / 404 / 459 at Dh 64
-// (2026-12-01-wgmma-descriptors-h200.md).
+// with the warpgroup index uniform in both, stepping measured faster at Dh 128 and slower at Dh 64 (see the commit
+// that chose it).
 template <int kD, typename Make>
 __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
   if constexpr (kD == 128) return desc_plus(make(base), off);
   else return make(base + off);
 }
 
-// kDropout: an instance of its own for attention dropout. With the draws behind a runtime branch in the one
-// instance, the forward without dropout lost 4-8% (Dh 64 T 16k: 513 -> 473 TFLOP/s, same run; the backward passes
-// lost nothing: 2026-12-01-attention-dropout-wgmma-h200.md).
+// kDropout: an instance of its own for attention dropout, so that the forward without dropout carries no draws:
+// behind a runtime branch in one instance they measured slower without dropout (the backward passes did not, and
+// keep one instance).
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,

@@ -44,7 +44,7 @@ constexpr int smem_stride() { return kD + 8; }
 
 // 2^x on the MUFU unit alone (ex2.approx.ftz: within 2 ulp, results under 2^-126 flushed to 0), as FlashAttention
 // gets it from --use_fast_math. Without fast math exp2f wraps every MUFU.EX2 in range scaling (a compare and two
-// predicated multiplies); in ncu's stall samples of the Hopper dQ kernel those FMULs were the largest opcode share.
+// predicated multiplies per score), on the softmax's hottest path.
 // exp2(-inf) is +0, which the masked scores rely on.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -396,8 +396,8 @@ void dispatch_head(int Dh, F&& f) {
 }
 
 // Host side, the setup both backward passes share: `kernel_drop` or `kernel_plain` (the pass's instances with and
-// without dropout: behind a runtime branch, the call to the keep bits cost the mma.sync backward 1-7% without
-// dropout, 2026-12-01-rope-in-attention-h200.md) on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared
+// without dropout: behind a runtime branch the call to the keep bits costs registers, and measured slower without
+// dropout) on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared
 // memory, taking (d_qkv, d_out, qkv, lse, D, T, H, Dh, causal, scale, scale log2e, dropout, RoPE table).
 template <typename T, int kD, typename Kernel>
 void launch_backward_pass(const char* pass, size_t smem, Kernel kernel_drop, Kernel kernel_plain,

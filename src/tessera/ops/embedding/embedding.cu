@@ -36,8 +36,8 @@ __device__ __forceinline__ void apply_stream_base(EmbedArgs& a) {
 // tokens: (B*T) i32; wte: (V, C); wpe: (max_seq, C) or null; out: (B*T, C). f is the dropout factor of element
 // r*C + c (1 without dropout). One thread per W-element unit (W = 16-byte pack or 1), grid-stride over a grid the
 // GPU holds at once; C % W == 0, so a unit never straddles two rows.
-// Each unit makes 2 dependent loads (the id, then the row); one unit a thread over a resident grid was the fastest
-// of the shapes measured (bench/results/2026-12-02-embedding-forward-variants-h200.md).
+// Each unit makes 2 dependent loads (the id, then the row); one unit a thread over a resident grid measured faster
+// than the variants tried against it (see the commit that kept it).
 template <typename T, int W>
 __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe, int64_t units,
@@ -96,7 +96,7 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 
 // The stable sort of the rows by key, as a bucket sort (the same output as a stable radix sort: keys ascending,
 // each key's rows ascending). cub's radix sort is bound by latency at these sizes (several passes of few blocks);
-// the bucket sort is faster up to the limit below (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its
+// the bucket sort, a few short kernels, measured faster up to the limit below. Its
 // ranking grows with the square of the largest bucket (step 3: every row one id costs about n² / 32 shuffles), so
 // above kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
 // Step 1: keys[r] = backward_key(tokens[r]); slot[r] = r's place
@@ -182,7 +182,7 @@ __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32
 }
 
 // Long runs. Text makes runs of thousands of rows for its frequent ids, and one warp walking such a run alone
-// was the whole cost (1.5 ms of a gpt2-124m step on byte-level text). So the sorted positions are cut into chunks
+// would be the whole cost of the backward. So the sorted positions are cut into chunks
 // of kChunk = 32 rows aligned to multiples of 32, and a run is summed piece by piece: its first piece (from its
 // start to the end of its chunk) by the run's own warp, every later piece (a chunk that begins inside the run) by
 // a warp of its own in an earlier launch, into partial[chunk] (f32). The run's warp then adds the partials in
@@ -276,7 +276,7 @@ __device__ __forceinline__ void embedding_backward_wte_sorted_runs(
   const int chunk = i / kChunk, pos = chunk * kChunk + lane;
   // One round of loads: the chunk's keys and rows, and (lane 0, when i starts the chunk) the key before it; i's
   // key and the one before it come from those by shuffles. Loaded first on their own, those two keys would put a
-  // second L2 round trip before the run's d_out loads (bench/results/2026-12-02-embedding-key-loads-h200.md).
+  // second L2 round trip before the run's d_out loads.
   const int32_t key = pos < n ? sorted_keys[pos] : a.V;
   const int32_t my_row = pos < n ? sorted_rows[pos] : 0;
   const int at = i - chunk * kChunk;
@@ -360,11 +360,10 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
 
 // d_wpe and pass 2 in one launch: blocks [0, wpe_blocks) take d_wpe's columns, the rest pass 2 (block b =
 // blockIdx.x - wpe_blocks is (b % runs_x, b / runs_x)). The two read the same d_out independently, so one launch
-// saves one (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Launched as a programmatic dependent (see
+// saves one. Launched as a programmatic dependent (see
 // embedding_backward_cuda), pass 2's blocks wait for the kernels before; d_wpe's need nothing they wrote and do not
 // wait. Each of their threads walks B rows, the longest chain of loads in the launch, so they come first in the
-// grid: there they start with the launch, beside the sort's last kernels, instead of being its tail
-// (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
+// grid: there they start with the launch, beside the sort's last kernels, instead of being its tail.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_wte_runs_and_wpe(T* __restrict__ d_wte, T* __restrict__ d_wpe, const T* __restrict__ d_out,
@@ -508,7 +507,7 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
   // (wait_for_primary_grid) before its first read of them; d_wpe's blocks of the last launch read nothing the chain
   // writes and never wait. The kernels before the chain (the memset, the count or keys kernel, cub's) are ordinary
   // launches, so the chain starts after everything earlier on the stream is done. Chaining hides the launch and the
-  // ramp of each short kernel (bench/results/2026-12-02-embedding-pdl-and-large-rows-h200.md).
+  // ramp of each short kernel.
   if (use_bucket_sort(n)) {
     TS_CHECK_CUDA(cudaMemsetAsync(sc.counts, 0, static_cast<size_t>(p.V + 1) * sizeof(int32_t), ctx.stream()));
     embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,

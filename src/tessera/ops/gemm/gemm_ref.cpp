@@ -46,8 +46,8 @@ namespace {
 // Splits C's rows into blocks, each a single-threaded BLAS call, spread over the OpenMP threads: on small and
 // mid-sized GEMMs (a training step's shapes) this uses the cores far better than OpenBLAS's own threads. The
 // blocks depend on the shape alone, never on the thread count: OpenBLAS rounds an element differently with the
-// number of rows a call has (a 512-row product split in two calls instead of one differs in 4% of its elements),
-// so a split per thread made the CPU's results depend on OMP_NUM_THREADS. Each element is computed by exactly one
+// number of rows a call has (a product split in two calls differs from the one call in some of its elements), so a
+// split per thread would make the CPU's results depend on OMP_NUM_THREADS. Each element is computed by exactly one
 // call, so they do not depend on timing either.
 constexpr int kBlasBlockMinRows = 128;  // rows of a block, at least (fewer rows than this and packing B dominates)
 constexpr int kBlasMaxBlocks = 64;     // blocks of a GEMM, at most: enough for 64 threads
@@ -55,7 +55,7 @@ constexpr int kBlasMaxBlocks = 64;     // blocks of a GEMM, at most: enough for 
 // OpenBLAS gives each thread that calls it a work buffer of its own, 128 MiB of address space mapped at the thread's
 // first call (the calling thread's at start-up when OpenBLAS starts single-threaded, as after OMP_NUM_THREADS=1
 // OPENBLAS_NUM_THREADS=1) and never unmapped. When that mapping fails it tries again, forever: under an address-space
-// limit (ulimit -v) a 2-thread train spun at 100% CPU in its first GEMM and never ended, deaf to Ctrl-C. So a thread's
+// limit (ulimit -v) a GEMM would spin at full CPU in its first call and never end, deaf to Ctrl-C. So a thread's
 // first BLAS call checks the address space left first, under a lock (two threads' checks could both pass with room
 // for one buffer), and a thread without room skips its block; the GEMM then fails as out of memory, in one line.
 // The check asks for the buffer and a new thread's malloc arena (glibc reserves 64 MiB); a thread that calls BLAS

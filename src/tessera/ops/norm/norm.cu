@@ -91,10 +91,10 @@ struct ResidualHead {
 // x, out: (N, C); mean, rstd: (N) f32. One pass: Σ(x - x0) and Σ(x - x0)² together, shifted by the row's first
 // element so that a large common offset does not cancel the variance away; then out from the registers.
 // With the residual fused the kernel loads no row ahead: two rows of residual and y cost too many registers (2 blocks
-// per SM, or spills at 3; bench/results/2026-11-30-fused-norm-residual-h200.md). One row of two inputs in flight per
+// per SM, or spills at 3). One row of two inputs in flight per
 // group, at 3 blocks per SM, keeps as many bytes in flight as the norm alone with its row ahead (packed rows; the
 // scalar path would spill). The norm alone on packed rows is bounded to 4 blocks per SM (64 registers, no spill):
-// unbounded it ran 3, stalled on memory latency.
+// unbounded the compiler leaves room for 3, too few to hide the memory latency.
 template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
     norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
@@ -375,8 +375,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 // 32 lane sums in a fixed tree: the same order on every run. (Fewer lanes leave each thread a longer chain of
 // dependent loads.)
 // Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so that its launch and ramp
-// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead was slower
-// (bench/results/2026-12-01-copy-size-and-pdl-h200.md, bench/results/2026-12-01-one-wave-tails-h200.md).
+// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead measured slower.
 // Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
 static_assert(kReduceLanes == 32, "a warp adds a column's lane sums: one lane sum per lane");
@@ -396,7 +395,8 @@ __global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(Para
   __shared__ float lanes[kReduceLanes][33];
   T* out = sums.out[blockIdx.y];
   // d_w / d_b as they were, loaded before the wait: the row kernel does not write them, and the kernels before it
-  // have finished (it is an ordinary launch). Read after the sums it was one more memory round trip in the tail.
+  // have finished (it is an ordinary launch). Read after the sums they would be one more memory round trip in the
+  // tail.
   const int col = blockIdx.x * 32 + threadIdx.y;
   const float before = threadIdx.x == 0 && col < C ? to_f32(out[col]) : 0.0f;
   cuda::wait_for_primary_grid();  // the row kernel's partials

@@ -151,8 +151,8 @@ size_t adamw_scratch_bytes(const Context& ctx);
 // and writes one partial per block to scratch. AdamW: 2048-element tiles (256 threads x 8 consecutive elements);
 // each block first sums the partials in f64 in a fixed order (every block gets the same bits; block 0 stores the
 // norm, and with skip_nonfinite every block returns at once when it is not finite, all alike). In both kernels a
-// tile reads its first segment from the table's per-tile index (a binary search per tile and thread made the norm
-// partials issue-bound: 62% of the SM's issue rate, 31% of DRAM peak); a thread whose 8 elements lie
+// tile reads its first segment from the table's per-tile index (a binary search per tile and thread would make the
+// norm partials issue-bound, far from the memory bandwidth); a thread whose 8 elements lie
 // inside that segment takes the vector path (16-byte accesses, one decay for all), and only a thread straddling a
 // segment boundary or a gap goes element by element.
 void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,

@@ -141,7 +141,8 @@ template <typename T, int W, int kCols, int kLanes>
 __device__ __forceinline__ void column_partials_add(T* out, const float* partial, int groups, int width, int c0,
                                                     bool valid, float* lanes) {
   constexpr int kAhead = 4;
-  // out as it was, loaded with the partials: read after the sums it was one more memory round trip at the very end.
+  // out as it was, loaded with the partials: read after the sums it would be one more memory round trip at the
+  // very end.
   // Only this block writes it, and only below.
   float o[W] = {};
   if (threadIdx.y == 0 && valid)
@@ -198,8 +199,8 @@ int blocks_per_sm() {
 }
 
 // Row groups for a (column chunks × row groups) grid that the GPU holds in one wave (each block then loops over
-// its rows): fewer partial rows for the fused column sums to add, and no partial last wave; one wave beat deeper
-// grids (bench/results/2026-12-01-one-wave-tails-h200.md). Never more groups than row tiles of rows_per_block, nor
+// its rows): fewer partial rows for the fused column sums to add, and no partial last wave; one wave measured
+// faster than deeper grids. Never more groups than row tiles of rows_per_block, nor
 // than a grid's y limit.
 inline int one_wave_row_groups(int N, int col_chunks, int rows_per_block, int blocks_per_sm, int sm_count) {
   const int tiles = std::max(1, static_cast<int>(ceil_div(N, rows_per_block)));

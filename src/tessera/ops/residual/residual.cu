@@ -15,7 +15,7 @@ constexpr int kBatch = 4;  // rows each backward thread loads before it stores
 // Column units (of W elements) per backward block, threadIdx.x; the block's other kThreads / tile_cols rows are
 // threadIdx.y. Packs: 8 units (128 bytes of a row), 32 rows. The last block of a column chunk adds the chunk's
 // partial rows, one per row group: with 8 units a chunk is 64 columns (bf16), with fewer groups to add than 32
-// units and 8 rows give (measured faster: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md).
+// units and 8 rows give (measured faster; see the commit that chose it).
 // Single elements keep 32 units, so that a warp's row segment stays 32 elements wide.
 template <int W>
 constexpr int tile_cols() { return W > 1 ? 8 : 32; }
@@ -62,8 +62,7 @@ __global__ void residual_forward_pack(T* out, const T* residual, const T* x, con
 // rows in order into d_bias (cuda::last_block_of_chunk, counters: one per chunk). A fixed order, so d_bias is the
 // same on every run. d_x may alias d_out.
 // The kBatch rows are held as loaded (16-bit packs: 4 registers each, not 8 floats): f32 copies cost registers and
-// occupancy (bench/results/2026-12-02-embedding-columns-and-residual-tail-h200.md); 3 blocks per SM cap it at 80
-// registers.
+// occupancy; 3 blocks per SM cap it at 80 registers.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, 3)
     residual_backward_row_tiles(T* d_x, T* __restrict__ d_bias, float* __restrict__ partial,
