@@ -35,7 +35,11 @@ int cmd_generate(int argc, char** argv) {
                       "above 255 (a model with a wider vocab) is no byte and is printed as <id N>.");
   a.add("checkpoint", "DIR", "checkpoint directory (default runs/tiny/checkpoint)");
   a.add("prompt", "TEXT", "text to continue (default \"The \")");
-  a.add("tokens", "N", "tokens to generate (default 200)");
+  a.add("max-new-tokens", "N", "tokens to generate (default 200)");
+  a.add("tokens", "N", "the same as --max-new-tokens");
+  a.add("device", "cpu|cuda|auto", "where the model runs: auto takes the GPU when there is one (default auto)");
+  a.add("precision", "f32|bf16|f16", "the compute dtype: bf16 or f16 on the GPU; the CPU computes in f32 (default "
+        "bf16 on the GPU, f32 on the CPU)");
   a.add("temperature", "X", "softmax temperature, >= 0; 0 = greedy (default 0.8)");
   a.add("top-k", "N", "sample from the k most likely tokens, 0 = all (default 40)");
   a.add("top-p", "X", "sample from the smallest set with this much mass, in (0, 1] (default 1.0)");
@@ -60,8 +64,22 @@ int cmd_generate(int argc, char** argv) {
   // Greedy decoding draws no random number: a seed would be ignored.
   TS_CHECK(p.temperature != 0 || !a.has("seed"), a.has("greedy") ? "--greedy" : "--temperature 0",
            " takes the most likely token, and --seed ", a.str("seed"), " seeds sampling: give one of them");
-  const int n = a.integer("tokens", 200);
-  TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
+  TS_CHECK(!a.has("tokens") || !a.has("max-new-tokens"), "--tokens is another name for --max-new-tokens: give one of "
+           "them");
+  const char* count_flag = a.has("tokens") ? "tokens" : "max-new-tokens";
+  const int n = a.integer(count_flag, 200);
+  TS_CHECK(n >= 0, "--", count_flag, " must be >= 0, got ", n);
+  const std::string device = a.str("device", "auto");
+  TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
+           "'");
+  const bool gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
+  TS_CHECK(!gpu || probe_gpu().available, "--device cuda: ",
+           built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
+  const std::string prec = a.str("precision", gpu ? "bf16" : "f32");
+  const DType dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
+  TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
+  TS_CHECK(gpu || dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32",
+           device == "auto" ? " (and no GPU is visible)" : "");
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
   TS_CHECK(!given.empty(), "--checkpoint is empty");
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
@@ -91,7 +109,20 @@ int cmd_generate(int argc, char** argv) {
            "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
            vocab, " can still be given)");
   const std::string prompt = a.str("prompt", "The ");
-  generate_streamed(*model, encode_prompt(prompt, vocab), n, p);
+  const std::vector<int32_t> tokens = encode_prompt(prompt, vocab);
+  if (!gpu) {
+    generate_streamed(*model, tokens, n, p);
+    return 0;
+  }
+  // The GPU model in the compute dtype, without master weights or gradients (inference keeps neither); the CPU copy
+  // is freed before generation.
+  Context ctx(Device::cuda(0));
+  auto on_gpu = make_model(model->config(), ctx, dtype, MasterWeights::Off);
+  on_gpu->set_grad_memory(GradMemory::Planned);
+  on_gpu->params().write_f32(model->params().read_f32(model->context()), ctx);
+  model.reset();
+  generate_streamed(*on_gpu, tokens, n, p);
+  return 0;
   return 0;
 }
 

@@ -415,4 +415,45 @@ std::vector<float> Engine::read_logits_row(int row) const {
   return out;
 }
 
+std::vector<int32_t> engine_generate(Engine& engine, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+                                     const std::function<void(int32_t)>& on_token) {
+  sampler_check(p);
+  TS_CHECK(!tokens.empty(), "generate: the prompt is empty");
+  TS_CHECK(engine.rows() == 1, "internal: engine_generate runs one sequence, the engine has ", engine.rows(), " rows");
+  if (max_new <= 0) return tokens;
+  const int max_seq = engine.max_seq(), V = engine.vocab();
+  const bool greedy = p.temperature == 0;
+  auto prefill_window = [&] {
+    const size_t T = std::min(tokens.size(), static_cast<size_t>(max_seq));
+    engine.prefill({std::vector<int32_t>(tokens.end() - static_cast<std::ptrdiff_t>(T), tokens.end())});
+  };
+  // The next token from the last logits; it becomes the next step's input.
+  auto draw = [&](int i) {
+    if (greedy) return engine.greedy_tokens()[0];
+    const std::vector<float> row = engine.read_logits_row(0);
+    const int32_t t = sample_token(p, row.data(), V, static_cast<uint64_t>(i));
+    engine.set_tokens({t});
+    return t;
+  };
+  prefill_window();
+  for (int i = 0; i < max_new; ++i) {
+    int32_t t = 0;
+    if (i == 0) {
+      t = draw(i);
+    } else if (engine.position(0) >= max_seq) {
+      prefill_window();  // the context slides: its positions all move
+      t = draw(i);
+    } else if (greedy) {
+      engine.decode(/*greedy=*/true);
+      t = engine.read_tokens()[0];
+    } else {
+      engine.decode(/*greedy=*/false);
+      t = draw(i);
+    }
+    tokens.push_back(t);
+    if (on_token) on_token(t);
+  }
+  return tokens;
+}
+
 }  // namespace tessera

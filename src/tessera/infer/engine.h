@@ -22,6 +22,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "tessera/core/buffer.h"
 #include "tessera/core/cuda_graph.h"
 #include "tessera/infer/kv_cache.h"
+#include "tessera/infer/sampler.h"
 #include "tessera/models/model.h"
 
 namespace tessera {
@@ -64,6 +66,8 @@ class Engine {
   EngineMemory memory() const;
 
   int rows() const { return S_; }
+  // Row `row`'s cache length: the position its next input token takes.
+  int position(int row) const { return host_pos_.at(static_cast<size_t>(row)); }
   int max_seq() const { return max_seq_; }
   int vocab() const { return V_; }
   int64_t logits_stride() const { return ld_; }
@@ -125,5 +129,14 @@ class Engine {
   std::vector<int> host_pos_;  // each row's position as the host knows it (the bound on the device's)
   int last_rows_ = 0;
 };
+
+// Appends max_new tokens to `tokens` with a batch-1 engine whose prompts take max_seq tokens: what generate()
+// (sampler.h) gives for the same params, token for token. The prompt (its last max_seq tokens) runs as one prefill,
+// each new token as one decode step; once the context fills the cache, each token is drawn from a prefill of the
+// last max_seq tokens (generate()'s sliding context). Greedy (temperature 0) takes the argmax on the device;
+// otherwise the logits row is sampled on the host with sample_token, draw i for the i-th new token. on_token sees
+// each new token as soon as it is drawn.
+std::vector<int32_t> engine_generate(Engine& engine, std::vector<int32_t> tokens, int max_new, const SamplerParams& p,
+                                     const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace tessera
