@@ -146,6 +146,31 @@ TEST(Engine, GreedyEqualsFullRecomputeGenerate) {
   }
 }
 
+// engine_generate gives generate()'s tokens: sampled (the same draws), and past max_seq, where the context slides.
+TEST(Engine, GenerateEqualsTheFullRecomputeGenerate) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    ModelConfig cfg = c.cfg;
+    cfg.max_seq = 12;
+    Gpt model(cfg);
+    init(model, 8);
+    Engine eng(model, {.batch = 1});
+    const std::vector<int32_t> prompt{2, 3, 5};
+    for (const SamplerParams& p : {SamplerParams{.temperature = 0.0f}, SamplerParams{.temperature = 0.9f, .top_k = 5,
+                                                                                       .seed = test::test_seed()},
+                                   SamplerParams{.temperature = 1.3f, .top_p = 0.8f, .seed = 2}}) {
+      std::vector<int32_t> streamed;
+      const auto got = engine_generate(eng, prompt, 25, p, [&](int32_t t) { streamed.push_back(t); });
+      EXPECT_EQ(got, generate(model, prompt, 25, p)) << "temperature " << p.temperature;
+      EXPECT_EQ(streamed, std::vector<int32_t>(got.begin() + 3, got.end()));
+    }
+    // A prompt longer than the cache keeps its last max_seq tokens, as generate() does.
+    const std::vector<int32_t> long_prompt(20, 4);
+    EXPECT_EQ(engine_generate(eng, long_prompt, 3, {.temperature = 0.0f}),
+              generate(model, long_prompt, 3, {.temperature = 0.0f}));
+  }
+}
+
 // Two rows aliased to one prompt through the slot table decode as two separate engines do.
 TEST(Engine, SlotTableAliasEqualsSeparateDecodes) {
   for (const Case& c : cases()) {
