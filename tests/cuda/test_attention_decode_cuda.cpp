@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "tessera/core/cuda_graph.h"
 #include "tessera/ops/attention/attention_decode.h"
 
 namespace tessera::test {
@@ -177,6 +178,61 @@ TEST(CudaAttentionDecode, MatchesReference) {
   std::mt19937_64 rng(test_seed());
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (const DCase& c : cases(rng)) run_case(c, dt, ctx, rng);
+}
+
+// A decode step (append, then attention with the launcher's splits: the combine runs) captured once in a CUDA graph
+// after one eager step, then replayed with new q, k, v and pos written to the same device buffers: each replay
+// equals the f64 references run step by step on the host.
+TEST(CudaAttentionDecode, GraphReplayReadsNewPositions) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  if (!cuda_graph_capture_supported()) GTEST_SKIP() << "this build cannot capture CUDA graphs";
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const DCase c{"graph", 3, 1, 6, 2, 64, 300, 10000.0f, false, {0, 150, 290}};
+    Host h(c, dt, rng);
+    for (double& x : h.k) x = std::isnan(x) ? 0.0 : x;  // later steps read positions past the first step's
+    for (double& x : h.v) x = std::isnan(x) ? 0.0 : x;
+    DeviceArena dev(ctx);
+    const Tensor qkv = dev.upload(dt, h.qkv), ck = dev.upload(dt, h.k), cv = dev.upload(dt, h.v);
+    std::vector<int32_t> pos = c.pos;
+    const Tensor tpos = dev.upload_i32(pos);
+    const int64_t row = static_cast<int64_t>(c.H) * c.Dh;
+    const Tensor out = dev.poisoned(dt, static_cast<int64_t>(c.B) * row);
+    auto slice = [&](int col_heads, int heads) {
+      return Tensor::strided(static_cast<char*>(qkv.data()) + col_heads * c.Dh * dtype_size(dt), dt,
+                             {c.B, 1, heads, c.Dh}, {h.W, h.W, c.Dh, 1}, ctx.device());
+    };
+    const KvCacheView cache{.k = Tensor(ck.data(), dt, {h.p.S, c.Hkv, c.max_seq, c.Dh}, ctx.device()),
+                            .v = Tensor(cv.data(), dt, {h.p.S, c.Hkv, c.max_seq, c.Dh}, ctx.device())};
+    auto step = [&] {
+      kv_append(h.p, cache, slice(0, c.H), slice(c.H, c.Hkv), slice(c.H + c.Hkv, c.Hkv), tpos, Tensor(), ctx);
+      attention_decode(h.p, Tensor::strided(out.data(), dt, {c.B, 1, c.H, c.Dh}, {row, row, c.Dh, 1}, ctx.device()),
+                       slice(0, c.H), cache, tpos, Tensor(), ctx);
+    };
+    CudaGraph graph;
+    for (int s = 0; s < 4; ++s) {
+      std::vector<double> x = rounded(dt, randn<double>(h.qkv.size(), rng));
+      for (int b = 0; b < c.B; ++b) pos[b] = c.pos[b] + s;
+      copy_bytes(tpos.data(), ctx.device(), pos.data(), Device::cpu(), pos.size() * 4, ctx);
+      const Tensor fresh = dev.upload(dt, x);
+      copy_bytes(qkv.data(), ctx.device(), fresh.data(), ctx.device(), h.qkv.size() * dtype_size(dt), ctx);
+      fill_bytes(out, 0xff, ctx);
+      if (s == 0) {
+        step();
+        graph.capture(ctx, "decode step", step);
+      } else {
+        graph.launch(ctx);
+      }
+      kv_append_ref<double>(h.p, h.k.data(), h.v.data(), h.part(x.data(), 0), h.part<const double>(x.data(), c.H),
+                            h.part<const double>(x.data(), c.H + c.Hkv), pos.data(), nullptr);
+      // The GPU holds the rotated q and keys in dt.
+      x = rounded(dt, x), h.k = rounded(dt, h.k);
+      std::vector<double> want(static_cast<size_t>(c.B) * row);
+      attention_decode_ref<double>(h.p, AttentionView<double>{want.data(), row, row, c.Dh},
+                                   h.part<const double>(x.data(), 0), h.k.data(), h.v.data(), pos.data(), nullptr);
+      expect_close(dev.download(out), want, dt, describe(c, dt) + " step " + std::to_string(s));
+    }
+  }
 }
 
 }  // namespace
