@@ -19,6 +19,7 @@
 #include "tessera/core/signals.h"
 #include "tessera/core/units.h"
 #include "tessera/dist/zero.h"
+#include "tessera/infer/engine.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/model.h"
 #include "tessera/ops/gemm/gemm.h"
@@ -35,7 +36,11 @@ int cmd_generate(int argc, char** argv) {
                       "above 255 (a model with a wider vocab) is no byte and is printed as <id N>.");
   a.add("checkpoint", "DIR", "checkpoint directory (default runs/tiny/checkpoint)");
   a.add("prompt", "TEXT", "text to continue (default \"The \")");
-  a.add("tokens", "N", "tokens to generate (default 200)");
+  a.add("max-new-tokens", "N", "tokens to generate (default 200)");
+  a.add("tokens", "N", "the same as --max-new-tokens");
+  a.add("device", "cpu|cuda|auto", "where the model runs: auto takes the GPU when there is one (default auto)");
+  a.add("precision", "f32|bf16|f16", "the compute dtype: bf16 or f16 on the GPU; the CPU computes in f32 (default "
+        "bf16 on the GPU, f32 on the CPU)");
   a.add("temperature", "X", "softmax temperature, >= 0; 0 = greedy (default 0.8)");
   a.add("top-k", "N", "sample from the k most likely tokens, 0 = all (default 40)");
   a.add("top-p", "X", "sample from the smallest set with this much mass, in (0, 1] (default 1.0)");
@@ -60,8 +65,22 @@ int cmd_generate(int argc, char** argv) {
   // Greedy decoding draws no random number: a seed would be ignored.
   TS_CHECK(p.temperature != 0 || !a.has("seed"), a.has("greedy") ? "--greedy" : "--temperature 0",
            " takes the most likely token, and --seed ", a.str("seed"), " seeds sampling: give one of them");
-  const int n = a.integer("tokens", 200);
-  TS_CHECK(n >= 0, "--tokens must be >= 0, got ", n);
+  TS_CHECK(!a.has("tokens") || !a.has("max-new-tokens"), "--tokens is another name for --max-new-tokens: give one of "
+           "them");
+  const char* count_flag = a.has("tokens") ? "tokens" : "max-new-tokens";
+  const int n = a.integer(count_flag, 200);
+  TS_CHECK(n >= 0, "--", count_flag, " must be >= 0, got ", n);
+  const std::string device = a.str("device", "auto");
+  TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
+           "'");
+  const bool gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
+  TS_CHECK(!gpu || probe_gpu().available, "--device cuda: ",
+           built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
+  const std::string prec = a.str("precision", gpu ? "bf16" : "f32");
+  const DType dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
+  TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
+  TS_CHECK(gpu || dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32",
+           device == "auto" ? " (and no GPU is visible)" : "");
   const std::string given = a.str("checkpoint", "runs/tiny/checkpoint");
   TS_CHECK(!given.empty(), "--checkpoint is empty");
   // A crash between the two renames of a checkpoint swap leaves it at <dir>.old: the loaders read that.
@@ -92,7 +111,20 @@ int cmd_generate(int argc, char** argv) {
            "not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below ",
            vocab, " can still be given)");
   const std::string prompt = a.str("prompt", "The ");
-  generate_streamed(*model, encode_prompt(prompt, vocab), n, p);
+  const std::vector<int32_t> tokens = encode_prompt(prompt, vocab);
+  if (!gpu) {
+    generate_streamed(*model, tokens, n, p);
+    return 0;
+  }
+  // The GPU model in the compute dtype, without master weights or gradients (inference keeps neither); the CPU copy
+  // is freed before generation.
+  Context ctx(Device::cuda(0));
+  auto on_gpu = make_model(model->config(), ctx, dtype, MasterWeights::Off);
+  on_gpu->set_grad_memory(GradMemory::Planned);
+  on_gpu->params().write_f32(model->params().read_f32(model->context()), ctx);
+  model.reset();
+  generate_streamed(*on_gpu, tokens, n, p);
+  return 0;
   return 0;
 }
 
@@ -218,6 +250,29 @@ std::string live_set_summary(const MemoryPlan& plan, int event, size_t groups) {
   return out;
 }
 
+// info --inference: what the inference engine (infer/engine.h) allocates for B prompts of up to T tokens with
+// `beams` cache slots each, beside the model's weights.
+int print_inference_memory(const ModelConfig& cfg, int B, int beams, int T, DType dtype, const std::string& prec) {
+  TS_CHECK(beams >= 1, "--beams must be >= 1, got ", beams);
+  const std::string why = Engine::unsupported(cfg);
+  TS_CHECK(why.empty(), why);
+  const EngineMemory m = Engine::memory(cfg, dtype, {.batch = B, .beams = beams, .max_prompt = T, .max_seq = T});
+  const int64_t n = cfg.num_params();
+  std::printf("model      %s\n", cfg.preset.c_str());
+  std::printf("params     %lld (%s)\n", static_cast<long long>(n), human_count(static_cast<double>(n)).c_str());
+  std::printf("inference  %s, batch %d x %s (%s), %d positions each:\n", prec.c_str(), B,
+              counted(beams, "beam").c_str(), counted(static_cast<int64_t>(B) * beams, "cache slot").c_str(), T);
+  auto line = [](const char* what, size_t bytes, const char* note) {
+    std::printf("             %-9s %11s (%zu bytes)%s\n", what, human_bytes(static_cast<double>(bytes)).c_str(), bytes,
+                note);
+  };
+  line("weights", m.weights, ": the parameters, read in place");
+  line("KV cache", m.cache, ": K and V of every layer, the positions and any slot table");
+  line("buffers", m.buffers, ": one set of activations shared by all layers, for the largest prefill");
+  line("total", m.weights + m.cache + m.buffers, "");
+  return 0;
+}
+
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
@@ -234,7 +289,14 @@ int cmd_info(int argc, char** argv) {
   a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
   a.add("world", "N", "data-parallel ranks, for the optimizer memory of each rank (default 1)");
   a.add("zero", "1", "with --world: ZeRO-1, the optimizer state sharded over the ranks");
+  a.add_switch("inference", "the memory of generation instead: the weights, the KV cache and the engine's buffers, "
+               "for --batch prompts (default 1) of up to --seq tokens, each with --beams cache slots");
+  a.add("beams", "N", "with --inference: beams per prompt (default 1)");
   if (!a.parse(argc, argv, 2)) return 0;
+  TS_CHECK(!a.has("beams") || a.has("inference"), "--beams applies to --inference (the memory of generation)");
+  if (a.has("inference"))
+    for (const char* f : {"master-weights", "accum", "plan", "world", "zero"})
+      TS_CHECK(!a.has(f), "--", f, " is a figure of training; --inference shows the memory of generation");
   const int world = a.integer("world", 1), zero = a.integer("zero", 0), accum = a.integer("accum", 1);
   TS_CHECK(world >= 1, "--world must be >= 1, got ", world);
   TS_CHECK(accum >= 1, "--accum must be >= 1, got ", accum);
@@ -254,7 +316,7 @@ int cmd_info(int argc, char** argv) {
   // A checkpoint's tensors are checked against its config, as generate's load does: info described a checkpoint
   // whose config says one model and whose tensors hold another.
   const ModelConfig cfg = a.has("checkpoint") ? check_checkpoint_model(a.str("checkpoint")) : model_from_flags(a);
-  const int B = a.integer("batch", 16), T = a.integer("seq", cfg.max_seq);
+  const int B = a.integer("batch", a.has("inference") ? 1 : 16), T = a.integer("seq", cfg.max_seq);
   TS_CHECK(B > 0 && T > 0, "--batch and --seq must be positive");
   TS_CHECK(T <= cfg.max_seq, "--seq ", T, " is longer than the model's max_seq ", cfg.max_seq);
   const std::string prec = a.str("precision", "f32");
@@ -264,6 +326,7 @@ int cmd_info(int argc, char** argv) {
   TS_CHECK(master_flag == "on" || master_flag == "off", "--master-weights must be on or off, got '", master_flag, "'");
   TS_CHECK(master_flag == "on" || dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 parameters "
            "are their own master)");
+  if (a.has("inference")) return print_inference_memory(cfg, B, a.integer("beams", 1), T, dtype, prec);
   const int64_t n = cfg.num_params();
   // ZeRO-1 shards the flat buffers (the parameters with each segment's padding to 16) in blocks of 16, at least one
   // a rank: the same size and check as train's, so that info refuses what train refuses and no more.

@@ -13,6 +13,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
+#include "tessera/infer/engine.h"
 #include "tessera/train/data.h"
 
 namespace tessera::cli {
@@ -111,7 +112,15 @@ void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max
   TS_CHECK(!prompt.empty(), "generate: the prompt is empty");
   put(byte_decode(prompt));
   try {
-    generate(model, prompt, max_new, p, [&](int32_t t) { put(byte_decode({t})); });
+    const auto on_token = [&](int32_t t) { put(byte_decode({t})); };
+    // The KV-cache engine (infer/engine.h), with the model's weights in place; a model it does not run (sinusoidal
+    // positions) takes the full-recompute generate(), which gives the same tokens.
+    if (Engine::unsupported(model.config()).empty()) {
+      Engine engine(model, {.batch = 1});
+      engine_generate(engine, prompt, max_new, p, on_token);
+    } else {
+      generate(model, prompt, max_new, p, on_token);
+    }
   } catch (...) {
     // The text so far ends its line; the error follows on stderr. Unchecked: the error may be this very stream's.
     std::fputc('\n', stdout);

@@ -25,7 +25,12 @@
 // Split-KV (FlashDecoding): the CUDA kernel divides each (b, h) row's keys into splits that run as separate blocks,
 //   each writing a partial (max, sum, out) to scratch, and a second pass combines them:
 //   m = max_s m_s,  l = Σ_s l_s e^(m_s - m),  out = Σ_s e^(m_s - m) out_s / l.
-//   The result does not depend on the split count beyond f32 rounding.
+//   The result does not depend on the split count beyond f32 rounding. splits 0 lets the launcher choose from
+//   the SM count and max_seq (it cannot read pos); each split then covers at least 64 of the sequence's keys.
+// On the GPU (attention_decode.cu): a slot-table entry outside [0, S), which the device cannot refuse, makes the
+//   append skip that position and the decode read slot 0 there. More than one split uses B H Tq splits (Dh + 2)
+//   floats of ctx.scratch, and RoPE a table that ctx.device_table makes on the first call: a CUDA graph capture
+//   must follow one eager call of the same shape (as for every op that uses them).
 #pragma once
 #include <cstdint>
 #include <string>
