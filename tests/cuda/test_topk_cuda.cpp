@@ -78,7 +78,7 @@ void check_case(const test::TopkInput& in, Context& ctx, bool graph, const std::
   test::expect_full_sort(in, g.lse, g.scores, g.indices, what);
   std::vector<float> s(p.B * p.k);
   std::vector<int32_t> i(p.B * p.k), counts(p.B * p.K);
-  beam_topk_hars_cpu(p, kTopkThreads, in.dtype, s.data(), i.data(), counts.data(), in.data(), in.beam.data(),
+  beam_topk_hars_cpu(p, beam_topk_groups(p.k), in.dtype, s.data(), i.data(), counts.data(), in.data(), in.beam.data(),
                      g.lse.data());
   EXPECT_EQ(g.counts, counts) << what;
 }

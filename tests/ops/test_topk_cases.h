@@ -78,7 +78,7 @@ inline TopkInput make_topk_input(BeamTopkParams p, RowKind kind, DType dtype, st
       for (int j = 1; j < p.V; j += 97) row[j] = 50.0f;
       row[p.V - 1] = nan;
     }
-    if (kind == RowKind::Adversarial)  // every winner in one group, for the kernels' and the CPU run's grouping
+    if (kind == RowKind::Adversarial)  // every winner in one group, for every power-of-two group count up to a block
       for (int i = 0; i * kTopkThreads < p.V && i < 40; ++i) row[i * kTopkThreads] = 20.0f + i;
     in.beam[r] = equal_beams ? 0.0f : nd(rng);
     // At step 0 only beam 0 expands: the other beams' scores are -inf.

@@ -96,15 +96,17 @@ __device__ void select_top(int n, int k, KeyAt key_at, Cand* smem, float* out_s,
   }
 }
 
-// logits: (B*K, ld) T; beam_scores, lse: (B*K) f32; cand_s, cand_i: (B*K, k); counts: (B*K) or null.
-// Grid B*K, block kTopkThreads; thread t's group is the columns j ≡ t (mod kTopkThreads).
+// logits: (B*K, ld) T; beam_scores, lse: (B*K) f32; cand_s, cand_i: (B*K, k); counts: (B*K) or null;
+// G = beam_topk_groups(k).
+// Grid B*K, block kTopkThreads; thread t reads the columns j ≡ t (mod kTopkThreads).
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) beam_topk_retrieve_row(
     float* cand_s, int32_t* cand_i, float* lse_out, int32_t* counts, const T* logits, const float* beam_scores,
-    int V, int64_t ld, int K, int k) {
+    int V, int64_t ld, int K, int k, int G) {
   __shared__ Cand list[kListCap];
   __shared__ Cand red[32];
   __shared__ float ms[2][kWarps];
+  __shared__ float gk[kTopkThreads];
   __shared__ int n_list;
   __shared__ float bound[2];
   const int64_t r = blockIdx.x;
@@ -136,15 +138,24 @@ __global__ void __launch_bounds__(kTopkThreads) beam_topk_retrieve_row(
   }
   __syncthreads();
   const float lse = bound[0], bs = beam_scores[r];
-  // R: the min over the non-empty groups of their max key; -inf (no filter) with fewer than k groups.
-  float gkey = tid < V ? key_of(bs, gmax, lse) : INFINITY;
+  // R: the min over the G non-empty groups of their max key; -inf (no filter) with fewer than k of them. Group g
+  // is the columns j ≡ g (mod G), which are the columns of the threads t ≡ g (mod G) (G divides kTopkThreads):
+  // its max key is the max of those threads' max keys (a thread without columns holds -inf; fmaxf ignores NaN).
+  gk[tid] = key_of(bs, gmax, lse);
+  __syncthreads();
+  float gkey = INFINITY;
+  if (tid < G && tid < V) {
+    float m = -INFINITY;
+    for (int t = tid; t < kTopkThreads; t += G) m = fmaxf(m, gk[t]);
+    gkey = m;
+  }
   for (int o = 16; o > 0; o >>= 1) gkey = fminf(gkey, __shfl_xor_sync(0xffffffffu, gkey, o));
   if (lane == 0) ms[0][warp] = gkey;
   __syncthreads();
   if (warp == 0) {
     float m = lane < kWarps ? ms[0][lane] : INFINITY;
     for (int o = 16; o > 0; o >>= 1) m = fminf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) bound[1] = min(V, kTopkThreads) < k ? -INFINITY : m;
+    if (lane == 0) bound[1] = min(V, G) < k ? -INFINITY : m;
   }
   __syncthreads();
   const float R = bound[1];
@@ -201,7 +212,7 @@ void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t
     using T = decltype(t);
     beam_topk_retrieve_row<T><<<p.B * p.K, kTopkThreads, 0, ctx.stream()>>>(
         cand_scores, cand_indices, lse, counts, static_cast<const T*>(logits), beam_scores, p.V, p.row_stride(), p.K,
-        p.k);
+        p.k, beam_topk_groups(p.k));
     TS_CHECK_LAUNCH();
   });
   beam_topk_rerank_entry<<<p.B, kRerankThreads, 0, ctx.stream()>>>(scores, indices, cand_scores, cand_indices, p.K,

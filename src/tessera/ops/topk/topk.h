@@ -17,6 +17,9 @@
 //   retrieve, per row: split the V keys into G >= k groups and take each group's max; R = the min of those maxima
 //     is a lower bound on the row's k-th largest key (each of >= k groups holds a key >= R). Only keys >= R (the same
 //     f32 expression as the bound) are candidates; among them the row's exact top k (ties lowest index) are kept.
+//     G = beam_topk_groups(k), the fewest the bound allows (a power of two): the more columns a group holds, the
+//     larger its max and the tighter R (on N(0, 3^2) logits of 50257 columns, G = 8 keeps tens of candidates a
+//     row where 256 groups would keep over a thousand).
 //     Every key of the row is a monotone function of x (rounding is monotone), so a group's max key is the key of
 //     its max logit: the maxima come from the same pass as the row's max and sum, and the filter is the second pass.
 //   re-rank, per batch entry: the exact top k among its K rows' kept candidates (K * k of them), segmented by entry
@@ -57,7 +60,14 @@ void beam_topk_lse_ref(const BeamTopkParams& p, DType dtype, float* lse, const v
 // scores, indices: (B, k).
 void beam_topk_sort_ref(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, const void* logits,
                         const float* beam_scores, const float* lse);
-// HARS as the kernels run it, on the host: `groups` strided groups per row (group g holds the columns j with
+// The retrieve's group count for k: the least power of two >= k (it divides kTopkThreads).
+inline int beam_topk_groups(int k) {
+  int g = 1;
+  while (g < k) g *= 2;
+  return g;
+}
+
+// HARS as the kernels run it (groups = beam_topk_groups(k)), on the host: `groups` strided groups per row (group g holds the columns j with
 // j % groups == g), retrieve into cand (B*K, k) scores and indices, then re-rank into scores, indices (B, k).
 // counts (B*K), may be null: the keys >= R per row (the retrieve's candidates before the exact top k).
 void beam_topk_hars_cpu(const BeamTopkParams& p, int groups, DType dtype, float* scores, int32_t* indices,
@@ -72,8 +82,8 @@ void beam_topk(const BeamTopkParams& p, const Tensor& scores, const Tensor& indi
                const Tensor& counts, const Tensor& logits, const Tensor& beam_scores, Context& ctx);
 
 // ---- CUDA launchers (topk.cu), on ctx's stream. ----
-// Retrieve: one block of kTopkThreads per row, group g = the columns thread g reads (j ≡ g mod kTopkThreads). Pass 1:
-// the online max/sum and each thread's max logit; block reduce -> lse and R. Pass 2: keys >= R are appended to a
+// Retrieve: one block of kTopkThreads per row, thread t reading the columns j ≡ t (mod kTopkThreads). Pass 1: the
+// online max/sum and each thread's max logit; block reduce -> lse, then the groups' max keys and R. Pass 2: keys >= R are appended to a
 // shared-memory list; then k rounds of a block argmax over the list pick the row's top k. A row whose list overflows
 // (ties wider than the list: constant rows) runs the k rounds over the whole row instead. Re-rank: one block per
 // entry, k rounds of a block argmax over its K * k candidates.
