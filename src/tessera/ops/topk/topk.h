@@ -91,6 +91,8 @@ void beam_topk(const BeamTopkParams& p, const Tensor& scores, const Tensor& indi
 void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, float* lse,
                     int32_t* counts, const void* logits, const float* beam_scores, float* cand_scores,
                     int32_t* cand_indices, Context& ctx);
-inline constexpr int kTopkThreads = 256;
+// 512 threads a row: 100 columns a thread at V = 50257, so that B*K = 128 rows (one block an SM) keep enough loads in
+// flight. `tessera bench topk` is the measure to choose it by.
+inline constexpr int kTopkThreads = 512;
 
 }  // namespace tessera
