@@ -39,6 +39,7 @@ namespace tessera::cli {
 int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
 int cmd_bench_tokenizer(int argc, char** argv);  // cmd_bench_tokenizer.cpp
 int cmd_bench_tokenizer_train(int argc, char** argv);  // cmd_bench_tokenizer_train.cpp
+int cmd_bench_topk(int argc, char** argv);  // cmd_bench_topk.cpp
 
 namespace {
 
@@ -56,7 +57,7 @@ size_t same_size_copy_bytes(double bytes) {
 }
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
@@ -66,6 +67,7 @@ const char* kBenchUsage =
     "  allreduce  all-reduce bandwidth over the ranks of mpirun -np N (MPI on CPUs, NCCL on GPUs)\n"
     "  tokenizer  GPT-2 encoding MB/s against tiktoken and Hugging Face tokenizers, one thread and all cores\n"
     "  tokenizer-train  BPE training beside Hugging Face tokenizers' BpeTrainer: seconds, MB/s, peak memory\n"
+    "  topk       the beam step's HARS top-k (32 x 4 beams x 50257, k 8) beside torch.topk, candidates per row\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -106,8 +108,9 @@ int cmd_bench(int argc, char** argv) {
   if (which == "allreduce") return cmd_bench_allreduce(argc, argv);
   if (which == "tokenizer") return cmd_bench_tokenizer(argc, argv);
   if (which == "tokenizer-train") return cmd_bench_tokenizer_train(argc, argv);
+  if (which == "topk") return cmd_bench_topk(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer or tokenizer-train)");
+           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train or topk)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");

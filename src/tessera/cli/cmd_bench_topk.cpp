@@ -1,0 +1,156 @@
+// tessera bench topk: the beam step's top-k (ops/topk: log-softmax + running score, HARS retrieve + re-rank) on
+// logits of (B*K, V), beside PyTorch in the same run (bench/peers/topk.py): torch.topk alone over keys already
+// formed, and Hugging Face's step (log_softmax + scores, then torch.topk). Reports the retrieve's candidates per
+// row (the keys >= R that the exact per-row top-k is taken from).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/bench/harness.h"
+#include "tessera/bench/peer.h"
+#include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/buffer.h"
+#include "tessera/core/error.h"
+#include "tessera/ops/topk/topk.h"
+#include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
+
+#ifndef TESSERA_PEERS_DIR
+#define TESSERA_PEERS_DIR "bench/peers"
+#endif
+
+namespace tessera::cli {
+namespace {
+
+// Host logits ~ N(0, 3^2) (a language model's spread of logits) and running scores ~ N(0, 1), in `dtype`.
+std::vector<unsigned char> random_logits(int64_t n, DType dtype, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<unsigned char> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = nd(rng);
+    if (dtype == DType::BF16) reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(x);
+    else reinterpret_cast<float*>(bytes.data())[i] = x;
+  }
+  return bytes;
+}
+
+// Min, median and max of the candidates per row.
+std::string count_summary(std::vector<int32_t> c) {
+  std::sort(c.begin(), c.end());
+  return std::to_string(c.front()) + " / " + std::to_string(c[c.size() / 2]) + " / " + std::to_string(c.back());
+}
+
+}  // namespace
+
+int cmd_bench_topk(int argc, char** argv) {
+  Flags a("bench topk", "Times the beam step's HARS top-k beside torch.topk and Hugging Face's step.");
+  a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
+  a.add("dtype", "f32|bf16", "logits dtype (default bf16 on a GPU, f32 on the CPU)");
+  a.add("batch", "B", "batch entries (default 32)");
+  a.add("beams", "K", "beams per entry: rows of logits per entry (default 4)");
+  a.add("vocab", "V", "vocabulary (default 50257)");
+  a.add("k", "N", "candidates kept per entry, 1..64 (default 8: 2 x beams, as Hugging Face keeps)");
+  a.add("warmup", "N", "untimed runs before timing (default 5)");
+  a.add("iters", "N", "timed runs; the table shows their median (default 20)");
+  a.add("out", "FILE", "also write the table as markdown to FILE");
+  a.add_switch("peer", "run bench/peers/topk.py (PyTorch) and show its times beside tessera's (GPU only)");
+  if (!a.parse(argc, argv, 3)) return 0;
+
+  const TimingOptions timing{.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
+  TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
+  TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
+  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
+  const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
+  TS_CHECK(dtype_name == "f32" || dtype_name == "bf16", "--dtype must be f32 or bf16, got ", dtype_name);
+  TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
+           ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
+  const DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
+  const BeamTopkParams p{.B = a.integer("batch", 32), .K = a.integer("beams", 4), .V = a.integer("vocab", 50257),
+                         .k = a.integer("k", 8)};
+  TS_CHECK(p.B >= 1 && p.K >= 1 && p.V >= 1, "--batch, --beams and --vocab must be at least 1");
+  std::string why;
+  TS_CHECK(beam_topk_supports(p, dtype, ctx.device(), &why), "bench topk: ", why);
+  const std::string out = a.str("out");
+  if (a.has("out")) check_output_path("out", out);
+
+  // Inputs and outputs on the device, filled once.
+  const int64_t rows = static_cast<int64_t>(p.B) * p.K;
+  std::mt19937_64 rng(20261206);
+  const auto logits_host = random_logits(rows * p.V, dtype, rng);
+  std::vector<float> beam_host(rows);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& s : beam_host) s = nd(rng);
+  Buffer logits_buf(logits_host.size(), ctx.device(), "the bench logits"), beam_buf(rows * 4, ctx.device()),
+      scores_buf(p.B * p.k * 4, ctx.device()), indices_buf(p.B * p.k * 4, ctx.device()),
+      lse_buf(rows * 4, ctx.device()), counts_buf(rows * 4, ctx.device());
+  copy_bytes(logits_buf.data(), ctx.device(), logits_host.data(), Device::cpu(), logits_host.size(), ctx);
+  copy_bytes(beam_buf.data(), ctx.device(), beam_host.data(), Device::cpu(), rows * 4, ctx);
+  const Tensor logits = logits_buf.view(dtype, {rows, p.V}), beam = beam_buf.view(DType::F32, {rows});
+  const Tensor scores = scores_buf.view(DType::F32, {p.B, p.k}), indices = indices_buf.view(DType::I32, {p.B, p.k});
+  const Tensor lse = lse_buf.view(DType::F32, {rows}), counts = counts_buf.view(DType::I32, {rows});
+
+  BenchHarness h(ctx);
+  const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
+  std::printf("tessera bench topk on %s, %s, (%d x %d, %d), k %d, %d warm-up + %d timed runs\n", device.c_str(),
+              dtype_name.c_str(), p.B, p.K, p.V, p.k, timing.warmup, timing.iters);
+  std::fflush(stdout);
+  const Timing t = h.time([&] { beam_topk(p, scores, indices, lse, Tensor(), logits, beam, ctx); }, timing);
+  // The candidates per row: the GPU's retrieve counts them; on the CPU the same algorithm runs on the host.
+  std::vector<int32_t> count_host(rows);
+  if (ctx.is_cuda()) {
+    beam_topk(p, scores, indices, lse, counts, logits, beam, ctx);
+    copy_bytes(count_host.data(), Device::cpu(), counts.data(), ctx.device(), rows * 4, ctx);
+  } else {
+    std::vector<float> s(p.B * p.k);
+    std::vector<int32_t> i(p.B * p.k);
+    beam_topk_hars_cpu(p, beam_topk_groups(p.k), dtype, s.data(), i.data(), count_host.data(), logits.data(),
+                       beam.as<float>(), lse.as<float>());
+  }
+
+  std::map<std::string, double> peer_ms;
+  std::string note;
+  if (a.has("peer")) {
+    if (!ctx.is_cuda()) {
+      note = "peer skipped: the PyTorch peers run on a GPU only";
+    } else {
+      note = run_peer_script("'" TESSERA_PEERS_DIR "/topk.py' --batch " + std::to_string(p.B) + " --beams " +
+                                 std::to_string(p.K) + " --vocab " + std::to_string(p.V) + " --k " +
+                                 std::to_string(p.k) + " --dtype " + dtype_name + " --warmup " +
+                                 std::to_string(timing.warmup) + " --iters " + std::to_string(timing.iters),
+                             "topk.py", [&](const nlohmann::json& j) {
+                               if (!j.contains("kernel") || !j.contains("ms") || !j["ms"].is_number()) return false;
+                               peer_ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
+                               return true;
+                             });
+    }
+  }
+  const double logit_bytes = static_cast<double>(logits_host.size());
+  std::string md = "# tessera bench topk\n\n- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) +
+                   "\n- device: " + device + "\n- logits (" + std::to_string(p.B) + " x " + std::to_string(p.K) +
+                   ", " + std::to_string(p.V) + ") " + dtype_name + ", k " + std::to_string(p.k) + ", " +
+                   std::to_string(timing.iters) + " timed runs (median" +
+                   (ctx.is_cuda() ? "; L2 flushed before each run" : "") + ")\n";
+  md += "- candidates per row after the retrieve (min / median / max): " + count_summary(count_host) + " of " +
+        std::to_string(p.V) + "\n";
+  if (!note.empty()) md += "- " + note + "\n";
+  md += "\n| op | median ms | min ms | max ms | logits GB/s | its time / tessera's |\n|---|---:|---:|---:|---:|---:|\n";
+  auto row = [&](const std::string& name, double median, const std::string& mn, const std::string& mx) {
+    md += "| " + name + " | " + fmt("%.4f", median) + " | " + mn + " | " + mx + " | " +
+          fmt("%.1f", logit_bytes / (median * 1e-3) / 1e9) + " | " + fmt("%.2f", median / t.median_ms) + " |\n";
+  };
+  row("tessera beam_topk (log-softmax + score + HARS)", t.median_ms, fmt("%.4f", t.min_ms), fmt("%.4f", t.max_ms));
+  // The peer prints medians only.
+  const std::pair<const char*, const char*> peers[] = {{"topk", "torch.topk alone"},
+                                                       {"beam step", "HF step: log_softmax + score + torch.topk"}};
+  for (const auto& [key, label] : peers)
+    if (const auto it = peer_ms.find(key); it != peer_ms.end()) row(label, it->second, "–", "–");
+  print_bench_markdown(md, out);
+  return 0;
+}
+
+}  // namespace tessera::cli
