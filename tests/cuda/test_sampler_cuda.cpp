@@ -161,7 +161,8 @@ TEST(SampleRowsCuda, DrawsFollowTheProcessedDistribution) {
         p.V = V;
         p.seed = 77;
         const auto prob = expected_distribution(p, row.data());
-        Inputs in{.p = p};
+        Inputs in;
+        in.p = p;
         for (int n = 0; n < p.rows; ++n) in.logits.insert(in.logits.end(), row.begin(), row.end());
         in.steps.assign(p.rows, 0);
         std::vector<int> hist(V, 0);
@@ -179,7 +180,9 @@ TEST(SampleRowsCuda, DrawsFollowTheProcessedDistribution) {
         for (int j = 0; j < V; ++j) {
           if (prob[j] < 1e-9) {
             // Outside the kept set, or a background token of probability < 1e-9 (none expected in the draws).
-            if (prob[j] == 0) EXPECT_EQ(hist[j], 0) << label(p, dt) << ": token " << j << " is outside the set";
+            if (prob[j] == 0) {
+              EXPECT_EQ(hist[j], 0) << label(p, dt) << ": token " << j << " is outside the set";
+            }
             continue;
           }
           const double e = prob[j] * draws;
@@ -234,11 +237,15 @@ TEST(SampleRowsCuda, PenaltiesBiasCountsAndLogprobsMatchTheReference) {
       int mismatches = 0;
       for (int n = 0; n < p.rows; ++n) mismatches += got.tokens[n] != want.tokens[n];
       EXPECT_LE(mismatches, dt == DType::F32 ? 0 : p.rows / 4) << what;
-      if (dt == DType::F32) EXPECT_EQ(got.counts, want.counts) << what << ": count_drawn";
+      if (dt == DType::F32) {
+        EXPECT_EQ(got.counts, want.counts) << what << ": count_drawn";
+      }
       for (int n = 0; n < p.rows; ++n)
         for (int i = 0; i < p.logprobs; ++i) {
           const size_t k = static_cast<size_t>(n) * p.logprobs + i;
-          if (dt == DType::F32) EXPECT_EQ(got.lp_ids[k], want.lp_ids[k]) << what << " row " << n << " rank " << i;
+          if (dt == DType::F32) {
+            EXPECT_EQ(got.lp_ids[k], want.lp_ids[k]) << what << " row " << n << " rank " << i;
+          }
           EXPECT_NEAR(got.lp_values[k], want.lp_values[k], dt == DType::F32 ? 1e-4 : 0.1) << what << " row " << n;
         }
     }

@@ -140,7 +140,7 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
   expect(tokens, op, "tokens", DType::I32, p.rows, ctx);
   expect(steps, op, "steps", DType::I32, p.rows, ctx);
   const int64_t table = static_cast<int64_t>(p.rows) * p.V;
-  expect(counts, op, "counts", DType::I32, table, ctx, /*optional=*/!p.penalized());
+  expect(counts, op, "counts", DType::I32, table, ctx, /*optional=*/!p.penalized() && !p.count_drawn);
   expect(bias_ids, op, "bias_ids", DType::I32, p.n_bias, ctx, /*optional=*/p.n_bias == 0);
   expect(bias_values, op, "bias_values", DType::F32, p.n_bias, ctx, /*optional=*/p.n_bias == 0);
   const int64_t lp = static_cast<int64_t>(p.rows) * p.logprobs;

@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     tokens[n] = token;
     steps[n] = step + 1;
-    if (p.count_drawn && row_counts) row_counts[token] += 1;
+    if (p.count_drawn && row_counts && token >= 0) row_counts[token] += 1;
   }
 }
 
