@@ -38,7 +38,8 @@ Outputs run_device(const Inputs& in, DType dt, Context& ctx) {
   const Tensor counts = in.counts.empty() ? Tensor() : dev.upload_i32(in.counts);
   const Tensor bias_ids = p.n_bias ? dev.upload_i32(in.bias_ids) : Tensor();
   const Tensor bias_values = p.n_bias ? dev.upload(DType::F32, in.bias_values) : Tensor();
-  const Tensor lp_ids = lp ? dev.poisoned(DType::I32, lp) : Tensor(), lp_values = lp ? dev.poisoned(DType::F32, lp) : Tensor();
+  const Tensor lp_ids = lp ? dev.poisoned(DType::I32, lp) : Tensor(),
+               lp_values = lp ? dev.poisoned(DType::F32, lp) : Tensor();
   sample_rows(p, tokens, logits, counts, bias_ids, bias_values, steps, lp_ids, lp_values, ctx);
   Outputs out;
   out.tokens = as_i32(dev.download(tokens));
@@ -82,7 +83,8 @@ Inputs random_inputs(SampleParams p, DType dt, std::mt19937_64& rng) {
 
 std::string label(const SampleParams& p, DType dt) {
   return std::string(dtype_label(dt)) + " V=" + std::to_string(p.V) + " T=" + std::to_string(p.temperature) +
-         " top_k=" + std::to_string(p.top_k) + " top_p=" + std::to_string(p.top_p) + " min_p=" + std::to_string(p.min_p);
+         " top_k=" + std::to_string(p.top_k) + " top_p=" + std::to_string(p.top_p) +
+         " min_p=" + std::to_string(p.min_p);
 }
 
 TEST(SampleRowsCuda, DrawsTheReferenceTokenForTheSameSeedRowAndStep) {
@@ -91,11 +93,11 @@ TEST(SampleRowsCuda, DrawsTheReferenceTokenForTheSameSeedRowAndStep) {
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int V : {7, 1000, 50257}) {
       const int rows = V == 50257 ? 48 : 96;
-      for (SampleParams p : {SampleParams{.temperature = 0.0f}, SampleParams{.temperature = 1.0f},
-                             SampleParams{.temperature = 0.7f, .top_k = 40},
-                             SampleParams{.temperature = 1.2f, .top_p = 0.9f},
-                             SampleParams{.temperature = 1.0f, .min_p = 0.05f},
-                             SampleParams{.temperature = 0.8f, .top_k = 300, .top_p = 0.95f, .min_p = 0.02f}}) {
+      for (SampleParams p :
+           {SampleParams{.temperature = 0.0f}, SampleParams{.temperature = 1.0f},
+            SampleParams{.temperature = 0.7f, .top_k = 40}, SampleParams{.temperature = 1.2f, .top_p = 0.9f},
+            SampleParams{.temperature = 1.0f, .min_p = 0.05f},
+            SampleParams{.temperature = 0.8f, .top_k = 300, .top_p = 0.95f, .min_p = 0.02f}}) {
         p.rows = rows;
         p.V = V;
         p.seed = 1234 + V;
@@ -202,21 +204,31 @@ TEST(SampleRowsCuda, PenaltiesBiasCountsAndLogprobsMatchTheReference) {
   std::mt19937_64 rng(test_seed());
   for (DType dt : {DType::F32, DType::BF16}) {
     for (int V : {7, 1000, 50257}) {
-      SampleParams p{.rows = 24, .V = V, .temperature = 0.9f, .top_k = 50, .top_p = 0.95f,
-                     .repetition_penalty = 1.3f, .presence_penalty = 0.4f, .frequency_penalty = 0.2f, .seed = 5,
-                     .count_drawn = true, .logprobs = 8};
+      SampleParams p{.rows = 24,
+                     .V = V,
+                     .temperature = 0.9f,
+                     .top_k = 50,
+                     .top_p = 0.95f,
+                     .repetition_penalty = 1.3f,
+                     .presence_penalty = 0.4f,
+                     .frequency_penalty = 0.2f,
+                     .seed = 5,
+                     .count_drawn = true,
+                     .logprobs = 8};
       Inputs in = random_inputs(p, dt, rng);
       p = in.p;
       in.counts.assign(static_cast<size_t>(p.rows) * V, 0);
       const int max_len = 64;
-      std::vector<int32_t> table = randint(static_cast<size_t>(p.rows) * max_len, V, rng), lengths = randint(p.rows, max_len + 1, rng);
+      std::vector<int32_t> table = randint(static_cast<size_t>(p.rows) * max_len, V, rng),
+                           lengths = randint(p.rows, max_len + 1, rng);
       // The count table from the token table, on the device against the host.
       {
         DeviceArena dev(ctx);
         const Tensor c = dev.upload_i32(in.counts);
         sampler_counts_add(p.rows, V, max_len, c, dev.upload_i32(table), dev.upload_i32(lengths), ctx);
         Context cpu;
-        sampler_counts_add(p.rows, V, max_len, Tensor(in.counts.data(), DType::I32, {static_cast<int64_t>(in.counts.size())}),
+        sampler_counts_add(p.rows, V, max_len,
+                           Tensor(in.counts.data(), DType::I32, {static_cast<int64_t>(in.counts.size())}),
                            Tensor(table.data(), DType::I32, {static_cast<int64_t>(table.size())}),
                            Tensor(lengths.data(), DType::I32, {p.rows}), cpu);
         EXPECT_EQ(as_i32(dev.download(c)), in.counts) << "sampler_counts_add V=" << V;
@@ -277,8 +289,8 @@ TEST(SampleRowsCuda, AGraphReplaysWithNewDrawsEqualToEagerCalls) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   if (!cuda_graph_capture_supported()) GTEST_SKIP() << "a Debug build (no captures)";
   std::mt19937_64 rng(test_seed());
-  const Inputs in = random_inputs({.rows = 8, .V = 1000, .temperature = 1.0f, .top_k = 100, .seed = 9}, DType::BF16,
-                                  rng);
+  const Inputs in =
+      random_inputs({.rows = 8, .V = 1000, .temperature = 1.0f, .top_k = 100, .seed = 9}, DType::BF16, rng);
   DeviceArena dev(ctx);
   const Tensor logits = dev.upload(DType::BF16, in.logits), steps = dev.upload_i32(in.steps);
   const Tensor tokens = dev.poisoned(DType::I32, in.p.rows);

@@ -32,7 +32,9 @@ struct Batch {
     lp_ids.assign(static_cast<size_t>(p.rows) * p.logprobs, -7);
     lp_values.assign(static_cast<size_t>(p.rows) * p.logprobs, std::numeric_limits<float>::quiet_NaN());
   }
-  void set_row(int n, const std::vector<float>& l) { std::copy(l.begin(), l.end(), logits.begin() + n * p.row_stride()); }
+  void set_row(int n, const std::vector<float>& l) {
+    std::copy(l.begin(), l.end(), logits.begin() + n * p.row_stride());
+  }
   void run() {
     Context ctx;
     p.n_bias = static_cast<int>(bias_ids.size());
@@ -152,8 +154,13 @@ TEST(SampleRows, SharedExponentialIsAccurate) {
 }
 
 TEST(SampleRows, PenaltiesAndBiasFollowTheirFormulas) {
-  SampleParams p{.rows = 2, .V = 6, .ld = 8, .temperature = 0.0f, .repetition_penalty = 1.5f,
-                 .presence_penalty = 0.25f, .frequency_penalty = 0.5f};
+  SampleParams p{.rows = 2,
+                 .V = 6,
+                 .ld = 8,
+                 .temperature = 0.0f,
+                 .repetition_penalty = 1.5f,
+                 .presence_penalty = 0.25f,
+                 .frequency_penalty = 0.5f};
   Batch b(p);
   b.set_row(0, {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 0.0f});
   b.set_row(1, {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f});
@@ -165,8 +172,8 @@ TEST(SampleRows, PenaltiesAndBiasFollowTheirFormulas) {
   b.bias_values = {-0.75f, 4.0f};
   b.run();
   // Hand-computed: penalised l = (l > 0 ? l / 1.5 : l * 1.5) - (count * 0.5 + 0.25); then the bias.
-  const std::vector<float> want0{2.0f / 1.5f - 1.25f, -1.5f - 0.75f, 0.5f - 0.75f, 3.0f, -3.0f - 1.75f,
-                                 0.0f - 0.75f + 4.0f};
+  const std::vector<float> want0{2.0f / 1.5f - 1.25f, -1.5f - 0.75f,      0.5f - 0.75f, 3.0f,
+                                 -3.0f - 1.75f,       0.0f - 0.75f + 4.0f};
   const std::vector<float> want1{1.0f, 1.0f, 1.0f - 0.75f, 1.0f / 1.5f - 0.75f, 1.0f, 1.0f + 4.0f};
   for (int j = 0; j < 6; ++j) {
     EXPECT_NEAR(b.logits[j], want0[j], 1e-6) << "row 0, token " << j;
@@ -229,11 +236,11 @@ TEST(SampleRows, FiltersNeverDrawOutsideTheirSets) {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
   const int rank = static_cast<int>(std::find(order.begin(), order.end(), 11) - order.begin());
   const std::vector<int32_t> none(V, 0);
-  for (SampleParams p : {SampleParams{.V = V, .temperature = 3.0f, .top_k = rank + 1},
-                         SampleParams{.V = V, .temperature = 3.0f, .top_k = 6},
-                         SampleParams{.V = V, .temperature = 3.0f, .top_p = 0.5f},
-                         SampleParams{.V = V, .temperature = 3.0f, .min_p = 0.6f},
-                         SampleParams{.V = V, .temperature = 2.0f, .top_k = 20, .top_p = 0.7f, .min_p = 0.3f}}) {
+  for (SampleParams p :
+       {SampleParams{.V = V, .temperature = 3.0f, .top_k = rank + 1},
+        SampleParams{.V = V, .temperature = 3.0f, .top_k = 6}, SampleParams{.V = V, .temperature = 3.0f, .top_p = 0.5f},
+        SampleParams{.V = V, .temperature = 3.0f, .min_p = 0.6f},
+        SampleParams{.V = V, .temperature = 2.0f, .top_k = 20, .top_p = 0.7f, .min_p = 0.3f}}) {
     const auto prob = expected_distribution(p, processed(p, row, none, {}));
     const auto counts = draw_counts(p, row, none, {}, 6000);
     const std::string what = "top_k " + std::to_string(p.top_k) + " top_p " + std::to_string(p.top_p) + " min_p " +
@@ -248,8 +255,8 @@ TEST(SampleRows, FiltersNeverDrawOutsideTheirSets) {
     EXPECT_LT(kept, V) << what;
   }
   // top-k keeps every token tied at its cut (Hugging Face's rule): at k = rank + 1 both 11 and 23 are kept.
-  const auto tie = expected_distribution(SampleParams{.V = V, .temperature = 3.0f, .top_k = rank + 1},
-                                         processed({}, row, none, {}));
+  const auto tie =
+      expected_distribution(SampleParams{.V = V, .temperature = 3.0f, .top_k = rank + 1}, processed({}, row, none, {}));
   EXPECT_GT(tie[11], 0);
   EXPECT_GT(tie[23], 0);
 }
@@ -262,9 +269,15 @@ TEST(SampleRows, DrawsFollowTheProcessedDistribution) {
   const int draws = 20000;
   for (SampleParams p : {SampleParams{.V = 12, .temperature = 0.7f, .seed = 2024},
                          SampleParams{.V = 12, .temperature = 1.3f, .top_k = 8, .seed = 5},
-                         SampleParams{.V = 12, .temperature = 1.0f, .top_k = 9, .top_p = 0.85f, .min_p = 0.15f,
-                                      .repetition_penalty = 1.3f, .presence_penalty = 0.2f,
-                                      .frequency_penalty = 0.1f, .seed = 99}}) {
+                         SampleParams{.V = 12,
+                         .temperature = 1.0f,
+                         .top_k = 9,
+                         .top_p = 0.85f,
+                         .min_p = 0.15f,
+                         .repetition_penalty = 1.3f,
+                         .presence_penalty = 0.2f,
+                         .frequency_penalty = 0.1f,
+                         .seed = 99}}) {
     const auto prob = expected_distribution(p, processed(p, row, counts, bias));
     const auto hist = draw_counts(p, row, counts, bias, draws);
     int df;
@@ -277,8 +290,8 @@ TEST(SampleRows, DrawsFollowTheProcessedDistribution) {
 
 TEST(SampleRows, CountsStepsAndTheF64PathAgree) {
   std::mt19937_64 rng(test::test_seed());
-  SampleParams p{.rows = 5, .V = 20, .temperature = 0.8f, .top_k = 10, .presence_penalty = 0.3f, .seed = 3,
-                 .count_drawn = true};
+  SampleParams p{
+      .rows = 5, .V = 20, .temperature = 0.8f, .top_k = 10, .presence_penalty = 0.3f, .seed = 3, .count_drawn = true};
   Batch b(p);
   // The history from a token table: sampler_counts_add counts each row's first lengths[n] tokens.
   const int max_len = 6;
@@ -363,7 +376,9 @@ TEST(SampleRows, RejectsBadSettingsNamingTheFlag) {
     return test::error_of([&] { sampler_bias_check(b, 10); });
   };
   EXPECT_EQ(bias_msg({{0, 1.0f}, {9, -std::numeric_limits<float>::infinity()}}), "");
-  for (const auto& b : {std::vector<std::pair<int32_t, float>>{{10, 1.0f}}, {{-1, 1.0f}}, {{3, 1.0f}, {3, 2.0f}},
+  for (const auto& b : {std::vector<std::pair<int32_t, float>>{{10, 1.0f}},
+                        {{-1, 1.0f}},
+                        {{3, 1.0f}, {3, 2.0f}},
                         {{2, std::numeric_limits<float>::quiet_NaN()}}})
     EXPECT_NE(bias_msg(b).find("--logit-bias"), std::string::npos);
   // The reference checks the device list too: an id outside the vocabulary is an error, not a stray write.
@@ -378,8 +393,8 @@ TEST(SampleRows, RejectsBadSettingsNamingTheFlag) {
 TEST(SampleRows, RejectsNanInfiniteAndFullyMaskedRows) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::pair<std::vector<float>, const char*> bad[] = {{{0.5f, nan, 1.0f}, "row 1, logit 1 is NaN"},
-                                                           {{0.5f, 1.0f, inf}, "row 1, logit 2 is inf"},
-                                                           {{-inf, -inf, -inf}, "row 1 has no logit above -inf"}};
+                                                            {{0.5f, 1.0f, inf}, "row 1, logit 2 is inf"},
+                                                            {{-inf, -inf, -inf}, "row 1 has no logit above -inf"}};
   for (const auto& [row, said] : bad) {
     for (float temperature : {0.0f, 1.0f}) {
       SampleParams p{.rows = 2, .V = 3, .temperature = temperature};

@@ -129,8 +129,8 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
   sample_params_check(p);
   const DType dt = logits.dtype();
   if (ctx.is_cuda())
-    TS_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16, op, ": the CUDA kernel samples f32, bf16 or f16 logits, not ",
-             dtype_name(dt));
+    TS_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16, op,
+             ": the CUDA kernel samples f32, bf16 or f16 logits, not ", dtype_name(dt));
   else
     TS_CHECK(dt == DType::F32 || dt == DType::F64, op, ": the CPU reference samples f32 or f64 logits, not ",
              dtype_name(dt));

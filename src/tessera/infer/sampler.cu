@@ -191,7 +191,8 @@ __device__ void row_logprobs(const SampleParams& p, const T* row, float mx, int3
   float z = 0.0f;
   for (int j = threadIdx.x; j < V; j += kThreads) z += expf((to_f32(row[j]) - mx) / t);
   const float log_z = logf(block_sum_f32(z, s));
-  const uint32_t cut = radix_descend<false>(row, V, 0u, mx, t, static_cast<unsigned long long>(k), false, 1.0f, s);
+  const uint32_t cut = radix_descend</*kMass=*/false>(row, V, /*lo=*/0u, mx, t, /*target=*/k, /*from_total=*/false,
+                                                      /*top_p=*/1.0f, s);
   int begin, end;
   chunk_of_thread(V, &begin, &end);
   unsigned long long gt = 0, eq = 0, total_gt, total_eq;
@@ -244,7 +245,7 @@ __device__ int draw_token(const SampleParams& p, const T* row, float mx, uint32_
   if (threadIdx.x == 0) s.token = -1;  // before the scan's barriers; replaced by the one thread that holds the target
   const unsigned long long before = block_exclusive_scan_u64(mine, s, &z);
   const unsigned long long target = draw_target(u, z);  // z >= 2^38: the maximum survives every filter
-  if (before <= target && target < before + mine) {  // exactly one thread holds the target
+  if (before <= target && target < before + mine) {     // exactly one thread holds the target
     unsigned long long cum = before;
     for (int j = begin; j < end; ++j) {
       cum += kept_mass(j);
@@ -284,10 +285,12 @@ __global__ void __launch_bounds__(kThreads)
   if (p.temperature > 0.0f) {
     uint32_t cut = 0;
     if (p.top_k > 0 && p.top_k < p.V)
-      cut = radix_descend<false>(row, p.V, 0u, mx, p.temperature, static_cast<unsigned long long>(p.top_k), false,
-                                 1.0f, s);
+      cut = radix_descend</*kMass=*/false>(row, p.V, /*lo=*/0u, mx, p.temperature,
+                                           /*target=*/static_cast<unsigned long long>(p.top_k),
+                                           /*from_total=*/false, /*top_p=*/1.0f, s);
     if (p.top_p < 1.0f)
-      cut = radix_descend<true>(row, p.V, cut, mx, p.temperature, 0ull, /*from_total=*/true, p.top_p, s);
+      cut = radix_descend</*kMass=*/true>(row, p.V, /*lo=*/cut, mx, p.temperature, /*target=*/0ull,
+                                          /*from_total=*/true, p.top_p, s);
     token = draw_token(p, row, mx, cut, draw_word(p.seed, n, step), s);
   }
   if (threadIdx.x == 0) {
@@ -317,8 +320,8 @@ void sample_rows_cuda(const SampleParams& p, DType dtype, int32_t* tokens, void*
   const cudaStream_t st = ctx.stream();
   auto launch = [&](auto* typed) {
     using T = std::remove_pointer_t<decltype(typed)>;
-    sample_rows_radix<T><<<p.rows, kThreads, 0, st>>>(p, tokens, static_cast<T*>(logits), counts, bias_ids,
-                                                      bias_values, steps, logprob_ids, logprob_values);
+    sample_rows_radix<T><<<p.rows, kThreads, 0, st>>>(p, tokens, static_cast<T*>(logits), counts, bias_ids, bias_values,
+                                                      steps, logprob_ids, logprob_values);
   };
   if (dtype == DType::F32) launch(static_cast<float*>(nullptr));
   else if (dtype == DType::BF16) launch(static_cast<__nv_bfloat16*>(nullptr));

@@ -25,8 +25,8 @@ void process_row(const SampleParams& p, int n, T* row, const int32_t* counts, co
     TS_CHECK(counts, "sample_rows: a penalty is set but no count table was given");
     const int32_t* c = counts + static_cast<size_t>(n) * p.V;
     for (int j = 0; j < p.V; ++j)
-      row[j] = static_cast<T>(penalize(static_cast<float>(row[j]), c[j], p.repetition_penalty, p.presence_penalty,
-                                       p.frequency_penalty));
+      row[j] = static_cast<T>(
+          penalize(static_cast<float>(row[j]), c[j], p.repetition_penalty, p.presence_penalty, p.frequency_penalty));
   }
   for (int b = 0; b < p.n_bias; ++b) {
     const int32_t id = bias_ids[b];
@@ -99,8 +99,8 @@ void sample_rows_ref(const SampleParams& p, int32_t* tokens, T* logits, int32_t*
     int argmax = -1;
     for (int j = 0; j < V; ++j) {
       l[j] = static_cast<float>(row[j]);
-      TS_CHECK(!std::isnan(l[j]) && l[j] != std::numeric_limits<float>::infinity(), "sampling: row ", n, ", logit ",
-               j, " is ", describe(l[j]), " (the model produced NaN or infinite logits)");
+      TS_CHECK(!std::isnan(l[j]) && l[j] != std::numeric_limits<float>::infinity(), "sampling: row ", n, ", logit ", j,
+               " is ", describe(l[j]), " (the model produced NaN or infinite logits)");
       if (l[j] > mx) mx = l[j], argmax = j;  // strictly greater: the lowest id wins a tie
     }
     TS_CHECK(argmax >= 0, "sampling: row ", n, " has no logit above -inf (every token is masked)");
