@@ -73,8 +73,11 @@ std::vector<int32_t> generate(Model& model, std::vector<int32_t> tokens, int max
 // prefix found so far); for top-p, the same descent over a 256-bin mass histogram, finding the largest key v with
 // mass(K, key >= v) >= ceil(p · mass(K)); then each thread sums the kept mass of a contiguous chunk of ids, a block
 // scan gives the chunks' prefixes in id order, and the thread whose chunk holds the target finds the token. The
-// invariant of each descent after fixing the top b bits to P: the k-th largest key (the cut of the nucleus) has the
-// prefix P, and the counts (masses) of the keys above prefix P are below k (the nucleus mass).
+// invariant of each descent, once the top b bits are fixed to P: the elements whose keys lie above every key with
+// those top bits P weigh (count, or sum of masses) less than the target (k, or ceil(p · mass(K))), and with the
+// keys of top bits P added they reach it; after 32 bits P is the cut itself. A row is read about 12 times (L2
+// serves the decode batch); the count table costs rows · V · 4 bytes (51 MB for 256 rows of 50257).
+// A logit of -inf is a masked token (a bias of -inf bans one): it has mass 0 and is never drawn.
 struct SampleParams {
   int rows = 0, V = 0;
   int64_t ld = 0;  // the row stride of logits in elements; 0: V
