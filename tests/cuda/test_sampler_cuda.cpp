@@ -116,6 +116,21 @@ TEST(SampleRowsCuda, DrawsTheReferenceTokenForTheSameSeedRowAndStep) {
   }
 }
 
+// The largest vocabulary the kernel takes (2^24): masses reach 2^62 and each thread's chunk is 16384 ids.
+TEST(SampleRowsCuda, TheLargestVocabularyDrawsTheReferenceToken) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (SampleParams p : {SampleParams{.temperature = 1.0f}, SampleParams{.temperature = 0.9f, .top_k = 1000},
+                         SampleParams{.temperature = 1.1f, .top_p = 0.5f, .min_p = 0.01f}}) {
+    p.rows = 2;
+    p.V = 1 << 24;
+    p.seed = 31;
+    const Inputs in = random_inputs(p, DType::BF16, rng);
+    const Outputs got = run_device(in, DType::BF16, ctx), want = run_reference(in);
+    EXPECT_EQ(got.tokens, want.tokens) << label(p, DType::BF16);
+  }
+}
+
 // The distribution of steps 3-5 in f64 over the rounded logits x: softmax(x / T), top-k (ties kept), top-p over
 // the top-k set (kept while the mass strictly above is < p).
 std::vector<double> expected_distribution(const SampleParams& p, const double* x) {
