@@ -327,7 +327,7 @@ void sample_rows_cuda(const SampleParams& p, DType dtype, int32_t* tokens, void*
   else if (dtype == DType::BF16) launch(static_cast<__nv_bfloat16*>(nullptr));
   else if (dtype == DType::F16) launch(static_cast<__half*>(nullptr));
   else TS_THROW("sample_rows: no CUDA kernel for dtype ", dtype_name(dtype));
-  TS_CHECK_CUDA(cudaGetLastError());
+  TS_CHECK_LAUNCH();
 }
 
 void sampler_counts_add_cuda(int rows, int V, int max_len, int32_t* counts, const int32_t* tokens,
@@ -335,7 +335,7 @@ void sampler_counts_add_cuda(int rows, int V, int max_len, int32_t* counts, cons
   if (rows == 0 || max_len == 0) return;
   const cudaStream_t st = ctx.stream();
   sampler_counts_add_rows<<<rows, 256, 0, st>>>(V, max_len, counts, tokens, lengths);
-  TS_CHECK_CUDA(cudaGetLastError());
+  TS_CHECK_LAUNCH();
 }
 
 }  // namespace tessera
