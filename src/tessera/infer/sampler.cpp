@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <set>
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
@@ -73,6 +75,116 @@ std::vector<int32_t> generate(Model& model, std::vector<int32_t> tokens, int max
     if (on_token) on_token(tokens.back());
   }
   return tokens;
+}
+
+void sample_params_check(const SampleParams& p) {
+  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0,
+           "--temperature must be >= 0 (0 is greedy), got ", p.temperature);
+  TS_CHECK(p.top_k >= 0, "--top-k must be >= 0, got ", p.top_k);
+  TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);  // false for NaN too
+  TS_CHECK(p.min_p >= 0 && p.min_p <= 1, "--min-p must be in [0, 1], got ", p.min_p);
+  TS_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0,
+           "--repetition-penalty must be > 0 (1 is off), got ", p.repetition_penalty);
+  TS_CHECK(std::isfinite(p.presence_penalty), "--presence-penalty must be finite, got ", p.presence_penalty);
+  TS_CHECK(std::isfinite(p.frequency_penalty), "--frequency-penalty must be finite, got ", p.frequency_penalty);
+  TS_CHECK(p.logprobs >= 0 && p.logprobs <= SampleParams::kMaxLogprobs, "--logprobs must be in [0, ",
+           SampleParams::kMaxLogprobs, "], got ", p.logprobs);
+  TS_CHECK(p.rows >= 0 && p.V > 0 && p.V <= (1 << 24), "sample_rows: needs rows >= 0 and V in [1, 2^24], got rows ",
+           p.rows, ", V ", p.V);
+  TS_CHECK(p.ld == 0 || p.ld >= p.V, "sample_rows: the row stride ", p.ld, " is below V = ", p.V);
+  TS_CHECK(p.n_bias >= 0, "sample_rows: n_bias must be >= 0, got ", p.n_bias);
+}
+
+void sampler_bias_check(const std::vector<std::pair<int32_t, float>>& bias, int V) {
+  std::set<int32_t> seen;
+  for (const auto& [id, b] : bias) {
+    TS_CHECK(id >= 0 && id < V, "--logit-bias: token id ", id, " is outside the vocabulary [0, ", V, ")");
+    TS_CHECK(seen.insert(id).second, "--logit-bias: token id ", id, " is listed twice");
+    TS_CHECK(!std::isnan(b) && b != std::numeric_limits<float>::infinity(), "--logit-bias: the bias of token ", id,
+             " must be a number below +inf (-inf bans it), got ", b);
+  }
+}
+
+namespace {
+// A tensor argument's contract (ops/dispatch.h's expect(), which this file cannot include: its stat_dtype clashes
+// with nn/step.h's, which sampler.h brings in through models/model.h).
+void expect(const Tensor& t, const char* op, const char* name, DType dtype, int64_t numel, const Context& ctx,
+            bool optional = false) {
+  if (!t.defined()) {
+    TS_CHECK(optional, op, ": ", name, " is required");
+    return;
+  }
+  TS_CHECK(t.device() == ctx.device(), op, ": ", name, " is on ", t.device().str(), " but the context is ",
+           ctx.device().str());
+  TS_CHECK(t.dtype() == dtype, op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(dtype));
+  TS_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  TS_CHECK(t.numel() == numel, op, ": ", name, " has ", t.numel(), " elements ", t.shape_str(), ", expected ", numel);
+}
+}  // namespace
+
+void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logits, const Tensor& counts,
+                 const Tensor& bias_ids, const Tensor& bias_values, const Tensor& steps, const Tensor& logprob_ids,
+                 const Tensor& logprob_values, Context& ctx) {
+  constexpr const char* op = "sample_rows";
+  sample_params_check(p);
+  const DType dt = logits.dtype();
+  if (ctx.is_cuda())
+    TS_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16, op,
+             ": the CUDA kernel samples f32, bf16 or f16 logits, not ", dtype_name(dt));
+  else
+    TS_CHECK(dt == DType::F32 || dt == DType::F64, op, ": the CPU reference samples f32 or f64 logits, not ",
+             dtype_name(dt));
+  const int64_t extent = p.rows == 0 ? 0 : (p.rows - 1) * p.row_stride() + p.V;
+  TS_CHECK(logits.defined() && logits.device() == ctx.device() && logits.is_contiguous() && logits.numel() >= extent,
+           op, ": logits must be a contiguous tensor on ", ctx.device().str(), " of at least ", extent, " elements");
+  expect(tokens, op, "tokens", DType::I32, p.rows, ctx);
+  expect(steps, op, "steps", DType::I32, p.rows, ctx);
+  const int64_t table = static_cast<int64_t>(p.rows) * p.V;
+  expect(counts, op, "counts", DType::I32, table, ctx, /*optional=*/!p.penalized() && !p.count_drawn);
+  expect(bias_ids, op, "bias_ids", DType::I32, p.n_bias, ctx, /*optional=*/p.n_bias == 0);
+  expect(bias_values, op, "bias_values", DType::F32, p.n_bias, ctx, /*optional=*/p.n_bias == 0);
+  const int64_t lp = static_cast<int64_t>(p.rows) * p.logprobs;
+  expect(logprob_ids, op, "logprob_ids", DType::I32, lp, ctx, /*optional=*/p.logprobs == 0);
+  expect(logprob_values, op, "logprob_values", DType::F32, lp, ctx, /*optional=*/p.logprobs == 0);
+  auto* steps_u = static_cast<uint32_t*>(steps.data());  // the counters are uint32 held in an i32 tensor
+  if (ctx.is_cuda()) {
+#ifdef TESSERA_WITH_CUDA
+    sample_rows_cuda(p, dt, tokens.as<int32_t>(), logits.data(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
+                     bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>(), ctx);
+#endif
+    return;
+  }
+  auto ref = [&](auto t) {
+    using T = decltype(t);
+    sample_rows_ref<T>(p, tokens.as<int32_t>(), logits.as<T>(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
+                       bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>());
+  };
+  if (dt == DType::F32) ref(float{});
+  else ref(double{});
+}
+
+void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens,
+                        const Tensor& lengths, Context& ctx) {
+  constexpr const char* op = "sampler_counts_add";
+  TS_CHECK(rows >= 0 && V > 0 && max_len >= 0, op, ": needs rows >= 0, V > 0 and max_len >= 0");
+  expect(counts, op, "counts", DType::I32, static_cast<int64_t>(rows) * V, ctx);
+  expect(tokens, op, "tokens", DType::I32, static_cast<int64_t>(rows) * max_len, ctx);
+  expect(lengths, op, "lengths", DType::I32, rows, ctx);
+  if (ctx.is_cuda()) {
+#ifdef TESSERA_WITH_CUDA
+    sampler_counts_add_cuda(rows, V, max_len, counts.as<int32_t>(), tokens.as<int32_t>(), lengths.as<int32_t>(), ctx);
+#endif
+    return;
+  }
+  for (int n = 0; n < rows; ++n) {
+    const int len = lengths.as<int32_t>()[n];
+    TS_CHECK(len >= 0 && len <= max_len, op, ": row ", n, " has length ", len, ", outside [0, ", max_len, "]");
+    for (int i = 0; i < len; ++i) {
+      const int32_t t = tokens.as<int32_t>()[static_cast<size_t>(n) * max_len + i];
+      TS_CHECK(t >= 0 && t < V, op, ": row ", n, " holds token ", t, ", outside the vocabulary [0, ", V, ")");
+      ++counts.as<int32_t>()[static_cast<size_t>(n) * V + t];
+    }
+  }
 }
 
 }  // namespace tessera
