@@ -12,7 +12,8 @@ loads into tessera, and beside each a refs.json of what transformers computes on
 refs.json: "prompt" (token ids), "logits" (len(prompt) x vocab, row-major) and "greedy" (the prompt and its
 continuation by generate(do_sample=False)), all from the model run in fp32 on the weights as stored (a 16-bit
 directory's weights rounded to its dtype, then widened), "min_gap" (the smallest top-1 minus top-2 logit along the
-greedy path) and, for gpt2/, "batch" / "targets" / "loss" (HF's mean cross-entropy of one batch).
+greedy path) and, for the GPT-2s, "tokens" / "loss": 17 tokens and HF's mean cross-entropy of the batch of 2 x 8
+that tessera's token stream makes of them.
 
 The weights are drawn with a wide init (std 0.25, not 0.02), so the logits spread out: a tiny random model's near
 ties would let float rounding pick either of two tokens. Each model takes the first seed from 0 whose greedy path
@@ -95,12 +96,13 @@ def refs(model, seed, gpt2):
     ids, gap = greedy(model)
     r = {"seed": seed, "prompt": PROMPT, "logits": logits.flatten().tolist(), "greedy": ids, "min_gap": gap}
     if gpt2:
-        g = torch.Generator().manual_seed(1234)
-        batch = torch.randint(0, VOCAB, (2, 9), generator=g)
+        # One batch as tessera's token stream lays it out: B x T inputs read from `tokens` in order, each target
+        # the token after its input.
+        tokens = torch.randint(0, VOCAB, (2 * 8 + 1,), generator=torch.Generator().manual_seed(1234))
         with torch.no_grad():
-            loss = model(batch[:, :-1], labels=None).logits
-            loss = torch.nn.functional.cross_entropy(loss.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-        r.update(batch=batch[:, :-1].flatten().tolist(), targets=batch[:, 1:].flatten().tolist(), loss=float(loss))
+            out = model(tokens[:-1].view(2, 8)).logits
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, VOCAB), tokens[1:].reshape(-1))
+        r.update(tokens=tokens.tolist(), loss=float(loss))
     return r
 
 

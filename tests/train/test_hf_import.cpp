@@ -18,6 +18,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/core/fnv.h"
 #include "tessera/train/checkpoint.h"
+#include "tessera/train/data.h"
 #include "tessera/train/safetensors.h"
 #include "test_util.h"
 
@@ -257,6 +258,61 @@ TEST(HfImport, OtherDirectoriesKeepTheirMessages) {
   EXPECT_NE(error_of([&] { load_checkpoint_model(d.string()); }).find("holds no model.safetensors"),
             std::string::npos);
   fs::remove_all(d);
+}
+
+// train --init-from: the first step's loss is the one transformers computes on the same batch with the same
+// weights (a fresh optimizer changes nothing before the first update). The shard holds exactly one batch of 2 x 8
+// (and its last target), so the batch is the one refs.json's loss was computed on.
+TEST(HfImport, TrainInitFromStartsAtTransformersLoss) {
+  REQUIRE_FIXTURES();
+  for (const char* name : {"gpt2", "gpt2-bare"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = fixtures() / name;
+    const json r = refs_of(src);
+    const fs::path work = test::temp_dir(std::string("hf_init_from_") + name);
+    std::vector<uint16_t> tokens;
+    for (int t : r["tokens"]) tokens.push_back(static_cast<uint16_t>(t));
+    ASSERT_EQ(tokens.size(), 17u);
+    fs::create_directories(work / "data");
+    write_shard((work / "data" / "train_000000.bin").string(), tokens);
+    const auto run = test::run("train --init-from '" + src.string() + "' --data '" + (work / "data").string() +
+                               "' --out '" + (work / "run").string() + "' --steps 1 --batch 2 --seq 8 --device cpu "
+                               "--sample-tokens 0 --no-progress");
+    ASSERT_EQ(run.code, 0) << run.err;
+    const std::string metrics = read_file_text((work / "run" / "metrics.jsonl").string());
+    const json first = json::parse(metrics.substr(0, metrics.find('\n')));
+    ASSERT_EQ(first["step"], 1);
+    EXPECT_NEAR(first["loss"].get<double>(), r["loss"].get<double>(), 1e-5 * r["loss"].get<double>());
+    // A new run: its checkpoint is at step 1, and it loads as tessera's own (GPT-2-named) checkpoint.
+    EXPECT_EQ(load_train_state((work / "run" / "checkpoint").string(),
+                               *load_checkpoint_model((work / "run" / "checkpoint").string())).step, 1);
+    fs::remove_all(work);
+  }
+}
+
+TEST(HfImport, TrainInitFromRefusals) {
+  REQUIRE_FIXTURES();
+  const std::string gpt2 = (fixtures() / "gpt2").string();
+  const fs::path work = test::temp_dir("hf_init_from_bad");
+  struct Case {
+    std::string args, want;
+  };
+  const Case cases[] = {
+      {"--init-from '" + gpt2 + "' --d-model 64 --out x", "--d-model cannot be combined with --init-from"},
+      {"--init-from '" + gpt2 + "' --preset tiny --out x", "--preset cannot be combined with --init-from"},
+      {"--init-from '" + gpt2 + "'", "--init-from starts a new run: give it an output directory with --out DIR"},
+      {"--init-from '" + gpt2 + "' --resume '" + gpt2 + "' --out x", "give one of them"},
+      {"--init-from '" + (work / "nothing").string() + "' --out x", "does not exist"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const auto run = test::run("train " + c.args + " --steps 1 --no-progress", work);
+    EXPECT_EQ(run.code, 2);
+    EXPECT_NE(run.err.find(c.want), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+    EXPECT_FALSE(fs::exists(work / "x"));
+  }
+  fs::remove_all(work);
 }
 
 }  // namespace
