@@ -300,6 +300,22 @@ struct OpenCheckpoint {
   ModelConfig cfg;
 };
 
+// Whether the model file `st` of directory `dir` is one that Hugging Face wrote: config.json beside it, and none of
+// the metadata tessera writes. A tessera checkpoint that lost its tessera_config keeps saying so, unless nothing
+// is left to tell it from a save_pretrained directory (its whole metadata gone, a GPT-2 or Llama config.json).
+bool is_hf_model_file(const SafetensorsFile& st, const std::string& dir) {
+  const fs::path config = fs::path(dir) / "config.json";
+  if (st.metadata().count("tessera_config") || st.metadata().count("tessera_naming") || !fs::is_directory(dir) ||
+      !fs::is_regular_file(config))
+    return false;
+  try {  // tessera's own config.json (model_type "tessera") belongs to a checkpoint that lost its metadata
+    const json j = json::parse(read_file_text(config.string(), "checkpoint"));
+    return !(j.is_object() && j.value("model_type", json()) == "tessera");
+  } catch (const json::exception&) {
+    return true;  // HfCheckpoint::open names the file
+  }
+}
+
 OpenCheckpoint open_checkpoint(const std::string& path) {
   OpenCheckpoint ck;
   const std::string dir = resolve_checkpoint_dir(path);
@@ -309,8 +325,7 @@ OpenCheckpoint open_checkpoint(const std::string& path) {
     return ck;
   }
   SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  if (!st.metadata().count("tessera_config") && fs::is_directory(dir) &&
-      fs::is_regular_file(fs::path(dir) / "config.json")) {
+  if (is_hf_model_file(st, dir)) {
     ck.hf = HfCheckpoint::open(dir, std::move(st));
     ck.cfg = ck.hf->config();
     return ck;
