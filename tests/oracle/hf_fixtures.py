@@ -3,7 +3,8 @@
 loads into tessera, and beside each a refs.json of what transformers computes on them:
 
   gpt2/             GPT2LMHeadModel, fp32 (names with "transformer.", the tied lm_head left out, as saved)
-  gpt2-bare/        the same weights as the hub's gpt2 stores them: no "transformer." prefix, lm_head.weight present
+  gpt2-bare/        the same weights as the hub's gpt2 stores them: no "transformer." prefix, lm_head.weight present,
+                    and each layer's causal-mask buffer attn.bias
   gpt2-f16/         the GPT-2 in fp16
   llama/            LlamaForCausalLM with grouped KV heads (4 heads, 2 for keys and values), rope_theta 10000, fp32
   llama-bf16/       the Llama in bf16
@@ -139,6 +140,8 @@ def main():
     shutil.copy(os.path.join(d, "config.json"), bare)
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v.clone().contiguous()
           for k, v in gpt2.state_dict().items() if not k.endswith(".attn.bias") and not k.endswith(".masked_bias")}
+    for layer in range(gpt2.config.n_layer):  # the causal-mask buffers that older GPT-2 files hold
+        sd[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32)).to(torch.uint8)
     save_file(sd, os.path.join(bare, "model.safetensors"), metadata={"format": "pt"})
     write_refs(bare, refs(gpt2, seed, gpt2=True))
     d = os.path.join(a.out, "gpt2-f16")
