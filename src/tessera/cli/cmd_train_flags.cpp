@@ -18,6 +18,7 @@
 #include "tessera/core/units.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/models/model.h"
+#include "tessera/train/checkpoint.h"
 
 namespace tessera::cli {
 
@@ -29,6 +30,8 @@ void add_train_flags(Flags& a) {
   a.add("out", "DIR", "output directory for metrics.jsonl, checkpoint/ and best/ (default runs/<preset>; with "
                       "--resume, the checkpoint's parent)");
   a.add("resume", "DIR", "continue from a training checkpoint directory");
+  a.add("init-from", "DIR", "start a new run (fine-tuning) from the weights and config of a checkpoint: tessera's, or a "
+        "directory that Hugging Face's save_pretrained wrote (GPT-2 or Llama); the optimizer starts afresh");
   a.add_switch("force", "train into an output directory that already holds a run, replacing it");
   a.add("steps", "N", "optimizer steps in total (default 1000; with --resume, the saved run's)");
   a.add("batch", "N", "sequences per micro-batch, on each rank under mpirun (default 8)");
@@ -81,7 +84,20 @@ void add_train_flags(Flags& a) {
 void TrainCommand::read_flags() {
   // 1. The flags, with nothing read or written yet.
   o.resume = a.str("resume");
-  if (o.resume.empty()) {
+  o.init_from = a.str("init-from", "");
+  TS_CHECK(o.resume.empty() || o.init_from.empty(), "--init-from starts a new run from a checkpoint's weights, and "
+           "--resume continues the run that wrote one: give one of them");
+  if (!o.init_from.empty()) {
+    // The checkpoint fixes the model's shape; a model flag would change it, or be silently ignored.
+    for (const auto& f : model_flag_names())
+      TS_CHECK(!a.has(f), "--", f, " cannot be combined with --init-from (the checkpoint fixes the model)");
+    // A new run needs a directory of its own: the default, runs/<preset>, names no preset here.
+    TS_CHECK(a.has("out"), "--init-from starts a new run: give it an output directory with --out DIR");
+    const std::string dir = resolve_checkpoint_dir(o.init_from);
+    TS_CHECK(fs::exists(dir), "--init-from: ", o.init_from, " does not exist", dangling_link_note(o.init_from),
+             unfinished_checkpoint_note(o.init_from));
+    o.model = load_checkpoint_config(dir);
+  } else if (o.resume.empty()) {
     o.model = model_from_flags(a);
   } else {
     // A resumed run continues the saved run: model and data flags would silently be ignored, so refuse them.
@@ -100,7 +116,7 @@ void TrainCommand::read_flags() {
            "--stop-after stops with a checkpoint to resume from: drop --no-checkpoint");
   for (const char* f : {"ckpt-every", "ckpt-minutes"})
     TS_CHECK(o.checkpoints || !a.has(f), "--", f, " times checkpoints, and --no-checkpoint writes none");
-  for (const char* f : {"out", "resume", "trace", "memory-timeline", "data", "device", "prompt"})
+  for (const char* f : {"out", "resume", "init-from", "trace", "memory-timeline", "data", "device", "prompt"})
     TS_CHECK(!a.has(f) || !a.str(f).empty(), "--", f, " is empty");
   o.trace = a.str("trace", "");
   o.trace_step = a.integer("trace-step", 0);

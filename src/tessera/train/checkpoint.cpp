@@ -20,6 +20,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
+#include "tessera/train/hf_import.h"
 #include "tessera/train/safetensors.h"
 
 namespace tessera {
@@ -291,37 +292,83 @@ void save_checkpoint(const std::string& dir, const Model& model, const TrainStat
   fs::remove_all(old, ec);
 }
 
-ModelConfig load_checkpoint_config(const std::string& path) {
-  return config_from(SafetensorsFile::load(model_file(path)));
+namespace {
+// A checkpoint opened once: tessera's own (the config in its model file's metadata) or a directory that Hugging
+// Face's save_pretrained wrote (config.json beside a model file without tessera_config, or sharded).
+struct OpenCheckpoint {
+  std::optional<SafetensorsFile> st;
+  std::optional<HfCheckpoint> hf;
+  ModelConfig cfg;
+};
+
+// Whether the model file `st` of directory `dir` is one that Hugging Face wrote: config.json beside it, and none of
+// the metadata tessera writes. A tessera checkpoint that lost its tessera_config keeps saying so, unless nothing
+// is left to tell it from a save_pretrained directory (its whole metadata gone, a GPT-2 or Llama config.json).
+bool is_hf_model_file(const SafetensorsFile& st, const std::string& dir) {
+  const fs::path config = fs::path(dir) / "config.json";
+  if (st.metadata().count("tessera_config") || st.metadata().count("tessera_naming") || !fs::is_directory(dir) ||
+      !fs::is_regular_file(config))
+    return false;
+  try {  // tessera's own config.json (model_type "tessera") belongs to a checkpoint that lost its metadata
+    const json j = json::parse(read_file_text(config.string(), "checkpoint"));
+    return !(j.is_object() && j.value("model_type", json()) == "tessera");
+  } catch (const json::exception&) {
+    return true;  // HfCheckpoint::open names the file
+  }
 }
+
+OpenCheckpoint open_checkpoint(const std::string& path) {
+  OpenCheckpoint ck;
+  const std::string dir = resolve_checkpoint_dir(path);
+  if (is_sharded_hf_checkpoint(dir)) {
+    ck.hf = HfCheckpoint::open(dir);
+    ck.cfg = ck.hf->config();
+    return ck;
+  }
+  SafetensorsFile st = SafetensorsFile::load(model_file(path));
+  if (is_hf_model_file(st, dir)) {
+    ck.hf = HfCheckpoint::open(dir, std::move(st));
+    ck.cfg = ck.hf->config();
+    return ck;
+  }
+  ck.cfg = config_from(st);
+  ck.st = std::move(st);
+  return ck;
+}
+
+void load_weights(const OpenCheckpoint& ck, Model& model) {
+  if (ck.hf) ck.hf->load_into(model);
+  else weights_from(*ck.st, model);
+}
+}  // namespace
+
+ModelConfig load_checkpoint_config(const std::string& path) { return open_checkpoint(path).cfg; }
 
 ModelConfig check_checkpoint_model(const std::string& path) {
-  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  const ModelConfig cfg = config_from(st);
+  const OpenCheckpoint ck = open_checkpoint(path);
+  if (ck.hf) return ck.cfg;  // HfCheckpoint::open checked every tensor
   ParamBuffer pb;  // segments only: nothing allocated
-  model_describe_params(cfg, pb);
-  const auto layout = checkpoint_layout(cfg, pb);
-  check_tensor_names(st, layout);
-  for (const ExportTensor& t : layout) st.check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
-  return cfg;
+  model_describe_params(ck.cfg, pb);
+  const auto layout = checkpoint_layout(ck.cfg, pb);
+  check_tensor_names(*ck.st, layout);
+  for (const ExportTensor& t : layout) ck.st->check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
+  return ck.cfg;
 }
 
-void load_checkpoint_weights(const std::string& path, Model& model) {
-  weights_from(SafetensorsFile::load(model_file(path)), model);
-}
+void load_checkpoint_weights(const std::string& path, Model& model) { load_weights(open_checkpoint(path), model); }
 
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path) {
-  // One open: the config from the header's metadata, then the weights from the same mapping.
-  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  auto model = make_model(config_from(st));
-  weights_from(st, *model);
+  // One open: the config, then the weights from the same mappings.
+  const OpenCheckpoint ck = open_checkpoint(path);
+  auto model = make_model(ck.cfg);
+  load_weights(ck, *model);
   return model;
 }
 
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype) {
-  const SafetensorsFile st = SafetensorsFile::load(model_file(path));
-  auto model = make_model(config_from(st), ctx, dtype);
-  weights_from(st, *model);
+  const OpenCheckpoint ck = open_checkpoint(path);
+  auto model = make_model(ck.cfg, ctx, dtype);
+  load_weights(ck, *model);
   return model;
 }
 

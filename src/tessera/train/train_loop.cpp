@@ -146,8 +146,10 @@ TrainLoop::TrainLoop(TrainSetup& setup, const TrainControl& control)
 }
 
 void TrainLoop::make_model() {
-  // The model on the run's device: a resumed model (loaded on the CPU) moves there through its f32 values.
-  model_ = std::move(setup_.model);
+  // The model on the run's device: a resumed or --init-from model (loaded on the CPU) moves there through its f32
+  // values.
+  model_ = std::move(setup_.model ? setup_.model : setup_.init_model);
+  const bool loaded = model_ != nullptr;  // resumed, or --init-from: the weights are the checkpoint's
   if (!model_ || !ctx_->device().is_cpu() || setup_.dtype != DType::F32) {
     auto on_device =
         tessera::make_model(o_.model, *ctx_, setup_.dtype, o_.master_weights ? MasterWeights::On : MasterWeights::Off);
@@ -155,7 +157,7 @@ void TrainLoop::make_model() {
     model_ = std::move(on_device);
   }
   if (!resuming_) {
-    model_->init_weights(o_.seed);
+    if (!loaded) model_->init_weights(o_.seed);
     state_.rng = RngState{o_.seed * 0x9E3779B97F4A7C15ull + 1, 0};
   }
   // Without accumulation the gradients share the memory of activations that die before them (models/model.h).

@@ -30,6 +30,10 @@ struct TrainOptions {
   std::string data;            // a directory of train_*/val_* shards, or one shard file
   std::string out = "runs/tiny";
   std::string resume;          // a checkpoint directory to continue from
+  // A checkpoint (tessera's, or a Hugging Face save_pretrained directory) whose weights and config start a new run
+  // (fine-tuning): the optimizer, the step count and the data position start afresh. Not saved with the run: its
+  // own checkpoints hold the weights from then on.
+  std::string init_from;
   int steps = 1000;
   int batch = 8;
   int seq = 0;                 // 0: the model's max_seq

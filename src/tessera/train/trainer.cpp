@@ -164,6 +164,19 @@ std::vector<std::pair<const char*, std::string>> trace_outputs(const TrainOption
   return {{"--trace", o.trace}, {"--memory-timeline", o.memory_timeline}, {"--memory-timeline's CSV", timeline_csv}};
 }
 
+namespace {
+// --init-from: the checkpoint's model (tessera's or Hugging Face's), whose config the run takes.
+void load_init_model(TrainOptions& o, TrainSetup& s) {
+  const std::string given = o.init_from;
+  o.init_from = resolve_checkpoint_dir(given);
+  TS_CHECK(fs::exists(o.init_from), "--init-from: ", given, " does not exist", dangling_link_note(given),
+           unfinished_checkpoint_note(given));
+  TS_CHECK(fs::is_directory(o.init_from), "--init-from: ", given, " is not a checkpoint directory");
+  s.init_model = load_checkpoint_model(o.init_from);
+  o.model = s.init_model->config();
+}
+}  // namespace
+
 TrainSetup train_setup(TrainOptions o) {
   TrainSetup s;
   if (!o.resume.empty()) {
@@ -237,6 +250,7 @@ TrainSetup train_setup(TrainOptions o) {
     TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
              ": its model and its saved training options disagree");
   }
+  if (!o.init_from.empty()) load_init_model(o, s);
   if (o.seq == 0) o.seq = o.model.max_seq;
   validate(o);
   const int64_t first_step = s.model ? s.state.step + 1 : 1;  // the first step this run takes

@@ -69,6 +69,7 @@ struct TrainSetup {
   std::unique_ptr<Context> context; // the device the run trains on (declared first: it outlives the models)
   DType dtype = DType::F32;         // the compute dtype
   std::unique_ptr<Model> model;       // the checkpoint's model when resuming; null for a fresh run
+  std::unique_ptr<Model> init_model;  // --init-from: the checkpoint's model, whose weights start this fresh run
   TrainState state;                 // the checkpoint's state when resuming
   std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
   std::string no_validation;        // set by train_open_data: why val_data is null ("" when it is not)
