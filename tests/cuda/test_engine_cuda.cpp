@@ -178,17 +178,19 @@ TEST(EngineCuda, Bf16GreedyAndGraphReplay) {
     graphed.prefill({prompt});
     eager.prefill({prompt});
     int32_t r = ref.greedy_tokens()[0], g = graphed.greedy_tokens()[0], e = eager.greedy_tokens()[0];
+    // Until the first token that differs: a difference is allowed only where the CPU's top-2 gap is narrow.
     int agreed = 0;
-    bool wide = true;
+    bool diverged = false;
     for (int step = 0; step < 16; ++step) {
-      std::vector<float> row = ref.read_logits_row(0);
-      std::vector<float> sorted = row;
+      std::vector<float> sorted = ref.read_logits_row(0);
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      wide = wide && sorted[0] - sorted[1] > 0.1f * std::max(1.0f, std::abs(sorted[0]));
-      if (wide) {
-        EXPECT_EQ(g, r) << "step " << step;
-        agreed += g == r;
+      const bool wide = sorted[0] - sorted[1] > 0.1f * std::max(1.0f, std::abs(sorted[0]));
+      if (!diverged && g != r) {
+        EXPECT_FALSE(wide) << "bf16 took " << g << ", f32 " << r << " at step " << step << " with a top-2 gap of "
+                           << sorted[0] - sorted[1];
+        diverged = true;
       }
+      if (!diverged) ++agreed;
       ASSERT_EQ(g, e) << "graph replay and eager differ at step " << step;
       ref.decode(true);
       graphed.decode(true);
@@ -199,7 +201,7 @@ TEST(EngineCuda, Bf16GreedyAndGraphReplay) {
       const auto lg = graphed.read_logits_row(0), le = eager.read_logits_row(0);
       ASSERT_EQ(lg, le) << "graph replay logits differ from eager at step " << step;
     }
-    EXPECT_GE(agreed, 8) << "the top-2 gap closed early: pick weights with a wider gap";
+    EXPECT_GE(agreed, 8) << "bf16 greedy left f32 greedy early: pick weights with a wider top-2 gap";
     if (cuda_graph_capture_supported()) {
       EXPECT_FALSE(graphed.graph_failed());
       EXPECT_EQ(graphed.graph_captures(), 1);

@@ -247,10 +247,9 @@ void Engine::run_layers(int n, int T, bool decode) {
   }
 }
 
-void Engine::run_head(int n) {
-  // a.last holds the n rows of the residual stream that the head reads.
+void Engine::run_head(const Tensor& last, int n) {
   const Acts& a = *a_;
-  const Tensor last = first_rows(a.last, n), lnf = first_rows(a.lnf, n);
+  const Tensor lnf = first_rows(a.lnf, n);
   const NormParams np{.N = n, .C = cfg_.d_model, .eps = cfg_.norm_eps};
   if (cfg_.norm == NormKind::LayerNorm)
     layernorm_forward(np, lnf, flat(a.mean, n), flat(a.rstd, n), last, w_->lnf_w, w_->lnf_b, ctx_);
@@ -300,7 +299,7 @@ void Engine::prefill(const std::vector<std::vector<int32_t>>& prompts) {
     copy_bytes(static_cast<char*>(a.last.data()) + b * row_bytes, ctx_.device(),
                static_cast<const char*>(a.x.data()) + (static_cast<int64_t>(b) * T + lens[b] - 1) * row_bytes,
                ctx_.device(), row_bytes, ctx_);
-  run_head(n);
+  run_head(first_rows(a.last, n), n);
   std::vector<int32_t> pos(static_cast<size_t>(S_), 0);
   std::copy(lens.begin(), lens.end(), pos.begin());
   copy_bytes(cache_.pos().data(), ctx_.device(), pos.data(), Device::cpu(), pos.size() * sizeof(int32_t), ctx_);
@@ -321,10 +320,7 @@ void Engine::enqueue_decode(bool greedy) {
                     .padding_id = cfg_.padding_id},
                    first_rows(a.x, S_), flat(a.next, S_), cache_.pos(), w_->wte, w_->wpe, ctx_);
   run_layers(S_, 1, /*decode=*/true);
-  // The head reads the residual stream's S rows where they are: copied to `last` as a prefill's gathered rows are.
-  copy_bytes(a.last.data(), ctx_.device(), a.x.data(), ctx_.device(),
-             static_cast<size_t>(S_) * cfg_.d_model * dtype_size(dtype_), ctx_);
-  run_head(S_);
+  run_head(first_rows(a.x, S_), S_);  // every row is a last row
   if (greedy) greedy_argmax(S_, V_, ld_, flat(a.logits, (S_ - 1) * ld_ + V_), flat(a.next, S_), ctx_);
   positions_advance(cache_.pos(), ctx_);
 }

@@ -105,7 +105,8 @@ class Engine {
   // Queues the layers and the head for n rows of T tokens (prefill: T > 1 or a prefill of one token; decode: T = 1
   // through attention_decode).
   void run_layers(int n, int T, bool decode);
-  void run_head(int n);
+  // The final norm and the head over n rows of the residual stream (`last`: (n, C)) into the logits.
+  void run_head(const Tensor& last, int n);
   void enqueue_decode(bool greedy);
   void read_tokens_to(int n, int32_t* host);
 
