@@ -123,6 +123,8 @@ json hf_config_json(const ModelConfig& c, CheckpointNaming naming) {
 
 namespace {
 // A config.json field, or `fallback` (transformers' default) where it is absent or null.
+// The field, or `fallback` when it is absent or null. The result may be `fallback` itself: a caller that passes a
+// temporary (a literal) must copy the result before the end of its full expression, when the temporary dies.
 const json& field_or(const json& j, const char* key, const json& fallback) {
   const auto it = j.find(key);
   return it == j.end() || it->is_null() ? fallback : *it;
@@ -192,7 +194,7 @@ ModelConfig llama_config_from_hf(const json& j, const std::string& where) {
   c.tied = hf_bool(j, "tie_word_embeddings", false, where);
   c.attn_dropout = hf_float(j, "attention_dropout", 0.0, where);
   c.dropout = 0;
-  const json& scaling = field_or(j, "rope_scaling", nullptr);
+  const json scaling = field_or(j, "rope_scaling", nullptr);
   TS_CHECK(scaling.is_null(), where, ": rope_scaling ", json_shown(scaling), " is not supported (tessera's RoPE is "
            "unscaled: rope_scaling must be null)");
   const std::string act = hf_string(j, "hidden_act", "silu", where);
@@ -217,7 +219,7 @@ HfModelConfig model_config_from_hf_json(const json& j, const std::string& where)
   TS_CHECK(type == "gpt2" || type == "llama", where, ": model_type '", type, "' is not supported (tessera loads "
            "GPT2LMHeadModel, model_type \"gpt2\", and LlamaForCausalLM, \"llama\")");
   // Sliding-window attention (Mistral's, Qwen2's) attends to a band, not the whole causal prefix.
-  const json& window = field_or(j, "sliding_window", nullptr);
+  const json window = field_or(j, "sliding_window", nullptr);
   TS_CHECK(window.is_null() || (window.is_boolean() && !window.get<bool>()), where, ": sliding_window ",
            json_shown(window), " is not supported (tessera attends to the whole causal prefix)");
   TS_CHECK(!hf_bool(j, "use_sliding_window", false, where), where, ": use_sliding_window true is not supported "
