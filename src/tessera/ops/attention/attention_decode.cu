@@ -122,9 +122,9 @@ const float2* decode_rope_table(float theta, int Dh, int max_seq, Context& ctx) 
 // [0, max_seq) or a table slot outside [0, S) writes nothing.
 template <typename T, int U>
 __global__ void __launch_bounds__(kThreads)
-    kv_append_kernel(Shape g, T* __restrict__ cache_k, T* __restrict__ cache_v, Rows<T> q, Rows<const T> k_new,
-                     Rows<const T> v_new, const int32_t* __restrict__ pos, const int32_t* __restrict__ slots,
-                     const float2* __restrict__ rope, int heads, int units) {
+    kv_append_rotate_units(Shape g, T* __restrict__ cache_k, T* __restrict__ cache_v, Rows<T> q, Rows<const T> k_new,
+                           Rows<const T> v_new, const int32_t* __restrict__ pos, const int32_t* __restrict__ slots,
+                           const float2* __restrict__ rope, int heads, int units) {
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<long>(g.B) * g.Tq * heads * units) return;
   const int j = static_cast<int>(idx % units);
@@ -222,10 +222,10 @@ __device__ __forceinline__ void load_kv_tile(T* __restrict__ ks, T* __restrict__
 // part_o[(row_id splits + z) Dh + d], row_id = (b H + h) Tq + i.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    decode_split_kernel(Shape g, Rows<T> out, Rows<const T> q, const T* __restrict__ cache_k,
-                        const T* __restrict__ cache_v, const int32_t* __restrict__ pos,
-                        const int32_t* __restrict__ slots, int splits, int min_per, int align, int n_chunks,
-                        float scale, bool vec, float2* __restrict__ part_ml, float* __restrict__ part_o) {
+    attention_decode_split_kv(Shape g, Rows<T> out, Rows<const T> q, const T* __restrict__ cache_k,
+                              const T* __restrict__ cache_v, const int32_t* __restrict__ pos,
+                              const int32_t* __restrict__ slots, int splits, int min_per, int align, int n_chunks,
+                              float scale, bool vec, float2* __restrict__ part_ml, float* __restrict__ part_o) {
   constexpr int kKeys = decode_keys<T>(), kStride = decode_stride<T, kDp>(), kAcc = kRows * kDp / kThreads;
   static_assert(kRows * kDp % kThreads == 0, "every (row, column) of the block's output has one owner");
   __shared__ float qs[kRows * kDp];
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(kThreads)
 // The combine: block row_id = (b H + h) Tq + i merges that row's splits, one thread per column d.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    decode_combine_kernel(Shape g, Rows<T> out, int splits, const float2* __restrict__ part_ml,
-                          const float* __restrict__ part_o) {
+    attention_decode_combine_splits(Shape g, Rows<T> out, int splits, const float2* __restrict__ part_ml,
+                                    const float* __restrict__ part_o) {
   const long row_id = blockIdx.x;
   const int i = static_cast<int>(row_id % g.Tq), h = static_cast<int>(row_id / g.Tq % g.H);
   const int b = static_cast<int>(row_id / (static_cast<long>(g.Tq) * g.H));
@@ -399,8 +399,8 @@ void kv_append_cuda(const DecodeAttentionParams& p, DType dtype, void* cache_k, 
                                                                          heads, units);
       TS_CHECK_LAUNCH();
     };
-    if (vec) launch(kv_append_kernel<T, kV>);
-    else launch(kv_append_kernel<T, 1>);
+    if (vec) launch(kv_append_rotate_units<T, kV>);
+    else launch(kv_append_rotate_units<T, 1>);
   });
 }
 
@@ -430,13 +430,13 @@ void attention_decode_cuda(const DecodeAttentionParams& p, DType dtype, Attentio
     const int min_per = automatic ? kMinKeysPerSplit : 1, align = automatic ? decode_keys<T>() : 1;
     dispatch_decode_pad(p.Dh, [&](auto pad) {
       constexpr int kDp = decltype(pad)::value;
-      decode_split_kernel<T, kDp><<<dim3(splits, p.Hkv * n_chunks, p.B), kThreads, 0, ctx.stream()>>>(
+      attention_decode_split_kv<T, kDp><<<dim3(splits, p.Hkv * n_chunks, p.B), kThreads, 0, ctx.stream()>>>(
           g, rows_of<T>(out), rows_of<const T>(q), static_cast<const T*>(cache_k), static_cast<const T*>(cache_v), pos,
           slots, splits, min_per, align, n_chunks, scale, vec, part_ml, part_o);
       TS_CHECK_LAUNCH();
     });
     if (splits > 1) {
-      decode_combine_kernel<T>
+      attention_decode_combine_splits<T>
           <<<static_cast<unsigned>(n_rows), kThreads, 0, ctx.stream()>>>(g, rows_of<T>(out), splits, part_ml, part_o);
       TS_CHECK_LAUNCH();
     }
