@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: build tessera with CUDA, run the inference work's CUDA tests (decode attention, topk, the
 # sampler, the engine, beam search), the rest of the CUDA suite, bench topk, generate on a gpt2-124m checkpoint
-# (decode ms/token from two runs) and the Hugging Face decode peers (bench/peers/decode.py). Usage: OUT_DIR.
+# (decode ms/token from two runs), compute-sanitizer memcheck and racecheck over the new kernels, and the Hugging
+# Face decode peers (bench/peers/decode.py). Usage: OUT_DIR.
 set -uo pipefail
 OUT=$1; mkdir -p $OUT
 export OMP_NUM_THREADS=4
@@ -13,7 +14,6 @@ cmake --build build-gpu -j14 --target tessera tessera_cuda_tests >$OUT/build.log
 echo "build $(( $(date +%s) - t0 )) s"
 timeout 200 build-gpu/tests/tessera_cuda_tests --gtest_filter='CudaAttentionDecode*:BeamTopkCuda*:DecodeOpsCuda*:EngineCuda*:SampleRowsCuda*:BeamSearch*:CudaBeam*:*BeamSearch*Cuda*' >$OUT/new_cuda.log 2>&1
 echo "new cuda rc=$?: $(grep -cE '^\[       OK' $OUT/new_cuda.log) ok"; grep -E "^\[  FAILED|Failure|Expected|Which is|actual|error" $OUT/new_cuda.log | head -40
-timeout 240 build-gpu/tests/tessera_cuda_tests --gtest_filter='-CudaAttentionDecode*:BeamTopkCuda*:DecodeOpsCuda*:EngineCuda*:SampleRowsCuda*' >$OUT/cuda_all.log 2>&1; echo "rest of cuda suite rc=$?"; grep -E "^\[  (FAILED|PASSED)|tests ran" $OUT/cuda_all.log | head -20
 T=build-gpu/tessera
 timeout 60 $T train --preset gpt2-124m --steps 1 --batch 1 --seq 64 --out /tmp/g124 >$OUT/train.log 2>&1; echo "train rc=$?"; tail -2 $OUT/train.log
 timeout 60 $T bench topk --peer >$OUT/topk.log 2>&1; echo "bench topk rc=$?"; tail -15 $OUT/topk.log
@@ -35,4 +35,15 @@ for l in open(sys.argv[1]):
     if l.startswith('{'):
         r=json.loads(l); print({k:(round(v,3) if isinstance(v,float) else v) for k,v in r.items() if k not in('torch','transformers','device','precision')})
 PY
+# The slow checks last, each only while the call has time left (a device call is cut at 600 s).
+left() { (( $(date +%s) - t0 < $1 )); }
+rem() { local r=$(( 585 - ($(date +%s) - t0) )); echo $(( $1 < r ? $1 : (r > 1 ? r : 1) )); }
+if left 330; then
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout $(rem 150) $CS --tool memcheck --error-exitcode 9 build-gpu/tests/tessera_cuda_tests --gtest_filter='CudaAttentionDecode*:BeamTopkCuda*:DecodeOpsCuda*:SampleRowsCuda*' >$OUT/memcheck.log 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^=========  *(Invalid|Address|Program hit)" $OUT/memcheck.log | sort | uniq -c | head -10
+  timeout $(rem 150) $CS --tool racecheck --error-exitcode 9 build-gpu/tests/tessera_cuda_tests --gtest_filter='CudaAttentionDecode*:BeamTopkCuda*:SampleRowsCuda*' >$OUT/racecheck.log 2>&1
+  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard" $OUT/racecheck.log | sort | uniq -c | head -10
+  timeout $(rem 240) build-gpu/tests/tessera_cuda_tests --gtest_filter='-CudaAttentionDecode*:BeamTopkCuda*:DecodeOpsCuda*:EngineCuda*:SampleRowsCuda*' >$OUT/cuda_all.log 2>&1; echo "rest of cuda suite rc=$?"; grep -E "^\[  (FAILED|PASSED)|tests ran" $OUT/cuda_all.log | head -20
+fi
 echo "elapsed $(( $(date +%s) - t0 )) s"
