@@ -314,6 +314,13 @@ void Engine::set_tokens(const std::vector<int32_t>& tokens) {
   ctx_.synchronize();
 }
 
+void Engine::set_tokens(const Tensor& tokens) {
+  TS_CHECK(tokens.dtype() == DType::I32 && tokens.numel() == S_ && tokens.device() == ctx_.device(),
+           "internal: engine set_tokens takes (", S_, ") i32 on ", ctx_.device().str());
+  copy_bytes(a_->next.data(), ctx_.device(), tokens.data(), ctx_.device(), static_cast<size_t>(S_) * sizeof(int32_t),
+             ctx_);
+}
+
 void Engine::enqueue_decode(bool greedy) {
   const Acts& a = *a_;
   decode_embedding({.B = S_, .C = cfg_.d_model, .V = V_, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
@@ -391,6 +398,13 @@ void Engine::reorder(const std::vector<int32_t>& parents) {
   cache_.reorder(flat(a_->parents, S_), ctx_);
   host_pos_ = pos;
   ctx_.synchronize();
+}
+
+void Engine::reorder(const Tensor& parents) {
+  TS_CHECK(cache_.slots().defined(), "engine: reorder needs a slot table (beams > 1)");
+  TS_CHECK(parents.dtype() == DType::I32 && parents.numel() == S_ && parents.device() == ctx_.device(),
+           "internal: engine reorder takes (", S_, ") i32 on ", ctx_.device().str());
+  cache_.reorder(parents, ctx_);
 }
 
 Tensor Engine::logits() const { return first_rows(a_->logits, last_rows_); }

@@ -72,12 +72,16 @@ class Engine {
   int vocab() const { return V_; }
   int64_t logits_stride() const { return ld_; }
   KvCache& cache() { return cache_; }
+  Context& context() const { return ctx_; }  // the model's
 
   // Runs the prompts (each 1 .. max_prompt tokens; at most rows() of them) into rows 0 .. n-1; the other rows are
   // reset to position 0. Logits (n, V) of each prompt's last token.
   void prefill(const std::vector<std::vector<int32_t>>& prompts);
   // The input tokens of the next decode step, one per row (rows() of them), from the host.
   void set_tokens(const std::vector<int32_t>& tokens);
+  // The same from the device: tokens (rows()) i32 on the engine's device, copied on the stream (no host sync;
+  // graph-capturable). Ids are not checked on the host: decode_embedding clamps them to the vocab on the GPU.
+  void set_tokens(const Tensor& tokens);
   // One decode step over every row: the tokens set (or the last greedy step's) at each row's position; logits
   // (rows(), V). With greedy, each row's argmax becomes the next input token. Throws Error before running when a
   // row's position would pass max_seq.
@@ -89,6 +93,10 @@ class Engine {
   std::vector<int32_t> read_tokens();
   // Beam step: row b becomes a child of row parents[b] (S of them, host values; the device kernel does the work).
   void reorder(const std::vector<int32_t>& parents);
+  // The same from the device: parents (rows()) i32 on the engine's device, queued on the stream (no host sync;
+  // graph-capturable). The host cannot see the values, so each parents[b] must be a row at b's position (beam
+  // search: a row of the same entry, whose rows all share one position): the positions the host knows stay.
+  void reorder(const Tensor& parents);
   // Row `row` of the last logits as f32 on the host.
   std::vector<float> read_logits_row(int row) const;
   // The last logits: (rows of the last call, logits_stride()) on the model's device.
