@@ -2,9 +2,9 @@
 """Hugging Face `generate(num_beams=K)` on a checkpoint that save_pretrained wrote (tests/oracle/hf_fixtures.py), the
 oracle of tessera's beam search through its engine (tests/infer/test_beam_generate.cpp).
 
---checkpoint DIR: the model, loaded by from_pretrained and run in fp32 on the CPU with its KV cache.
---spec FILE: a JSON list of cases, each {prompt (token ids), max_new_tokens, num_beams, length_penalty,
-early_stopping (true or false), num_return_sequences, eos}. Each prompt runs alone (batch 1, no padding).
+--spec FILE: a JSON list of cases, each {checkpoint (a directory), prompt (token ids), max_new_tokens, num_beams,
+length_penalty, early_stopping (true or false), num_return_sequences, eos}. The model is loaded by from_pretrained
+(once per directory) and runs in fp32 on the CPU with its KV cache. Each prompt runs alone (batch 1, no padding).
 Prints one JSON object a case: {"sequences": [[generated tokens, through the first EOS]...], "scores": [...]},
 num_return_sequences rows, best first (HF's sequences and sequences_scores). Exits 77 when torch or transformers is
 missing.
@@ -34,7 +34,6 @@ def run_case(model, c, torch):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--spec", required=True, help="a JSON list of cases (see run_case)")
     args = ap.parse_args()
     try:
@@ -45,11 +44,14 @@ def main():
         return 77
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32).eval()
     with open(args.spec) as f:
         cases = json.load(f)
+    models = {}
     for c in cases:
-        print(json.dumps(run_case(model, c, torch)), flush=True)
+        d = c["checkpoint"]
+        if d not in models:
+            models[d] = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
+        print(json.dumps(run_case(models[d], c, torch)), flush=True)
     return 0
 
 
