@@ -1,6 +1,7 @@
 // Beam search through the engine on the GPU (infer/beam_generate.h): in f32 the same hypotheses as the CPU engine,
-// scores to 1e-4, for two prompts of unequal lengths with an EOS that ends hypotheses early; the engine with its
-// captured decode graph gives what the eager engine gives, bit for bit.
+// scores to 1e-4, for two prompts of unequal lengths with an EOS that ends hypotheses early; the whole step captured
+// as one CUDA graph (reorder, token feed, decode, beam step: Engine::decode_with) gives what the eager engine gives,
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -71,6 +72,7 @@ TEST(BeamGenerateCuda, F32EqualsTheCpuEngine) {
     EXPECT_GT(eos_ended, 0) << "no hypothesis reached the EOS";
     if (cuda_graph_capture_supported()) {
       EXPECT_FALSE(graphed.graph_failed());
+      EXPECT_EQ(graphed.graph_captures(), 1);  // the beam step's graph, captured at step 2 (step 1 runs eagerly)
       EXPECT_GT(graphed.graph_replays(), 0);
     }
     EXPECT_EQ(eager.graph_replays(), 0);

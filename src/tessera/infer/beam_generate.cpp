@@ -40,8 +40,8 @@ std::vector<std::vector<BeamSequence>> beam_generate(Engine& engine, const std::
   // Entry e runs prompt order[e]: longest first (see the header: no row writes over another entry's prompt).
   std::vector<int> order(static_cast<size_t>(B));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int c) { return prompts[static_cast<size_t>(a)].size() > prompts[static_cast<size_t>(c)].size(); });
+  const auto len = [&](int b) { return prompts[static_cast<size_t>(b)].size(); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return len(a) > len(c); });
   std::vector<std::vector<int32_t>> sorted;
   for (int b : order) sorted.push_back(prompts[static_cast<size_t>(b)]);
   engine.prefill(sorted);
@@ -67,17 +67,21 @@ std::vector<std::vector<BeamSequence>> beam_generate(Engine& engine, const std::
   BeamSearch bs(bo, ctx);
   bs.step(first_logits, ld, ctx);
   const int poll = ctx.is_cuda() ? kBeamDonePollSteps : 1;
-  for (int t = 1; t < o.max_new_tokens; ++t) {
-    if (t % poll == 0 && all_done(bs, B, ctx)) break;
-    // With K == 1 every parent is the row itself (entry_step), and the engine has no slot table to reorder.
+  // The step's work around the engine's decode: the same tensors every step, so that on the GPU the whole step is
+  // one graph. With K == 1 every parent is the row itself (entry_step), and the engine has no slot table.
+  const auto feed = [&] {
     if (K > 1) engine.reorder(bs.parents());
     engine.set_tokens(bs.next_tokens());
-    engine.decode(/*greedy=*/false);
-    bs.step(engine.logits(), ld, ctx);
+  };
+  const auto rank = [&] { bs.step(engine.logits(), ld, ctx); };  // the decode's (S, ld) logits
+  for (int t = 1; t < o.max_new_tokens; ++t) {
+    if (t % poll == 0 && all_done(bs, B, ctx)) break;
+    engine.decode_with(feed, rank);
   }
   std::vector<std::vector<BeamSequence>> by_entry = bs.finish(ctx);
   std::vector<std::vector<BeamSequence>> out(static_cast<size_t>(B));
-  for (int e = 0; e < B; ++e) out[static_cast<size_t>(order[static_cast<size_t>(e)])] = std::move(by_entry[static_cast<size_t>(e)]);
+  for (int e = 0; e < B; ++e)
+    out[static_cast<size_t>(order[static_cast<size_t>(e)])] = std::move(by_entry[static_cast<size_t>(e)]);
   return out;
 }
 

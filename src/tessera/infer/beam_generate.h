@@ -9,9 +9,9 @@
 //   slot r < B holds entry r's prompt: row r belongs to entry r / K <= r, whose prompt is at least as long, so no
 //   row overwrites a prompt position that another entry reads.
 // Step 0 ranks the prefill's logits, row e placed at row e * K (beams 1..K-1 start at score -inf: only beam 0
-//   expands). Step t >= 1: engine.reorder(parents) and engine.set_tokens(next_tokens), both BeamSearch's device
-//   tensors; engine.decode (logits (S, V); on the GPU the engine's captured decode graph); BeamSearch::step. Nothing
-//   of a step is read on the host.
+//   expands). Step t >= 1, through Engine::decode_with: engine.reorder(parents) and engine.set_tokens(next_tokens),
+//   both BeamSearch's device tensors; the decode (logits (S, V)); BeamSearch::step. Nothing of a step is read on the
+//   host, and on the GPU the whole step is one CUDA graph, replayed from step 2 on.
 // Stop: when every entry is done or after max_new_tokens steps. The done flags are read on the host every step on
 //   the CPU (host memory: the read costs nothing) and every kBeamDonePollSteps steps on the GPU (a copy and one
 //   stream sync): a step past an entry's end is a no-op for it (its rows keep their own history and take the pad

@@ -305,6 +305,9 @@ void Engine::prefill(const std::vector<std::vector<int32_t>>& prompts) {
   copy_bytes(cache_.pos().data(), ctx_.device(), pos.data(), Device::cpu(), pos.size() * sizeof(int32_t), ctx_);
   host_pos_ = std::vector<int>(pos.begin(), pos.end());
   ctx_.synchronize();  // the host vectors die here
+  // The caller's work of decode_with belongs to one generation: its graph goes (the stream is idle after the sync).
+  graph_[kStepWith] = CudaGraph();
+  eager_steps_[kStepWith] = 0;
 }
 
 void Engine::set_tokens(const std::vector<int32_t>& tokens) {
@@ -332,11 +335,22 @@ void Engine::enqueue_decode(bool greedy) {
   positions_advance(cache_.pos(), ctx_);
 }
 
-void Engine::decode(bool greedy) {
+void Engine::decode(bool greedy) { run_step(greedy ? kStepGreedy : kStepPlain, nullptr, nullptr); }
+
+void Engine::decode_with(const std::function<void()>& before, const std::function<void()>& after) {
+  run_step(kStepWith, before, after);
+}
+
+void Engine::run_step(int kind, const std::function<void()>& before, const std::function<void()>& after) {
   for (int b = 0; b < S_; ++b)
     TS_CHECK(host_pos_[static_cast<size_t>(b)] < max_seq_, "engine: row ", b, " has filled the cache's ", max_seq_,
              " positions");
-  const int g = greedy ? 1 : 0;
+  const int g = kind;
+  auto enqueue = [&] {
+    if (before) before();
+    enqueue_decode(kind == kStepGreedy);
+    if (after) after();
+  };
   bool replayed = false;
   // On the GPU the first step of each kind runs eagerly (what the ops set up once: the cuBLASLt workspace, the RoPE
   // table, the scratch); the second is captured, and every later one replays the graph. A capture that fails
@@ -344,7 +358,7 @@ void Engine::decode(bool greedy) {
   if (ctx_.is_cuda() && opt_.cuda_graph && !graph_failed_ && cuda_graph_capture_supported() && eager_steps_[g] > 0) {
     if (!graph_[g].ready() || graph_scratch_[g] != ctx_.scratch_generation()) {
       try {
-        graph_[g].capture(ctx_, "the decode step", [&] { enqueue_decode(greedy); });
+        graph_[g].capture(ctx_, "the decode step", enqueue);
         graph_scratch_[g] = ctx_.scratch_generation();
         ++graph_captures_;
       } catch (const CudaGraphCaptureError&) {
@@ -359,7 +373,7 @@ void Engine::decode(bool greedy) {
     }
   }
   if (!replayed) {
-    enqueue_decode(greedy);
+    enqueue();
     ++eager_steps_[g];
   }
   for (int& p : host_pos_) ++p;
