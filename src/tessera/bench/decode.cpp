@@ -387,4 +387,28 @@ bool decode_peer_take(const nlohmann::json& j, DecodePeerFigures& f) {
   return true;
 }
 
+std::string decode_bench_table(const DecodeBenchResult& r, const DecodePeerFigures& peer, bool with_peer) {
+  std::string md = "| row | measure | tessera | unit |";
+  md += with_peer ? " peer | peer's figure | peer / tessera |\n|---|---|---:|---|---|---:|---:|\n" : "\n|---|---|---:|---|\n";
+  auto num = [](double v) { return fmt_num(v >= 100 ? "%.1f" : v >= 1 ? "%.3f" : "%.4f", v); };
+  for (const DecodeLine& l : r.lines) {
+    const std::string head = "| " + l.row + " | " + l.measure + " | " + num(l.value) + " | " + l.unit + " |";
+    if (!with_peer) {
+      md += head + "\n";
+      continue;
+    }
+    if (l.peers.empty()) md += head + " – | – | – |\n";
+    for (const auto& [label, key] : l.peers) {
+      const auto it = peer.ms.find(key);
+      if (it == peer.ms.end()) {
+        md += head + " " + label + " | – | – |\n";
+        continue;
+      }
+      const double v = it->second * l.peer_factor;
+      md += head + " " + label + " | " + num(v) + " | " + fmt_num("%.2f×", v / l.value) + " |\n";
+    }
+  }
+  return md;
+}
+
 }  // namespace tessera

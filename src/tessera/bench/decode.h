@@ -102,4 +102,8 @@ struct DecodePeerFigures {
 // Takes one JSON object the peer printed into f; returns whether it was a figure (or an error record).
 bool decode_peer_take(const nlohmann::json& j, DecodePeerFigures& f);
 
+// The markdown table of r: one line per (tessera figure, peer), with_peer: the peer's figure in the line's unit
+// and peer / tessera ("–" where the peer gave none).
+std::string decode_bench_table(const DecodeBenchResult& r, const DecodePeerFigures& peer, bool with_peer);
+
 }  // namespace tessera

@@ -74,31 +74,6 @@ std::string peer_args(const DecodeBenchConfig& c, const std::string& precision) 
   return args;
 }
 
-// The table: one line per (tessera figure, peer), the peer's figure in the line's unit and peer / tessera.
-std::string table(const DecodeBenchResult& r, const DecodePeerFigures& peer, bool with_peer) {
-  std::string md = "| row | measure | tessera | unit |";
-  md += with_peer ? " peer | peer's figure | peer / tessera |\n|---|---|---:|---|---|---:|---:|\n" : "\n|---|---|---:|---|\n";
-  auto num = [](double v) { return fmt(v >= 100 ? "%.1f" : v >= 1 ? "%.3f" : "%.4f", v); };
-  for (const DecodeLine& l : r.lines) {
-    const std::string head = "| " + l.row + " | " + l.measure + " | " + num(l.value) + " | " + l.unit + " |";
-    if (!with_peer) {
-      md += head + "\n";
-      continue;
-    }
-    if (l.peers.empty()) md += head + " – | – | – |\n";
-    for (const auto& [label, key] : l.peers) {
-      const auto it = peer.ms.find(key);
-      if (it == peer.ms.end()) {
-        md += head + " " + label + " | – | – |\n";
-        continue;
-      }
-      const double v = it->second * l.peer_factor;
-      md += head + " " + label + " | " + num(v) + " | " + fmt("%.2f×", v / l.value) + " |\n";
-    }
-  }
-  return md;
-}
-
 }  // namespace
 
 int cmd_bench_decode(int argc, char** argv) {
@@ -183,7 +158,7 @@ int cmd_bench_decode(int argc, char** argv) {
   for (const auto& n : r.notes) md += "- " + n + "\n";
   if (!peer_note.empty()) md += "- " + peer_note + "\n";
   for (const auto& e : peer.errors) md += "- peer error: " + e + "\n";
-  md += "\n" + table(r, peer, a.has("peer"));
+  md += "\n" + decode_bench_table(r, peer, a.has("peer"));
   print_bench_markdown(md, out);
   return 0;
 }
