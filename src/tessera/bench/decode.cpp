@@ -20,6 +20,7 @@
 #include "tessera/infer/beam_search.h"
 #include "tessera/infer/engine.h"
 #include "tessera/models/model.h"
+#include "tessera/nn/param_buffer.h"
 #include "tessera/train/checkpoint.h"
 
 namespace tessera {
@@ -247,13 +248,25 @@ void first_token_row(const DecodeBenchConfig& c, Context& ctx, DecodeBenchResult
                      .peers = {{"from_pretrained + first token", "first token"}}});
 }
 
+// The weight bytes one decode step reads: every parameter but the position table and, where the head is not tied
+// to it, the token embedding table (one row of each is read: C elements, counted).
+double decode_weight_bytes(const Model& model) {
+  const ModelConfig& cfg = model.config();
+  double n = 0;
+  for (const ParamSegment& seg : model.params().segments()) {
+    const bool table = seg.name == "wpe" || (seg.name == "wte" && !cfg.tied);
+    n += table ? cfg.d_model : static_cast<double>(seg.numel);
+  }
+  return n * static_cast<double>(dtype_size(model.dtype()));
+}
+
 // The large model's decode step and its bandwidth.
 void bandwidth_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResult& r) {
   Context& ctx = h.context();
   auto model = inference_model(c.large, c.dtype, ctx);
   Engine e(*model, {.batch = 1, .max_prompt = c.prompt});
   const Timing step = decode_step_timing(e, random_prompts(1, c.prompt, c.large.vocab, 9), c.new_tokens, h);
-  const double bytes = static_cast<double>(e.memory().weights);
+  const double bytes = decode_weight_bytes(*model);
   const double gbs = bytes / (step.median_ms * 1e-3) / 1e9;
   const double n = static_cast<double>(c.large.num_params());
   const std::string what =
@@ -322,7 +335,7 @@ DecodeBenchResult bench_decode(const DecodeBenchConfig& c, Context& ctx) {
   if (model_rows) {
     auto model = inference_model(c.model, c.dtype, ctx);
     if (r.copy_gbs) {
-      const double bytes = static_cast<double>(Engine::memory(c.model, c.dtype, {}).weights);
+      const double bytes = decode_weight_bytes(*model);
       r.notes.push_back("bandwidth floor of " + c.model.preset + ": " + fmt_num("%.3f", bytes / 1e9) +
                         " GB of weights / " + fmt_num("%.0f", *r.copy_gbs) + " GB/s = " +
                         fmt_num("%.4f", bytes / (*r.copy_gbs * 1e9) * 1e3) + " ms/token");

@@ -15,7 +15,10 @@
 //               set_tokens; BeamSearch::finish at the end. Wall / steps.
 //   bandwidth   the `large` model (cs336-2.7b's shape), batch 1, greedy: the decode step as in greedy, and the
 //               weight bytes it reads per step / its time, as a fraction of the copy bandwidth of the same run
-//               (BenchHarness::copy_bandwidth_gbs of a 1 GiB device-to-device copy: bytes read + written).
+//               (BenchHarness::copy_bandwidth_gbs of a 1 GiB device-to-device copy: bytes read + written). The
+//               bytes: every parameter but the position table and an untied token embedding table, of which one
+//               row is read; the KV cache's reads are not counted, so the fraction errs low.
+//               The notes give each model's bandwidth floor: those bytes / the copy bandwidth.
 //   prefill     one prompt of prefill_tokens through Engine::prefill, and bench_model's training forward of the
 //               same (1, prefill_tokens) shape (embedding .. loss over every position; bench/model.h), both as
 //               wall time around a synchronize, the median of timing.iters after timing.warmup.
