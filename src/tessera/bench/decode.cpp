@@ -20,7 +20,6 @@
 #include "tessera/infer/beam_search.h"
 #include "tessera/infer/engine.h"
 #include "tessera/models/model.h"
-#include "tessera/nn/param_buffer.h"
 #include "tessera/train/checkpoint.h"
 
 namespace tessera {
