@@ -17,6 +17,7 @@
 #include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/infer/beam_generate.h"
 #include "tessera/infer/beam_search.h"
 #include "tessera/infer/engine.h"
 #include "tessera/models/model.h"
@@ -119,33 +120,15 @@ void greedy_rows(const DecodeBenchConfig& c, Model& model, int batch, BenchHarne
                        .peer_factor = 1.0 / batch, .peers = {hf_static, hf_eager}});
 }
 
-// One beam search of new_tokens steps through the engine (the header's beams row).
-void beam_loop(const DecodeBenchConfig& c, Engine& e, const std::vector<int32_t>& prompt, Context& ctx) {
-  const int K = c.beams;
-  BeamSearch bs({.batch = 1, .beams = K, .vocab = c.model.vocab, .max_new_tokens = c.new_tokens}, ctx);
-  e.prefill({std::vector<int32_t>(prompt.begin(), prompt.end() - 1)});
-  e.reorder(std::vector<int32_t>(static_cast<size_t>(K), 0));
-  e.set_tokens(std::vector<int32_t>(static_cast<size_t>(K), prompt.back()));
-  std::vector<int32_t> parents(static_cast<size_t>(K)), next(static_cast<size_t>(K));
-  for (int s = 0; s < c.new_tokens; ++s) {
-    e.decode(/*greedy=*/false);
-    bs.step(e.logits(), e.logits_stride(), ctx);
-    if (s + 1 == c.new_tokens) break;
-    copy_bytes(parents.data(), Device::cpu(), bs.parents().data(), ctx.device(), parents.size() * 4, ctx);
-    copy_bytes(next.data(), Device::cpu(), bs.next_tokens().data(), ctx.device(), next.size() * 4, ctx);
-    e.reorder(parents);
-    e.set_tokens(next);
-  }
-  bs.finish(ctx);
-}
-
 void beams_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeBenchResult& r) {
   Engine e(model, {.batch = 1, .beams = c.beams, .max_prompt = c.prompt});
   const auto prompt = random_prompts(1, c.prompt, c.model.vocab, 77)[0];
-  const Timing gen = wall_timing(ctx, c.timing, [&] { beam_loop(c, e, prompt, ctx); });
-  r.lines.push_back({.row = "beams", .measure = c.model.preset + ", " + std::to_string(c.beams) + " beams, " +
-                                                std::to_string(c.new_tokens) + " steps: wall / steps (decode + " +
-                                                "BeamSearch::step + reorder, prefill included)",
+  // No EOS: every hypothesis runs the new_tokens steps, as the peer's min_new_tokens = max_new_tokens makes HF's.
+  const BeamSearchOptions o{.beams = c.beams, .max_new_tokens = c.new_tokens, .eos_id = -1};
+  const Timing gen = wall_timing(ctx, c.timing, [&] { beam_generate(e, {prompt}, o); });
+  r.lines.push_back({.row = "beams",
+                     .measure = c.model.preset + ", " + std::to_string(c.beams) + " beams, " +
+                                std::to_string(c.new_tokens) + " steps: beam_generate wall / steps (prefill included)",
                      .value = gen.median_ms / c.new_tokens, .unit = "ms/step", .peer_factor = 1,
                      .peers = {{"HF eager", decode_peer_key("eager", 1, c.beams)},
                                {"HF static", decode_peer_key("static", 1, c.beams)}}});

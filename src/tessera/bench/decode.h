@@ -9,10 +9,9 @@
 //               wall time of prefill + the first token + (new_tokens - 1) decode steps, each step's tokens read to
 //               the host as a streaming generate does, / new_tokens: what the peer's ms_per_token measures.
 //   batch       the same with `batch` sequences: per step (the peer's unit), and per token (per step / batch).
-//   beams       batch 1, `beams` beams, no EOS (as the peer's min_new_tokens = max_new_tokens): the prompt's first
-//               P-1 tokens prefilled into row 0, every row aliased to it (Engine::reorder), then per step
-//               decode + BeamSearch::step + the parents and next tokens read to the host + Engine::reorder +
-//               set_tokens; BeamSearch::finish at the end. Wall / steps.
+//   beams       batch 1, `beams` beams, no EOS (as the peer's min_new_tokens = max_new_tokens): beam_generate
+//               (infer/beam_generate.h: the prefill, then per step reorder + decode + BeamSearch::step, one CUDA
+//               graph on the GPU, no host read but the done flags' poll), wall / steps.
 //   bandwidth   the `large` model (cs336-2.7b's shape), batch 1, greedy: the decode step as in greedy, and the
 //               weight bytes it reads per step / its time, as a fraction of the copy bandwidth of the same run
 //               (BenchHarness::copy_bandwidth_gbs of a 1 GiB device-to-device copy: bytes read + written). The
