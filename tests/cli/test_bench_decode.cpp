@@ -16,6 +16,7 @@
 #include "tessera/bench/decode.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
+#include "tessera/models/model.h"
 
 namespace tessera {
 namespace {
@@ -115,6 +116,16 @@ TEST_F(BenchDecode, BadInputIsOneLineWithExitTwo) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << r.err;
   }
+}
+
+// A decode step reads one row of the position table, and of the embedding table where the head does not read it all.
+TEST(BenchDecodeBytes, WeightBytesLeaveOutTheTablesAStepReadsARowOf) {
+  const ModelConfig gpt = model_preset("tiny");  // tied, learned positions
+  const ModelConfig llama = llama_style(model_preset("tiny"));  // untied, rotary
+  ASSERT_TRUE(gpt.tied && gpt.positions == PositionKind::Learned && !llama.tied);
+  const int64_t C = gpt.d_model;
+  EXPECT_DOUBLE_EQ(decode_weight_bytes(*make_model(gpt)), 4.0 * (gpt.num_params() - gpt.max_seq * C + C));
+  EXPECT_DOUBLE_EQ(decode_weight_bytes(*make_model(llama)), 4.0 * (llama.num_params() - llama.vocab * C + C));
 }
 
 TEST(BenchDecodePeer, RecordsBecomeFiguresInMs) {

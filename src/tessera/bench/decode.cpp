@@ -230,18 +230,6 @@ void first_token_row(const DecodeBenchConfig& c, Context& ctx, DecodeBenchResult
                      .peers = {{"from_pretrained + first token", "first token"}}});
 }
 
-// The weight bytes one decode step reads: every parameter but the position table and, where the head is not tied
-// to it, the token embedding table (one row of each is read: C elements, counted).
-double decode_weight_bytes(const Model& model) {
-  const ModelConfig& cfg = model.config();
-  double n = 0;
-  for (const ParamSegment& seg : model.params().segments()) {
-    const bool table = seg.name == "wpe" || (seg.name == "wte" && !cfg.tied);
-    n += table ? cfg.d_model : static_cast<double>(seg.numel);
-  }
-  return n * static_cast<double>(dtype_size(model.dtype()));
-}
-
 // The large model's decode step and its bandwidth.
 void bandwidth_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResult& r) {
   Context& ctx = h.context();
@@ -267,6 +255,16 @@ void bandwidth_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResul
 }
 
 }  // namespace
+
+double decode_weight_bytes(const Model& model) {
+  const ModelConfig& cfg = model.config();
+  double n = 0;
+  for (const ParamSegment& seg : model.params().segments()) {
+    const bool table = seg.name == "wpe" || (seg.name == "wte" && !cfg.tied);
+    n += table ? cfg.d_model : static_cast<double>(seg.numel);
+  }
+  return n * static_cast<double>(dtype_size(model.dtype()));
+}
 
 const std::vector<std::string>& decode_row_names() {
   static const std::vector<std::string> names = {"greedy", "batch",     "beams",      "prefill",

@@ -90,6 +90,11 @@ struct DecodeBenchResult {
 
 DecodeBenchResult bench_decode(const DecodeBenchConfig& c, Context& ctx);
 
+class Model;
+// The weight bytes one decode step of `model` reads: every parameter but the position table and, where the head is
+// not tied to it, the token embedding table (one row of each is read: C elements, counted).
+double decode_weight_bytes(const Model& model);
+
 // ---- the peer (bench/peers/decode.py) ----
 std::string decode_peer_key(const std::string& mode, int batch, int beams);  // "generate eager b1 k1"
 std::string decode_peer_prefill_key(int tokens);                            // "prefill 1024"
