@@ -64,9 +64,8 @@ RegionTiming time_region(Context& ctx, const std::function<void()>& fn, int warm
   return r;
 }
 
-// Weights for timing: norm gains 1, everything else uniform in ±0.02 from a hash of (segment, index), filled by
-// all cores. The model's init_weights draws N(0, 0.02) one element at a time on one core, which takes minutes for the
-// 2.7B model; the timing of a step does not depend on the values, only on their being ordinary numbers.
+}  // namespace
+
 void bench_init_weights(Model& model) {
   ParamBuffer& pb = model.params();
   std::vector<float> w(pb.size(), 0.0f);
@@ -84,6 +83,8 @@ void bench_init_weights(Model& model) {
   }
   pb.write_f32(w, model.context());
 }
+
+namespace {
 
 // The memory free for a new size: the device's (total − in use) or the host's MemAvailable.
 size_t free_memory(Context& ctx) {

@@ -157,6 +157,11 @@ struct GemmRate {
 };
 GemmRate measure_gemm_rate(BenchHarness& h, int n, DType dtype, const TimingOptions& timing);
 
+// Weights for timing: norm gains 1, biases 0, everything else uniform in ±0.02 from a hash of (segment, index),
+// filled by all cores. The model's init_weights draws N(0, 0.02) one element at a time on one core, which takes
+// minutes for the 2.7B model; the timing of a step does not depend on the values, only on their being ordinary numbers.
+void bench_init_weights(Model& model);
+
 // Benchmarks one size on ctx. `gemm_flops_per_s` is the rate MFU is taken against (0: MFU left at 0).
 ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Context& ctx, double gemm_flops_per_s);
 

@@ -40,6 +40,7 @@ int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
 int cmd_bench_tokenizer(int argc, char** argv);  // cmd_bench_tokenizer.cpp
 int cmd_bench_tokenizer_train(int argc, char** argv);  // cmd_bench_tokenizer_train.cpp
 int cmd_bench_topk(int argc, char** argv);  // cmd_bench_topk.cpp
+int cmd_bench_decode(int argc, char** argv);  // cmd_bench_decode.cpp
 
 namespace {
 
@@ -57,7 +58,7 @@ size_t same_size_copy_bytes(double bytes) {
 }
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk|decode> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
@@ -68,6 +69,8 @@ const char* kBenchUsage =
     "  tokenizer  GPT-2 encoding MB/s against tiktoken and Hugging Face tokenizers, one thread and all cores\n"
     "  tokenizer-train  BPE training beside Hugging Face tokenizers' BpeTrainer: seconds, MB/s, peak memory\n"
     "  topk       the beam step's HARS top-k (32 x 4 beams x 50257, k 8) beside torch.topk, candidates per row\n"
+    "  decode     the inference engine: greedy, batch 16, beams, 2.7B against the copy bandwidth, prefill, top-k,\n"
+    "             time to first token, beside Hugging Face generate\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -109,8 +112,9 @@ int cmd_bench(int argc, char** argv) {
   if (which == "tokenizer") return cmd_bench_tokenizer(argc, argv);
   if (which == "tokenizer-train") return cmd_bench_tokenizer_train(argc, argv);
   if (which == "topk") return cmd_bench_topk(argc, argv);
+  if (which == "decode") return cmd_bench_decode(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train or topk)");
+           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train, topk or decode)");
   Flags a("bench " + which, which == "kernels"
                                 ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                 : "Times one AdamW step over a model's flat parameter buffers.");

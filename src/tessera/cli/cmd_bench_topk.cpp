@@ -2,20 +2,18 @@
 // logits of (B*K, V), beside PyTorch in the same run (bench/peers/topk.py): torch.topk alone over keys already
 // formed, and Hugging Face's step (log_softmax + scores, then torch.topk). Reports the retrieve's candidates per
 // row (the keys >= R that the exact per-row top-k is taken from).
-#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "tessera/bench/harness.h"
 #include "tessera/bench/peer.h"
+#include "tessera/bench/topk.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
-#include "tessera/core/buffer.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/topk/topk.h"
 #include "tessera_git_commit.h"  // TESSERA_GIT_COMMIT
@@ -25,27 +23,6 @@
 #endif
 
 namespace tessera::cli {
-namespace {
-
-// Host logits ~ N(0, 3^2) (a language model's spread of logits) and running scores ~ N(0, 1), in `dtype`.
-std::vector<unsigned char> random_logits(int64_t n, DType dtype, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<unsigned char> bytes(static_cast<size_t>(n) * dtype_size(dtype));
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = nd(rng);
-    if (dtype == DType::BF16) reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(x);
-    else reinterpret_cast<float*>(bytes.data())[i] = x;
-  }
-  return bytes;
-}
-
-// Min, median and max of the candidates per row.
-std::string count_summary(std::vector<int32_t> c) {
-  std::sort(c.begin(), c.end());
-  return std::to_string(c.front()) + " / " + std::to_string(c[c.size() / 2]) + " / " + std::to_string(c.back());
-}
-
-}  // namespace
 
 int cmd_bench_topk(int argc, char** argv) {
   Flags a("bench topk", "Times the beam step's HARS top-k beside torch.topk and Hugging Face's step.");
@@ -78,39 +55,13 @@ int cmd_bench_topk(int argc, char** argv) {
   const std::string out = a.str("out");
   if (a.has("out")) check_output_path("out", out);
 
-  // Inputs and outputs on the device, filled once.
-  const int64_t rows = static_cast<int64_t>(p.B) * p.K;
-  std::mt19937_64 rng(20261206);
-  const auto logits_host = random_logits(rows * p.V, dtype, rng);
-  std::vector<float> beam_host(rows);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& s : beam_host) s = nd(rng);
-  Buffer logits_buf(logits_host.size(), ctx.device(), "the bench logits"), beam_buf(rows * 4, ctx.device()),
-      scores_buf(p.B * p.k * 4, ctx.device()), indices_buf(p.B * p.k * 4, ctx.device()),
-      lse_buf(rows * 4, ctx.device()), counts_buf(rows * 4, ctx.device());
-  copy_bytes(logits_buf.data(), ctx.device(), logits_host.data(), Device::cpu(), logits_host.size(), ctx);
-  copy_bytes(beam_buf.data(), ctx.device(), beam_host.data(), Device::cpu(), rows * 4, ctx);
-  const Tensor logits = logits_buf.view(dtype, {rows, p.V}), beam = beam_buf.view(DType::F32, {rows});
-  const Tensor scores = scores_buf.view(DType::F32, {p.B, p.k}), indices = indices_buf.view(DType::I32, {p.B, p.k});
-  const Tensor lse = lse_buf.view(DType::F32, {rows}), counts = counts_buf.view(DType::I32, {rows});
-
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
   std::printf("tessera bench topk on %s, %s, (%d x %d, %d), k %d, %d warm-up + %d timed runs\n", device.c_str(),
               dtype_name.c_str(), p.B, p.K, p.V, p.k, timing.warmup, timing.iters);
   std::fflush(stdout);
-  const Timing t = h.time([&] { beam_topk(p, scores, indices, lse, Tensor(), logits, beam, ctx); }, timing);
-  // The candidates per row: the GPU's retrieve counts them; on the CPU the same algorithm runs on the host.
-  std::vector<int32_t> count_host(rows);
-  if (ctx.is_cuda()) {
-    beam_topk(p, scores, indices, lse, counts, logits, beam, ctx);
-    copy_bytes(count_host.data(), Device::cpu(), counts.data(), ctx.device(), rows * 4, ctx);
-  } else {
-    std::vector<float> s(p.B * p.k);
-    std::vector<int32_t> i(p.B * p.k);
-    beam_topk_hars_cpu(p, beam_topk_groups(p.k), dtype, s.data(), i.data(), count_host.data(), logits.data(),
-                       beam.as<float>(), lse.as<float>());
-  }
+  const TopkBench bench = bench_beam_topk(p, dtype, h, timing);
+  const Timing& t = bench.t;
 
   std::map<std::string, double> peer_ms;
   std::string note;
@@ -129,13 +80,13 @@ int cmd_bench_topk(int argc, char** argv) {
                              });
     }
   }
-  const double logit_bytes = static_cast<double>(logits_host.size());
+  const double logit_bytes = bench.logit_bytes;
   std::string md = "# tessera bench topk\n\n- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) +
                    "\n- device: " + device + "\n- logits (" + std::to_string(p.B) + " x " + std::to_string(p.K) +
                    ", " + std::to_string(p.V) + ") " + dtype_name + ", k " + std::to_string(p.k) + ", " +
                    std::to_string(timing.iters) + " timed runs (median" +
                    (ctx.is_cuda() ? "; L2 flushed before each run" : "") + ")\n";
-  md += "- candidates per row after the retrieve (min / median / max): " + count_summary(count_host) + " of " +
+  md += "- candidates per row after the retrieve (min / median / max): " + topk_candidate_summary(bench.candidates) + " of " +
         std::to_string(p.V) + "\n";
   if (!note.empty()) md += "- " + note + "\n";
   md += "\n| op | median ms | min ms | max ms | logits GB/s | its time / tessera's |\n|---|---:|---:|---:|---:|---:|\n";
