@@ -49,7 +49,7 @@ constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwid
 // copy. A small copy pays the launch and the ramp that a 1 GiB one hides, so a kernel is set against a copy of its
 // own size too (bench/micro/copy_by_size.cu measures the copy against its size).
 // The size is rounded to whole 64 KiB: cudaMemcpyAsync is slower at sizes off such a boundary, a quirk of the copy,
-// not of the memory.
+// not of the memory (bench/results/2026-12-01-copy-size-and-pdl-h200.md).
 size_t same_size_copy_bytes(double bytes) {
   constexpr double kGrain = 64 * 1024;
   const double half = std::max(kGrain, std::round(bytes / 2 / kGrain) * kGrain);
