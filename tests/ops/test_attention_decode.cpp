@@ -320,6 +320,21 @@ TEST_F(AttentionDecode, RefusesBadCalls) {
                                      d.slots_tensor(), d.ctx);
                   }),
                   "attention_decode: pos is F32, expected I32"));
+
+  // Every view is checked, not q alone: k_new and v_new take Hkv heads, out H.
+  Decode<double> e(c, rng);
+  EXPECT_TRUE(has(error_of([&] {
+                    kv_append(e.p, e.cache(), e.q(), e.q(), e.v_new(), e.pos_tensor(), e.slots_tensor(), e.ctx);
+                  }),
+                  "kv_append: k_new is (3, 3, 6, 24), expected (3, 3, 2, 24)"));
+  EXPECT_TRUE(has(error_of([&] {
+                    kv_append(e.p, e.cache(), e.q(), e.k_new(), e.q(), e.pos_tensor(), e.slots_tensor(), e.ctx);
+                  }),
+                  "kv_append: v_new is (3, 3, 6, 24), expected (3, 3, 2, 24)"));
+  EXPECT_TRUE(has(error_of([&] {
+                    attention_decode(e.p, e.k_new(), e.q(), e.cache(), e.pos_tensor(), e.slots_tensor(), e.ctx);
+                  }),
+                  "attention_decode: out is (3, 3, 2, 24), expected (3, 3, 6, 24)"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "tessera/bench/harness.h"
 #include "tessera/bench/kernels.h"
 #include "tessera/bench/peer.h"
+#include "tessera/cli/bench_flags.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -50,7 +51,7 @@ constexpr size_t kCopyBytes = size_t{1} << 30;  // the D2D copy that the bandwid
 // copy. A small copy pays the launch and the ramp that a 1 GiB one hides, so a kernel is set against a copy of its
 // own size too (bench/micro/copy_by_size.cu measures the copy against its size).
 // The size is rounded to whole 64 KiB: cudaMemcpyAsync is slower at sizes off such a boundary, a quirk of the copy,
-// not of the memory.
+// not of the memory (bench/results/2026-12-01-copy-size-and-pdl-h200.md).
 size_t same_size_copy_bytes(double bytes) {
   constexpr double kGrain = 64 * 1024;
   const double half = std::max(kGrain, std::round(bytes / 2 / kGrain) * kGrain);
@@ -126,21 +127,13 @@ int cmd_bench(int argc, char** argv) {
   if (which == "kernels")
     a.add("only", "FAMILY,...", "run only these kernel families: embedding, layernorm, residual, gelu, swiglu, "
                                 "cross-entropy (default: all)");
-  a.add("warmup", "N", "untimed runs before timing (default 5)");
-  a.add("iters", "N", "timed runs; the table shows their median (default 20)");
-  a.add("out", "FILE", "also write the table as markdown to FILE");
-  a.add_switch("peer", "run bench/peers/kernels.py (PyTorch) and show its times beside tessera's (GPU only)");
+  add_bench_run_flags(a, "kernels.py");
   a.add_switch("no-progress", "no progress bar on stderr");
   if (!a.parse(argc, argv, 3)) return 0;
 
-  const TimingOptions timing{.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
-  TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
-  TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
-  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
-  const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
-  TS_CHECK(dtype_name == "f32" || dtype_name == "bf16", "--dtype must be f32 or bf16, got ", dtype_name);
-  TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
-           ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
+  const TimingOptions timing = bench_timing(a);
+  Context ctx = bench_context(a);
+  const std::string dtype_name = bench_dtype(a, ctx);
   const std::string size = a.str("size", ctx.is_cuda() ? "full" : "small");
   TS_CHECK(size == "small" || size == "full" || size == "large", "--size must be small, full or large, got ", size);
   TS_CHECK(size != "large" || which == "kernels", "--size large applies to bench kernels only");

@@ -11,6 +11,7 @@
 #include "tessera/bench/harness.h"
 #include "tessera/bench/peer.h"
 #include "tessera/bench/topk.h"
+#include "tessera/cli/bench_flags.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -32,20 +33,12 @@ int cmd_bench_topk(int argc, char** argv) {
   a.add("beams", "K", "beams per entry: rows of logits per entry (default 4)");
   a.add("vocab", "V", "vocabulary (default 50257)");
   a.add("k", "N", "candidates kept per entry, 1..64 (default 8: 2 x beams, as Hugging Face keeps)");
-  a.add("warmup", "N", "untimed runs before timing (default 5)");
-  a.add("iters", "N", "timed runs; the table shows their median (default 20)");
-  a.add("out", "FILE", "also write the table as markdown to FILE");
-  a.add_switch("peer", "run bench/peers/topk.py (PyTorch) and show its times beside tessera's (GPU only)");
+  add_bench_run_flags(a, "topk.py");
   if (!a.parse(argc, argv, 3)) return 0;
 
-  const TimingOptions timing{.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
-  TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
-  TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
-  Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
-  const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
-  TS_CHECK(dtype_name == "f32" || dtype_name == "bf16", "--dtype must be f32 or bf16, got ", dtype_name);
-  TS_CHECK(ctx.is_cuda() || dtype_name == "f32", "--dtype ", dtype_name,
-           ": the CPU reference computes in f32 (use --dtype f32, or --device cuda)");
+  const TimingOptions timing = bench_timing(a);
+  Context ctx = bench_context(a);
+  const std::string dtype_name = bench_dtype(a, ctx);
   const DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
   const BeamTopkParams p{.B = a.integer("batch", 32), .K = a.integer("beams", 4), .V = a.integer("vocab", 50257),
                          .k = a.integer("k", 8)};

@@ -87,7 +87,7 @@ class Context {
   // training that overlaps NCCL collectives with the backward sets it to the SM count less the collectives' CTAs:
   // Hopper's persistent GEMM kernels launch one CTA per SM, and with NCCL holding some SMs a whole wave of tiles
   // waits for the collective to end. It is off by default: planning for fewer SMs measured costlier than the waves
-  // it saves; the option stays for tuning.
+  // it saves (bench/results/2026-11-30-step-and-comm-2xh200.md); the option stays for tuning.
   int gemm_sm_target() const { return gemm_sm_target_; }
   void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
 

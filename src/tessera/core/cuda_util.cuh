@@ -104,6 +104,62 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return warp_max(v);
 }
 
+// The online softmax statistics of a set of values: m = max, s = Σ exp(x - m). The empty set is (-inf, 0); merging
+// it changes nothing. add(x) takes x > -inf, or x = -inf once m > -inf (it adds exp(-inf) = 0): a -inf added to
+// the empty set makes s = exp(-inf - -inf), NaN. kFastExp picks __expf (ex2.approx: fewer instructions, a larger
+// error) over expf.
+template <bool kFastExp>
+struct OnlineMaxSum {
+  float m = -INFINITY, s = 0.0f;
+  static __device__ __forceinline__ float exp(float x) {
+    if constexpr (kFastExp) return __expf(x);
+    else return expf(x);
+  }
+  __device__ __forceinline__ void add(float x) {
+    if (x > m) {
+      s = s * exp(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += exp(x - m);
+    }
+  }
+  __device__ __forceinline__ void merge(float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    s = s * exp(m - M) + s2 * exp(m2 - M);
+    m = M;
+  }
+};
+
+// The statistics over the block, returned to every thread: each warp merges its lanes (xor butterfly), then every
+// warp merges the warps' results, read in lane order, so the result is the same in every thread and deterministic.
+// smem_m, smem_s hold at least blockDim.x / 32 floats each; the caller makes sure no thread still reads them. One
+// __syncthreads; blockDim.x must be a multiple of 32.
+template <bool kFastExp>
+__device__ __forceinline__ OnlineMaxSum<kFastExp> block_max_sum(OnlineMaxSum<kFastExp> st, float* smem_m,
+                                                                float* smem_s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    st.merge(__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o));
+  }
+  if (lane == 0) {
+    smem_m[warp] = st.m;
+    smem_s[warp] = st.s;
+  }
+  __syncthreads();
+  OnlineMaxSum<kFastExp> all;
+  if (lane < warps) {
+    all.m = smem_m[lane];
+    all.s = smem_s[lane];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    all.merge(__shfl_xor_sync(0xffffffffu, all.m, o), __shfl_xor_sync(0xffffffffu, all.s, o));
+  }
+  return all;
+}
+
 // The CUDA element type of a tessera float DType.
 template <DType D>
 struct CudaType;

@@ -33,8 +33,8 @@ struct DataParallelOptions {
   // --comm-sms (NCCL): the CTAs each collective may use (ncclConfig_t::maxCTAs), and, for the forms that overlap
   // the backward (overlap, bucket), the GEMMs of a synced backward plan for the GPU's SMs less these
   // (Context::set_gemm_sm_target, set in begin_backward and reset in end_backward).
-  // 0 (the default): NCCL's own choice, and GEMMs on every SM; a cap measured worse scaling, so it is off unless
-  // asked for.
+  // 0 (the default): NCCL's own choice, and GEMMs on every SM; a cap measured worse scaling
+  // (bench/results/2026-11-30-step-and-comm-2xh200.md), so it is off unless asked for.
   int comm_sms = 0;
 };
 

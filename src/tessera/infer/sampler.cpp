@@ -8,6 +8,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/ops/dispatch.h"
 
 namespace tessera {
 
@@ -105,23 +106,6 @@ void sampler_bias_check(const std::vector<std::pair<int32_t, float>>& bias, int 
   }
 }
 
-namespace {
-// A tensor argument's contract (ops/dispatch.h's expect(), which this file cannot include: its stat_dtype clashes
-// with nn/step.h's, which sampler.h brings in through models/model.h).
-void expect(const Tensor& t, const char* op, const char* name, DType dtype, int64_t numel, const Context& ctx,
-            bool optional = false) {
-  if (!t.defined()) {
-    TS_CHECK(optional, op, ": ", name, " is required");
-    return;
-  }
-  TS_CHECK(t.device() == ctx.device(), op, ": ", name, " is on ", t.device().str(), " but the context is ",
-           ctx.device().str());
-  TS_CHECK(t.dtype() == dtype, op, ": ", name, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(dtype));
-  TS_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-  TS_CHECK(t.numel() == numel, op, ": ", name, " has ", t.numel(), " elements ", t.shape_str(), ", expected ", numel);
-}
-}  // namespace
-
 void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logits, const Tensor& counts,
                  const Tensor& bias_ids, const Tensor& bias_values, const Tensor& steps, const Tensor& logprob_ids,
                  const Tensor& logprob_values, Context& ctx) {
@@ -147,20 +131,18 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
   expect(logprob_ids, op, "logprob_ids", DType::I32, lp, ctx, /*optional=*/p.logprobs == 0);
   expect(logprob_values, op, "logprob_values", DType::F32, lp, ctx, /*optional=*/p.logprobs == 0);
   auto* steps_u = static_cast<uint32_t*>(steps.data());  // the counters are uint32 held in an i32 tensor
-  if (ctx.is_cuda()) {
-#ifdef TESSERA_WITH_CUDA
-    sample_rows_cuda(p, dt, tokens.as<int32_t>(), logits.data(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
-                     bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>(), ctx);
-#endif
-    return;
-  }
-  auto ref = [&](auto t) {
-    using T = decltype(t);
-    sample_rows_ref<T>(p, tokens.as<int32_t>(), logits.as<T>(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
-                       bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>());
-  };
-  if (dt == DType::F32) ref(float{});
-  else ref(double{});
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        sample_rows_cuda(p, dt, tokens.as<int32_t>(), logits.data(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
+                         bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>(),
+                         ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        sample_rows_ref<T>(p, tokens.as<int32_t>(), logits.as<T>(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
+                           bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>());
+      });
 }
 
 void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens,
@@ -170,12 +152,11 @@ void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, cons
   expect(counts, op, "counts", DType::I32, static_cast<int64_t>(rows) * V, ctx);
   expect(tokens, op, "tokens", DType::I32, static_cast<int64_t>(rows) * max_len, ctx);
   expect(lengths, op, "lengths", DType::I32, rows, ctx);
-  if (ctx.is_cuda()) {
-#ifdef TESSERA_WITH_CUDA
-    sampler_counts_add_cuda(rows, V, max_len, counts.as<int32_t>(), tokens.as<int32_t>(), lengths.as<int32_t>(), ctx);
-#endif
+  if (on_cuda(ctx, [&] {
+        sampler_counts_add_cuda(rows, V, max_len, counts.as<int32_t>(), tokens.as<int32_t>(), lengths.as<int32_t>(),
+                                ctx);
+      }))
     return;
-  }
   for (int n = 0; n < rows; ++n) {
     const int len = lengths.as<int32_t>()[n];
     TS_CHECK(len >= 0 && len <= max_len, op, ": row ", n, " has length ", len, ", outside [0, ", max_len, "]");

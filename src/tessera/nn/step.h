@@ -17,6 +17,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/planner.h"
 #include "tessera/nn/param_buffer.h"
+#include "tessera/ops/dispatch.h"  // stat_dtype
 #include "tessera/ops/gemm/gemm.h"
 
 namespace tessera {
@@ -131,8 +132,6 @@ struct StepEnv {
   void mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias) const;
 };
 
-// The statistics' dtype of a model computing in `dtype`: f32, or f64 for an f64 model.
-inline DType stat_dtype(DType dtype) { return dtype == DType::F64 ? DType::F64 : DType::F32; }
 // The first n rows of an (N_planned, cols) activation.
 Tensor rows(const Tensor& t, int64_t n, int64_t cols);
 // t's memory from element `col` on, flat: the start of column `col` of a row-major matrix, for a GEMM with a

@@ -14,8 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
 constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
 // Rows each backward thread loads before it stores: 1. The activation math already hides the load latency that the
-// residual backward batches rows for, and more rows in flight cost registers and occupancy (measured with bench
-// kernels: slower at 4).
+// residual backward batches rows for, and more rows in flight would cost registers and occupancy.
 constexpr int kBatch = 1;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 

@@ -127,16 +127,12 @@ void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor
   AttentionParams plain = p;
   if (p.rope_theta > 0.0f) rope_forward(attention_rope(p), qkv, ctx);
   plain.rope_theta = 0.0f;
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    attention_forward_cuda(plain, dt, out.data(), lse.as<float>(), qkv.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    attention_forward_ref<T>(plain, out.as<T>(), lse.as<T>(), qkv.as<T>());
-  });
+  dispatch(
+      ctx, dt, op, [&] { attention_forward_cuda(plain, dt, out.data(), lse.as<float>(), qkv.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        attention_forward_ref<T>(plain, out.as<T>(), lse.as<T>(), qkv.as<T>());
+      });
 }
 
 void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
@@ -153,19 +149,19 @@ void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Ten
   expect(d_out, op, "d_out", dt, N * C, ctx);
   expect(lse, op, "lse", st, N * p.H, ctx);
   expect_key_lens(p, op, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    attention_backward_cuda(p, dt, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.as<float>(), ctx);
-    return;
-  }
-#endif
+  // The CUDA launcher takes p with its RoPE and rotates d_qkv back itself; the reference attends without it.
   AttentionParams plain = p;
   plain.rope_theta = 0.0f;
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    attention_backward_ref<T>(plain, d_qkv.as<T>(), d_out.as<T>(), qkv.as<T>(), out.as<T>(), lse.as<T>());
-    if (p.rope_theta > 0.0f) rope_backward_ref<T>(attention_rope(p), d_qkv.as<T>());
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        attention_backward_cuda(p, dt, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.as<float>(), ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        attention_backward_ref<T>(plain, d_qkv.as<T>(), d_out.as<T>(), qkv.as<T>(), out.as<T>(), lse.as<T>());
+        if (p.rope_theta > 0.0f) rope_backward_ref<T>(attention_rope(p), d_qkv.as<T>());
+      });
 }
 
 // The general call. RoPE (rope_theta > 0) rotates q at positions rope_pos_offset + q_offset + i and k at
@@ -185,27 +181,27 @@ void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor
   expect_key_lens(p, op, ctx);
   AttentionParams plain = p;
   plain.rope_theta = 0.0f;
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    if (p.rope_theta > 0.0f) {
-      rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(q), 1.0f, ctx);
-      rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(k), 1.0f, ctx);
-    }
-    attention_forward_general_cuda(plain, dt, view_of<void, void*>(out), lse.as<float>(),
-                                   view_of<const void, const void*>(q), view_of<const void, const void*>(k),
-                                   view_of<const void, const void*>(v), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    if (p.rope_theta > 0.0f) {
-      rope_rotate_view_ref<T>(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, view_of<T, T*>(q), 1.0);
-      rope_rotate_view_ref<T>(rope_of(p, Tk, p.rope_pos_offset), Hkv, view_of<T, T*>(k), 1.0);
-    }
-    attention_forward_ref<T>(plain, view_of<T, T*>(out), lse.as<T>(), view_of<const T, const T*>(q),
-                             view_of<const T, const T*>(k), view_of<const T, const T*>(v));
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        if (p.rope_theta > 0.0f) {
+          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(q), 1.0f,
+                         ctx);
+          rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(k), 1.0f, ctx);
+        }
+        attention_forward_general_cuda(plain, dt, view_of<void, void*>(out), lse.as<float>(),
+                                       view_of<const void, const void*>(q), view_of<const void, const void*>(k),
+                                       view_of<const void, const void*>(v), ctx);
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        if (p.rope_theta > 0.0f) {
+          rope_rotate_view_ref<T>(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, view_of<T, T*>(q), 1.0);
+          rope_rotate_view_ref<T>(rope_of(p, Tk, p.rope_pos_offset), Hkv, view_of<T, T*>(k), 1.0);
+        }
+        attention_forward_ref<T>(plain, view_of<T, T*>(out), lse.as<T>(), view_of<const T, const T*>(q),
+                                 view_of<const T, const T*>(k), view_of<const T, const T*>(v));
+      });
 }
 
 void attention_backward(const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -228,31 +224,31 @@ void attention_backward(const AttentionParams& p, const Tensor& dq, const Tensor
   expect_key_lens(p, op, ctx);
   AttentionParams plain = p;
   plain.rope_theta = 0.0f;
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    attention_backward_general_cuda(plain, dt, view_of<void, void*>(dq), view_of<void, void*>(dk),
-                                    view_of<void, void*>(dv), view_of<const void, const void*>(d_out),
-                                    view_of<const void, const void*>(q), view_of<const void, const void*>(k),
-                                    view_of<const void, const void*>(v), view_of<const void, const void*>(out),
-                                    lse.as<float>(), ctx);
-    if (p.rope_theta > 0.0f) {
-      rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(dq), -1.0f, ctx);
-      rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(dk), -1.0f, ctx);
-    }
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, [&](auto t) {
-    using T = decltype(t);
-    attention_backward_ref<T>(plain, view_of<T, T*>(dq), view_of<T, T*>(dk), view_of<T, T*>(dv),
-                              view_of<const T, const T*>(d_out), view_of<const T, const T*>(q),
-                              view_of<const T, const T*>(k), view_of<const T, const T*>(v),
-                              view_of<const T, const T*>(out), lse.as<T>());
-    if (p.rope_theta > 0.0f) {
-      rope_rotate_view_ref<T>(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, view_of<T, T*>(dq), -1.0);
-      rope_rotate_view_ref<T>(rope_of(p, Tk, p.rope_pos_offset), Hkv, view_of<T, T*>(dk), -1.0);
-    }
-  });
+  dispatch(
+      ctx, dt, op,
+      [&] {
+        attention_backward_general_cuda(plain, dt, view_of<void, void*>(dq), view_of<void, void*>(dk),
+                                        view_of<void, void*>(dv), view_of<const void, const void*>(d_out),
+                                        view_of<const void, const void*>(q), view_of<const void, const void*>(k),
+                                        view_of<const void, const void*>(v), view_of<const void, const void*>(out),
+                                        lse.as<float>(), ctx);
+        if (p.rope_theta > 0.0f) {
+          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(dq), -1.0f,
+                         ctx);
+          rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(dk), -1.0f, ctx);
+        }
+      },
+      [&](auto t) {
+        using T = decltype(t);
+        attention_backward_ref<T>(plain, view_of<T, T*>(dq), view_of<T, T*>(dk), view_of<T, T*>(dv),
+                                  view_of<const T, const T*>(d_out), view_of<const T, const T*>(q),
+                                  view_of<const T, const T*>(k), view_of<const T, const T*>(v),
+                                  view_of<const T, const T*>(out), lse.as<T>());
+        if (p.rope_theta > 0.0f) {
+          rope_rotate_view_ref<T>(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, view_of<T, T*>(dq), -1.0);
+          rope_rotate_view_ref<T>(rope_of(p, Tk, p.rope_pos_offset), Hkv, view_of<T, T*>(dk), -1.0);
+        }
+      });
 }
 
 void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx) {
@@ -261,16 +257,12 @@ void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx) {
   require_supported(rope_supports(p, qkv.dtype(), ctx.device(), &why), op, why);
   const int64_t W = (static_cast<int64_t>(p.H) + 2 * (p.n_kv_heads > 0 ? p.n_kv_heads : p.H)) * p.Dh;
   expect(qkv, op, "qkv", qkv.dtype(), rows(p.B, p.T) * W, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    rope_forward_cuda(p, qkv.dtype(), qkv.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(qkv.dtype(), op, [&](auto t) {
-    using T = decltype(t);
-    rope_forward_ref<T>(p, qkv.as<T>());
-  });
+  dispatch(
+      ctx, qkv.dtype(), op, [&] { rope_forward_cuda(p, qkv.dtype(), qkv.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        rope_forward_ref<T>(p, qkv.as<T>());
+      });
 }
 
 void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx) {
@@ -279,16 +271,12 @@ void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx) {
   require_supported(rope_supports(p, d_qkv.dtype(), ctx.device(), &why), op, why);
   const int64_t W = (static_cast<int64_t>(p.H) + 2 * (p.n_kv_heads > 0 ? p.n_kv_heads : p.H)) * p.Dh;
   expect(d_qkv, op, "d_qkv", d_qkv.dtype(), rows(p.B, p.T) * W, ctx);
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    rope_backward_cuda(p, d_qkv.dtype(), d_qkv.data(), ctx);
-    return;
-  }
-#endif
-  dispatch_ref(d_qkv.dtype(), op, [&](auto t) {
-    using T = decltype(t);
-    rope_backward_ref<T>(p, d_qkv.as<T>());
-  });
+  dispatch(
+      ctx, d_qkv.dtype(), op, [&] { rope_backward_cuda(p, d_qkv.dtype(), d_qkv.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        rope_backward_ref<T>(p, d_qkv.as<T>());
+      });
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include "tessera/ops/attention/attention_decode.h"
 
 #include <cmath>
+#include <initializer_list>
 
 #include "tessera/ops/dispatch.h"
 
@@ -65,6 +66,27 @@ void expect_cache_and_tables(const DecodeAttentionParams& p, const KvCacheView& 
   expect(slots, op, "slots", DType::I32, static_cast<int64_t>(p.B) * p.max_seq, ctx, /*optional=*/true);
 }
 
+// A view argument of an entry: the tensor, its name in messages, and its head count (H or Hkv).
+struct ViewArg {
+  const Tensor& t;
+  const char* name;
+  int heads;
+};
+
+// The checks both entries make, in order: q given, p supported in q's dtype on ctx's device, each of `views`
+// (q first) a (B, Tq, heads, Dh) view in that dtype, then the cache and the tables. Returns q's dtype.
+DType expect_args(const DecodeAttentionParams& p, std::initializer_list<ViewArg> views, const KvCacheView& cache,
+                  const Tensor& pos, const Tensor& slots, const char* op, const Context& ctx) {
+  const Tensor& q = views.begin()->t;
+  TS_CHECK(q.defined(), op, ": q is required");
+  const DType dt = q.dtype();
+  std::string why;
+  require_supported(attention_decode_supports(p, dt, ctx.device(), &why), op, why);
+  for (const ViewArg& v : views) expect_view(v.t, op, v.name, dt, v.heads, p, ctx);
+  expect_cache_and_tables(p, cache, dt, pos, slots, op, ctx);
+  return dt;
+}
+
 template <typename T, typename P>
 AttentionView<T> view_of(const Tensor& t) {
   return {static_cast<P>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
@@ -76,14 +98,8 @@ const int32_t* slots_of(const Tensor& slots) { return slots.defined() ? slots.as
 void kv_append(const DecodeAttentionParams& p, const KvCacheView& cache, const Tensor& q, const Tensor& k_new,
                const Tensor& v_new, const Tensor& pos, const Tensor& slots, Context& ctx) {
   constexpr const char* op = "kv_append";
-  TS_CHECK(q.defined(), op, ": q is required");
-  const DType dt = q.dtype();
-  std::string why;
-  require_supported(attention_decode_supports(p, dt, ctx.device(), &why), op, why);
-  expect_view(q, op, "q", dt, p.H, p, ctx);
-  expect_view(k_new, op, "k_new", dt, p.Hkv, p, ctx);
-  expect_view(v_new, op, "v_new", dt, p.Hkv, p, ctx);
-  expect_cache_and_tables(p, cache, dt, pos, slots, op, ctx);
+  const DType dt =
+      expect_args(p, {{q, "q", p.H}, {k_new, "k_new", p.Hkv}, {v_new, "v_new", p.Hkv}}, cache, pos, slots, op, ctx);
   dispatch(
       ctx, dt, op,
       [&] {
@@ -101,13 +117,7 @@ void kv_append(const DecodeAttentionParams& p, const KvCacheView& cache, const T
 void attention_decode(const DecodeAttentionParams& p, const Tensor& out, const Tensor& q, const KvCacheView& cache,
                       const Tensor& pos, const Tensor& slots, Context& ctx) {
   constexpr const char* op = "attention_decode";
-  TS_CHECK(q.defined(), op, ": q is required");
-  const DType dt = q.dtype();
-  std::string why;
-  require_supported(attention_decode_supports(p, dt, ctx.device(), &why), op, why);
-  expect_view(q, op, "q", dt, p.H, p, ctx);
-  expect_view(out, op, "out", dt, p.H, p, ctx);
-  expect_cache_and_tables(p, cache, dt, pos, slots, op, ctx);
+  const DType dt = expect_args(p, {{q, "q", p.H}, {out, "out", p.H}}, cache, pos, slots, op, ctx);
   dispatch(
       ctx, dt, op,
       [&] {

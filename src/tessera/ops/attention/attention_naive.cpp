@@ -65,18 +65,6 @@ void softmax_backward_rows_ref(const AttentionParams& p, T* dp, const T* prob) {
   }
 }
 
-// Routes one element-wise piece to the CPU loop or the CUDA kernel.
-template <typename Ref, typename Cuda>
-void route(DType dt, Context& ctx, const char* op, Ref&& ref, Cuda&& cuda_fn) {
-#ifdef TESSERA_WITH_CUDA
-  if (ctx.is_cuda()) {
-    cuda_fn();
-    return;
-  }
-#endif
-  dispatch_ref(dt, op, ref);
-}
-
 Tensor flat(const Buffer& b, DType dt, int64_t n) { return b.view(dt, {n}); }
 
 GemmParams batched(const AttentionParams& p, int M, int N, int K, bool ta, bool tb, float alpha, int64_t sa,
@@ -134,10 +122,12 @@ void attention_naive_forward(const AttentionParams& p, const Tensor& out, const 
   Buffer o(head_elems(p) * es, ctx.device(), "naive attention O");
   Buffer* parts[3] = {&saved.q, &saved.k, &saved.v};
   for (int part = 0; part < 3; ++part) {
-    route(dt, ctx, op, [&](auto t) {
-      using T = decltype(t);
-      heads_split_ref<T>(p, parts[part]->as<T>(), qkv.as<T>(), 3 * C, part * C);
-    }, [&] { attention_heads_split_cuda(p, dt, parts[part]->data(), qkv.data(), 3 * C, part * C, ctx); });
+    dispatch(
+        ctx, dt, op, [&] { attention_heads_split_cuda(p, dt, parts[part]->data(), qkv.data(), 3 * C, part * C, ctx); },
+        [&](auto t) {
+          using T = decltype(t);
+          heads_split_ref<T>(p, parts[part]->as<T>(), qkv.as<T>(), 3 * C, part * C);
+        });
   }
   const int64_t hd = static_cast<int64_t>(p.T) * p.Dh, tt = static_cast<int64_t>(p.T) * p.T;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
@@ -148,20 +138,24 @@ void attention_naive_forward(const AttentionParams& p, const Tensor& out, const 
   }
   {
     const TraceScope range(tracer, "ATTN_SOFTMAX");
-    route(dt, ctx, op, [&](auto t) {
-      using T = decltype(t);
-      softmax_rows_ref<T>(p, saved.p.as<T>(), lse.as<T>());
-    }, [&] { attention_softmax_rows_cuda(p, dt, saved.p.data(), lse.as<float>(), ctx); });
+    dispatch(
+        ctx, dt, op, [&] { attention_softmax_rows_cuda(p, dt, saved.p.data(), lse.as<float>(), ctx); },
+        [&](auto t) {
+          using T = decltype(t);
+          softmax_rows_ref<T>(p, saved.p.as<T>(), lse.as<T>());
+        });
   }
   {
     const TraceScope range(tracer, "ATTN_AV");
     gemm(batched(p, p.T, p.Dh, p.T, false, false, 1.0f, tt, hd, hd), flat(o, dt, head_elems(p)),
          flat(saved.p, dt, score_elems(p)), flat(saved.v, dt, head_elems(p)), Tensor(), ctx);
   }
-  route(dt, ctx, op, [&](auto t) {
-    using T = decltype(t);
-    heads_merge_ref<T>(p, out.as<T>(), C, 0, o.as<T>());
-  }, [&] { attention_heads_merge_cuda(p, dt, out.data(), C, 0, o.data(), ctx); });
+  dispatch(
+      ctx, dt, op, [&] { attention_heads_merge_cuda(p, dt, out.data(), C, 0, o.data(), ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        heads_merge_ref<T>(p, out.as<T>(), C, 0, o.as<T>());
+      });
   ctx.synchronize();  // `o` is freed on return
 }
 
@@ -183,10 +177,12 @@ void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, con
   Buffer grads[3] = {Buffer(head_elems(p) * es, ctx.device(), "naive attention dQ"),
                      Buffer(head_elems(p) * es, ctx.device(), "naive attention dK"),
                      Buffer(head_elems(p) * es, ctx.device(), "naive attention dV")};
-  route(dt, ctx, op, [&](auto t) {
-    using T = decltype(t);
-    heads_split_ref<T>(p, d_o.as<T>(), d_out.as<T>(), C, 0);
-  }, [&] { attention_heads_split_cuda(p, dt, d_o.data(), d_out.data(), C, 0, ctx); });
+  dispatch(
+      ctx, dt, op, [&] { attention_heads_split_cuda(p, dt, d_o.data(), d_out.data(), C, 0, ctx); },
+      [&](auto t) {
+        using T = decltype(t);
+        heads_split_ref<T>(p, d_o.as<T>(), d_out.as<T>(), C, 0);
+      });
   const int64_t hd = static_cast<int64_t>(p.T) * p.Dh, tt = static_cast<int64_t>(p.T) * p.T;
   const int64_t nh = head_elems(p), ns = score_elems(p);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
@@ -201,10 +197,12 @@ void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, con
   }
   {
     const TraceScope range(tracer, "ATTN_SOFTMAX_BWD");
-    route(dt, ctx, op, [&](auto t) {
-      using T = decltype(t);
-      softmax_backward_rows_ref<T>(p, d_p.as<T>(), saved.p.as<T>());
-    }, [&] { attention_softmax_backward_rows_cuda(p, dt, d_p.data(), saved.p.data(), ctx); });
+    dispatch(
+        ctx, dt, op, [&] { attention_softmax_backward_rows_cuda(p, dt, d_p.data(), saved.p.data(), ctx); },
+        [&](auto t) {
+          using T = decltype(t);
+          softmax_backward_rows_ref<T>(p, d_p.as<T>(), saved.p.as<T>());
+        });
   }
   {
     const TraceScope range(tracer, "ATTN_QK_BWD");
@@ -215,10 +213,12 @@ void attention_naive_backward(const AttentionParams& p, const Tensor& d_qkv, con
          flat(saved.q, dt, nh), Tensor(), ctx);
   }
   for (int part = 0; part < 3; ++part) {
-    route(dt, ctx, op, [&](auto t) {
-      using T = decltype(t);
-      heads_merge_ref<T>(p, d_qkv.as<T>(), 3 * C, part * C, grads[part].as<T>());
-    }, [&] { attention_heads_merge_cuda(p, dt, d_qkv.data(), 3 * C, part * C, grads[part].data(), ctx); });
+    dispatch(
+        ctx, dt, op, [&] { attention_heads_merge_cuda(p, dt, d_qkv.data(), 3 * C, part * C, grads[part].data(), ctx); },
+        [&](auto t) {
+          using T = decltype(t);
+          heads_merge_ref<T>(p, d_qkv.as<T>(), 3 * C, part * C, grads[part].as<T>());
+        });
   }
   ctx.synchronize();  // the temporaries are freed on return
 }

@@ -111,9 +111,9 @@ bool flash_path_takes_hopper(const char* op, FlashEligibility eligible, const At
 
 bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
   // Auto takes both Hopper kernels wherever eligible: with exp2 on the MUFU unit alone (flash::exp2_approx) they
-  // measured faster than mma.sync, forward and backward, at Dh 64 and 128 and in the gpt2-124m step; the other head
-  // widths run zero-padded in the 64 and 128 kernels and measured faster than mma.sync too (see the commits that
-  // chose the fast exp2 and the padded heads).
+  // measured faster than mma.sync, forward and backward, at Dh 64 and 128 and in the gpt2-124m step
+  // (bench/results/2026-11-30-fast-exp2-h200.md); the other head widths run zero-padded in the 64 and 128 kernels
+  // and measured faster than mma.sync too (bench/results/2026-12-02-padded-heads-hopper-h200.md).
   return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
 }
 

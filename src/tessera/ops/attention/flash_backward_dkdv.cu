@@ -34,7 +34,8 @@ constexpr size_t dkdv_smem_bytes() {
 // written by one thread once: deterministic.
 // Blocks per SM the compiler must fit. At Dh 64 the kernel wants 187 registers, which leaves room for 2 blocks (8
 // warps); bounded to 3 it takes 168 with a 32-byte spill, and measured faster than 2 blocks over gpt2-124m's
-// attention backward, and faster than 32 queries a step with 3 or 4 blocks (see the commit that chose it).
+// attention backward, and faster than 32 queries a step with 3 or 4 blocks
+// (bench/results/2026-11-30-cs336-peer-and-scale-2xh200.md).
 template <int kD>
 constexpr int kDkdvMinBlocks = kD == 64 ? 3 : 1;
 

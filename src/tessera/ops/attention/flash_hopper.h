@@ -12,8 +12,8 @@
 // attention dropout drawn as the mma.sync kernels draw it (flash.h, attention_dropout.h).
 //
 // TESSERA_FLASH_PATH chooses both: unset or "auto" — the Hopper kernels where eligible, mma.sync elsewhere (measured
-// faster in both directions at Dh 32, 64, 80, 96 and 128 and in the CS336 table's d 16 rows: see
-// flash_forward_uses_hopper); "mma" — always mma.sync; "hopper" —
+// faster in both directions at Dh 32, 64, 80, 96 and 128 and in the CS336 table's d 16 rows:
+// bench/results/2026-12-02-padded-heads-hopper-h200.md); "mma" — always mma.sync; "hopper" —
 // as auto, but an Error when this device or build cannot run the Hopper kernels at all (shapes outside their
 // coverage still run mma.sync). The tests set it to run both paths on the same inputs.
 #pragma once

@@ -72,7 +72,7 @@ constexpr int step_tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
 template <int kD>
 constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
 // The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (measured faster
-// than 64-row tiles); 64 at Dh 128, where a second 64 columns of Sᵀ and dPᵀ beside dK and dV would not fit the
+// than 64-row tiles: bench/results/2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128, where a second 64 columns of Sᵀ and dPᵀ beside dK and dV would not fit the
 // registers (ptxas spills and serializes the wgmmas: C7512).
 template <int kD>
 constexpr int dkdv_query_rows() { return kD == 64 ? 128 : 64; }
@@ -163,7 +163,7 @@ __device__ __forceinline__ void produce_steps(int n, int bytes, uint64_t* bar_fu
 
 // The dQ pass streams K / V tiles of 128 keys (two 64-row TMA boxes per column box, laid out as a block tile), so
 // that S = Q Kᵀ and dP = dO Vᵀ are m64n128k16 products: measured faster than 64-key tiles (m64n64k16) at Dh 128,
-// and no slower at Dh 64.
+// and no slower at Dh 64 (bench/results/2026-12-01-dq-pass-128-keys-h200.md).
 constexpr int kDqKeys = 128;
 static_assert(kDqKeys == kBlockRows, "the dQ pass's K / V tiles are laid out and loaded as block tiles");
 template <int kD>
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumer's exponentials and dS run while the other's products do. Two turns a
   // tile: S and dP, then dQ += dS K. Consumer 0 goes first; consumer 1 makes no hand-over after its last turn, so
   // every arrival is waited for. The turns measured faster here; the same turns in the dK / dV pass measured
-  // slower, so that pass has none. No tile is skipped: with
+  // slower, so that pass has none (bench/results/2026-12-01-backward-turns-h200.md). No tile is skipped: with
   // 128-key tiles and 128 queries a block, n_kt stops at the diagonal tile, which both warpgroups need, and both
   // must take the same number of turns.
   static_assert(kKeys == kBlockRows, "a tile wholly past a warpgroup's last query would need a skip, and its turns");
@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int k0 = j * kKeys;
     mbar_wait(&bar_full[s], (j / kStages) & 1);
     // S and dP in two commit groups: P's exponentials run while the tensor cores compute dP (the dK / dV pass does
-    // the same; measured faster than one group at Dh 64, level at Dh 128).
+    // the same; measured faster than one group at Dh 64, level at Dh 128:
+    // bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
     turn_wait(cw);
     issue_two_scores<T, kD, kKeys>(sacc, dpacc, sQw, sK(s), sdOw, sV(s));
     turn_pass(cw);
@@ -494,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kQRows == 128) {
     // Compiled width 64: tile t + 1's Sᵀ is queued on the tensor cores behind tile t's dV and dK, so that they do
     // not wait for this consumer to come round the loop and issue it (measured faster at T 4k and 16k, level at
-    // 1k). A trip issues tile
+    // 1k: bench/results/2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
     // t's dPᵀ (tile t's Sᵀ complete), then tile t's dV, dK and tile t + 1's Sᵀ, and waits for all of them, so that
     // no wgmma is in flight across the loop's back edge: ptxas serialized every wgmma of the loop (C7514) when
     // tile t + 1's Sᵀ was left in flight into the next trip. Pᵀ, dSᵀ and the next Sᵀ fit beside dK and dV; with

@@ -27,7 +27,8 @@
 // softmax while they execute (software pipelining), and the two consumers take turns issuing their products
 // (ping-pong on two named barriers), so that one's softmax runs while the other's products do. Both together
 // measured faster than neither at Dh 64 and 128; pipelining without the turns measured slower than neither, as the
-// two consumers then issue their products together and then both sit in their softmax.
+// two consumers then issue their products together and then both sit in their softmax
+// (bench/results/2026-12-01-split-waits-and-fused-d-h200.md).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -72,8 +73,8 @@ constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align
 
 // The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
 // base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
-// with the warpgroup index uniform in both, stepping measured faster at Dh 128 and slower at Dh 64 (see the commit
-// that chose it).
+// with the warpgroup index uniform in both, stepping measured faster at Dh 128 and slower at Dh 64
+// (bench/results/2026-12-01-wgmma-descriptors-h200.md).
 template <int kD, typename Make>
 __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
   if constexpr (kD == 128) return desc_plus(make(base), off);
@@ -82,7 +83,7 @@ __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t o
 
 // kDropout: an instance of its own for attention dropout, so that the forward without dropout carries no draws:
 // behind a runtime branch in one instance they measured slower without dropout (the backward passes did not, and
-// keep one instance).
+// keep one instance: bench/results/2026-12-01-attention-dropout-wgmma-h200.md).
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,

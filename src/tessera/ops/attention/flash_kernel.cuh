@@ -396,8 +396,8 @@ void dispatch_head(int Dh, F&& f) {
 }
 
 // Host side, the setup both backward passes share: `kernel_drop` or `kernel_plain` (the pass's instances with and
-// without dropout: behind a runtime branch the call to the keep bits costs registers, and measured slower without
-// dropout) on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared
+// without dropout: behind a runtime branch the call to the keep bits would cost the pass without dropout
+// registers) on the (ceil(T/64), H, B) grid with `smem` bytes of dynamic shared
 // memory, taking (d_qkv, d_out, qkv, lse, D, T, H, Dh, causal, scale, scale log2e, dropout, RoPE table).
 template <typename T, int kD, typename Kernel>
 void launch_backward_pass(const char* pass, size_t smem, Kernel kernel_drop, Kernel kernel_plain,

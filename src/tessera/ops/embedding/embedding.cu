@@ -37,7 +37,8 @@ __device__ __forceinline__ void apply_stream_base(EmbedArgs& a) {
 // r*C + c (1 without dropout). One thread per W-element unit (W = 16-byte pack or 1), grid-stride over a grid the
 // GPU holds at once; C % W == 0, so a unit never straddles two rows.
 // Each unit makes 2 dependent loads (the id, then the row); one unit a thread over a resident grid measured faster
-// than the variants tried against it (see the commit that kept it).
+// than the variants tried against it (bench/results/2026-12-01-one-wave-tails-h200.md,
+// bench/results/2026-12-02-embedding-forward-variants-h200.md).
 template <typename T, int W>
 __global__ void embedding_forward_pack(T* __restrict__ out, const int32_t* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe, int64_t units,
@@ -96,7 +97,8 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 
 // The stable sort of the rows by key, as a bucket sort (the same output as a stable radix sort: keys ascending,
 // each key's rows ascending). cub's radix sort is bound by latency at these sizes (several passes of few blocks);
-// the bucket sort, a few short kernels, measured faster up to the limit below. Its
+// the bucket sort, a few short kernels, measured faster up to the limit below
+// (bench/results/2026-12-01-embedding-bucket-sort-h200.md). Its
 // ranking grows with the square of the largest bucket (step 3: every row one id costs about n² / 32 shuffles), so
 // above kEmbeddingBucketSortMaxRows rows (embedding.h) the backward uses cub's radix sort, which grows linearly.
 // Step 1: keys[r] = backward_key(tokens[r]); slot[r] = r's place

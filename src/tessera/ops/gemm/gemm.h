@@ -30,7 +30,8 @@ struct GemmParams {
   // Row strides (leading dimensions, in elements) of the matrices as stored; 0: packed, the stored row length.
   // A padded stride keeps every row aligned: the lm_head's logits, rows of V = 50257, are stored with a stride of
   // 50304 so that cuBLASLt can pick its 16-byte-aligned tensor-core kernels (with a stride of 50257 it can pick
-  // only unaligned kernels, several times slower). Each must be at least the stored row length.
+  // only unaligned kernels, several times slower: bench/results/README.md, "Figures without a run file"). Each must
+  // be at least the stored row length.
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t a_cols() const { return trans_a ? M : K; }  // A as stored: a_rows() rows of a_cols() elements
   int64_t a_rows() const { return trans_a ? K : M; }
@@ -75,7 +76,8 @@ void bias_grad(const BiasGradParams& p, const Tensor& d_bias, const Tensor& d_c,
 // the compute dtype. On the CPU (the reference): gemm, then activation_forward without a bias. On CUDA: one
 // cublasLtMatmul with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (pre is its aux output); the CPU's two ops when cuBLASLt has
 // no algorithm with that epilogue (N % 8 != 0, unaligned pointers). The backward uses no DGELU epilogue: the product
-// followed by activation_backward, in place, is simpler and measured as fast.
+// followed by activation_backward, in place, is simpler and measured as fast
+// (bench/results/2026-11-30-step-fusions-h200.md).
 void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
                        const Tensor& bias, Context& ctx);
 

@@ -33,29 +33,12 @@ struct RowSplit {
   }
 };
 
-// The online softmax state of a set of values: m = max, s = Σ exp(x - m). Merging keeps s finite when one side is
-// empty (m = -inf, s = 0).
-struct OnlineMaxSum {
-  float m = -INFINITY, s = 0.0f;
-  __device__ void add(float x) {
-    if (x > m) {
-      s = s * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += expf(x - m);
-    }
-  }
-  __device__ void merge(float m2, float s2) {
-    const float M = fmaxf(m, m2);
-    if (M == -INFINITY) return;
-    s = s * expf(m - M) + s2 * expf(m2 - M);
-    m = M;
-  }
-};
+// The online softmax state of a set of values (m = max, s = Σ exp(x - m)), with the accurate expf.
+using OnlineMaxSum = cuda::OnlineMaxSum</*kFastExp=*/false>;
 
 // logits: (N, V) T row-major, rows ld apart; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each thread runs
 // the online max/sum and Σ logits over its elements (one read of the row), then the block merges the states in a
-// fixed order (warp shuffles, then warp 0 over the warps' results):
+// fixed order (warp shuffles, then the warps' results in lane order: cuda::block_max_sum and cuda::block_sum):
 //   lse = m + log s,   loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
 template <typename T>
 __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_row(
@@ -87,35 +70,10 @@ __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_ro
     st.add(x);
     zsum += x;
   }
-  // Warp merge, then warp 0 merges the warps.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, st.m, o), s2 = __shfl_xor_sync(0xffffffffu, st.s, o);
-    st.merge(m2, s2);
-  }
-  zsum = cuda::warp_sum(zsum);
   __shared__ float sm_m[32], sm_s[32], sm_z[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (lane == 0) {
-    sm_m[warp] = st.m;
-    sm_s[warp] = st.s;
-    sm_z[warp] = zsum;
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  OnlineMaxSum all;
-  if (lane < warps) {
-    all.m = sm_m[lane];
-    all.s = sm_s[lane];
-  }
-  float zs = lane < warps ? sm_z[lane] : 0.0f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, all.m, o), s2 = __shfl_xor_sync(0xffffffffu, all.s, o);
-    all.merge(m2, s2);
-  }
-  zs = cuda::warp_sum(zs);
-  if (lane != 0) return;
+  const float zs = cuda::block_sum(zsum, sm_z);
+  const OnlineMaxSum all = cuda::block_max_sum(st, sm_m, sm_s);
+  if (threadIdx.x != 0) return;
   const float l = all.m + logf(all.s);
   lse[row] = l;
   const int32_t y = targets[row];

@@ -375,7 +375,8 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
 // 32 lane sums in a fixed tree: the same order on every run. (Fewer lanes leave each thread a longer chain of
 // dependent loads.)
 // Launched as a programmatic dependent of the row kernel (cuda::launch_dependent), so that its launch and ramp
-// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead measured slower.
+// overlap the row kernel's last blocks. Summing in the row kernel's own last blocks instead measured slower
+// (bench/results/2026-12-01-copy-size-and-pdl-h200.md).
 // Up to three sums (d_w, d_b and the fused residual's bias), one per blockIdx.y.
 constexpr int kReduceLanes = 32;
 static_assert(kReduceLanes == 32, "a warp adds a column's lane sums: one lane sum per lane");

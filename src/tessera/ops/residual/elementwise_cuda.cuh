@@ -200,7 +200,7 @@ int blocks_per_sm() {
 
 // Row groups for a (column chunks × row groups) grid that the GPU holds in one wave (each block then loops over
 // its rows): fewer partial rows for the fused column sums to add, and no partial last wave; one wave measured
-// faster than deeper grids. Never more groups than row tiles of rows_per_block, nor
+// faster than deeper grids (bench/results/2026-12-01-one-wave-tails-h200.md). Never more groups than row tiles of rows_per_block, nor
 // than a grid's y limit.
 inline int one_wave_row_groups(int N, int col_chunks, int rows_per_block, int blocks_per_sm, int sm_count) {
   const int tiles = std::max(1, static_cast<int>(ceil_div(N, rows_per_block)));

@@ -15,7 +15,7 @@ constexpr int kBatch = 4;  // rows each backward thread loads before it stores
 // Column units (of W elements) per backward block, threadIdx.x; the block's other kThreads / tile_cols rows are
 // threadIdx.y. Packs: 8 units (128 bytes of a row), 32 rows. The last block of a column chunk adds the chunk's
 // partial rows, one per row group: with 8 units a chunk is 64 columns (bf16), with fewer groups to add than 32
-// units and 8 rows give (measured faster; see the commit that chose it).
+// units and 8 rows give (measured faster: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md).
 // Single elements keep 32 units, so that a warp's row segment stays 32 elements wide.
 template <int W>
 constexpr int tile_cols() { return W > 1 ? 8 : 32; }

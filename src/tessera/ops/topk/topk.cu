@@ -51,25 +51,8 @@ __device__ Cand block_first(Cand c, Cand* smem, int warps) {
   return warp_first(c);
 }
 
-// Online max and Σ exp(x - max) over the non-NaN, non -inf values (a -inf adds 0, and would make exp(-inf + inf)).
-struct MaxSum {
-  float m = -INFINITY, s = 0.0f;
-  __device__ void add(float x) {
-    if (!(x > -INFINITY)) return;
-    if (x > m) {
-      s = s * __expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += __expf(x - m);
-    }
-  }
-  __device__ void merge(float m2, float s2) {
-    const float M = fmaxf(m, m2);
-    if (M == -INFINITY) return;
-    s = s * __expf(m - M) + s2 * __expf(m2 - M);
-    m = M;
-  }
-};
+// Online max and Σ exp(x - max) over a row's values, with the fast exponential.
+using MaxSum = cuda::OnlineMaxSum</*kFastExp=*/true>;
 
 // k rounds of a block argmax: round i picks the first candidate after round i-1's pick. `key_at(j, &c)` yields
 // element j (j < n) of the source as a candidate, or false when it is not one. Writes k picks (empty slots padded
@@ -114,28 +97,18 @@ __global__ void __launch_bounds__(kTopkThreads) beam_topk_retrieve_row(
   const int beam = static_cast<int>(r % K), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) n_list = 0;
 
-  // Pass 1: the row's max and sum, and this thread's group max (fmaxf ignores NaN).
+  // Pass 1: the row's max and sum over its non-NaN, non -inf values (a -inf adds 0, and would make
+  // exp(-inf + inf) while the sum is empty), and this thread's group max (fmaxf ignores NaN).
   MaxSum st;
   float gmax = -INFINITY;
   for (int j = tid; j < V; j += kTopkThreads) {
     const float x = to_f32(row[j]);
     if (isnan(x)) continue;
-    st.add(x);
+    if (x > -INFINITY) st.add(x);
     gmax = fmaxf(gmax, x);
   }
-  for (int o = 16; o > 0; o >>= 1) st.merge(__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o));
-  if (lane == 0) {
-    ms[0][warp] = st.m;
-    ms[1][warp] = st.s;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    MaxSum all;
-    if (lane < kWarps) all.merge(ms[0][lane], ms[1][lane]);
-    for (int o = 16; o > 0; o >>= 1)
-      all.merge(__shfl_xor_sync(0xffffffffu, all.m, o), __shfl_xor_sync(0xffffffffu, all.s, o));
-    if (lane == 0) bound[0] = all.m > -INFINITY ? all.m + logf(all.s) : -INFINITY;
-  }
+  const MaxSum all = cuda::block_max_sum(st, ms[0], ms[1]);
+  if (tid == 0) bound[0] = all.m > -INFINITY ? all.m + logf(all.s) : -INFINITY;
   __syncthreads();
   const float lse = bound[0], bs = beam_scores[r];
   // R: the min over the G non-empty groups of their max key; -inf (no filter) with fewer than k of them. Group g
