@@ -187,7 +187,10 @@ std::function<void(size_t, size_t)> PrepareProgress::callback() {
     const int64_t mib = done >= total ? total_mib_ : static_cast<int64_t>(done >> 20);
     if (mib == shown_) return;  // a line per MiB at most (off a terminal: per 5%)
     shown_ = mib;
-    bar_.update(mib, mib == total_mib_ ? "shards written" : "writing shards");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    char rate[32];
+    std::snprintf(rate, sizeof rate, " | %.1f MB/s", s > 0 ? static_cast<double>(done) / s / 1e6 : 0.0);
+    bar_.update(mib, (mib == total_mib_ ? "shards written" : "writing shards") + std::string(rate));
     if (mib == total_mib_) bar_.finish();
   };
 }

@@ -1,5 +1,6 @@
 // tessera/cli/common.h — helpers shared by the subcommands.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -56,9 +57,9 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 // shows as it comes and an interrupt loses nothing printed before it), then a newline.
 void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
 
-// A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text, for prepare and
-// train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in silence. Off for a text
-// under 16 MiB (a fraction of a second), and where `enabled` is false.
+// A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text with the rate in
+// MB/s, for prepare and train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in
+// silence. Off for a text under 16 MiB (a fraction of a second), and where `enabled` is false.
 class PrepareProgress {
  public:
   static constexpr size_t kMinBytes = size_t{16} << 20;
@@ -71,6 +72,7 @@ class PrepareProgress {
   int64_t total_mib_;
   ProgressBar bar_;
   int64_t shown_ = -1;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
 // Called in a catch block: rethrows the exception being handled, and where it is an allocation failure (an Error
