@@ -108,6 +108,14 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
   ASSERT_TRUE(fs::exists(ckpt + "/tokenizer.json"));
   EXPECT_EQ(read_file_text(ckpt + "/tokenizer.json"), read_file_text(data + "/tokenizer.json"));
 
+  // A run --init-from that checkpoint, on data that names no tokenizer (bytes, below 512), carries the checkpoint's.
+  ASSERT_EQ(run("prepare --text " + (d / "slice.txt").string() + " --no-progress --out " + (d / "bytes").string()).code, 0);
+  const test::CliRun ft = run("train --init-from " + ckpt + " --data " + (d / "bytes").string() + " --steps 1 --batch 2 "
+                              "--seq 16 --val-every 0 --sample-tokens 0 --no-progress --out " + (d / "tuned").string());
+  ASSERT_EQ(ft.code, 0) << ft.err;
+  EXPECT_EQ(read_file_text((d / "tuned" / "checkpoint" / "tokenizer.json").string()),
+            read_file_text(data + "/tokenizer.json"));
+
   // The codec generate uses, from the checkpoint: BPE, round trips, the tokenizer's ids.
   const TextCodec codec = TextCodec::for_checkpoint(ckpt, 512);
   EXPECT_FALSE(codec.byte_level());

@@ -96,7 +96,7 @@ PrepareReport prepare_with_tokenizer(const Flags& a, const std::string& out, dou
   TS_CHECK(fs::exists(text, ec), "text ", text, " does not exist", dangling_link_note(text));
   TS_CHECK(!fs::is_directory(text, ec), "text ", text, " is a directory (give a .txt or .jsonl file)");
   const size_t bytes = fs::is_regular_file(text, ec) ? static_cast<size_t>(fs::file_size(text, ec)) : 0;
-  PrepareProgress bar(bytes, !a.has("no-progress"));
+  PrepareProgress bar(bytes, !a.has("no-progress"), /*rate=*/true);
   const auto progress = bar.callback();
   CorpusParams cp{.files = {text},
                   .text_field = a.str("text-field", "text"),

@@ -57,18 +57,19 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab);
 // shows as it comes and an interrupt loses nothing printed before it), then a newline.
 void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p);
 
-// A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text with the rate in
-// MB/s, for prepare and train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in
-// silence. Off for a text under 16 MiB (a fraction of a second), and where `enabled` is false.
+// A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text, for prepare and
+// train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in silence. Off for a text
+// under 16 MiB (a fraction of a second), and where `enabled` is false. With `rate`, the MB/s of text so far too
+// (prepare --tokenizer, whose encoding sets the pace).
 class PrepareProgress {
  public:
   static constexpr size_t kMinBytes = size_t{16} << 20;
-  PrepareProgress(size_t text_bytes, bool enabled);
+  PrepareProgress(size_t text_bytes, bool enabled, bool rate = false);
   // For PrepareParams::progress; empty when the bar is off.
   std::function<void(size_t done, size_t total)> callback();
 
  private:
-  bool on_;
+  bool on_, rate_;
   int64_t total_mib_;
   ProgressBar bar_;
   int64_t shown_ = -1;

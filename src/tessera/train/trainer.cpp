@@ -174,7 +174,13 @@ void load_init_model(TrainOptions& o, TrainSetup& s) {
   TS_CHECK(fs::is_directory(o.init_from), "--init-from: ", given, " is not a checkpoint directory");
   s.init_model = load_checkpoint_model(o.init_from);
   o.model = s.init_model->config();
-  s.state.tokenizer_json = read_dir_tokenizer(o.init_from);  // carried into the new run's checkpoints
+  // Its tokenizer.json is carried into the new run's checkpoints where tessera reads it (a byte-level BPE); another
+  // kind (a Llama's SentencePiece-style file) is no reason to refuse the weights, and is left behind.
+  try {
+    s.state.tokenizer_json = read_dir_tokenizer(o.init_from);
+  } catch (const Error&) {
+    s.state.tokenizer_json.clear();
+  }
 }
 }  // namespace
 
