@@ -3,6 +3,9 @@
 // TextCodec (round trips) and by transformers' AutoTokenizer (the same ids). Bad input is one line and exit code 2.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <csignal>
 #include <fstream>
 
 #include "cli/cli_run.h"
@@ -170,6 +173,27 @@ TEST_F(PrepareTokenizer, BadInputIsOneLine) {
                              " --no-progress --out " + (d / "o5").string());
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(read_file_text((d / "o5" / "tokenizer.json").string()), read_file_text(tok + "/tokenizer.json"));
+}
+
+// SIGINT while prepare --tokenizer waits for its text (a FIFO with no writer yet): exit 130, and nothing is made.
+TEST_F(PrepareTokenizer, InterruptedWaitLeavesNothing) {
+  const fs::path& d = *dir_;
+  const fs::path fifo = d / "fifo.txt", out = d / "never", err = d / "fifo.err";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(run("tokenizer train --text " + (d / "slice.txt").string() + " --vocab-size 300 --special '<|endoftext|>' "
+                "--threads 1 --no-progress --out " + (d / "tok_fifo").string()).code,
+            0);
+  const std::string script = "'" + test::binary() + "' prepare --tokenizer '" + (d / "tok_fifo").string() + "' --text '" +
+                             fifo.string() + "' --out '" + out.string() + "' 2>'" + err.string() +
+                             "' & p=$!; sleep 1; kill -INT $p; wait $p; echo $?";
+  std::FILE* pipe = ::popen(script.c_str(), "r");  // run by /bin/sh
+  ASSERT_NE(pipe, nullptr);
+  char buf[64] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, pipe);
+  ::pclose(pipe);
+  EXPECT_EQ(std::string(buf, n), std::to_string(128 + SIGINT) + "\n");
+  EXPECT_EQ(read_file_text(err.string()), "tessera: interrupted: " + out.string() + " left as it was\n");
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ class PieceReader {
  public:
   PieceReader(const std::string& path, const CorpusParams& p, bool can_cut, const std::vector<std::string>& specials)
       : path_(path), jsonl_(path.ends_with(".jsonl")), can_cut_(can_cut), p_(p), specials_(specials) {
-    f_ = std::fopen(path.c_str(), "rb");
+    f_ = std::fopen(path.c_str(), "rb");  // a FIFO: waits for its writer, as cat does
+    if (!f_ && p.stop && *p.stop != 0) throw PrepareInterrupted(*p.stop);  // that wait, interrupted (EINTR)
     TS_CHECK(f_, "text ", path, ": cannot open: ", std::strerror(errno));
   }
   ~PieceReader() { std::fclose(f_); }
