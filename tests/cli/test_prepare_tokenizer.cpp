@@ -90,6 +90,15 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
   const int32_t eot = tok.special_id("<|endoftext|>");
   ASSERT_GE(eot, 0);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), eot), docs_ - 1);  // between the documents only
+  // Several files: each .txt one document, a .jsonl's records each one, in the order given.
+  const test::CliRun p2 = run("prepare --tokenizer " + (d / "tok").string() + " --text " + (d / "slice.txt").string() +
+                              " --text=" + (d / "fables.jsonl").string() + " --text " + (d / "slice.txt").string() +
+                              " --no-progress --out " + (d / "data2").string());
+  ASSERT_EQ(p2.code, 0) << p2.err;
+  std::vector<int32_t> ids2 = read_shard_tokens((d / "data2" / "train_000000.bin").string(), 512);
+  const std::vector<int32_t> val2 = read_shard_tokens((d / "data2" / "val_000000.bin").string(), 512);
+  EXPECT_EQ(ids2.size() + val2.size(), 2 * tok.encode(read_file_text((d / "slice.txt").string())).size() + ids.size() + 2);
+  EXPECT_EQ(std::count(ids2.begin(), ids2.end(), eot) + std::count(val2.begin(), val2.end(), eot), docs_ + 1);
   // Fewer tokens than bytes: BPE, not bytes. The same shards for one thread.
   EXPECT_LT(ids.size(), fs::file_size(d / "fables.jsonl") / 2);
   const test::CliRun p1 = run("prepare --tokenizer " + (d / "tok" / "tokenizer.json").string() + " --text " +
@@ -168,6 +177,9 @@ TEST_F(PrepareTokenizer, BadInputIsOneLine) {
   expect_error(run("prepare --tokenizer " + (d / "nothing").string() + " --text " + (d / "slice.txt").string() +
                    " --out " + (d / "o4").string()),
                "nothing");
+  expect_error(run("prepare --text " + (d / "slice.txt").string() + " --text " + (d / "slice.txt").string() +
+                   " --out " + (d / "o6").string()),
+               "several --text files are for a prepare with --tokenizer");
   // Without <|endoftext|> the documents follow each other: no separator, and the run still trains.
   const test::CliRun p = run("prepare --tokenizer " + tok + " --text " + (d / "fables.jsonl").string() +
                              " --no-progress --out " + (d / "o5").string());

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -81,8 +82,20 @@ void print_report(const PrepareReport& r, const std::string& out) {
               r.removed.empty() ? "" : (" (removed " + shards + ": " + removed + ")").c_str());
 }
 
+// Every value of --text in argv, in order (Flags keeps the last alone): --tokenizer takes several files.
+std::vector<std::string> text_flags(int argc, char** argv) {
+  std::vector<std::string> texts;
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--text" && i + 1 < argc) texts.emplace_back(argv[++i]);
+    else if (arg.starts_with("--text=")) texts.emplace_back(arg.substr(7));
+  }
+  return texts;
+}
+
 // prepare --tokenizer: the corpus through the tokenizer (train/corpus.h), into shards that name it.
-PrepareReport prepare_with_tokenizer(const Flags& a, const std::string& out, double val_fraction) {
+PrepareReport prepare_with_tokenizer(const Flags& a, const std::vector<std::string>& texts, const std::string& out,
+                                     double val_fraction) {
   std::vector<std::string> specials;
   if (a.has("tiktoken-special")) specials.push_back(a.str("tiktoken-special"));
   const LoadedTokenizer loaded = load_tokenizer(a.str("tokenizer"), specials);
@@ -91,14 +104,16 @@ PrepareReport prepare_with_tokenizer(const Flags& a, const std::string& out, dou
   const BpeTokenizer tok(loaded.model, loaded.path);
   const int threads = a.integer("threads", 0);
   TS_CHECK(threads >= 0, "--threads must be >= 0 (0: every core), got ", threads);
-  const std::string text = a.str("text");
-  std::error_code ec;
-  TS_CHECK(fs::exists(text, ec), "text ", text, " does not exist", dangling_link_note(text));
-  TS_CHECK(!fs::is_directory(text, ec), "text ", text, " is a directory (give a .txt or .jsonl file)");
-  const size_t bytes = fs::is_regular_file(text, ec) ? static_cast<size_t>(fs::file_size(text, ec)) : 0;
+  size_t bytes = 0;
+  for (const std::string& text : texts) {
+    std::error_code ec;
+    TS_CHECK(fs::exists(text, ec), "text ", text, " does not exist", dangling_link_note(text));
+    TS_CHECK(!fs::is_directory(text, ec), "text ", text, " is a directory (give a .txt or .jsonl file)");
+    if (fs::is_regular_file(text, ec)) bytes += static_cast<size_t>(fs::file_size(text, ec));
+  }
   PrepareProgress bar(bytes, !a.has("no-progress"), /*rate=*/true);
   const auto progress = bar.callback();
-  CorpusParams cp{.files = {text},
+  CorpusParams cp{.files = texts,
                   .text_field = a.str("text-field", "text"),
                   .threads = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
                   .stop = &g_prepare_stop,
@@ -134,7 +149,8 @@ PrepareReport prepare_bytes(const Flags& a, const std::string& out, double val_f
 
 int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns text into llm.c-format token shards: byte-level, or through a BPE tokenizer.");
-  a.add("text", "FILE", "the text: UTF-8 (one document), or with --tokenizer a .jsonl file (one JSON document a line)");
+  a.add("text", "FILE", "the text: UTF-8 (one document), or with --tokenizer a .jsonl file (one JSON document a "
+        "line); with --tokenizer, repeat it for more files, in order");
   a.add("tokenizer", "PATH", "encode with this BPE tokenizer (tokenizer.json, vocab.json + merges.txt, a .tiktoken "
         "file, or a directory holding one), copied into --out as tokenizer.json; <|endoftext|>, where it has it, "
         "goes between documents (default: bytes, vocab 256)");
@@ -159,12 +175,15 @@ int cmd_prepare(int argc, char** argv) {
   for (const char* f : {"tiktoken-special", "text-field", "threads"})
     TS_CHECK(bpe || !a.has(f), "--", f, " is for a prepare with --tokenizer; without one the text's bytes are its "
              "tokens");
+  const std::vector<std::string> texts = text_flags(argc, argv);
+  TS_CHECK(bpe || texts.size() <= 1, "several --text files are for a prepare with --tokenizer (each file a document, "
+           "or a .jsonl of them); a byte-level prepare reads one text");
   const std::string out = a.str("out");
   if (!a.has("force")) check_out_dir(out);
   const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);  // the previous handlers come back after
   PrepareReport r;
   try {
-    r = bpe ? prepare_with_tokenizer(a, out, val_fraction) : prepare_bytes(a, out, val_fraction);
+    r = bpe ? prepare_with_tokenizer(a, texts, out, val_fraction) : prepare_bytes(a, out, val_fraction);
   } catch (const PrepareInterrupted& e) {
     return prepare_interrupted(e.signal(), out);
   }
