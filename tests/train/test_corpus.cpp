@@ -137,6 +137,9 @@ TEST(TokenShards, WideVocabIsVersion2AndTooFewIdsAreRefused) {
   const std::vector<int32_t> val = read_shard_tokens((d / "val_000000.bin").string());
   back.insert(back.end(), val.begin(), val.end());
   EXPECT_EQ(back, ids);  // a short stream: train, then its tail as val
+  EXPECT_EQ(fs::file_size(d / "train_000000.bin"), 1024 + 4 * (ids.size() - val.size()));  // uint32
+  EXPECT_NE(error_of([&] { read_shard((d / "train_000000.bin").string()); }).find("a version-2 shard"),
+            std::string::npos);
   const TokenSource one = [&](const TokenSink& sink) { sink(std::span<const int32_t>(ids).first(1)); };
   EXPECT_NE(error_of([&] {
               prepare_token_shards(one, (d / "one").string(), {.val_fraction = 0.1}, {.vocab = 100001, .tokenizer_json = "{}"});
