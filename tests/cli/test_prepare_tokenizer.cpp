@@ -9,10 +9,10 @@
 #include <fstream>
 
 #include "cli/cli_run.h"
-#include "test_util.h"
 #include "tessera/tokenizer/formats.h"
 #include "tessera/tokenizer/text_codec.h"
 #include "tessera/train/data.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -72,12 +72,14 @@ int PrepareTokenizer::docs_ = 0;
 
 TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) {
   const fs::path& d = *dir_;
-  const test::CliRun t = run("tokenizer train --text " + (d / "slice.txt").string() + " --vocab-size 512 --special "
-                             "'<|endoftext|>' --threads 1 --no-progress --out " + (d / "tok").string());
+  const test::CliRun t = run("tokenizer train --text " + (d / "slice.txt").string() +
+                             " --vocab-size 512 --special "
+                             "'<|endoftext|>' --threads 1 --no-progress --out " +
+                             (d / "tok").string());
   ASSERT_EQ(t.code, 0) << t.err;
   const std::string data = (d / "data").string();
-  const test::CliRun p = run("prepare --tokenizer " + (d / "tok").string() + " --text " + (d / "fables.jsonl").string() +
-                             " --threads 2 --no-progress --out " + data);
+  const test::CliRun p = run("prepare --tokenizer " + (d / "tok").string() + " --text " +
+                             (d / "fables.jsonl").string() + " --threads 2 --no-progress --out " + data);
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_NE(p.out.find("wrote "), std::string::npos) << p.out;
   // The directory names its tokenizer: the trained file, byte for byte. The shards are llm.c's uint16 ones.
@@ -97,12 +99,14 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
   ASSERT_EQ(p2.code, 0) << p2.err;
   std::vector<int32_t> ids2 = read_shard_tokens((d / "data2" / "train_000000.bin").string(), 512);
   const std::vector<int32_t> val2 = read_shard_tokens((d / "data2" / "val_000000.bin").string(), 512);
-  EXPECT_EQ(ids2.size() + val2.size(), 2 * tok.encode(read_file_text((d / "slice.txt").string())).size() + ids.size() + 2);
+  EXPECT_EQ(ids2.size() + val2.size(),
+            2 * tok.encode(read_file_text((d / "slice.txt").string())).size() + ids.size() + 2);
   EXPECT_EQ(std::count(ids2.begin(), ids2.end(), eot) + std::count(val2.begin(), val2.end(), eot), docs_ + 1);
   // Fewer tokens than bytes: BPE, not bytes. The same shards for one thread.
   EXPECT_LT(ids.size(), fs::file_size(d / "fables.jsonl") / 2);
   const test::CliRun p1 = run("prepare --tokenizer " + (d / "tok" / "tokenizer.json").string() + " --text " +
-                              (d / "fables.jsonl").string() + " --threads 1 --no-progress --out " + (d / "data1").string());
+                              (d / "fables.jsonl").string() + " --threads 1 --no-progress --out " +
+                              (d / "data1").string());
   ASSERT_EQ(p1.code, 0) << p1.err;
   for (const char* s : {"/train_000000.bin", "/val_000000.bin"})
     EXPECT_EQ(read_file_text((d / "data1").string() + s), read_file_text(data + s)) << s;
@@ -113,17 +117,22 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
                "was prepared with a tokenizer of 512 tokens (its tokenizer.json), more than the model's vocab of 256: "
                "give --vocab 512 or more");
   const std::string run_dir = (d / "run").string();
-  const test::CliRun tr = run("train --data " + data + " --preset tiny --vocab 512 --steps 3 --batch 2 --seq 16 "
-                              "--val-every 0 --sample-tokens 0 --no-progress --out " + run_dir);
+  const test::CliRun tr = run("train --data " + data +
+                              " --preset tiny --vocab 512 --steps 3 --batch 2 --seq 16 "
+                              "--val-every 0 --sample-tokens 0 --no-progress --out " +
+                              run_dir);
   ASSERT_EQ(tr.code, 0) << tr.err;
   const std::string ckpt = run_dir + "/checkpoint";
   ASSERT_TRUE(fs::exists(ckpt + "/tokenizer.json"));
   EXPECT_EQ(read_file_text(ckpt + "/tokenizer.json"), read_file_text(data + "/tokenizer.json"));
 
   // A run --init-from that checkpoint, on data that names no tokenizer (bytes, below 512), carries the checkpoint's.
-  ASSERT_EQ(run("prepare --text " + (d / "slice.txt").string() + " --no-progress --out " + (d / "bytes").string()).code, 0);
-  const test::CliRun ft = run("train --init-from " + ckpt + " --data " + (d / "bytes").string() + " --steps 1 --batch 2 "
-                              "--seq 16 --val-every 0 --sample-tokens 0 --no-progress --out " + (d / "tuned").string());
+  ASSERT_EQ(run("prepare --text " + (d / "slice.txt").string() + " --no-progress --out " + (d / "bytes").string()).code,
+            0);
+  const test::CliRun ft = run("train --init-from " + ckpt + " --data " + (d / "bytes").string() +
+                              " --steps 1 --batch 2 "
+                              "--seq 16 --val-every 0 --sample-tokens 0 --no-progress --out " +
+                              (d / "tuned").string());
   ASSERT_EQ(ft.code, 0) << ft.err;
   EXPECT_EQ(read_file_text((d / "tuned" / "checkpoint" / "tokenizer.json").string()),
             read_file_text(data + "/tokenizer.json"));
@@ -139,10 +148,11 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
 
   // transformers loads the checkpoint's tokenizer and encodes the sentence to the same ids.
   write_text(d / "sentence.txt", sentence);
-  const std::string py = std::string(TESSERA_PYTHON) + " -c \"import sys; from transformers import AutoTokenizer; "
+  const std::string py = std::string(TESSERA_PYTHON) +
+                         " -c \"import sys; from transformers import AutoTokenizer; "
                          "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-                         "print(' '.join(map(str, t.encode(open(sys.argv[2], encoding='utf-8').read()))))\" " + ckpt +
-                         " " + (d / "sentence.txt").string() + " 2>&1";
+                         "print(' '.join(map(str, t.encode(open(sys.argv[2], encoding='utf-8').read()))))\" " +
+                         ckpt + " " + (d / "sentence.txt").string() + " 2>&1";
   std::FILE* pipe = ::popen(py.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string out;
@@ -160,8 +170,11 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
 
 TEST_F(PrepareTokenizer, BadInputIsOneLine) {
   const fs::path& d = *dir_;
-  ASSERT_EQ(run("tokenizer train --text " + (d / "slice.txt").string() + " --vocab-size 300 --threads 1 --no-progress "
-                "--out " + (d / "small").string()).code,
+  ASSERT_EQ(run("tokenizer train --text " + (d / "slice.txt").string() +
+                " --vocab-size 300 --threads 1 --no-progress "
+                "--out " +
+                (d / "small").string())
+                .code,
             0);
   const std::string tok = (d / "small").string();
   write_text(d / "bad.jsonl", "{\"text\": \"one\"}\n{\"text\": \"two\"\n");
@@ -169,8 +182,10 @@ TEST_F(PrepareTokenizer, BadInputIsOneLine) {
                    (d / "o1").string()),
                (d / "bad.jsonl").string() + ":2: not a JSON object");
   EXPECT_FALSE(fs::exists(d / "o1"));
-  expect_error(run("prepare --tokenizer " + tok + " --text " + (d / "fables.jsonl").string() + " --text-field body "
-                   "--out " + (d / "o2").string()),
+  expect_error(run("prepare --tokenizer " + tok + " --text " + (d / "fables.jsonl").string() +
+                   " --text-field body "
+                   "--out " +
+                   (d / "o2").string()),
                ":1: the record has no field \"body\" (give the field that holds the text with --text-field)");
   expect_error(run("prepare --text " + (d / "slice.txt").string() + " --threads 2 --out " + (d / "o3").string()),
                "--threads is for a prepare with --tokenizer");
@@ -192,11 +207,14 @@ TEST_F(PrepareTokenizer, InterruptedWaitLeavesNothing) {
   const fs::path& d = *dir_;
   const fs::path fifo = d / "fifo.txt", out = d / "never", err = d / "fifo.err";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  ASSERT_EQ(run("tokenizer train --text " + (d / "slice.txt").string() + " --vocab-size 300 --special '<|endoftext|>' "
-                "--threads 1 --no-progress --out " + (d / "tok_fifo").string()).code,
+  ASSERT_EQ(run("tokenizer train --text " + (d / "slice.txt").string() +
+                " --vocab-size 300 --special '<|endoftext|>' "
+                "--threads 1 --no-progress --out " +
+                (d / "tok_fifo").string())
+                .code,
             0);
-  const std::string script = "'" + test::binary() + "' prepare --tokenizer '" + (d / "tok_fifo").string() + "' --text '" +
-                             fifo.string() + "' --out '" + out.string() + "' 2>'" + err.string() +
+  const std::string script = "'" + test::binary() + "' prepare --tokenizer '" + (d / "tok_fifo").string() +
+                             "' --text '" + fifo.string() + "' --out '" + out.string() + "' 2>'" + err.string() +
                              "' & p=$!; sleep 1; kill -INT $p; wait $p; echo $?";
   std::FILE* pipe = ::popen(script.c_str(), "r");  // run by /bin/sh
   ASSERT_NE(pipe, nullptr);

@@ -4,9 +4,9 @@
 
 #include <random>
 
-#include "test_util.h"
 #include "tessera/tokenizer/formats.h"
 #include "tessera/tokenizer/text_codec.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -54,8 +54,9 @@ TEST(TextCodec, CheckpointWithoutTokenizerIsBytes) {
   EXPECT_EQ(streamed(c, {'a', 0xc3, 0xa9, 0xe6, 299, 'z'}, &parts), "a\xc3\xa9\xe6<id 299>z");
   EXPECT_EQ(parts, (std::vector<std::string>{"a", "", "\xc3\xa9", "", "\xe6<id 299>", "z", ""}));
   // A model narrower than the bytes: a prompt byte past its vocab is refused, as generate's byte-level prompt was.
-  EXPECT_NE(error_of([&] { TextCodec::bytes(50).encode("a"); }).find("the prompt holds byte 97, outside the model's "
-                                                                     "vocab 50"),
+  EXPECT_NE(error_of([&] { TextCodec::bytes(50).encode("a"); })
+                .find("the prompt holds byte 97, outside the model's "
+                      "vocab 50"),
             std::string::npos);
 }
 
@@ -76,8 +77,9 @@ TEST(TextCodec, CheckpointTokenizerEncodesAndStreamsWholeCharacters) {
   // An id past the tokenizer's vocab but inside the model's (a padded vocab) is no token.
   EXPECT_EQ(streamed(c, {256, 261}), " \xc3<id 261>");
   // A tokenizer wider than the model cannot be its tokenizer.
-  EXPECT_NE(error_of([&] { TextCodec::for_checkpoint(d.string(), 256); })
-                .find("the tokenizer has 260 tokens, more than the model's vocab of 256"),
+  EXPECT_NE(error_of([&] {
+              TextCodec::for_checkpoint(d.string(), 256);
+            }).find("the tokenizer has 260 tokens, more than the model's vocab of 256"),
             std::string::npos);
 }
 

@@ -5,11 +5,11 @@
 #include <fstream>
 #include <random>
 
-#include "test_util.h"
 #include "tessera/tokenizer/bpe.h"
 #include "tessera/tokenizer/bpe_train.h"
 #include "tessera/train/corpus.h"
 #include "tessera/train/data.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -45,15 +45,17 @@ TEST(ShardV2, WideVocabWritesUint32AndReadsBack) {
   EXPECT_EQ(read_shard_tokens((d / "w.bin").string()), ids);
   EXPECT_NE(error_of([&] { read_shard((d / "w.bin").string()); }).find("a version-2 shard (uint32 tokens)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { read_shard_tokens((d / "w.bin").string(), 69000); })
-                .find("token id 69999 at position 3 is not below the model's vocab 69000"),
+  EXPECT_NE(error_of([&] {
+              read_shard_tokens((d / "w.bin").string(), 69000);
+            }).find("token id 69999 at position 3 is not below the model's vocab 69000"),
             std::string::npos);
   // A vocab that fits uint16 keeps llm.c's format.
   write_shard_tokens((d / "n.bin").string(), std::vector<int32_t>{1, 65535}, 65536);
   EXPECT_EQ(fs::file_size(d / "n.bin"), 1024 + 2 * 2);
   EXPECT_EQ(read_shard((d / "n.bin").string()), (std::vector<uint16_t>{1, 65535}));
-  EXPECT_NE(error_of([&] { write_shard_tokens((d / "x.bin").string(), std::vector<int32_t>{70000}, 70000); })
-                .find("token id 70000"),
+  EXPECT_NE(error_of([&] {
+              write_shard_tokens((d / "x.bin").string(), std::vector<int32_t>{70000}, 70000);
+            }).find("token id 70000"),
             std::string::npos);
 }
 
@@ -75,8 +77,9 @@ TEST(ShardV2, TokenStreamReadsBothWidthsAcrossTheBoundary) {
     EXPECT_EQ(in[i], all[i]) << i;
     EXPECT_EQ(tg[i], all[i + 1]) << i;
   }
-  EXPECT_NE(error_of([&] { TokenStream(find_shards(d.string(), "train"), 66000); })
-                .find("token id 66000 at position 0 is not below the model's vocab 66000"),
+  EXPECT_NE(error_of([&] {
+              TokenStream(find_shards(d.string(), "train"), 66000);
+            }).find("token id 66000 at position 0 is not below the model's vocab 66000"),
             std::string::npos);
 }
 
@@ -88,8 +91,9 @@ TEST(ShardV2, BadTokenWidthIsOneLine) {
   f.seekp(12);
   f.write(reinterpret_cast<const char*>(&two), 4);
   f.close();
-  EXPECT_NE(error_of([&] { read_shard_tokens((d / "w.bin").string()); })
-                .find("a version-2 shard declares 2 bytes a token (expected 4)"),
+  EXPECT_NE(error_of([&] {
+              read_shard_tokens((d / "w.bin").string());
+            }).find("a version-2 shard declares 2 bytes a token (expected 4)"),
             std::string::npos);
 }
 
@@ -142,23 +146,24 @@ TEST(TokenShards, WideVocabIsVersion2AndTooFewIdsAreRefused) {
             std::string::npos);
   const TokenSource one = [&](const TokenSink& sink) { sink(std::span<const int32_t>(ids).first(1)); };
   EXPECT_NE(error_of([&] {
-              prepare_token_shards(one, (d / "one").string(), {.val_fraction = 0.1}, {.vocab = 100001, .tokenizer_json = "{}"});
+              prepare_token_shards(one, (d / "one").string(), {.val_fraction = 0.1},
+                                   {.vocab = 100001, .tokenizer_json = "{}"});
             }).find("the text has 1 token; at least 2 are needed"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(d / "one"));  // undone
 }
 
 TEST(Corpus, TextCutsSitWherePreTokensEndOnBothSides) {
-  EXPECT_EQ(corpus_text_cut("ab\ncd\nef"), 6u);     // "X\nY": before Y
-  EXPECT_EQ(corpus_text_cut("ab\n\ncd"), 3u);      // a run: before its last character
+  EXPECT_EQ(corpus_text_cut("ab\ncd\nef"), 6u);  // "X\nY": before Y
+  EXPECT_EQ(corpus_text_cut("ab\n\ncd"), 3u);    // a run: before its last character
   EXPECT_EQ(corpus_text_cut("ab \t cd"), 4u);
   EXPECT_EQ(corpus_text_cut("ab\n c"), 3u);
-  EXPECT_EQ(corpus_text_cut("ab cd\xc3\xa9"), 2u);  // "X Y": before the space
+  EXPECT_EQ(corpus_text_cut("ab cd\xc3\xa9"), 2u);   // "X Y": before the space
   EXPECT_EQ(corpus_text_cut("\xc3\xa9 cd"), 0u);     // not surely a whole pre-token before the space
   EXPECT_EQ(corpus_text_cut("ab\n\n\xc3\xa9"), 0u);  // not surely \S after the run
-  EXPECT_EQ(corpus_text_cut("\xc3\xa9\nab"), 0u);     // not ASCII before the lone newline
+  EXPECT_EQ(corpus_text_cut("\xc3\xa9\nab"), 0u);    // not ASCII before the lone newline
   EXPECT_EQ(corpus_text_cut("ab\n\n<|endoftext|>x", {"<|endoftext|>"}), 0u);  // the special ends W's segment
-  EXPECT_EQ(corpus_text_cut("ab\n\n<|endo", {"<|endoftext|>"}), 0u);         // and may go on past the text
+  EXPECT_EQ(corpus_text_cut("ab\n\n<|endo", {"<|endoftext|>"}), 0u);          // and may go on past the text
   EXPECT_EQ(corpus_text_cut("ab\n\n<|endoftext|>x"), 3u);
   EXPECT_EQ(corpus_text_cut("a\nb"), 0u);  // only whole pieces on each side (a cut at the last byte is none)
   EXPECT_EQ(corpus_text_cut(""), 0u);
@@ -192,8 +197,9 @@ TEST(Corpus, ParallelPiecesEncodeAsTheWhole) {
 // (The tokenizer is trained on such texts, so that runs of whitespace are tokens: a cut inside one shows.)
 TEST(Corpus, RandomTextsEncodeAsTheWholeWhereverCut) {
   const fs::path d = temp_dir("corpus_random");
-  const char* atoms[] = {"a", "the", " ", "  ", "\n", "\n\n", "\t", "\r\n", "'s", "'", "1", "23", ".", "!?",
-                         "\xc3\xa9", "\xe2\x80\x83", "<|endoftext|>", "<|endo", "Fox", " the", "\f"};
+  const char* atoms[] = {"a",   "the",  " ",  "  ", "\n", "\n\n",     "\t",           "\r\n",          "'s",
+                         "'",   "1",    "23", ".",  "!?", "\xc3\xa9", "\xe2\x80\x83", "<|endoftext|>", "<|endo",
+                         "Fox", " the", "\f"};
   std::mt19937 rng(11);
   auto random_text = [&] {
     std::string text;
@@ -225,8 +231,9 @@ TEST(Corpus, DocumentsGetEndOfTextBetweenThem) {
   const int32_t eot = corpus_separator(tok);
   ASSERT_GE(eot, 0);
   const fs::path d = temp_dir("corpus_docs");
-  write_text(d / "a.jsonl", "{\"text\": \"The Fox\\nran.\"}\n{\"id\": 2, \"text\": \"A Lion \\u00e9\"}\r\n"
-                            "{\"text\": \"\"}\n{\"text\": \"last\"}");
+  write_text(d / "a.jsonl",
+             "{\"text\": \"The Fox\\nran.\"}\n{\"id\": 2, \"text\": \"A Lion \\u00e9\"}\r\n"
+             "{\"text\": \"\"}\n{\"text\": \"last\"}");
   write_text(d / "b.txt", "Another file.");
   std::vector<int32_t> got;
   encode_corpus(tok, {.files = {(d / "a.jsonl").string(), (d / "b.txt").string()}, .threads = 2, .chunk_bytes = 8},
@@ -253,8 +260,9 @@ TEST(Corpus, BadRecordsNameFileAndLine) {
   EXPECT_NE(error("{\"text\": \"a\"}\nnot json\n").find(f + ":2: not a JSON object"), std::string::npos);
   EXPECT_NE(error("{\"text\": \"a\"}\n\n{\"text\": \"b\"}\n").find(f + ":2: not a JSON object (an empty line)"),
             std::string::npos);
-  EXPECT_NE(error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": \"c\"}\n").find(f + ":3: the record has no field "
-                                                                                       "\"text\""),
+  EXPECT_NE(error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": \"c\"}\n")
+                .find(f + ":3: the record has no field "
+                          "\"text\""),
             std::string::npos);
   EXPECT_NE(error("{\"text\": 5}\n").find(f + ":1: the field \"text\" is number, not a string"), std::string::npos);
   EXPECT_NE(error("[1]\n").find(f + ":1: not a JSON object"), std::string::npos);

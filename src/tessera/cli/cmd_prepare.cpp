@@ -46,12 +46,15 @@ void check_out_dir(const std::string& out) {
   const fs::path normal = fs::path(out).lexically_normal();
   const fs::path dir = normal.has_filename() ? normal : normal.parent_path();  // "run/data/": run/data
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  TS_CHECK(!holds_run(dir), "--out ", out, " holds a training run (metrics.jsonl, checkpoint/): give the shards a "
+  TS_CHECK(!holds_run(dir), "--out ", out,
+           " holds a training run (metrics.jsonl, checkpoint/): give the shards a "
            "directory of their own, or --force");
-  TS_CHECK(!fs::exists(dir / "model.safetensors"), "--out ", out, " is a checkpoint: give the shards a directory "
+  TS_CHECK(!fs::exists(dir / "model.safetensors"), "--out ", out,
+           " is a checkpoint: give the shards a directory "
            "of their own, or --force");
   TS_CHECK(!(dir.filename() == "data" && holds_run(parent)), "--out ", out, " holds the data of the training run in ",
-           parent.string(), ", which that run's --resume checks: replaced, the run could not be resumed; give another "
+           parent.string(),
+           ", which that run's --resume checks: replaced, the run could not be resumed; give another "
            "--out, or --force to replace them");
 }
 
@@ -59,7 +62,8 @@ void check_out_dir(const std::string& out) {
 // (byte for byte), else the model written in that format (GPT-2's or tiktoken's files, converted).
 std::string tokenizer_json_text(const LoadedTokenizer& t) {
   if (t.format == TokenizerFormat::HuggingFace) return read_file_text(t.path, "tokenizer");
-  const fs::path tmp = fs::temp_directory_path() / ("tessera_prepare_tokenizer_" + std::to_string(::getpid()) + ".json");
+  const fs::path tmp = fs::temp_directory_path() /
+                       ("tessera_prepare_tokenizer_" + std::to_string(::getpid()) + ".json");
   write_hf_tokenizer_json(t.model, tmp.string());
   std::string text = read_file_text(tmp.string(), "tokenizer");
   std::error_code ec;
@@ -99,8 +103,10 @@ PrepareReport prepare_with_tokenizer(const Flags& a, const std::vector<std::stri
   std::vector<std::string> specials;
   if (a.has("tiktoken-special")) specials.push_back(a.str("tiktoken-special"));
   const LoadedTokenizer loaded = load_tokenizer(a.str("tokenizer"), specials);
-  TS_CHECK(specials.empty() || loaded.format == TokenizerFormat::Tiktoken, "--tiktoken-special is for a .tiktoken "
-           "file; ", loaded.path, " is ", tokenizer_format_name(loaded.format), ", which names its special tokens itself");
+  TS_CHECK(specials.empty() || loaded.format == TokenizerFormat::Tiktoken,
+           "--tiktoken-special is for a .tiktoken "
+           "file; ",
+           loaded.path, " is ", tokenizer_format_name(loaded.format), ", which names its special tokens itself");
   const BpeTokenizer tok(loaded.model, loaded.path);
   const int threads = a.integer("threads", 0);
   TS_CHECK(threads >= 0, "--threads must be >= 0 (0: every core), got ", threads);
@@ -115,14 +121,16 @@ PrepareReport prepare_with_tokenizer(const Flags& a, const std::vector<std::stri
   const auto progress = bar.callback();
   CorpusParams cp{.files = texts,
                   .text_field = a.str("text-field", "text"),
-                  .threads = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                  .threads = threads > 0 ? threads
+                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
                   .stop = &g_prepare_stop,
                   .progress = progress ? [&](size_t done) { progress(std::min(done, bytes), bytes); }
                                        : std::function<void(size_t)>()};
   TS_CHECK(!cp.text_field.empty(), "--text-field is empty");
   const TokenSource source = [&](const TokenSink& sink) { encode_corpus(tok, cp, sink); };
   return prepare_token_shards(source, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop},
-                              {.vocab = static_cast<int64_t>(tok.vocab_size()), .tokenizer_json = tokenizer_json_text(loaded)});
+                              {.vocab = static_cast<int64_t>(tok.vocab_size()),
+                               .tokenizer_json = tokenizer_json_text(loaded)});
 }
 
 // prepare without --tokenizer: the text's bytes, one token each.
@@ -149,21 +157,26 @@ PrepareReport prepare_bytes(const Flags& a, const std::string& out, double val_f
 
 int cmd_prepare(int argc, char** argv) {
   Flags a("prepare", "Turns text into llm.c-format token shards: byte-level, or through a BPE tokenizer.");
-  a.add("text", "FILE", "the text: UTF-8 (one document), or with --tokenizer a .jsonl file (one JSON document a "
+  a.add("text", "FILE",
+        "the text: UTF-8 (one document), or with --tokenizer a .jsonl file (one JSON document a "
         "line); with --tokenizer, repeat it for more files, in order");
-  a.add("tokenizer", "PATH", "encode with this BPE tokenizer (tokenizer.json, vocab.json + merges.txt, a .tiktoken "
+  a.add("tokenizer", "PATH",
+        "encode with this BPE tokenizer (tokenizer.json, vocab.json + merges.txt, a .tiktoken "
         "file, or a directory holding one), copied into --out as tokenizer.json; <|endoftext|>, where it has it, "
         "goes between documents (default: bytes, vocab 256)");
   a.add("tiktoken-special", "TEXT", "for a .tiktoken --tokenizer: a special token, given the id after the ranks");
   a.add("text-field", "NAME", "the field of a .jsonl record that holds its text (default text)");
   a.add("threads", "N", "threads that encode with --tokenizer (default: every core)");
-  a.add("out", "DIR", "where to write train_000000.bin and val_000000.bin (other train_*.bin and val_*.bin shards "
+  a.add("out", "DIR",
+        "where to write train_000000.bin and val_000000.bin (other train_*.bin and val_*.bin shards "
         "there are removed, so that train --data DIR reads these alone)");
-  a.add("val-fraction", "X", "share of the text held out for validation, in (0, 1): 1 KiB blocks (with --tokenizer, "
+  a.add("val-fraction", "X",
+        "share of the text held out for validation, in (0, 1): 1 KiB blocks (with --tokenizer, "
         "blocks of 1024 tokens) spread evenly through it, X of them to within one block (default 0.1: every 10th "
         "block)");
   a.add_switch("no-progress", "no progress bar on stderr (shown for a text of 16 MiB or more)");
-  a.add_switch("force", "replace the shards of a training run's own data (RUN/data, which the run's --resume then "
+  a.add_switch("force",
+               "replace the shards of a training run's own data (RUN/data, which the run's --resume then "
                "refuses), or write into a directory that holds a run or a checkpoint");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("text"), "--text FILE is required");
@@ -173,10 +186,12 @@ int cmd_prepare(int argc, char** argv) {
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
   const bool bpe = a.has("tokenizer");
   for (const char* f : {"tiktoken-special", "text-field", "threads"})
-    TS_CHECK(bpe || !a.has(f), "--", f, " is for a prepare with --tokenizer; without one the text's bytes are its "
+    TS_CHECK(bpe || !a.has(f), "--", f,
+             " is for a prepare with --tokenizer; without one the text's bytes are its "
              "tokens");
   const std::vector<std::string> texts = text_flags(argc, argv);
-  TS_CHECK(bpe || texts.size() <= 1, "several --text files are for a prepare with --tokenizer (each file a document, "
+  TS_CHECK(bpe || texts.size() <= 1,
+           "several --text files are for a prepare with --tokenizer (each file a document, "
            "or a .jsonl of them); a byte-level prepare reads one text");
   const std::string out = a.str("out");
   if (!a.has("force")) check_out_dir(out);

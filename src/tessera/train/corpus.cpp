@@ -37,7 +37,7 @@ class PieceReader {
  public:
   PieceReader(const std::string& path, const CorpusParams& p, bool can_cut, const std::vector<std::string>& specials)
       : path_(path), jsonl_(path.ends_with(".jsonl")), can_cut_(can_cut), p_(p), specials_(specials) {
-    f_ = std::fopen(path.c_str(), "rb");  // a FIFO: waits for its writer, as cat does
+    f_ = std::fopen(path.c_str(), "rb");                                   // a FIFO: waits for its writer, as cat does
     if (!f_ && p.stop && *p.stop != 0) throw PrepareInterrupted(*p.stop);  // that wait, interrupted (EINTR)
     TS_CHECK(f_, "text ", path, ": cannot open: ", std::strerror(errno));
   }
@@ -135,13 +135,16 @@ void encode_piece(const BpeTokenizer& tok, const Piece& piece, const std::string
     try {
       j = nlohmann::json::parse(rec);
     } catch (const nlohmann::json::exception& e) {
-      TS_THROW(where, ": not a JSON object", rec.empty() ? " (an empty line)" : "", " (a .jsonl file holds one "
-               "document a line, {\"", field, "\": \"...\"})");
+      TS_THROW(where, ": not a JSON object", rec.empty() ? " (an empty line)" : "",
+               " (a .jsonl file holds one "
+               "document a line, {\"",
+               field, "\": \"...\"})");
     }
     TS_CHECK(j.is_object(), where, ": not a JSON object (a .jsonl file holds one document a line, {\"", field,
              "\": \"...\"})");
     const auto it = j.find(field);
-    TS_CHECK(it != j.end(), where, ": the record has no field \"", field, "\" (give the field that holds the text "
+    TS_CHECK(it != j.end(), where, ": the record has no field \"", field,
+             "\" (give the field that holds the text "
              "with --text-field)");
     TS_CHECK(it->is_string(), where, ": the field \"", field, "\" is ", it->type_name(), ", not a string");
     document(it->get_ref<const std::string&>());

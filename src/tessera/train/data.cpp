@@ -326,14 +326,16 @@ class TokenSplitWriter {
   }
   void write_header(Out& o) {
     const std::vector<int32_t> h = shard_header(width_ == 2 ? kShardVersion : kShardVersionU32, o.count);
-    const bool ok = std::fseek(o.f, 0, SEEK_SET) == 0 && std::fwrite(h.data(), sizeof(int32_t), h.size(), o.f) == h.size();
+    const bool ok =
+        std::fseek(o.f, 0, SEEK_SET) == 0 && std::fwrite(h.data(), sizeof(int32_t), h.size(), o.f) == h.size();
     TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
   }
   // The ids [from, o.count) of o's file, read back.
   std::vector<uint32_t> read_back(Out& o, size_t from) {
     std::vector<unsigned char> raw((o.count - from) * width_);
     const long at = static_cast<long>(kShardHeaderInts * sizeof(int32_t) + from * width_);
-    const bool ok = std::fseek(o.f, at, SEEK_SET) == 0 && (raw.empty() || std::fread(raw.data(), 1, raw.size(), o.f) == raw.size());
+    const bool ok = std::fseek(o.f, at, SEEK_SET) == 0 &&
+                    (raw.empty() || std::fread(raw.data(), 1, raw.size(), o.f) == raw.size());
     TS_CHECK(ok, "cannot read back ", o.shown, ": ", std::strerror(errno));
     std::vector<uint32_t> ids(o.count - from);
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -348,7 +350,8 @@ class TokenSplitWriter {
   // Cuts o's file back to its first `keep` ids, positioned to append after them.
   void truncate(Out& o, size_t keep) {
     const long end = static_cast<long>(kShardHeaderInts * sizeof(int32_t) + keep * width_);
-    const bool ok = std::fflush(o.f) == 0 && ::ftruncate(::fileno(o.f), end) == 0 && std::fseek(o.f, end, SEEK_SET) == 0;
+    const bool ok =
+        std::fflush(o.f) == 0 && ::ftruncate(::fileno(o.f), end) == 0 && std::fseek(o.f, end, SEEK_SET) == 0;
     TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
     o.count = keep;
   }
@@ -558,7 +561,8 @@ PrepareReport prepare_into(const std::string& out_dir, const PrepareParams& para
     // that the new train shard never stands beside the old val shard. Any entry but a directory is kept (a
     // symlink too, dangling or not: link() links the symlink itself); a directory there fails the first rename.
     const std::string train = (dir / kShardNames[0]).string(), val = (dir / kShardNames[1]).string();
-    const std::string keep = (dir / (std::string(".") + kShardNames[0] + ".old." + std::to_string(::getpid()))).string();
+    const std::string keep =
+        (dir / (std::string(".") + kShardNames[0] + ".old." + std::to_string(::getpid()))).string();
     std::error_code ec;
     const fs::file_status old_train = fs::symlink_status(train, ec);
     const bool kept = fs::exists(old_train) && !fs::is_directory(old_train);

@@ -96,10 +96,11 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
 
 // prepare_shards for the ids of a tokenizer, which `source` produces: it calls its sink with them a chunk at a
 // time, in order, and the sink writes each chunk out at once (the whole corpus's ids are never held).
-// Split: as prepare_shards splits a text's bytes, with 1 Ki-token blocks of the id stream in place of 1 KiB blocks of
-// text (and, for a stream with no whole val block, its last ⌊n·f⌋ ids, at least one). The shards are version 1 or 2
-// by shard_token_bytes(vocab); tokenizer_json (the tokenizer's Hugging Face file) is written as out_dir/tokenizer.json
-// with the same all-or-nothing renames, so that the directory names the tokenizer its ids are of.
+// Split: as prepare_shards splits a text's bytes, with 1 Ki-token blocks of the id stream in place of 1 KiB blocks
+// of text (and, for a stream with no whole val block, its last ⌊n·f⌋ ids, at least one). The shards are version 1
+// or 2 by shard_token_bytes(vocab); tokenizer_json (the tokenizer's Hugging Face file) is written as
+// out_dir/tokenizer.json with the same all-or-nothing renames, so that the directory names the tokenizer its ids
+// are of.
 // params.progress is not called: the source knows how much of its input it has read, and reports that itself.
 // At least 2 ids are needed (a train and a val token).
 struct TokenShardParams {
@@ -114,8 +115,9 @@ PrepareReport prepare_token_shards(const TokenSource& source, const std::string&
 constexpr const char* kTokenizerFile = "tokenizer.json";
 
 // Whether `name` is one of prepare's hidden working files (".train_000000.bin.tmp.<pid>", ".val_000000.bin.tmp.<pid>",
-// ".tokenizer.json.tmp.<pid>", ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss) leaves them; the next prepare
-// into that directory removes those whose process is gone, and train --text accepts them in OUT/data.
+// ".tokenizer.json.tmp.<pid>", ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss)
+// leaves them; the next prepare into that directory removes those whose process is gone, and train --text accepts
+// them in OUT/data.
 bool is_prepare_leftover(std::string_view name);
 // Whether `path` is a shard by its header's magic: a regular file that begins with it. Reads its first 4 bytes
 // only, and nothing of what is not a regular file (a FIFO's first bytes would be taken from its reader). Throws
