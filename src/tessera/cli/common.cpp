@@ -176,8 +176,9 @@ void rethrow_with_memory_hint(std::string_view hint) {
   }
 }
 
-PrepareProgress::PrepareProgress(size_t text_bytes, bool enabled)
+PrepareProgress::PrepareProgress(size_t text_bytes, bool enabled, bool rate)
     : on_(enabled && text_bytes >= kMinBytes),
+      rate_(rate),
       total_mib_(static_cast<int64_t>((text_bytes + (size_t{1} << 20) - 1) >> 20)),
       bar_(total_mib_, 0, on_, {.unit = "MiB", .eta = true}) {}
 
@@ -187,7 +188,14 @@ std::function<void(size_t, size_t)> PrepareProgress::callback() {
     const int64_t mib = done >= total ? total_mib_ : static_cast<int64_t>(done >> 20);
     if (mib == shown_) return;  // a line per MiB at most (off a terminal: per 5%)
     shown_ = mib;
-    bar_.update(mib, mib == total_mib_ ? "shards written" : "writing shards");
+    std::string fields = mib == total_mib_ ? "shards written" : "writing shards";
+    if (rate_) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+      char rate[32];
+      std::snprintf(rate, sizeof rate, " | %.1f MB/s", s > 0 ? static_cast<double>(done) / s / 1e6 : 0.0);
+      fields += rate;
+    }
+    bar_.update(mib, fields);
     if (mib == total_mib_) bar_.finish();
   };
 }

@@ -1,5 +1,6 @@
 // tessera/cli/common.h — helpers shared by the subcommands.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -58,19 +59,21 @@ void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max
 
 // A progress bar over the shard writes of prepare_shards (PrepareParams::progress), in MiB of text, for prepare and
 // train --data TEXT: a text of gigabytes takes seconds to prepare, which should not pass in silence. Off for a text
-// under 16 MiB (a fraction of a second), and where `enabled` is false.
+// under 16 MiB (a fraction of a second), and where `enabled` is false. With `rate`, the MB/s of text so far too
+// (prepare --tokenizer, whose encoding sets the pace).
 class PrepareProgress {
  public:
   static constexpr size_t kMinBytes = size_t{16} << 20;
-  PrepareProgress(size_t text_bytes, bool enabled);
+  PrepareProgress(size_t text_bytes, bool enabled, bool rate = false);
   // For PrepareParams::progress; empty when the bar is off.
   std::function<void(size_t done, size_t total)> callback();
 
  private:
-  bool on_;
+  bool on_, rate_;
   int64_t total_mib_;
   ProgressBar bar_;
   int64_t shown_ = -1;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
 // Called in a catch block: rethrows the exception being handled, and where it is an allocation failure (an Error

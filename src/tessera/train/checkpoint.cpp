@@ -20,6 +20,8 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
+#include "tessera/tokenizer/bpe.h"
+#include "tessera/tokenizer/formats.h"
 #include "tessera/train/hf_import.h"
 #include "tessera/train/safetensors.h"
 
@@ -231,6 +233,8 @@ void save_checkpoint(const std::string& dir, const Model& model, const TrainStat
   TS_CHECK(!ec, "cannot create checkpoint directory ", tmp.string(), ": ", ec.message());
   try {  // a failed write (a full disk) leaves no half-written <dir>.tmp behind
     write_model_files(tmp.string(), model);
+    if (state && !state->tokenizer_json.empty())
+      write_file_atomic((tmp / "tokenizer.json").string(), state->tokenizer_json);
     if (state) {
       SafetensorsWriter w;
       const int64_t n = static_cast<int64_t>(model.params().size());
@@ -394,6 +398,17 @@ bool holds_train_state(const std::string& dir) {
          fs::is_regular_file(fs::path(dir) / "optimizer.safetensors");
 }
 
+std::string read_dir_tokenizer(const std::string& dir, int64_t* vocab) {
+  if (vocab) *vocab = 0;
+  std::error_code ec;
+  const fs::path file = fs::path(dir) / "tokenizer.json";
+  if (!fs::is_directory(dir, ec) || !fs::exists(file, ec)) return "";
+  const std::string text = read_file_text(file.string(), "tokenizer");
+  const BpeTokenizer tok(read_hf_tokenizer_json(file.string()), file.string());  // checked: it must load
+  if (vocab) *vocab = static_cast<int64_t>(tok.vocab_size());
+  return text;
+}
+
 TrainState load_train_state(const std::string& path, const Model& model) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
@@ -433,6 +448,7 @@ TrainState load_train_state(const std::string& path, const Model& model) {
            s.metrics_from, " is not in [1, step + 1 = ", s.step + 1, "]");
   TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
   s.options_json = meta.at("options");
+  s.tokenizer_json = read_dir_tokenizer(dir);
   return s;  // val_loss stays NaN: best_record reads it, and a run resumed from best/ must not copy it on
 }
 

@@ -6,6 +6,8 @@
 //                       Llama's q/k/v and gate/up split out of tessera's fused matrices), metadata "format": "pt"
 //                       and the tessera config, so `transformers` loads the directory as it is.
 //   config.json         the Hugging Face config (GPT-2 / Llama), or tessera's own config otherwise.
+//   tokenizer.json      (where the run's data named its tokenizer) the tokenizer of the model's ids, in Hugging
+//                       Face's format, so that AutoTokenizer.from_pretrained(dir) loads it beside the model.
 //   optimizer.safetensors  (training checkpoints) Adam moments m and v, and in metadata the step (and the
 //                       optimizer's, when loss scaling skipped steps), the RNG state, the data position, the loss
 //                       scaler's state (f16 runs) and the training options, so a resumed run continues exactly.
@@ -52,13 +54,17 @@ struct TrainState {
   // checkpoint and in a best/ written before it was kept there). Not loaded back (best_record reads it), so that a
   // run resumed from best/ does not copy it into its own checkpoints.
   double val_loss = std::numeric_limits<double>::quiet_NaN();
+  // The text of the tokenizer.json that save_checkpoint writes beside config.json; empty: none (byte-level). Not
+  // part of optimizer.safetensors: a run takes it from its data's directory (or the checkpoint it starts from).
+  std::string tokenizer_json;
 };
 
 // The validation loss and step a best/ checkpoint records (read from its optimizer state's header, not the
 // tensors); nullopt where `dir` holds no train state or no recorded loss.
 std::optional<std::pair<double, int64_t>> best_record(const std::string& dir);
 
-// Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given.
+// Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given, and
+// tokenizer.json where the state holds one.
 void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state);
 // For tests: whether TESSERA_FAULT_INJECT (a comma list) names `point`. save_checkpoint dies by SIGKILL at its
 // points, as a crash would; train raises a stop signal at its own (cmd_train.cpp).
@@ -94,7 +100,11 @@ void load_checkpoint_weights(const std::string& path, Model& model);
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path);
 // The same model on ctx's device in `dtype` (a checkpoint holds f32: a 16-bit model gets f32 master weights from it).
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype);
-// Loads the training state; fails if the checkpoint has none or it does not fit the model.
+// Loads the training state; fails if the checkpoint has none or it does not fit the model. Its tokenizer_json is
+// the checkpoint's tokenizer.json, where it has one.
 TrainState load_train_state(const std::string& dir, const Model& model);
+// The text of <dir>/tokenizer.json (a checkpoint's, or a shard directory's), checked to be a tokenizer that loads;
+// "" where dir is no directory or holds none. *vocab (when given) is its vocab size, 0 for none.
+std::string read_dir_tokenizer(const std::string& dir, int64_t* vocab = nullptr);
 
 }  // namespace tessera

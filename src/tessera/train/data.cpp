@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -22,62 +23,115 @@ namespace tessera {
 namespace fs = std::filesystem;
 
 namespace {
-// Maps a shard and checks it (see read_shard). Returns the mapping; its tokens start at kShardHeaderInts * 4.
-MappedFile map_shard(const std::string& path, int vocab, size_t* count_out, int* max_out = nullptr) {
+// The largest id in n tokens of type T, and the index of the first at or past `vocab` (n when none).
+template <typename T>
+std::pair<int64_t, size_t> scan_tokens(const T* tokens, size_t n, int64_t vocab) {
+  T max_id = 0;
+  for (size_t i = 0; i < n; ++i) max_id = std::max(max_id, tokens[i]);  // vectorizes; no branch per token
+  if (static_cast<int64_t>(max_id) < vocab) return {max_id, n};
+  const size_t i = static_cast<size_t>(
+      std::find_if(tokens, tokens + n, [&](T t) { return static_cast<int64_t>(t) >= vocab; }) - tokens);
+  return {max_id, i};
+}
+
+// Maps a shard and checks it (see read_shard). Returns the mapping; its tokens start at kShardHeaderInts * 4 and
+// are *width_out bytes each.
+MappedFile map_shard(const std::string& path, int vocab, size_t* count_out, int* max_out = nullptr,
+                     int* width_out = nullptr) {
   MappedFile file(path, "shard");
   const size_t size = file.size();
   const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
   TS_CHECK(size >= header_bytes, "shard ", path, ": truncated header (", size, " of ", header_bytes, " bytes)");
-  int32_t header[3];
+  int32_t header[4];
   std::memcpy(header, file.data(), sizeof header);
   TS_CHECK(header[0] == kShardMagic, "shard ", path, ": bad magic ", header[0], " (expected ", kShardMagic, ")");
-  TS_CHECK(header[1] == kShardVersion, "shard ", path, ": unsupported version ", header[1], " (expected ",
-           kShardVersion, ")");
+  TS_CHECK(header[1] == kShardVersion || header[1] == kShardVersionU32, "shard ", path, ": unsupported version ",
+           header[1], " (expected ", kShardVersion, ", uint16 tokens, or ", kShardVersionU32, ", uint32 tokens)");
+  const int width = header[1] == kShardVersion ? 2 : 4;
+  TS_CHECK(header[1] == kShardVersion || header[3] == 4, "shard ", path, ": a version-2 shard declares ", header[3],
+           " bytes a token (expected 4)");
   TS_CHECK(header[2] >= 0, "shard ", path, ": negative token count ", header[2]);
   const size_t count = static_cast<size_t>(header[2]);
-  const size_t expect = header_bytes + count * sizeof(uint16_t);
+  const size_t expect = header_bytes + count * width;
   TS_CHECK(size >= expect, "shard ", path, ": truncated (header says ", counted(count, "token"), ", file holds ",
-           (size - header_bytes) / 2, ")");
+           (size - header_bytes) / width, ")");
   TS_CHECK(size == expect, "shard ", path, ": ", counted(size - expect, "byte"), " beyond the ",
            counted(count, "token"), " its header declares");
   int max_token = -1;
   if (vocab > 0 && count > 0) {
-    // The mapping is page-aligned and the header 1 KiB, so the tokens are aligned uint16.
-    const auto* tokens = reinterpret_cast<const uint16_t*>(file.data() + header_bytes);
+    // The mapping is page-aligned and the header 1 KiB, so the tokens are aligned.
+    const unsigned char* tokens = file.data() + header_bytes;
     file.advise_sequential();
-    uint16_t max_id = 0;
-    for (size_t i = 0; i < count; ++i) max_id = std::max(max_id, tokens[i]);  // vectorizes; no branch per token
-    if (max_id >= vocab) {
-      const size_t i = static_cast<size_t>(
-          std::find_if(tokens, tokens + count, [&](uint16_t t) { return t >= vocab; }) - tokens);
-      TS_THROW("shard ", path, ": token id ", tokens[i], " at position ", i, " is not below the model's vocab ",
-               vocab);
+    const auto [max_id, bad] = width == 2 ? scan_tokens(reinterpret_cast<const uint16_t*>(tokens), count, vocab)
+                                          : scan_tokens(reinterpret_cast<const uint32_t*>(tokens), count, vocab);
+    if (bad < count) {
+      const int64_t id = width == 2 ? reinterpret_cast<const uint16_t*>(tokens)[bad]
+                                    : reinterpret_cast<const uint32_t*>(tokens)[bad];
+      TS_THROW("shard ", path, ": token id ", id, " at position ", bad, " is not below the model's vocab ", vocab);
     }
-    max_token = max_id;
+    max_token = static_cast<int>(max_id);
   }
   *count_out = count;
   if (max_out) *max_out = max_token;
+  if (width_out) *width_out = width;
   return file;
+}
+
+std::vector<int32_t> shard_header(int32_t version, size_t count) {
+  std::vector<int32_t> header(kShardHeaderInts, 0);
+  header[0] = kShardMagic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count);
+  if (version == kShardVersionU32) header[3] = 4;
+  return header;
 }
 }  // namespace
 
 std::vector<uint16_t> read_shard(const std::string& path, int vocab) {
   size_t count = 0;
-  const MappedFile file = map_shard(path, vocab, &count);
+  int width = 2;
+  const MappedFile file = map_shard(path, vocab, &count, nullptr, &width);
+  TS_CHECK(width == 2, "shard ", path, ": a version-2 shard (uint32 tokens), where uint16 tokens were expected");
   std::vector<uint16_t> tokens(count);
   if (count) std::memcpy(tokens.data(), file.data() + kShardHeaderInts * sizeof(int32_t), count * sizeof(uint16_t));
   return tokens;
 }
 
+std::vector<int32_t> read_shard_tokens(const std::string& path, int vocab) {
+  size_t count = 0;
+  int width = 2;
+  const MappedFile file = map_shard(path, vocab, &count, nullptr, &width);
+  const unsigned char* p = file.data() + kShardHeaderInts * sizeof(int32_t);
+  std::vector<int32_t> tokens(count);
+  for (size_t i = 0; i < count; ++i)
+    tokens[i] = width == 2 ? reinterpret_cast<const uint16_t*>(p)[i]
+                           : static_cast<int32_t>(reinterpret_cast<const uint32_t*>(p)[i]);
+  return tokens;
+}
+
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   TS_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "shard ", path, ": too many tokens");
-  std::vector<int32_t> header(kShardHeaderInts, 0);
-  header[0] = kShardMagic;
-  header[1] = kShardVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  const std::vector<int32_t> header = shard_header(kShardVersion, tokens.size());
   write_file_atomic(path, [&](std::FILE* f) {
     bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
     ok = ok && (tokens.empty() || std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size());
+    TS_CHECK(ok, "cannot write ", path);
+  });
+}
+
+void write_shard_tokens(const std::string& path, std::span<const int32_t> tokens, int64_t vocab) {
+  TS_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "shard ", path, ": too many tokens");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    TS_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "shard ", path, ": token id ", tokens[i], " at position ", i,
+             " is not in the vocab of ", vocab);
+  if (shard_token_bytes(vocab) == 2) {
+    write_shard(path, std::vector<uint16_t>(tokens.begin(), tokens.end()));
+    return;
+  }
+  const std::vector<int32_t> header = shard_header(kShardVersionU32, tokens.size());
+  write_file_atomic(path, [&](std::FILE* f) {
+    bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
+    ok = ok && (tokens.empty() || std::fwrite(tokens.data(), sizeof(int32_t), tokens.size(), f) == tokens.size());
     TS_CHECK(ok, "cannot write ", path);
   });
 }
@@ -193,6 +247,141 @@ void write_shard_from_text(const std::string& tmp, const std::string& shown, con
   TS_CHECK(std::fclose(f) == 0, "cannot write ", shown, ": ", std::strerror(errno));
 }
 
+// The shards of a token stream (prepare_token_shards): block b of 1 Ki ids goes to val when is_val_block(b, f),
+// each id written as it comes, 2 or 4 bytes (shard_token_bytes). A stream that ends with no whole val block takes
+// the short-text split instead: its last ⌊n·f⌋ ids (at least one) go to val. Every val id is then in the stream's
+// last block (the one partial block may have gone to val), so the fix-up moves fewer than 1 Ki + ⌊n·f⌋ ids, a few
+// thousand, between the ends of the two files.
+class TokenSplitWriter {
+ public:
+  TokenSplitWriter(const std::string (&paths)[2], const std::array<std::string, 2>& shown, double f, int64_t vocab)
+      : f_(f), width_(shard_token_bytes(vocab)) {
+    for (int k = 0; k < 2; ++k) {
+      out_[k].shown = shown[k];
+      out_[k].f = std::fopen(paths[k].c_str(), "w+b");
+      TS_CHECK(out_[k].f, "cannot write ", shown[k], ": ", std::strerror(errno));
+      write_header(out_[k]);  // the count is written at finish()
+    }
+  }
+  ~TokenSplitWriter() {
+    for (Out& o : out_)
+      if (o.f) std::fclose(o.f);
+  }
+  TokenSplitWriter(const TokenSplitWriter&) = delete;
+  TokenSplitWriter& operator=(const TokenSplitWriter&) = delete;
+
+  void append(std::span<const int32_t> ids) {
+    size_t i = 0;
+    while (i < ids.size()) {
+      const size_t block = n_ / kSplitBlock;
+      const size_t take = std::min(ids.size() - i, (block + 1) * kSplitBlock - n_);
+      Out& o = out_[is_val_block(block, f_) ? 1 : 0];
+      for (size_t j = i; j < i + take; ++j) put(o, static_cast<uint32_t>(ids[j]));
+      if (o.buf.size() >= kFlushBytes) flush(o);
+      n_ += take;
+      i += take;
+    }
+  }
+
+  // Flushes, applies the short-stream split, writes the counts and syncs both files. Returns {train, val}.
+  std::pair<size_t, size_t> finish() {
+    for (Out& o : out_) flush(o);
+    if (val_blocks_in(n_ / kSplitBlock, f_) == 0 && n_ > 0) move_tail_to_val();
+    for (Out& o : out_) {
+      TS_CHECK(o.count <= static_cast<size_t>(INT32_MAX), "prepare: ", o.shown, " would hold ", o.count,
+               " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
+      write_header(o);
+      const bool ok = std::fflush(o.f) == 0 && ::fsync(::fileno(o.f)) == 0;
+      TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
+      const int closed = std::fclose(o.f);
+      o.f = nullptr;
+      TS_CHECK(closed == 0, "cannot write ", o.shown, ": ", std::strerror(errno));
+    }
+    return {out_[0].count, out_[1].count};
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = size_t{2} << 20;
+  struct Out {
+    std::FILE* f = nullptr;
+    std::string shown;
+    std::vector<unsigned char> buf;
+    size_t count = 0;  // ids written or buffered
+  };
+
+  void put(Out& o, uint32_t id) {
+    unsigned char b[4];
+    std::memcpy(b, &id, 4);  // little-endian hosts only, as the shard format itself
+    if (width_ == 2) {
+      const auto id16 = static_cast<uint16_t>(id);
+      std::memcpy(b, &id16, 2);
+    }
+    o.buf.insert(o.buf.end(), b, b + width_);
+    ++o.count;
+  }
+  void flush(Out& o) {
+    const bool ok = o.buf.empty() || std::fwrite(o.buf.data(), 1, o.buf.size(), o.f) == o.buf.size();
+    TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
+    o.buf.clear();
+  }
+  void write_header(Out& o) {
+    const std::vector<int32_t> h = shard_header(width_ == 2 ? kShardVersion : kShardVersionU32, o.count);
+    const bool ok =
+        std::fseek(o.f, 0, SEEK_SET) == 0 && std::fwrite(h.data(), sizeof(int32_t), h.size(), o.f) == h.size();
+    TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
+  }
+  // The ids [from, o.count) of o's file, read back.
+  std::vector<uint32_t> read_back(Out& o, size_t from) {
+    std::vector<unsigned char> raw((o.count - from) * width_);
+    const long at = static_cast<long>(kShardHeaderInts * sizeof(int32_t) + from * width_);
+    const bool ok = std::fseek(o.f, at, SEEK_SET) == 0 &&
+                    (raw.empty() || std::fread(raw.data(), 1, raw.size(), o.f) == raw.size());
+    TS_CHECK(ok, "cannot read back ", o.shown, ": ", std::strerror(errno));
+    std::vector<uint32_t> ids(o.count - from);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      uint16_t v16 = 0;
+      uint32_t v32 = 0;
+      if (width_ == 2) std::memcpy(&v16, &raw[i * 2], 2);
+      else std::memcpy(&v32, &raw[i * 4], 4);
+      ids[i] = width_ == 2 ? v16 : v32;
+    }
+    return ids;
+  }
+  // Cuts o's file back to its first `keep` ids, positioned to append after them.
+  void truncate(Out& o, size_t keep) {
+    const long end = static_cast<long>(kShardHeaderInts * sizeof(int32_t) + keep * width_);
+    const bool ok =
+        std::fflush(o.f) == 0 && ::ftruncate(::fileno(o.f), end) == 0 && std::fseek(o.f, end, SEEK_SET) == 0;
+    TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
+    o.count = keep;
+  }
+  void move_tail_to_val() {
+    Out &train = out_[0], &val = out_[1];
+    const size_t tail = std::min<size_t>(n_, std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n_) * f_)));
+    // The stream is train's ids, then val's (all of them in the last block): its last `tail` become val.
+    std::vector<uint32_t> v = read_back(val, 0);
+    std::vector<uint32_t> moved;  // from the end of train to the front of val
+    if (tail >= v.size()) {
+      moved = read_back(train, train.count - (tail - v.size()));
+      truncate(train, train.count - moved.size());
+    } else {
+      truncate(train, train.count);
+      for (size_t i = 0; i < v.size() - tail; ++i) put(train, v[i]);
+      flush(train);
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() - tail));
+    }
+    truncate(val, 0);
+    for (uint32_t id : moved) put(val, id);
+    for (uint32_t id : v) put(val, id);
+    flush(val);
+  }
+
+  double f_;
+  int width_;
+  Out out_[2];
+  size_t n_ = 0;  // ids appended
+};
+
 // Undoes a prepare that does not finish: removes its temporary files, then the directories it created, innermost
 // first and each only when empty (so that files another process put there meanwhile stay).
 class PrepareUndo {
@@ -251,7 +440,8 @@ bool is_shard_file(const std::string& path) {
 }
 
 bool is_prepare_leftover(std::string_view name) {
-  for (const std::string_view kind : {".train_000000.bin.tmp.", ".val_000000.bin.tmp.", ".train_000000.bin.old."}) {
+  for (const std::string_view kind :
+       {".train_000000.bin.tmp.", ".val_000000.bin.tmp.", ".tokenizer.json.tmp.", ".train_000000.bin.old."}) {
     if (!name.starts_with(kind)) continue;
     const std::string_view pid = name.substr(kind.size());
     return !pid.empty() && pid.size() <= 10 && pid.find_first_not_of("0123456789") == std::string_view::npos;
@@ -275,21 +465,37 @@ void remove_prepare_leftovers(const fs::path& dir) {
 }
 }  // namespace
 
-PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
-  const double val_fraction = params.val_fraction;
-  TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
-  TS_CHECK(text.size() >= 2, "the text has ", counted(text.size(), "byte"),
-           "; at least 2 are needed (a train token and a val token)");
-  TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
-  const Split split(text.size(), val_fraction);
-  PrepareReport report{.n_train = split.count(false), .n_val = split.count(true), .removed = {}};
-  const fs::path dir(out_dir);
-  constexpr const char* kNames[2] = {"train_000000.bin", "val_000000.bin"};
-  const size_t counts[2] = {report.n_train, report.n_val};
-  for (int k = 0; k < 2; ++k)
-    TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kNames[k]).string(), " would hold ",
-             counts[k], " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
+namespace {
+constexpr const char* kShardNames[2] = {"train_000000.bin", "val_000000.bin"};
 
+// A hidden working file of this process in dir: ".<name>.tmp.<pid>".
+std::string hidden_temp(const fs::path& dir, const char* name) {
+  std::string hidden = ".";  // appended, not "." + std::string&& (GCC 12 -Wrestrict false positive)
+  hidden.append(name).append(".tmp.").append(std::to_string(::getpid()));
+  return (dir / hidden).string();
+}
+
+// Writes `text` to `path` and flushes it to disk (no rename: the caller renames it into place).
+void write_synced(const std::string& path, const std::string& shown, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  TS_CHECK(f, "cannot write ", shown, ": ", std::strerror(errno));
+  bool ok = text.empty() || std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int e = errno;
+  ok = std::fclose(f) == 0 && ok;
+  TS_CHECK(ok, "cannot write ", shown, ": ", std::strerror(e));
+}
+
+// Writes the train and val shards to temps[0] and temps[1], flushed to disk; returns their token counts.
+using WriteTemps = std::function<std::pair<size_t, size_t>(const std::string (&temps)[2])>;
+
+// What prepare_shards and prepare_token_shards share (data.h): the lock, the earlier shards, the temporary files
+// and the renames. tokenizer_json, when given, is written as out_dir/tokenizer.json with the shards; without it an
+// earlier tokenizer.json there is removed.
+PrepareReport prepare_into(const std::string& out_dir, const PrepareParams& params, const WriteTemps& write,
+                           const std::string* tokenizer_json) {
+  PrepareReport report;
+  const fs::path dir(out_dir);
   // The directory, made if missing, is locked before anything in it is read (PrepareParams::lock).
   PrepareUndo undo;
   undo.create(out_dir);
@@ -325,9 +531,9 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
                "directory");
       TS_CHECK(is_shard_file(e.path().string()), "prepare: ", out_dir, " holds ", name,
                ", which is named as a shard but is not one (no shard header), and would be ",
-               name == kNames[0] || name == kNames[1] ? "replaced" : "removed",
+               name == kShardNames[0] || name == kShardNames[1] ? "replaced" : "removed",
                ": move it, or prepare into another directory");
-      if (name == kNames[0] || name == kNames[1]) continue;
+      if (name == kShardNames[0] || name == kShardNames[1]) continue;
       stale.push_back(name);
     }
   }
@@ -336,16 +542,16 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   remove_prepare_leftovers(dir);
   std::string temps[2];
   for (int k = 0; k < 2; ++k) {
-    std::string name = ".";  // appended, not "." + std::string&& (GCC 12 -Wrestrict false positive)
-    name.append(kNames[k]).append(".tmp.").append(std::to_string(::getpid()));
-    temps[k] = (dir / name).string();
+    temps[k] = hidden_temp(dir, kShardNames[k]);
     undo.temp(temps[k]);
-    const size_t before = k == 0 ? 0 : counts[0];  // one token a byte: train's tokens come first
-    std::function<void(size_t)> written;
-    if (params.progress) written = [&](size_t n) { params.progress(before + n, text.size()); };
-    write_shard_from_text(temps[k], (dir / kNames[k]).string(), text, split, /*val=*/k == 1, counts[k], params.stop,
-                          written);
   }
+  std::string tok_temp;
+  if (tokenizer_json) {
+    tok_temp = hidden_temp(dir, kTokenizerFile);
+    undo.temp(tok_temp);
+    write_synced(tok_temp, (dir / kTokenizerFile).string(), *tokenizer_json);
+  }
+  const auto [n_train, n_val] = write(temps);
   throw_if_stopped(params.stop);
   {
     HoldSignals hold;
@@ -354,8 +560,9 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     // links, the entry moved there) until the val shard is in place: when that rename fails, it is put back, so
     // that the new train shard never stands beside the old val shard. Any entry but a directory is kept (a
     // symlink too, dangling or not: link() links the symlink itself); a directory there fails the first rename.
-    const std::string train = (dir / kNames[0]).string(), val = (dir / kNames[1]).string();
-    const std::string keep = (dir / (std::string(".") + kNames[0] + ".old." + std::to_string(::getpid()))).string();
+    const std::string train = (dir / kShardNames[0]).string(), val = (dir / kShardNames[1]).string();
+    const std::string keep =
+        (dir / (std::string(".") + kShardNames[0] + ".old." + std::to_string(::getpid()))).string();
     std::error_code ec;
     const fs::file_status old_train = fs::symlink_status(train, ec);
     const bool kept = fs::exists(old_train) && !fs::is_directory(old_train);
@@ -369,7 +576,7 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     // says where it is.
     const auto put_back = [&]() -> std::string {
       if (std::rename(keep.c_str(), train.c_str()) == 0) return "";
-      return "; the earlier " + std::string(kNames[0]) + " is at " + keep + " (" + std::strerror(errno) + ")";
+      return "; the earlier " + std::string(kShardNames[0]) + " is at " + keep + " (" + std::strerror(errno) + ")";
     };
     if (std::rename(temps[0].c_str(), train.c_str()) != 0) {
       const int e = errno;
@@ -385,6 +592,20 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
       TS_THROW("cannot write ", val, ": ", std::strerror(e), where);
     }
     if (kept) ::unlink(keep.c_str());
+    // The tokenizer's file after the shards: a crash between the renames (signals are held off) leaves the new
+    // shards beside the earlier tokenizer.json, never the new tokenizer.json beside the earlier shards' ids alone.
+    const std::string tokenizer = (dir / kTokenizerFile).string();
+    if (tokenizer_json) {
+      if (std::rename(tok_temp.c_str(), tokenizer.c_str()) != 0) {
+        const int e = errno;
+        fs::remove(tokenizer, ec);  // no file that names another tokenizer beside these shards
+        undo.done();
+        TS_THROW("prepare: wrote ", out_dir, "'s shards, but cannot write ", tokenizer, " beside them: ",
+                 std::strerror(e));
+      }
+    } else if (fs::is_regular_file(fs::symlink_status(tokenizer, ec))) {
+      fs::remove(tokenizer, ec);  // an earlier prepare's: these shards hold bytes
+    }
     undo.done();
     for (const std::string& name : stale) {
       fs::remove(dir / name, ec);
@@ -393,9 +614,60 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
     }
     fsync_dir(out_dir);
   }  // a signal held off since the renames began is delivered here, to the caller's handler
+  report.n_train = n_train;
+  report.n_val = n_val;
   report.removed = std::move(stale);
   report.stopped = params.stop ? static_cast<int>(*params.stop) : 0;
   return report;
+}
+
+}  // namespace
+
+PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params) {
+  const double val_fraction = params.val_fraction;
+  TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
+  TS_CHECK(text.size() >= 2, "the text has ", counted(text.size(), "byte"),
+           "; at least 2 are needed (a train token and a val token)");
+  TS_CHECK(val_fraction > 0 && val_fraction < 1, "prepare: val fraction must be in (0, 1)");
+  const Split split(text.size(), val_fraction);
+  const fs::path dir(out_dir);
+  const size_t counts[2] = {split.count(false), split.count(true)};
+  for (int k = 0; k < 2; ++k)
+    TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kShardNames[k]).string(),
+             " would hold ", counts[k], " tokens, more than a shard's header can count (", INT32_MAX,
+             "); split the text");
+  const WriteTemps write = [&](const std::string (&temps)[2]) {
+    for (int k = 0; k < 2; ++k) {
+      const size_t before = k == 0 ? 0 : counts[0];  // one token a byte: train's tokens come first
+      std::function<void(size_t)> written;
+      if (params.progress) written = [&](size_t n) { params.progress(before + n, text.size()); };
+      write_shard_from_text(temps[k], (dir / kShardNames[k]).string(), text, split, /*val=*/k == 1, counts[k],
+                            params.stop, written);
+    }
+    return std::make_pair(counts[0], counts[1]);
+  };
+  return prepare_into(out_dir, params, write, nullptr);
+}
+
+PrepareReport prepare_token_shards(const TokenSource& source, const std::string& out_dir, const PrepareParams& params,
+                                   const TokenShardParams& tokens) {
+  TS_CHECK(!out_dir.empty(), "prepare: the output directory is empty");
+  TS_CHECK(params.val_fraction > 0 && params.val_fraction < 1, "prepare: val fraction must be in (0, 1)");
+  TS_CHECK(tokens.vocab > 0 && tokens.vocab <= INT32_MAX, "prepare: a vocab of ", tokens.vocab, " tokens");
+  const fs::path dir(out_dir);
+  const WriteTemps write = [&](const std::string (&temps)[2]) {
+    TokenSplitWriter w(temps, {(dir / kShardNames[0]).string(), (dir / kShardNames[1]).string()},
+                       params.val_fraction, tokens.vocab);
+    source([&](std::span<const int32_t> ids) {
+      w.append(ids);
+      throw_if_stopped(params.stop);
+    });
+    const auto counts = w.finish();
+    TS_CHECK(counts.first + counts.second >= 2, "prepare: the text has ", counted(counts.first + counts.second,
+             "token"), "; at least 2 are needed (a train token and a val token)");
+    return counts;
+  };
+  return prepare_into(out_dir, params, write, &tokens.tokenizer_json);
 }
 
 std::pair<size_t, size_t> prepare_split_sizes(size_t text_bytes, double val_fraction) {
@@ -454,9 +726,9 @@ TokenStream::TokenStream(const std::vector<std::string>& shards, int vocab) {
     size_t count = 0;
     Shard s;
     int shard_max = -1;
-    s.file = map_shard(path, vocab, &count, &shard_max);
+    s.file = map_shard(path, vocab, &count, &shard_max, &s.width);
     max_token_ = std::max(max_token_, shard_max);
-    s.tokens = reinterpret_cast<const uint16_t*>(s.file.data() + kShardHeaderInts * sizeof(int32_t));
+    s.tokens = s.file.data() + kShardHeaderInts * sizeof(int32_t);
     s.file.advise_sequential();  // batches read the stream front to back
     size_ += count;
     s.end = size_;
@@ -478,13 +750,17 @@ void TokenStream::next_batch(int B, int T, int32_t* inputs, int32_t* targets) {
   while (j < need) {
     const Shard& sh = shards_[s];
     const uint64_t shard_begin = s ? shards_[s - 1].end : 0;
-    const uint16_t* src = sh.tokens + (p - shard_begin);
     const size_t take = static_cast<size_t>(std::min<uint64_t>(need - j, sh.end - p));
-    for (size_t i = 0; i < take; ++i, ++j) {
-      const int32_t t = src[i];
-      if (j + 1 < need) inputs[j] = t;
-      if (j > 0) targets[j - 1] = t;
-    }
+    const auto copy = [&](const auto* src) {
+      for (size_t i = 0; i < take; ++i, ++j) {
+        const auto t = static_cast<int32_t>(src[i]);
+        if (j + 1 < need) inputs[j] = t;
+        if (j > 0) targets[j - 1] = t;
+      }
+    };
+    const unsigned char* at = sh.tokens + (p - shard_begin) * sh.width;
+    if (sh.width == 2) copy(reinterpret_cast<const uint16_t*>(at));
+    else copy(reinterpret_cast<const uint32_t*>(at));
     p += take;
     ++s;
   }

@@ -1,11 +1,14 @@
 // tessera/train/data.h — token shards in llm.c's format, byte-level text ingestion, and the batch stream.
 //
-// Shard: a header of 256 int32 (magic 20240520, version 1, token count, then zeros), then count uint16 tokens.
+// Shard: a header of 256 int32 (magic 20240520, version, token count, then zeros), then count tokens:
+//   version 1 (llm.c's): uint16 tokens, for a vocab of at most 65536;
+//   version 2 (tessera's, for a wider vocab): header[3] = 4, the bytes of a token, then uint32 tokens.
 #pragma once
 #include <csignal>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,15 +18,24 @@
 namespace tessera {
 
 constexpr int32_t kShardMagic = 20240520;
-constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShardVersion = 1;     // uint16 tokens
+constexpr int32_t kShardVersionU32 = 2;  // uint32 tokens
 constexpr int kShardHeaderInts = 256;
+// The widest vocab whose ids all fit a version-1 shard's uint16.
+constexpr int64_t kShardU16Vocab = 65536;
+// The bytes of one token in the shards of a tokenizer with `vocab` tokens: 2 (version 1) or 4 (version 2).
+inline int shard_token_bytes(int64_t vocab) { return vocab <= kShardU16Vocab ? 2 : 4; }
 
 // Reads and validates a shard: missing file, short header, bad magic or version, and a size that does not
 // match the token count are one-line errors naming the file. Token ids >= vocab are rejected when vocab > 0.
 // (A copy of the tokens, for tools and tests; training maps the shards through TokenStream instead.)
+// read_shard reads version 1 only (a version-2 shard is an error saying so); read_shard_tokens reads both.
 std::vector<uint16_t> read_shard(const std::string& path, int vocab = 0);
-// Writes a shard atomically.
+std::vector<int32_t> read_shard_tokens(const std::string& path, int vocab = 0);
+// Writes a shard atomically: write_shard in version 1; write_shard_tokens in the version shard_token_bytes(vocab)
+// gives (every id must be in [0, vocab)).
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_shard_tokens(const std::string& path, std::span<const int32_t> tokens, int64_t vocab);
 
 // The byte-level tokenizer: one token per byte, vocab 256.
 constexpr int kByteVocab = 256;
@@ -79,10 +91,33 @@ class PrepareInterrupted : public std::exception {
  private:
   int signal_;
 };
+// A byte-level prepare also removes a tokenizer.json in out_dir (an earlier prepare's): the shards hold bytes now.
 PrepareReport prepare_shards(const std::string& text, const std::string& out_dir, const PrepareParams& params);
+
+// prepare_shards for the ids of a tokenizer, which `source` produces: it calls its sink with them a chunk at a
+// time, in order, and the sink writes each chunk out at once (the whole corpus's ids are never held).
+// Split: as prepare_shards splits a text's bytes, with 1 Ki-token blocks of the id stream in place of 1 KiB blocks
+// of text (and, for a stream with no whole val block, its last ⌊n·f⌋ ids, at least one). The shards are version 1
+// or 2 by shard_token_bytes(vocab); tokenizer_json (the tokenizer's Hugging Face file) is written as
+// out_dir/tokenizer.json with the same all-or-nothing renames, so that the directory names the tokenizer its ids
+// are of.
+// params.progress is not called: the source knows how much of its input it has read, and reports that itself.
+// At least 2 ids are needed (a train and a val token).
+struct TokenShardParams {
+  int64_t vocab = 0;
+  std::string tokenizer_json;
+};
+using TokenSink = std::function<void(std::span<const int32_t> ids)>;
+using TokenSource = std::function<void(const TokenSink& sink)>;
+PrepareReport prepare_token_shards(const TokenSource& source, const std::string& out_dir, const PrepareParams& params,
+                                   const TokenShardParams& tokens);
+// The name of the tokenizer file in a shard directory and in a checkpoint.
+constexpr const char* kTokenizerFile = "tokenizer.json";
+
 // Whether `name` is one of prepare's hidden working files (".train_000000.bin.tmp.<pid>", ".val_000000.bin.tmp.<pid>",
-// ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss) leaves them; the next prepare
-// into that directory removes those whose process is gone, and train --text accepts them in OUT/data.
+// ".tokenizer.json.tmp.<pid>", ".train_000000.bin.old.<pid>"). A prepare killed outright (SIGKILL, power loss)
+// leaves them; the next prepare into that directory removes those whose process is gone, and train --text accepts
+// them in OUT/data.
 bool is_prepare_leftover(std::string_view name);
 // Whether `path` is a shard by its header's magic: a regular file that begins with it. Reads its first 4 bytes
 // only, and nothing of what is not a regular file (a FIFO's first bytes would be taken from its reader). Throws
@@ -122,8 +157,9 @@ class TokenStream {
  private:
   struct Shard {
     MappedFile file;
-    const uint16_t* tokens = nullptr;  // inside the mapping, after the header
-    uint64_t end = 0;                  // position one past this shard's last token in the concatenation
+    const unsigned char* tokens = nullptr;  // inside the mapping, after the header
+    int width = 2;                          // bytes a token: 2 (uint16, version 1) or 4 (uint32, version 2)
+    uint64_t end = 0;                       // position one past this shard's last token in the concatenation
   };
   std::vector<Shard> shards_;
   uint64_t size_ = 0;

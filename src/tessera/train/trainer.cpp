@@ -174,6 +174,13 @@ void load_init_model(TrainOptions& o, TrainSetup& s) {
   TS_CHECK(fs::is_directory(o.init_from), "--init-from: ", given, " is not a checkpoint directory");
   s.init_model = load_checkpoint_model(o.init_from);
   o.model = s.init_model->config();
+  // Its tokenizer.json is carried into the new run's checkpoints where tessera reads it (a byte-level BPE); another
+  // kind (a Llama's SentencePiece-style file) is no reason to refuse the weights, and is left behind.
+  try {
+    s.state.tokenizer_json = read_dir_tokenizer(o.init_from);
+  } catch (const Error&) {
+    s.state.tokenizer_json.clear();
+  }
 }
 }  // namespace
 
@@ -349,6 +356,15 @@ void train_open_data(TrainSetup& s) {
   const uint64_t fingerprint = data_fingerprint(o.data);
   TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint, "--resume: ",
            o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
+  // Shards that name their tokenizer (prepare --tokenizer): the model's vocab must hold all of it, and the run's
+  // checkpoints carry it. Checked before the tokens: "token id 300 is not below the vocab 256" says less.
+  int64_t tokenizer_vocab = 0;
+  const std::string tokenizer = read_dir_tokenizer(o.data, &tokenizer_vocab);
+  TS_CHECK(tokenizer_vocab <= o.model.vocab, "data ", o.data, " was prepared with a tokenizer of ", tokenizer_vocab,
+           " tokens (its tokenizer.json), more than the model's vocab of ", o.model.vocab,
+           s.model || !o.init_from.empty() ? " (the checkpoint fixes the model): give data of a tokenizer that fits"
+                                           : ": give --vocab " + std::to_string(tokenizer_vocab) + " or more");
+  if (!tokenizer.empty()) s.state.tokenizer_json = tokenizer;
   s.train_data = std::make_unique<TokenStream>(train_shards, o.model.vocab);
   s.val_data.reset();
   // A directory with train shards alone trains without validation, as one shard file does.
