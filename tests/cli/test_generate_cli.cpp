@@ -208,5 +208,22 @@ TEST_F(GenerateCli, BadInputIsOneLineAndExit2) {
   }
 }
 
+// A model the engine does not run (sinusoidal positions) still continues one --prompt through the full-recompute
+// generate(); what only the batched loop does is refused, naming why.
+TEST_F(GenerateCli, SinusoidalModelsRunOnePromptAlone) {
+  ModelConfig c = test::small_config(256, 32, 1, 2, 48, 32);
+  c.positions = PositionKind::Sinusoidal;
+  Gpt m(c);
+  m.init_weights(2);
+  save_checkpoint((dir / "sin").string(), m, nullptr);
+  const std::string sin = "generate --checkpoint " + (dir / "sin").string() + " --device cpu --greedy --tokens 5 ";
+  const CliRun one = run(sin + "--prompt Hi");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(one.out.size(), 2u + 5u + 1u);
+  expect_error(run(sin + "--prompt Hi --json"), "generate: the inference engine runs learned (GPT-2) or rotary (Llama) "
+               "positions, not sinusoidal ones; such a model runs one --prompt with --temperature, --top-k, --top-p, "
+               "--seed and --max-new-tokens alone");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -42,8 +42,7 @@ void add_generate_flags(Flags& a) {
   a.add("prompt-file", "FILE", "prompts to continue: one a line (blank lines skipped), or JSONL with a \"prompt\" "
         "field (a .jsonl name, or a file whose first non-space character is '{')");
   a.add("batch", "N", "prompts per engine batch (default all of --prompt-file, up to 64)");
-  a.add("max-new-tokens", "N", "at most N new tokens a sequence; it also ends when prompt + new tokens pass the "
-        "context (default 200)");
+  a.add("max-new-tokens", "N", "at most N new tokens a sequence, fewer where its context fills first (default 200)");
   a.add("tokens", "N", "the same as --max-new-tokens");
   a.add("min-new-tokens", "N", "EOS cannot end a sequence before N new tokens (default 0)");
   a.add("device", "cpu|cuda|auto", "where the model runs: auto takes the GPU when there is one (default auto)");
@@ -58,7 +57,7 @@ void add_generate_flags(Flags& a) {
   a.add("presence-penalty", "X", "subtract X from the logit of every token seen (default 0)");
   a.add("frequency-penalty", "X", "subtract X times its count from a seen token's logit (default 0)");
   a.add_repeated("logit-bias", "ID:BIAS[,...]", "add BIAS to token ID's logit; -inf bans it (repeatable)");
-  a.add("seed", "N", "sampling seed; sequence j of a batch of B draws from Philox stream j mod B with seed N + "
+  a.add("seed", "N", "sampling seed; with --batch B, sequence j draws from Philox stream j mod B with seed N + "
         "j / B (default 0)");
   a.add_switch("greedy", "always take the most likely token (after the penalties and bias)");
   a.add_repeated("stop", "TEXT", "end a sequence where its text holds TEXT, cut before it (repeatable)");
