@@ -72,6 +72,7 @@ class Engine {
   int vocab() const { return V_; }
   int64_t logits_stride() const { return ld_; }
   KvCache& cache() { return cache_; }
+  Context& context() const { return ctx_; }  // the model's
 
   // Runs the prompts (each 1 .. max_prompt tokens; at most rows() of them) into rows 0 .. n-1; the other rows are
   // reset to position 0. Logits (n, V) of each prompt's last token.
@@ -90,7 +91,6 @@ class Engine {
   // The next decode step's input tokens, (rows()) int32 on the model's device: a device sampler writes its draws
   // here (no host copy), read_tokens() reads them back.
   Tensor next_tokens() const;
-  Context& context() const { return ctx_; }
   // Beam step: row b becomes a child of row parents[b] (S of them, host values; the device kernel does the work).
   void reorder(const std::vector<int32_t>& parents);
   // Row `row` of the last logits as f32 on the host.
