@@ -6,11 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TS_HOST_DEVICE __host__ __device__
-#else
-#define TS_HOST_DEVICE
-#endif
+#include "tessera/core/philox.h"  // TS_HOST_DEVICE (inline, and __host__ __device__ under nvcc)
 
 namespace tessera::beam {
 
@@ -38,19 +34,19 @@ struct Hyps {
   int32_t step[kMax + 1], row[kMax + 1];
 };
 
-TS_HOST_DEVICE inline void hyps_init(Hyps& h) {
+TS_HOST_DEVICE void hyps_init(Hyps& h) {
   h.n = 0;
   h.worst = 1e9f;
 }
 
 // HF's length term: generated_len ** length_penalty, in f64 as Python computes it.
-TS_HOST_DEVICE inline float hyp_score(float sum_logprobs, int generated_len, float length_penalty) {
+TS_HOST_DEVICE float hyp_score(float sum_logprobs, int generated_len, float length_penalty) {
   return static_cast<float>(sum_logprobs / pow(static_cast<double>(generated_len), static_cast<double>(length_penalty)));
 }
 
 // BeamHypotheses.add: keep it when there is room or it beats the worst; past K, drop the lowest score (the
 // earliest of equal ones) and the worst becomes the second lowest.
-TS_HOST_DEVICE inline void hyps_add(Hyps& h, int K, float score, int32_t step, int32_t row) {
+TS_HOST_DEVICE void hyps_add(Hyps& h, int K, float score, int32_t step, int32_t row) {
   if (!(h.n < K || score > h.worst)) return;
   h.score[h.n] = score;
   h.step[h.n] = step;
@@ -77,7 +73,7 @@ TS_HOST_DEVICE inline void hyps_add(Hyps& h, int K, float score, int32_t step, i
 
 // BeamHypotheses.is_done at generated length cur_len (the step's new tokens included), best = the entry's best
 // candidate sum of log-probs this step.
-TS_HOST_DEVICE inline bool hyps_is_done(const Hyps& h, const StepShape& s, float best, int cur_len) {
+TS_HOST_DEVICE bool hyps_is_done(const Hyps& h, const StepShape& s, float best, int cur_len) {
   if (h.n < s.K) return false;
   if (s.early_stopping == EarlyStopping::True) return true;
   const int len = s.early_stopping == EarlyStopping::Never && s.length_penalty > 0.0f ? s.max_new_tokens : cur_len;
@@ -89,7 +85,7 @@ TS_HOST_DEVICE inline bool hyps_is_done(const Hyps& h, const StepShape& s, float
 // Writes the K new beams: tokens, parents (the row each continues) and their running scores. A finished entry keeps
 // its rows (parent = itself), takes the pad token and score 0. HF raises where fewer than K candidates are not EOS;
 // here the missing beams are dead (score -inf, parent the entry's first row, the pad token).
-TS_HOST_DEVICE inline void entry_step(const StepShape& s, int b, int t, const float* cand_s, const int32_t* cand_i,
+TS_HOST_DEVICE void entry_step(const StepShape& s, int b, int t, const float* cand_s, const int32_t* cand_i,
                                       Hyps& h, int32_t& done, int32_t* tokens, int32_t* parents, float* scores) {
   const int base = b * s.K;
   if (done) {

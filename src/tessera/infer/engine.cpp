@@ -305,6 +305,9 @@ void Engine::prefill(const std::vector<std::vector<int32_t>>& prompts) {
   copy_bytes(cache_.pos().data(), ctx_.device(), pos.data(), Device::cpu(), pos.size() * sizeof(int32_t), ctx_);
   host_pos_ = std::vector<int>(pos.begin(), pos.end());
   ctx_.synchronize();  // the host vectors die here
+  // The caller's work of decode_with belongs to one generation: its graph goes (the stream is idle after the sync).
+  graph_[kStepWith] = CudaGraph();
+  eager_steps_[kStepWith] = 0;
 }
 
 void Engine::set_tokens(const std::vector<int32_t>& tokens) {
@@ -312,6 +315,13 @@ void Engine::set_tokens(const std::vector<int32_t>& tokens) {
   for (int32_t t : tokens) TS_CHECK(t >= 0 && t < V_, "engine: token id ", t, " is outside the vocab ", V_);
   copy_bytes(a_->next.data(), ctx_.device(), tokens.data(), Device::cpu(), tokens.size() * sizeof(int32_t), ctx_);
   ctx_.synchronize();
+}
+
+void Engine::set_tokens(const Tensor& tokens) {
+  TS_CHECK(tokens.dtype() == DType::I32 && tokens.numel() == S_ && tokens.device() == ctx_.device(),
+           "internal: engine set_tokens takes (", S_, ") i32 on ", ctx_.device().str());
+  copy_bytes(a_->next.data(), ctx_.device(), tokens.data(), ctx_.device(), static_cast<size_t>(S_) * sizeof(int32_t),
+             ctx_);
 }
 
 void Engine::enqueue_decode(bool greedy) {
@@ -325,11 +335,22 @@ void Engine::enqueue_decode(bool greedy) {
   positions_advance(cache_.pos(), ctx_);
 }
 
-void Engine::decode(bool greedy) {
+void Engine::decode(bool greedy) { run_step(greedy ? kStepGreedy : kStepPlain, nullptr, nullptr); }
+
+void Engine::decode_with(const std::function<void()>& before, const std::function<void()>& after) {
+  run_step(kStepWith, before, after);
+}
+
+void Engine::run_step(int kind, const std::function<void()>& before, const std::function<void()>& after) {
   for (int b = 0; b < S_; ++b)
     TS_CHECK(host_pos_[static_cast<size_t>(b)] < max_seq_, "engine: row ", b, " has filled the cache's ", max_seq_,
              " positions");
-  const int g = greedy ? 1 : 0;
+  const int g = kind;
+  auto enqueue = [&] {
+    if (before) before();
+    enqueue_decode(kind == kStepGreedy);
+    if (after) after();
+  };
   bool replayed = false;
   // On the GPU the first step of each kind runs eagerly (what the ops set up once: the cuBLASLt workspace, the RoPE
   // table, the scratch); the second is captured, and every later one replays the graph. A capture that fails
@@ -337,7 +358,7 @@ void Engine::decode(bool greedy) {
   if (ctx_.is_cuda() && opt_.cuda_graph && !graph_failed_ && cuda_graph_capture_supported() && eager_steps_[g] > 0) {
     if (!graph_[g].ready() || graph_scratch_[g] != ctx_.scratch_generation()) {
       try {
-        graph_[g].capture(ctx_, "the decode step", [&] { enqueue_decode(greedy); });
+        graph_[g].capture(ctx_, "the decode step", enqueue);
         graph_scratch_[g] = ctx_.scratch_generation();
         ++graph_captures_;
       } catch (const CudaGraphCaptureError&) {
@@ -352,7 +373,7 @@ void Engine::decode(bool greedy) {
     }
   }
   if (!replayed) {
-    enqueue_decode(greedy);
+    enqueue();
     ++eager_steps_[g];
   }
   for (int& p : host_pos_) ++p;
@@ -391,6 +412,13 @@ void Engine::reorder(const std::vector<int32_t>& parents) {
   cache_.reorder(flat(a_->parents, S_), ctx_);
   host_pos_ = pos;
   ctx_.synchronize();
+}
+
+void Engine::reorder(const Tensor& parents) {
+  TS_CHECK(cache_.slots().defined(), "engine: reorder needs a slot table (beams > 1)");
+  TS_CHECK(parents.dtype() == DType::I32 && parents.numel() == S_ && parents.device() == ctx_.device(),
+           "internal: engine reorder takes (", S_, ") i32 on ", ctx_.device().str());
+  cache_.reorder(parents, ctx_);
 }
 
 Tensor Engine::logits() const { return first_rows(a_->logits, last_rows_); }

@@ -79,10 +79,18 @@ class Engine {
   void prefill(const std::vector<std::vector<int32_t>>& prompts);
   // The input tokens of the next decode step, one per row (rows() of them), from the host.
   void set_tokens(const std::vector<int32_t>& tokens);
+  // The same from the device: tokens (rows()) i32 on the engine's device, copied on the stream (no host sync;
+  // graph-capturable). Ids are not checked on the host: decode_embedding clamps them to the vocab on the GPU.
+  void set_tokens(const Tensor& tokens);
   // One decode step over every row: the tokens set (or the last greedy step's) at each row's position; logits
   // (rows(), V). With greedy, each row's argmax becomes the next input token. Throws Error before running when a
   // row's position would pass max_seq.
   void decode(bool greedy);
+  // One decode step (no greedy argmax) with the caller's work queued on the stream before it (a beam step's reorder
+  // and token feed) and after it (the beam step over the new logits), all of which must be graph-capturable: on the
+  // GPU the whole is one CUDA graph, captured on the second call after a prefill and replayed after. From one
+  // prefill to the next, every call must queue the same work on the same tensors (a prefill drops the graph).
+  void decode_with(const std::function<void()>& before, const std::function<void()>& after);
   // The argmax of each row of the last logits (prefill or decode), through pinned memory on the GPU; also sets them
   // as the next step's input tokens (the rows a prefill did not run keep theirs).
   std::vector<int32_t> greedy_tokens();
@@ -93,6 +101,10 @@ class Engine {
   Tensor next_tokens() const;
   // Beam step: row b becomes a child of row parents[b] (S of them, host values; the device kernel does the work).
   void reorder(const std::vector<int32_t>& parents);
+  // The same from the device: parents (rows()) i32 on the engine's device, queued on the stream (no host sync;
+  // graph-capturable). The host cannot see the values, so each parents[b] must be a row at b's position (beam
+  // search: a row of the same entry, whose rows all share one position): the positions the host knows stay.
+  void reorder(const Tensor& parents);
   // Row `row` of the last logits as f32 on the host.
   std::vector<float> read_logits_row(int row) const;
   // The last logits: (rows of the last call, logits_stride()) on the model's device.
@@ -112,6 +124,9 @@ class Engine {
   // The final norm and the head over n rows of the residual stream (`last`: (n, C)) into the logits.
   void run_head(const Tensor& last, int n);
   void enqueue_decode(bool greedy);
+  // The step kinds, each with its own graph: decode(false), decode(true), decode_with.
+  static constexpr int kStepPlain = 0, kStepGreedy = 1, kStepWith = 2;
+  void run_step(int kind, const std::function<void()>& before, const std::function<void()>& after);
   void read_tokens_to(int n, int32_t* host);
 
   Model& model_;
@@ -126,9 +141,9 @@ class Engine {
   KvCache cache_;
   Buffer acts_;
   PinnedStaging pinned_;
-  CudaGraph graph_[2];  // [greedy]
-  int64_t graph_scratch_[2] = {-1, -1};
-  int eager_steps_[2] = {0, 0};
+  CudaGraph graph_[3];  // [kind]
+  int64_t graph_scratch_[3] = {-1, -1, -1};
+  int eager_steps_[3] = {0, 0, 0};
   bool graph_failed_ = false;
   int64_t graph_replays_ = 0, graph_captures_ = 0;
   std::vector<int> host_pos_;  // each row's position as the host knows it (the bound on the device's)
