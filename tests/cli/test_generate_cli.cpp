@@ -12,6 +12,7 @@
 
 #include "cli/cli_run.h"
 #include "tessera/core/file_io.h"
+#include "tessera/infer/beam_generate.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
@@ -206,6 +207,62 @@ TEST_F(GenerateCli, BadInputIsOneLineAndExit2) {
     SCOPED_TRACE(args);
     expect_error(run(gen + args), said);
   }
+}
+
+// --beams K: the library's beam_generate on the checkpoint's model, hypothesis for hypothesis, printed per prompt best
+// first; the settings beam search cannot take are refused.
+TEST_F(GenerateCli, BeamsPrintBeamGeneratesHypotheses) {
+  const std::string lines = file("p.txt", kPrompts[0] + "\n" + kPrompts[2] + "\n");
+  const CliRun r = run(gen + "--beams 3 --num-return-sequences 2 --max-new-tokens 5 --length-penalty 0.5 "
+                             "--early-stopping true --json --prompt-file " + lines);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto recs = records(r.out);
+  ASSERT_EQ(recs.size(), 4u) << r.out;
+  auto model = load_checkpoint_model((dir / "ck").string());
+  Engine engine(*model, {.batch = 2, .beams = 3, .max_prompt = static_cast<int>(kPrompts[2].size())});
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string* p : {&kPrompts[0], &kPrompts[2]})
+    prompts.push_back(std::vector<int32_t>(p->begin(), p->end()));
+  const auto want = beam_generate(engine, prompts, {.beams = 3, .max_new_tokens = 5, .length_penalty = 0.5f,
+                                                    .early_stopping = beam::EarlyStopping::True,
+                                                    .num_return_sequences = 2});
+  for (size_t i = 0; i < 4; ++i) {
+    const nlohmann::json& j = recs[i];
+    const BeamSequence& h = want[i / 2][i % 2];
+    EXPECT_EQ(j["index"], i / 2);
+    EXPECT_EQ(j["beam"], i % 2);
+    EXPECT_EQ(j["prompt"], i < 2 ? kPrompts[0] : kPrompts[2]);
+    EXPECT_EQ(j["tokens"], nlohmann::json(h.tokens));
+    EXPECT_FLOAT_EQ(j["score"].get<float>(), h.score);
+    EXPECT_EQ(j["finish_reason"], "length");
+  }
+  // Plain: the best hypothesis after its prompt.
+  const CliRun plain = run(gen + "--beams 3 --max-new-tokens 5 --length-penalty 0.5 --early-stopping true --prompt '" +
+                           kPrompts[0] + "'");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out, kPrompts[0] + byte_decode(want[0][0].tokens) + "\n");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--beams 2 --temperature 0.8", "--beams 2 searches for the most likely sequences, and --temperature 0.8 "
+                                      "samples: give one of them"},
+      {"--beams 2 --num-return-sequences 3", "--num-return-sequences 3 must lie in [1, 2] (at most --beams)"},
+      {"--beams 40", "--beams must lie in [1, 32], got 40"},
+      {"--beams 0", "--beams must be >= 1 (1: sampling or greedy), got 0"},
+      {"--length-penalty 2", "--length-penalty applies to beam search: give --beams K with K > 1"},
+      {"--beams 2 --early-stopping maybe", "--early-stopping must be true, false or never, got 'maybe'"},
+      {"--beams 2 --stop x", "--beams 2 does not take --stop (beam search runs on the plain log-probabilities, "
+                             "without sampling settings or stop strings)"},
+      {"--beams 2 --eos-id 1,2", "--beams 2 takes one --eos-id, got 2"},
+  };
+  for (const auto& [args, said] : cases) {
+    SCOPED_TRACE(args);
+    expect_error(run(gen + args), said);
+  }
+  // More beams than the vocab holds tokens.
+  Gpt narrow(test::small_config(/*vocab=*/8, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/16));
+  narrow.init_weights(1);
+  save_checkpoint((dir / "narrow").string(), narrow, nullptr);
+  expect_error(run("generate --device cpu --checkpoint " + (dir / "narrow").string() + " --beams 9 --prompt \"$(printf "
+                   "'\\001\\002')\""), "--beams 9 exceeds the vocabulary of 8 tokens");
 }
 
 // A model the engine does not run (sinusoidal positions) still continues one --prompt through the full-recompute

@@ -21,6 +21,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
+#include "tessera/infer/beam_generate.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generator.h"
 #include "tessera/models/model.h"
@@ -69,6 +70,13 @@ void add_generate_flags(Flags& a) {
                "{\"token\", \"logprob\" (null when outside the top N), \"top\": [[id, logprob], ...]}}");
   a.add("logprobs", "N", "with --json, the N most likely tokens of each step and their logprobs, N <= 20");
   a.add_switch("truncate-prompt", "keep the last tokens of a prompt longer than the context (else an error)");
+  a.add("beams", "K", "beam search with K beams, Hugging Face's generate(num_beams=K); 1 = sampling or greedy "
+        "(default 1)");
+  a.add("length-penalty", "X", "beam search: a hypothesis scores its log-probability / length^X (default 1.0)");
+  a.add("early-stopping", "true|false|never", "beam search: when a prompt is done, as Hugging Face's early_stopping "
+        "(default false)");
+  a.add("num-return-sequences", "N", "beam search: the N best hypotheses of each prompt, best first, N <= --beams "
+        "(default 1); --json adds \"beam\" and \"score\"");
 }
 
 // "12", strictly: the whole of `s` an int.
@@ -213,7 +221,7 @@ void put(const std::string& text) {
   if (!ok) throw OutputLost(__FILE__, __LINE__, std::string("cannot write standard output: ") + std::strerror(e));
 }
 
-std::string json_record(int index, const std::string& prompt, const GeneratedSequence& s) {
+nlohmann::json json_record(int index, const std::string& prompt, const GeneratedSequence& s) {
   nlohmann::json j = {{"index", index},
                       {"prompt", prompt},
                       {"tokens", s.tokens},
@@ -231,7 +239,12 @@ std::string json_record(int index, const std::string& prompt, const GeneratedSeq
     }
     j["logprobs"] = steps;
   }
-  // Text that is no valid UTF-8 (byte-level ids) is written with U+FFFD in its place; "tokens" keeps the ids.
+  return j;
+}
+
+// One record a line. Text that is no valid UTF-8 (byte-level ids) is written with U+FFFD in its place; "tokens"
+// keeps the ids.
+std::string json_line(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
@@ -282,7 +295,8 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
 // The flags the batched loop alone runs (a model the engine does not run takes the old single-row path).
 bool engine_flags_given(const Flags& a) {
   for (const char* f : {"prompt-file", "batch", "min-new-tokens", "min-p", "repetition-penalty", "presence-penalty",
-                        "frequency-penalty", "logit-bias", "stop", "eos-id", "ignore-eos", "json", "logprobs"})
+                        "frequency-penalty", "logit-bias", "stop", "eos-id", "ignore-eos", "json", "logprobs", "beams",
+                        "num-return-sequences"})
     if (a.has(f)) return true;
   return false;
 }
@@ -313,10 +327,87 @@ void run_generate(Model& model, const std::vector<std::string>& texts, const std
     }
     for (size_t i = 0; i < out.size(); ++i) {
       const size_t index = first + i;
-      if (json) put(json_record(static_cast<int>(index), texts[index], out[i]));
+      if (json) put(json_line(json_record(static_cast<int>(index), texts[index], out[i])));
       else if (stream) put("\n");
       else put((index > 0 ? std::string(kSeparator) + "\n" : std::string()) + texts[index] + out[i].text + "\n");
     }
+  }
+}
+
+
+// --beams K > 1: beam search (infer/beam_generate.h), deterministic, Hugging Face's generate(num_beams=K).
+struct BeamFlags {
+  int beams = 1;
+  BeamSearchOptions search;
+};
+
+BeamFlags read_beam_flags(const Flags& a, const GenerateOptions& o) {
+  BeamFlags f;
+  f.beams = a.integer("beams", 1);
+  TS_CHECK(f.beams >= 1, "--beams must be >= 1 (1: sampling or greedy), got ", f.beams);
+  const std::string es = a.str("early-stopping", "false");
+  TS_CHECK(es == "true" || es == "false" || es == "never", "--early-stopping must be true, false or never, got '", es,
+           "'");
+  const int n_return = a.integer("num-return-sequences", 1);
+  TS_CHECK(n_return >= 1 && n_return <= f.beams, "--num-return-sequences ", n_return, " must lie in [1, ", f.beams,
+           "] (at most --beams)");
+  if (f.beams == 1) {
+    for (const char* flag : {"length-penalty", "early-stopping"})
+      TS_CHECK(!a.has(flag), "--", flag, " applies to beam search: give --beams K with K > 1");
+    return f;
+  }
+  // Beam search draws nothing: a sampling setting would be ignored.
+  TS_CHECK(!a.has("temperature") || o.sampling.temperature == 0, "--beams ", f.beams, " searches for the most likely "
+           "sequences, and --temperature ", a.str("temperature"), " samples: give one of them");
+  for (const char* flag : {"top-k", "top-p", "min-p", "seed", "repetition-penalty", "presence-penalty",
+                           "frequency-penalty", "logit-bias", "min-new-tokens", "stop", "logprobs", "ignore-eos"})
+    TS_CHECK(!a.has(flag), "--beams ", f.beams, " does not take --", flag, " (beam search runs on the plain "
+             "log-probabilities, without sampling settings or stop strings)");
+  TS_CHECK(o.eos_ids.size() <= 1, "--beams ", f.beams, " takes one --eos-id, got ", o.eos_ids.size());
+  f.search = {.beams = f.beams, .max_new_tokens = o.max_new_tokens, .eos_id = o.eos_ids.empty() ? -1 : o.eos_ids[0],
+              .length_penalty = a.number_f32("length-penalty", 1.0f),
+              .early_stopping = es == "true"    ? beam::EarlyStopping::True
+                                : es == "never" ? beam::EarlyStopping::Never
+                                                : beam::EarlyStopping::False,
+              .num_return_sequences = n_return};
+  return f;
+}
+
+// Beam search over the prompts, `batch` prompts per engine of batch x beams rows; each prompt's hypotheses printed
+// best first, as sequences of their own (plain, or JSON records with "beam" and "score").
+void run_beams(Model& model, const std::vector<std::string>& texts, const std::vector<std::vector<int32_t>>& prompts,
+               BeamSearchOptions o, int batch, bool json) {
+  o.vocab = model.config().vocab;
+  o.batch = 1;
+  beam_search_check(o);  // before anything is printed
+  size_t printed = 0;
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch)) {
+    const size_t end = std::min(prompts.size(), first + static_cast<size_t>(batch));
+    const std::vector<std::vector<int32_t>> chunk(prompts.begin() + static_cast<std::ptrdiff_t>(first),
+                                                  prompts.begin() + static_cast<std::ptrdiff_t>(end));
+    size_t longest = 0;
+    for (const auto& p : chunk) longest = std::max(longest, p.size());
+    Engine engine(model, {.batch = static_cast<int>(chunk.size()), .beams = o.beams,
+                          .max_prompt = static_cast<int>(longest)});
+    const auto result = beam_generate(engine, chunk, o);
+    for (size_t i = 0; i < result.size(); ++i)
+      for (size_t j = 0; j < result[i].size(); ++j, ++printed) {
+        const BeamSequence& h = result[i][j];
+        GeneratedSequence s;
+        s.tokens = h.tokens;
+        const bool eos = o.eos_id >= 0 && !h.tokens.empty() && h.tokens.back() == o.eos_id;
+        s.finish = eos ? FinishReason::Eos : FinishReason::Length;
+        s.text = byte_decode(std::vector<int32_t>(h.tokens.begin(), eos ? h.tokens.end() - 1 : h.tokens.end()));
+        const size_t index = first + i;
+        if (json) {
+          nlohmann::json rec = json_record(static_cast<int>(index), texts[index], s);
+          rec["beam"] = j;
+          rec["score"] = h.score;
+          put(json_line(rec));
+        } else {
+          put((printed > 0 ? std::string(kSeparator) + "\n" : std::string()) + texts[index] + s.text + "\n");
+        }
+      }
   }
 }
 
@@ -332,6 +423,7 @@ int cmd_generate(int argc, char** argv) {
   if (!a.parse(argc, argv, 2)) return 0;
   // Every flag before the checkpoint is read; none is quietly turned into another.
   GenerateOptions o = read_generate_options(a);
+  const BeamFlags beams = read_beam_flags(a, o);
   const std::vector<std::string> texts = read_prompts(a);
   const int batch = a.integer("batch", std::min<int>(static_cast<int>(texts.size()), kDefaultBatchCap));
   TS_CHECK(batch >= 1, "--batch must be >= 1, got ", batch);
@@ -371,7 +463,8 @@ int cmd_generate(int argc, char** argv) {
                        .seed = o.sampling.seed});
     return 0;
   }
-  run_generate(*m.model, texts, prompts, o, batch, a.has("json"));
+  if (beams.beams > 1) run_beams(*m.model, texts, prompts, beams.search, batch, a.has("json"));
+  else run_generate(*m.model, texts, prompts, o, batch, a.has("json"));
   return 0;
 }
 
