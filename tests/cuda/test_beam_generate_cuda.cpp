@@ -75,6 +75,19 @@ TEST(BeamGenerateCuda, F32EqualsTheCpuEngine) {
       EXPECT_EQ(graphed.graph_captures(), 1);  // the beam step's graph, captured at step 2 (step 1 runs eagerly)
       EXPECT_GT(graphed.graph_replays(), 0);
     }
+    // A second search on the same engine: its prefill drops the graph bound to the first search's state, so the
+    // second captures its own and gives the same result.
+    const auto again = beam_generate(graphed, prompts, o);
+    for (int b = 0; b < 2; ++b) {
+      ASSERT_EQ(again[b].size(), got[b].size());
+      for (size_t i = 0; i < got[b].size(); ++i) {
+        EXPECT_EQ(again[b][i].tokens, got[b][i].tokens) << "again, prompt " << b << " hypothesis " << i;
+        EXPECT_EQ(again[b][i].score, got[b][i].score) << "again, prompt " << b << " hypothesis " << i;
+      }
+    }
+    if (cuda_graph_capture_supported()) {
+      EXPECT_EQ(graphed.graph_captures(), 2);
+    }
     EXPECT_EQ(eager.graph_replays(), 0);
   }
 }
