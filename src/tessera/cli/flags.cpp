@@ -58,6 +58,11 @@ void Flags::add(const std::string& name, const std::string& placeholder, const s
   names_.push_back(name);
 }
 
+void Flags::add_repeated(const std::string& name, const std::string& placeholder, const std::string& help) {
+  add(name, placeholder, help);
+  options_[name]->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 void Flags::add_switch(const std::string& name, const std::string& help) {
   options_[name] = app_->add_flag("--" + name, help);
   placeholders_[name] = "";
@@ -148,6 +153,8 @@ std::string Flags::str(const std::string& name, const std::string& fallback) con
   if (placeholders_.at(name).empty()) return "true";
   return o->results().back();
 }
+
+std::vector<std::string> Flags::all(const std::string& name) const { return option(name)->results(); }
 
 int Flags::integer(const std::string& name, int fallback) const {
   if (!has(name)) return fallback;

@@ -25,6 +25,8 @@ class Flags {
 
   // A flag that takes a value; `placeholder` is shown in help ("N", "FILE"). `name` has no dashes.
   void add(const std::string& name, const std::string& placeholder, const std::string& help);
+  // A flag that may be given several times, every value kept (all()); otherwise as add().
+  void add_repeated(const std::string& name, const std::string& placeholder, const std::string& help);
   // A switch without a value.
   void add_switch(const std::string& name, const std::string& help);
 
@@ -34,6 +36,8 @@ class Flags {
 
   bool has(const std::string& name) const;
   std::string str(const std::string& name, const std::string& fallback = "") const;
+  // Every value of a flag added with add_repeated, in the order given.
+  std::vector<std::string> all(const std::string& name) const;
   int integer(const std::string& name, int fallback) const;
   uint64_t u64(const std::string& name, uint64_t fallback) const;
   // A finite decimal number ("3e-4", "0.5"; not hex, "inf" or "nan"); one past double's range ("1e999") is out of

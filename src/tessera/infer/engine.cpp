@@ -423,6 +423,8 @@ void Engine::reorder(const Tensor& parents) {
 
 Tensor Engine::logits() const { return first_rows(a_->logits, last_rows_); }
 
+Tensor Engine::next_tokens() const { return flat(a_->next, S_); }
+
 std::vector<float> Engine::read_logits_row(int row) const {
   TS_CHECK(row >= 0 && row < last_rows_, "internal: engine logits row ", row, " of ", last_rows_);
   const size_t es = dtype_size(dtype_);

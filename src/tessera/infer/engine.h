@@ -96,6 +96,9 @@ class Engine {
   std::vector<int32_t> greedy_tokens();
   // The input tokens the last greedy decode wrote (its argmax), read back to the host.
   std::vector<int32_t> read_tokens();
+  // The next decode step's input tokens, (rows()) int32 on the model's device: a device sampler writes its draws
+  // here (no host copy), read_tokens() reads them back.
+  Tensor next_tokens() const;
   // Beam step: row b becomes a child of row parents[b] (S of them, host values; the device kernel does the work).
   void reorder(const std::vector<int32_t>& parents);
   // The same from the device: parents (rows()) i32 on the engine's device, queued on the stream (no host sync;
