@@ -36,7 +36,8 @@ void SelfAttention::declare_temps(PlanBuilder& pb, DType dt) {
 AttentionParams SelfAttention::params(const StepEnv& env) const {
   // RoPE rides with the attention op: q and k rotated on the way in, dQ and dK rotated back as they are stored.
   return {.B = env.B, .T = env.T, .H = s_.H, .Dh = s_.Dh, .causal = s_.causal, .dropout = env.attn_dropout,
-          .seed = env.seed, .stream = stream_probs_, .rope_theta = s_.rope_theta, .n_kv_heads = s_.Hkv};
+          .seed = env.seed, .stream = stream_probs_, .rope_theta = s_.rope_theta, .n_kv_heads = s_.Hkv,
+          .key_lens = key_lens_};
 }
 
 void SelfAttention::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {

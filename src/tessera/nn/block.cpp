@@ -21,9 +21,11 @@ Block::Block(std::string prefix, std::string group, const BlockShape& s)
                        .norm_bwd_event = -1,
                        .mid = Tensor{}});
   };
-  stage("attn", std::make_unique<SelfAttention>(prefix_, self));
+  auto attn = std::make_unique<SelfAttention>(prefix_, self);
+  self_ = attn.get();
+  stage("attn", std::move(attn));
   if (s.kind == BlockKind::DecoderCross) {
-    auto cross = std::make_unique<CrossAttention>(prefix_ + "cross.", s.attention);
+    auto cross = std::make_unique<CrossAttention>(prefix_ + "cross.", s.attention, s.cross_kv);
     cross_ = cross.get();
     stage("cross", std::move(cross));
   }

@@ -93,6 +93,7 @@ class PlanBuilder {
     Tensor* tensor;
     DType dtype;
     std::vector<int64_t> shape;
+    int id;  // the buffer's id in the plan (several builders may add to one plan: an encoder-decoder's two sides)
   };
   void plant(const std::string& name, int& first, int& last);
   MemoryPlan& mp_;
