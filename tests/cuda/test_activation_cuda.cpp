@@ -11,7 +11,7 @@ struct ActShape {
 };
 // One element, widths that are not multiples of the 8-wide vector, GPT-2's d_ff, and many short rows.
 constexpr ActShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {13, 3072}, {999, 8}};
-constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu};
+constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu, Activation::GeluErf};
 
 
 void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool misalign, Context& ctx,

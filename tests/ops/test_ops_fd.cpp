@@ -385,7 +385,7 @@ TEST_F(OpsFd, RopeAnglesArePositionOverThetaPower) {
 }
 
 TEST_F(OpsFd, Activations) {
-  for (Activation kind : {Activation::Gelu, Activation::Relu, Activation::Swiglu}) {
+  for (Activation kind : {Activation::Gelu, Activation::Relu, Activation::Swiglu, Activation::GeluErf}) {
     for (bool with_bias : {true, false}) {
       const ActivationParams p{.N = 3, .d_ff = 7, .kind = kind};
       const int in_w = kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;

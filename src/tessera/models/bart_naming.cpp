@@ -102,7 +102,9 @@ json bart_config_json(const EncDecConfig& c) {
           {"encoder_ffn_dim", c.d_ff},
           {"decoder_ffn_dim", c.d_ff},
           {"max_position_embeddings", c.max_seq},
-          {"activation_function", c.act == Activation::Relu ? "relu" : "gelu_new"},
+          {"activation_function", c.act == Activation::Relu   ? "relu"
+                                  : c.act == Activation::Gelu ? "gelu_new"
+                                                              : "gelu"},
           {"dropout", c.dropout},
           {"attention_dropout", c.attn_dropout},
           {"activation_dropout", c.act_dropout},
@@ -145,9 +147,9 @@ EncDecConfig encdec_config_from_bart_json(const json& j, const std::string& wher
   TS_CHECK(int_or("decoder_ffn_dim", 4096) == c.d_ff, where, ": decoder_ffn_dim differs from encoder_ffn_dim");
   c.max_seq = int_or("max_position_embeddings", 1024);
   const std::string act = j.contains("activation_function") ? json_string(j, "activation_function", where) : "gelu";
-  TS_CHECK(act == "relu" || act == "gelu_new", where, ": activation_function '", act,
-           "' is not one tessera computes (relu, gelu_new)");
-  c.act = act == "relu" ? Activation::Relu : Activation::Gelu;
+  TS_CHECK(act == "relu" || act == "gelu" || act == "gelu_new", where, ": activation_function '", act,
+           "' is not one tessera computes (relu, gelu, gelu_new)");
+  c.act = act == "relu" ? Activation::Relu : act == "gelu" ? Activation::GeluErf : Activation::Gelu;
   c.dropout = static_cast<float>(num_or("dropout", 0.1));
   c.attn_dropout = static_cast<float>(num_or("attention_dropout", 0.0));
   c.act_dropout = static_cast<float>(num_or("activation_dropout", 0.0));

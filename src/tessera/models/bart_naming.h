@@ -23,10 +23,10 @@ bool is_bart_compatible(const EncDecConfig& cfg, std::string* why = nullptr);
 // The BART tensors of an EncoderDecoder of `cfg` whose segments `params` holds; an Error when the config is not
 // BART's.
 std::vector<ExportTensor> bart_layout(const EncDecConfig& cfg, const ParamBuffer& params);
-// BartConfig's config.json for `cfg` (GELU in tessera's tanh form is transformers' "gelu_new").
+// BartConfig's config.json for `cfg` (GeluErf is transformers' "gelu", tessera's tanh Gelu its "gelu_new").
 nlohmann::json bart_config_json(const EncDecConfig& cfg);
 // The config a BartConfig's config.json describes; Error "<where>: <field> ..." for one tessera cannot follow
-// exactly (another model_type, an activation other than relu / gelu_new, unequal encoder and decoder widths or
+// exactly (another model_type, an activation other than relu, gelu or gelu_new, unequal encoder and decoder widths or
 // heads, normalize_before, add_final_layer_norm).
 EncDecConfig encdec_config_from_bart_json(const nlohmann::json& j, const std::string& where);
 

@@ -26,8 +26,8 @@ void EncDecConfig::validate() const {
            " is not divisible by n_kv_heads ", kv_heads());
   TS_CHECK(d_ff > 0 && d_ff <= kMaxWidth, "config: d_ff must be in [1, ", kMaxWidth, "], got ", d_ff);
   TS_CHECK(max_seq > 0 && max_seq <= kMaxSeq, "config: max_seq must be in [1, ", kMaxSeq, "], got ", max_seq);
-  TS_CHECK(act == Activation::Relu || act == Activation::Gelu, "config: an encoder-decoder's activation is relu or ",
-           "gelu, got ", activation_name(act));
+  TS_CHECK(act == Activation::Relu || act == Activation::Gelu || act == Activation::GeluErf,
+           "config: an encoder-decoder's activation is relu, gelu or gelu_erf, got ", activation_name(act));
   TS_CHECK(positions == PositionKind::Learned || positions == PositionKind::Sinusoidal,
            "config: an encoder-decoder's positions are learned or sinusoidal, got ", position_kind_name(positions));
   TS_CHECK(positions != PositionKind::Sinusoidal || d_model % 2 == 0,
@@ -59,7 +59,7 @@ EncDecConfig encdec_preset(std::string_view name) {
     return c;
   }
   if (name == "bart-base" || name == "tiny") {
-    // BART: post-norm, GELU, learned positions from row 2, a LayerNorm after each embedding, unscaled embeddings,
+    // BART: post-norm, exact GELU, learned positions from row 2, a LayerNorm after each embedding, unscaled embeddings,
     // shared and tied; pad 1, bos 0, eos 2, decoder start 2. bart-base's activation dropout of 0.1 is left at 0
     // until the MLP has one.
     const bool tiny = name == "tiny";
@@ -69,7 +69,7 @@ EncDecConfig encdec_preset(std::string_view name) {
     c.n_heads = tiny ? 4 : 12;
     c.d_ff = tiny ? 24 : 3072;
     c.max_seq = tiny ? 32 : 1024;
-    c.act = Activation::Gelu;
+    c.act = Activation::GeluErf;
     c.positions = PositionKind::Learned;
     c.pos_offset = 2;
     c.scale_embedding = false;

@@ -22,7 +22,7 @@ struct EncDecConfig {
   int d_ff = 512;
   int max_seq = 128;                                  // positions of the source and of the target
   NormPlacement placement = NormPlacement::Post;      // Pre: fairseq's --*-normalize-before, with final norms
-  Activation act = Activation::Relu;                  // Relu or Gelu (tanh form)
+  Activation act = Activation::Relu;                  // Relu, Gelu (tanh form) or GeluErf (BART's exact GELU)
   PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal or Learned
   int pos_offset = 0;                                 // rows of a learned position table before position 0 (BART: 2)
   bool scale_embedding = true;                        // token embeddings times sqrt(d_model)

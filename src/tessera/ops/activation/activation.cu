@@ -42,6 +42,21 @@ __device__ __forceinline__ float gelu_tanh_grad(float u) {
   return 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
 }
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+// The exact GELU, 0.5 u (1 + erf(u / sqrt 2)), and its derivative Φ(u) + u φ(u).
+__device__ __forceinline__ float gelu_erf(float u) { return 0.5f * u * (1.0f + erff(u * 0.70710678f)); }
+__device__ __forceinline__ float gelu_erf_grad(float u) {
+  return 0.5f * (1.0f + erff(u * 0.70710678f)) + u * 0.39894228f * expf(-0.5f * u * u);
+}
+// The activations without a gate, by the code the launchers pass: kActRelu, kActGelu (tanh form), kActGeluErf.
+enum : int { kActRelu = 0, kActGelu = 1, kActGeluErf = 2 };
+template <typename T>
+__device__ __forceinline__ float act_of(int act, float u) {
+  return act == kActGelu ? gelu_tanh<T>(u) : act == kActGeluErf ? gelu_erf(u) : fmaxf(u, 0.0f);
+}
+template <typename T>
+__device__ __forceinline__ float act_grad_of(int act, float u) {
+  return act == kActGelu ? gelu_tanh_grad<T>(u) : act == kActGeluErf ? gelu_erf_grad(u) : (u > 0.0f ? 1.0f : 0.0f);
+}
 
 // Gelu / Relu: out[n, f] = act(in[n, f] + bias[f]);  in, out: (N, F), bias: (F) or null.
 // Swiglu (kGlu): out[n, f] = silu(g) * u, g = in[n, f] + bias[f], u = in[n, F + f] + bias[F + f];
@@ -49,7 +64,7 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-
 // One thread per W-element unit of out (W = 16-byte pack or 1), grid-stride over N * F / W units.
 template <typename T, int W, bool kGlu>
 __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict__ bias, int64_t units, int F,
-                                        bool gelu) {
+                                        int act) {
   const int units_per_row = F / W;
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -89,7 +104,7 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
         for (int k = 0; k < W; ++k) x[k] += b[k];
       }
 #pragma unroll
-      for (int k = 0; k < W; ++k) y[k] = gelu ? gelu_tanh<T>(x[k]) : fmaxf(x[k], 0.0f);
+      for (int k = 0; k < W; ++k) y[k] = act_of<T>(act, x[k]);
     }
     cuda::store_f32<T, W>(out + n * F + f0, y);
   }
@@ -109,7 +124,7 @@ template <typename T, int W, bool kGlu>
 __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,
                                   uint32_t* __restrict__ counters, const T* d_out, const T* in,
-                                  const T* __restrict__ bias, int N, int F, bool gelu) {
+                                  const T* __restrict__ bias, int N, int F, int act) {
   constexpr int kHalves = kGlu ? 2 : 1;
   __shared__ float lanes[kTileRows][kHalves][kTileCols * W];
   const int f0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
@@ -165,7 +180,7 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
 #pragma unroll
           for (int k = 0; k < W; ++k) {
             const float u = x[j][0][k] + b[0][k];
-            d[k] = dy[j][k] * (gelu ? gelu_tanh_grad<T>(u) : (u > 0.0f ? 1.0f : 0.0f));
+            d[k] = dy[j][k] * act_grad_of<T>(act, u);
             acc[0][k] += cuda::round_to<T>(d[k]);
           }
           cuda::store_f32<T, W>(d_in + row + f0, d);
@@ -197,6 +212,10 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
                                                             f0 < F, &lanes[0][0][0]);
 }
 
+int act_code(Activation k) {
+  return k == Activation::Gelu ? kActGelu : k == Activation::GeluErf ? kActGeluErf : kActRelu;
+}
+
 bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {
   if (F % vec != 0) return false;
   for (const void* p : ptrs)
@@ -223,15 +242,16 @@ void with_variant(const ActivationParams& p, std::initializer_list<const void*> 
 void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, const void* in, const void* bias,
                              Context& ctx) {
   if (p.N == 0) return;
-  const bool gelu = p.kind == Activation::Gelu;
+  const int act = act_code(p.kind);
   cuda::dispatch_float(dtype, "activation_forward", [&](auto t) {
     using T = decltype(t);
     with_variant<T>(p, {out, in, bias}, [&](auto w, auto glu) {
       constexpr int W = decltype(w)::value;
       const int64_t units = static_cast<int64_t>(p.N) * (p.d_ff / W);
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      activation_forward_pack<T, W, decltype(glu)::value><<<grid, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(out), static_cast<const T*>(in), static_cast<const T*>(bias), units, p.d_ff, gelu);
+      activation_forward_pack<T, W, decltype(glu)::value>
+          <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(in),
+                                                static_cast<const T*>(bias), units, p.d_ff, act);
       TS_CHECK_LAUNCH();
     });
   });
@@ -240,7 +260,7 @@ void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, 
 void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in, void* d_bias, const void* d_out,
                               const void* in, const void* bias, Context& ctx) {
   if (p.N == 0) return;
-  const bool gelu = p.kind == Activation::Gelu;
+  const int act = act_code(p.kind);
   const int in_w = p.kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;
   cuda::dispatch_float(dtype, "activation_backward", [&](auto t) {
     using T = decltype(t);
@@ -258,7 +278,7 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_in), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out),
                                                static_cast<const T*>(in), static_cast<const T*>(bias), p.N, p.d_ff,
-                                               gelu);
+                                               act);
       TS_CHECK_LAUNCH();
     });
   });

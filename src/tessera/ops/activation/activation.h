@@ -1,6 +1,7 @@
 // tessera/ops/activation — bias + activation, fused.
 //
 // Gelu (tanh form, GPT-2's "gelu_new"): y = 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u³))),  u = x + bias
+// GeluErf (the exact form, BART's and torch's "gelu"): y = 0.5 u (1 + erf(u / sqrt(2)))
 // Relu: y = max(u, 0)
 // in, out: (N, d_ff); bias: (d_ff) or null.
 // Swiglu: in is (N, 2 d_ff) with each row [gate | up] (+ bias of 2 d_ff), y = silu(gate) * up: (N, d_ff),
@@ -15,7 +16,7 @@
 
 namespace tessera {
 
-enum class Activation { Gelu, Relu, Swiglu };
+enum class Activation { Gelu, Relu, Swiglu, GeluErf };
 
 Activation activation_from_name(std::string_view name);
 std::string_view activation_name(Activation a);
