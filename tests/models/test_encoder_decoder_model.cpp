@@ -1,10 +1,10 @@
 // EncoderDecoder on the CPU in fp64: the gradient of every parameter against central differences, in BART's form
 // (post-norm, GELU, learned positions from row 2, layernorm_embedding, shared and tied embeddings) and in the
 // pre-norm Transformer's (sinusoidal positions, scaled embeddings, ReLU, separate source and target tables, an
-// untied output, grouped KV heads), with dropout and attention dropout on under fixed streams, label smoothing,
-// and padded sources and targets. Padding is inert; a smaller batch reuses the plan and computes what a fresh plan
-// computes; the planned arena (buffers sharing memory by their lives) gives what a plan without reuse gives; a bad
-// batch is one line.
+// untied output, grouped KV heads), with dropout, attention and activation dropout on under fixed streams,
+// label smoothing, and padded sources and targets. Padding is inert; a smaller batch reuses the plan and computes what
+// a fresh plan computes; the planned arena (buffers sharing memory by their lives) gives what a plan without reuse
+// gives; a bad batch is one line.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -24,6 +24,7 @@ EncDecConfig bart_like() {
   c.n_heads = 4;
   c.d_ff = 12;
   c.max_seq = 7;
+  c.act_dropout = 0.2f;
   return c;
 }
 
@@ -42,6 +43,7 @@ EncDecConfig prenorm_transformer() {
   c.max_seq = 7;
   c.placement = NormPlacement::Pre;
   c.attn_dropout = 0.2f;
+  c.act_dropout = 0.1f;
   return c;
 }
 
@@ -219,8 +221,8 @@ TEST(EncoderDecoderModel, BadBatchesAreOneLine) {
             "unknown encoder-decoder preset 'transformer-small' (known: transformer-base, transformer-big, "
             "bart-base, tiny)");
   EncDecConfig bad = cfg;
-  bad.act_dropout = 0.1f;
-  EXPECT_EQ(test::error_of([&] { bad.validate(); }), "config: act_dropout 0.1 is not supported yet (0 only)");
+  bad.act_dropout = 1.0f;
+  EXPECT_EQ(test::error_of([&] { bad.validate(); }), "config: act_dropout must be in [0, 1), got 1");
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ const std::string kScript = std::string(TESSERA_SOURCE_DIR) + "/tests/oracle/hf_
 // A BART-shaped tiny model with GQA off, random weights larger than the init (so that every path matters).
 EncDecConfig tiny_bart() {
   EncDecConfig c = encdec_preset("tiny");
-  c.dropout = c.attn_dropout = 0.0f;
+  c.dropout = c.attn_dropout = c.act_dropout = 0.0f;
   return c;
 }
 

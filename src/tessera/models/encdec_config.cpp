@@ -36,7 +36,7 @@ void EncDecConfig::validate() const {
   TS_CHECK(pos_offset == 0 || positions == PositionKind::Learned, "config: pos_offset applies to learned positions");
   TS_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
   TS_CHECK(attn_dropout >= 0 && attn_dropout < 1, "config: attn_dropout must be in [0, 1), got ", attn_dropout);
-  TS_CHECK(act_dropout == 0, "config: act_dropout ", act_dropout, " is not supported yet (0 only)");
+  TS_CHECK(act_dropout >= 0 && act_dropout < 1, "config: act_dropout must be in [0, 1), got ", act_dropout);
   for (const auto& [name, id] :
        {std::pair{"pad_id", pad_id}, {"bos_id", bos_id}, {"eos_id", eos_id}, {"decoder_start_id", decoder_start_id}})
     TS_CHECK(id >= 0 && id < vocab && id < source_vocab(), "config: ", name, " ", id, " is outside the vocabulary");
@@ -60,8 +60,7 @@ EncDecConfig encdec_preset(std::string_view name) {
   }
   if (name == "bart-base" || name == "tiny") {
     // BART: post-norm, exact GELU, learned positions from row 2, a LayerNorm after each embedding, unscaled embeddings,
-    // shared and tied; pad 1, bos 0, eos 2, decoder start 2. bart-base's activation dropout of 0.1 is left at 0
-    // until the MLP has one.
+    // shared and tied; pad 1, bos 0, eos 2, decoder start 2.
     const bool tiny = name == "tiny";
     c.vocab = tiny ? 61 : 50265;
     c.enc_layers = c.dec_layers = tiny ? 2 : 6;
@@ -76,6 +75,7 @@ EncDecConfig encdec_preset(std::string_view name) {
     c.layernorm_embedding = true;
     c.dropout = 0.1f;
     c.attn_dropout = 0.1f;
+    c.act_dropout = 0.1f;
     return c;
   }
   std::string known;

@@ -31,7 +31,7 @@ struct EncDecConfig {
   bool tied_output = true;                            // the output projection is the target token table
   float dropout = 0.1f;                               // embeddings and every sublayer's output
   float attn_dropout = 0.0f;                          // on the attention probabilities
-  float act_dropout = 0.0f;                           // after the MLP's activation: refused above 0 (not built yet)
+  float act_dropout = 0.0f;                           // after the MLP's activation
   int pad_id = 1, bos_id = 0, eos_id = 2, decoder_start_id = 2;
   float norm_eps = 1e-5f;
 

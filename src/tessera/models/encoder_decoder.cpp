@@ -196,6 +196,7 @@ StepEnv EncoderDecoder::env(int T) const {
           .T = T,
           .dropout = dropout_p_,
           .attn_dropout = attn_dropout_p_,
+          .act_dropout = act_dropout_p_,
           .seed = seed_};
 }
 
@@ -258,15 +259,17 @@ double EncoderDecoder::forward(const Seq2SeqBatch& b, const ForwardOptions& opt)
     copy_bytes(a.tgt_out.data(), dev, out.data(), host, Nt * sizeof(int32_t), *ctx_);
   }
   const bool dropout_on = opt.training && cfg_.dropout > 0, attn_on = opt.training && cfg_.attn_dropout > 0;
-  TS_CHECK(!(dropout_on || attn_on) || opt.rng, "forward: training with dropout needs an RNG state");
+  const bool act_on = opt.training && cfg_.act_dropout > 0;
+  TS_CHECK(!(dropout_on || attn_on || act_on) || opt.rng, "forward: training with dropout needs an RNG state");
   dropout_p_ = dropout_on ? cfg_.dropout : 0.0f;
   attn_dropout_p_ = attn_on ? cfg_.attn_dropout : 0.0f;
-  seed_ = dropout_on || attn_on ? opt.rng->seed : 0;
+  act_dropout_p_ = act_on ? cfg_.act_dropout : 0.0f;
+  seed_ = dropout_on || attn_on || act_on ? opt.rng->seed : 0;
   Layers& lay = *layers_;
   lay.enc_emb.draw_streams(opt.rng, dropout_on);
-  for (Block& blk : lay.enc) blk.draw_streams(opt.rng, dropout_on, attn_on);
+  for (Block& blk : lay.enc) blk.draw_streams(opt.rng, dropout_on, attn_on, act_on);
   lay.dec_emb.draw_streams(opt.rng, dropout_on);
-  for (Block& blk : lay.dec) blk.draw_streams(opt.rng, dropout_on, attn_on);
+  for (Block& blk : lay.dec) blk.draw_streams(opt.rng, dropout_on, attn_on, act_on);
   clock_.last = -1;
   run_encoder(env(Ts_));
   const StepEnv ed = env(Tt_);

@@ -117,7 +117,7 @@ class EncoderDecoder {
   bool has_targets_ = false;
   float label_smoothing_ = 0.0f;
   std::optional<double> fused_scale_;
-  float dropout_p_ = 0.0f, attn_dropout_p_ = 0.0f;
+  float dropout_p_ = 0.0f, attn_dropout_p_ = 0.0f, act_dropout_p_ = 0.0f;
   uint64_t seed_ = 0;
 };
 

@@ -31,7 +31,7 @@ class SelfAttention final : public Sublayer {
   void schedule_backward(StepSchedule& s, const std::string& group) override;
   void declare_saved(PlanBuilder& pb, DType dtype) override;
   void declare_temps(PlanBuilder& pb, DType dtype) override;
-  void draw_streams(RngState* rng, bool attn_dropout_on) override {
+  void draw_streams(RngState* rng, bool attn_dropout_on, bool /*act_dropout_on*/) override {
     if (attn_dropout_on) stream_probs_ = rng->take();
   }
   // Each step's key lengths ((B) int32 on the device: keys t >= key_lens[b] of sequence b are masked, an encoder's

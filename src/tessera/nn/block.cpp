@@ -124,10 +124,10 @@ Tensor Block::stage_input(size_t k, const Tensor& x, int64_t N) const {
   return pre() ? rows(stages_[k].mid, N, s_.attention.C) : stages_[k - 1].norm.out(N);
 }
 
-void Block::draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on) {
+void Block::draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on, bool act_dropout_on) {
   if (dropout_on)
     for (Stage& st : stages_) st.stream = rng->take();
-  for (Stage& st : stages_) st.sub->draw_streams(rng, attn_dropout_on);
+  for (Stage& st : stages_) st.sub->draw_streams(rng, attn_dropout_on, act_dropout_on);
 }
 
 void Block::forward(const StepEnv& env, const Tensor& x, const Tensor& tmp) const {

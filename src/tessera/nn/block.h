@@ -83,7 +83,7 @@ class Block {
   void declare(PlanBuilder& pb, DType dtype, const std::string& out_name, int out_death);
   Tensor out(int64_t N) const;
 
-  void draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on);
+  void draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on, bool act_dropout_on = false);
   // x: the block's input (N, C); tmp: (N, C) scratch of the model.
   void forward(const StepEnv& env, const Tensor& x, const Tensor& tmp) const;
   // d_res: the gradient of the block's output on entry (pre-norm: as the reader's fused norm backward left it),

@@ -50,7 +50,7 @@ class CrossAttention final : public Sublayer {
   void schedule_backward(StepSchedule& s, const std::string& group) override;
   void declare_saved(PlanBuilder& pb, DType dtype) override;
   void declare_temps(PlanBuilder& pb, DType dtype) override;
-  void draw_streams(RngState* rng, bool attn_dropout_on) override {
+  void draw_streams(RngState* rng, bool attn_dropout_on, bool /*act_dropout_on*/) override {
     if (attn_dropout_on) stream_probs_ = rng->take();
   }
   void forward(const StepEnv& env, const Tensor& x, const Tensor& y) const override;

@@ -47,6 +47,13 @@ __device__ __forceinline__ float gelu_erf(float u) { return 0.5f * u * (1.0f + e
 __device__ __forceinline__ float gelu_erf_grad(float u) {
   return 0.5f * (1.0f + erff(u * 0.70710678f)) + u * 0.39894228f * expf(-0.5f * u * u);
 }
+// The output dropout of a launch (ActivationParams' dropout, its keep scale and streams).
+struct ActDropout {
+  float p = 0.0f, keep_scale = 1.0f;
+  uint64_t seed = 0, stream = 0;
+  const uint64_t* stream_base = nullptr;
+};
+
 // The activations without a gate, by the code the launchers pass: kActRelu, kActGelu (tanh form), kActGeluErf.
 enum : int { kActRelu = 0, kActGelu = 1, kActGeluErf = 2 };
 template <typename T>
@@ -62,9 +69,12 @@ __device__ __forceinline__ float act_grad_of(int act, float u) {
 // Swiglu (kGlu): out[n, f] = silu(g) * u, g = in[n, f] + bias[f], u = in[n, F + f] + bias[F + f];
 //   in: (N, 2F) rows [gate | up], out: (N, F), bias: (2F) or null.
 // One thread per W-element unit of out (W = 16-byte pack or 1), grid-stride over N * F / W units.
-template <typename T, int W, bool kGlu>
-__global__ void activation_forward_pack(T* out, const T* in, const T* __restrict__ bias, int64_t units, int F,
-                                        int act) {
+// kDrop: out times the dropout factors Z of its elements (index n F + f), as the reference draws them.
+template <typename T, int W, bool kGlu, bool kDrop>
+__global__ void activation_forward_pack(T* out, const T* in, const T* __restrict__ bias, int64_t units, int F, int act,
+                                        ActDropout drop) {
+  if constexpr (kDrop)
+    if (drop.stream_base) drop.stream += *drop.stream_base;  // Context::philox_stream_base (CUDA graphs)
   const int units_per_row = F / W;
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -106,6 +116,12 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 #pragma unroll
       for (int k = 0; k < W; ++k) y[k] = act_of<T>(act, x[k]);
     }
+    if constexpr (kDrop) {
+      float z[W];
+      cuda::dropout_factors_w<W>(drop.seed, drop.stream, static_cast<uint64_t>(n * F + f0), drop.p, drop.keep_scale, z);
+#pragma unroll
+      for (int k = 0; k < W; ++k) y[k] *= z[k];
+    }
     cuda::store_f32<T, W>(out + n * F + f0, y);
   }
 }
@@ -120,11 +136,13 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 // (cuda::last_block_of_chunk, counters: one per chunk): deterministic.
 // Blocks per SM: 5 without a gate (48 registers), 3 for SwiGLU (80 registers, no spill; it would spill at 5): bounds
 // that keep the one-wave grid resident.
-template <typename T, int W, bool kGlu>
+template <typename T, int W, bool kGlu, bool kDrop>
 __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,
                                   uint32_t* __restrict__ counters, const T* d_out, const T* in,
-                                  const T* __restrict__ bias, int N, int F, int act) {
+                                  const T* __restrict__ bias, int N, int F, int act, ActDropout drop) {
+  if constexpr (kDrop)
+    if (drop.stream_base) drop.stream += *drop.stream_base;
   constexpr int kHalves = kGlu ? 2 : 1;
   __shared__ float lanes[kTileRows][kHalves][kTileCols * W];
   const int f0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
@@ -153,6 +171,13 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
         const int n = n0 + j * step;
         if (n >= N) break;
         cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n) * F + f0, dy[j]);
+        if constexpr (kDrop) {
+          float z[W];
+          cuda::dropout_factors_w<W>(drop.seed, drop.stream, static_cast<uint64_t>(n) * F + f0, drop.p, drop.keep_scale,
+                                     z);
+#pragma unroll
+          for (int k = 0; k < W; ++k) dy[j][k] *= z[k];
+        }
 #pragma unroll
         for (int h = 0; h < kHalves; ++h)
           cuda::load_f32<T, W>(in + static_cast<int64_t>(n) * in_w + h * F + f0, x[j][h]);
@@ -223,18 +248,31 @@ bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Calls f(std::integral_constant<int, W>, std::bool_constant<kGlu>) for the kernel variant these arguments need.
+// Calls f(std::integral_constant<int, W>, std::bool_constant<kGlu>, std::bool_constant<kDrop>) for the kernel
+// variant these arguments need (without dropout, the kernels compile as they would without the option).
 template <typename T, typename Fn>
 void with_variant(const ActivationParams& p, std::initializer_list<const void*> ptrs, Fn&& f) {
   constexpr int V = cuda::Pack<T>::kVec;
   const bool vec = vector_ok(p.d_ff, V, ptrs);
+  const auto with_drop = [&](auto w, auto glu) {
+    if (p.dropout > 0.0f) f(w, glu, std::true_type{});
+    else f(w, glu, std::false_type{});
+  };
   if (p.kind == Activation::Swiglu) {
-    if (vec) f(std::integral_constant<int, V>{}, std::true_type{});
-    else f(std::integral_constant<int, 1>{}, std::true_type{});
+    if (vec) with_drop(std::integral_constant<int, V>{}, std::true_type{});
+    else with_drop(std::integral_constant<int, 1>{}, std::true_type{});
   } else {
-    if (vec) f(std::integral_constant<int, V>{}, std::false_type{});
-    else f(std::integral_constant<int, 1>{}, std::false_type{});
+    if (vec) with_drop(std::integral_constant<int, V>{}, std::false_type{});
+    else with_drop(std::integral_constant<int, 1>{}, std::false_type{});
   }
+}
+
+ActDropout act_dropout(const ActivationParams& p, Context& ctx) {
+  return {.p = p.dropout,
+          .keep_scale = cuda::dropout_keep_scale(p.dropout),
+          .seed = p.seed,
+          .stream = p.stream,
+          .stream_base = ctx.philox_stream_base()};
 }
 
 }  // namespace
@@ -245,13 +283,13 @@ void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, 
   const int act = act_code(p.kind);
   cuda::dispatch_float(dtype, "activation_forward", [&](auto t) {
     using T = decltype(t);
-    with_variant<T>(p, {out, in, bias}, [&](auto w, auto glu) {
+    with_variant<T>(p, {out, in, bias}, [&](auto w, auto glu, auto drop) {
       constexpr int W = decltype(w)::value;
       const int64_t units = static_cast<int64_t>(p.N) * (p.d_ff / W);
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      activation_forward_pack<T, W, decltype(glu)::value>
+      activation_forward_pack<T, W, decltype(glu)::value, decltype(drop)::value>
           <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(in),
-                                                static_cast<const T*>(bias), units, p.d_ff, act);
+                                                static_cast<const T*>(bias), units, p.d_ff, act, act_dropout(p, ctx));
       TS_CHECK_LAUNCH();
     });
   });
@@ -264,11 +302,11 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
   const int in_w = p.kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;
   cuda::dispatch_float(dtype, "activation_backward", [&](auto t) {
     using T = decltype(t);
-    with_variant<T>(p, {d_in, d_out, in, bias}, [&](auto w, auto glu) {
+    with_variant<T>(p, {d_in, d_out, in, bias}, [&](auto w, auto glu, auto drop) {
       constexpr int W = decltype(w)::value;
       const int col_chunks = static_cast<int>(ceil_div(p.d_ff / W, kTileCols));
       TS_CHECK(col_chunks <= Context::kArrivalCounters, "activation_backward: d_ff ", p.d_ff, " is too wide");
-      constexpr auto kernel = activation_backward_row_tiles<T, W, decltype(glu)::value>;
+      constexpr auto kernel = activation_backward_row_tiles<T, W, decltype(glu)::value, decltype(drop)::value>;
       const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
                                                    cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
                                                    ctx.gpu().sm_count);
@@ -277,8 +315,8 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_in), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out),
-                                               static_cast<const T*>(in), static_cast<const T*>(bias), p.N, p.d_ff,
-                                               act);
+                                               static_cast<const T*>(in), static_cast<const T*>(bias), p.N, p.d_ff, act,
+                                               act_dropout(p, ctx));
       TS_CHECK_LAUNCH();
     });
   });

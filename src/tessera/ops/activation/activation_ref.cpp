@@ -1,7 +1,8 @@
 #include <cmath>
 
-#include "tessera/core/parallel.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel.h"
+#include "tessera/core/philox.h"
 #include "tessera/ops/activation/activation.h"
 
 namespace tessera {
@@ -48,6 +49,13 @@ double act(Activation k, double u) {
 double act_grad(Activation k, double u) {
   return k == Activation::Gelu ? gelu_grad(u) : k == Activation::GeluErf ? gelu_erf_grad(u) : (u > 0 ? 1.0 : 0.0);
 }
+// The dropout factor of output element i: Z_i = keep_i / (1 - p), or 1 without dropout.
+template <typename T>
+T drop_factor(const ActivationParams& p, long i) {
+  if (p.dropout <= 0) return T(1);
+  const T keep_scale = T(1) / (T(1) - T(p.dropout));
+  return philox_keep(p.seed, p.stream, static_cast<uint64_t>(i), p.dropout) ? keep_scale : T(0);
+}
 }  // namespace
 
 template <typename T>
@@ -60,7 +68,7 @@ void activation_forward_ref(const ActivationParams& p, T* out, const T* in, cons
       for (int f = 0; f < F; ++f) {
         const double g = r[f] + (bias ? bias[f] : T(0));
         const double u = r[F + f] + (bias ? bias[F + f] : T(0));
-        out[n * F + f] = static_cast<T>(g * sigmoid(g) * u);
+        out[n * F + f] = static_cast<T>(g * sigmoid(g) * u) * drop_factor<T>(p, n * F + f);
       }
     }
     return;
@@ -69,7 +77,7 @@ void activation_forward_ref(const ActivationParams& p, T* out, const T* in, cons
   for (long n = 0; n < p.N; ++n) {
     for (int f = 0; f < F; ++f) {
       const double u = in[n * F + f] + (bias ? bias[f] : T(0));
-      out[n * F + f] = static_cast<T>(act(p.kind, u));
+      out[n * F + f] = static_cast<T>(act(p.kind, u)) * drop_factor<T>(p, n * F + f);
     }
   }
 }
@@ -88,7 +96,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
         const double g = r[f] + (bias ? bias[f] : T(0));
         const double u = r[F + f] + (bias ? bias[F + f] : T(0));
         const double s = sigmoid(g);
-        const double dy = d_out[n * F + f];
+        const double dy = d_out[n * F + f] * drop_factor<T>(p, n * F + f);
         const double dg = dy * u * s * (1.0 + g * (1.0 - s));
         const double du = dy * g * s;
         dr[f] = static_cast<T>(dg);
@@ -101,7 +109,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
       for (int f = 0; f < F; ++f) {
         const double u = in[n * F + f] + (bias ? bias[f] : T(0));
         const double grad = act_grad(p.kind, u);
-        d_in[n * F + f] = static_cast<T>(d_out[n * F + f] * grad);
+        d_in[n * F + f] = static_cast<T>(d_out[n * F + f] * drop_factor<T>(p, n * F + f) * grad);
       }
     }
   }
