@@ -269,12 +269,21 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
     TS_THROW("checkpoint ", given, " does not exist", why);
   }
   LoadedModel m;
-  m.model = load_checkpoint_model(ckpt);
-  // Weights that are NaN or inf (a diverged run's) are refused before anything is printed. The loaded model is f32
-  // on the CPU, so they are read in place.
   size_t non_finite = 0;
-  const float* weights = m.model->params().host_data<float>();
-  for (size_t i = 0; i < m.model->params().size(); ++i) non_finite += !std::isfinite(weights[i]);
+  if (gpu) {
+    // Straight into the GPU model in the compute dtype, without master weights, gradients or a CPU copy.
+    m.ctx = std::make_unique<Context>(Device::cuda(0));
+    InferenceModel loaded = load_inference_model(ckpt, *m.ctx, dtype);
+    m.model = std::move(loaded.model);
+    m.model->set_grad_memory(GradMemory::Planned);
+    non_finite = loaded.non_finite;
+  } else {
+    // The loaded model is f32 on the CPU, so its weights are read in place.
+    m.model = load_checkpoint_model(ckpt);
+    const float* weights = m.model->params().host_data<float>();
+    for (size_t i = 0; i < m.model->params().size(); ++i) non_finite += !std::isfinite(weights[i]);
+  }
+  // Weights that are NaN or inf (a diverged run's) are refused before anything is printed.
   TS_CHECK(non_finite == 0, "checkpoint ", given, ": ", counted(non_finite, "weight"), " of the model ",
            non_finite == 1 ? "is" : "are",
            " NaN or infinite (the run that wrote it diverged): nothing to generate from");
@@ -287,13 +296,6 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
            " tokens is not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of "
            "bytes below ",
            vocab, " can still be given)");
-  if (!gpu) return m;
-  // The GPU model in the compute dtype, without master weights or gradients; the CPU copy is freed.
-  m.ctx = std::make_unique<Context>(Device::cuda(0));
-  auto on_gpu = make_model(m.model->config(), *m.ctx, dtype, MasterWeights::Off);
-  on_gpu->set_grad_memory(GradMemory::Planned);
-  on_gpu->params().write_f32(m.model->params().read_f32(m.model->context()), *m.ctx);
-  m.model = std::move(on_gpu);
   return m;
 }
 
