@@ -15,6 +15,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
+#include "tessera/train/hold_signals.h"
 #include "tessera/train/data.h"
 #include "tessera/train/pair_data.h"
 #include "tessera/train/text.h"
@@ -78,24 +79,6 @@ void throw_if_stopped(const volatile std::sig_atomic_t* stop) {
   if (stop && *stop != 0) throw PrepareInterrupted(*stop);
 }
 
-// Holds SIGINT and SIGTERM back in this thread while it lives, so that no signal lands between the renames that put
-// the shards in place (ScopedSignals' handler records it; the caller reads it afterwards).
-class HoldSignals {
- public:
-  HoldSignals() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGINT);
-    sigaddset(&s, SIGTERM);
-    ::pthread_sigmask(SIG_BLOCK, &s, &old_);
-  }
-  ~HoldSignals() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-  HoldSignals(const HoldSignals&) = delete;
-  HoldSignals& operator=(const HoldSignals&) = delete;
-
- private:
-  sigset_t old_;
-};
 
 // The temporaries of a prepare and the directories it made, removed unless done() (the directories only when
 // empty, innermost first).
