@@ -74,7 +74,8 @@ TEST_F(CliMessages, GenerateRefusesNonFiniteWeightsBeforePrinting) {
 // "tessera: error: tessera prepare: --out DIR is required" said tessera twice.
 TEST_F(CliMessages, PrepareNamesAMissingFlagOnce) {
   write_file_atomic((dir / "t.txt").string(), std::string("some text"));
-  expect_error(run("prepare --out d", dir), "--text FILE is required");
+  expect_error(run("prepare --out d", dir),
+               "--text FILE is required (or --source and --target, or --pairs, for paired shards)");
   expect_error(run("prepare --text t.txt", dir), "--out DIR is required");
 }
 

@@ -1,12 +1,15 @@
 // End to end through the binary: tokenizer train (512 tokens) on a slice of the bundled corpus, prepare --tokenizer
-// on it, train a tiny model a few steps on those shards, and the checkpoint's tokenizer.json: the same file, loaded by
-// TextCodec (round trips) and by transformers' AutoTokenizer (the same ids). Bad input is one line and exit code 2.
+// on it, train a tiny model a few steps on those shards, generate from its checkpoint through the tokenizer, and the
+// checkpoint's tokenizer.json: the same file, loaded by TextCodec (round trips) and by transformers' AutoTokenizer
+// (the same ids). Bad input is one line and exit code 2.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
 
 #include <csignal>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_run.h"
 #include "tessera/tokenizer/formats.h"
@@ -145,6 +148,26 @@ TEST_F(PrepareTokenizer, TrainPrepareTrainCarriesTheTokenizerIntoTheCheckpoint) 
   EXPECT_EQ(enc, tok.encode(sentence));
   EXPECT_LT(enc.size(), sentence.size());
   EXPECT_EQ(codec.decode(enc), sentence);
+
+  // generate runs on that checkpoint through its tokenizer: the prompt is its BPE ids (fewer than its bytes), the
+  // text of a record is the tokenizer's decode of its tokens, and a streamed run prints the prompt and that text.
+  const std::string gen = "generate --checkpoint " + ckpt + " --device cpu --greedy --max-new-tokens 12 --prompt ";
+  const test::CliRun gj = run(gen + "'The Fox and the' --json --logprobs 1");
+  ASSERT_EQ(gj.code, 0) << gj.err;
+  const nlohmann::json rec = nlohmann::json::parse(gj.out);
+  const std::vector<int32_t> drawn = rec.at("tokens").get<std::vector<int32_t>>();
+  EXPECT_EQ(drawn.size(), 12u);
+  EXPECT_EQ(rec.at("text").get<std::string>(), codec.decode(drawn));
+  EXPECT_EQ(rec.at("logprobs").size(), 12u);
+  EXPECT_TRUE(std::any_of(drawn.begin(), drawn.end(), [](int32_t id) { return id >= 256; }))
+      << "no merged token drawn: the run does not show BPE decoding";
+  const test::CliRun gs = run(gen + "'The Fox and the'");
+  ASSERT_EQ(gs.code, 0) << gs.err;
+  EXPECT_EQ(gs.out, "The Fox and the" + codec.decode(drawn) + "\n");
+  const test::CliRun gb = run(gen + "'The Fox and the' --beams 2 --json");
+  ASSERT_EQ(gb.code, 0) << gb.err;
+  const nlohmann::json beam = nlohmann::json::parse(gb.out.substr(0, gb.out.find('\n')));
+  EXPECT_EQ(beam.at("text").get<std::string>(), codec.decode(beam.at("tokens").get<std::vector<int32_t>>()));
 
   // transformers loads the checkpoint's tokenizer and encodes the sentence to the same ids.
   write_text(d / "sentence.txt", sentence);

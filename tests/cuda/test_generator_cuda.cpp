@@ -24,7 +24,7 @@ std::string decode_chars(const std::vector<int32_t>& t) {
 std::vector<GeneratedSequence> run(Model& m, const std::vector<std::vector<int32_t>>& prompts,
                                    const GenerateOptions& o) {
   Engine e(m, generator_engine_options(prompts, static_cast<int>(prompts.size()), o, m.config().max_seq));
-  auto out = generate_batch(e, prompts, o, {.encode = {}, .decode = decode_chars});
+  auto out = generate_batch(e, prompts, o, TextDecoder(decode_chars));
   if (cuda_graph_capture_supported() && m.context().is_cuda()) {
     EXPECT_GT(e.graph_replays(), 0);
   }

@@ -30,7 +30,7 @@ std::string decode_chars(const std::vector<int32_t>& t) {
   for (int32_t id : t) s.push_back(static_cast<char>('A' + id));
   return s;
 }
-const TextCodec kCodec{.encode = {}, .decode = decode_chars};
+const TextDecoder kCodec = decode_chars;
 
 ModelConfig config(bool llama) {
   ModelConfig c = test::small_config(/*vocab=*/29, /*d_model=*/32, /*n_layers=*/2, /*n_heads=*/4, /*d_ff=*/40,
@@ -216,6 +216,55 @@ TEST(Generator, StopStringsCutTheTextAndStreamNothingCut) {
     EXPECT_EQ(streamed[b], cut[b].text) << b;
   }
   EXPECT_EQ(cut[2].finish, FinishReason::Stop);
+}
+
+// A decoder whose tokens cut UTF-8 characters ("\xE6\x97" the first two bytes of a 3-byte one, "\xA5" its last):
+// while a row runs, no streamed piece ends inside a character of the row's text, and the pieces add up to the text.
+// Whether position j of text falls inside a character: text[j] continues a lead byte that begins at most 3 bytes
+// before it and whose character is long enough to reach j.
+bool inside_utf8_char(const std::string& text, size_t j) {
+  if (j >= text.size() || (static_cast<unsigned char>(text[j]) & 0xC0) != 0x80) return false;
+  for (size_t k = 1; k <= 3 && k <= j; ++k) {
+    const auto c = static_cast<unsigned char>(text[j - k]);
+    if ((c & 0xC0) == 0x80) continue;
+    const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return n > k;
+  }
+  return false;
+}
+
+TEST(Generator, StreamsWholeUtf8Characters) {
+  Gpt m(config(false));
+  init(m, 5 + test::test_seed() % 1000);
+  std::mt19937_64 rng(test::test_seed());
+  const Prompts p = prompts_for(rng);
+  const TextDecoder cut_chars = [](const std::vector<int32_t>& t) {
+    std::string s;
+    for (int32_t id : t) s += id % 3 == 0 ? "\xE6\x97" : id % 3 == 1 ? "\xA5" : "x";
+    return s;
+  };
+  const GenerateOptions o = sampled(16, 3);
+  Engine e(m, generator_engine_options(p, static_cast<int>(p.size()), o, m.config().max_seq));
+  std::vector<std::vector<std::string>> pieces(p.size());
+  const auto out =
+      generate_batch(e, p, o, cut_chars, [&](int row, const std::string& piece) { pieces.at(row).push_back(piece); });
+  int held = 0;  // steps that end inside a character of the row's text: the case the hold-back is for
+  for (size_t b = 0; b < p.size(); ++b) {
+    std::string so_far;
+    for (size_t i = 0; i < pieces[b].size(); ++i) {
+      so_far += pieces[b][i];
+      if (i + 1 < pieces[b].size()) {
+        EXPECT_FALSE(inside_utf8_char(out[b].text, so_far.size())) << b << " piece " << i;
+      }
+    }
+    EXPECT_EQ(so_far, out[b].text) << b;
+    EXPECT_EQ(out[b].text, cut_chars(out[b].tokens)) << b;
+    for (size_t k = 1; k < out[b].tokens.size(); ++k)
+      held += inside_utf8_char(
+          out[b].text,
+          cut_chars({out[b].tokens.begin(), out[b].tokens.begin() + static_cast<std::ptrdiff_t>(k)}).size());
+  }
+  EXPECT_GT(held, 0) << "no row ever ended on a cut character: the test does not exercise the hold-back";
 }
 
 // The longest prompt fills the 24-position context after 24 - 20 + 1 new tokens while the others run on: it ends

@@ -63,7 +63,9 @@ void expect_fused_equals_separate(const CrossEntropyParams& p, std::vector<int32
     EXPECT_EQ(loss2[n], T(0)) << "ignored row " << n;
     for (int j = 0; j < p.V; ++j) ASSERT_EQ(z2[n * ld + j], T(0)) << "ignored row " << n << ", column " << j;
   }
-  // A counted row's gradient sums to 0 (softmax and the smoothed target both sum to 1) and is not all zero.
+  // A counted row's gradient sums to 0 (softmax and the smoothed target both sum to 1) and is not all zero. Its
+  // size, 2 (1 - p_label) / count without smoothing, is small for a row whose label the logits already favour
+  // (5.6e-4 at one seed), so "not zero" is any size far above the float noise of a zeroed row (exactly 0).
   for (int n = 0; n < p.N; ++n) {
     if (y[n] == p.ignore_index) continue;
     double s = 0, a = 0;
@@ -72,7 +74,7 @@ void expect_fused_equals_separate(const CrossEntropyParams& p, std::vector<int32
       a += std::abs(z2[n * ld + j]);
     }
     EXPECT_NEAR(s, 0.0, 1e-5) << n;
-    EXPECT_GT(a, 1e-3) << n;
+    EXPECT_GT(a, 1e-7) << n;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
@@ -43,6 +44,27 @@ TEST(Checkpoint, RoundTripEveryNaming) {
     auto b = load_checkpoint_model((d / "ck").string());
     ASSERT_EQ(b->params().size(), a.params().size());
     EXPECT_EQ(std::memcmp(a.params().host_data<float>(), b->params().host_data<float>(), a.params().size() * 4), 0);
+    fs::remove_all(d);
+  }
+}
+
+// The inference loader (straight into a model without master weights or a CPU copy) gives the training loader's
+// weights, bit for bit, and counts the weights that are NaN or infinite.
+TEST(Checkpoint, InferenceLoadEqualsTheTrainingLoadAndCountsNonFinite) {
+  for (const ModelConfig& cfg : {small(false), small(true)}) {
+    const fs::path d = temp_dir("infer_load");
+    Gpt a(cfg);
+    a.init_weights(test::test_seed());
+    save_checkpoint((d / "ck").string(), a, nullptr);
+    Context ctx(Device::cpu());
+    const InferenceModel b = load_inference_model((d / "ck").string(), ctx, DType::F32);
+    EXPECT_EQ(b.non_finite, 0u);
+    EXPECT_EQ(b.model->params().read_f32(ctx), a.params().read_f32(a.context()));
+    float* w = a.params().host_data<float>();
+    w[3] = std::numeric_limits<float>::quiet_NaN();
+    w[a.params().size() - 1] = -std::numeric_limits<float>::infinity();
+    save_checkpoint((d / "ck").string(), a, nullptr);
+    EXPECT_EQ(load_inference_model((d / "ck").string(), ctx, DType::F32).non_finite, 2u);
     fs::remove_all(d);
   }
 }

@@ -79,6 +79,11 @@ TEST(HfImport, LogitsEqualTransformers) {
     const fs::path d = fixtures() / name;
     const json r = refs_of(d);
     const auto model = load_checkpoint_model(d.string());
+    // The inference loader reads the same weights from the same directory.
+    Context cpu(Device::cpu());
+    const InferenceModel inference = load_inference_model(d.string(), cpu, DType::F32);
+    EXPECT_EQ(inference.non_finite, 0u);
+    EXPECT_EQ(inference.model->params().read_f32(cpu), model->params().read_f32(model->context()));
     const std::vector<int32_t> prompt = r["prompt"].get<std::vector<int32_t>>();
     const int T = static_cast<int>(prompt.size()), V = model->config().vocab;
     ASSERT_EQ(V, 96);

@@ -25,6 +25,7 @@
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generator.h"
 #include "tessera/models/model.h"
+#include "tessera/tokenizer/text_codec.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 
@@ -252,6 +253,7 @@ std::string json_line(const nlohmann::json& j) {
 struct LoadedModel {
   std::unique_ptr<Context> ctx;  // the GPU's (null on the CPU); outlives the model
   std::unique_ptr<Model> model;
+  std::unique_ptr<TextCodec> codec;  // the checkpoint's tokenizer.json, or bytes
 };
 
 LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
@@ -267,28 +269,33 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
     TS_THROW("checkpoint ", given, " does not exist", why);
   }
   LoadedModel m;
-  m.model = load_checkpoint_model(ckpt);
-  // Weights that are NaN or inf (a diverged run's) are refused before anything is printed. The loaded model is f32
-  // on the CPU, so they are read in place.
   size_t non_finite = 0;
-  const float* weights = m.model->params().host_data<float>();
-  for (size_t i = 0; i < m.model->params().size(); ++i) non_finite += !std::isfinite(weights[i]);
+  if (gpu) {
+    // Straight into the GPU model in the compute dtype, without master weights, gradients or a CPU copy.
+    m.ctx = std::make_unique<Context>(Device::cuda(0));
+    InferenceModel loaded = load_inference_model(ckpt, *m.ctx, dtype);
+    m.model = std::move(loaded.model);
+    m.model->set_grad_memory(GradMemory::Planned);
+    non_finite = loaded.non_finite;
+  } else {
+    // The loaded model is f32 on the CPU, so its weights are read in place.
+    m.model = load_checkpoint_model(ckpt);
+    const float* weights = m.model->params().host_data<float>();
+    for (size_t i = 0; i < m.model->params().size(); ++i) non_finite += !std::isfinite(weights[i]);
+  }
+  // Weights that are NaN or inf (a diverged run's) are refused before anything is printed.
   TS_CHECK(non_finite == 0, "checkpoint ", given, ": ", counted(non_finite, "weight"), " of the model ",
            non_finite == 1 ? "is" : "are",
            " NaN or infinite (the run that wrote it diverged): nothing to generate from");
   // Byte-level text in and out: a model whose vocab is narrower than the bytes is refused about the model, not
   // about a default prompt the user never gave.
   const int vocab = m.model->config().vocab;
-  TS_CHECK(vocab >= kByteVocab || a.has("prompt") || a.has("prompt-file"), "checkpoint ", given, ": the model's "
-           "vocab of ", vocab, " tokens is not the byte vocabulary (256), and generate reads and writes byte-level "
-           "text (a --prompt of bytes below ", vocab, " can still be given)");
-  if (!gpu) return m;
-  // The GPU model in the compute dtype, without master weights or gradients; the CPU copy is freed.
-  m.ctx = std::make_unique<Context>(Device::cuda(0));
-  auto on_gpu = make_model(m.model->config(), *m.ctx, dtype, MasterWeights::Off);
-  on_gpu->set_grad_memory(GradMemory::Planned);
-  on_gpu->params().write_f32(m.model->params().read_f32(m.model->context()), *m.ctx);
-  m.model = std::move(on_gpu);
+  m.codec = std::make_unique<TextCodec>(TextCodec::for_checkpoint(ckpt, vocab));
+  const bool text_fits = !m.codec->byte_level() || vocab >= kByteVocab || a.has("prompt") || a.has("prompt-file");
+  TS_CHECK(text_fits, "checkpoint ", given, ": the model's vocab of ", vocab,
+           " tokens is not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of "
+           "bytes below ",
+           vocab, " can still be given)");
   return m;
 }
 
@@ -304,9 +311,9 @@ bool engine_flags_given(const Flags& a) {
 // Runs the prompts in batches and prints them: a single plain sequence streams (prompt, then the text as drawn);
 // otherwise each batch's sequences are printed when it ends, plain (prompt + text, a "---" line between sequences)
 // or as JSON records.
-void run_generate(Model& model, const std::vector<std::string>& texts, const std::vector<std::vector<int32_t>>& prompts,
-                  GenerateOptions o, int batch, bool json) {
-  const TextCodec codec{.encode = {}, .decode = [](const std::vector<int32_t>& t) { return byte_decode(t); }};
+void run_generate(Model& model, const TextCodec& codec, const std::vector<std::string>& texts,
+                  const std::vector<std::vector<int32_t>>& prompts, GenerateOptions o, int batch, bool json) {
+  const TextDecoder decode = [&codec](const std::vector<int32_t>& t) { return codec.decode(t); };
   Engine engine(model, generator_engine_options(prompts, batch, o, model.config().max_seq));
   const bool stream = prompts.size() == 1 && !json;
   const uint64_t seed = o.sampling.seed;
@@ -318,7 +325,7 @@ void run_generate(Model& model, const std::vector<std::string>& texts, const std
     if (stream) put(texts[0]);
     std::vector<GeneratedSequence> out;
     try {
-      out = generate_batch(engine, chunk, o, codec,
+      out = generate_batch(engine, chunk, o, decode,
                            stream ? OnText([](int, const std::string& piece) { put(piece); }) : OnText());
     } catch (...) {
       // The streamed text so far ends its line; the error follows on stderr. Unchecked: the error may be stdout's.
@@ -333,7 +340,6 @@ void run_generate(Model& model, const std::vector<std::string>& texts, const std
     }
   }
 }
-
 
 // --beams K > 1: beam search (infer/beam_generate.h), deterministic, Hugging Face's generate(num_beams=K).
 struct BeamFlags {
@@ -375,8 +381,8 @@ BeamFlags read_beam_flags(const Flags& a, const GenerateOptions& o) {
 
 // Beam search over the prompts, `batch` prompts per engine of batch x beams rows; each prompt's hypotheses printed
 // best first, as sequences of their own (plain, or JSON records with "beam" and "score").
-void run_beams(Model& model, const std::vector<std::string>& texts, const std::vector<std::vector<int32_t>>& prompts,
-               BeamSearchOptions o, int batch, bool json) {
+void run_beams(Model& model, const TextCodec& codec, const std::vector<std::string>& texts,
+               const std::vector<std::vector<int32_t>>& prompts, BeamSearchOptions o, int batch, bool json) {
   o.vocab = model.config().vocab;
   o.batch = 1;
   beam_search_check(o);  // before anything is printed
@@ -397,7 +403,7 @@ void run_beams(Model& model, const std::vector<std::string>& texts, const std::v
         s.tokens = h.tokens;
         const bool eos = o.eos_id >= 0 && !h.tokens.empty() && h.tokens.back() == o.eos_id;
         s.finish = eos ? FinishReason::Eos : FinishReason::Length;
-        s.text = byte_decode(std::vector<int32_t>(h.tokens.begin(), eos ? h.tokens.end() - 1 : h.tokens.end()));
+        s.text = codec.decode(std::span<const int32_t>(h.tokens.data(), h.tokens.size() - (eos ? 1 : 0)));
         const size_t index = first + i;
         if (json) {
           nlohmann::json rec = json_record(static_cast<int>(index), texts[index], s);
@@ -414,11 +420,13 @@ void run_beams(Model& model, const std::vector<std::string>& texts, const std::v
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
-  Flags a("generate", "Continues a prompt, or each prompt of a file, with a trained model. Text in and out is\n"
-                      "byte-level: a generated id above 255 (a model with a wider vocab) is no byte and is printed as\n"
-                      "<id N>. One sequence streams its text as drawn; several print each sequence (prompt and\n"
-                      "continuation) when its batch ends, with a line \"---\" between sequences, or with --json one\n"
-                      "record a line.");
+  Flags a("generate",
+          "Continues a prompt, or each prompt of a file, with a trained model. Text in and out goes\n"
+          "through the checkpoint's tokenizer.json; a checkpoint without one is byte-level, and an id\n"
+          "the tokenizer has no text for (above 255 there) is printed as <id N>. One sequence\n"
+          "streams its text as drawn, whole characters at a time; several print each sequence (prompt and\n"
+          "continuation) when its batch ends, with a line \"---\" between sequences, or with --json one\n"
+          "record a line.");
   add_generate_flags(a);
   if (!a.parse(argc, argv, 2)) return 0;
   // Every flag before the checkpoint is read; none is quietly turned into another.
@@ -443,7 +451,7 @@ int cmd_generate(int argc, char** argv) {
   generate_options_check(o, cfg.vocab);
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < texts.size(); ++i) {
-    std::vector<int32_t> t = encode_prompt(texts[i], cfg.vocab);
+    std::vector<int32_t> t = m.codec->encode(texts[i]);
     TS_CHECK(!t.empty(), "generate: the prompt is empty", texts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "");
     if (static_cast<int>(t.size()) > cfg.max_seq) {
       TS_CHECK(a.has("truncate-prompt"), "generate: ", texts.size() > 1 ? "prompt " + std::to_string(i) + " has " :
@@ -458,13 +466,15 @@ int cmd_generate(int argc, char** argv) {
     // The full-recompute generate(): one prompt, the sampling flags of the single-row sampler.
     TS_CHECK(!engine_flags_given(a) && o.sampling.min_p == 0, "generate: ", why, "; such a model runs one --prompt "
              "with --temperature, --top-k, --top-p, --seed and --max-new-tokens alone");
+    TS_CHECK(m.codec->byte_level(), "generate: ", why,
+             "; such a model runs byte-level text only, and this checkpoint has a tokenizer (", m.codec->source(), ")");
     generate_streamed(*m.model, prompts[0], o.max_new_tokens,
                       {.temperature = o.sampling.temperature, .top_k = o.sampling.top_k, .top_p = o.sampling.top_p,
                        .seed = o.sampling.seed});
     return 0;
   }
-  if (beams.beams > 1) run_beams(*m.model, texts, prompts, beams.search, batch, a.has("json"));
-  else run_generate(*m.model, texts, prompts, o, batch, a.has("json"));
+  if (beams.beams > 1) run_beams(*m.model, *m.codec, texts, prompts, beams.search, batch, a.has("json"));
+  else run_generate(*m.model, *m.codec, texts, prompts, o, batch, a.has("json"));
   return 0;
 }
 

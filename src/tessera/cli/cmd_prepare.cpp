@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "tessera/tokenizer/formats.h"
 #include "tessera/train/corpus.h"
 #include "tessera/train/data.h"
+#include "tessera/train/pair_data.h"
 #include "tessera/train/text.h"
 
 namespace tessera::cli {
@@ -153,10 +156,54 @@ PrepareReport prepare_bytes(const Flags& a, const std::string& out, double val_f
   return prepare_shards(text, out, {.val_fraction = val_fraction, .stop = &g_prepare_stop, .progress = bar.callback()});
 }
 
+// prepare --source/--target or --pairs: parallel text into paired shards (train/pair_data.h), through the tokenizer
+// or bytes.
+int prepare_pairs(const Flags& a, const std::string& out, double val_fraction) {
+  TS_CHECK(!a.has("text"), "--text is for token shards; paired shards take --source and --target, or --pairs");
+  TS_CHECK(!(a.has("pairs") && (a.has("source") || a.has("target"))),
+           "give --pairs FILE.tsv, or --source and --target, not both");
+  TS_CHECK(a.has("pairs") || (a.has("source") && a.has("target")), "--", a.has("source") ? "source" : "target",
+           " needs --", a.has("source") ? "target" : "source", " FILE: the two files pair line by line");
+  for (const char* f : {"text-field", "threads"})
+    TS_CHECK(!a.has(f), "--", f, " is for a prepare of --text files; paired shards read one sentence a line");
+  const int max_positions = a.integer("max-positions", 0);
+  TS_CHECK(!a.has("max-positions") || max_positions >= 2, "--max-positions must be at least 2, got ",
+           a.str("max-positions"));
+  const PairLines lines = a.has("pairs") ? read_pairs_tsv(a.str("pairs"))
+                                         : read_parallel_files(a.str("source"), a.str("target"));
+  PairPrepareParams params{.val_fraction = val_fraction, .max_positions = max_positions, .stop = &g_prepare_stop};
+  std::optional<BpeTokenizer> tok;
+  LineEncoder encode = [](std::string_view line, std::vector<int32_t>& ids) {
+    for (const unsigned char c : line) ids.push_back(c);
+  };
+  if (a.has("tokenizer")) {
+    std::vector<std::string> specials;
+    if (a.has("tiktoken-special")) specials.push_back(a.str("tiktoken-special"));
+    const LoadedTokenizer loaded = load_tokenizer(a.str("tokenizer"), specials);
+    tok.emplace(loaded.model, loaded.path);
+    params.vocab = static_cast<int64_t>(tok->vocab_size());
+    params.tokenizer_json = tokenizer_json_text(loaded);
+    encode = [&tok, state = std::make_shared<BpeEncodeState>()](std::string_view line, std::vector<int32_t>& ids) {
+      tok->encode(line, allow_all_specials(), ids, *state);
+    };
+  }
+  PairPrepareReport r;
+  try {
+    r = prepare_pair_shards(lines, encode, out, params);
+  } catch (const PrepareInterrupted& e) {
+    return prepare_interrupted(e.signal(), out);
+  }
+  std::printf("wrote %zu train and %s to %s (%s, %s)\n", r.n_train, counted(r.n_val, "val pair").c_str(), out.c_str(),
+              counted(r.source_tokens, "source token").c_str(), counted(r.target_tokens, "target token").c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_prepare(int argc, char** argv) {
-  Flags a("prepare", "Turns text into llm.c-format token shards: byte-level, or through a BPE tokenizer.");
+  Flags a("prepare",
+          "Turns text into llm.c-format token shards, or parallel text (--source/--target, --pairs) into paired "
+          "shards: byte-level, or through a BPE tokenizer.");
   a.add("text", "FILE",
         "the text: UTF-8 (one document), or with --tokenizer a .jsonl file (one JSON document a "
         "line); with --tokenizer, repeat it for more files, in order");
@@ -164,6 +211,14 @@ int cmd_prepare(int argc, char** argv) {
         "encode with this BPE tokenizer (tokenizer.json, vocab.json + merges.txt, a .tiktoken "
         "file, or a directory holding one), copied into --out as tokenizer.json; <|endoftext|>, where it has it, "
         "goes between documents (default: bytes, vocab 256)");
+  a.add("source", "FILE", "paired shards: the source sentences, one a line (with --target)");
+  a.add("target", "FILE", "paired shards: the target sentences, line i the translation of --source's line i");
+  a.add("pairs", "FILE",
+        "paired shards from one TSV file, source<TAB>target a line (tessera make-task writes one); --out then "
+        "gets train_000000.pairs and val_000000.pairs");
+  a.add("max-positions", "N",
+        "paired shards: refuse a source longer than N tokens, or a target longer than N - 1 (the decoder reads it "
+        "after its start token)");
   a.add("tiktoken-special", "TEXT", "for a .tiktoken --tokenizer: a special token, given the id after the ranks");
   a.add("text-field", "NAME", "the field of a .jsonl record that holds its text (default text)");
   a.add("threads", "N", "threads that encode with --tokenizer (default: every core)");
@@ -172,18 +227,26 @@ int cmd_prepare(int argc, char** argv) {
         "there are removed, so that train --data DIR reads these alone)");
   a.add("val-fraction", "X",
         "share of the text held out for validation, in (0, 1): 1 KiB blocks (with --tokenizer, "
-        "blocks of 1024 tokens) spread evenly through it, X of them to within one block (default 0.1: every 10th "
-        "block)");
+        "blocks of 1024 tokens; of paired shards, pairs) spread evenly through it, X of them to within one block "
+        "(default 0.1: every 10th block)");
   a.add_switch("no-progress", "no progress bar on stderr (shown for a text of 16 MiB or more)");
   a.add_switch("force",
                "replace the shards of a training run's own data (RUN/data, which the run's --resume then "
                "refuses), or write into a directory that holds a run or a checkpoint");
   if (!a.parse(argc, argv, 2)) return 0;
-  TS_CHECK(a.has("text"), "--text FILE is required");
+  const bool paired = a.has("source") || a.has("target") || a.has("pairs");
+  TS_CHECK(paired || a.has("text"),
+           "--text FILE is required (or --source and --target, or --pairs, for paired shards)");
   TS_CHECK(a.has("out"), "--out DIR is required");
   TS_CHECK(!a.str("out").empty(), "--out is empty");
   const double val_fraction = a.number("val-fraction", 0.1);
   TS_CHECK(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1), got ", a.str("val-fraction"));
+  TS_CHECK(paired || !a.has("max-positions"), "--max-positions is for paired shards (--source/--target, --pairs)");
+  if (paired) {
+    if (!a.has("force")) check_out_dir(a.str("out"));
+    const ScopedSignals signals({SIGINT, SIGTERM}, &g_prepare_stop);
+    return prepare_pairs(a, a.str("out"), val_fraction);
+  }
   const bool bpe = a.has("tokenizer");
   for (const char* f : {"tiktoken-special", "text-field", "threads"})
     TS_CHECK(bpe || !a.has(f), "--", f,

@@ -79,6 +79,10 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// Conversions of a whole model's weights (a checkpoint loaded into a 16-bit model) spread over the cores; each
+// element is converted on its own, so the result does not depend on the thread count.
+constexpr size_t kParallelFrom = size_t{1} << 20;
+
 void convert_to_f32(const void* src, DType src_dtype, size_t n, float* dst) {
   switch (src_dtype) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
@@ -86,9 +90,11 @@ void convert_to_f32(const void* src, DType src_dtype, size_t n, float* dst) {
       for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(static_cast<const double*>(src)[i]);
       return;
     case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > kParallelFrom)
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
       return;
     case DType::F16:
+#pragma omp parallel for schedule(static) if (n > kParallelFrom)
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<const uint16_t*>(src)[i]);
       return;
     default: TS_THROW("cannot convert ", dtype_name(src_dtype), " to F32");
@@ -102,9 +108,11 @@ void convert_from_f32(const float* src, size_t n, DType dst_dtype, void* dst) {
       for (size_t i = 0; i < n; ++i) static_cast<double*>(dst)[i] = src[i];
       return;
     case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > kParallelFrom)
       for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(src[i]);
       return;
     case DType::F16:
+#pragma omp parallel for schedule(static) if (n > kParallelFrom)
       for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(src[i]);
       return;
     default: TS_THROW("cannot convert F32 to ", dtype_name(dst_dtype));

@@ -34,43 +34,59 @@ __global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__
     o[c] = from_f32<T>(p.scale * to_f32(e[c]) + (w ? to_f32(w[c]) : 0.0f));
 }
 
-// One block of 1024 threads per row: each thread keeps the best (value, lowest id) of its strided columns, then a
-// shared-memory tree keeps the larger value, the lower id on a tie. NaN never replaces a value (comparisons with
+// One block of 1024 threads per row: each thread keeps the best (value, lowest id) of its strided columns, then
+// warp shuffles and one pass over the warps' winners keep the larger value, the lower id on a tie. NaN never replaces a value (comparisons with
 // NaN are false), and -inf starts each lane with id V (replaced by any finite or -inf column: see below).
 constexpr int kArgmaxThreads = 1024;
 template <typename T>
 __global__ void greedy_argmax_kernel(int V, int64_t ld, const T* __restrict__ logits, int32_t* __restrict__ out) {
-  __shared__ float sv[kArgmaxThreads];
-  __shared__ int si[kArgmaxThreads];
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
   const T* row = logits + blockIdx.x * ld;
   float best = -INFINITY;
   int id = V;  // none yet
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = to_f32(row[v]);
-    // The first column a lane sees is taken unless NaN (a row of -inf then still names its lowest id); later ones
-    // only when strictly greater (ids rise along the lane, so the lowest wins a tie).
-    if (x > best || (id == V && x == best)) {
-      best = x;
-      id = v;
-    }
-  }
-  sv[threadIdx.x] = best;
-  si[threadIdx.x] = id;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float ov = sv[threadIdx.x + s];
-      const int oi = si[threadIdx.x + s];
-      const float mv = sv[threadIdx.x];
-      const int mi = si[threadIdx.x];
-      if (oi < V && (mi == V || ov > mv || (ov == mv && oi < mi))) {
-        sv[threadIdx.x] = ov;
-        si[threadIdx.x] = oi;
+  // kBatch loads are issued before any is compared, so that a lane waits for memory once per batch rather than
+  // once per column (the row is read a few columns per lane: the loop is bound by load latency, not bandwidth).
+  constexpr int kBatch = 8;
+  const int stride = static_cast<int>(blockDim.x);
+  for (int v0 = threadIdx.x; v0 < V; v0 += kBatch * stride) {
+    float x[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) x[u] = v0 + u * stride < V ? to_f32(row[v0 + u * stride]) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = v0 + u * stride;
+      // The first column a lane sees is taken unless NaN (a row of -inf then still names its lowest id); later
+      // ones only when strictly greater (ids rise along the lane, so the lowest wins a tie).
+      if (v < V && (x[u] > best || (id == V && x[u] == best))) {
+        best = x[u];
+        id = v;
       }
     }
-    __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0] == V ? 0 : si[0];
+  // (best, id) pairs merge by: a real id (< V) over none, then the larger value, then the lower id. Within each
+  // warp by shuffles, then the warps' winners in warp 0.
+  const auto merge = [V](float& mv, int& mi, float ov, int oi) {
+    if (oi < V && (mi == V || ov > mv || (ov == mv && oi < mi))) mv = ov, mi = oi;
+  };
+  const auto warp_merge = [&](float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      merge(v, i, ov, oi);
+    }
+  };
+  warp_merge(best, id);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sv[warp] = best, si[warp] = id;
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < kArgmaxThreads / 32 ? sv[lane] : -INFINITY;
+    id = lane < kArgmaxThreads / 32 ? si[lane] : V;
+    warp_merge(best, id);
+    if (lane == 0) out[blockIdx.x] = id == V ? 0 : id;
+  }
 }
 
 __global__ void positions_advance_kernel(int n, int32_t* pos) {

@@ -64,7 +64,7 @@ struct Engine::Weights {
 
 // The shared buffers (all views of one allocation), in the order laid out by Acts::layout.
 struct Engine::Acts {
-  Tensor x, ln, qkv, att, y, fc_pre, fc_act, mean, rstd, lse;  // N rows
+  Tensor x, x2, ln, qkv, att, y, fc_pre, fc_act, mean, rstd, lse;  // N rows; x2: the residual stream's other half
   Tensor tokens, lens, pos0;                                       // prefill inputs: N, batch, S int32
   Tensor last, lnf, logits;                                        // R rows
   Tensor next;                                                     // S int32: the decode step's input tokens
@@ -85,6 +85,7 @@ struct Engine::Acts {
     const int64_t C = cfg.d_model, W = cfg.qkv_width(), HD = int64_t{cfg.n_heads} * cfg.head_dim();
     const DType st = stat_of(dt);
     take(&r.x, dt, s.N, C);
+    take(&r.x2, dt, s.N, C);
     take(&r.ln, dt, s.N, C);
     take(&r.qkv, dt, s.N, W);
     take(&r.att, dt, s.N, HD);
@@ -192,13 +193,19 @@ void Engine::run_layers(int n, int T, bool decode) {
   const bool ln = cfg_.norm == NormKind::LayerNorm;
   const bool f32 = dtype_ == DType::F32;  // exact f32 GEMMs (no TF32), so the GPU follows the CPU reference
   const NormParams np{.N = static_cast<int>(N), .C = C, .eps = cfg_.norm_eps};
-  const Tensor x = first_rows(a.x, N), lnx = first_rows(a.ln, N), qkv = first_rows(a.qkv, N);
+  const Tensor x = first_rows(a.x, N), x2 = first_rows(a.x2, N), lnx = first_rows(a.ln, N);
+  const Tensor qkv = first_rows(a.qkv, N);
   const Tensor att = first_rows(a.att, N), y = first_rows(a.y, N);
   const Tensor fc_pre = first_rows(a.fc_pre, N), fc_act = first_rows(a.fc_act, N);
   const Tensor mean = flat(a.mean, N), rstd = flat(a.rstd, N);
-  auto norm = [&](const Tensor& wt, const Tensor& b) {
-    if (ln) layernorm_forward(np, lnx, mean, rstd, x, wt, b, ctx_);
-    else rmsnorm_forward(np, lnx, rstd, x, wt, ctx_);
+  // The residual stream moves between x and x2: each residual add is fused with the norm that reads its sum
+  // (norm_residual_forward, one kernel), which needs the sum in memory of its own. cur holds the stream.
+  const Tensor* cur = &x;
+  const Tensor* other = &x2;
+  auto add_then_norm = [&](const Tensor& wt, const Tensor& b) {
+    norm_residual_forward(np, ln, {.N = static_cast<int>(N), .C = C}, *other, lnx, ln ? mean : Tensor(), rstd, *cur,
+                          y, Tensor(), wt, ln ? b : Tensor(), ctx_);
+    std::swap(cur, other);
   };
   auto mm = [&](int out, int in, const Tensor& c, const Tensor& in_t, const Tensor& wt, const Tensor& bias) {
     gemm({.M = static_cast<int>(N), .N = out, .K = in, .trans_b = true, .allow_tf32 = !f32}, c, in_t, wt, bias, ctx_);
@@ -215,10 +222,11 @@ void Engine::run_layers(int n, int T, bool decode) {
   const Tensor out = heads_view(att, 0, n, T, H, Dh, HD);
   const ResidualParams rp{.N = static_cast<int>(N), .C = C};
   const bool fused_gelu = model_fuses_gelu(cfg_, dtype_);
+  if (ln) layernorm_forward(np, lnx, mean, rstd, x, w_->layers[0].ln1_w, w_->layers[0].ln1_b, ctx_);
+  else rmsnorm_forward(np, lnx, rstd, x, w_->layers[0].ln1_w, ctx_);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Weights::Layer& lw = w_->layers[static_cast<size_t>(l)];
     const KvCacheView kv = cache_.layer(l);
-    norm(lw.ln1_w, lw.ln1_b);
     mm(static_cast<int>(W), C, qkv, lnx, lw.qkv_w, lw.qkv_b);
     kv_append(dp, kv, q, k, v, pos, slots, ctx_);
     if (decode) {
@@ -233,8 +241,7 @@ void Engine::run_layers(int n, int T, bool decode) {
       attention_forward(ap, out, flat(a.lse, int64_t{n} * H * T), q, kc, vc, ctx_);
     }
     mm(C, static_cast<int>(HD), y, att, lw.proj_w, lw.proj_b);
-    residual_forward(rp, x, x, y, Tensor(), ctx_);
-    norm(lw.ln2_w, lw.ln2_b);
+    add_then_norm(lw.ln2_w, lw.ln2_b);
     if (fused_gelu) {
       gemm_gelu_forward({.M = static_cast<int>(N), .N = F, .K = C, .trans_b = true}, fc_act, fc_pre, lnx, lw.fc_w,
                         lw.fc_b, ctx_);
@@ -243,7 +250,11 @@ void Engine::run_layers(int n, int T, bool decode) {
       activation_forward({.N = static_cast<int>(N), .d_ff = F, .kind = cfg_.mlp}, fc_act, fc_pre, lw.fc_b, ctx_);
     }
     mm(C, F, y, fc_act, lw.fcp_w, lw.fcp_b);
-    residual_forward(rp, x, x, y, Tensor(), ctx_);
+    if (l + 1 < cfg_.n_layers) {
+      add_then_norm(w_->layers[static_cast<size_t>(l) + 1].ln1_w, w_->layers[static_cast<size_t>(l) + 1].ln1_b);
+    } else {
+      residual_forward(rp, x, *cur, y, Tensor(), ctx_);  // the stream ends in x, where the head reads it
+    }
   }
 }
 

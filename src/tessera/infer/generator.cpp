@@ -68,6 +68,19 @@ size_t stop_prefix_tail(const std::string& text, const std::vector<std::string>&
   return tail;
 }
 
+// The bytes at the end of `text` that begin a UTF-8 character but do not finish it (0 .. 3): a lead byte of an
+// n-byte character (110xxxxx: 2, 1110xxxx: 3, 11110xxx: 4) followed by fewer than n - 1 continuation bytes
+// (10xxxxxx). Anything else (ASCII, a whole character, bytes that can begin no character) is 0: those are final.
+size_t unfinished_utf8_tail(const std::string& text, size_t end) {
+  for (size_t k = 1; k <= 3 && k <= end; ++k) {
+    const auto c = static_cast<unsigned char>(text[end - k]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back for its lead
+    const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return n > k ? k : 0;
+  }
+  return 0;
+}
+
 // The first occurrence of any stop string in `text`, or npos.
 size_t first_stop(const std::string& text, const std::vector<std::string>& stops) {
   size_t at = std::string::npos;
@@ -155,12 +168,12 @@ SamplerState make_sampler_state(const GenerateOptions& o, const std::vector<std:
 }  // namespace
 
 std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                              const GenerateOptions& o, const TextCodec& codec,
+                                              const GenerateOptions& o, const TextDecoder& decode,
                                               const OnText& on_text) {
   const int n = static_cast<int>(prompts.size()), S = engine.rows(), V = engine.vocab(), max_seq = engine.max_seq();
   generate_options_check(o, V);
   TS_CHECK(n >= 1 && n <= S, "internal: generate_batch of ", n, " prompts on an engine of ", S, " rows");
-  TS_CHECK(codec.decode, "internal: generate_batch needs a decoder");
+  TS_CHECK(static_cast<bool>(decode), "internal: generate_batch needs a decoder");
   std::vector<Row> rows(static_cast<size_t>(n));
   for (int b = 0; b < n; ++b) {
     const int len = static_cast<int>(prompts[b].size());
@@ -226,9 +239,9 @@ std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<
     if (eos) {
       r.done = true;
       s.finish = FinishReason::Eos;
-      if (track_text) s.text = codec.decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.end() - 1));
+      if (track_text) s.text = decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.end() - 1));
     } else if (track_text) {
-      s.text = codec.decode(s.tokens);
+      s.text = decode(s.tokens);
       const size_t cut = first_stop(s.text, o.stop);
       if (cut != std::string::npos) {
         s.text.resize(cut);
@@ -241,7 +254,8 @@ std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<
       s.finish = FinishReason::Length;
     }
     if (on_text) {
-      const size_t ready = r.done ? s.text.size() : s.text.size() - stop_prefix_tail(s.text, o.stop);
+      size_t ready = r.done ? s.text.size() : s.text.size() - stop_prefix_tail(s.text, o.stop);
+      if (!r.done) ready -= unfinished_utf8_tail(s.text, ready);
       if (ready > r.streamed) on_text(b, s.text.substr(r.streamed, ready - r.streamed));
       r.streamed = std::max(r.streamed, ready);
     }
@@ -281,7 +295,7 @@ std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<
     if (!track_text) {
       const auto& tk = r.seq.tokens;
       const bool eos = r.seq.finish == FinishReason::Eos;
-      r.seq.text = codec.decode(std::vector<int32_t>(tk.begin(), eos ? tk.end() - 1 : tk.end()));
+      r.seq.text = decode(std::vector<int32_t>(tk.begin(), eos ? tk.end() - 1 : tk.end()));
     }
     out.push_back(std::move(r.seq));
   }

@@ -19,8 +19,9 @@
 //   A finished row whose cache fills while others run becomes, through the slot table, a child of a running row
 //   (Engine::reorder): it then shares that row's position and never needs one past the cache. The engine needs a
 //   slot table for that only where a prompt plus max_new_tokens can pass the cache: generator_engine_options.
-// The text: the codec's decode of a row's new tokens (EOS excluded); streamed text holds back any tail that could
-//   still begin a stop string, so nothing printed is later cut.
+// The text: the decoder's text of a row's new tokens (EOS excluded); streamed text holds back any tail that could
+//   still begin a stop string, so nothing printed is later cut, and an unfinished UTF-8 character at the end, so
+//   that only whole characters are printed while the row runs (its last piece is whatever remains).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -33,11 +34,10 @@
 
 namespace tessera {
 
-// Text in and out, as two functions, so that any tokenizer plugs in without touching the loop.
-struct TextCodec {
-  std::function<std::vector<int32_t>(const std::string&)> encode;
-  std::function<std::string(const std::vector<int32_t>&)> decode;
-};
+// The text of a row's new tokens, whole: any tokenizer's decode plugs in without touching the loop. It must be
+// prefix-stable (the text of a token list begins with the text of each of its prefixes), as byte-level decoding
+// and byte-level BPE are.
+using TextDecoder = std::function<std::string(const std::vector<int32_t>&)>;
 
 struct GenerateOptions {
   // temperature (0: greedy), top_k, top_p, min_p, the penalties, seed and logprobs; rows, V, ld, n_bias and
@@ -63,7 +63,7 @@ struct StepLogprobs {
 
 struct GeneratedSequence {
   std::vector<int32_t> tokens;  // the new tokens, EOS included where it ended the row
-  std::string text;             // the codec's decode of the new tokens: EOS excluded, cut before a stop string
+  std::string text;             // the decoder's text of the new tokens: EOS excluded, cut before a stop string
   FinishReason finish = FinishReason::Length;
   std::vector<StepLogprobs> logprobs;  // one per new token, with sampling.logprobs > 0
 };
@@ -82,9 +82,9 @@ EngineOptions generator_engine_options(const std::vector<std::vector<int32_t>>& 
                                        const GenerateOptions& o, int max_seq);
 
 // Continues prompts (1 .. engine.rows() of them, each 1 .. max_seq tokens) into rows 0 .. n-1 of the engine; rows
-// past n run idle. The codec's decode is used for the stop strings, the streamed text and each result's text.
+// past n run idle. `decode` is used for the stop strings, the streamed text and each result's text.
 std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                              const GenerateOptions& o, const TextCodec& codec,
+                                              const GenerateOptions& o, const TextDecoder& decode,
                                               const OnText& on_text = {});
 
 }  // namespace tessera

@@ -172,13 +172,8 @@ std::vector<int64_t> stored_shape(const ExportTensor& t, bool vec) {
   return vec ? std::vector<int64_t>{t.rows} : std::vector<int64_t>{t.rows, t.cols};
 }
 
-void weights_from(const SafetensorsFile& st, Model& model) {
-  // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
-  ParamBuffer& params = model.params();
-  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
-  std::vector<float> host_copy;
-  if (!direct) host_copy = params.read_f32(model.context());
-  float* base = direct ? params.host_data<float>() : host_copy.data();
+// Writes each of the model's tensors, as f32, at its place in `base` (a host array laid out as its parameters).
+void fill_f32(const SafetensorsFile& st, const Model& model, float* base) {
   const auto layout = checkpoint_layout(model);
   check_tensor_names(st, layout);
   for (const ExportTensor& t : layout) {
@@ -188,6 +183,15 @@ void weights_from(const SafetensorsFile& st, Model& model) {
     if (t.transpose) st.read_f32_transposed(t.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
     else st.read_f32(t.name, stored_shape(t, vec), dst);
   }
+}
+
+void weights_from(const SafetensorsFile& st, Model& model) {
+  // A CPU f32 model is filled in place; any other through one f32 host copy written back at the end.
+  ParamBuffer& params = model.params();
+  const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
+  std::vector<float> host_copy;
+  if (!direct) host_copy = params.read_f32(model.context());
+  fill_f32(st, model, direct ? params.host_data<float>() : host_copy.data());
   if (!direct) params.write_f32(host_copy, model.context());
 }
 }  // namespace
@@ -374,6 +378,25 @@ std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& c
   auto model = make_model(ck.cfg, ctx, dtype);
   load_weights(ck, *model);
   return model;
+}
+
+InferenceModel load_inference_model(const std::string& path, Context& ctx, DType dtype) {
+  const OpenCheckpoint ck = open_checkpoint(path);
+  InferenceModel out;
+  out.model = make_model(ck.cfg, ctx, dtype, MasterWeights::Off);
+  ParamBuffer& params = out.model->params();
+  // Zeros where no tensor writes (as a fresh CPU model has them), then the file's values, then one upload.
+  std::vector<float> host(params.size(), 0.0f);
+  if (ck.hf) ck.hf->fill_f32(params, host.data());
+  else fill_f32(*ck.st, *out.model, host.data());
+  const float* w = host.data();
+  const long n = static_cast<long>(host.size());
+  size_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (long i = 0; i < n; ++i) bad += !std::isfinite(w[i]);
+  out.non_finite = bad;
+  params.write_f32(host, ctx);
+  return out;
 }
 
 namespace {

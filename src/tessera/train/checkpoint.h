@@ -100,6 +100,14 @@ void load_checkpoint_weights(const std::string& path, Model& model);
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path);
 // The same model on ctx's device in `dtype` (a checkpoint holds f32: a 16-bit model gets f32 master weights from it).
 std::unique_ptr<Model> load_checkpoint_model(const std::string& path, Context& ctx, DType dtype);
+// The model of a checkpoint for inference: on ctx's device in `dtype`, without master weights. The file's weights
+// go through one f32 host copy into the device buffer; no CPU model, and no training state, is made. non_finite
+// counts the weights that are NaN or infinite, which the caller refuses, naming the path its user gave.
+struct InferenceModel {
+  std::unique_ptr<Model> model;
+  size_t non_finite = 0;
+};
+InferenceModel load_inference_model(const std::string& path, Context& ctx, DType dtype);
 // Loads the training state; fails if the checkpoint has none or it does not fit the model. Its tokenizer_json is
 // the checkpoint's tokenizer.json, where it has one.
 TrainState load_train_state(const std::string& dir, const Model& model);

@@ -17,6 +17,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
 #include "tessera/train/checkpoint.h"
+#include "tessera/train/hold_signals.h"
 
 namespace tessera {
 
@@ -403,25 +404,6 @@ class PrepareUndo {
   bool done_ = false;
 };
 
-// Holds SIGINT and SIGTERM back while it lives (they are delivered when it ends), so that a Ctrl-C, or the kill of
-// a `timeout`, never lands between the renames that put a prepare's shards in place and leaves half of them there.
-// It blocks them in the calling thread only: in a process with other threads (train's CUDA, MPI and OpenMP ones) one
-// of those may take a process-directed signal meanwhile. That is harmless as long as the handler only records the
-// signal (ScopedSignals' flag), which prepare reads after the renames.
-class HoldSignals {
- public:
-  HoldSignals() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGINT);
-    sigaddset(&s, SIGTERM);
-    ::pthread_sigmask(SIG_BLOCK, &s, &old_);
-  }
-  ~HoldSignals() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-
- private:
-  sigset_t old_;
-};
 }  // namespace
 
 bool is_shard_file(const std::string& path) {

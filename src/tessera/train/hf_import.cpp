@@ -161,7 +161,11 @@ void HfCheckpoint::load_into(Model& model) const {
   const bool direct = params.device().is_cpu() && params.dtype() == DType::F32;
   std::vector<float> host_copy;
   if (!direct) host_copy = params.read_f32(model.context());
-  float* base = direct ? params.host_data<float>() : host_copy.data();
+  fill_f32(params, direct ? params.host_data<float>() : host_copy.data());
+  if (!direct) params.write_f32(host_copy, model.context());
+}
+
+void HfCheckpoint::fill_f32(const ParamBuffer& params, float* base) const {
   for (const ExportTensor& t : checkpoint_layout(hf_.cfg, params, hf_.naming)) {
     const Source& src = source(t.name);
     const SafetensorsFile& st = shards_[src.shard];
@@ -170,7 +174,6 @@ void HfCheckpoint::load_into(Model& model) const {
     if (t.transpose) st.read_f32_transposed(src.name, /*rows=*/t.cols, /*cols=*/t.rows, dst);
     else st.read_f32(src.name, stored_shape(t, params.shape(t.segment).size() == 1), dst);
   }
-  if (!direct) params.write_f32(host_copy, model.context());
 }
 
 }  // namespace tessera

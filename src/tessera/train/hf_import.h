@@ -41,6 +41,9 @@ class HfCheckpoint {
   CheckpointNaming naming() const { return hf_.naming; }
   // Fills the parameters of a model built from config() (on any device, in any dtype).
   void load_into(Model& model) const;
+  // Writes each tensor's values, as f32, at its place in `base`, a host array laid out as `params` (of a model
+  // built from config()); what no tensor covers is left as it is.
+  void fill_f32(const ParamBuffer& params, float* base) const;
 
  private:
   struct Source {

@@ -292,6 +292,9 @@ __global__ void __launch_bounds__(kThreads)
         sum += e;
       }
       sum = cuda::warp_sum(sum);
+      // Every lane has read row_m[r] (m_old) before lane 0 overwrites it: a shuffle orders no shared-memory access,
+      // a warp barrier does.
+      __syncwarp();
       if (lane == 0) {
         const float alpha = expf(m_old - shift);
         row_alpha[r] = alpha;
