@@ -37,7 +37,7 @@ enum class BlockKind { Encoder, Decoder, DecoderCross };
 struct BlockShape {
   BlockKind kind = BlockKind::Decoder;
   NormPlacement placement = NormPlacement::Pre;
-  AttentionShape attention;  // its `causal` is set from the kind
+  AttentionShape attention;                     // its `causal` is set from the kind
   CrossKvSource cross_kv = CrossKvSource::Own;  // a DecoderCross block's K and V
   MlpShape mlp;
   NormKind norm = NormKind::LayerNorm;

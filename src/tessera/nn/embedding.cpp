@@ -46,14 +46,27 @@ int Embedding::table_rows() const { return s_.max_seq + (s_.positions == Positio
 
 EmbeddingParams Embedding::params(const StepEnv& env) const {
   const int offset = s_.positions == PositionKind::Learned ? s_.pos_offset : 0;
-  return {.B = env.B, .T = env.T, .C = s_.C, .V = s_.V, .max_seq = table_rows(), .pos_offset = offset,
-          .scale = s_.scale, .padding_id = s_.padding_id, .dropout = env.dropout, .seed = env.seed,
+  return {.B = env.B,
+          .T = env.T,
+          .C = s_.C,
+          .V = s_.V,
+          .max_seq = table_rows(),
+          .pos_offset = offset,
+          .scale = s_.scale,
+          .padding_id = s_.padding_id,
+          .dropout = env.dropout,
+          .seed = env.seed,
           .stream = stream_};
 }
 
 void Embedding::check_tokens(const int32_t* tokens, int B, int T) const {
   const int offset = s_.positions == PositionKind::Learned ? s_.pos_offset : 0;
-  embedding_check({.B = B, .T = T, .C = s_.C, .V = s_.V, .max_seq = table_rows(), .pos_offset = offset,
+  embedding_check({.B = B,
+                   .T = T,
+                   .C = s_.C,
+                   .V = s_.V,
+                   .max_seq = table_rows(),
+                   .pos_offset = offset,
                    .padding_id = s_.padding_id},
                   tokens, s_.positions == PositionKind::Learned);
 }

@@ -52,8 +52,7 @@ void Mlp::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {
   fcp_.forward(env, N, y, fc_act, /*with_bias=*/false);
 }
 
-void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x,
-                   bool accumulate) const {
+void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x, bool accumulate) const {
   const int N = env.N(), F = s_.F;
   const Tensor fc_act = rows(fc_act_, N, F), fc_pre = rows(fc_pre_, N, F_in());
   const Tensor d_fc_pre = rows(d_fc_pre_, N, F_in());

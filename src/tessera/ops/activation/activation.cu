@@ -310,8 +310,8 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
       const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
                                                    cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
                                                    ctx.gpu().sm_count);
-      float* partial =
-          d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * in_w * sizeof(float))) : nullptr;
+      float* partial = d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * in_w * sizeof(float)))
+                              : nullptr;
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_in), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out),
