@@ -1,8 +1,8 @@
 // Shared helpers for tests: seeded random fills and a finite-difference gradient check in fp64.
 #pragma once
+#include <gtest/gtest.h>
 #include <algorithm>
 #include <cctype>
-#include <gtest/gtest.h>
 
 #include <unistd.h>
 
@@ -252,8 +252,8 @@ inline std::string error_of(const std::function<void()>& f) {
 }
 
 // Per-dtype tolerances, in one place.
-constexpr double kFdTolF64 = 1e-6;     // finite differences in fp64 with h = 1e-6
-constexpr double kRefTolF32 = 1e-5;    // fp32 path against an fp64 or independent reference
+constexpr double kFdTolF64 = 1e-6;   // finite differences in fp64 with h = 1e-6
+constexpr double kRefTolF32 = 1e-5;  // fp32 path against an fp64 or independent reference
 
 // Each number ("12", "9.87", "0.0012", "9.99e-05") as one '#', to compare two runs' text with timings aside: one
 // number may print as "10" in one run and "9.87" in the next, so digits, decimal point and exponent go as a whole.

@@ -31,8 +31,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using test::speedup_cell;
 using test::md_table;
+using test::speedup_cell;
 using test::trim;
 
 const std::string kRun = "bench model --device cpu --preset tiny --batch 2 --seq 16 --warmup 0 --steps 2";
@@ -41,9 +41,17 @@ class BenchModelPeer : public test::PeerStandIn {
  protected:
   // `echo '<record>'` of the peer for tiny in `mode` with the given step ms and train memory (GiB).
   static std::string record(const std::string& mode, double step_ms, double train_gib, int64_t params) {
-    json j = {{"size", "tiny"},       {"mode", mode},          {"params", params},        {"fwd_ms", step_ms / 3},
-              {"fwd_bwd_ms", step_ms * 0.9}, {"step_ms", step_ms}, {"fwd_mem_gib", 0.25}, {"train_mem_gib", train_gib},
-              {"torch", "2.9.1"},     {"transformers", "4.57.0"}, {"device", "NVIDIA H200"}};
+    json j = {{"size", "tiny"},
+              {"mode", mode},
+              {"params", params},
+              {"fwd_ms", step_ms / 3},
+              {"fwd_bwd_ms", step_ms * 0.9},
+              {"step_ms", step_ms},
+              {"fwd_mem_gib", 0.25},
+              {"train_mem_gib", train_gib},
+              {"torch", "2.9.1"},
+              {"transformers", "4.57.0"},
+              {"device", "NVIDIA H200"}};
     std::string line = "echo '";
     line += j.dump();
     line += "'";
@@ -178,8 +186,7 @@ TEST_F(BenchModelPeer, APeerThatFailsIsOneNoteAndTheBenchSucceeds) {
   // Said once: it was "peer: peer skipped: peer: no GPU visible to torch".
   EXPECT_NE(r.err.find("\n  peer skipped: no GPU visible to torch\n"), std::string::npos) << r.err;
   const std::string text = read_file_text(md.string());
-  EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: no GPU visible to torch\n"),
-            std::string::npos)
+  EXPECT_NE(text.find("\n- peer (bench/peers/model.py): peer skipped: no GPU visible to torch\n"), std::string::npos)
       << text;
   EXPECT_TRUE(md_table(text, "| size | tessera step ms").empty()) << text;
   EXPECT_EQ(md_table(text, "| size | d_model").size(), 2u);
@@ -207,7 +214,8 @@ TEST_F(BenchModelPeer, WithoutPeerTheOutputsKeepTheirFormat) {
   EXPECT_FALSE(j.contains("peer"));
   EXPECT_FALSE(j.at("rows")[0].contains("peer"));
   const std::string c = read_file_text(csv.string());
-  EXPECT_EQ(c.substr(0, c.find('\n')).substr(c.find("mem_fwd_bytes")), "mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu");
+  EXPECT_EQ(c.substr(0, c.find('\n')).substr(c.find("mem_fwd_bytes")),
+            "mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu");
 }
 
 TEST_F(BenchModelPeer, BadPeerFlagsAreOneLineErrors) {
@@ -217,9 +225,8 @@ TEST_F(BenchModelPeer, BadPeerFlagsAreOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("--peer-mode"), std::string::npos) << r.err;
   }
-  for (const std::string& args :
-       {std::string(" --peer --peer-timeout -1"), std::string(" --peer --peer-timeout soon"),
-        std::string(" --peer-timeout 60")}) {
+  for (const std::string& args : {std::string(" --peer --peer-timeout -1"), std::string(" --peer --peer-timeout soon"),
+                                  std::string(" --peer-timeout 60")}) {
     const test::CliRun r = test::run(kRun + args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -272,7 +279,8 @@ TEST_F(BenchModelPeer, ScriptRefusesBadArgumentsInOneLine) {
   const std::string script = std::string(TESSERA_SOURCE_DIR) + "/bench/peers/model.py";
   auto run_script = [&](const std::string& args, int* code) {
     const std::string out = (dir / "out.txt").string();
-    const int status = std::system((std::string(TESSERA_PYTHON) + " '" + script + "' " + args + " >'" + out + "' 2>&1").c_str());
+    const int status =
+        std::system((std::string(TESSERA_PYTHON) + " '" + script + "' " + args + " >'" + out + "' 2>&1").c_str());
     *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return read_file_text(out);
   };

@@ -11,8 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,11 +48,14 @@ class PeerScript : public ::testing::Test {
     std::string quoted = "'";  // appended, not "'" + ...: GCC 12 warns falsely (-Wrestrict) on that
     quoted += script.string();
     quoted += "'";
-    return run_peer_script(quoted, "peer.sh", [&](const nlohmann::json& j) {
-      if (!j.contains("v")) return false;
-      got.push_back(j["v"].get<int>());
-      return true;
-    }, timeout_s);
+    return run_peer_script(
+        quoted, "peer.sh",
+        [&](const nlohmann::json& j) {
+          if (!j.contains("v")) return false;
+          got.push_back(j["v"].get<int>());
+          return true;
+        },
+        timeout_s);
   }
   // Seconds that `run` took.
   double timed_run(const std::string& body, double timeout_s, std::string* note) {

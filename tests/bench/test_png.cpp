@@ -26,7 +26,7 @@ TEST(Png, ChecksumsMatchTheirCheckValues) {
   const auto digits = bytes_of("123456789");
   EXPECT_EQ(crc32(digits.data(), digits.size()), 0xCBF43926u);  // the CRC-32 check value (ISO-HDLC)
   const auto wiki = bytes_of("Wikipedia");
-  EXPECT_EQ(adler32(wiki.data(), wiki.size()), 0x11E60398u);    // RFC 1950's example, as Wikipedia gives it
+  EXPECT_EQ(adler32(wiki.data(), wiki.size()), 0x11E60398u);  // RFC 1950's example, as Wikipedia gives it
   EXPECT_EQ(adler32(nullptr, 0), 1u);
   // CRC continued over two pieces equals the CRC of the whole.
   EXPECT_EQ(crc32(digits.data() + 4, 5, crc32(digits.data(), 4)), 0xCBF43926u);
@@ -74,7 +74,8 @@ TEST(Png, FileHasHeaderChunksWithTheirCrcs) {
       EXPECT_EQ(f[pos + 16], 8);  // bit depth
       EXPECT_EQ(f[pos + 17], 2);  // RGB
     }
-    if (types.back() == "IDAT") idat.assign(f.begin() + static_cast<long>(pos) + 8, f.begin() + static_cast<long>(pos + 8 + len));
+    if (types.back() == "IDAT")
+      idat.assign(f.begin() + static_cast<long>(pos) + 8, f.begin() + static_cast<long>(pos + 8 + len));
     pos += 12 + len;
   }
   EXPECT_EQ(pos, f.size());
@@ -161,8 +162,8 @@ TEST(MemoryTimeline, TheStaticBandSaysWhatItHolds) {
     const std::vector<MemoryTimelinePoint> pts = memory_timeline_points(model, opt.state_bytes(), {});
     ASSERT_FALSE(pts.empty());
     EXPECT_EQ(pts[0].static_bytes, model.params().bytes() + opt.state_bytes());
-    EXPECT_EQ(pts.back().static_holds, grads == GradMemory::Planned ? "params, adamw m and v"
-                                                                    : "params, grads, adamw m and v");
+    EXPECT_EQ(pts.back().static_holds,
+              grads == GradMemory::Planned ? "params, adamw m and v" : "params, grads, adamw m and v");
     // A forward-only timeline has no optimizer state.
     EXPECT_EQ(memory_timeline_points(model, 0, {})[0].static_holds,
               grads == GradMemory::Planned ? "params" : "params, grads");
@@ -183,8 +184,8 @@ TEST(MemoryTimeline, LongTitleBreaksOntoASecondLineInsideTheImage) {
     pts[e].static_bytes = 1 << 20;
   }
   PlotLayout L;
-  const Image img = memory_timeline_plot(
-      pts, "gpt2-124m, B 16 x T 1024, step 2 (planned; measured at the phase ends)", &L);
+  const Image img =
+      memory_timeline_plot(pts, "gpt2-124m, B 16 x T 1024, step 2 (planned; measured at the phase ends)", &L);
   auto black_in = [&](int x0, int x1, int y0, int y1) {
     int n = 0;
     for (int y = y0; y < y1; ++y)

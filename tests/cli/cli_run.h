@@ -55,8 +55,8 @@ inline constexpr bool kAddressLimitsApply = false;
 #else
 inline constexpr bool kAddressLimitsApply = true;
 #endif
-#define TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY()                                                      \
-  if (!::tessera::test::kAddressLimitsApply)                                                       \
+#define TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY() \
+  if (!::tessera::test::kAddressLimitsApply) \
   GTEST_SKIP() << "built with AddressSanitizer, whose shadow memory no address limit leaves room for"
 
 // The prefix that runs tessera with its address space limited to `mib` MiB (ulimit -v), with one OpenMP and
@@ -89,8 +89,8 @@ inline size_t smallest_address_limit_mib(const std::function<bool(size_t)>& runs
 // before its own work on a machine with a GPU driver or more cores (libcuda, MPI's threads): tests that bound what
 // the work itself adds measure their baseline with the same command on a trivial input.
 inline size_t startup_address_mib() {
-  static const size_t mib = smallest_address_limit_mib(
-      [](size_t m) { return run_after(address_limit_prefix(m), "--version").code == 0; });
+  static const size_t mib =
+      smallest_address_limit_mib([](size_t m) { return run_after(address_limit_prefix(m), "--version").code == 0; });
   return mib;
 }
 

@@ -17,10 +17,10 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_run.h"
-#include "test_util.h"
 #include "tessera/bench/harness.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -73,7 +73,8 @@ class Bench : public ::testing::Test {
     std::string line;
     for (size_t i = 0; i <= rows.size(); ++i) {
       ASSERT_TRUE(std::getline(lines, line)) << "no line for " << unit << " " << i << " in:\n" << err;
-      const std::string count = "] " + std::string(unit) + " " + std::to_string(i) + "/" + std::to_string(rows.size()) + " | ";
+      const std::string count = "] " + std::string(unit) + " " + std::to_string(i) + "/" + std::to_string(rows.size()) +
+                                " | ";
       const std::string what = i < rows.size() ? "running " + rows[i] : "done";
       EXPECT_EQ(line.rfind('[', 0), 0u) << line;
       EXPECT_NE(line.find(count + what + " | "), std::string::npos) << "expected '" << count << what << "' in " << line;
@@ -113,24 +114,24 @@ TEST_F(Bench, KernelsSmallOnCpuWritesARowPerKernel) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "wrote " + md.string() + "\n");  // stdout is the table alone
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
-                   "layernorm fwd", "layernorm bwd",
-                   "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd",
-                   "cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
+                   "layernorm fwd", "layernorm bwd", "residual fwd", "residual bwd", "gelu fwd", "gelu bwd",
+                   "swiglu fwd", "swiglu bwd", "cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
   EXPECT_NE(r.out.find("| layernorm fwd |"), std::string::npos) << "the table goes to stdout too";
 }
 
 // --only runs the families named, in table order whatever the order given, a family named twice once.
 TEST_F(Bench, KernelsOnlyRunsTheFamiliesNamed) {
   const fs::path md = dir / "kernels.md";
-  const test::CliRun r =
-      run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only residual,embedding,residual --out " +
-                md.string());
+  const test::CliRun r = run_bench(
+      "kernels --size small --device cpu --iters 1 --warmup 0 --only residual,embedding,residual --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
                    "residual fwd", "residual bwd"});
   const fs::path ce = dir / "ce.md";
   ASSERT_EQ(run_bench("kernels --size small --device cpu --iters 1 --warmup 0 --only cross-entropy --out " +
-                      ce.string()).code, 0);
+                      ce.string())
+                .code,
+            0);
   expect_rows(ce, {"cross-entropy fwd+bwd", "cross-entropy fused fwd+bwd"});
 }
 
@@ -171,8 +172,8 @@ TEST_F(Bench, KernelsLargeOnGpuHasFourTimesTheRowsAndNoCrossEntropy) {
   const test::CliRun r = run_bench("kernels --size large --device cuda --iters 1 --warmup 0 --out " + md.string());
   ASSERT_EQ(r.code, 0) << r.err;
   expect_rows(md, {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
-                   "layernorm fwd", "layernorm bwd",
-                   "residual fwd", "residual bwd", "gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd"});
+                   "layernorm fwd", "layernorm bwd", "residual fwd", "residual bwd", "gelu fwd", "gelu bwd",
+                   "swiglu fwd", "swiglu bwd"});
   const std::string text = read_file_text(md.string());
   EXPECT_NE(text.find("| layernorm fwd | (65536, 768) |"), std::string::npos) << text;
   EXPECT_NE(text.find("size large"), std::string::npos) << text;
@@ -189,7 +190,8 @@ TEST_F(Bench, KernelsAndOptimizerShowProgressOnStderrOnly) {
   const std::string with_md = read_file_text(md.string());
   expect_progress(r.err, "row",
                   {"embedding fwd", "embedding bwd", "embedding bwd (no positions)", "embedding bwd (zipf ids)",
-                   "layernorm fwd", "layernorm bwd"}, md);
+                   "layernorm fwd", "layernorm bwd"},
+                  md);
   EXPECT_EQ(r.out.find("running"), std::string::npos) << r.out;
   expect_same_without_progress(args, r, md, with_md);
   // Every family: the bar's total is the table's row count.
@@ -230,7 +232,8 @@ TEST_F(Bench, AttentionSmallOnCpuFillsBothTables) {
   for (const char* impl : {"tessera naive", "tessera flash"})
     for (int d : {16, 32})
       for (int T : {16, 64}) {
-        const std::string key = std::string("| ") + impl + " | " + std::to_string(d) + " | " + std::to_string(T) + " | ";
+        const std::string key = std::string("| ") + impl + " | " + std::to_string(d) + " | " + std::to_string(T) +
+                                " | ";
         const size_t at = text.find(key);
         ASSERT_NE(at, std::string::npos) << "no row " << key;
         std::vector<std::string> cells;
@@ -341,8 +344,8 @@ TEST_F(Bench, OutOfMemoryAtSizeFullOrLargeNamesSizeSmall) {
     const test::CliRun small = test::run_with_address_limit(mib, args + "small");
     EXPECT_EQ(small.code, 0) << small.err;
   }
-  const test::CliRun large = test::run_with_address_limit(
-      256, "bench kernels --device cpu --warmup 0 --iters 1 --size large");
+  const test::CliRun large =
+      test::run_with_address_limit(256, "bench kernels --device cpu --warmup 0 --iters 1 --size large");
   EXPECT_EQ(large.code, 2) << large.err;
   EXPECT_EQ(large.err.rfind("tessera: error: out of memory", 0), 0u) << large.err;
   EXPECT_EQ(std::count(large.err.begin(), large.err.end(), '\n'), 1) << large.err;
@@ -384,7 +387,8 @@ TEST_F(Bench, BadFlagsAreOneLineErrors) {
                      "--only: unknown kernel family 'gemm' (expected a comma list of embedding, layernorm, residual, "
                      "gelu, swiglu, cross-entropy)");
   expect_usage_error("kernels --device cpu --only embedding,", "--only: unknown kernel family ''");
-  expect_usage_error("kernels --device cpu --size large --only cross-entropy", "--size large has no cross-entropy rows");
+  expect_usage_error("kernels --device cpu --size large --only cross-entropy",
+                     "--size large has no cross-entropy rows");
   expect_usage_error("optimizer --device cpu --only embedding", "unknown flag --only");
   EXPECT_FALSE(fs::exists(dir / "x.md"));
 }

@@ -29,8 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using test::speedup_cell;
 using test::md_table;
+using test::speedup_cell;
 using test::trim;
 
 const std::string kRun = "bench compare --device cpu --preset tiny --batch 2 --seq 16 --warmup 0 --steps 2";
@@ -54,9 +54,15 @@ class BenchCompare : public test::PeerStandIn {
  protected:
   // `echo '<record>'` of the peer for tiny in `mode`.
   static std::string record(const std::string& mode, double fwd, double fwd_bwd, double step, double train_gib) {
-    const json j = {{"size", "tiny"},     {"mode", mode},       {"params", model_preset("tiny").num_params()},
-                    {"fwd_ms", fwd},      {"fwd_bwd_ms", fwd_bwd}, {"step_ms", step},
-                    {"train_mem_gib", train_gib}, {"torch", "2.9.1"}, {"transformers", "4.57.0"},
+    const json j = {{"size", "tiny"},
+                    {"mode", mode},
+                    {"params", model_preset("tiny").num_params()},
+                    {"fwd_ms", fwd},
+                    {"fwd_bwd_ms", fwd_bwd},
+                    {"step_ms", step},
+                    {"train_mem_gib", train_gib},
+                    {"torch", "2.9.1"},
+                    {"transformers", "4.57.0"},
                     {"device", "cpu"}};
     return "echo '" + j.dump() + "'";
   }
@@ -113,10 +119,10 @@ TEST_F(BenchCompare, SpeedupIsThePeersMsOverTesserasPerRegionAndMode) {
   EXPECT_NE(r.out.find("| size | peer mode |"), std::string::npos) << r.out;  // printed as well as written
   const auto t = md_table(text, "| size |");
   ASSERT_EQ(t.size(), 3u) << text;
-  EXPECT_EQ(t[0], (std::vector<std::string>{"size", "peer mode", "tessera fwd ms", "peer fwd ms", "fwd speedup",
-                                            "tessera fwd+bwd ms", "peer fwd+bwd ms", "fwd+bwd speedup",
-                                            "tessera step ms", "peer step ms", "step speedup", "tessera train mem",
-                                            "peer train mem"}));
+  EXPECT_EQ(t[0],
+            (std::vector<std::string>{"size", "peer mode", "tessera fwd ms", "peer fwd ms", "fwd speedup",
+                                      "tessera fwd+bwd ms", "peer fwd+bwd ms", "fwd+bwd speedup", "tessera step ms",
+                                      "peer step ms", "step speedup", "tessera train mem", "peer train mem"}));
   const auto csv_rows = read_csv(csv);
   ASSERT_EQ(csv_rows.size(), 2u);
   const char* keys[] = {"fwd", "fwd_bwd", "step"};
@@ -187,7 +193,7 @@ TEST_F(BenchCompare, APeerThatCannotRunIsANoteAndEveryFileIsWritten) {
   ASSERT_TRUE(p.at("ok").get<bool>()) << p.dump();
   EXPECT_EQ(p.at("width").get<int>(), kBarChartWidth);
   EXPECT_EQ(p.at("height").get<int>(), kBarChartHeight);
-  EXPECT_GT(pixels(p, kColorTessera), 5000);  // the only bar: the whole height of the plot
+  EXPECT_GT(pixels(p, kColorTessera), 5000);        // the only bar: the whole height of the plot
   EXPECT_EQ(pixels(p, kColorTorchEager), 18 * 14);  // the legend's square only
   EXPECT_EQ(pixels(p, kColorTorchCompile), 0);      // not asked for
 

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.h"
-#include "test_util.h"
 #include "tessera/bench/decode.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/models/model.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -120,7 +120,7 @@ TEST_F(BenchDecode, BadInputIsOneLineWithExitTwo) {
 
 // A decode step reads one row of the position table, and of the embedding table where the head does not read it all.
 TEST(BenchDecodeBytes, WeightBytesLeaveOutTheTablesAStepReadsARowOf) {
-  const ModelConfig gpt = model_preset("tiny");  // tied, learned positions
+  const ModelConfig gpt = model_preset("tiny");                 // tied, learned positions
   const ModelConfig llama = llama_style(model_preset("tiny"));  // untied, rotary
   ASSERT_TRUE(gpt.tied && gpt.positions == PositionKind::Learned && !llama.tied);
   const int64_t C = gpt.d_model;
@@ -157,22 +157,30 @@ TEST(BenchDecodePeer, RecordsBecomeFiguresInMs) {
 // is –, and a line without peers has – in every peer cell.
 TEST(BenchDecodePeer, TableSetsThePeerBesideTesseraInTheLinesUnit) {
   DecodeBenchResult r;
-  r.lines.push_back({.row = "batch", .measure = "per token", .value = 0.05, .unit = "ms/token", .peer_factor = 1.0 / 16,
-                     .peers = {{"HF static", decode_peer_key("static", 16, 1)},
-                               {"HF eager", decode_peer_key("eager", 16, 1)}}});
-  r.lines.push_back({.row = "topk", .measure = "k 8", .value = 40, .unit = "µs", .peer_factor = 1e3,
+  r.lines.push_back(
+      {.row = "batch",
+       .measure = "per token",
+       .value = 0.05,
+       .unit = "ms/token",
+       .peer_factor = 1.0 / 16,
+       .peers = {{"HF static", decode_peer_key("static", 16, 1)}, {"HF eager", decode_peer_key("eager", 16, 1)}}});
+  r.lines.push_back({.row = "topk",
+                     .measure = "k 8",
+                     .value = 40,
+                     .unit = "µs",
+                     .peer_factor = 1e3,
                      .peers = {{"torch.topk", decode_peer_topk_key(32, 8, 8)}}});
-  r.lines.push_back({.row = "bandwidth", .measure = "GB/s", .value = 2500, .unit = "GB/s", .peer_factor = 1,
-                     .peers = {}});
+  r.lines.push_back(
+      {.row = "bandwidth", .measure = "GB/s", .value = 2500, .unit = "GB/s", .peer_factor = 1, .peers = {}});
   DecodePeerFigures f;
   f.ms[decode_peer_key("static", 16, 1)] = 2.4;  // ms per step of 16 tokens: 0.15 ms/token, 3x tessera's 0.05
   f.ms[decode_peer_topk_key(32, 8, 8)] = 0.16;   // 160 µs, 4x tessera's 40
   const auto t = test::md_table(decode_bench_table(r, f, /*with_peer=*/true), "| row |");
   ASSERT_EQ(t.size(), 5u);
-  EXPECT_EQ(t[0], (std::vector<std::string>{"row", "measure", "tessera", "unit", "peer", "peer's figure",
-                                            "peer / tessera"}));
-  EXPECT_EQ(t[1], (std::vector<std::string>{"batch", "per token", "0.0500", "ms/token", "HF static", "0.1500",
-                                            "3.00×"}));
+  EXPECT_EQ(t[0],
+            (std::vector<std::string>{"row", "measure", "tessera", "unit", "peer", "peer's figure", "peer / tessera"}));
+  EXPECT_EQ(t[1],
+            (std::vector<std::string>{"batch", "per token", "0.0500", "ms/token", "HF static", "0.1500", "3.00×"}));
   EXPECT_EQ(t[2], (std::vector<std::string>{"batch", "per token", "0.0500", "ms/token", "HF eager", "–", "–"}));
   EXPECT_EQ(t[3], (std::vector<std::string>{"topk", "k 8", "40.000", "µs", "torch.topk", "160.0", "4.00×"}));
   EXPECT_EQ(t[4], (std::vector<std::string>{"bandwidth", "GB/s", "2500.0", "GB/s", "–", "–", "–"}));

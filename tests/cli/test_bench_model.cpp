@@ -18,7 +18,6 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli_run.h"
-#include "test_util.h"
 #include "tessera/bench/memory_timeline.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
@@ -26,6 +25,7 @@
 #include "tessera/models/gpt.h"
 #include "tessera/models/gpt_plan.h"
 #include "tessera/train/optimizer.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -245,8 +245,7 @@ TEST_F(BenchModel, AnAllocationTheSystemRefusesIsAnOomRow) {
   if (available_host_memory() < (size_t{2} << 30)) GTEST_SKIP() << "under 2 GiB of host memory available";
   const fs::path js = dir / "m.json";
   // Its parameters alone, 475 MiB, are past a 256 MiB address space; the tiny fits in it.
-  const test::CliRun r =
-      test::run_with_address_limit(256, kCommon + " --sizes gpt2-124m,tiny --json " + js.string());
+  const test::CliRun r = test::run_with_address_limit(256, kCommon + " --sizes gpt2-124m,tiny --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err;
   expect_status_on_stderr(r, {"  gpt2-124m: OOM (out of memory: ", "  tiny: done in "});
   const json j = json::parse(read_file_text(js.string()));

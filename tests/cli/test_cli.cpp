@@ -1,11 +1,11 @@
 // The tessera binary end to end: each bad input is one line on stderr, exit code 2, and no partial file.
-#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <array>
 #include <chrono>
@@ -13,16 +13,16 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
+#include "cli/cli_run.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
-#include "cli/cli_run.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -132,7 +132,8 @@ class Cli : public ::testing::Test {
   // A small model on the bundled corpus: quick steps, on the CPU even where a GPU is visible (the signal tests
   // time their signals against CPU steps).
   std::string small_train(const fs::path& out) {
-    return "train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --val-every 0 --no-progress "
+    return "train --out " + out.string() +
+           " --batch 2 --seq 16 --d-model 32 --n-layers 1 --val-every 0 --no-progress "
            "--sample-tokens 0 --device cpu";
   }
   // SIGINT or SIGTERM mid-run: the step finishes, a checkpoint is written, the exit code is 128 + the
@@ -157,7 +158,8 @@ class Cli : public ::testing::Test {
   }
 
   std::string train_args(const std::string& data, const fs::path& out) {
-    return "train --data " + data + " --out " + out.string() + " --steps 2 --batch 2 --seq 16 --no-progress --sample-tokens 0";
+    return "train --data " + data + " --out " + out.string() +
+           " --steps 2 --batch 2 --seq 16 --no-progress --sample-tokens 0";
   }
 };
 
@@ -172,8 +174,8 @@ TEST_F(Cli, AnEndlessNonTextInputIsRefusedAtOnce) {
   const std::string guard = test::address_limit_prefix(4096) + "timeout 60 ";
   const CliRun zero = test::run_after(guard, "prepare --text /dev/zero --out " + (dir / "z").string());
   expect_error(zero, "a NUL byte at byte 0", dir / "z");
-  const CliRun noise = test::run_after(guard, "train --data /dev/urandom --steps 2 --no-progress --out " +
-                                                  (dir / "u").string());
+  const CliRun noise =
+      test::run_after(guard, "train --data /dev/urandom --steps 2 --no-progress --out " + (dir / "u").string());
   expect_error(noise, "is neither a token shard", dir / "u");
 }
 
@@ -187,11 +189,13 @@ TEST_F(Cli, ADanglingLinkIsNamedAsOne) {
   expect_error(run("generate --checkpoint " + link.string() + "/"), note);
   expect_error(run("info --checkpoint " + link.string()), note);
   expect_error(run("train --resume " + (link / "checkpoint").string() + " --out " + (dir / "o").string() +
-                   " --no-progress"), note, dir / "o");
+                   " --no-progress"),
+               note, dir / "o");
   expect_error(run(train_args(link.string(), dir / "o")), note, dir / "o");
   expect_error(run("bench kernels --out " + (link / "k.md").string()), note);
   expect_error(run("train --steps 2 --no-progress --out " + (dir / "o").string() + " --trace " +
-                   (link / "t.json").string()), note, dir / "o");
+                   (link / "t.json").string()),
+               note, dir / "o");
   // As the output: mkdir's "File exists" alone named a path that ls showed empty, and a failed prepare then removed
   // the user's link as a directory it had made (the train after it made a directory in its place).
   write_file_atomic((dir / "t.txt").string(), "some plain text to prepare");
@@ -228,8 +232,10 @@ TEST_F(Cli, ResumingAFinishedRunSaysToRaiseSteps) {
 TEST_F(Cli, ABranchFromBestKeepsItsStartAsBest) {
   const std::string flags = " --device cpu --no-progress --sample-tokens 0";
   const fs::path a = dir / "a", b = dir / "b";
-  const CliRun first = run("train --out " + a.string() + flags + " --batch 2 --seq 16 --d-model 32 --n-layers 2 "
-                           "--n-heads 2 --steps 7 --lr 0.05 --warmup 0 --val-every 2", dir);
+  const CliRun first = run("train --out " + a.string() + flags +
+                               " --batch 2 --seq 16 --d-model 32 --n-layers 2 "
+                               "--n-heads 2 --steps 7 --lr 0.05 --warmup 0 --val-every 2",
+                           dir);
   ASSERT_EQ(first.code, 0) << first.err;
   // The premise: the run's best is step 6, and step 7 (the end's validation) is worse.
   const auto best = best_record((a / "best").string());
@@ -270,7 +276,8 @@ TEST_F(Cli, TrainKeepsShardsPreparedIntoItsDataDir) {
   const std::string before = read_file_text((out / "data" / "train_000000.bin").string());
   const std::string train = "train --data " + text.string() + " --out " + out.string() +
                             " --steps 1 --batch 2 --seq 16 --no-progress --sample-tokens 0";
-  expect_error(run(train), "holds no run, but its data/ holds shards (train_000000.bin, val_000000.bin) that train "
+  expect_error(run(train),
+               "holds no run, but its data/ holds shards (train_000000.bin, val_000000.bin) that train "
                "would replace");
   EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), before);
   // Many are named as the first few: the refusal named the one shard it met first, as if it alone were at stake.
@@ -293,7 +300,9 @@ TEST_F(Cli, AMissingCheckpointSaysWhy) {
                    " is incomplete)");
 }
 
-TEST_F(Cli, TruncatedShard) { expect_error(run(train_args(data_with("truncated.bin"), dir / "o")), "truncated", dir / "o"); }
+TEST_F(Cli, TruncatedShard) {
+  expect_error(run(train_args(data_with("truncated.bin"), dir / "o")), "truncated", dir / "o");
+}
 TEST_F(Cli, ShortHeader) {
   expect_error(run(train_args(data_with("short_header.bin"), dir / "o")), "truncated header", dir / "o");
 }
@@ -305,7 +314,8 @@ TEST_F(Cli, TokenBeyondVocab) {
   expect_error(run(train_args(data_with("big_token.bin"), dir / "o")), "token id 300", dir / "o");
 }
 TEST_F(Cli, SequenceLongerThanMaxSeq) {
-  expect_error(run("train --seq 65 --out " + (dir / "o").string() + " --no-progress"), "longer than the model's max_seq");
+  expect_error(run("train --seq 65 --out " + (dir / "o").string() + " --no-progress"),
+               "longer than the model's max_seq");
   expect_error(run("generate --checkpoint x --tokens -1"), "--tokens must be >= 0");
   expect_error(run("generate --checkpoint x"), "does not exist");
   expect_error(run("generate --checkpoint ''"), "--checkpoint is empty");
@@ -411,9 +421,9 @@ TEST_F(Cli, MismatchedSafetensors) {
 TEST_F(Cli, PathTheFileSystemRefusesIsOneLine) {
   const std::string long_name = (dir / std::string(300, 'a')).string();
   const std::string train = "train --device cpu --no-progress ";
-  for (const std::string& args : {"info --checkpoint " + long_name, "generate --checkpoint " + long_name,
-                                  train + "--out " + long_name, train + "--data " + long_name + " --out " +
-                                  (dir / "o").string()}) {
+  for (const std::string& args :
+       {"info --checkpoint " + long_name, "generate --checkpoint " + long_name, train + "--out " + long_name,
+        train + "--data " + long_name + " --out " + (dir / "o").string()}) {
     SCOPED_TRACE(args);
     const CliRun r = run(args);
     expect_error(r, "tessera: error: cannot access " + long_name, dir / "o");  // or a file inside it (--out)
@@ -424,10 +434,11 @@ TEST_F(Cli, PathTheFileSystemRefusesIsOneLine) {
 // left behind once the directories made were only returned at the end).
 TEST_F(Cli, AFailedOutputLeavesNoParentBehind) {
   const std::string too_long = std::string(300, 'a');
-  expect_error(run("train --device cpu --no-progress --out " + (dir / "newt" / too_long).string()), "File name too long",
-               dir / "newt");
+  expect_error(run("train --device cpu --no-progress --out " + (dir / "newt" / too_long).string()),
+               "File name too long", dir / "newt");
   expect_error(run("prepare --text " + std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt --out " +
-                   (dir / "newp" / too_long).string()), "File name too long", dir / "newp");
+                   (dir / "newp" / too_long).string()),
+               "File name too long", dir / "newp");
 }
 TEST_F(Cli, UnwritableOutput) {
   write_file_atomic((dir / "file").string(), std::string("x"));
@@ -529,7 +540,8 @@ TEST_F(Cli, PrepareShowsProgressForALargeText) {
   const CliRun below = run("prepare --text " + small.string() + " --out " + (dir / "s").string());
   ASSERT_EQ(below.code, 0) << below.err;
   EXPECT_EQ(below.err, "");
-  const std::string train = "train --data " + text.string() + " --batch 1 --seq 8 --d-model 16 --n-layers 1 "
+  const std::string train = "train --data " + text.string() +
+                            " --batch 1 --seq 8 --d-model 16 --n-layers 1 "
                             "--n-heads 2 --steps 1 --val-every 0 --sample-tokens 0 --device cpu --out ";
   const CliRun t = run(train + (dir / "run").string());
   ASSERT_EQ(t.code, 0) << t.err;
@@ -579,7 +591,7 @@ TEST_F(Cli, PrepareUnderAnAddressLimitFinishesOrLeavesNothing) {
   const size_t large_mib = test::smallest_address_limit_mib(runs(args(large)), small_mib);
   // Each limit is found to within 16 MiB: the 64 MiB of text more read as 48 to 80.
   EXPECT_LE(large_mib - small_mib, 96u) << "64 MiB more text should need 64 MiB more, not twice that (" << small_mib
-                                         << " MiB for 32 MiB of text, " << large_mib << " for 96)";
+                                        << " MiB for 32 MiB of text, " << large_mib << " for 96)";
   EXPECT_EQ(listing(out).size(), 2u);
   // Under a limit it cannot meet, one line, and nothing left behind.
   fs::remove_all(out);
@@ -622,8 +634,9 @@ TEST_F(Cli, PrepareReplacesTheShardsItFinds) {
   fs::copy_file(out / "val_000000.bin", out / "fineweb_val_000001.bin");
   const std::vector<std::string> before = listing(out);
   expect_error(run("prepare --text " + text.string() + " --out " + out.string()),
-               "tessera: error: prepare: " + out.string() + " holds fineweb_val_000001.bin, a shard that train --data "
-               "would read beside the new ones");
+               "tessera: error: prepare: " + out.string() +
+                   " holds fineweb_val_000001.bin, a shard that train --data "
+                   "would read beside the new ones");
   EXPECT_EQ(listing(out), before);
 }
 
@@ -646,8 +659,8 @@ TEST_F(Cli, SecondSigintExitsAtOnce) {
   // Steps of two to three seconds on 2 cores (the tiny preset, 256 x 64 tokens), so that both signals land inside
   // one, the second past the quarter second within which a repeat is the same stop.
   const fs::path out = dir / "o";
-  Child c = spawn("train --out " + out.string() + " --batch 256 --steps 1000 --ckpt-every 0 --no-progress --device cpu",
-                  dir);
+  Child c =
+      spawn("train --out " + out.string() + " --batch 256 --steps 1000 --ckpt-every 0 --no-progress --device cpu", dir);
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
   ::kill(c.pid, SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
@@ -743,8 +756,8 @@ TEST_F(Cli, APrepareRefusedByTheLockLeavesTheNewDirectoryToItsHolder) {
 // quarter second is the same stop. (The pause lets the first be delivered: two pending signals would merge.)
 TEST_F(Cli, ASignalRepeatedAtOnceIsOneStop) {
   const fs::path out = dir / "o";
-  Child c = spawn("train --out " + out.string() + " --batch 96 --steps 1000 --ckpt-every 0 --no-progress --device cpu",
-                  dir);
+  Child c =
+      spawn("train --out " + out.string() + " --batch 96 --steps 1000 --ckpt-every 0 --no-progress --device cpu", dir);
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
   ::kill(c.pid, SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -764,19 +777,24 @@ TEST_F(Cli, ASignalRepeatedAtOnceIsOneStop) {
 TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
   const fs::path out = dir / "o";
   ASSERT_EQ(run(test::small_train_args(out, ""), dir).code, 0);
-  const CliRun r = run("train --resume " + (out / "checkpoint").string() + " --steps 6 --no-checkpoint --no-progress "
-                       "--sample-tokens 0 --device cpu", dir);
+  const CliRun r = run("train --resume " + (out / "checkpoint").string() +
+                           " --steps 6 --no-checkpoint --no-progress "
+                           "--sample-tokens 0 --device cpu",
+                       dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("best:       " + (out / "best").string() + " (step "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; as it was: --no-checkpoint writes none)\n"), std::string::npos) << r.out;
   // The header names the steps this resume runs ("for 6 steps" read against "done: 2 steps").
   EXPECT_NE(r.out.find(" for steps 5 to 6 -> "), std::string::npos) << r.out;
-  const CliRun one = run("train --resume " + (out / "checkpoint").string() + " --steps 5 --no-checkpoint --no-progress "
-                         "--sample-tokens 0 --device cpu", dir);
+  const CliRun one = run("train --resume " + (out / "checkpoint").string() +
+                             " --steps 5 --no-checkpoint --no-progress "
+                             "--sample-tokens 0 --device cpu",
+                         dir);
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_NE(one.out.find(" for step 5 -> "), std::string::npos) << one.out;  // not "for steps 5 to 5"
   // --stop-after ends the span ("for steps 5 to 8" under --stop-after 5 promised four steps and ran one).
-  const std::string resume = "train --resume " + (out / "checkpoint").string() + " --steps 8 --no-progress "
+  const std::string resume = "train --resume " + (out / "checkpoint").string() +
+                             " --steps 8 --no-progress "
                              "--sample-tokens 0 --device cpu --stop-after ";
   const CliRun stop7 = run(resume + "7 --out " + (dir / "b").string(), dir);
   ASSERT_EQ(stop7.code, 0) << stop7.err;
@@ -798,8 +816,8 @@ TEST_F(Cli, AResumeWithoutCheckpointsSaysItsBestIsAsItWas) {
 // Under --no-checkpoint the acknowledgement does not promise a checkpoint.
 TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
   const fs::path out = dir / "o";
-  Child c = spawn("train --out " + out.string() + " --batch 96 --steps 1000 --no-checkpoint --no-progress --device cpu",
-                  dir);
+  Child c =
+      spawn("train --out " + out.string() + " --batch 96 --steps 1000 --no-checkpoint --no-progress --device cpu", dir);
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
@@ -815,13 +833,16 @@ TEST_F(Cli, AStopWithoutCheckpointsSaysNoneIsWritten) {
 TEST_F(Cli, AStopBeforeTheTraceStepSaysNoTraceWasWritten) {
   const fs::path out = dir / "o", trace = dir / "t.json";
   Child c = spawn("train --out " + out.string() + " --batch 96 --steps 1000 --trace-step 999 --trace " +
-                  trace.string() + " --no-checkpoint --no-progress --device cpu", dir);
+                      trace.string() + " --no-checkpoint --no-progress --device cpu",
+                  dir);
   ASSERT_TRUE(wait_for_steps(out / "metrics.jsonl", 1, c.pid)) << read_file_text(c.err.string());
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
   const std::string err = read_file_text(c.err.string());
   EXPECT_NE(err.find("tessera: no --trace / --memory-timeline file: the run stopped before step 999, the one they "
-                     "record\n"), std::string::npos) << err;
+                     "record\n"),
+            std::string::npos)
+      << err;
   EXPECT_FALSE(fs::exists(trace));
 }
 
@@ -896,7 +917,8 @@ TEST_F(Cli, SigtermWithinALongAccumulatedStepStopsAtOnce) {
   int code = -1;
   for (int i = 0; i < 6000 && code < 0; ++i) {  // up to a minute
     int status = 0;
-    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid)
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     else std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (code < 0) {
@@ -907,7 +929,8 @@ TEST_F(Cli, SigtermWithinALongAccumulatedStepStopsAtOnce) {
   ASSERT_EQ(code, 128 + SIGTERM) << "still running a minute after SIGTERM: " << err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
   EXPECT_NE(err.find("tessera: terminated at step 0: checkpoint written to " + (out / "checkpoint").string()),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   ASSERT_TRUE(fs::exists(out / "checkpoint")) << err;
   EXPECT_EQ(checkpoint_step(out / "checkpoint"), 0);
   EXPECT_EQ(count_lines(out / "metrics.jsonl"), 0);
@@ -945,7 +968,8 @@ TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
   // cs336-small's f32 parameters alone are 0.48 GiB, more than the limit leaves.
   const CliRun r = test::run_after(test::address_limit_prefix(test::startup_address_mib() + 256),
                                    "train --preset cs336-small --batch 1 --seq 16 --steps 1 --no-progress "
-                                   "--sample-tokens 0 --device cpu --out " + out.string());
+                                   "--sample-tokens 0 --device cpu --out " +
+                                       out.string());
   expect_error(r, "out of memory", out);
   EXPECT_NE(r.out.find("prepared "), std::string::npos) << "failed before it made the directory: " << r.out;
 }
@@ -956,8 +980,9 @@ TEST_F(Cli, OutOfMemoryBeforeTheFirstStepLeavesNothing) {
 // limits just above the start-up's are the ones where the GEMMs' buffers do not fit.
 TEST_F(Cli, ThreadsWithoutRoomForTheirBlasBuffersFailInsteadOfSpinning) {
   TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
-  const std::string args = "train --batch 8 --seq 64 --d-model 32 --n-layers 1 --n-heads 2 --steps 1 --no-progress "
-                           "--sample-tokens 0 --device cpu --out ";
+  const std::string args =
+      "train --batch 8 --seq 64 --d-model 32 --n-layers 1 --n-heads 2 --steps 1 --no-progress "
+      "--sample-tokens 0 --device cpu --out ";
   int blas_errors = 0, trained = 0;
   for (size_t extra : {160, 224, 288, 352, 416, 544}) {
     std::string name = "o";  // appended, not "o" + std::string&& (GCC 12 -Wrestrict false positive)
@@ -1037,7 +1062,8 @@ TEST_F(Cli, CheckpointsByWallTimeUnlessCkptEveryZero) {
 TEST_F(Cli, KeepsTheBestCheckpoint) {
   // A learning rate far too high makes the validation loss jump about; best/ holds its lowest step.
   const fs::path out = dir / "o";
-  const CliRun r = run("train --out " + out.string() + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 "
+  const CliRun r = run("train --out " + out.string() +
+                       " --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 "
                        "--val-every 1 --lr 1 --min-lr-ratio 1 --warmup 0 --no-progress --sample-tokens 0");
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(out / "metrics.jsonl");
@@ -1054,8 +1080,9 @@ TEST_F(Cli, KeepsTheBestCheckpoint) {
 
 TEST_F(Cli, OneOutputDirectoryPerRun) {
   // The default --out is runs/<preset>, and a second run there is refused until --force.
-  const std::string args = "train --preset gpt2-124m --vocab 256 --d-model 32 --n-layers 1 --n-heads 2 --d-ff 64 "
-                           "--max-seq 16 --batch 2 --steps 1 --no-progress --sample-tokens 0";
+  const std::string args =
+      "train --preset gpt2-124m --vocab 256 --d-model 32 --n-layers 1 --n-heads 2 --d-ff 64 "
+      "--max-seq 16 --batch 2 --steps 1 --no-progress --sample-tokens 0";
   CliRun r = run(args, dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir / "runs" / "gpt2-124m" / "checkpoint"));
@@ -1103,8 +1130,9 @@ TEST_F(Cli, ResumeFindsTheRunsOwnDataFromAnywhereAndRefusesOtherData) {
     }
     return -1.0;
   };
-  CliRun r = run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --n-heads 2 --steps 6 --stop-after 2" +
-                     tail, dir);
+  CliRun r =
+      run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --n-heads 2 --steps 6 --stop-after 2" + tail,
+          dir);
   ASSERT_EQ(r.code, 0) << r.err;
   fs::copy(dir / "a", dir / "b", fs::copy_options::recursive);
   // The copy b resumes on its own b/data: step 3 as the run would have taken it.
@@ -1178,7 +1206,8 @@ TEST_F(Cli, SighupCheckpointsAndResumes) { interrupt_and_resume(SIGHUP); }
 // Under nohup, which ignores SIGHUP, a SIGHUP does not stop the run: train keeps an ignored SIGHUP ignored.
 TEST_F(Cli, SighupIgnoredByTheLauncherStaysIgnored) {
   const fs::path out = dir / "o", metrics = out / "metrics.jsonl";
-  struct sigaction ignore {}, old {};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
   ::sigaction(SIGHUP, &ignore, &old);  // the child inherits it through exec, as nohup's does
@@ -1238,7 +1267,8 @@ TEST_F(Cli, ARunWithoutValidationSaysWhy) {
   CliRun r = run(train_args(data + "/train_000000.bin", dir / "o1") + " --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("validation: none (--data " + data + "/train_000000.bin is one shard file, with no val split)"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   // A directory with train shards alone trains too (it was refused: "no val shards").
   const fs::path only_train = dir / "only_train";
   fs::create_directories(only_train);
@@ -1246,12 +1276,14 @@ TEST_F(Cli, ARunWithoutValidationSaysWhy) {
   r = run(train_args(only_train.string(), dir / "o0") + " --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("validation: none (--data " + only_train.string() + " holds no val shards (val_*.bin))"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   write_shard(data + "/val_000000.bin", std::vector<uint16_t>(16, 7));
   r = run(train_args(data, dir / "o2") + " --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("validation: none (the val split holds 16 tokens, not more than one sequence of --seq 16)"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   r = run(train_args(data, dir / "o3") + " --device cpu --seq 8");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("validation: none"), std::string::npos) << r.out;
@@ -1276,8 +1308,8 @@ TEST_F(Cli, EveryCheckBeforeAnyWrite) {
   expect_error(run(base + "--val-batches -1"), "--val-batches must be >= 0", out);
   expect_error(run(base + "--ckpt-every -2"), "--ckpt-every must be >= 0", out);
   expect_error(run(base + "--ckpt-minutes 0"), "--ckpt-minutes must be positive", out);
-  expect_error(run(base + "--resume " + (dir / "nope").string()), "--resume: " + (dir / "nope").string() +
-               " does not exist", out);
+  expect_error(run(base + "--resume " + (dir / "nope").string()),
+               "--resume: " + (dir / "nope").string() + " does not exist", out);
   write_file_atomic((dir / "afile").string(), std::string("x"));
   expect_error(run(base + "--resume " + (dir / "afile").string()), "is not a checkpoint directory", out);
   expect_error(run(base + "--vocab 100"), "--data is required", out);
@@ -1300,7 +1332,8 @@ TEST_F(Cli, DeviceAndPrecisionNeedAGpu) {
   expect_error(run(base + "--precision bf16"), "--precision bf16 needs a GPU", out);
   expect_error(run(base + "--precision f16"), "--precision f16 needs a GPU", out);
   // The CPU is always there.
-  const CliRun ok = run("train --out " + out.string() + " --no-progress --device cpu --precision f32 --steps 2 "
+  const CliRun ok = run("train --out " + out.string() +
+                        " --no-progress --device cpu --precision f32 --steps 2 "
                         "--sample-tokens 0");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("on the CPU"), std::string::npos) << ok.out;
@@ -1351,7 +1384,9 @@ TEST_F(Cli, TextDataIsTokenizedBinaryIsRefused) {
   EXPECT_EQ(greedy.out, zero.out);
 
   // Neither a shard nor text: refused, naming tessera prepare, and nothing written.
-  std::string binary_bytes = "\x7f" "ELF";
+  std::string binary_bytes =
+      "\x7f"
+      "ELF";
   for (int i = 0; i < 4000; ++i) binary_bytes += static_cast<char>(i * 37 % 256);
   write_file_atomic((dir / "blob").string(), binary_bytes);
   expect_error(run("train --data " + (dir / "blob").string() + " --out " + (dir / "o2").string()), "tessera prepare",
@@ -1408,7 +1443,8 @@ TEST_F(Cli, PrepareTrainGenerateInfo) {
   int lines = 0;
   for (std::string l; std::getline(metrics, l);) {
     ++lines;
-    for (const char* key : {"\"step\"", "\"loss\"", "\"lr\"", "\"tokens_per_s\""}) EXPECT_NE(l.find(key), std::string::npos);
+    for (const char* key : {"\"step\"", "\"loss\"", "\"lr\"", "\"tokens_per_s\""})
+      EXPECT_NE(l.find(key), std::string::npos);
   }
   EXPECT_EQ(lines, 3);
   r = run("generate --checkpoint " + (dir / "o" / "checkpoint").string() + " --prompt Hi --tokens 7 --greedy");
@@ -1432,14 +1468,17 @@ TEST_F(Cli, PrepareIntoTheShardsOfARunningTrainIsRefused) {
   const std::string shard = read_file_text((out / "data" / "train_000000.bin").string());
   write_file_atomic((dir / "other.txt").string(), std::string(4000, 'x'));
   // A run's own data is refused as such; --force, which would replace it, is refused while the train runs.
-  expect_error(run("prepare --text other.txt --out o/data", dir), "--out o/data holds the data of the training run "
+  expect_error(run("prepare --text other.txt --out o/data", dir),
+               "--out o/data holds the data of the training run "
                "in o, which that run's --resume checks: replaced, the run could not be resumed; give another --out, "
                "or --force to replace them");
   const CliRun r = run("prepare --text other.txt --out o/data --force", dir);
   expect_error(r, "shard directory o/data is in use by another tessera process");
   EXPECT_EQ(read_file_text((out / "data" / "train_000000.bin").string()), shard);
-  const CliRun reader = run("train --data o/data --out p --steps 1 --batch 2 --seq 16 --d-model 32 --n-layers 1 "
-                            "--no-progress --sample-tokens 0 --device cpu", dir);
+  const CliRun reader =
+      run("train --data o/data --out p --steps 1 --batch 2 --seq 16 --d-model 32 --n-layers 1 "
+          "--no-progress --sample-tokens 0 --device cpu",
+          dir);
   EXPECT_EQ(reader.code, 0) << reader.err;
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGTERM);
@@ -1459,8 +1498,8 @@ TEST_F(Cli, AStopWhileTrainReadsItsTextSaysSoAndWritesNothing) {
   const int w = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // a writer that stays
   ASSERT_GE(w, 0);
   ASSERT_EQ(::write(w, "some text\n", 10), 10);
-  Child c = spawn("train --data " + fifo.string() + " --out " + (dir / "o").string() + " --no-progress --device cpu",
-                  dir);
+  Child c =
+      spawn("train --data " + fifo.string() + " --out " + (dir / "o").string() + " --no-progress --device cpu", dir);
   int left = 10;
   for (int i = 0; i < 2000 && left > 0; ++i) {  // up to 20 s
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -1470,8 +1509,8 @@ TEST_F(Cli, AStopWhileTrainReadsItsTextSaysSoAndWritesNothing) {
   ::kill(c.pid, SIGINT);
   EXPECT_EQ(wait_exit(c.pid), 128 + SIGINT);
   ::close(w);
-  EXPECT_EQ(read_file_text(c.err.string()), "tessera: interrupted while reading " + fifo.string() +
-                                                ": nothing written\n");
+  EXPECT_EQ(read_file_text(c.err.string()),
+            "tessera: interrupted while reading " + fifo.string() + ": nothing written\n");
   EXPECT_FALSE(fs::exists(dir / "o"));
 }
 
@@ -1511,9 +1550,11 @@ TEST_F(Cli, PrepareRefusesARunOrACheckpointUnlessForced) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
   ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 2" + tail, dir).code, 0);
   write_file_atomic((dir / "t.txt").string(), std::string(3000, 'y'));
-  expect_error(run("prepare --text t.txt --out o", dir), "--out o holds a training run (metrics.jsonl, checkpoint/): "
+  expect_error(run("prepare --text t.txt --out o", dir),
+               "--out o holds a training run (metrics.jsonl, checkpoint/): "
                "give the shards a directory of their own, or --force");
-  expect_error(run("prepare --text t.txt --out o/checkpoint/", dir), "--out o/checkpoint/ is a checkpoint: give the "
+  expect_error(run("prepare --text t.txt --out o/checkpoint/", dir),
+               "--out o/checkpoint/ is a checkpoint: give the "
                "shards a directory of their own, or --force");
   EXPECT_FALSE(fs::exists(dir / "o" / "train_000000.bin"));
   EXPECT_FALSE(fs::exists(dir / "o" / "checkpoint" / "train_000000.bin"));
@@ -1543,8 +1584,9 @@ TEST_F(Cli, ATrainIsRefusedWhileAPrepareWritesItsData) {
 // continues there.
 TEST_F(Cli, ResumeThroughASymlinkContinuesTheRunItLeadsTo) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
-  ASSERT_EQ(run("train --out runs/o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
-                dir).code, 0);
+  ASSERT_EQ(
+      run("train --out runs/o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail, dir).code,
+      0);
   fs::create_directory_symlink("runs/o/checkpoint", dir / "latest");
   write_file_atomic((dir / "notes.txt").string(), std::string("not a run"));
   const CliRun r = run("train --resume latest" + tail, dir);
@@ -1560,8 +1602,8 @@ TEST_F(Cli, ResumeThroughASymlinkContinuesTheRunItLeadsTo) {
 // belong to arch/, and the resume failed there on arch/data. It names RUN, which continues; the archive is kept.
 TEST_F(Cli, ResumeOfARunWhoseCheckpointIsALinkContinuesThatRun) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
-  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
-                dir).code, 0);
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail, dir).code,
+            0);
   fs::create_directory(dir / "arch");
   fs::rename(dir / "o" / "checkpoint", dir / "arch" / "step2");
   fs::create_directory_symlink("../arch/step2", dir / "o" / "checkpoint");
@@ -1586,12 +1628,15 @@ TEST_F(Cli, ResumeOfARunWhoseCheckpointIsALinkContinuesThatRun) {
 // A run that diverges with no checkpoint keeps its metrics (how it went), so the same command is then refused as
 // one into a run. The error says so, and how to train there again.
 TEST_F(Cli, ADivergedRunSaysHowToTrainThereAgain) {
-  const std::string args = "train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 20 --warmup 0 "
-                           "--no-progress --sample-tokens 0 --device cpu";
+  const std::string args =
+      "train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 20 --warmup 0 "
+      "--no-progress --sample-tokens 0 --device cpu";
   const CliRun r = run(args + " --lr 1e30", dir);
   expect_error(r, "training diverged: ");
   EXPECT_NE(r.err.find("; no checkpoint was written; o/metrics.jsonl keeps the losses: train into o again with "
-                       "--force)"), std::string::npos) << r.err;
+                       "--force)"),
+            std::string::npos)
+      << r.err;
   EXPECT_GE(count_lines(dir / "o" / "metrics.jsonl"), 1);
   EXPECT_EQ(run(args, dir).code, 2);
   const CliRun again = run(args + " --force", dir);
@@ -1601,8 +1646,8 @@ TEST_F(Cli, ADivergedRunSaysHowToTrainThereAgain) {
 // A resumed run's metrics.jsonl that is not a file failed after the run had printed its startup lines.
 TEST_F(Cli, ResumeChecksItsMetricsBeforeItStarts) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
-  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
-                dir).code, 0);
+  ASSERT_EQ(run("train --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail, dir).code,
+            0);
   fs::remove(dir / "o" / "metrics.jsonl");
   fs::create_directory(dir / "o" / "metrics.jsonl");
   const CliRun r = run("train --resume o/checkpoint" + tail, dir);
@@ -1616,7 +1661,10 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
   const auto train = [&](const std::string& out, int stop_after) {
     ASSERT_EQ(run("train --out " + out + " --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 8 --stop-after " +
-                  std::to_string(stop_after) + tail, dir).code, 0);
+                      std::to_string(stop_after) + tail,
+                  dir)
+                  .code,
+              0);
   };
   const auto lines_of = [](const std::string& text) {
     std::vector<std::string> lines;
@@ -1633,8 +1681,9 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   write_file_atomic(metrics.string(), lines[0] + lines[1] + lines[2].substr(0, 10));
   const CliRun r = run("train --resume o/checkpoint --stop-after 6" + tail, dir);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err, "tessera: warning: o/metrics.jsonl: no record of 3 of steps 1 to 5, the first missing step 3; cut "
-                   "short or edited; the resumed run's records follow step 5 without them\n");
+  EXPECT_EQ(r.err,
+            "tessera: warning: o/metrics.jsonl: no record of 3 of steps 1 to 5, the first missing step 3; cut "
+            "short or edited; the resumed run's records follow step 5 without them\n");
   EXPECT_EQ(count_lines(metrics), 3);  // 1, 2, 6
   // Warned once: the next resume, with no more steps missing, says nothing; one more line cut, it warns again.
   // The note sits on the record of the highest step kept (step 2 here) in the writer's key order.
@@ -1648,8 +1697,9 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   write_file_atomic(metrics.string(), lines[0] + lines[1] + lines[3]);
   const CliRun more = run("train --resume o/checkpoint --stop-after 8" + tail, dir);
   ASSERT_EQ(more.code, 0) << more.err;
-  EXPECT_EQ(more.err, "tessera: warning: o/metrics.jsonl: no record of 4 of steps 1 to 7, the first missing step 3; "
-                      "cut short or edited; the resumed run's records follow step 7 without them\n");
+  EXPECT_EQ(more.err,
+            "tessera: warning: o/metrics.jsonl: no record of 4 of steps 1 to 7, the first missing step 3; "
+            "cut short or edited; the resumed run's records follow step 7 without them\n");
   // Damaged: a line among whole ones is counted.
   train("d", 3);
   lines = lines_of(read_file_text((dir / "d" / "metrics.jsonl").string()));
@@ -1657,8 +1707,9 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   write_file_atomic((dir / "d" / "metrics.jsonl").string(), lines[0] + "{\"step\": 2, \"lo\n" + lines[2]);
   const CliRun damaged = run("train --resume d/checkpoint --stop-after 4" + tail, dir);
   ASSERT_EQ(damaged.code, 0) << damaged.err;
-  EXPECT_EQ(damaged.err, "tessera: warning: d/metrics.jsonl: no record of 1 of steps 1 to 3, the first missing step "
-                         "2; 1 unreadable line dropped; the resumed run's records follow step 3 without them\n");
+  EXPECT_EQ(damaged.err,
+            "tessera: warning: d/metrics.jsonl: no record of 1 of steps 1 to 3, the first missing step "
+            "2; 1 unreadable line dropped; the resumed run's records follow step 3 without them\n");
   // Whole, or with only a torn last line: no warning. Nor a hand-edited field that is not a number: the record is
   // kept (it was counted as an unreadable line, and the warning came back at every resume).
   train("w", 2);
@@ -1684,13 +1735,15 @@ TEST_F(Cli, ResumeWarnsOfStepsMissingFromItsMetrics) {
   write_file_atomic((dir / "e" / "metrics.jsonl").string(), "");
   const CliRun emptied = run("train --resume e/checkpoint --stop-after 4" + tail, dir);
   ASSERT_EQ(emptied.code, 0) << emptied.err;
-  EXPECT_EQ(emptied.err, "tessera: warning: e/metrics.jsonl: no record of steps 1 to 3 (the file is empty); the "
-                         "resumed run's records follow step 3 without them\n");
+  EXPECT_EQ(emptied.err,
+            "tessera: warning: e/metrics.jsonl: no record of steps 1 to 3 (the file is empty); the "
+            "resumed run's records follow step 3 without them\n");
   fs::remove(dir / "e" / "metrics.jsonl");
   const CliRun deleted = run("train --resume e/checkpoint --stop-after 5" + tail, dir);
   ASSERT_EQ(deleted.code, 0) << deleted.err;
-  EXPECT_EQ(deleted.err, "tessera: warning: e/metrics.jsonl: no record of steps 1 to 4 (the file is missing); the "
-                         "resumed run's records follow step 4 without them\n");
+  EXPECT_EQ(deleted.err,
+            "tessera: warning: e/metrics.jsonl: no record of steps 1 to 4 (the file is missing); the "
+            "resumed run's records follow step 4 without them\n");
   const CliRun after = run("train --resume e/checkpoint --stop-after 6" + tail, dir);  // warned once
   ASSERT_EQ(after.code, 0) << after.err;
   EXPECT_EQ(after.err, "");
@@ -1703,8 +1756,9 @@ TEST_F(Cli, ARunUnderASymbolicLinkFindsItsOwnDataWhenMoved) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
   fs::create_directories(dir / "real");
   fs::create_directory_symlink("real", dir / "home");
-  ASSERT_EQ(run("train --out home/x --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
-                dir).code, 0);
+  ASSERT_EQ(
+      run("train --out home/x --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail, dir).code,
+      0);
   const CliRun first = run("train --resume home/x/checkpoint --stop-after 3" + tail, dir);
   ASSERT_EQ(first.code, 0) << first.err;
   fs::rename(dir / "real" / "x", dir / "real" / "y");
@@ -1718,8 +1772,8 @@ TEST_F(Cli, ARunUnderASymbolicLinkFindsItsOwnDataWhenMoved) {
 // B/checkpoint", which does not exist). Here the checkpoint's weights are NaN, so the first step diverges.
 TEST_F(Cli, ABranchThatFailsAtOnceLeavesNoEmptyMetrics) {
   const std::string tail = " --no-progress --sample-tokens 0 --device cpu";
-  ASSERT_EQ(run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail,
-                dir).code, 0);
+  ASSERT_EQ(run("train --out a --batch 2 --seq 16 --d-model 32 --n-layers 1 --steps 4 --stop-after 2" + tail, dir).code,
+            0);
   const fs::path model = dir / "a" / "checkpoint" / "model.safetensors";
   std::string bytes = read_file_text(model.string());
   uint64_t n = 0;

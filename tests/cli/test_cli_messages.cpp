@@ -2,11 +2,11 @@
 #include <filesystem>
 #include <string>
 
+#include "cli/cli_run.h"
 #include "tessera/bench/kernels.h"
 #include "tessera/core/file_io.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
-#include "cli/cli_run.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -44,8 +44,10 @@ TEST_F(CliMessages, ArgmaxGoesWithCutsThatCutNothing) {
   const std::string gen = "generate --checkpoint ck --tokens 5 ";
   const CliRun greedy = run(gen + "--greedy", dir);
   ASSERT_EQ(greedy.code, 0) << greedy.err;
-  for (const char* flags : {"--temperature 0 --top-k 0", "--temperature 0 --top-p 1", "--temperature 0 --top-p 1.0 "
-                            "--top-k 0", "--greedy --top-k 0", "--greedy --top-p 1"}) {
+  for (const char* flags : {"--temperature 0 --top-k 0", "--temperature 0 --top-p 1",
+                            "--temperature 0 --top-p 1.0 "
+                            "--top-k 0",
+                            "--greedy --top-k 0", "--greedy --top-p 1"}) {
     const CliRun r = run(gen + flags, dir);
     EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
     EXPECT_EQ(r.out, greedy.out) << flags;
@@ -66,7 +68,8 @@ TEST_F(CliMessages, GenerateRefusesNonFiniteWeightsBeforePrinting) {
   bytes.replace(bytes.size() - 4, 4, nan_f32, 4);
   write_file_atomic(file, bytes);
   const CliRun r = run("generate --checkpoint ck --tokens 5 --prompt x", dir);
-  expect_error(r, "checkpoint ck: 1 weight of the model is NaN or infinite (the run that wrote it diverged): nothing "
+  expect_error(r,
+               "checkpoint ck: 1 weight of the model is NaN or infinite (the run that wrote it diverged): nothing "
                "to generate from");
   EXPECT_EQ(r.out, "");
 }
@@ -97,8 +100,10 @@ TEST_F(CliMessages, TextAndInfoWordsFromATrial) {
   const CliRun tiny = run("info --d-model 32 --n-layers 1 --batch 1 --seq 1", dir);
   ASSERT_EQ(tiny.code, 0) << tiny.err;
   EXPECT_NE(tiny.out.find("128.00 B more than in a buffer of their own"), std::string::npos) << tiny.out;
-  const CliRun huge = run("info --vocab 16777216 --d-model 262144 --n-heads 1 --n-layers 512 --d-ff 262144 "
-                          "--max-seq 1048576 --batch 1 --seq 1", dir);
+  const CliRun huge =
+      run("info --vocab 16777216 --d-model 262144 --n-heads 1 --n-layers 512 --d-ff 262144 "
+          "--max-seq 1048576 --batch 1 --seq 1",
+          dir);
   ASSERT_EQ(huge.code, 0) << huge.err;
   EXPECT_NE(huge.out.find("params     215780499652608 (215.780T)"), std::string::npos) << huge.out;
 }
@@ -126,7 +131,8 @@ TEST_F(CliMessages, ACountOfOneIsSingular) {
   r = run("info --world 2 --zero 1");
   EXPECT_NE(r.out.find("data parallel over 2 ranks: "), std::string::npos) << r.out;
   // Without --world, --zero 1 had nothing to shard over and printed one rank's figures as sharded.
-  expect_error(run("info --zero 1"), "--zero 1 shards the optimizer state over data-parallel ranks: give their "
+  expect_error(run("info --zero 1"),
+               "--zero 1 shards the optimizer state over data-parallel ranks: give their "
                "number with --world N");
 }
 
@@ -134,19 +140,21 @@ TEST_F(CliMessages, ACountOfOneIsSingular) {
 // the markdown.
 TEST_F(CliMessages, BenchHeadersSayOneTimedRun) {
   const std::string one = " --device cpu --warmup 0 --no-progress ";
-  for (const auto& [args, header] : {
-           std::pair<std::string, std::string>{"bench kernels --only embedding --iters 1" + one,
-                                               "tessera bench kernels on cpu, f32, size small, 0 warm-up + 1 timed "
-                                               "run\n"},
-           {"bench optimizer --iters 1" + one, "tessera bench optimizer on cpu, f32, size small, 0 warm-up + 1 timed "
-                                               "run\n"},
-           {"bench attention --iters 1" + one, "tessera bench attention on cpu, f32, size small, 0 warm-up + 1 timed "
-                                               "run\n"},
-           {"bench model --preset tiny --batch 1 --seq 16 --steps 1" + one,
-            "tessera bench model on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"},
-           // No peer to run: a python that fails at once leaves a note, and the tables still come.
-           {"bench compare --preset tiny --batch 1 --seq 16 --steps 1" + one,
-            "tessera bench compare on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"}}) {
+  for (const auto& [args, header] :
+       {std::pair<std::string, std::string>{"bench kernels --only embedding --iters 1" + one,
+                                            "tessera bench kernels on cpu, f32, size small, 0 warm-up + 1 timed "
+                                            "run\n"},
+        {"bench optimizer --iters 1" + one,
+         "tessera bench optimizer on cpu, f32, size small, 0 warm-up + 1 timed "
+         "run\n"},
+        {"bench attention --iters 1" + one,
+         "tessera bench attention on cpu, f32, size small, 0 warm-up + 1 timed "
+         "run\n"},
+        {"bench model --preset tiny --batch 1 --seq 16 --steps 1" + one,
+         "tessera bench model on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"},
+        // No peer to run: a python that fails at once leaves a note, and the tables still come.
+        {"bench compare --preset tiny --batch 1 --seq 16 --steps 1" + one,
+         "tessera bench compare on cpu, f32, batch 1, seq 16, 0 warm-up + 1 timed run per region\n"}}) {
     const CliRun r = test::run_after("TESSERA_PYTHON=false ", args + "--out " + (dir / "b.md").string());
     ASSERT_EQ(r.code, 0) << args << ": " << r.err;
     EXPECT_TRUE(r.out.starts_with(header)) << r.out;
@@ -212,10 +220,13 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
                "config: sinusoidal positions need an even d_model, got 33");
   fs::create_directories(dir / "data");
   const std::string data = (dir / "data").string();
-  expect_error(run("generate --checkpoint " + data), data + " is not a checkpoint: it holds no model.safetensors "
-               "(train writes its checkpoints to OUT/checkpoint and OUT/best)");
-  expect_error(run("train --resume " + data), data + " is not a checkpoint: it holds no model.safetensors (train "
-               "writes its checkpoints to OUT/checkpoint and OUT/best)");
+  expect_error(run("generate --checkpoint " + data),
+               data +
+                   " is not a checkpoint: it holds no model.safetensors "
+                   "(train writes its checkpoints to OUT/checkpoint and OUT/best)");
+  expect_error(run("train --resume " + data), data +
+                                                  " is not a checkpoint: it holds no model.safetensors (train "
+                                                  "writes its checkpoints to OUT/checkpoint and OUT/best)");
   // A file given as the checkpoint says what a checkpoint is: a 3-byte file said "file is truncated (3 bytes)", a
   // config.json gave the header length its text spells.
   const std::string config = (dir / "config.json").string();
@@ -224,10 +235,12 @@ TEST_F(CliMessages, ModelFlagsAndNonCheckpointsAreNamedAsGiven) {
   write_file_atomic(afile, std::string("abc"));
   for (const auto& [file, bytes] : {std::pair{config, "37 bytes"}, std::pair{afile, "3 bytes"}})
     for (const char* command : {"generate", "info"})
-      expect_error(run(std::string(command) + " --checkpoint " + file),
-                   file + " is not a checkpoint: it is a file of " + bytes + " that is not a safetensors file (a "
-                   "checkpoint is a directory that train writes, OUT/checkpoint or OUT/best, or the model.safetensors "
-                   "in one)");
+      expect_error(
+          run(std::string(command) + " --checkpoint " + file),
+          file + " is not a checkpoint: it is a file of " + bytes +
+              " that is not a safetensors file (a "
+              "checkpoint is a directory that train writes, OUT/checkpoint or OUT/best, or the model.safetensors "
+              "in one)");
   // A checkpoint's model.safetensors given as the file still loads.
   save_small_checkpoint();
   const CliRun direct = run("generate --tokens 3 --checkpoint " + (dir / "ck" / "model.safetensors").string());
@@ -250,16 +263,17 @@ TEST_F(CliMessages, ACorruptHeaderLengthIsNotATruncatedFile) {
   std::string bytes = good;
   bytes.replace(0, 8, std::string(8, static_cast<char>(0xff)));
   write_file_atomic(file, bytes);
-  expect_error(run("generate --checkpoint ck", dir), "safetensors: ck/model.safetensors: its header length is corrupt "
-               "(the first 8 bytes give 18446744073709551615, beyond the file size " + std::to_string(good.size()) +
-               " and the format's limit of 100000000 bytes)");
+  expect_error(run("generate --checkpoint ck", dir),
+               "safetensors: ck/model.safetensors: its header length is corrupt "
+               "(the first 8 bytes give 18446744073709551615, beyond the file size " +
+                   std::to_string(good.size()) + " and the format's limit of 100000000 bytes)");
   bytes = good;
   const uint64_t past_end = good.size();  // plausible, and 8 bytes past the end of the file
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((past_end >> (8 * i)) & 0xff);
   write_file_atomic(file, bytes);
   expect_error(run("generate --checkpoint ck", dir), "safetensors: ck/model.safetensors: header length " +
-               std::to_string(past_end) + " exceeds the file size " + std::to_string(good.size()) +
-               " (the file is truncated)");
+                                                         std::to_string(past_end) + " exceeds the file size " +
+                                                         std::to_string(good.size()) + " (the file is truncated)");
 }
 
 // generate of a model with a vocab narrower than the bytes said "the prompt holds byte 84, outside the model's vocab
@@ -270,12 +284,15 @@ TEST_F(CliMessages, GenerateOfANarrowVocabSaysWhyNotItsDefaultPrompt) {
   m.init_weights(1);
   const std::string ck = (dir / "narrow").string();
   save_checkpoint(ck, m, nullptr);
-  expect_error(run("generate --checkpoint " + ck), "checkpoint " + ck + ": the model's vocab of 64 tokens is not the "
-               "byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below 64 "
-               "can still be given)");
+  expect_error(run("generate --checkpoint " + ck),
+               "checkpoint " + ck +
+                   ": the model's vocab of 64 tokens is not the "
+                   "byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of bytes below 64 "
+                   "can still be given)");
   const CliRun r = run("generate --checkpoint " + ck + " --prompt '!' --tokens 3");
   EXPECT_EQ(r.code, 0) << r.err;
-  expect_error(run("generate --checkpoint " + ck + " --prompt T"), "the prompt holds byte 84, outside the model's "
+  expect_error(run("generate --checkpoint " + ck + " --prompt T"),
+               "the prompt holds byte 84, outside the model's "
                "vocab 64");
 }
 

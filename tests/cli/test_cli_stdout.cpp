@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <string>
 
+#include "cli/cli_run.h"
 #include "tessera/core/file_io.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
-#include "cli/cli_run.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -34,8 +34,14 @@ class CliStdout : public ::testing::Test {
   // One command of each kind that prints, and succeeds when its output can be written.
   std::vector<std::string> printing_commands() const {
     // train --help is longer than stdio's buffer: it fails at a flush before main's check, which then had no reason.
-    return {"--help", "--version", "bench --help", "train --help", "info", "info --plan",
-            "prepare --text t.txt --out d", "generate --checkpoint ck --tokens 3 --greedy"};
+    return {"--help",
+            "--version",
+            "bench --help",
+            "train --help",
+            "info",
+            "info --plan",
+            "prepare --text t.txt --out d",
+            "generate --checkpoint ck --tokens 3 --greedy"};
   }
 };
 
@@ -58,11 +64,14 @@ TEST_F(CliStdout, OutputToAFullDiskIsAnError) {
 
 // train's first write to reach a full disk is its sample's, after the run is saved: said as such.
 TEST_F(CliStdout, TrainWhoseOutputIsLostSaysItFinished) {
-  const CliRun r = run("train --device cpu --no-progress --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 "
-                       "--steps 2 > /dev/full", dir);
+  const CliRun r =
+      run("train --device cpu --no-progress --out o --batch 2 --seq 16 --d-model 32 --n-layers 1 "
+          "--steps 2 > /dev/full",
+          dir);
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.err, "tessera: error: cannot write standard output: No space left on device (the command had finished: "
-                   "only what it printed was lost)\n");
+  EXPECT_EQ(r.err,
+            "tessera: error: cannot write standard output: No space left on device (the command had finished: "
+            "only what it printed was lost)\n");
   EXPECT_TRUE(fs::exists(dir / "o" / "checkpoint" / "model.safetensors"));
 }
 

@@ -42,7 +42,8 @@ TEST(CudaGraphFlag, TrainRefusesOnWhereTheStepCannotBeAGraphAndBadValues) {
   const fs::path dir = temp("tessera_graph_refuse");
   const test::CliRun on = test::run(train_args(dir / "on", "--cuda-graph on"));
   EXPECT_EQ(on.code, 2);
-  EXPECT_EQ(on.err, "tessera: error: --cuda-graph on: the CPU has no CUDA graphs; drop the flag to step eagerly here\n");
+  EXPECT_EQ(on.err,
+            "tessera: error: --cuda-graph on: the CPU has no CUDA graphs; drop the flag to step eagerly here\n");
   EXPECT_FALSE(fs::exists(dir / "on")) << "a refused run wrote its output directory";
   const test::CliRun bad = test::run(train_args(dir / "bad", "--cuda-graph auto"));
   EXPECT_EQ(bad.code, 2);
@@ -100,7 +101,8 @@ TEST(CudaGraphFlag, RefusalReasons) {
 TEST(CudaGraphFlag, TrainCountsTheGraphStepsPinnedStagingInTheHostMemoryCheck) {
   if (!probe_gpu().available) GTEST_SKIP() << "no GPU visible";
   const fs::path out = temp("graph_staging");
-  const test::CliRun r = test::run("train --out " + out.string() + " --batch 4096 --seq 64 --accum 1048576 "
+  const test::CliRun r = test::run("train --out " + out.string() +
+                                   " --batch 4096 --seq 64 --accum 1048576 "
                                    "--d-model 32 --n-layers 2 --n-heads 2 --device cuda --steps 1 --no-progress "
                                    "--sample-tokens 0 --no-checkpoint");
   EXPECT_EQ(r.code, 2) << r.out << r.err;

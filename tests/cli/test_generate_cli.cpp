@@ -133,10 +133,12 @@ TEST_F(GenerateCli, StopCutsAndEosEnds) {
   while (at < text.size() && !std::isalnum(static_cast<unsigned char>(text[at]))) ++at;
   ASSERT_LT(at, text.size()) << "no letter in the continuation";
   const std::string stop(1, text[at]);
-  const CliRun cut = run(gen + "--greedy --max-new-tokens 24 --stop zzzq --stop " + stop + " --prompt '" + prompt + "'");
+  const CliRun cut =
+      run(gen + "--greedy --max-new-tokens 24 --stop zzzq --stop " + stop + " --prompt '" + prompt + "'");
   ASSERT_EQ(cut.code, 0) << cut.err;
   EXPECT_EQ(cut.out, prompt + text.substr(0, text.find(stop)) + "\n");
-  const CliRun cut_json = run(gen + "--greedy --max-new-tokens 24 --json --stop " + stop + " --prompt '" + prompt + "'");
+  const CliRun cut_json =
+      run(gen + "--greedy --max-new-tokens 24 --json --stop " + stop + " --prompt '" + prompt + "'");
   const auto rec = records(cut_json.out);
   ASSERT_EQ(rec.size(), 1u) << cut_json.err;
   EXPECT_EQ(rec[0]["finish_reason"], "stop");
@@ -163,7 +165,8 @@ TEST_F(GenerateCli, StopCutsAndEosEnds) {
 
 TEST_F(GenerateCli, TruncatePromptKeepsTheLastTokens) {
   const std::string longer(40, 'x'), last(32, 'x');
-  expect_error(run(gen + "--greedy --tokens 3 --prompt " + longer), "generate: the prompt has 40 tokens, more than the "
+  expect_error(run(gen + "--greedy --tokens 3 --prompt " + longer),
+               "generate: the prompt has 40 tokens, more than the "
                "model's context of 32 (--truncate-prompt keeps its last 32)");
   const CliRun t = run(gen + "--greedy --tokens 3 --truncate-prompt --prompt " + longer);
   ASSERT_EQ(t.code, 0) << t.err;
@@ -191,15 +194,16 @@ TEST_F(GenerateCli, BadInputIsOneLineAndExit2) {
       {"--prompt-file " + empty, "--prompt-file " + empty + " holds no prompt"},
       {"--prompt-file " + no_prompt, "--prompt-file " + no_prompt + ": line 1 has no \"prompt\" string"},
       {"--prompt-file " + not_json, "--prompt-file " + not_json + ": line 2 is not a JSON object"},
-      {"--prompt-file " + (dir / "none").string(), "--prompt-file " + (dir / "none").string() +
-                                                       " does not exist or is not a file"},
+      {"--prompt-file " + (dir / "none").string(),
+       "--prompt-file " + (dir / "none").string() + " does not exist or is not a file"},
       {"--prompt a --prompt-file " + empty, "--prompt and --prompt-file: give one of them"},
       {"--logprobs 3", "--logprobs 3 is printed in the --json records: give --json"},
       {"--logprobs 21 --json", "--logprobs must be in [0, 20], got 21"},
       {"--batch 0", "--batch must be >= 1, got 0"},
       {"--stop ''", "--stop: a stop string must not be empty"},
-      {"--greedy --min-p 0.1", "--greedy takes the most likely token, and --min-p 0.1 limits what is sampled: give one "
-                               "of them"},
+      {"--greedy --min-p 0.1",
+       "--greedy takes the most likely token, and --min-p 0.1 limits what is sampled: give one "
+       "of them"},
       {"--min-p 2", "--min-p must be in [0, 1], got 2"},
       {"--repetition-penalty 0", "--repetition-penalty must be > 0 (1 is off), got 0"},
   };
@@ -213,8 +217,10 @@ TEST_F(GenerateCli, BadInputIsOneLineAndExit2) {
 // first; the settings beam search cannot take are refused.
 TEST_F(GenerateCli, BeamsPrintBeamGeneratesHypotheses) {
   const std::string lines = file("p.txt", kPrompts[0] + "\n" + kPrompts[2] + "\n");
-  const CliRun r = run(gen + "--beams 3 --num-return-sequences 2 --max-new-tokens 5 --length-penalty 0.5 "
-                             "--early-stopping true --json --prompt-file " + lines);
+  const CliRun r = run(gen +
+                       "--beams 3 --num-return-sequences 2 --max-new-tokens 5 --length-penalty 0.5 "
+                       "--early-stopping true --json --prompt-file " +
+                       lines);
   ASSERT_EQ(r.code, 0) << r.err;
   const auto recs = records(r.out);
   ASSERT_EQ(recs.size(), 4u) << r.out;
@@ -223,9 +229,12 @@ TEST_F(GenerateCli, BeamsPrintBeamGeneratesHypotheses) {
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string* p : {&kPrompts[0], &kPrompts[2]})
     prompts.push_back(std::vector<int32_t>(p->begin(), p->end()));
-  const auto want = beam_generate(engine, prompts, {.beams = 3, .max_new_tokens = 5, .length_penalty = 0.5f,
-                                                    .early_stopping = beam::EarlyStopping::True,
-                                                    .num_return_sequences = 2});
+  const auto want = beam_generate(engine, prompts,
+                                  {.beams = 3,
+                                   .max_new_tokens = 5,
+                                   .length_penalty = 0.5f,
+                                   .early_stopping = beam::EarlyStopping::True,
+                                   .num_return_sequences = 2});
   for (size_t i = 0; i < 4; ++i) {
     const nlohmann::json& j = recs[i];
     const BeamSequence& h = want[i / 2][i % 2];
@@ -242,15 +251,17 @@ TEST_F(GenerateCli, BeamsPrintBeamGeneratesHypotheses) {
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out, kPrompts[0] + byte_decode(want[0][0].tokens) + "\n");
   const std::pair<std::string, std::string> cases[] = {
-      {"--beams 2 --temperature 0.8", "--beams 2 searches for the most likely sequences, and --temperature 0.8 "
-                                      "samples: give one of them"},
+      {"--beams 2 --temperature 0.8",
+       "--beams 2 searches for the most likely sequences, and --temperature 0.8 "
+       "samples: give one of them"},
       {"--beams 2 --num-return-sequences 3", "--num-return-sequences 3 must lie in [1, 2] (at most --beams)"},
       {"--beams 40", "--beams must lie in [1, 32], got 40"},
       {"--beams 0", "--beams must be >= 1 (1: sampling or greedy), got 0"},
       {"--length-penalty 2", "--length-penalty applies to beam search: give --beams K with K > 1"},
       {"--beams 2 --early-stopping maybe", "--early-stopping must be true, false or never, got 'maybe'"},
-      {"--beams 2 --stop x", "--beams 2 does not take --stop (beam search runs on the plain log-probabilities, "
-                             "without sampling settings or stop strings)"},
+      {"--beams 2 --stop x",
+       "--beams 2 does not take --stop (beam search runs on the plain log-probabilities, "
+       "without sampling settings or stop strings)"},
       {"--beams 2 --eos-id 1,2", "--beams 2 takes one --eos-id, got 2"},
   };
   for (const auto& [args, said] : cases) {
@@ -258,11 +269,14 @@ TEST_F(GenerateCli, BeamsPrintBeamGeneratesHypotheses) {
     expect_error(run(gen + args), said);
   }
   // More beams than the vocab holds tokens.
-  Gpt narrow(test::small_config(/*vocab=*/8, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/16));
+  Gpt narrow(
+      test::small_config(/*vocab=*/8, /*d_model=*/16, /*n_layers=*/1, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/16));
   narrow.init_weights(1);
   save_checkpoint((dir / "narrow").string(), narrow, nullptr);
-  expect_error(run("generate --device cpu --checkpoint " + (dir / "narrow").string() + " --beams 9 --prompt \"$(printf "
-                   "'\\001\\002')\""), "--beams 9 exceeds the vocabulary of 8 tokens");
+  expect_error(run("generate --device cpu --checkpoint " + (dir / "narrow").string() +
+                   " --beams 9 --prompt \"$(printf "
+                   "'\\001\\002')\""),
+               "--beams 9 exceeds the vocabulary of 8 tokens");
 }
 
 // A model the engine does not run (sinusoidal positions) still continues one --prompt through the full-recompute
@@ -277,7 +291,8 @@ TEST_F(GenerateCli, SinusoidalModelsRunOnePromptAlone) {
   const CliRun one = run(sin + "--prompt Hi");
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_EQ(one.out.size(), 2u + 5u + 1u);
-  expect_error(run(sin + "--prompt Hi --json"), "generate: the inference engine runs learned (GPT-2) or rotary (Llama) "
+  expect_error(run(sin + "--prompt Hi --json"),
+               "generate: the inference engine runs learned (GPT-2) or rotary (Llama) "
                "positions, not sinusoidal ones; such a model runs one --prompt with --temperature, --top-k, --top-p, "
                "--seed and --max-new-tokens alone");
 }

@@ -22,8 +22,8 @@ size_t bytes_of(const std::string& out, const std::string& what) {
 TEST(GenerateEngineCli, InfoInferenceReportsTheEnginesBytes) {
   const test::CliRun r = test::run("info --preset tiny --inference --batch 3 --beams 2 --seq 40 --precision bf16");
   ASSERT_EQ(r.code, 0) << r.err;
-  const EngineMemory m = Engine::memory(model_preset("tiny"), DType::BF16,
-                                        {.batch = 3, .beams = 2, .max_prompt = 40, .max_seq = 40});
+  const EngineMemory m =
+      Engine::memory(model_preset("tiny"), DType::BF16, {.batch = 3, .beams = 2, .max_prompt = 40, .max_seq = 40});
   EXPECT_EQ(bytes_of(r.out, "weights"), m.weights) << r.out;
   EXPECT_EQ(bytes_of(r.out, "KV cache"), m.cache) << r.out;
   EXPECT_EQ(bytes_of(r.out, "buffers"), m.buffers) << r.out;

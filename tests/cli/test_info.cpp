@@ -32,11 +32,10 @@ TEST(CliInfo, PrintsThePlanTheModelMakes) {
     DType dtype;
     GradMemory grads;  // as train plans them: in the arena, unless it accumulates
   };
-  for (const Case& c :
-       {Case{"--preset tiny --batch 3 --seq 50", "tiny", 3, 50, DType::F32, GradMemory::Planned},
-        Case{"--preset tiny --batch 3 --seq 50 --accum 2", "tiny", 3, 50, DType::F32, GradMemory::Own},
-        Case{"--preset gpt2-124m --batch 16 --seq 1024 --precision bf16", "gpt2-124m", 16, 1024, DType::BF16,
-             GradMemory::Planned}}) {
+  for (const Case& c : {Case{"--preset tiny --batch 3 --seq 50", "tiny", 3, 50, DType::F32, GradMemory::Planned},
+                        Case{"--preset tiny --batch 3 --seq 50 --accum 2", "tiny", 3, 50, DType::F32, GradMemory::Own},
+                        Case{"--preset gpt2-124m --batch 16 --seq 1024 --precision bf16", "gpt2-124m", 16, 1024,
+                             DType::BF16, GradMemory::Planned}}) {
     SCOPED_TRACE(c.args);
     const test::CliRun r = test::run(std::string("info ") + c.args);
     ASSERT_EQ(r.code, 0) << r.err;
@@ -114,8 +113,9 @@ TEST(CliInfo, ModelFlagsAreRefusedBesideACheckpoint) {
     const test::CliRun r = test::run(std::string("info ") + flag + ck);
     EXPECT_EQ(r.code, 2) << r.out;
     const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
-    EXPECT_EQ(r.err, "tessera: error: " + name + " cannot be combined with --checkpoint (the checkpoint fixes the "
-                     "model)\n");
+    EXPECT_EQ(r.err, "tessera: error: " + name +
+                         " cannot be combined with --checkpoint (the checkpoint fixes the "
+                         "model)\n");
     EXPECT_EQ(r.out, "");
   }
   // The flags that are not the model's still apply, and the model is the checkpoint's.
@@ -138,8 +138,9 @@ TEST(CliInfo, ActivationsPastOneExbibyteAreRefused) {
       "info --vocab 1000000 --d-model 64 --n-layers 1 --n-heads 1 --max-seq 1000000 --seq 1000000";
   const test::CliRun r = test::run(model + " --batch 2147483647");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_EQ(r.err, "tessera: error: batch 2147483647 x seq 1000000: the activations need more than 1 EiB (2^60 "
-                   "bytes) at h.0.ln1; give a smaller batch or sequence\n");
+  EXPECT_EQ(r.err,
+            "tessera: error: batch 2147483647 x seq 1000000: the activations need more than 1 EiB (2^60 "
+            "bytes) at h.0.ln1; give a smaller batch or sequence\n");
   EXPECT_EQ(r.out, "") << "the config block came before the error";
   // 1024 sequences of a million tokens (about 3.7 PiB) are still planned, and the sum is above the peak.
   const test::CliRun ok = test::run(model + " --batch 1024");
@@ -186,8 +187,9 @@ TEST(CliInfo, ZeroFiguresFollowTheLayoutAndAWorldBeyondItsBlocksIsRefused) {
   // The default model has 834,304 parameters: 52,144 blocks of 16.
   const test::CliRun over = test::run("info --world 100000 --zero 1");
   EXPECT_EQ(over.code, 2) << over.out;
-  EXPECT_EQ(over.err, "tessera: error: --world 100000 --zero 1: ZeRO-1 shards the optimizer state in blocks of 16 "
-                      "parameters, and the model's 834304 make 52144: give at most that many ranks\n");
+  EXPECT_EQ(over.err,
+            "tessera: error: --world 100000 --zero 1: ZeRO-1 shards the optimizer state in blocks of 16 "
+            "parameters, and the model's 834304 make 52144: give at most that many ranks\n");
   EXPECT_EQ(test::run("info --world 52144 --zero 1").code, 0);
   EXPECT_EQ(test::run("info --world 100000").code, 0);  // unsharded: any world
   // The limit is the flat buffers' blocks, train's: 20,020 parameters, padded per segment to 20,128, make 1,258 blocks

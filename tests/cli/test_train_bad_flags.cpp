@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cli_run.h"
-#include "test_util.h"
 #include "tessera/train/data.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -39,8 +39,8 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--prompt ''")), "--prompt is empty", out);
   expect_refused(test::run(train_args(out, "--data ''")), "--data is empty", out);
   expect_refused(test::run(train_args(out, "--trace " + dir.string())), "is a directory, not a file to write", out);
-  expect_refused(test::run(train_args(out, "--memory-timeline " + dir.string())),
-                 "is a directory, not a file to write", out);
+  expect_refused(test::run(train_args(out, "--memory-timeline " + dir.string())), "is a directory, not a file to write",
+                 out);
   expect_refused(test::run(train_args(out, "--emb-scale nan")), "--emb-scale must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--emb-scale inf")), "--emb-scale must be positive and finite", out);
   expect_refused(test::run(train_args(out, "--norm-eps inf")), "--norm-eps must be positive and finite", out);
@@ -65,26 +65,33 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   expect_refused(test::run(train_args(out, "--device cuda:")), "--device: 'cuda:' is not cuda:N", out);
   expect_refused(test::run(train_args(out, "--device cuda:+1")), "--device: 'cuda:+1' is not cuda:N", out);
   // A flag without its value took the next flag as it: --out --force trained into a directory named "--force".
-  expect_refused(test::run(train_args(out, "--data --force")), "--data needs a value (DIR|FILE); it took the flag "
-                 "--force as one", out);
+  expect_refused(test::run(train_args(out, "--data --force")),
+                 "--data needs a value (DIR|FILE); it took the flag "
+                 "--force as one",
+                 out);
   expect_refused(test::run(train_args(out, "--prompt --steps")), "--prompt needs a value", out);
   // An integer too large for its flag says so, not that it is no integer.
   expect_refused(test::run(train_args(out, "--steps 99999999999999999999")),
                  "--steps 99999999999999999999 is out of range (at most 2147483647)", out);
-  expect_refused(test::run(train_args(out, "--steps 2147483648")), "--steps 2147483648 is out of range (at most "
-                 "2147483647)", out);  // past int, within long: not strtol's ERANGE
-  expect_refused(test::run(train_args(out, "--warmup -2147483649")), "--warmup -2147483649 is out of range (at least "
-                 "-2147483648)", out);
-  expect_refused(test::run(train_args(out, "--warmup -99999999999999999999")), "--warmup -99999999999999999999 is "
-                 "out of range (at least -2147483648)", out);
+  expect_refused(test::run(train_args(out, "--steps 2147483648")),
+                 "--steps 2147483648 is out of range (at most "
+                 "2147483647)",
+                 out);  // past int, within long: not strtol's ERANGE
+  expect_refused(test::run(train_args(out, "--warmup -2147483649")),
+                 "--warmup -2147483649 is out of range (at least "
+                 "-2147483648)",
+                 out);
+  expect_refused(test::run(train_args(out, "--warmup -99999999999999999999")),
+                 "--warmup -99999999999999999999 is "
+                 "out of range (at least -2147483648)",
+                 out);
   expect_refused(test::run(train_args(out, "--seed 99999999999999999999999")),
                  "--seed 99999999999999999999999 is out of range (at most 18446744073709551615)", out);
   expect_refused(test::run(train_args(out, "--steps 1e3")), "--steps expects an integer, got '1e3'", out);
   // A decimal too large for its float says so with the text given: it said "rope_theta must be positive and
   // finite, got inf" and "--lr must be a positive number, got inf" (float's inf), or that 1e999 was no number.
   const std::string floats = " is out of range (-3.40282e+38 to 3.40282e+38)";
-  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "--rope-theta 1e300" + floats,
-                 out);
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e300")), "--rope-theta 1e300" + floats, out);
   expect_refused(test::run(train_args(out, "--emb-scale -1e39")), "--emb-scale -1e39" + floats, out);
   expect_refused(test::run(train_args(out, "--lr 1e300")), "train: --lr 1e300" + floats, out);
   expect_refused(test::run(train_args(out, "--grad-clip 1e39")), "train: --grad-clip 1e39" + floats, out);
@@ -94,8 +101,7 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   // Too close to zero for a float: it was 0, and the error said "got 0" (or a temperature of 1e-50 sampled greedily).
   const std::string tiny = " is too close to zero (the smallest magnitude it takes is 1.17549e-38)";
   expect_refused(test::run(train_args(out, "--lr 1e-50")), "train: --lr 1e-50" + tiny, out);
-  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e-45")), "--rope-theta 1e-45" + tiny,
-                 out);
+  expect_refused(test::run(train_args(out, "--positions rope --rope-theta 1e-45")), "--rope-theta 1e-45" + tiny, out);
   // The model's float fields read decimals only, as the train flags do: strtof took a hex float. (Each is named as
   // the flag given: "config: rope_theta ..." read as if a config file were wrong.)
   expect_refused(test::run(train_args(out, "--positions rope --rope-theta 0x10")),
@@ -112,8 +118,7 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
   const std::string ck = (out / "checkpoint").string();
   const test::CliRun resumed = test::run("train --resume " + ck + " --stop-after 2 --no-progress --sample-tokens 0");
   EXPECT_EQ(resumed.code, 2) << resumed.err;
-  EXPECT_NE(resumed.err.find("--stop-after 2 is not a step this run takes (3 to 4)"), std::string::npos)
-      << resumed.err;
+  EXPECT_NE(resumed.err.find("--stop-after 2 is not a step this run takes (3 to 4)"), std::string::npos) << resumed.err;
   fs::remove_all(dir);
 }
 
@@ -123,7 +128,7 @@ TEST(TrainBadFlags, AreRefusedBeforeAnythingIsWritten) {
 TEST(TrainBadFlags, AFirstCheckpointCutShortPointsToBest) {
   const fs::path dir = fresh_dir("tessera_cut_first_ckpt");
   const fs::path run = dir / "run";
-  ASSERT_EQ(test::run(train_args(run, "")).code, 0);  // 4 steps, validated at 2 and 4: best/ is a whole checkpoint
+  ASSERT_EQ(test::run(train_args(run, "")).code, 0);       // 4 steps, validated at 2 and 4: best/ is a whole checkpoint
   fs::rename(run / "checkpoint", run / "checkpoint.tmp");  // as a second Ctrl-C during the first save leaves it
   fs::rename(run / "best", dir / "best.aside");
   const std::string ck = (run / "checkpoint").string(), best = (run / "best").string();
@@ -165,16 +170,16 @@ TEST(TrainBadFlags, ABranchWhoseDataMovedSaysWhereItLooks) {
                                         " --steps 3 --no-progress --sample-tokens 0");
   ASSERT_EQ(branch.code, 0) << branch.err;
   fs::rename(a, dir / "a_moved");
-  const test::CliRun r = test::run("train --resume " + (b / "checkpoint").string() +
-                                   " --steps 4 --no-progress --sample-tokens 0");
+  const test::CliRun r =
+      test::run("train --resume " + (b / "checkpoint").string() + " --steps 4 --no-progress --sample-tokens 0");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--resume: the run's data, " + (a / "data").string() + ", does not exist"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("put it back there, or link it there"), std::string::npos) << r.err;
   // Linked there, but to a place that is gone: the link is named.
   fs::create_symlink(dir / "a_gone", a);
-  const test::CliRun linked = test::run("train --resume " + (b / "checkpoint").string() +
-                                        " --steps 4 --no-progress --sample-tokens 0");
+  const test::CliRun linked =
+      test::run("train --resume " + (b / "checkpoint").string() + " --steps 4 --no-progress --sample-tokens 0");
   EXPECT_EQ(linked.code, 2) << linked.err;
   EXPECT_NE(linked.err.find("does not exist (" + a.string() + " is a symbolic link to " + (dir / "a_gone").string() +
                             ", which does not resolve)"),
@@ -229,9 +234,12 @@ TEST(TrainBadFlags, ADirectoryOfOtherFilesIsNoOutputDirectory) {
   for (const std::string force : {"", "--force"}) {
     const test::CliRun r = test::run(train_args(mine, force));
     EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find("output directory " + mine.string() + " holds no tessera run but other files (notes.txt, "
+    EXPECT_NE(r.err.find("output directory " + mine.string() +
+                         " holds no tessera run but other files (notes.txt, "
                          "src), which the run's metrics.jsonl, checkpoint/, best/ and data/ would be mixed into: give "
-                         "--out a new or empty directory"), std::string::npos) << r.err;
+                         "--out a new or empty directory"),
+              std::string::npos)
+        << r.err;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
     EXPECT_EQ(test::names_in(mine), before) << force;
   }
@@ -244,8 +252,8 @@ TEST(TrainBadFlags, ADirectoryOfOtherFilesIsNoOutputDirectory) {
         << r.err;
   }
   std::ofstream(dir / "a_file") << "x\n";
-  expect_refused(test::run(train_args(dir / "a_file", "")), "output path " + (dir / "a_file").string() +
-                 " is not a directory", dir / "a_file" / "metrics.jsonl");
+  expect_refused(test::run(train_args(dir / "a_file", "")),
+                 "output path " + (dir / "a_file").string() + " is not a directory", dir / "a_file" / "metrics.jsonl");
   // What may be there: nothing, or the shards of data/ prepared beforehand.
   fs::create_directories(dir / "empty");
   EXPECT_EQ(test::run(train_args(dir / "empty", "")).code, 0);
@@ -267,12 +275,15 @@ TEST(TrainBadFlags, ADirectoryOfOtherFilesIsNoOutputDirectory) {
 TEST(TrainBadFlags, SampleTokensNeedsAByteLevelModel) {
   const fs::path dir = fresh_dir("tessera_sample_vocab");
   const fs::path out = dir / "run";
-  const std::string small = " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 0 --no-progress "
-                            "--device cpu --steps 2 --out " + out.string();
+  const std::string small =
+      " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 --val-every 0 --no-progress "
+      "--device cpu --steps 2 --out " +
+      out.string();
   const std::string vocab100 = "train --vocab 100 --data " + shards_up_to(dir / "d100", 99).string() + small;
   expect_refused(test::run(vocab100 + " --sample-tokens 20"),
                  "--sample-tokens 20: no sample can be drawn: the model's vocab of 100 tokens is not the byte "
-                 "vocabulary (256), and the sample is byte-level text", out);
+                 "vocabulary (256), and the sample is byte-level text",
+                 out);
   expect_refused(test::run(vocab100 + " --prompt Hi"), "--prompt: no sample can be drawn: the model's vocab of 100",
                  out);
   const std::string wide = "train --vocab 512 --data " + shards_up_to(dir / "d300", 300).string() + small;
@@ -285,7 +296,8 @@ TEST(TrainBadFlags, SampleTokensNeedsAByteLevelModel) {
   const test::CliRun quiet = test::run(vocab100);
   ASSERT_EQ(quiet.code, 0) << quiet.err;
   EXPECT_NE(quiet.out.find("\nno sample: the model's vocab of 100 tokens is not the byte vocabulary (256)"),
-            std::string::npos) << quiet.out;
+            std::string::npos)
+      << quiet.out;
   EXPECT_EQ(quiet.out.find("sample (temperature"), std::string::npos) << quiet.out;
   // A resumed run takes the vocab from the checkpoint.
   const test::CliRun resumed =

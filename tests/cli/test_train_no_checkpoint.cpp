@@ -32,7 +32,8 @@ TEST(TrainNoCheckpoint, WritesMetricsAndNoCheckpoint) {
   const test::CliRun stop = test::run(train_args(dir / "run3", "--no-checkpoint --stop-after 2"));
   EXPECT_EQ(stop.code, 2);
   EXPECT_NE(stop.err.find("--stop-after stops with a checkpoint to resume from: drop --no-checkpoint"),
-            std::string::npos) << stop.err;
+            std::string::npos)
+      << stop.err;
   EXPECT_FALSE(fs::exists(dir / "run3"));
   // The flags that time checkpoints were silently ignored.
   for (const char* flag : {"--ckpt-every", "--ckpt-minutes"}) {

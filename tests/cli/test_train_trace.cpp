@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,8 +29,10 @@ class TrainTrace : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
   std::string train(const std::string& extra) const {
-    return "train --out " + (dir / "run").string() + " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 "
-           "--val-every 0 --no-progress --sample-tokens 0 --device cpu " + extra;
+    return "train --out " + (dir / "run").string() +
+           " --batch 2 --seq 16 --d-model 32 --n-layers 2 --n-heads 2 "
+           "--val-every 0 --no-progress --sample-tokens 0 --device cpu " +
+           extra;
   }
   fs::path dir;
 };
@@ -156,8 +158,10 @@ TEST_F(TrainTrace, TheDefaultStepIsOneTheRunTakes) {
   };
   test::CliRun r = test::run(train("--steps 4 --stop-after 2"));
   ASSERT_EQ(r.code, 0) << r.err;
-  r = test::run("train --resume " + (dir / "run" / "checkpoint").string() + " --no-progress --sample-tokens 0 "
-                "--trace " + trace.string());
+  r = test::run("train --resume " + (dir / "run" / "checkpoint").string() +
+                " --no-progress --sample-tokens 0 "
+                "--trace " +
+                trace.string());
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_TRUE(fs::exists(trace));
   EXPECT_EQ(traced_step(), 4) << "a resume at step 2: its second step";
@@ -165,8 +169,8 @@ TEST_F(TrainTrace, TheDefaultStepIsOneTheRunTakes) {
   fs::remove(trace);
   // A new run: its second step, or its last where it ends sooner (--stop-after 1: a trace step after it was never
   // reached, and no trace written).
-  for (const auto& [flags, step] : {std::pair<std::string, int64_t>{"--steps 4", 2}, {"--steps 1", 1},
-                                    {"--steps 4 --stop-after 1", 1}}) {
+  for (const auto& [flags, step] :
+       {std::pair<std::string, int64_t>{"--steps 4", 2}, {"--steps 1", 1}, {"--steps 4 --stop-after 1", 1}}) {
     SCOPED_TRACE(flags);
     r = test::run(train(flags + " --trace " + trace.string()));
     ASSERT_EQ(r.code, 0) << r.err;

@@ -2,14 +2,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <chrono>
 #include <filesystem>
 #include <future>
-#include <thread>
 #include <limits>
 #include <set>
+#include <thread>
 
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
@@ -119,8 +119,8 @@ TEST(DType, F16RoundTrip) {
   EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f)), 1.0f);
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                      // overflow to inf
-  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));    // smallest subnormal
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                   // overflow to inf
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);
   EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
   for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive half round-trips exactly
@@ -214,15 +214,17 @@ TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   EXPECT_FALSE(fs::exists(d / "shared"));
   fs::create_symlink("loop_b", d / "loop_a");
   fs::create_symlink("loop_a", d / "loop_b");
-  EXPECT_NE(test::error_of([&] { write_file_atomic((d / "loop_a").string(), std::string("x")); })
-                .find("Too many levels of symbolic links"),
+  EXPECT_NE(test::error_of([&] {
+              write_file_atomic((d / "loop_a").string(), std::string("x"));
+            }).find("Too many levels of symbolic links"),
             std::string::npos);
   // /proc/self/fd/N of a regular file: appended to that file, which stays the same file.
   const fs::path log = d / "log.txt";
   write_file_atomic(log.string(), std::string("before;"));
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_APPEND);
   ASSERT_GE(log_fd, 0);
-  struct stat was {}, now {};
+  struct stat was {
+  }, now{};
   ASSERT_EQ(::stat(log.c_str(), &was), 0);
   write_file_atomic("/proc/self/fd/" + std::to_string(log_fd), std::string("after"));
   ::close(log_fd);
@@ -231,8 +233,9 @@ TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   EXPECT_EQ(read_file_text(log.string()), "before;after");
   // A FIFO: refused at once with no reader (the check only asks), written in place with one.
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
-  EXPECT_NE(test::error_of([&] { write_file_atomic(fifo.string(), std::string("x")); })
-                .find("cannot write " + fifo.string() + ": No such device or address"),
+  EXPECT_NE(test::error_of([&] {
+              write_file_atomic(fifo.string(), std::string("x"));
+            }).find("cannot write " + fifo.string() + ": No such device or address"),
             std::string::npos);
   EXPECT_NO_THROW(check_file_writable(fifo.string(), "--out"));
   const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
@@ -244,9 +247,8 @@ TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   ::close(reader);
   EXPECT_TRUE(fs::is_fifo(fifo));
   // Mapped on another thread: should it block in open(), a writer opened here lets it go and the test fails.
-  auto refused = std::async(std::launch::async, [&] {
-    return test::error_of([&] { MappedFile(fifo.string(), "shard"); });
-  });
+  auto refused =
+      std::async(std::launch::async, [&] { return test::error_of([&] { MappedFile(fifo.string(), "shard"); }); });
   if (refused.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
     ADD_FAILURE() << "mapping a FIFO blocked";
     const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
@@ -267,8 +269,9 @@ TEST(FileIo, WritesThroughSymlinksAndIntoFifosAndReadsWithoutBlocking) {
   const std::string fed = read_file_text(fifo.string());
   feeder.join();
   EXPECT_EQ(fed, "fed");
-  EXPECT_NE(test::error_of([&] { read_file_text(d.string(), "text"); })
-                .find("text: cannot read " + d.string() + ": is a directory"),
+  EXPECT_NE(test::error_of([&] {
+              read_file_text(d.string(), "text");
+            }).find("text: cannot read " + d.string() + ": is a directory"),
             std::string::npos);
   fs::remove_all(d);
 }
@@ -376,7 +379,7 @@ TEST(Units, DecimalsPastTheirTypesRangeAreOutOfRange) {
 TEST(Units, HumanBytesReachesPiB) {
   EXPECT_EQ(human_bytes(1023), "1023.00 B");
   EXPECT_EQ(human_bytes(1536), "1.50 KiB");
-  EXPECT_EQ(human_bytes(1.5 * 1024.0 * 1024 * 1024 * 1024 * 1024), "1.50 PiB");  // was "1536.00 TiB"
+  EXPECT_EQ(human_bytes(1.5 * 1024.0 * 1024 * 1024 * 1024 * 1024), "1.50 PiB");      // was "1536.00 TiB"
   EXPECT_EQ(human_bytes(2048.0 * 1024 * 1024 * 1024 * 1024 * 1024), "2048.00 PiB");  // the largest unit
 }
 

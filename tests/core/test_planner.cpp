@@ -1,5 +1,5 @@
-// The lifetime planner and the arena it is laid over: placements that never overlap two buffers live at the same event, the bounds
-// max_live <= peak <= total, the first-fit rule itself, and the awkward cases.
+// The lifetime planner and the arena it is laid over: placements that never overlap two buffers live at the same event,
+// the bounds max_live <= peak <= total, the first-fit rule itself, and the awkward cases.
 #include <algorithm>
 #include <random>
 

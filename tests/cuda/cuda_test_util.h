@@ -10,10 +10,10 @@
 #include <memory>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/buffer.h"
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
+#include "test_util.h"
 
 namespace tessera::test {
 
@@ -32,7 +32,7 @@ inline double cuda_tolerance(DType dt) {
 inline const char* dtype_label(DType dt) { return dt == DType::F32 ? "f32" : dt == DType::BF16 ? "bf16" : "f16"; }
 
 // A CUDA context for the test, or a skip when no GPU is visible.
-#define TS_CUDA_CONTEXT_OR_SKIP(ctx)                                    \
+#define TS_CUDA_CONTEXT_OR_SKIP(ctx) \
   if (!::tessera::probe_gpu().available) GTEST_SKIP() << "no GPU visible"; \
   ::tessera::Context ctx(::tessera::Device::cuda(0))
 
@@ -63,7 +63,8 @@ class DeviceArena {
         const float f = static_cast<float>(v[i]);
         std::memcpy(&bytes[i * 4], &f, 4);
       } else if (dt == DType::BF16 || dt == DType::F16) {
-        const uint16_t h = dt == DType::BF16 ? f32_to_bf16(static_cast<float>(v[i])) : f32_to_f16(static_cast<float>(v[i]));
+        const uint16_t h = dt == DType::BF16 ? f32_to_bf16(static_cast<float>(v[i]))
+                                             : f32_to_f16(static_cast<float>(v[i]));
         std::memcpy(&bytes[i * 2], &h, 2);
       } else if (dt == DType::I32) {
         const int32_t k = static_cast<int32_t>(v[i]);
@@ -87,7 +88,8 @@ class DeviceArena {
     return t;
   }
   Tensor alloc(DType dt, int64_t n) {
-    buffers_.push_back(std::make_unique<Buffer>(static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dt), ctx_.device()));
+    buffers_.push_back(
+        std::make_unique<Buffer>(static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dt), ctx_.device()));
     return Tensor(buffers_.back()->data(), dt, {n}, ctx_.device());
   }
   std::vector<double> download(const Tensor& t) {

@@ -13,7 +13,6 @@ struct ActShape {
 constexpr ActShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {13, 3072}, {999, 8}};
 constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu};
 
-
 void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool misalign, Context& ctx,
                          std::mt19937_64& rng) {
   const ActivationParams p{.N = s.N, .d_ff = s.F, .kind = kind};

@@ -15,7 +15,6 @@ std::vector<double> qkv_part(const std::vector<double>& qkv, int part, size_t N,
   return r;
 }
 
-
 void run_attention_case(const AttentionParams& p, DType dt, Context& ctx, std::mt19937_64& rng) {
   const int C = p.H * p.Dh;
   const size_t N = static_cast<size_t>(p.B) * p.T, NC = N * C, n_lse = N * p.H;
@@ -59,8 +58,7 @@ TEST(CudaAttention, MatchesReferenceOnAwkwardShapes) {
       for (int Dh : {16, 32, 64, 80, 96, 128})
         for (int T : {1, 17, 64, 200})
           for (int B : {1, 2})
-            for (int H : {1, 3})
-              run_attention_case({.B = B, .T = T, .H = H, .Dh = Dh, .causal = causal}, dt, ctx, rng);
+            for (int H : {1, 3}) run_attention_case({.B = B, .T = T, .H = H, .Dh = Dh, .causal = causal}, dt, ctx, rng);
 }
 
 TEST(CudaAttention, BackwardIsDeterministic) {
@@ -95,9 +93,9 @@ void run_rope_case(const RopeParams& p, DType dt, Context& ctx, std::mt19937_64&
   const Tensor tx = dev.upload(dt, x), tg = dev.upload(dt, g);  // in place: the inputs are the outputs
   rope_forward(p, tx, ctx);
   rope_backward(p, tg, ctx);
-  const std::string what = "rope B=" + std::to_string(p.B) + " T=" + std::to_string(p.T) + " H=" +
-                           std::to_string(p.H) + " Dh=" + std::to_string(p.Dh) + " theta=" +
-                           std::to_string(p.theta) + " pos_offset=" + std::to_string(p.pos_offset);
+  const std::string what = "rope B=" + std::to_string(p.B) + " T=" + std::to_string(p.T) + " H=" + std::to_string(p.H) +
+                           " Dh=" + std::to_string(p.Dh) + " theta=" + std::to_string(p.theta) +
+                           " pos_offset=" + std::to_string(p.pos_offset);
   const auto got_x = dev.download(tx), got_g = dev.download(tg);
   expect_close(got_x, x_ref, dt, what + " forward");
   expect_close(got_g, g_ref, dt, what + " backward");
@@ -125,8 +123,8 @@ TEST(CudaRope, MatchesReferenceInPlace) {
 
 TEST(CudaAttention, SupportsHeadDimsUpToKernelLimit) {
   std::string why;
-  EXPECT_FALSE(attention_supports({.B = 1, .T = 8, .H = 2, .Dh = kAttentionMaxDh + 1}, DType::BF16,
-                                  Device::cuda(0), &why));
+  EXPECT_FALSE(
+      attention_supports({.B = 1, .T = 8, .H = 2, .Dh = kAttentionMaxDh + 1}, DType::BF16, Device::cuda(0), &why));
   EXPECT_NE(why.find("Dh up to"), std::string::npos) << why;
   EXPECT_TRUE(attention_supports({.B = 1, .T = 8, .H = 2, .Dh = 80}, DType::BF16, Device::cuda(0), &why)) << why;
   EXPECT_TRUE(attention_supports({.B = 1, .T = 8, .H = 2, .Dh = 256}, DType::F64, Device::cpu(), &why)) << why;

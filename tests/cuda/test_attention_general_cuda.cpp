@@ -179,10 +179,8 @@ TEST(CudaAttentionGeneral, BackwardIsDeterministic) {
       const auto part = dev.download(t);
       got.insert(got.end(), part.begin(), part.end());
     }
-    if (run == 0)
-      first = got;
-    else
-      EXPECT_EQ(got, first) << "[" << attention_cuda_kernel(p, DType::BF16, ctx) << "] run " << run;
+    if (run == 0) first = got;
+    else EXPECT_EQ(got, first) << "[" << attention_cuda_kernel(p, DType::BF16, ctx) << "] run " << run;
   }
 }
 
@@ -273,11 +271,12 @@ TEST(CudaAttentionGeneral, RopeMatchesTheCpuEntry) {
   attention_forward(p, t4(out.data(), DType::F64, Tq, H, Device::cpu()), lse_h,
                     t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
                     t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), cpu);
-  attention_backward(
-      p, t4(dq.data(), DType::F64, Tq, H, Device::cpu()), t4(dk.data(), DType::F64, Tk, Hkv, Device::cpu()),
-      t4(dv.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(w.data(), DType::F64, Tq, H, Device::cpu()),
-      t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
-      t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(out.data(), DType::F64, Tq, H, Device::cpu()), lse_h, cpu);
+  attention_backward(p, t4(dq.data(), DType::F64, Tq, H, Device::cpu()),
+                     t4(dk.data(), DType::F64, Tk, Hkv, Device::cpu()),
+                     t4(dv.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(w.data(), DType::F64, Tq, H, Device::cpu()),
+                     t4(q.data(), DType::F64, Tq, H, Device::cpu()), t4(k.data(), DType::F64, Tk, Hkv, Device::cpu()),
+                     t4(v.data(), DType::F64, Tk, Hkv, Device::cpu()), t4(out.data(), DType::F64, Tq, H, Device::cpu()),
+                     lse_h, cpu);
   DeviceArena dev(gpu);
   const Tensor gq = dev.upload(DType::F32, q0), gk = dev.upload(DType::F32, k0), gv = dev.upload(DType::F32, v);
   const Tensor gw = dev.upload(DType::F32, w), gout = dev.poisoned(DType::F32, nq);

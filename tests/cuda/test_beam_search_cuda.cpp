@@ -63,8 +63,13 @@ TEST(BeamSearchCuda, EqualsTheCpu) {
   for (int K : {1, 2, 4, 8})
     for (bool graph : {false, true}) {
       if (graph && !cuda_graph_capture_supported()) continue;
-      const BeamSearchOptions o{.batch = 5, .beams = K, .vocab = kV, .max_new_tokens = 9, .eos_id = kEos,
-                                .length_penalty = 1.0f, .early_stopping = beam::EarlyStopping::False,
+      const BeamSearchOptions o{.batch = 5,
+                                .beams = K,
+                                .vocab = kV,
+                                .max_new_tokens = 9,
+                                .eos_id = kEos,
+                                .length_penalty = 1.0f,
+                                .early_stopping = beam::EarlyStopping::False,
                                 .num_return_sequences = K};
       const Toy m(o.batch, o.max_new_tokens, rng);
       const auto want = run(m, o, cpu, false), got = run(m, o, ctx, graph);

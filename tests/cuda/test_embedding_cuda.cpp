@@ -14,7 +14,7 @@ struct EmbCase {
   int distinct;  // tokens drawn from [0, distinct): small values make long runs of one token in the backward
 };
 // T = 1, widths that are not multiples of the 8-wide vector, GPT-2's vocab, one token repeated over the batch.
-constexpr EmbCase kCases[] = {{1, 1, 1, 1, 1},     {2, 3, 33, 7, 7},        {3, 1, 40, 50257, 50257},
+constexpr EmbCase kCases[] = {{1, 1, 1, 1, 1},        {2, 3, 33, 7, 7},         {3, 1, 40, 50257, 50257},
                               {4, 33, 40, 50257, 50}, {8, 64, 768, 1000, 1000}, {5, 17, 100, 300, 3},
                               {2, 128, 64, 97, 1}};
 
@@ -30,8 +30,16 @@ struct EmbOptions {
 void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt19937_64& rng,
                         const std::vector<int32_t>* tokens_in = nullptr) {
   const int BT = e.B * e.T, max_seq = o.pos_offset + e.T + 3;
-  const EmbeddingParams p{.B = e.B, .T = e.T, .C = e.C, .V = e.V, .max_seq = max_seq, .pos_offset = o.pos_offset,
-                          .scale = o.scale, .padding_id = o.padding ? 0 : -1, .dropout = o.dropout, .seed = rng(),
+  const EmbeddingParams p{.B = e.B,
+                          .T = e.T,
+                          .C = e.C,
+                          .V = e.V,
+                          .max_seq = max_seq,
+                          .pos_offset = o.pos_offset,
+                          .scale = o.scale,
+                          .padding_id = o.padding ? 0 : -1,
+                          .dropout = o.dropout,
+                          .seed = rng(),
                           .stream = rng() % 1000};
   std::vector<int32_t> tokens = tokens_in ? *tokens_in : randint(BT, e.distinct, rng);
   const size_t VC = static_cast<size_t>(e.V) * e.C, SC = static_cast<size_t>(max_seq) * e.C;
@@ -42,8 +50,7 @@ void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt
 
   std::vector<double> out(NC), d_wte = d_wte0, d_wpe = d_wpe0;
   embedding_forward_ref<double>(p, out.data(), tokens.data(), wte.data(), o.positions ? wpe.data() : nullptr);
-  embedding_backward_ref<double>(p, d_wte.data(), o.positions ? d_wpe.data() : nullptr, d_out.data(),
-                                 tokens.data());
+  embedding_backward_ref<double>(p, d_wte.data(), o.positions ? d_wpe.data() : nullptr, d_out.data(), tokens.data());
 
   DeviceArena dev(ctx);
   const Tensor ttok = dev.upload_i32(tokens), twte = dev.upload(dt, wte);
@@ -53,11 +60,11 @@ void run_embedding_case(DType dt, EmbCase e, EmbOptions o, Context& ctx, std::mt
   embedding_forward(p, tout, ttok, twte, twpe, ctx);
   embedding_backward(p, tdwte, tdwpe, tdo, ttok, ctx);
 
-  const std::string what = "embedding B=" + std::to_string(e.B) + " T=" + std::to_string(e.T) + " C=" +
-                           std::to_string(e.C) + " V=" + std::to_string(e.V) + " distinct=" +
-                           std::to_string(e.distinct) + (o.positions ? " +wpe" : "") + (o.padding ? " +pad" : "") +
-                           " dropout=" + std::to_string(o.dropout) + " scale=" + std::to_string(o.scale) +
-                           " pos_offset=" + std::to_string(o.pos_offset);
+  const std::string what = "embedding B=" + std::to_string(e.B) + " T=" + std::to_string(e.T) +
+                           " C=" + std::to_string(e.C) + " V=" + std::to_string(e.V) +
+                           " distinct=" + std::to_string(e.distinct) + (o.positions ? " +wpe" : "") +
+                           (o.padding ? " +pad" : "") + " dropout=" + std::to_string(o.dropout) +
+                           " scale=" + std::to_string(o.scale) + " pos_offset=" + std::to_string(o.pos_offset);
   expect_close(dev.download(tout), out, dt, what + " out");
   // d_wte and d_wpe are mostly their prefill; compare the change so that the error is measured against the
   // gradient, not against the prefill.
@@ -263,8 +270,8 @@ void check_stable_order_sums(int B, int T, int rounds, std::mt19937_64& rng, Con
     embedding_backward(p, tdwte, tdwpe, tdo, dev.upload_i32(tokens), ctx);
     const auto got = dev.download(tdwte), got_wpe = dev.download(tdwpe);
     for (size_t e = 0; e < got.size(); ++e)
-      ASSERT_EQ(got[e], want[e]) << "B*T=" << n << ", call " << round << ": d_wte element " << e << " (id "
-                                 << e / p.C << "): not the stable order's sum";
+      ASSERT_EQ(got[e], want[e]) << "B*T=" << n << ", call " << round << ": d_wte element " << e << " (id " << e / p.C
+                                 << "): not the stable order's sum";
     for (size_t e = 0; e < got_wpe.size(); ++e)
       ASSERT_EQ(got_wpe[e], want_wpe[e]) << "B*T=" << n << ", call " << round << ": d_wpe element " << e;
   }
@@ -275,7 +282,7 @@ TEST(CudaEmbedding, BackwardSumsEachIdsRowsInStableOrder) {
   std::mt19937_64 rng(test_seed());
   check_stable_order_sums(3, 1100, /*rounds=*/4, rng, ctx);  // the bucket sort
   static_assert(41 * 1000 > kEmbeddingBucketSortMaxRows);
-  check_stable_order_sums(41, 1000, /*rounds=*/2, rng, ctx);  // the radix sort
+  check_stable_order_sums(41, 1000, /*rounds=*/2, rng, ctx);                               // the radix sort
   check_stable_order_sums(41, 1000, /*rounds=*/1, rng, ctx, /*V=*/64, /*padding_id=*/-1);  // V = 2^6: 7 key bits
 }
 

@@ -144,9 +144,9 @@ void check_exact(const ModelConfig& cfg, DType dt, double tol) {
     const std::vector<float> got = eng.read_logits_row(b), ref = full_last(cpu, seqs[b]);
     const double fwd = dt == DType::F32 ? 0.0 : rel_err(full_last(*gpu, seqs[b]), ref);
     const double err = rel_err(got, ref);
-    EXPECT_LE(err, std::max(tol, 1.5 * fwd)) << what << " (" << test::dtype_label(dt) << "): relative error " << err
-                                             << ", the GPU model's full forward's " << fwd << ", seed "
-                                             << test::test_seed();
+    EXPECT_LE(err, std::max(tol, 1.5 * fwd))
+        << what << " (" << test::dtype_label(dt) << "): relative error " << err << ", the GPU model's full forward's "
+        << fwd << ", seed " << test::test_seed();
     for (float x : got) ASSERT_TRUE(std::isfinite(x)) << what;
   };
   eng.prefill(seqs);

@@ -104,8 +104,8 @@ ReferenceCase reference_case(const AttentionParams& p, DType dt, std::mt19937_64
 struct EntryOutputs {
   std::vector<double> out, lse, d_qkv;
 };
-EntryOutputs run_entries(const AttentionParams& p, DType dt, const Tensor& qkv, const Tensor& d_out,
-                         DeviceArena& dev, Context& ctx) {
+EntryOutputs run_entries(const AttentionParams& p, DType dt, const Tensor& qkv, const Tensor& d_out, DeviceArena& dev,
+                         Context& ctx) {
   const size_t NC = static_cast<size_t>(p.B) * p.T * p.H * p.Dh;
   const Tensor out = dev.poisoned(dt, NC), lse = dev.poisoned(DType::F32, NC / p.Dh);
   const Tensor d_qkv = dev.poisoned(dt, 3 * NC);
@@ -122,11 +122,10 @@ void run_flash_case(const AttentionParams& p, DType dt, Context& ctx, std::mt199
   const std::string what = label(p, dt) + (path ? std::string(" fwd ") + path : std::string());
   // The flash family either way; the label names the Hopper kernels where they run.
   const bool fwd_hopper = flash_forward_uses_hopper(p, dt, ctx), bwd_hopper = flash_backward_uses_hopper(p, dt, ctx);
-  ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)),
-            fwd_hopper && bwd_hopper ? "flash-hopper"
-            : fwd_hopper             ? "flash-hopper forward, flash-mma backward"
-            : bwd_hopper             ? "flash-mma forward, flash-hopper backward"
-                                     : "flash-mma")
+  ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), fwd_hopper && bwd_hopper ? "flash-hopper"
+                                                            : fwd_hopper ? "flash-hopper forward, flash-mma backward"
+                                                            : bwd_hopper ? "flash-mma forward, flash-hopper backward"
+                                                                         : "flash-mma")
       << what;
   if (path) {
     ASSERT_EQ(fwd_hopper, std::string(path) == "hopper") << what;
@@ -289,15 +288,21 @@ TEST(CudaFlashAttention, DropoutMatchesReference) {
           for (int T : {1, 17, 64, 127, 129, 200}) {
             if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
             if (std::string(path) == "hopper" && dt == DType::F32) continue;  // the tiled kernels, as mma's
-            run_dropout_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal, .dropout = 0.2f, .seed = 42,
-                              .stream = ++stream},
-                             dt, ctx, rng, path);
+            run_dropout_case(
+                {.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal, .dropout = 0.2f, .seed = 42, .stream = ++stream},
+                dt, ctx, rng, path);
           }
   // Many key tiles, a high rate, the seed's upper word and a stream past 2^32.
   for (const char* path : flash_paths(ctx))
     for (int Dh : {64, 128})
-      run_dropout_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true, .dropout = 0.6f,
-                        .seed = 0x1234567890ull, .stream = (1ull << 33) + 5},
+      run_dropout_case({.B = 1,
+                        .T = 1057,
+                        .H = 2,
+                        .Dh = Dh,
+                        .causal = true,
+                        .dropout = 0.6f,
+                        .seed = 0x1234567890ull,
+                        .stream = (1ull << 33) + 5},
                        DType::BF16, ctx, rng, path);
 }
 
@@ -344,15 +349,28 @@ TEST(CudaFlashAttention, RopeMatchesReference) {
           for (int T : {1, 17, 200}) {
             if (dt == DType::F16 && Dh != 64) continue;  // f16 shares bf16's kernels but for the rounding
             if (std::string(path) == "hopper" && dt == DType::F32) continue;
-            run_rope_case({.B = 2, .T = T, .H = 3, .Dh = Dh, .causal = causal,
-                           .rope_theta = causal ? 10000.0f : 500000.0f, .rope_pos_offset = T == 17 ? 37 : 0},
+            run_rope_case({.B = 2,
+                           .T = T,
+                           .H = 3,
+                           .Dh = Dh,
+                           .causal = causal,
+                           .rope_theta = causal ? 10000.0f : 500000.0f,
+                           .rope_pos_offset = T == 17 ? 37 : 0},
                           dt, ctx, rng, path);
           }
   // Many tiles, with attention dropout too, and positions into the thousands (the f64 table's reason).
   for (const char* path : flash_paths(ctx))
     for (int Dh : {64, 128})
-      run_rope_case({.B = 1, .T = 1057, .H = 2, .Dh = Dh, .causal = true, .dropout = 0.2f, .seed = 5, .stream = 9,
-                     .rope_theta = 10000.0f, .rope_pos_offset = 3000},
+      run_rope_case({.B = 1,
+                     .T = 1057,
+                     .H = 2,
+                     .Dh = Dh,
+                     .causal = true,
+                     .dropout = 0.2f,
+                     .seed = 5,
+                     .stream = 9,
+                     .rope_theta = 10000.0f,
+                     .rope_pos_offset = 3000},
                     DType::BF16, ctx, rng, path);
 }
 
@@ -364,15 +382,22 @@ TEST(CudaFlashAttention, RopeMatchesReference) {
 // Hopper dK / dV pass's 128-query tiles whole.
 TEST(CudaFlashAttention, DropoutDropsTheReferencesElements) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
-  struct Shape { int T, Dh; };
+  struct Shape {
+    int T, Dh;
+  };
   for (const char* path : flash_paths(ctx))
     for (DType dt : {DType::BF16, DType::F32})
       for (bool causal : {true, false})
-        for (Shape s : {Shape{30, 32}, Shape{64, 64}, Shape{80, 80}, Shape{127, 128}, Shape{128, 64},
-                        Shape{129, 128}})
+        for (Shape s : {Shape{30, 32}, Shape{64, 64}, Shape{80, 80}, Shape{127, 128}, Shape{128, 64}, Shape{129, 128}})
           for (int w = 0; w < s.T; w += s.Dh) {
-            const AttentionParams p{.B = 2, .T = s.T, .H = 3, .Dh = s.Dh, .causal = causal, .dropout = 0.5f,
-                                    .seed = 7, .stream = static_cast<uint64_t>(s.T)};
+            const AttentionParams p{.B = 2,
+                                    .T = s.T,
+                                    .H = 3,
+                                    .Dh = s.Dh,
+                                    .causal = causal,
+                                    .dropout = 0.5f,
+                                    .seed = 7,
+                                    .stream = static_cast<uint64_t>(s.T)};
             ScopedFlashPath scoped(path);
             const std::string what = label(p, dt) + " path " + path + " window " + std::to_string(w);
             ASSERT_EQ(std::string(attention_cuda_kernel(p, dt, ctx)), expected_kernel(p, dt, path)) << what;
@@ -511,8 +536,8 @@ TEST(CudaFlashAttentionHopper, BackwardMatchesMmaBackward) {
           const double floor = 0.1 * norm2(part_of(m, 2, N, C));
           static constexpr std::array<const char*, 3> kPart = {" dQ", " dK", " dV"};
           for (int part = 0; part < 3; ++part) {
-            expect_close(part_of(h, part, N, C), part_of(m, part, N, C), dt,
-                         what + " hopper" + kPart[part] + " vs mma", 2.0, floor);
+            expect_close(part_of(h, part, N, C), part_of(m, part, N, C), dt, what + " hopper" + kPart[part] + " vs mma",
+                         2.0, floor);
             expect_close(part_of(h_misaligned, part, N, C), part_of(m, part, N, C), dt,
                          what + " hopper (out misaligned)" + kPart[part] + " vs mma", 2.0, floor);
           }

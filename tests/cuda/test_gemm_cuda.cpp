@@ -20,8 +20,10 @@ struct GemmMode {
   bool tf32;
   const char* name;
 };
-constexpr GemmMode kModes[] = {
-    {DType::F32, false, "f32"}, {DType::F32, true, "tf32"}, {DType::BF16, false, "bf16"}, {DType::F16, false, "f16"}};
+constexpr GemmMode kModes[] = {{DType::F32, false, "f32"},
+                               {DType::F32, true, "tf32"},
+                               {DType::BF16, false, "bf16"},
+                               {DType::F16, false, "f16"}};
 
 // The bound on ‖got − ref‖ has two parts, each for what one stage of the kernel may add:
 //  - the accumulation, against the size of the terms ‖mag‖ (mag = |alpha| |op(A)| |op(B)| + |beta C0| + |bias|):
@@ -107,8 +109,14 @@ void run_gemm_shape(const GemmMode& mode, GemmShape s, Context& ctx, std::mt1993
     for (int trans_b = 0; trans_b < 2; ++trans_b)
       for (float beta : {0.0f, 1.0f})
         for (bool with_bias : {false, true}) {
-          const GemmParams p{.M = M, .N = N, .K = K, .trans_a = trans_a == 1, .trans_b = trans_b == 1,
-                             .alpha = alpha, .beta = beta, .allow_tf32 = mode.tf32};
+          const GemmParams p{.M = M,
+                             .N = N,
+                             .K = K,
+                             .trans_a = trans_a == 1,
+                             .trans_b = trans_b == 1,
+                             .alpha = alpha,
+                             .beta = beta,
+                             .allow_tf32 = mode.tf32};
           std::vector<double> ref(MN), mag(MN);
           for (size_t i = 0; i < MN; ++i) {
             ref[i] = alpha * prod[i] + (beta != 0 ? beta * c0[i] : 0.0) + (with_bias ? bias[i % N] : 0.0);
@@ -170,8 +178,8 @@ TEST(CudaGemm, UnalignedPointers) {
     for (size_t i = 0; i < ref.size(); ++i) ref[i] += c0[i + 1];  // gemm_loop_ref started from zeros
     DeviceArena dev(ctx);
     const Tensor ta = dev.upload(dt, a), tb = dev.upload(dt, b), tbias = dev.upload(dt, bias), tc = dev.upload(dt, c0);
-    gemm({.M = M, .N = N, .K = K, .beta = 1.0f, .allow_tf32 = mode.tf32}, tc.slice1d(1, M * N),
-         ta.slice1d(1, M * K), tb.slice1d(1, K * N), tbias.slice1d(1, N), ctx);
+    gemm({.M = M, .N = N, .K = K, .beta = 1.0f, .allow_tf32 = mode.tf32}, tc.slice1d(1, M * N), ta.slice1d(1, M * K),
+         tb.slice1d(1, K * N), tbias.slice1d(1, N), ctx);
     const auto got = dev.download(tc);
     EXPECT_EQ(got[0], c0[0]) << "wrote before C";
     expect_close(std::vector<double>(got.begin() + 1, got.end()), ref, dt, std::string("unaligned ") + mode.name,
@@ -210,14 +218,21 @@ TEST(CudaGemm, StridedBatch) {
     const auto bias = rounded(dt, randn<double>(N, rng));
     DeviceArena dev(ctx);
     const Tensor tc = dev.poisoned(dt, batch * sc);
-    const GemmParams p{.M = M, .N = N, .K = K, .trans_b = true, .allow_tf32 = mode.tf32, .batch = batch,
-                       .stride_a = sa, .stride_b = sb, .stride_c = sc};
+    const GemmParams p{.M = M,
+                       .N = N,
+                       .K = K,
+                       .trans_b = true,
+                       .allow_tf32 = mode.tf32,
+                       .batch = batch,
+                       .stride_a = sa,
+                       .stride_b = sb,
+                       .stride_c = sc};
     gemm(p, tc, dev.upload(dt, a), dev.upload(dt, b), dev.upload(dt, bias), ctx);
     const auto got = dev.download(tc);
     for (int i = 0; i < batch; ++i) {
       std::vector<double> ref(static_cast<size_t>(M) * N);
-      gemm_loop_ref<double>({.M = M, .N = N, .K = K, .trans_b = true}, ref.data(), a.data() + i * sa,
-                            b.data() + i * sb, bias.data());
+      gemm_loop_ref<double>({.M = M, .N = N, .K = K, .trans_b = true}, ref.data(), a.data() + i * sa, b.data() + i * sb,
+                            bias.data());
       expect_close(std::vector<double>(got.begin() + i * sc, got.begin() + i * sc + M * N), ref, dt,
                    std::string("batch ") + std::to_string(i) + " " + mode.name, tolerance_scale(mode));
       for (int64_t j = i * sc + M * N; j < (i + 1) * sc; ++j)
@@ -313,14 +328,16 @@ TEST(CudaGemm, PaddedRowStrides) {
       gemm_loop_ref<double>({.M = M, .N = N, .K = K}, prod_abs.data(), abs_of(a).data(), abs_of(b).data(), nullptr);
       for (int trans_a = 0; trans_a < 2; ++trans_a)
         for (int trans_b = 0; trans_b < 2; ++trans_b) {
-          GemmParams p{.M = M, .N = N, .K = K, .trans_a = trans_a == 1, .trans_b = trans_b == 1,
-                       .allow_tf32 = mode.tf32};
+          GemmParams p{
+              .M = M, .N = N, .K = K, .trans_a = trans_a == 1, .trans_b = trans_b == 1, .allow_tf32 = mode.tf32};
           p.lda = p.a_cols() + cs.pad_a;
           p.ldb = p.b_cols() + cs.pad_b;
           p.ldc = N + cs.pad_c;
           DeviceArena dev(ctx);
-          const Tensor ta = dev.upload(dt, padded_rows(trans_a ? transposed(a, M, K) : a, p.a_rows(), p.a_cols(), p.lda));
-          const Tensor tb = dev.upload(dt, padded_rows(trans_b ? transposed(b, K, N) : b, p.b_rows(), p.b_cols(), p.ldb));
+          const Tensor ta =
+              dev.upload(dt, padded_rows(trans_a ? transposed(a, M, K) : a, p.a_rows(), p.a_cols(), p.lda));
+          const Tensor tb =
+              dev.upload(dt, padded_rows(trans_b ? transposed(b, K, N) : b, p.b_rows(), p.b_cols(), p.ldb));
           const Tensor tc = dev.poisoned(dt, static_cast<int64_t>(M) * p.ldc);
           gemm(p, tc, ta, tb, Tensor(), ctx);
           const auto got = dev.download(tc);
@@ -359,8 +376,7 @@ TEST(CudaGemm, CpuEntryBatchesAndSupports) {
   auto a = randn<double>(batch * M * K, rng), b = randn<double>(batch * K * N, rng), bias = randn<double>(N, rng);
   std::vector<double> c(batch * M * N, 0.0);
   Context cpu;
-  const GemmParams p{.M = M, .N = N, .K = K, .batch = batch, .stride_a = M * K, .stride_b = K * N,
-                     .stride_c = M * N};
+  const GemmParams p{.M = M, .N = N, .K = K, .batch = batch, .stride_a = M * K, .stride_b = K * N, .stride_c = M * N};
   gemm(p, Tensor(c.data(), DType::F64, {batch * M * N}), Tensor(a.data(), DType::F64, {batch * M * K}),
        Tensor(b.data(), DType::F64, {batch * K * N}), Tensor(bias.data(), DType::F64, {N}), cpu);
   for (int i = 0; i < batch; ++i) {
@@ -397,8 +413,11 @@ struct GeluCase {
 // A GPT-2 fc layer's shape in small (N = d_ff a multiple of 8: cuBLASLt's epilogue takes it), the same with B
 // transposed as the model's forward has it, a width that is not a multiple of 8 (the unfused fallback), one
 // element, and unaligned pointers.
-constexpr GeluCase kGeluCases[] = {{130, 3072, 64, true, 0}, {130, 3072, 64, false, 0}, {33, 13, 47, true, 0},
-                                   {1, 8, 1, false, 0},      {37, 64, 40, true, 1}};
+constexpr GeluCase kGeluCases[] = {{130, 3072, 64, true, 0},
+                                   {130, 3072, 64, false, 0},
+                                   {33, 13, 47, true, 0},
+                                   {1, 8, 1, false, 0},
+                                   {37, 64, 40, true, 1}};
 
 // gemm_gelu_forward against the f64 formulas: pre = A B + bias, out = gelu(pre). Outputs NaN-poisoned.
 void run_gemm_gelu(const GemmMode& mode, const GeluCase& c, Context& ctx, std::mt19937_64& rng) {
@@ -456,8 +475,8 @@ TEST(CudaGemmGelu, GptShapesTakeTheFusedEpilogue) {
     const Tensor x = dev.alloc(dt, int64_t{M} * C), w1 = dev.alloc(dt, int64_t{F} * C), b1 = dev.alloc(dt, F);
     const Tensor pre = dev.alloc(dt, int64_t{M} * F), out = dev.alloc(dt, int64_t{M} * F);
     for (const Tensor* t : {&x, &w1, &b1}) fill_bytes(*t, 0, ctx);
-    EXPECT_TRUE(gemm_gelu_forward_cuda({.M = M, .N = F, .K = C, .trans_b = true}, dt, out.data(), pre.data(),
-                                       x.data(), w1.data(), b1.data(), ctx))
+    EXPECT_TRUE(gemm_gelu_forward_cuda({.M = M, .N = F, .K = C, .trans_b = true}, dt, out.data(), pre.data(), x.data(),
+                                       w1.data(), b1.data(), ctx))
         << dtype_label(dt);
     ctx.synchronize();
   }

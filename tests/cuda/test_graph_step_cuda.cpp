@@ -6,10 +6,10 @@
 // among them. And CudaGraph itself: an illegal call inside a capture ends the capture with a clear Error and leaves
 // the stream usable.
 #include <cmath>
-#include <map>
-#include <sstream>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,8 +17,8 @@
 
 #include "cuda_test_util.h"
 #include "cuda_train_util.h"
-#include "tessera/bench/model.h"
 #include "tessera/bench/memory_timeline.h"
+#include "tessera/bench/model.h"
 #include "tessera/core/cuda_graph.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
@@ -243,8 +243,9 @@ TEST(CudaGraphStep, MemoryTimelineMeasuresItsStepEagerly) {
   std::ifstream csv(d / "m.csv");
   std::string line;
   std::getline(csv, line);
-  ASSERT_EQ(line, "event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes,"
-                  "measured_bytes");
+  ASSERT_EQ(line,
+            "event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes,"
+            "measured_bytes");
   std::map<std::string, long long> by_phase;
   int rows = 0;
   while (std::getline(csv, line)) {

@@ -157,9 +157,9 @@ TEST(CudaCrossEntropy, ForwardAndSumAreDeterministic) {
 // ---- cross_entropy_forward_backward: the fused op (one read of the logits, one write of the gradient). ----
 
 struct FusedLayout {
-  int64_t ld = 0;                   // row stride; 0: packed
-  double padding = std::nan("");    // what the padding columns [V, ld) hold
-  bool misalign = false;            // the logits start one element past a 16-byte boundary
+  int64_t ld = 0;                 // row stride; 0: packed
+  double padding = std::nan("");  // what the padding columns [V, ld) hold
+  bool misalign = false;          // the logits start one element past a 16-byte boundary
 };
 
 // The fused op against the f64 reference (forward, then backward with loss_scale / count), through the Tensor-level
@@ -193,10 +193,10 @@ void run_fused_case(const CeCase& c, DType dt, FusedLayout lay, Context& ctx, st
   cross_entropy_forward_backward(p, tloss, tlse, tz, ty, loss_scale, tcount, ctx);
   cross_entropy_loss_sum(p, tsum, Tensor(), tloss, ty, ctx);
 
-  const std::string what = std::string("cross_entropy_forward_backward N=") + std::to_string(c.N) + " V=" +
-                           std::to_string(c.V) + " ld=" + std::to_string(lay.ld) + " eps=" + std::to_string(c.eps) +
-                           " ignore=" + std::to_string(c.ignore_index) + (lay.misalign ? " misaligned " : " ") +
-                           dtype_label(dt);
+  const std::string what = std::string("cross_entropy_forward_backward N=") + std::to_string(c.N) +
+                           " V=" + std::to_string(c.V) + " ld=" + std::to_string(lay.ld) +
+                           " eps=" + std::to_string(c.eps) + " ignore=" + std::to_string(c.ignore_index) +
+                           (lay.misalign ? " misaligned " : " ") + dtype_label(dt);
   const double rows = std::sqrt(static_cast<double>(c.N));
   expect_close(dev.download(tlse), lse, DType::F32, what + " lse", 1.0, rows);
   expect_close(dev.download(tloss), losses, DType::F32, what + " losses", 10.0, rows);
@@ -236,8 +236,7 @@ TEST(CudaCrossEntropyFused, MatchesReferenceOnAwkwardShapes) {
           const bool misalign = (N + V) % 2 == 0;
           run_fused_case({.N = N, .V = V, .eps = eps, .ignore_index = -100}, dt, {.misalign = misalign}, ctx, rng);
           if (V > 1)
-            run_fused_case({.N = N, .V = V, .eps = eps, .ignore_index = V - 1}, dt, {.misalign = !misalign}, ctx,
-                           rng);
+            run_fused_case({.N = N, .V = V, .eps = eps, .ignore_index = V - 1}, dt, {.misalign = !misalign}, ctx, rng);
         }
 }
 

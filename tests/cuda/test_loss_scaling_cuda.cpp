@@ -63,8 +63,8 @@ TEST(CudaLossScaling, F16SkipsAPlantedOverflowAndHalvesTheScale) {
     const int64_t step = static_cast<int64_t>(i) + 1;
     EXPECT_TRUE(std::isfinite(recs[i]["loss"].get<double>())) << "step " << step;
     const bool sk = recs[i]["skipped"].get<bool>();
-    EXPECT_EQ(sk, step == kPlantStep) << "step " << step << " (an unplanted overflow at scale "
-                                      << recs[i]["loss_scale"] << ")";
+    EXPECT_EQ(sk, step == kPlantStep) << "step " << step << " (an unplanted overflow at scale " << recs[i]["loss_scale"]
+                                      << ")";
     skipped += sk;
   }
   EXPECT_EQ(recs[kPlantStep - 1]["loss_scale"].get<double>(), 1024.0);

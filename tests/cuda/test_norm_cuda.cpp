@@ -12,7 +12,7 @@ struct NormShape {
 // Odd widths (not multiples of the 8-wide vector), one row, the GPT-2 / cs336 widths; together they take every
 // group size (32 .. 256) of both the packed and the scalar kernels. 5000 rows make the backward loop over more
 // rows than its resident blocks hold.
-constexpr NormShape kShapes[] = {{1, 1},     {7, 33},   {3, 100}, {64, 768}, {37, 1600},
+constexpr NormShape kShapes[] = {{1, 1},      {7, 33},   {3, 100},  {64, 768}, {37, 1600},
                                  {130, 2560}, {5, 4096}, {9, 4095}, {5000, 64}};
 
 // x_scale: the rows' size. At 1 the mean square is at least 1 and eps (1e-5) changes rstd by 5e-6, under every
@@ -32,13 +32,14 @@ void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ct
   const auto w = rounded(dt, randn<double>(C, rng, 1.0));
   const auto b = rounded(dt, randn<double>(C, rng, 1.0));
   const auto d_out = rounded(dt, randn<double>(NC, rng, 1.0));
-  const auto d_x0 = rounded(dt, randn<double>(NC, rng, 1.0));   // accumulated into: prefilled
+  const auto d_x0 = rounded(dt, randn<double>(NC, rng, 1.0));  // accumulated into: prefilled
   const auto d_w0 = rounded(dt, randn<double>(C, rng, 1.0));
   const auto d_b0 = rounded(dt, randn<double>(C, rng, 1.0));
 
   std::vector<double> out(NC), mean(N), rstd(N), d_x = d_x0, d_w = d_w0, d_b = d_b0;
   if (layernorm) {
-    layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias ? b.data() : nullptr);
+    layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                  bias ? b.data() : nullptr);
     layernorm_backward_ref<double>(p, d_x.data(), d_w.data(), bias ? d_b.data() : nullptr, d_out.data(), x.data(),
                                    w.data(), mean.data(), rstd.data());
   } else {
@@ -58,8 +59,9 @@ void run_norm_case(bool layernorm, bool bias, DType dt, NormShape s, Context& ct
     rmsnorm_forward(p, tout, trstd, tx, tw, ctx);
     rmsnorm_backward(p, tdx, tdw, tdo, tx, tw, trstd, ctx);
   }
-  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + (bias ? "+bias" : "") + " N=" +
-                           std::to_string(N) + " C=" + std::to_string(C) + " x_scale=" + std::to_string(x_scale);
+  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + (bias ? "+bias" : "") +
+                           " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                           " x_scale=" + std::to_string(x_scale);
   expect_close(dev.download(tout), out, dt, what + " out");
   if (layernorm) expect_close(dev.download(tmean), mean, DType::F32, what + " mean", 10.0);
   expect_close(dev.download(trstd), rstd, DType::F32, what + " rstd", 10.0);
@@ -131,8 +133,8 @@ void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, 
   std::vector<double> out(NC), mean(N), rstd(N), d_x = d_x0, d_w = d_w0, d_b = d_b0, d_y(NC), d_bias = d_bias0;
   if (layernorm) {
     layernorm_forward_ref<double>(p, out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data());
-    layernorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(),
-                                   mean.data(), rstd.data());
+    layernorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_b.data(), d_out.data(), x.data(), w.data(), mean.data(),
+                                   rstd.data());
   } else {
     rmsnorm_forward_ref<double>(p, out.data(), rstd.data(), x.data(), w.data());
     rmsnorm_backward_ref<double>(p, d_x.data(), d_w.data(), d_out.data(), x.data(), w.data(), rstd.data());
@@ -159,9 +161,9 @@ void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, 
   else rmsnorm_backward(p, u.d_x, u.d_w, tdo, tx, tw, trstd, ctx);
   residual_backward(rp, u.d_y, u.d_bias, u.d_x, ctx);
 
-  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + " + residual" +
-                           (bias ? " +bias" : "") + " dropout=" + std::to_string(dropout) + " " + dtype_label(dt) +
-                           " N=" + std::to_string(N) + " C=" + std::to_string(C);
+  const std::string what = std::string(layernorm ? "layernorm" : "rmsnorm") + " + residual" + (bias ? " +bias" : "") +
+                           " dropout=" + std::to_string(dropout) + " " + dtype_label(dt) + " N=" + std::to_string(N) +
+                           " C=" + std::to_string(C);
   const auto got_dx = dev.download(f.d_x), got_dy = dev.download(f.d_y);
   // Every output but d_y adds to a prefilled value, and where the two nearly cancel (N = 1, C = 1: seen on the
   // H200, d_bias 3.6% off a small bf16 result) the error is measured against the prefilled value's size.
@@ -186,8 +188,8 @@ void run_norm_residual_case(bool layernorm, bool bias, float dropout, DType dt, 
 template <typename Run>
 void for_each_fused_case(Run run) {
   std::mt19937_64 rng(test_seed());
-  constexpr NormShape kFusedShapes[] = {{1, 1},     {7, 33},     {64, 768},   {37, 1600},
-                                        {9, 4095},  {5000, 1600}, {2000, 4095}, {6000, 64}};
+  constexpr NormShape kFusedShapes[] = {{1, 1},    {7, 33},      {64, 768},    {37, 1600},
+                                        {9, 4095}, {5000, 1600}, {2000, 4095}, {6000, 64}};
   for (DType dt : kCudaFloatTypes)
     for (NormShape s : kFusedShapes)
       for (float dropout : {0.0f, 0.1f}) {

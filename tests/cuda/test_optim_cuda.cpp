@@ -44,10 +44,10 @@ enum class Clip { Off, Inactive, Active };
 
 struct OptimCase {
   DType dt;
-  bool master;     // separate f32 master weights
+  bool master;  // separate f32 master weights
   Clip clip;
-  bool norm_out;   // ask for the norm
-  bool misaligned; // buffers one element off 16-byte alignment: the scalar path
+  bool norm_out;    // ask for the norm
+  bool misaligned;  // buffers one element off 16-byte alignment: the scalar path
   int64_t first_step;
 };
 
@@ -113,7 +113,9 @@ void run_adamw_case(const OptimCase& c, Context& ctx, std::mt19937_64& rng) {
       g_ref[i] = L.in_segment[i] ? static_cast<float>(g0[i]) : 0.0f;
       sq += static_cast<double>(g_ref[i]) * g_ref[i];
     }
-    p.max_grad_norm = c.clip == Clip::Off ? 0.0f : c.clip == Clip::Inactive ? 1e9f : static_cast<float>(0.5 * std::sqrt(sq));
+    p.max_grad_norm = c.clip == Clip::Off        ? 0.0f
+                      : c.clip == Clip::Inactive ? 1e9f
+                                                 : static_cast<float>(0.5 * std::sqrt(sq));
     const double norm_ref = clip_grad_norm_ref(g_ref.data(), n, p.max_grad_norm);
     adamw_update_ref(p, L.segments, master.data(), g_ref.data(), m.data(), v.data());
 
@@ -154,22 +156,31 @@ void run_adamw_case(const OptimCase& c, Context& ctx, std::mt19937_64& rng) {
 TEST(CudaAdamW, MatchesReferenceOverSegmentTable) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
-  const std::pair<DType, bool> kinds[] = {
-      {DType::F32, false}, {DType::F32, true}, {DType::BF16, true}, {DType::F16, true}};
+  const std::pair<DType, bool> kinds[] = {{DType::F32, false},
+                                          {DType::F32, true},
+                                          {DType::BF16, true},
+                                          {DType::F16, true}};
   for (auto [dt, master] : kinds)
     for (Clip clip : {Clip::Off, Clip::Inactive, Clip::Active})
       run_adamw_case({.dt = dt, .master = master, .clip = clip, .norm_out = true, .misaligned = false, .first_step = 1},
                      ctx, rng);
   // No norm asked and no clipping: the norm pass is skipped.
-  run_adamw_case({.dt = DType::BF16, .master = true, .clip = Clip::Off, .norm_out = false, .misaligned = false,
-                  .first_step = 1}, ctx, rng);
+  run_adamw_case(
+      {.dt = DType::BF16, .master = true, .clip = Clip::Off, .norm_out = false, .misaligned = false, .first_step = 1},
+      ctx, rng);
   // Resuming at a later step with nonzero moments; clipping without reading the norm back.
-  run_adamw_case({.dt = DType::F32, .master = false, .clip = Clip::Active, .norm_out = false, .misaligned = false,
-                  .first_step = 10}, ctx, rng);
+  run_adamw_case({.dt = DType::F32,
+                  .master = false,
+                  .clip = Clip::Active,
+                  .norm_out = false,
+                  .misaligned = false,
+                  .first_step = 10},
+                 ctx, rng);
   // Buffers off 16-byte alignment: the element-by-element path everywhere.
   for (auto [dt, master] : kinds)
-    run_adamw_case({.dt = dt, .master = master, .clip = Clip::Active, .norm_out = true, .misaligned = true,
-                    .first_step = 4}, ctx, rng);
+    run_adamw_case(
+        {.dt = dt, .master = master, .clip = Clip::Active, .norm_out = true, .misaligned = true, .first_step = 4}, ctx,
+        rng);
 }
 
 // ---- Loss scaling (f16 training) in the kernel: unscale in registers, skip a non-finite step. ----
@@ -180,9 +191,12 @@ struct ScaledState {
 };
 ScaledState upload_state(DeviceArena& dev, DType dt, bool master, const std::vector<double>& w,
                          const std::vector<double>& g, const std::vector<double>& m, const std::vector<double>& v) {
-  return {.params = dev.upload(dt, rounded(dt, w)), .grads = dev.upload(dt, g),
-          .master = master ? dev.upload(DType::F32, w) : Tensor(), .m = dev.upload(DType::F32, m),
-          .v = dev.upload(DType::F32, v), .norm = dev.poisoned(DType::F32, 1)};
+  return {.params = dev.upload(dt, rounded(dt, w)),
+          .grads = dev.upload(dt, g),
+          .master = master ? dev.upload(DType::F32, w) : Tensor(),
+          .m = dev.upload(DType::F32, m),
+          .v = dev.upload(DType::F32, v),
+          .norm = dev.poisoned(DType::F32, 1)};
 }
 void step_state(const AdamWParams& p, const AdamWSegmentTable& table, const ScaledState& s, Context& ctx) {
   adamw_step(p, table, s.params, s.grads, s.master, s.m, s.v, s.norm, ctx);
@@ -388,8 +402,10 @@ TEST(CudaAdamW, NormIsDeterministic) {
   const Tensor tg = dev.upload(DType::BF16, g), tnorm = dev.alloc(DType::F32, 1);
   std::vector<double> first;
   for (int run = 0; run < 3; ++run) {
-    const Tensor tp = dev.upload(DType::BF16, std::vector<double>(n, 0.5)), tw = dev.upload(DType::F32, std::vector<double>(n, 0.5));
-    const Tensor tm = dev.upload(DType::F32, std::vector<double>(n, 0.0)), tv = dev.upload(DType::F32, std::vector<double>(n, 0.0));
+    const Tensor tp = dev.upload(DType::BF16, std::vector<double>(n, 0.5)),
+                 tw = dev.upload(DType::F32, std::vector<double>(n, 0.5));
+    const Tensor tm = dev.upload(DType::F32, std::vector<double>(n, 0.0)),
+                 tv = dev.upload(DType::F32, std::vector<double>(n, 0.0));
     adamw_step({.max_grad_norm = 1.0f}, table, tp, tg, tw, tm, tv, tnorm, ctx);
     const auto got = dev.download(tnorm);
     const auto w = dev.download(tw);
@@ -438,7 +454,8 @@ TEST(CudaAdamW, SupportsAnswersWithoutGpu) {
   EXPECT_TRUE(adamw_supports(DType::BF16, /*master=*/true, Device::cuda(0), &why)) << why;
   EXPECT_TRUE(adamw_supports(DType::F32, /*master=*/false, Device::cuda(0), &why)) << why;
   Context ctx(Device::cpu());
-  EXPECT_THROW(AdamWSegmentTable({{.name = "a", .offset = 0, .numel = 10}, {.name = "b", .offset = 5, .numel = 10}}, ctx),
+  EXPECT_THROW(AdamWSegmentTable({{.name = "a", .offset = 0, .numel = 10}, {.name = "b", .offset = 5, .numel = 10}},
+                                 ctx),
                Error);
 }
 
@@ -460,8 +477,10 @@ void expect_untracked_step_matches(Context& ctx, DType dt) {
   for (float& x : g) x = nd(rng);
   std::vector<char> bytes(static_cast<size_t>(n) * dtype_size(dt));
   convert_from_f32(g.data(), g.size(), dt, bytes.data());
-  for (Gpt* m : {&a, &b}) copy_bytes(m->params().grad().data(), ctx.device(), bytes.data(), Device::cpu(), bytes.size(), ctx);
-  AdamW tracked(a.params(), {.grad_clip = 0.0f}, ctx), plain(b.params(), {.grad_clip = 0.0f, .track_grad_norm = false}, ctx);
+  for (Gpt* m : {&a, &b})
+    copy_bytes(m->params().grad().data(), ctx.device(), bytes.data(), Device::cpu(), bytes.size(), ctx);
+  AdamW tracked(a.params(), {.grad_clip = 0.0f}, ctx),
+      plain(b.params(), {.grad_clip = 0.0f, .track_grad_norm = false}, ctx);
   for (int s = 0; s < 2; ++s) {
     tracked.step(a.params(), 1e-3f);
     plain.step(b.params(), 1e-3f);

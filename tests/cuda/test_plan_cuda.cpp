@@ -81,7 +81,8 @@ TEST(CudaPlan, PlannedGradientsTrainBitForBitAsOwnOnes) {
       EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {}, GradMemory::Planned, 1), own));
       EXPECT_TRUE(same_bits(train_record(ctx, cfg, dt, {.poison_dead = true}, GradMemory::Planned, 1), own));
       // Declared born one op late, a range is zeroed after its first write, which is lost.
-      EXPECT_FALSE(same_bits(train_record(ctx, cfg, dt, {.plant_late_birth = "grad.h.0"}, GradMemory::Planned, 1), own));
+      EXPECT_FALSE(
+          same_bits(train_record(ctx, cfg, dt, {.plant_late_birth = "grad.h.0"}, GradMemory::Planned, 1), own));
     }
   }
 }

@@ -39,9 +39,8 @@ void run_residual_case(DType dt, ResShape s, bool bias, float dropout, bool misa
   residual_forward(p, tout, tres, tx, tb, ctx);
   residual_backward(p, tdx, tdb, tdo, ctx);
 
-  const std::string what = "residual N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
-                           (bias ? " +bias" : "") + " dropout=" + std::to_string(dropout) +
-                           (misalign ? " misaligned" : "");
+  const std::string what = "residual N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (bias ? " +bias" : "") +
+                           " dropout=" + std::to_string(dropout) + (misalign ? " misaligned" : "");
   expect_close(dev.download(tout), out, dt, what + " out");
   const std::vector<double> got_dx = dev.download(tdx);
   expect_close(got_dx, d_x, dt, what + " d_x");

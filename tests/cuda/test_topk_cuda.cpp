@@ -97,9 +97,9 @@ TEST(BeamTopkCuda, EqualsFullSortOverTheMatrix) {
           const int V = vs[vi];
           const BeamTopkParams p{.B = 3, .K = 4, .V = V, .k = k, .ld = (V % 2) ? V + 3 : 0};
           const auto in = test::make_topk_input(p, test::kRowKinds[kind], dt, rng);
-          const std::string what = std::string(test::row_kind_name(test::kRowKinds[kind])) + " V " +
-                                   std::to_string(V) + " k " + std::to_string(k) + " " +
-                                   std::string(dtype_name(dt)) + " seed " + std::to_string(test::test_seed());
+          const std::string what = std::string(test::row_kind_name(test::kRowKinds[kind])) + " V " + std::to_string(V) +
+                                   " k " + std::to_string(k) + " " + std::string(dtype_name(dt)) + " seed " +
+                                   std::to_string(test::test_seed());
           check_case(in, ctx, /*graph=*/false, what);
           if (HasFatalFailure()) return;
         }

@@ -145,7 +145,8 @@ TEST_P(Collectives, ReduceScatterGivesEachRankItsBlockInAndOutOfPlace) {
           const Tensor tout = in_place ? tin.slice1d(rank() * n, n) : whole(bout, dt, n);
           comm().reduce_scatter(tin, tout, op);
           EXPECT_TRUE(same(download(tout, ctx()), want))
-              << dtype_name(dt) << " n=" << n << (in_place ? " in place" : "") << (op == ReduceOp::Avg ? " avg" : " sum");
+              << dtype_name(dt) << " n=" << n << (in_place ? " in place" : "")
+              << (op == ReduceOp::Avg ? " avg" : " sum");
         }
       }
     }
@@ -241,18 +242,22 @@ TEST_P(Collectives, RefusesWhatItCannotDoBeforeCommunicating) {
   Buffer b = upload(std::vector<double>(8, 1.0), DType::I32, ctx());
   EXPECT_NE(test::error_of([&] { comm().all_reduce(whole(b, DType::I32, 8), ReduceOp::Avg); }).find("average"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { comm().reduce_scatter(whole(b, DType::I32, 8), whole(b, DType::I32, 3), ReduceOp::Sum); })
-                .find("reduce_scatter: in holds 8 elements"),
+  EXPECT_NE(test::error_of([&] {
+              comm().reduce_scatter(whole(b, DType::I32, 8), whole(b, DType::I32, 3), ReduceOp::Sum);
+            }).find("reduce_scatter: in holds 8 elements"),
             std::string::npos);
   EXPECT_NE(test::error_of([&] { comm().broadcast(whole(b, DType::I32, 8), N()); }).find("root"), std::string::npos);
   if (GetParam() == Backend::Mpi) {
     Buffer h = upload(std::vector<double>(8, 1.0), DType::BF16, ctx());
-    EXPECT_NE(test::error_of([&] { comm().all_reduce(whole(h, DType::BF16, 8), ReduceOp::Sum); }).find("MPI cannot add BF16"),
+    EXPECT_NE(test::error_of([&] {
+                comm().all_reduce(whole(h, DType::BF16, 8), ReduceOp::Sum);
+              }).find("MPI cannot add BF16"),
               std::string::npos);
   } else {
     std::vector<float> host(8, 1.0f);
-    EXPECT_NE(test::error_of([&] { comm().all_reduce(Tensor(host.data(), DType::F32, {8}), ReduceOp::Sum); })
-                  .find("is on cpu"),
+    EXPECT_NE(test::error_of([&] {
+                comm().all_reduce(Tensor(host.data(), DType::F32, {8}), ReduceOp::Sum);
+              }).find("is on cpu"),
               std::string::npos);
   }
 }
@@ -269,7 +274,8 @@ TEST(MpiCommunicator, ACollectiveNobodyJoinsTimesOutNamingItAndTheRank) {
   static std::vector<float> data(1000, 1.0f);
   if (comm.rank() == 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string err = test::error_of([&] { comm.all_reduce(Tensor(data.data(), DType::F32, {1000}), ReduceOp::Sum); });
+    const std::string err =
+        test::error_of([&] { comm.all_reduce(Tensor(data.data(), DType::F32, {1000}), ReduceOp::Sum); });
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(err.find("all_reduce of 0.004 MB (F32)"), std::string::npos) << err;
     EXPECT_NE(err.find("rank 0 of " + std::to_string(N)), std::string::npos) << err;

@@ -48,7 +48,9 @@ constexpr int kBatch = 2;  // per rank
 constexpr int kVocab = 64;
 constexpr float kAdamEps = 1e-3f;
 
-ModelConfig gpt2_style() { return test::small_config(kVocab, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/8); }
+ModelConfig gpt2_style() {
+  return test::small_config(kVocab, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/32, /*max_seq=*/8);
+}
 
 ModelConfig llama_style() { return test::llama_shaped(gpt2_style()); }
 
@@ -70,11 +72,11 @@ Errors compare(const ParamBuffer& layout, const std::vector<float>& a, const std
   return e;
 }
 
-#define EXPECT_PARAMS_NEAR(layout, got, want, what)                                          \
-  do {                                                                                       \
-    const Errors e_ = compare(layout, got, want);                                            \
-    EXPECT_LE(e_.whole, kParamTol) << what << " (whole buffer)";                             \
-    EXPECT_LE(e_.tensor, kTensorTol) << what << ": worst tensor " << e_.worst;               \
+#define EXPECT_PARAMS_NEAR(layout, got, want, what) \
+  do { \
+    const Errors e_ = compare(layout, got, want); \
+    EXPECT_LE(e_.whole, kParamTol) << what << " (whole buffer)"; \
+    EXPECT_LE(e_.tensor, kTensorTol) << what << ": worst tensor " << e_.worst; \
   } while (0)
 
 struct DistRun {
@@ -157,13 +159,13 @@ class Training : public ::testing::TestWithParam<Backend> {
 
   // The same run on every rank, data parallel.
   DistRun parallel(TrainOptions o, const DataParallelOptions& d, const std::string& tag,
-                  std::function<void(int64_t, Model&)> before_optimizer_step = {},
-                  std::function<void(int64_t, Model&)> before_grad_sync = {}) {
+                   std::function<void(int64_t, Model&)> before_optimizer_step = {},
+                   std::function<void(int64_t, Model&)> before_grad_sync = {}) {
     o.world_size = N();
     o.out = (dir_ / tag).string();
     TrainSetup setup = train_setup(o);
-    DataParallelRun dp(test::world(), *setup.context, {.ddp = d.ddp, .bucket_mb = d.bucket_mb, .zero = d.zero,
-                                                       .timeout_s = test::kTestTimeout});
+    DataParallelRun dp(test::world(), *setup.context,
+                       {.ddp = d.ddp, .bucket_mb = d.bucket_mb, .zero = d.zero, .timeout_s = test::kTestTimeout});
     setup.parallel = &dp;
     DistRun run;
     TrainControl control;
@@ -188,7 +190,8 @@ class Training : public ::testing::TestWithParam<Backend> {
     ASSERT_EQ(got.size(), want.size()) << what;
     for (size_t k = 0; k < got.size(); ++k) {
       EXPECT_NEAR(got[k].first, want[k].first, kParamTol * want[k].first) << what << ": loss of step " << k + 1;
-      EXPECT_NEAR(got[k].second, want[k].second, kParamTol * want[k].second) << what << ": gradient norm of step " << k + 1;
+      EXPECT_NEAR(got[k].second, want[k].second, kParamTol * want[k].second)
+          << what << ": gradient norm of step " << k + 1;
     }
   }
 
@@ -230,9 +233,9 @@ TEST_P(Training, EveryDdpFormAveragesTheGradientOfTheGlobalBatch) {
       ref.backward(0.5);
     }
     const std::vector<float> want = ref.params().read_grad_f32(ctx);
-    for (const auto& [mode, bucket_mb] : {std::pair{DdpMode::Naive, 25.0}, std::pair{DdpMode::Flat, 25.0},
-                                          std::pair{DdpMode::Overlap, 25.0}, std::pair{DdpMode::Bucket, 0.002},
-                                          std::pair{DdpMode::Bucket, 25.0}}) {
+    for (const auto& [mode, bucket_mb] :
+         {std::pair{DdpMode::Naive, 25.0}, std::pair{DdpMode::Flat, 25.0}, std::pair{DdpMode::Overlap, 25.0},
+          std::pair{DdpMode::Bucket, 0.002}, std::pair{DdpMode::Bucket, 25.0}}) {
       Gpt m(model, ctx, DType::F32);
       m.init_weights(rank() == 0 ? 7 : 8);  // attach() must make every rank's parameters rank 0's
       DataParallelRun dp(test::world(), ctx, {.ddp = mode, .bucket_mb = bucket_mb, .timeout_s = test::kTestTimeout});
@@ -267,8 +270,8 @@ TEST_P(Training, LossScalingSkipsTheSameStepOnEveryRank) {
     if (step != 2) return;
     const float inf = std::numeric_limits<float>::infinity();
     const size_t at = m.params().segments().back().offset;
-    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(),
-               sizeof inf, m.context());
+    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(), sizeof inf,
+               m.context());
     m.context().synchronize();
   };
   for (const DdpMode mode : {DdpMode::Naive, DdpMode::Bucket}) {
@@ -302,8 +305,8 @@ TEST_P(Training, OneRanksOverflowSkipsTheStepOnEveryRank) {
     if (step != 2 || rank() != N() - 1) return;
     const float inf = std::numeric_limits<float>::infinity();
     const size_t at = m.params().segments().back().offset;
-    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(),
-               sizeof inf, m.context());
+    copy_bytes(static_cast<float*>(m.params().grad().data()) + at, m.params().device(), &inf, Device::cpu(), sizeof inf,
+               m.context());
     m.context().synchronize();
   };
   for (const DdpMode mode : {DdpMode::Naive, DdpMode::Flat}) {
@@ -329,9 +332,9 @@ TEST_P(Training, EveryDdpFormEqualsOneProcessOnTheGlobalBatch) {
       const char* name;
     };
     // 0.002 MB buckets cut the tiny model's 29 kB of gradients into many; 25 MB is one bucket.
-    for (const Form f : {Form{DdpMode::Naive, 25, "naive"}, Form{DdpMode::Flat, 25, "flat"},
-                         Form{DdpMode::Overlap, 25, "overlap"}, Form{DdpMode::Bucket, 0.002, "bucket-small"},
-                         Form{DdpMode::Bucket, 25, "bucket-25"}}) {
+    for (const Form f :
+         {Form{DdpMode::Naive, 25, "naive"}, Form{DdpMode::Flat, 25, "flat"}, Form{DdpMode::Overlap, 25, "overlap"},
+          Form{DdpMode::Bucket, 0.002, "bucket-small"}, Form{DdpMode::Bucket, 25, "bucket-25"}}) {
       const DistRun run = parallel(o, {.ddp = f.mode, .bucket_mb = f.bucket_mb}, family + "_" + f.name);
       const std::string what = family + " --ddp " + f.name;
       EXPECT_PARAMS_NEAR(run.result.model->params(), run.params, want, what);

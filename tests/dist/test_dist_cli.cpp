@@ -45,9 +45,9 @@ Job mpirun(const std::string& env, int np, const std::string& args, const fs::pa
   const bool own_session = ::mkdtemp(session) != nullptr;
   const std::string session_env = own_session ? std::string("OMPI_MCA_orte_tmpdir_base=") + session + " " : "";
   const std::string cmd = "cd '" + cwd.string() + "' && " + shell + " env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " +
-                          TESSERA_MPI_TEST_ENV + " " + session_env + env +
-                          " timeout -k 5 " + std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " + test::binary() + " " + command + " " + args +
-                          " 2>" + err_file.string() + " </dev/null";
+                          TESSERA_MPI_TEST_ENV + " " + session_env + env + " timeout -k 5 " +
+                          std::to_string(kJobLimit) + " " + TESSERA_MPIEXEC + " -np " + std::to_string(np) + " " +
+                          test::binary() + " " + command + " " + args + " 2>" + err_file.string() + " </dev/null";
   Job j;
   const auto t0 = std::chrono::steady_clock::now();
   std::FILE* p = ::popen(cmd.c_str(), "r");
@@ -103,7 +103,8 @@ TEST(DistCli, Zero1ReportsShardedMemoryResumesAtItsWorldSizeOnly) {
   ASSERT_EQ(first.code, 0) << first.out << first.err;
   EXPECT_NE(first.out.find("on rank 0 (ZeRO-1: its 1/4 of"), std::string::npos) << first.out;
   EXPECT_EQ(lines_of(d / "run" / "metrics.jsonl"), 2u);
-  const Job elsewhere = mpirun("", 2, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0 --device cpu", d);
+  const Job elsewhere =
+      mpirun("", 2, "--resume run/checkpoint --zero 1 --no-progress --sample-tokens 0 --device cpu", d);
   EXPECT_EQ(elsewhere.code, 2);
   EXPECT_EQ(count(elsewhere.err, "tessera: error:"), 1u) << elsewhere.err;
   EXPECT_NE(elsewhere.err.find("written by a run of 4 ranks; resume it with mpirun -np 4"), std::string::npos)
@@ -146,12 +147,15 @@ TEST(DistCli, ARankThatStallsMakesTheOthersFailWithinTheTimeout) {
 TEST(DistCli, RanksThatDisagreeAreRefusedWithOneLineAndNothingWritten) {
   const fs::path d = test::temp_dir("dist_cli_mismatch");
   // MPMD: rank 0 with one learning rate, ranks 1 and 2 with another.
-  const Job j = mpirun("", 1, kTiny + " --steps 3 --lr 1e-3 --out run : -np 2 " + test::binary() + " train " + kTiny +
-                                  " --steps 3 --lr 2e-3 --out run", d);
+  const Job j = mpirun("", 1,
+                       kTiny + " --steps 3 --lr 1e-3 --out run : -np 2 " + test::binary() + " train " + kTiny +
+                           " --steps 3 --lr 2e-3 --out run",
+                       d);
   EXPECT_EQ(j.code, 2);
   EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
   EXPECT_NE(j.err.find("the ranks disagree on the training options, the data and the world size: ranks 1, 2 differ"),
-            std::string::npos) << j.err;
+            std::string::npos)
+      << j.err;
   EXPECT_FALSE(fs::exists(d / "run"));
   fs::remove_all(d);
 }
@@ -163,28 +167,39 @@ TEST(DistCli, RanksThatDisagreeOnTheCollectivesAreRefused) {
   const fs::path d = test::temp_dir("dist_cli_forms");
   for (const auto& [mine, theirs] : {std::pair{"--ddp bucket", "--zero 1"}, std::pair{"--ddp bucket", "--ddp flat"},
                                      std::pair{"--bucket-mb 0.01", ""}, std::pair{"", "--ddp naive"}}) {
-    const Job j = mpirun("", 1, kTiny + " --steps 2 " + mine + " --out run : -np 1 " + test::binary() + " train " +
-                                    kTiny + " --steps 2 " + theirs + " --out run", d);
+    const Job j = mpirun("", 1,
+                         kTiny + " --steps 2 " + mine + " --out run : -np 1 " + test::binary() + " train " + kTiny +
+                             " --steps 2 " + theirs + " --out run",
+                         d);
     EXPECT_EQ(j.code, 2) << mine << " / " << theirs << "\n" << j.err;
     EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
     EXPECT_NE(j.err.find("the ranks disagree on the training options, the data and the world size: rank 1 differs "
-                         "from rank 0"), std::string::npos) << mine << " / " << theirs << "\n" << j.err;
+                         "from rank 0"),
+              std::string::npos)
+        << mine << " / " << theirs << "\n"
+        << j.err;
     EXPECT_FALSE(fs::exists(d / "run")) << mine << " / " << theirs;
     fs::remove_all(d / "run");
   }
   // The bucket size that a form does not use does not count: the default and an explicit 25 agree.
-  const Job same = mpirun("", 1, kTiny + " --steps 2 --bucket-mb 25 --out run : -np 1 " + test::binary() + " train " +
-                                     kTiny + " --steps 2 --ddp bucket --out run", d);
+  const Job same = mpirun("", 1,
+                          kTiny + " --steps 2 --bucket-mb 25 --out run : -np 1 " + test::binary() + " train " + kTiny +
+                              " --steps 2 --ddp bucket --out run",
+                          d);
   EXPECT_EQ(same.code, 0) << same.err;
   // bench allreduce: different --sizes were the same MPI internals.
-  const Job sizes = mpirun("", 1, "allreduce --sizes 1KB --iters 1 --warmup 0 : -np 1 " + test::binary() +
-                                      " bench allreduce --sizes 1MB --iters 1 --warmup 0", d, "bench");
+  const Job sizes = mpirun("", 1,
+                           "allreduce --sizes 1KB --iters 1 --warmup 0 : -np 1 " + test::binary() +
+                               " bench allreduce --sizes 1MB --iters 1 --warmup 0",
+                           d, "bench");
   EXPECT_EQ(sizes.code, 2) << sizes.err;
   EXPECT_EQ(count(sizes.err, "tessera: error:"), 1u) << sizes.err;
   // Without --backend the ranks' defaults may differ (a GPU seen or not): the line says to give it.
   EXPECT_NE(sizes.err.find("the ranks disagree on the benchmark's flags: rank 1 differs from rank 0; start every "
                            "rank with the same flags, and give --backend (its default is nccl-cuda on a rank that "
-                           "sees a GPU"), std::string::npos) << sizes.err;
+                           "sees a GPU"),
+            std::string::npos)
+      << sizes.err;
   fs::remove_all(d);
 }
 
@@ -210,7 +225,9 @@ TEST(DistCli, RanksInDifferentDirectoriesAgreeOnTheSameData) {
   const Job differ = mpirun("", 1, args + other, d);
   EXPECT_EQ(differ.code, 2);
   EXPECT_NE(differ.err.find("the ranks disagree on the training options, the data and the world size: rank 1 "
-                            "differs"), std::string::npos) << differ.err;
+                            "differs"),
+            std::string::npos)
+      << differ.err;
   EXPECT_FALSE(fs::exists(d / "run"));
   fs::remove_all(d);
 }
@@ -220,7 +237,8 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   const Job j = mpirun("", 2, kTiny + " --ddp ring --out run", d);
   EXPECT_EQ(j.code, 2);
   EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
-  EXPECT_NE(j.err.find("--ddp: unknown form 'ring' (expected naive, flat, overlap or bucket)"), std::string::npos) << j.err;
+  EXPECT_NE(j.err.find("--ddp: unknown form 'ring' (expected naive, flat, overlap or bucket)"), std::string::npos)
+      << j.err;
   // A flag the parser refuses (unknown here) was a line from every rank, then MPI_Abort; and --help printed the
   // usage once per rank.
   const Job typo = mpirun("", 2, kTiny + " --stpes 3 --out run", d);
@@ -241,7 +259,9 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   EXPECT_EQ(cpu_sms.code, 2);
   EXPECT_EQ(count(cpu_sms.err, "tessera: error:"), 1u) << cpu_sms.err;
   EXPECT_NE(cpu_sms.err.find("--comm-sms applies to ranks on GPUs (the SMs NCCL's collectives use): these ranks train "
-                             "on the CPU"), std::string::npos) << cpu_sms.err;
+                             "on the CPU"),
+            std::string::npos)
+      << cpu_sms.err;
   EXPECT_FALSE(fs::exists(d / "run"));
   // 0 is the default (NCCL's choice) and asks nothing of MPI: a launch script that always passes it runs on CPU.
   const Job cpu_default = mpirun("", 2, kTiny + " --steps 1 --comm-sms 0 --out run", d);
@@ -251,7 +271,8 @@ TEST(DistCli, ABadFlagUnderMpirunIsOneLineAndDistFlagsNeedMpirun) {
   fs::remove_all(d / "run");
   const test::CliRun alone = test::run("train " + kTiny + " --zero 1 --out " + (d / "run").string());
   EXPECT_EQ(alone.code, 2);
-  EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"), std::string::npos)
+  EXPECT_NE(alone.err.find("--zero applies to a data-parallel run: start the ranks with mpirun -np N"),
+            std::string::npos)
       << alone.err;
   fs::remove_all(d);
 }
@@ -267,14 +288,16 @@ TEST(DistCli, Zero1OverMoreRanksThanBlocksIsOneLine) {
   fs::create_directories(d / "data");
   write_shard((d / "data" / "train_000000.bin").string(), tokens);
   write_shard((d / "data" / "val_000000.bin").string(), tokens);
-  const std::string tiniest = "--vocab 4 --d-model 2 --n-heads 1 --n-layers 1 --d-ff 2 --max-seq 8 --bias false "
-                              "--tied true --norm rmsnorm --positions rope --data data --batch 1 --seq 4 --steps 1 "
-                              "--val-every 0 --no-progress --sample-tokens 0 --device cpu --zero 1 --out run";
+  const std::string tiniest =
+      "--vocab 4 --d-model 2 --n-heads 1 --n-layers 1 --d-ff 2 --max-seq 8 --bias false "
+      "--tied true --norm rmsnorm --positions rope --data data --batch 1 --seq 4 --steps 1 "
+      "--val-every 0 --no-progress --sample-tokens 0 --device cpu --zero 1 --out run";
   const Job j = mpirun("", 9, tiniest, d);
   EXPECT_EQ(j.code, 2) << j.out << j.err;
   EXPECT_EQ(count(j.err, "tessera: error:"), 1u) << j.err;
   EXPECT_NE(j.err.find("tessera: error: ZeRO-1 over 9 ranks: the 128 parameters make 8 blocks of 16, fewer than the "
-                       "ranks, so nothing would be sharded: use --ddp, or at most 8 ranks\n"), std::string::npos)
+                       "ranks, so nothing would be sharded: use --ddp, or at most 8 ranks\n"),
+            std::string::npos)
       << j.err;
   EXPECT_EQ(j.err.find("MPI_ABORT"), std::string::npos) << j.err;
   EXPECT_EQ(j.out.find("training"), std::string::npos) << "started before refusing: " << j.out;
@@ -308,19 +331,22 @@ TEST(DistCli, APathTheFileSystemRefusesIsOneLine) {
 // (algbw = size / median time, busbw = algbw · 2(n−1)/n), and the same markdown in --out.
 TEST(DistCli, BenchAllreduceTabulatesEverySizeFromRankZero) {
   const fs::path d = test::temp_dir("dist_cli_bench");
-  const Job j = mpirun("", 3, "allreduce --backend mpi-cpu --sizes 4KB,1MiB --warmup 1 --iters 3 --out ar.md", d,
-                       "bench");
+  const Job j =
+      mpirun("", 3, "allreduce --backend mpi-cpu --sizes 4KB,1MiB --warmup 1 --iters 3 --out ar.md", d, "bench");
   ASSERT_EQ(j.code, 0) << j.out << j.err;
   EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 3 ranks"), 1u) << j.out;
   const std::string md = read_file_text((d / "ar.md").string());
-  EXPECT_NE(md.find("| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |"), std::string::npos);
+  EXPECT_NE(md.find("| target | world size | size | median ms | mean ms | algbw GB/s | busbw GB/s |"),
+            std::string::npos);
   for (const auto& [name, bytes] : {std::pair{"4 KB", 4e3}, std::pair{"1 MiB", 1048576.0}}) {
     const size_t at = md.find(std::string("| tessera mpi-cpu | 3 | ") + name + " | ");
     ASSERT_NE(at, std::string::npos) << md;
     double median = 0, mean = 0, algbw = 0, busbw = 0;
     const std::string row = md.substr(at, md.find('\n', at) - at);
     ASSERT_EQ(std::sscanf(row.c_str() + row.find(name) + std::strlen(name), " | %lf | %lf | %lf | %lf |", &median,
-                          &mean, &algbw, &busbw), 4) << row;
+                          &mean, &algbw, &busbw),
+              4)
+        << row;
     EXPECT_GT(median, 0);
     EXPECT_NEAR(algbw, bytes / (median * 1e-3) / 1e9, 0.01 + 1e-3 * algbw) << row;
     EXPECT_NEAR(busbw, algbw * 2 * 2 / 3, 0.01 + 1e-3 * busbw) << row;
@@ -340,17 +366,17 @@ TEST(DistCli, BenchAllreduceSizesThatDoNotFitNameItsOwnFlag) {
   const Job oom = mpirun("", 2, args + "4KB,100000GB", d, "bench");
   EXPECT_EQ(oom.code, 2) << oom.out << oom.err;
   EXPECT_EQ(count(oom.err, "tessera: error:"), 1u) << oom.err;
-  EXPECT_NE(
-      oom.err.find("tessera: error: out of memory: a 100000 GB buffer and MPI's scratch (3 x the size) on each of "
-                   "the 2 ranks on this host needs "),
-      std::string::npos) << oom.err;
+  EXPECT_NE(oom.err.find(
+                "tessera: error: out of memory: a 100000 GB buffer and MPI's scratch (3 x the size) on each of "
+                "the 2 ranks on this host needs "),
+            std::string::npos)
+      << oom.err;
   EXPECT_NE(oom.err.find(" GiB available (try smaller --sizes)\n"), std::string::npos) << oom.err;
   EXPECT_EQ(oom.err.find("--batch"), std::string::npos) << oom.err;
   EXPECT_EQ(oom.err.find("MPI_ABORT"), std::string::npos) << oom.err;
   EXPECT_EQ(oom.out.find("| tessera"), std::string::npos) << "timed before refusing: " << oom.out;
-  for (const auto& [sizes, message] :
-       {std::pair{"6", "--sizes: 6 B is not a whole number of f32 elements (4 bytes)"},
-        std::pair{"1e30GB", "--sizes: '1e30GB' is more than 1 EB"}}) {
+  for (const auto& [sizes, message] : {std::pair{"6", "--sizes: 6 B is not a whole number of f32 elements (4 bytes)"},
+                                       std::pair{"1e30GB", "--sizes: '1e30GB' is more than 1 EB"}}) {
     const Job bad = mpirun("", 2, args + sizes, d, "bench");
     EXPECT_EQ(bad.code, 2) << bad.err;
     EXPECT_EQ(count(bad.err, "tessera: error:"), 1u) << bad.err;
@@ -366,8 +392,8 @@ TEST(DistCli, BenchAllreduceOnOneRankSaysRank) {
   const std::string args = "allreduce --backend mpi-cpu --warmup 0 --iters 1 --sizes ";
   const Job j = mpirun("", 1, args + "4KB --out ar.md", d, "bench");
   ASSERT_EQ(j.code, 0) << j.out << j.err;
-  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 1 rank (cpu), f32, 0 warm-up + 1 timed run per size\n"),
-            1u) << j.out;
+  EXPECT_EQ(count(j.out, "tessera bench allreduce: mpi-cpu, 1 rank (cpu), f32, 0 warm-up + 1 timed run per size\n"), 1u)
+      << j.out;
   const std::string md = read_file_text((d / "ar.md").string());
   EXPECT_NE(md.find("- backend: mpi-cpu, 1 rank, device cpu, f32\n"), std::string::npos) << md;
   EXPECT_NE(md.find("- 0 warm-up + 1 timed run per size; "), std::string::npos) << md;
@@ -401,8 +427,8 @@ TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
     return mpirun("", 2, "allreduce --backend mpi-cpu --sizes " + size + " --warmup 0 --iters 1", d, "bench",
                   "ulimit -v " + std::to_string(mib * 1024) + " &&");
   };
-  const size_t base = test::smallest_address_limit_mib(
-      [&](size_t m) { return limited(m, "4KiB").code == 0; }, test::startup_address_mib() + 64);
+  const size_t base = test::smallest_address_limit_mib([&](size_t m) { return limited(m, "4KiB").code == 0; },
+                                                       test::startup_address_mib() + 64);
   const Job j = limited(base + 256, "64MiB");
   EXPECT_EQ(j.code, 0) << j.out << j.err;
   EXPECT_EQ(count(j.out, "| tessera mpi-cpu | 2 | 64 MiB | "), 1u) << j.out;
@@ -433,7 +459,8 @@ TEST(DistCli, InfoReportsTheOptimizerMemoryOfEachRank) {
   ASSERT_EQ(zero.code, 0) << zero.err;
   // 124,439,808 parameters: m and v of 949.40 MiB unsharded, a quarter (plus fewer than 64 elements) per rank.
   EXPECT_NE(zero.out.find("data parallel over 4 ranks: AdamW m+v 237.35 MiB on each rank (ZeRO-1: 1/4 of 949.40 MiB)"),
-            std::string::npos) << zero.out;
+            std::string::npos)
+      << zero.out;
   const test::CliRun ddp = test::run("info --preset gpt2-124m --world 4");
   EXPECT_NE(ddp.out.find("AdamW m+v 949.40 MiB on each rank (unsharded"), std::string::npos) << ddp.out;
 }

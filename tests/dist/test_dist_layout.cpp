@@ -10,8 +10,8 @@ namespace tessera {
 namespace {
 
 TEST(ZeroLayout, RanksOwnContiguousAlignedRangesThatPartitionTheBuffer) {
-  for (size_t total : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{1000}, size_t{834304},
-                       size_t{1000003}}) {
+  for (size_t total :
+       {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{1000}, size_t{834304}, size_t{1000003}}) {
     for (int world : {1, 2, 3, 4, 7, 8}) {
       const ZeroLayout l = zero_layout(total, world);
       EXPECT_EQ(l.chunk % kSegmentAlign, 0u);

@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/fnv.h"
 #include "tessera/infer/beam_generate.h"
 #include "tessera/models/gpt.h"
 #include "tessera/train/checkpoint.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -41,7 +41,9 @@ constexpr int kV = 11;
 // cache's grouping, f32 running sums) may order them otherwise than the f64 brute force: such a case is skipped.
 constexpr double kTieGap = 1e-4;
 
-ModelConfig gpt2_tiny() { return test::small_config(kV, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/24, 24); }
+ModelConfig gpt2_tiny() {
+  return test::small_config(kV, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/2, /*d_ff=*/24, 24);
+}
 ModelConfig llama_tiny() {
   ModelConfig c = llama_style(test::small_config(kV, /*d_model=*/16, /*n_layers=*/2, /*n_heads=*/4, /*d_ff=*/20, 24));
   c.n_kv_heads = 2;
@@ -180,8 +182,12 @@ TEST(BeamGenerate, EqualsBruteForceOverFullForwards) {
           // Shortest first: the engine runs them longest first, and the results come back in this order.
           const std::vector<std::vector<int32_t>> prompts = {test::randint(2, kV, rng), test::randint(5, kV, rng)};
           const int eos = 1 + static_cast<int>(rng() % (kV - 1));
-          const BeamSearchOptions o{.beams = K, .max_new_tokens = 6, .eos_id = eos, .length_penalty = lp,
-                                    .early_stopping = es, .num_return_sequences = K};
+          const BeamSearchOptions o{.beams = K,
+                                    .max_new_tokens = 6,
+                                    .eos_id = eos,
+                                    .length_penalty = lp,
+                                    .early_stopping = es,
+                                    .num_return_sequences = K};
           // A cache of exactly the positions the search needs: the longest prompt + max_new_tokens - 1.
           Engine eng(model, {.batch = 2, .beams = K, .max_prompt = 5, .max_seq = 5 + o.max_new_tokens - 1});
           const auto got = beam_generate(eng, prompts, o);
@@ -220,8 +226,11 @@ TEST(BeamGenerate, BatchOfUnequalPromptsEqualsEachAlone) {
     init(model, rng());
     const std::vector<std::vector<int32_t>> prompts = {test::randint(3, kV, rng), test::randint(7, kV, rng),
                                                        test::randint(1, kV, rng)};
-    const BeamSearchOptions o{.beams = 4, .max_new_tokens = 8, .eos_id = static_cast<int>(rng() % kV),
-                              .length_penalty = 1.0f, .num_return_sequences = 2};
+    const BeamSearchOptions o{.beams = 4,
+                              .max_new_tokens = 8,
+                              .eos_id = static_cast<int>(rng() % kV),
+                              .length_penalty = 1.0f,
+                              .num_return_sequences = 2};
     Engine batched(model, {.batch = 3, .beams = 4, .max_prompt = 7});
     const auto got = beam_generate(batched, prompts, o);
     ASSERT_EQ(got.size(), 3u);
@@ -271,8 +280,9 @@ TEST(BeamGenerate, RefusesWhatItCannotRun) {
   EXPECT_NE(m.find("prompt 1 has 4 tokens; with --max-new-tokens 6 it needs 9 cache positions"), std::string::npos)
       << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-  EXPECT_NE(test::error_of([&] { beam_generate(eng, prompts, {.beams = 2, .num_return_sequences = 3}); })
-                .find("--num-return-sequences"),
+  EXPECT_NE(test::error_of([&] {
+              beam_generate(eng, prompts, {.beams = 2, .num_return_sequences = 3});
+            }).find("--num-return-sequences"),
             std::string::npos);
   EXPECT_NE(test::error_of([&] { beam_generate(eng, {{1}}, {.beams = 2}); }).find("engine of 2 rows"),
             std::string::npos);
@@ -358,13 +368,22 @@ TEST(BeamGenerateHf, EqualsTransformersGenerate) {
     for (int eos : models[m].eos)
       for (float lp : {1.0f, 0.5f})
         for (bool es : {true, false}) {
-          cases.push_back({m, {.beams = 4, .max_new_tokens = 8, .eos_id = eos, .length_penalty = lp,
-                               .early_stopping = es ? EarlyStopping::True : EarlyStopping::False,
-                               .num_return_sequences = 2}});
+          cases.push_back({m,
+                           {.beams = 4,
+                            .max_new_tokens = 8,
+                            .eos_id = eos,
+                            .length_penalty = lp,
+                            .early_stopping = es ? EarlyStopping::True : EarlyStopping::False,
+                            .num_return_sequences = 2}});
           for (const auto& p : prompts)
-            spec.push_back({{"checkpoint", (fixtures() / models[m].dir).string()}, {"prompt", p},
-                            {"max_new_tokens", 8}, {"num_beams", 4}, {"length_penalty", lp},
-                            {"early_stopping", es}, {"num_return_sequences", 2}, {"eos", eos}});
+            spec.push_back({{"checkpoint", (fixtures() / models[m].dir).string()},
+                            {"prompt", p},
+                            {"max_new_tokens", 8},
+                            {"num_beams", 4},
+                            {"length_penalty", lp},
+                            {"early_stopping", es},
+                            {"num_return_sequences", 2},
+                            {"eos", eos}});
         }
   const fs::path work = test::temp_dir("beam_generate_hf");
   const std::vector<nlohmann::json> hf = run_hf(spec, work);

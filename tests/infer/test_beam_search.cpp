@@ -11,10 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/infer/beam_search.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -174,8 +174,14 @@ TEST(BeamSearch, EqualsBruteForce) {
   for (int K = 1; K <= 4; ++K)
     for (float lp : {0.0f, 1.0f, 2.0f})
       for (auto es : {beam::EarlyStopping::False, beam::EarlyStopping::True, beam::EarlyStopping::Never}) {
-        const BeamSearchOptions o{.batch = 3, .beams = K, .vocab = kV, .max_new_tokens = 6, .eos_id = kEos,
-                                  .pad_id = 0, .length_penalty = lp, .early_stopping = es,
+        const BeamSearchOptions o{.batch = 3,
+                                  .beams = K,
+                                  .vocab = kV,
+                                  .max_new_tokens = 6,
+                                  .eos_id = kEos,
+                                  .pad_id = 0,
+                                  .length_penalty = lp,
+                                  .early_stopping = es,
                                   .num_return_sequences = K};
         const ToyModel m(o.batch, o.max_new_tokens, rng);
         const auto got = run_beam_search(m, o);
@@ -202,8 +208,13 @@ TEST(BeamSearch, EqualsBruteForce) {
 
 TEST(BeamSearch, NumReturnSequencesIsTheBestPrefix) {
   std::mt19937_64 rng(test::test_seed());
-  BeamSearchOptions o{.batch = 2, .beams = 4, .vocab = kV, .max_new_tokens = 5, .eos_id = kEos,
-                      .length_penalty = 1.0f, .num_return_sequences = 4};
+  BeamSearchOptions o{.batch = 2,
+                      .beams = 4,
+                      .vocab = kV,
+                      .max_new_tokens = 5,
+                      .eos_id = kEos,
+                      .length_penalty = 1.0f,
+                      .num_return_sequences = 4};
   const ToyModel m(o.batch, o.max_new_tokens, rng);
   const auto all = run_beam_search(m, o);
   o.num_return_sequences = 2;

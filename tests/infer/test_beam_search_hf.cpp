@@ -14,10 +14,10 @@
 #include <sstream>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/context.h"
 #include "tessera/core/file_io.h"
 #include "tessera/infer/beam_search.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -77,8 +77,14 @@ TEST(BeamSearchHf, EqualsHuggingFaceGenerate) {
     for (float lp : {0.0f, 1.0f, 2.0f})
       for (int es = 0; es < 3; ++es) {
         Case c;
-        c.o = {.batch = kB, .beams = K, .vocab = kV, .max_new_tokens = kN, .eos_id = kEos, .pad_id = 0,
-               .length_penalty = lp, .early_stopping = static_cast<beam::EarlyStopping>(es),
+        c.o = {.batch = kB,
+               .beams = K,
+               .vocab = kV,
+               .max_new_tokens = kN,
+               .eos_id = kEos,
+               .pad_id = 0,
+               .length_penalty = lp,
+               .early_stopping = static_cast<beam::EarlyStopping>(es),
                .num_return_sequences = K};
         c.table.resize(static_cast<size_t>(kB) * kN * kV * kV + kV * kV);
         for (auto& x : c.table) x = nd(rng);
@@ -88,15 +94,24 @@ TEST(BeamSearchHf, EqualsHuggingFaceGenerate) {
         for (int i = 0; i < 2 * kB; ++i) c.prompt.push_back((3 * i + 1) % kV);
         const fs::path table = dir / ("table" + std::to_string(cases.size()) + ".bin");
         write_file_atomic(table.string(), c.table.data(), c.table.size() * sizeof(float));
-        spec.push_back({{"batch", kB}, {"steps", kN}, {"vocab", kV}, {"beams", K}, {"eos", kEos}, {"pad", 0},
-                        {"length_penalty", lp}, {"early_stopping", es_names[es]}, {"num_return_sequences", K},
-                        {"prompt", c.prompt}, {"table", table.string()}});
+        spec.push_back({{"batch", kB},
+                        {"steps", kN},
+                        {"vocab", kV},
+                        {"beams", K},
+                        {"eos", kEos},
+                        {"pad", 0},
+                        {"length_penalty", lp},
+                        {"early_stopping", es_names[es]},
+                        {"num_return_sequences", K},
+                        {"prompt", c.prompt},
+                        {"table", table.string()}});
         cases.push_back(std::move(c));
       }
   write_file_atomic((dir / "spec.json").string(), spec.dump());
   const fs::path out = dir / "hf.jsonl";
-  const std::string cmd = std::string(TESSERA_PYTHON) + " '" + TESSERA_SOURCE_DIR + "/tests/oracle/hf_beam_search.py' --spec '" +
-                          (dir / "spec.json").string() + "' >'" + out.string() + "' 2>&1";
+  const std::string cmd = std::string(TESSERA_PYTHON) + " '" + TESSERA_SOURCE_DIR +
+                          "/tests/oracle/hf_beam_search.py' --spec '" + (dir / "spec.json").string() + "' >'" +
+                          out.string() + "' 2>&1";
   const int status = std::system(cmd.c_str());
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   const std::string text = read_file_text(out.string());
@@ -115,9 +130,8 @@ TEST(BeamSearchHf, EqualsHuggingFaceGenerate) {
     const Case& c = cases[i];
     const auto hf = nlohmann::json::parse(line);
     const auto got = run_tessera(c);
-    SCOPED_TRACE("K " + std::to_string(c.o.beams) + " lp " + std::to_string(c.o.length_penalty) +
-                 " early_stopping " + es_names[static_cast<int>(c.o.early_stopping)] + " seed " +
-                 std::to_string(test::test_seed()));
+    SCOPED_TRACE("K " + std::to_string(c.o.beams) + " lp " + std::to_string(c.o.length_penalty) + " early_stopping " +
+                 es_names[static_cast<int>(c.o.early_stopping)] + " seed " + std::to_string(test::test_seed()));
     const int R = c.o.num_return_sequences;
     for (int b = 0; b < kB; ++b)
       for (int j = 0; j < R; ++j) {

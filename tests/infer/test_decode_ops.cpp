@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/infer/decode_ops.h"
 #include "tessera/ops/embedding/embedding.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -25,9 +25,9 @@ TEST(DecodeOps, EmbeddingAtDevicePositionsEqualsTheEmbeddingOp) {
                                 out.data(), tokens.data(), pos.data(), wte.data(), with_pos ? wpe.data() : nullptr);
     for (int b = 0; b < B; ++b) {
       std::vector<float> ref(C);
-      embedding_forward_ref<float>({.B = 1, .T = 1, .C = C, .V = V, .max_seq = max_seq, .pos_offset = pos[b],
-                                    .scale = 1.25f, .padding_id = 4},
-                                   ref.data(), &tokens[b], wte.data(), with_pos ? wpe.data() : nullptr);
+      embedding_forward_ref<float>(
+          {.B = 1, .T = 1, .C = C, .V = V, .max_seq = max_seq, .pos_offset = pos[b], .scale = 1.25f, .padding_id = 4},
+          ref.data(), &tokens[b], wte.data(), with_pos ? wpe.data() : nullptr);
       for (int c = 0; c < C; ++c) EXPECT_EQ(out[static_cast<size_t>(b) * C + c], ref[c]) << b << "," << c;
     }
   }
@@ -36,11 +36,11 @@ TEST(DecodeOps, EmbeddingAtDevicePositionsEqualsTheEmbeddingOp) {
 TEST(DecodeOps, GreedyArgmaxTakesTheLowestIdOnTiesAndNeverNan) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const int V = 5, ld = 7;
-  std::vector<float> logits = {1, 3, 3, 2, 0, 99, 99,          // tie: 1
-                               nan, -1, 4, nan, 4, 99, 99,     // NaN skipped, tie of 4: 2
-                               -inf, -inf, -inf, -inf, -inf, 99, 99,  // all -inf: 0
-                               nan, nan, nan, nan, nan, 99, 99,        // all NaN: 0
-                               -2, -3, -1, -5, -1.5f, 99, 99};         // 2 (the padding columns are not read)
+  std::vector<float> logits = {1,    3,    3,    2,    0,     99, 99,   // tie: 1
+                               nan,  -1,   4,    nan,  4,     99, 99,   // NaN skipped, tie of 4: 2
+                               -inf, -inf, -inf, -inf, -inf,  99, 99,   // all -inf: 0
+                               nan,  nan,  nan,  nan,  nan,   99, 99,   // all NaN: 0
+                               -2,   -3,   -1,   -5,   -1.5f, 99, 99};  // 2 (the padding columns are not read)
   std::vector<int32_t> out(5, -7);
   greedy_argmax_ref<float>(5, V, ld, logits.data(), out.data());
   EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 0, 0, 2}));
@@ -55,8 +55,8 @@ TEST(DecodeOps, SlotReorderRewritesRowsAsTheirParents) {
   std::vector<int32_t> pos_out(S, -1), slots_out(size_t{S} * M, -1);
   slot_reorder_ref(S, M, parents.data(), pos_in.data(), slots_in.data(), pos_out.data(), slots_out.data());
   EXPECT_EQ(pos_out, (std::vector<int32_t>{2, 2, 3}));
-  EXPECT_EQ(slots_out, (std::vector<int32_t>{0, 2, 0, 0,    // row 0: row 2's first 2, then its own
-                                             0, 2, 1, 1,    // row 1: row 2's first 2, then its own
+  EXPECT_EQ(slots_out, (std::vector<int32_t>{0, 2, 0, 0,     // row 0: row 2's first 2, then its own
+                                             0, 2, 1, 1,     // row 1: row 2's first 2, then its own
                                              1, 1, 1, 2}));  // row 2: row 1's first 3, then its own
   const std::vector<int32_t> bad = {0, 3, 0};
   EXPECT_NE(test::error_of([&] {

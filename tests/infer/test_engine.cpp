@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -42,7 +42,9 @@ std::vector<Case> cases() {
   relu.mlp = Activation::Relu;
   relu.tied = false;
   relu.emb_scale = 1.5f;
-  return {{"gpt2_48x3", gpt2_odd()}, {"llama_kv1", llama_gqa(1)}, {"llama_kv2", llama_gqa(2)},
+  return {{"gpt2_48x3", gpt2_odd()},
+          {"llama_kv1", llama_gqa(1)},
+          {"llama_kv2", llama_gqa(2)},
           {"gpt2_relu_untied_scaled", relu}};
 }
 
@@ -156,9 +158,9 @@ TEST(Engine, GenerateEqualsTheFullRecomputeGenerate) {
     init(model, 8);
     Engine eng(model, {.batch = 1});
     const std::vector<int32_t> prompt{2, 3, 5};
-    for (const SamplerParams& p : {SamplerParams{.temperature = 0.0f}, SamplerParams{.temperature = 0.9f, .top_k = 5,
-                                                                                       .seed = test::test_seed()},
-                                   SamplerParams{.temperature = 1.3f, .top_p = 0.8f, .seed = 2}}) {
+    for (const SamplerParams& p :
+         {SamplerParams{.temperature = 0.0f}, SamplerParams{.temperature = 0.9f, .top_k = 5, .seed = test::test_seed()},
+          SamplerParams{.temperature = 1.3f, .top_p = 0.8f, .seed = 2}}) {
       std::vector<int32_t> streamed;
       const auto got = engine_generate(eng, prompt, 25, p, [&](int32_t t) { streamed.push_back(t); });
       EXPECT_EQ(got, generate(model, prompt, 25, p)) << "temperature " << p.temperature;

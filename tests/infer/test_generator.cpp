@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/error.h"
 #include "tessera/infer/engine.h"
 #include "tessera/infer/generator.h"
 #include "tessera/infer/sampler.h"
 #include "tessera/models/gpt.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -96,7 +96,8 @@ TEST(Generator, BatchOfUnequalPromptsEqualsEachAlone) {
       EXPECT_EQ(batch[b].text, decode_chars(batch[b].tokens));
       // Greedy against the full-recompute generate() (no cache, no batch).
       const std::vector<int32_t> full = generate(m, p[b], 12, {.temperature = 0});
-      EXPECT_EQ(batch[b].tokens, std::vector<int32_t>(full.begin() + static_cast<std::ptrdiff_t>(p[b].size()), full.end()))
+      EXPECT_EQ(batch[b].tokens,
+                std::vector<int32_t>(full.begin() + static_cast<std::ptrdiff_t>(p[b].size()), full.end()))
           << "row " << b;
     }
     // Seeded sampling: a row draws the same tokens whatever the other rows hold, and row 0 alone as in the batch.
@@ -362,7 +363,8 @@ TEST(Generator, LogprobsAreTheLogSoftmaxOfTheLogits) {
         EXPECT_EQ(lp.top[j].first, order[j]) << "step " << i << " rank " << j;
         EXPECT_NEAR(lp.top[j].second, l[order[j]] / T - mx - std::log(z), 1e-4) << "step " << i << " rank " << j;
       }
-      const auto chosen = std::find_if(lp.top.begin(), lp.top.end(), [&](const auto& e) { return e.first == g.tokens[i]; });
+      const auto chosen =
+          std::find_if(lp.top.begin(), lp.top.end(), [&](const auto& e) { return e.first == g.tokens[i]; });
       if (chosen == lp.top.end()) EXPECT_TRUE(std::isnan(lp.chosen));
       else EXPECT_EQ(lp.chosen, chosen->second);
       if (temperature == 0) {

@@ -185,7 +185,8 @@ TEST(Generate, PlansTheArenaOnceAndMatchesAFreshPlanPerToken) {
     fresh.init_weights(9);
     const int T = std::min<int>(static_cast<int>(ref.size()), 8);
     fresh.forward(ref.data() + ref.size() - T, nullptr, 1, T, {});
-    ref.push_back(sample_token({.temperature = 0.0f}, fresh.logits().as<float>() + static_cast<size_t>(T - 1) * 13, 13, i));
+    ref.push_back(
+        sample_token({.temperature = 0.0f}, fresh.logits().as<float>() + static_cast<size_t>(T - 1) * 13, 13, i));
   }
   EXPECT_EQ(out, ref);
 

@@ -7,9 +7,9 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/core/trace.h"
 #include "tessera/models/config.h"
 #include "tessera/models/gpt.h"
-#include "tessera/core/trace.h"
 #include "tessera/train/optimizer.h"
 #include "test_util.h"
 
@@ -45,7 +45,8 @@ void check_model_gradient(const ModelConfig& cfg, float label_smoothing) {
   loss();
   model.zero_grad();
   model.backward(1.0);
-  std::vector<double> analytic(model.params().host_grad<double>(), model.params().host_grad<double>() + model.params().size());
+  std::vector<double> analytic(model.params().host_grad<double>(),
+                               model.params().host_grad<double>() + model.params().size());
   std::vector<double> x(model.params().host_data<double>(), model.params().host_data<double>() + model.params().size());
   // fd_rel_error perturbs a copy; write it through to the model before each evaluation.
   auto loss_of_x = [&] {
@@ -341,7 +342,8 @@ TEST(Gpt, ActivationPlanIsReusedBySmallerForwards) {
   EXPECT_EQ(m.plan_count(), 1);
   EXPECT_EQ(loss, fresh_loss);
   const size_t n = m.params().size();
-  EXPECT_TRUE(std::equal(m.params().host_grad<float>(), m.params().host_grad<float>() + n, fresh.params().host_grad<float>()));
+  EXPECT_TRUE(
+      std::equal(m.params().host_grad<float>(), m.params().host_grad<float>() + n, fresh.params().host_grad<float>()));
 
   // A forward larger than the plan re-plans.
   std::vector<int32_t> more(24, 1);
@@ -629,16 +631,15 @@ TEST(GptPlan, PlannedGradientsReachTheLargestLiveSet) {
 std::vector<std::pair<StepOp, int>> expected_step_ops(int L) {
   std::vector<std::pair<StepOp, int>> ops{{StepOp::Embedding, -1}};
   for (int l = 0; l < L; ++l)
-    for (StepOp op : {StepOp::Ln1, StepOp::Qkv, StepOp::Attn, StepOp::Proj, StepOp::Res1, StepOp::Fc,
-                      StepOp::Act, StepOp::Fcp, StepOp::Res2})
+    for (StepOp op : {StepOp::Ln1, StepOp::Qkv, StepOp::Attn, StepOp::Proj, StepOp::Res1, StepOp::Fc, StepOp::Act,
+                      StepOp::Fcp, StepOp::Res2})
       ops.push_back({op, l});
-  for (StepOp op : {StepOp::LnF, StepOp::Logits, StepOp::Loss, StepOp::LossBwd, StepOp::LmHeadW, StepOp::LmHeadX,
-                    StepOp::LnFBwd})
+  for (StepOp op :
+       {StepOp::LnF, StepOp::Logits, StepOp::Loss, StepOp::LossBwd, StepOp::LmHeadW, StepOp::LmHeadX, StepOp::LnFBwd})
     ops.push_back({op, -1});
   for (int l = L - 1; l >= 0; --l)
-    for (StepOp op : {StepOp::FcpW, StepOp::FcpX, StepOp::ActBwd, StepOp::FcW, StepOp::FcX,
-                      StepOp::Ln2Bwd, StepOp::ProjW, StepOp::ProjX, StepOp::AttnBwd, StepOp::QkvW,
-                      StepOp::QkvX, StepOp::Ln1Bwd})
+    for (StepOp op : {StepOp::FcpW, StepOp::FcpX, StepOp::ActBwd, StepOp::FcW, StepOp::FcX, StepOp::Ln2Bwd,
+                      StepOp::ProjW, StepOp::ProjX, StepOp::AttnBwd, StepOp::QkvW, StepOp::QkvX, StepOp::Ln1Bwd})
       ops.push_back({op, l});
   ops.push_back({StepOp::EmbeddingBwd, -1});
   return ops;

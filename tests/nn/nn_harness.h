@@ -21,7 +21,8 @@ struct OrderClock final : StepClock {
   const StepSchedule* sched = nullptr;
   int last = -1;
   void at(int event) override {
-    ASSERT_GT(event, last) << "event " << sched->name(event) << " after " << (last < 0 ? "the start" : sched->name(last));
+    ASSERT_GT(event, last) << "event " << sched->name(event) << " after "
+                           << (last < 0 ? "the start" : sched->name(last));
     ASSERT_LT(event, sched->end());
     last = event;
   }
@@ -78,8 +79,15 @@ class LayerHarness {
   StepEnv env(float dropout = 0.0f, float attn_dropout = 0.0f, uint64_t seed = 0) {
     clock_ = OrderClock{};
     clock_.sched = &sched_;
-    return {.ctx = &ctx_, .params = &params_, .dtype = DType::F64, .clock = &clock_, .B = B_, .T = T_,
-            .dropout = dropout, .attn_dropout = attn_dropout, .seed = seed};
+    return {.ctx = &ctx_,
+            .params = &params_,
+            .dtype = DType::F64,
+            .clock = &clock_,
+            .B = B_,
+            .T = T_,
+            .dropout = dropout,
+            .attn_dropout = attn_dropout,
+            .seed = seed};
   }
   // The parameters' gradient of `loss` by the layer's backward (`backward` after zero_grad) against central
   // differences, over the whole buffer and per segment (each segment's gradient must be non-zero).
@@ -109,8 +117,7 @@ class LayerHarness {
   }
   // An input's gradient: `analytic` (from the backward) against central differences over `x`.
   static void check_input_grad(const std::function<double()>& loss, std::vector<double>& x,
-                               const std::vector<double>& analytic, const std::string& what,
-                               double tol = kFdTolF64) {
+                               const std::vector<double>& analytic, const std::string& what, double tol = kFdTolF64) {
     const std::vector<double> numeric = fd_gradient(loss, x);
     EXPECT_LT(rel_error(analytic, numeric), tol) << what;
     double norm = 0;

@@ -103,8 +103,15 @@ struct EncoderDecoder {
   }
 
   StepEnv env(ParamBuffer& pb, Context& ctx, int T) {
-    return {.ctx = &ctx, .params = &pb, .dtype = DType::F64, .clock = &clock, .B = kB, .T = T, .dropout = 0.1f,
-            .attn_dropout = 0.1f, .seed = 99};
+    return {.ctx = &ctx,
+            .params = &pb,
+            .dtype = DType::F64,
+            .clock = &clock,
+            .B = kB,
+            .T = T,
+            .dropout = 0.1f,
+            .attn_dropout = 0.1f,
+            .seed = 99};
   }
 
   double forward(ParamBuffer& pb, Context& ctx, const Tensor& src, const Tensor& tgt, const Tensor& targets,
@@ -161,7 +168,9 @@ void check_encoder_decoder(NormPlacement placement) {
   EXPECT_EQ(m.clock.last, m.sched.end() - 1);
 }
 
-TEST(NnEncoderDecoder, PostNormWithCrossAttentionMatchesFiniteDifferences) { check_encoder_decoder(NormPlacement::Post); }
+TEST(NnEncoderDecoder, PostNormWithCrossAttentionMatchesFiniteDifferences) {
+  check_encoder_decoder(NormPlacement::Post);
+}
 
 TEST(NnEncoderDecoder, PreNormWithCrossAttentionMatchesFiniteDifferences) { check_encoder_decoder(NormPlacement::Pre); }
 

@@ -107,7 +107,8 @@ TEST(NnNorm, ResidualFusedForwardAndBackwardMatchFiniteDifferences) {
       d_x.v = u.v;
       std::fill(d_bias.v.begin(), d_bias.v.end(), 0.0);
       const NormResidualBackward rb{.p = {.N = N, .C = C, .dropout = 0.3f, .seed = 77, .stream = stream},
-                                    .d_y = d_y.t(), .d_bias = d_bias.t()};
+                                    .d_y = d_y.t(),
+                                    .d_bias = d_bias.t()};
       norm.backward(env(), d_x.t(), w.t(), mid.t(), &rb);
     };
     h.check_param_grads(loss, backward);
@@ -228,7 +229,6 @@ TEST(NnMlp, ForwardAndBackwardMatchFiniteDifferences) {
   check_sublayer(swiglu, 2, 3, C, 0.0f, rng);
 }
 
-
 BlockShape block_shape(NormPlacement placement, BlockKind kind, NormKind norm, Activation act, bool bias) {
   const int C = 8;
   return {.kind = kind,
@@ -246,10 +246,9 @@ TEST(NnBlock, PreNormWithTheNextNormFusedMatchesFiniteDifferences) {
     const int B = 2, T = 4, N = B * T, C = 8;
     LayerHarness h(B, T);
     std::mt19937_64 rng(test::test_seed());
-    const BlockShape shape = llama ? block_shape(NormPlacement::Pre, BlockKind::Decoder, NormKind::RmsNorm,
-                                                 Activation::Swiglu, false)
-                                   : block_shape(NormPlacement::Pre, BlockKind::Decoder, NormKind::LayerNorm,
-                                                 Activation::Gelu, true);
+    const BlockShape shape =
+        llama ? block_shape(NormPlacement::Pre, BlockKind::Decoder, NormKind::RmsNorm, Activation::Swiglu, false)
+              : block_shape(NormPlacement::Pre, BlockKind::Decoder, NormKind::LayerNorm, Activation::Gelu, true);
     Block block("h.0.", "layer 0", shape);
     Norm next("lnf", shape.norm, shape.attention.bias, C, 1e-5f);
     block.set_next_norm(&next);
@@ -332,7 +331,13 @@ TEST(NnLmHead, ForwardAndBackwardMatchFiniteDifferences) {
   const int B = 2, T = 3, N = B * T, C = 6, V = 11;
   LayerHarness h(B, T);
   std::mt19937_64 rng(test::test_seed());
-  LmHead head({.V = V, .C = C, .ld = V, .norm = NormKind::LayerNorm, .bias = true, .norm_eps = 1e-5f, .tied = false,
+  LmHead head({.V = V,
+               .C = C,
+               .ld = V,
+               .norm = NormKind::LayerNorm,
+               .bias = true,
+               .norm_eps = 1e-5f,
+               .tied = false,
                .ignore_index = 3});
   head.add_params(h.params(), kNoParam);
   h.finalize_params(rng);
@@ -362,7 +367,6 @@ TEST(NnLmHead, ForwardAndBackwardMatchFiniteDifferences) {
   head.backward(h.env(), d_res.t(), x.t(), targets, 0.1f, 1.0, /*fused=*/true, count);
   EXPECT_LT(test::rel_error(d_res.v, separate), 1e-12);
 }
-
 
 // Cross-attention from Tq decoder rows over Tk memory rows, grouped KV heads, with key lengths: every parameter,
 // d_x and the memory's gradient (added to d_memory) against finite differences; masked keys change nothing.

@@ -38,8 +38,8 @@ void step(const AdamWParams& p, State& s, Context& ctx) {
   const AdamWSegmentTable table(s.segments, ctx);
   const int64_t n = static_cast<int64_t>(s.n);
   adamw_step(p, table, Tensor(s.w.data(), DType::F32, {n}), Tensor(s.g.data(), DType::F32, {n}), Tensor(),
-             Tensor(s.m.data(), DType::F32, {n}), Tensor(s.v.data(), DType::F32, {n}),
-             Tensor(&s.norm, DType::F32, {1}), ctx);
+             Tensor(s.m.data(), DType::F32, {n}), Tensor(s.v.data(), DType::F32, {n}), Tensor(&s.norm, DType::F32, {1}),
+             ctx);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -104,17 +104,9 @@ struct General {
   Context ctx;
 
   General(const Case& c_, std::mt19937_64& rng)
-      : c(c_),
-        lens(c_.lens),
-        q(c.B, c.Tq, c.H, c.Dh),
-        k(c.B, c.Tk, c.Hkv, c.Dh),
-        v(c.B, c.Tk, c.Hkv, c.Dh),
-        out(c.B, c.Tq, c.H, c.Dh),
-        d_out(c.B, c.Tq, c.H, c.Dh),
-        dq(c.B, c.Tq, c.H, c.Dh),
-        dk(c.B, c.Tk, c.Hkv, c.Dh),
-        dv(c.B, c.Tk, c.Hkv, c.Dh),
-        lse(static_cast<size_t>(c.B) * c.H * c.Tq) {
+      : c(c_), lens(c_.lens), q(c.B, c.Tq, c.H, c.Dh), k(c.B, c.Tk, c.Hkv, c.Dh), v(c.B, c.Tk, c.Hkv, c.Dh),
+        out(c.B, c.Tq, c.H, c.Dh), d_out(c.B, c.Tq, c.H, c.Dh), dq(c.B, c.Tq, c.H, c.Dh), dk(c.B, c.Tk, c.Hkv, c.Dh),
+        dv(c.B, c.Tk, c.Hkv, c.Dh), lse(static_cast<size_t>(c.B) * c.H * c.Tq) {
     p = {.B = c.B,
          .T = c.Tq,
          .H = c.H,

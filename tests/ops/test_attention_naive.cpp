@@ -8,11 +8,11 @@
 
 #include <gtest/gtest.h>
 
-#include "test_util.h"
 #include "tessera/core/context.h"
 #include "tessera/core/trace.h"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/attention/attention_naive.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {

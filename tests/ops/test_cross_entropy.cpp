@@ -6,9 +6,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/context.h"
 #include "tessera/ops/loss/cross_entropy.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {

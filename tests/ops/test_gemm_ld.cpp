@@ -47,8 +47,10 @@ void check_ld(double tol) {
         for (int m = 0; m < M; ++m) {
           for (int n = 0; n < N; ++n) {
             const double w = want[m * N + n];
-            EXPECT_NEAR(c_blas[m * ldc + n], w, tol * (1 + std::fabs(w))) << m << "," << n << " ta " << ta << " tb " << tb;
-            EXPECT_NEAR(c_loop[m * ldc + n], w, tol * (1 + std::fabs(w))) << m << "," << n << " ta " << ta << " tb " << tb;
+            EXPECT_NEAR(c_blas[m * ldc + n], w, tol * (1 + std::fabs(w)))
+                << m << "," << n << " ta " << ta << " tb " << tb;
+            EXPECT_NEAR(c_loop[m * ldc + n], w, tol * (1 + std::fabs(w)))
+                << m << "," << n << " ta " << ta << " tb " << tb;
           }
           for (int64_t n = N; n < ldc; ++n) {
             EXPECT_EQ(c_blas[m * ldc + n], static_cast<T>(kSentinel)) << "padding written at " << m << "," << n;
@@ -72,8 +74,8 @@ TEST(GemmLd, TensorEntryChecksTheExtentAndTheStride) {
   EXPECT_EQ(c[3 * 8 + 4], 3.0f);
   EXPECT_EQ(c[5], 0.0f);  // padding of row 0
   // One element short.
-  EXPECT_THROW(gemm({.M = M, .N = N, .K = K, .ldc = 8}, Tensor(c.data(), DType::F32, {3 * 8 + N - 1}), ta, tb,
-                    Tensor(), ctx),
+  EXPECT_THROW(gemm({.M = M, .N = N, .K = K, .ldc = 8}, Tensor(c.data(), DType::F32, {3 * 8 + N - 1}), ta, tb, Tensor(),
+                    ctx),
                Error);
   // A stride below the row length.
   EXPECT_THROW(gemm({.M = M, .N = N, .K = K, .ldc = N - 1}, Tensor(c.data(), DType::F32, {M * N}), ta, tb, Tensor(),

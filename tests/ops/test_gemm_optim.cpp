@@ -3,9 +3,9 @@
 
 #include <omp.h>
 
+#include "tessera/core/error.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/optim/adamw.h"
-#include "tessera/core/error.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -38,10 +38,12 @@ double gemm_error(const GemmParams& p, const std::vector<T>& c, const std::vecto
   return std::sqrt(num / den);
 }
 
-struct GemmShape { int M, N, K; };
+struct GemmShape {
+  int M, N, K;
+};
 // 1000 x 129 and 300 x 50 are large enough for gemm_ref to split C's rows over several BLAS calls (M not a multiple
 // of the block); the others are one call each.
-const GemmShape kAwkwardShapes[] = {{1, 1, 1},      {7, 13, 5},     {33, 17, 65},  {3, 129, 2},
+const GemmShape kAwkwardShapes[] = {{1, 1, 1},       {7, 13, 5},     {33, 17, 65},  {3, 129, 2},
                                     {1000, 129, 77}, {300, 50, 512}, {150, 700, 64}};
 
 // gemm_ref (OpenBLAS where built) and gemm_loop_ref against the definition, every transpose, with beta = 0 on a
@@ -53,8 +55,8 @@ void check_gemm_against_definition(double tol) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         for (float beta : {0.0f, 0.5f, 1.0f}) {
-          const GemmParams p{.M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = tb == 1, .alpha = 0.7f,
-                             .beta = beta};
+          const GemmParams p{
+              .M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = tb == 1, .alpha = 0.7f, .beta = beta};
           const auto a = test::randn<T>(s.M * s.K, rng), b = test::randn<T>(s.K * s.N, rng);
           const auto bias = test::randn<T>(s.N, rng);
           const auto c0 = beta == 0 ? test::poisoned<T>(s.M * s.N) : test::prefilled<T>(s.M * s.N, rng);
@@ -79,8 +81,8 @@ TEST(Gemm, BlasMatchesLoopOnAwkwardShapes) {
   for (GemmShape s : kAwkwardShapes) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
-        const GemmParams p{.M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = tb == 1, .alpha = 0.7f,
-                           .beta = 0.5f};
+        const GemmParams p{
+            .M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = tb == 1, .alpha = 0.7f, .beta = 0.5f};
         const auto a = test::randn<float>(s.M * s.K, rng), b = test::randn<float>(s.K * s.N, rng);
         const auto bias = test::randn<float>(s.N, rng);
         const auto c0 = test::randn<float>(s.M * s.N, rng);
@@ -115,8 +117,8 @@ TEST(Gemm, ResultsDoNotDependOnTheThreadCount) {
   const int threads_before = omp_get_max_threads();
   for (GemmShape s : {GemmShape{512, 384, 128}, GemmShape{1000, 129, 77}, GemmShape{150, 700, 64}}) {
     for (int ta = 0; ta < 2; ++ta) {
-      const GemmParams p{.M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = ta == 1, .alpha = 1.0f,
-                         .beta = 1.0f};
+      const GemmParams p{
+          .M = s.M, .N = s.N, .K = s.K, .trans_a = ta == 1, .trans_b = ta == 1, .alpha = 1.0f, .beta = 1.0f};
       const auto a = test::randn<float>(s.M * s.K, rng), b = test::randn<float>(s.K * s.N, rng);
       const auto c0 = test::prefilled<float>(s.M * s.N, rng);
       std::vector<float> first;
@@ -192,7 +194,8 @@ TEST(AdamW, ClipGradNorm) {
 // segments smaller than a tile (several start in one), a gap that spans whole tiles, and ends on and off a boundary.
 TEST(AdamW, TileIndexIsTheFirstSegmentEndingAfterEachTileStart) {
   const size_t T = static_cast<size_t>(kAdamWTileElems);
-  const std::vector<std::pair<size_t, size_t>> spans = {  // (offset, numel), sorted
+  const std::vector<std::pair<size_t, size_t>> spans = {
+      // (offset, numel), sorted
       {0, 1}, {8, 5}, {16, T}, {T + 16, 3}, {3 * T + 5, T - 5}, {4 * T, 2 * T + 7}, {6 * T + 16, 1}};
   std::vector<ParamSegment> segs;
   for (auto [off, n] : spans) segs.push_back({.name = "s", .offset = off, .numel = n});

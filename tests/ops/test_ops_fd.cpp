@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/core/context.h"
+#include "tessera/core/error.h"
 #include "tessera/core/philox.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
@@ -15,7 +16,6 @@
 #include "tessera/ops/loss/cross_entropy.h"
 #include "tessera/ops/norm/norm.h"
 #include "tessera/ops/residual/residual.h"
-#include "tessera/core/error.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -37,8 +37,17 @@ class OpsFd : public ::testing::Test {
 
 TEST_F(OpsFd, Embedding) {
   for (float dropout : {0.0f, 0.3f}) {
-    const EmbeddingParams p{.B = 2, .T = 5, .C = 7, .V = 11, .max_seq = 9, .pos_offset = 2, .scale = 1.7f,
-                            .padding_id = 3, .dropout = dropout, .seed = 99, .stream = 5};
+    const EmbeddingParams p{.B = 2,
+                            .T = 5,
+                            .C = 7,
+                            .V = 11,
+                            .max_seq = 9,
+                            .pos_offset = 2,
+                            .scale = 1.7f,
+                            .padding_id = 3,
+                            .dropout = dropout,
+                            .seed = 99,
+                            .stream = 5};
     auto wte = randn<double>(p.V * p.C, rng), wpe = randn<double>(p.max_seq * p.C, rng);
     auto tokens = test::randint(p.B * p.T, p.V, rng);
     for (auto& t : tokens) t = t == 3 ? 2 : t;
@@ -88,7 +97,8 @@ TEST_F(OpsFd, LayerNorm) {
       auto out = poisoned<double>(w.size());
       mean = poisoned<double>(p.N);
       rstd = poisoned<double>(p.N);
-      layernorm_forward_ref(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(), with_bias ? b.data() : nullptr);
+      layernorm_forward_ref(p, out.data(), mean.data(), rstd.data(), x.data(), wt.data(),
+                            with_bias ? b.data() : nullptr);
       return weighted_sum(out, w);
     };
     loss();
@@ -164,7 +174,10 @@ void expect_attention_gradients(const AttentionParams& p, std::mt19937_64& rng) 
 }
 
 TEST_F(OpsFd, Attention) {
-  struct Shape { int B, T, H, Dh; bool causal; };
+  struct Shape {
+    int B, T, H, Dh;
+    bool causal;
+  };
   for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{1, 1, 2, 4, true}, Shape{2, 6, 2, 3, false}})
     expect_attention_gradients({.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal}, rng);
 }
@@ -198,11 +211,13 @@ TEST_F(OpsFd, AttentionForwardMatchesExplicitSoftmax) {
 // Attention dropout: the gradients of the dropped forward (the mask is a function of seed and stream, so the
 // finite differences see the same one), causal and not.
 TEST_F(OpsFd, AttentionWithDropout) {
-  struct Shape { int B, T, H, Dh; bool causal; };
+  struct Shape {
+    int B, T, H, Dh;
+    bool causal;
+  };
   for (Shape s : {Shape{2, 7, 3, 5, true}, Shape{2, 6, 2, 3, false}})
-    expect_attention_gradients({.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal, .dropout = 0.3f,
-                                .seed = 11, .stream = 5},
-                               rng);
+    expect_attention_gradients(
+        {.B = s.B, .T = s.T, .H = s.H, .Dh = s.Dh, .causal = s.causal, .dropout = 0.3f, .seed = 11, .stream = 5}, rng);
 }
 
 // Attention dropout's draw for (query i, key j) of head bh, written out from attention_dropout.h's formula with the
@@ -221,8 +236,7 @@ bool attention_keep_by_formula(uint64_t seed, uint64_t stream, float rate, uint6
 TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
   const int B = 2, T = 40, H = 2, Dh = 4, C = H * Dh;
   const float rate = 0.25f;
-  const AttentionParams p{.B = B, .T = T, .H = H, .Dh = Dh, .causal = false, .dropout = rate, .seed = 3,
-                          .stream = 9};
+  const AttentionParams p{.B = B, .T = T, .H = H, .Dh = Dh, .causal = false, .dropout = rate, .seed = 3, .stream = 9};
   auto qkv = randn<double>(B * T * 3 * C, rng);
   std::vector<double> out = poisoned<double>(B * T * C), lse = poisoned<double>(B * H * T);
   attention_forward_ref<double>(p, out.data(), lse.data(), qkv.data());
@@ -264,8 +278,8 @@ TEST_F(OpsFd, AttentionDropoutDropsTheDrawnElements) {
   none.dropout = 0.0f;
   std::vector<double> plain = poisoned<double>(out.size()), plain_lse = poisoned<double>(lse.size());
   std::vector<double> zero = poisoned<double>(out.size()), zero_lse = poisoned<double>(lse.size());
-  attention_forward_ref<double>({.B = B, .T = T, .H = H, .Dh = Dh, .causal = false}, plain.data(),
-                                plain_lse.data(), qkv.data());
+  attention_forward_ref<double>({.B = B, .T = T, .H = H, .Dh = Dh, .causal = false}, plain.data(), plain_lse.data(),
+                                qkv.data());
   attention_forward_ref<double>(none, zero.data(), zero_lse.data(), qkv.data());
   EXPECT_EQ(plain, zero);
   EXPECT_NE(plain, out);
@@ -319,11 +333,18 @@ TEST_F(OpsFd, Rope) {
 // qkv afterwards is rope_forward's, v untouched.
 TEST_F(OpsFd, AttentionWithRope) {
   Context ctx;
-  for (const AttentionParams& p : {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true,
-                                                  .rope_theta = 10000.0f},
-                                  AttentionParams{.B = 1, .T = 5, .H = 3, .Dh = 4, .causal = false, .dropout = 0.3f,
-                                                  .seed = 4, .stream = 2, .rope_theta = 500.0f,
-                                                  .rope_pos_offset = 7}}) {
+  for (const AttentionParams& p :
+       {AttentionParams{.B = 2, .T = 6, .H = 2, .Dh = 6, .causal = true, .rope_theta = 10000.0f},
+        AttentionParams{.B = 1,
+        .T = 5,
+        .H = 3,
+        .Dh = 4,
+        .causal = false,
+        .dropout = 0.3f,
+        .seed = 4,
+        .stream = 2,
+        .rope_theta = 500.0f,
+        .rope_pos_offset = 7}}) {
     const int C = p.H * p.Dh;
     const int64_t N = int64_t{p.B} * p.T;
     std::vector<double> x = randn<double>(N * 3 * C, rng);  // the point finite differences move
@@ -347,8 +368,8 @@ TEST_F(OpsFd, AttentionWithRope) {
   }
   std::string why;
   for (float bad : {-1.0f, NAN, INFINITY}) {
-    EXPECT_FALSE(attention_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = bad}, DType::F32,
-                                    Device::cpu(), &why));
+    EXPECT_FALSE(
+        attention_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = bad}, DType::F32, Device::cpu(), &why));
     EXPECT_NE(why.find("rope_theta >= 0 and finite"), std::string::npos) << why;
   }
   // The GPU's cos / sin table covers 2^22 positions; the CPU computes each angle.
@@ -358,8 +379,8 @@ TEST_F(OpsFd, AttentionWithRope) {
     EXPECT_FALSE(attention_supports(far, DType::BF16, Device::cuda(0), &why));
     EXPECT_NE(why.find("positions up to 4194304"), std::string::npos) << why;
   }
-  EXPECT_FALSE(attention_naive_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = 1e4f}, DType::F32,
-                                        Device::cpu(), &why));
+  EXPECT_FALSE(
+      attention_naive_supports({.B = 1, .T = 4, .H = 1, .Dh = 8, .rope_theta = 1e4f}, DType::F32, Device::cpu(), &why));
   EXPECT_NE(why.find("no RoPE"), std::string::npos) << why;
 }
 
@@ -412,8 +433,7 @@ TEST_F(OpsFd, GeluMatchesTanhFormula) {
   std::vector<double> x{-3.0, -0.5, 0.0, 0.7, 2.0}, y = poisoned<double>(5);
   activation_forward_ref<double>({.N = 1, .d_ff = 5, .kind = Activation::Gelu}, y.data(), x.data(), nullptr);
   // Values of 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) computed independently.
-  const double expect[] = {-0.0036373920817729943, -0.15428599017485606, 0.0, 0.5305701347051167,
-                           1.954597694087775};
+  const double expect[] = {-0.0036373920817729943, -0.15428599017485606, 0.0, 0.5305701347051167, 1.954597694087775};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], expect[i], 1e-12);
 }
 
@@ -471,8 +491,8 @@ TEST_F(OpsFd, NormResidualBackward) {
     EXPECT_LT(fd_rel_error(forward, r, dx), kFdTolF64) << what;
     EXPECT_LT(fd_rel_error(forward, nw, added(dw, dw_pre)), kFdTolF64) << what;
     // d_y in d_x's memory would read a d_x already overwritten: refused.
-    EXPECT_THROW(norm_residual_backward(np, layernorm, t(dx), t(dw), layernorm ? t(db) : Tensor(), t(W), t(mid),
-                                        t(nw), layernorm ? t(mean) : Tensor(), t(rstd), {rp, t(dx), t(dbias)}, cpu),
+    EXPECT_THROW(norm_residual_backward(np, layernorm, t(dx), t(dw), layernorm ? t(db) : Tensor(), t(W), t(mid), t(nw),
+                                        layernorm ? t(mean) : Tensor(), t(rstd), {rp, t(dx), t(dbias)}, cpu),
                  Error);
   }
 }

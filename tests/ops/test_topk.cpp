@@ -5,11 +5,11 @@
 #include <cmath>
 #include <vector>
 
-#include "test_topk_cases.h"
-#include "test_util.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/topk/topk.h"
+#include "test_topk_cases.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -48,8 +48,8 @@ void for_each_case(F&& f) {
           const int V = vs[vi];
           const BeamTopkParams p{.B = 2, .K = 3, .V = V, .k = k, .ld = (V % 2) ? V + 3 : 0};
           const auto in = test::make_topk_input(p, test::kRowKinds[kind], dt, rng);
-          const std::string what = std::string(test::row_kind_name(test::kRowKinds[kind])) + " V " +
-                                   std::to_string(V) + " k " + std::to_string(k) + " " + std::string(dtype_name(dt)) + " seed " +
+          const std::string what = std::string(test::row_kind_name(test::kRowKinds[kind])) + " V " + std::to_string(V) +
+                                   " k " + std::to_string(k) + " " + std::string(dtype_name(dt)) + " seed " +
                                    std::to_string(test::test_seed());
           f(in, what);
           if (::testing::Test::HasFatalFailure()) return;
@@ -81,8 +81,8 @@ TEST(BeamTopk, HarsOnTheHostEqualsFullSort) {
     for (int groups : {beam_topk_groups(p.k), kTopkThreads}) {
       auto scores = test::poisoned<float>(p.B * p.k);
       std::vector<int32_t> indices(p.B * p.k, 12345), counts(p.B * p.K, -1);
-      beam_topk_hars_cpu(p, groups, in.dtype, scores.data(), indices.data(), counts.data(), in.data(),
-                         in.beam.data(), lse.data());
+      beam_topk_hars_cpu(p, groups, in.dtype, scores.data(), indices.data(), counts.data(), in.data(), in.beam.data(),
+                         lse.data());
       const std::string w = what + " groups " + std::to_string(groups);
       test::expect_full_sort(in, lse, scores, indices, w);
       for (int r = 0; r < p.B * p.K; ++r) ASSERT_TRUE(counts[r] >= 0 && counts[r] <= p.V) << w << " row " << r;

@@ -16,11 +16,11 @@
 namespace tessera::test {
 
 enum class RowKind { Random, Tied, Constant, AllNegative, OneHot, InfMasked, NanBearing, Adversarial };
-inline constexpr RowKind kRowKinds[] = {RowKind::Random,    RowKind::Tied,       RowKind::Constant,
-                                        RowKind::AllNegative, RowKind::OneHot,   RowKind::InfMasked,
-                                        RowKind::NanBearing, RowKind::Adversarial};
+inline constexpr RowKind kRowKinds[] = {RowKind::Random, RowKind::Tied,      RowKind::Constant,   RowKind::AllNegative,
+                                        RowKind::OneHot, RowKind::InfMasked, RowKind::NanBearing, RowKind::Adversarial};
 inline const char* row_kind_name(RowKind k) {
-  static const char* names[] = {"random", "tied", "constant", "all-negative", "one-hot", "inf-masked", "nan", "adversarial"};
+  static const char* names[] = {"random",  "tied",       "constant", "all-negative",
+                                "one-hot", "inf-masked", "nan",      "adversarial"};
   return names[static_cast<int>(k)];
 }
 inline constexpr int kTopkKs[] = {1, 2, 3, 4, 8, 16, 32};
@@ -36,9 +36,9 @@ inline bool topk_case_sampled(int v_index, int kind, int k_index) {
 struct TopkInput {
   BeamTopkParams p;
   DType dtype = DType::F32;
-  std::vector<float> x;         // the logits as f32 (bf16-rounded when dtype is bf16), rows ld apart
-  std::vector<uint16_t> x16;    // the bf16 storage when dtype is bf16
-  std::vector<float> beam;      // beam_scores (B*K)
+  std::vector<float> x;       // the logits as f32 (bf16-rounded when dtype is bf16), rows ld apart
+  std::vector<uint16_t> x16;  // the bf16 storage when dtype is bf16
+  std::vector<float> beam;    // beam_scores (B*K)
   const void* data() const { return dtype == DType::BF16 ? static_cast<const void*>(x16.data()) : x.data(); }
 };
 
@@ -59,7 +59,9 @@ inline TopkInput make_topk_input(BeamTopkParams p, RowKind kind, DType dtype, st
     float* row = in.x.data() + r * ld;
     for (int j = 0; j < p.V; ++j) {
       switch (kind) {
-        case RowKind::Random: case RowKind::InfMasked: case RowKind::NanBearing: row[j] = nd(rng); break;
+        case RowKind::Random:
+        case RowKind::InfMasked:
+        case RowKind::NanBearing: row[j] = nd(rng); break;
         case RowKind::Tied: row[j] = 0.5f * small(rng); break;
         case RowKind::Constant: row[j] = 1.5f; break;
         case RowKind::AllNegative: row[j] = -100.0f - 10.0f * u(rng); break;

@@ -59,7 +59,8 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
   m.backward(1.0);
   // The gradients, exported through the same name mapping as the weights.
   Gpt g(cfg);
-  std::copy(m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size(), g.params().host_data<float>());
+  std::copy(m.params().host_grad<float>(), m.params().host_grad<float>() + m.params().size(),
+            g.params().host_data<float>());
   save_checkpoint(dir + "/grads", g, nullptr);
 
   // Three AdamW steps on the same batch.
@@ -69,8 +70,9 @@ void dump(const std::string& dir, const ModelConfig& cfg, uint64_t seed) {
     m.forward(tokens.data(), targets.data(), kB, kT, {.label_smoothing = kLabelSmoothing});
     m.backward(1.0);
     clip_grad_norm_ref(m.params().host_grad<float>(), m.params().size(), kClip);
-    adamw_update_ref({.lr = kLr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = kWeightDecay, .step = step},
-                     m.params().segments(), m.params().host_data<float>(), m.params().host_grad<float>(), mom.data(), var.data());
+    adamw_update_ref(
+        {.lr = kLr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = kWeightDecay, .step = step},
+        m.params().segments(), m.params().host_data<float>(), m.params().host_grad<float>(), mom.data(), var.data());
   }
   save_checkpoint(dir + "/after3", m, nullptr);
 }

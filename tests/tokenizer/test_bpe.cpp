@@ -4,9 +4,9 @@
 #include <map>
 #include <set>
 
-#include "test_util.h"
 #include "tessera/tokenizer/bpe.h"
 #include "tessera/tokenizer/pretokenize.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -17,7 +17,8 @@ using test::error_of;
 // equals) is joined until no pair is a merge.
 std::vector<int32_t> reference_encode(const BpeModel& m, std::string_view text) {
   std::map<std::pair<std::string, std::string>, size_t> rank;
-  for (size_t r = 0; r < m.merges.size(); ++r) rank.emplace(std::make_pair(m.tokens[m.merges[r].first], m.tokens[m.merges[r].second]), r);
+  for (size_t r = 0; r < m.merges.size(); ++r)
+    rank.emplace(std::make_pair(m.tokens[m.merges[r].first], m.tokens[m.merges[r].second]), r);
   std::map<std::string, int32_t> id;
   std::vector<bool> special(m.tokens.size());
   for (int32_t s : m.special_ids) special[s] = true;
@@ -76,8 +77,8 @@ BpeModel random_model(std::mt19937_64& rng, int n_merges, const std::vector<std:
 }
 
 std::string random_text(std::mt19937_64& rng, size_t max_len) {
-  static const std::vector<std::string> bits = {"a", "b", " ", "c", "!", "\xC3\xA9", "aa", "ab", "\n", "  ", "'s",
-                                                "9", "\xFF", "<|a|>", "<|a|>b"};
+  static const std::vector<std::string> bits = {"a",  "b",  " ",  "c", "!",    "\xC3\xA9", "aa",    "ab",
+                                                "\n", "  ", "'s", "9", "\xFF", "<|a|>",    "<|a|>b"};
   std::string s;
   const size_t n = rng() % max_len;
   if (rng() % 4 == 0) {  // one long pre-token of letters (over 64 bytes: the heap path)
@@ -99,7 +100,8 @@ TEST(Bpe, EncodeMatchesReferenceOnRandomVocabs) {
       const std::string text = random_text(rng, i % 10 == 0 ? 400 : 60);
       std::vector<int32_t> got;
       tok.encode_ordinary(text, got, state);
-      ASSERT_EQ(got, reference_encode(m, text)) << "trial " << trial << " text '" << text << "' seed " << test::test_seed();
+      ASSERT_EQ(got, reference_encode(m, text))
+          << "trial " << trial << " text '" << text << "' seed " << test::test_seed();
       ASSERT_EQ(tok.decode(got), text);
     }
   }
@@ -142,8 +144,12 @@ TEST(Bpe, SpecialTokensLongestMatchNeverSplit) {
   // Not allowed: an error naming the token; ordinary encoding reads it as text.
   const std::string msg = error_of([&] { tok.encode("hi <|eot|>"); });
   EXPECT_NE(msg.find("special token '<|eot|>' at byte 3, which is not allowed"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { tok.encode("<|a|>b", AllowedSpecial{.all = false, .texts = {"<|a|>"}}); }).find("'<|a|>b'"), std::string::npos);
-  EXPECT_NE(error_of([&] { tok.encode("z", AllowedSpecial{.all = false, .texts = {"<|zz|>"}}); }).find("not a special token"), std::string::npos);
+  EXPECT_NE(error_of([&] { tok.encode("<|a|>b", AllowedSpecial{.all = false, .texts = {"<|a|>"}}); }).find("'<|a|>b'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              tok.encode("z", AllowedSpecial{.all = false, .texts = {"<|zz|>"}});
+            }).find("not a special token"),
+            std::string::npos);
   EXPECT_EQ(tok.encode_ordinary("x<|a|>b"), reference_encode(m, "x<|a|>b"));
   EXPECT_EQ(tok.encode("<|a", allow_all_specials()), reference_encode(m, "<|a"));  // a prefix of one is text
   EXPECT_EQ(tok.decode(tok.encode("q<|a|>b<|eot|>", allow_all_specials())), "q<|a|>b<|eot|>");
@@ -158,15 +164,20 @@ TEST(Bpe, ModelChecksNameWhatIsWrong) {
     return error_of([&] { BpeTokenizer t(m, "src"); });
   };
   EXPECT_NE(bad([](BpeModel& m) { m.tokens[int(uint8_t('q'))] = "qq"; }).find("byte 0x"), std::string::npos);
-  EXPECT_NE(bad([](BpeModel& m) { m.merges.push_back({0, int32_t(m.tokens.size())}); }).find("outside the vocab"),
+  EXPECT_NE(bad([](BpeModel& m) {
+              m.merges.push_back({0, int32_t(m.tokens.size())});
+            }).find("outside the vocab"),
             std::string::npos);
   EXPECT_NE(bad([](BpeModel& m) { m.merges.push_back(m.merges[0]); }).find("repeats merge 0"), std::string::npos);
   EXPECT_NE(bad([](BpeModel& m) { m.merges.push_back({m.special_ids[0], 0}); }).find("special"), std::string::npos);
   EXPECT_NE(bad([](BpeModel& m) { m.tokens.push_back(m.tokens[300 % m.tokens.size()]); }).find("same bytes"),
             std::string::npos);
-  EXPECT_NE(bad([](BpeModel& m) { m.special_ids.push_back(m.special_ids[0]); }).find("listed twice"), std::string::npos);
+  EXPECT_NE(bad([](BpeModel& m) { m.special_ids.push_back(m.special_ids[0]); }).find("listed twice"),
+            std::string::npos);
   const std::string unmade = bad([](BpeModel& m) {
-    const auto at = [&](const char* t) { return int32_t(std::find(m.tokens.begin(), m.tokens.end(), t) - m.tokens.begin()); };
+    const auto at = [&](const char* t) {
+      return int32_t(std::find(m.tokens.begin(), m.tokens.end(), t) - m.tokens.begin());
+    };
     m.merges.push_back({at("q"), at("z")});  // "qz" is no token: merges are over "ab c!é"
   });
   EXPECT_NE(unmade.find("makes 'qz', which is not in the vocab"), std::string::npos) << unmade;
@@ -192,7 +203,8 @@ TEST(Bpe, StreamDecoderEmitsWholeCharacters) {
       if (trial % 2 == 0) {
         // Valid text: each part is whole characters, so it is a prefix boundary of the text.
         ASSERT_TRUE(part.empty() || (static_cast<unsigned char>(part[0]) & 0xC0) != 0x80) << part;
-        ASSERT_TRUE(all.size() + part.size() == s.size() || (static_cast<unsigned char>(s[all.size() + part.size()]) & 0xC0) != 0x80);
+        ASSERT_TRUE(all.size() + part.size() == s.size() ||
+                    (static_cast<unsigned char>(s[all.size() + part.size()]) & 0xC0) != 0x80);
       }
       all += part;
     }

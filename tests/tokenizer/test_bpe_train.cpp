@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/error.h"
 #include "tessera/tokenizer/bpe_train.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -96,13 +96,12 @@ std::vector<WordCount> as_words(const std::map<std::string, int64_t>& counts) {
   return w;
 }
 
-// Words of 1..max_len symbols from a tiny alphabet with small counts: most pair counts tie. The alphabet has bytes above 0x7f, which Python's bytes order puts above
-// the letters (a signed char compare would not).
-std::map<std::string, int64_t> random_counts(std::mt19937_64& rng, int n_words, int max_len, const std::string& alphabet,
-                                             int max_count) {
+// Words of 1..max_len symbols from a tiny alphabet with small counts: most pair counts tie. The alphabet has bytes
+// above 0x7f, which Python's bytes order puts above the letters (a signed char compare would not).
+std::map<std::string, int64_t> random_counts(std::mt19937_64& rng, int n_words, int max_len,
+                                             const std::string& alphabet, int max_count) {
   std::map<std::string, int64_t> counts;
-  std::uniform_int_distribution<int> len(1, max_len), sym(0, static_cast<int>(alphabet.size()) - 1),
-      cnt(1, max_count);
+  std::uniform_int_distribution<int> len(1, max_len), sym(0, static_cast<int>(alphabet.size()) - 1), cnt(1, max_count);
   for (int i = 0; i < n_words; ++i) {
     std::string w;
     for (int j = len(rng); j > 0; --j) w += alphabet[sym(rng)];
@@ -133,8 +132,8 @@ TEST(BpeTrain, MatchesBruteForceOnRandomCorporaWithTies) {
 TEST(BpeTrain, HandoutExample) {
   const std::map<std::string, int64_t> counts = {{"low", 5}, {"lower", 2}, {"widest", 3}, {"newest", 6}};
   const BpeModel m = bpe_train_counts(as_words(counts), params(256 + 1 + 6, {"<|endoftext|>"}));
-  const std::vector<std::pair<std::string, std::string>> want = {{"s", "t"}, {"e", "st"}, {"o", "w"},
-                                                                  {"l", "ow"}, {"w", "est"}, {"n", "e"}};
+  const std::vector<std::pair<std::string, std::string>> want = {{"s", "t"},  {"e", "st"},  {"o", "w"},
+                                                                 {"l", "ow"}, {"w", "est"}, {"n", "e"}};
   EXPECT_EQ(as_bytes(m).merges, want);
 }
 

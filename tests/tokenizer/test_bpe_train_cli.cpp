@@ -87,8 +87,10 @@ TEST(BpeTrainCli, BadFlagsAreOneLineAndExitTwo) {
 // The file loads in Hugging Face tokenizers, decodes what it encodes, and keeps the special token whole.
 TEST(BpeTrainCli, HuggingFaceLoadsTheFiles) {
   TempDir tmp;
-  const auto r = test::run("tokenizer train --text " + kCorpus + " --vocab-size 400 --special '<|endoftext|>' "
-                           "--no-progress --out " + tmp.path.string());
+  const auto r = test::run("tokenizer train --text " + kCorpus +
+                           " --vocab-size 400 --special '<|endoftext|>' "
+                           "--no-progress --out " +
+                           tmp.path.string());
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string script = tmp.path.string() + "/check.py";
   write_file_atomic(script, std::string(R"(
@@ -107,9 +109,9 @@ assert tok.encode("a<|endoftext|>b").ids == [ord("a"), 256, ord("b")], tok.encod
 print("ok", len(ids))
 )"));
   const std::string log = tmp.path.string() + "/check.log";
-  const int code = std::system((std::string(TESSERA_PYTHON) + " " + script + " " + tmp.path.string() + " " + kCorpus +
-                                " > " + log + " 2>&1")
-                                   .c_str());
+  const int code = std::system(
+      (std::string(TESSERA_PYTHON) + " " + script + " " + tmp.path.string() + " " + kCorpus + " > " + log + " 2>&1")
+          .c_str());
   const std::string said = read_file_text(log);
   if (said.rfind("skip", 0) == 0) GTEST_SKIP() << "tokenizers is not installed";
   EXPECT_EQ(code, 0) << said;

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/tokenizer/bpe_train.h"
 #include "tessera/tokenizer/pretokenize.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -55,10 +55,34 @@ std::map<std::string, int64_t> as_map(const std::vector<WordCount>& v) {
 // whitespace beyond ASCII (U+00A0, U+3000), invalid bytes, contractions, and the special tokens (one holds a
 // space and a newline; "<s>" is a prefix of "<s>>", so the longest must win).
 std::string random_text(std::mt19937_64& rng, size_t n_parts) {
-  const std::vector<std::string> parts = {
-      "the", " cat", "'s", "'re", " ", "  ", "\n", "\n\n", "\t", " \n ", "42", " 7", "!", "...", "\xc3\xa9t\xc3\xa9",
-      "\xe3\x80\x82", "\xc2\xa0", "\xe3\x80\x80", "\xff", "\x80\x80", "\xe2\x82", "<|endoftext|>", "<|end of\ntext|>",
-      "<s>", "<s>>", "<", "s>", "x"};
+  const std::vector<std::string> parts = {"the",
+                                          " cat",
+                                          "'s",
+                                          "'re",
+                                          " ",
+                                          "  ",
+                                          "\n",
+                                          "\n\n",
+                                          "\t",
+                                          " \n ",
+                                          "42",
+                                          " 7",
+                                          "!",
+                                          "...",
+                                          "\xc3\xa9t\xc3\xa9",
+                                          "\xe3\x80\x82",
+                                          "\xc2\xa0",
+                                          "\xe3\x80\x80",
+                                          "\xff",
+                                          "\x80\x80",
+                                          "\xe2\x82",
+                                          "<|endoftext|>",
+                                          "<|end of\ntext|>",
+                                          "<s>",
+                                          "<s>>",
+                                          "<",
+                                          "s>",
+                                          "x"};
   std::uniform_int_distribution<size_t> pick(0, parts.size() - 1);
   std::string text;
   for (size_t i = 0; i < n_parts; ++i) text += parts[pick(rng)];
@@ -78,8 +102,9 @@ TEST(BpeTrainCount, BlocksAndThreadsCountAsTheWholeText) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("TESSERA_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const std::vector<std::vector<std::string>> special_sets = {
-      {}, {"<|endoftext|>"}, {"<|endoftext|>", "<|end of\ntext|>", "<s>", "<s>>"}};
+  const std::vector<std::vector<std::string>> special_sets = {{},
+                                                              {"<|endoftext|>"},
+                                                              {"<|endoftext|>", "<|end of\ntext|>", "<s>", "<s>>"}};
   for (int trial = 0; trial < 12; ++trial) {
     const std::string text = random_text(rng, 50 + 100 * trial);
     for (const auto& specials : special_sets) {
@@ -87,8 +112,8 @@ TEST(BpeTrainCount, BlocksAndThreadsCountAsTheWholeText) {
       reference_count(text, specials, want);
       for (size_t block : {size_t{1}, size_t{5}, size_t{16}, size_t{100}, size_t{4096}, size_t{32} << 20}) {
         for (int threads : {1, 3}) {
-          SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(specials.size()) +
-                       " specials, block " + std::to_string(block) + ", threads " + std::to_string(threads));
+          SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(specials.size()) + " specials, block " +
+                       std::to_string(block) + ", threads " + std::to_string(threads));
           const auto got = bpe_count_text(text, count_params(specials, threads, block));
           ASSERT_EQ(as_map(got), want);
           ASSERT_TRUE(std::is_sorted(got.begin(), got.end(),

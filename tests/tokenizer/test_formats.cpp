@@ -2,9 +2,9 @@
 // each kind giving one line that names the file and what is wrong.
 #include <fstream>
 
-#include "test_util.h"
 #include "tessera/tokenizer/bpe.h"
 #include "tessera/tokenizer/formats.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -45,7 +45,7 @@ void expect_one_line(const std::string& msg, const std::string& path, const std:
 TEST(TokenizerFormats, BytesToUnicodeIsGpt2s) {
   const auto& m = gpt2_byte_to_code_point();
   EXPECT_EQ(m['!'], uint32_t('!'));
-  EXPECT_EQ(m[' '], 0x120u);  // Ġ
+  EXPECT_EQ(m[' '], 0x120u);   // Ġ
   EXPECT_EQ(m['\n'], 0x10Au);  // Ċ
   EXPECT_EQ(m[0], 0x100u);
   EXPECT_EQ(m[0xAD], 0x143u);  // the soft hyphen, the last of the 68 unprintable bytes
@@ -94,7 +94,9 @@ TEST(TokenizerFormats, RoundTripEachFormat) {
 
 // A tokenizer.json with `vocab` and `merges` (as JSON) in an otherwise good file.
 std::string hf_json(const nlohmann::json& vocab, const nlohmann::json& merges, const std::string& model_type = "BPE") {
-  nlohmann::json j = {{"version", "1.0"}, {"added_tokens", nlohmann::json::array()}, {"normalizer", nullptr},
+  nlohmann::json j = {{"version", "1.0"},
+                      {"added_tokens", nlohmann::json::array()},
+                      {"normalizer", nullptr},
                       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                       {"decoder", {{"type", "ByteLevel"}}}};
   j["model"] = {{"type", model_type}, {"vocab", vocab}, {"merges", merges}};
@@ -149,7 +151,8 @@ TEST(TokenizerFormats, MalformedFilesSayWhatIsWrong) {
   p = write("merges.txt", "#version: 0.2\na b c\n");
   expect_one_line(error_of([&] { read_gpt2_vocab_merges(vp, p); }), p, "line 2 is 'a b c', not two tokens");
   p = write("merges.txt", "#version: 0.2\na q\n");
-  expect_one_line(error_of([&] { read_gpt2_vocab_merges(vp, p); }), vp, "merge 0 makes 'aq', which is not in the vocab");
+  expect_one_line(error_of([&] { read_gpt2_vocab_merges(vp, p); }), vp,
+                  "merge 0 makes 'aq', which is not in the vocab");
   p = write("bad_vocab.json", "[1, 2]");
   expect_one_line(error_of([&] { read_gpt2_vocab_merges(p, (d / "merges.txt").string()); }), p,
                   "not an object of token -> id");
@@ -171,7 +174,8 @@ TEST(TokenizerFormats, MalformedFilesSayWhatIsWrong) {
   // Names.
   expect_one_line(error_of([&] { load_tokenizer((d / "none").string()); }), (d / "none").string(), "does not exist");
   fs::create_directories(d / "empty");
-  expect_one_line(error_of([&] { load_tokenizer((d / "empty").string()); }), (d / "empty").string(), "holds no tokenizer");
+  expect_one_line(error_of([&] { load_tokenizer((d / "empty").string()); }), (d / "empty").string(),
+                  "holds no tokenizer");
   p = write("tok.bin", "x");
   expect_one_line(error_of([&] { load_tokenizer(p); }), p, "cannot tell its format");
   fs::remove_all(d);

@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "test_util.h"
 #include "tessera/tokenizer/pretokenize.h"
 #include "tessera/tokenizer/unicode_classes.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -17,8 +17,8 @@ namespace fs = std::filesystem;
 
 // Runs the oracle with `args`; false (and the test skipped) where it exits 77 for a missing `regex`.
 bool run_oracle(const std::string& args) {
-  const std::string cmd =
-      std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR + "/tests/tokenizer/pretokenize_oracle.py " + args;
+  const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                          "/tests/tokenizer/pretokenize_oracle.py " + args;
   const int status = std::system(cmd.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return false;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
@@ -67,7 +67,8 @@ TEST(Pretokenize, ClassesMatchRegexOnEveryCodePoint) {
   size_t wrong = 0;
   for (uint32_t cp = 0; cp < 0x110000; ++cp) {
     const auto got = static_cast<uint8_t>(cp_class(cp));
-    if (got != want[cp] && ++wrong <= 10) ADD_FAILURE() << "U+" << std::hex << cp << ": " << int(got) << " vs regex " << int(want[cp]);
+    if (got != want[cp] && ++wrong <= 10)
+      ADD_FAILURE() << "U+" << std::hex << cp << ": " << int(got) << " vs regex " << int(want[cp]);
   }
   EXPECT_EQ(wrong, 0u);
   fs::remove_all(d);
@@ -93,23 +94,86 @@ TEST(Pretokenize, Utf8DecodesEveryScalarValue) {
 }
 
 std::vector<std::string> tricky_cases() {
-  return {"", " ", "  ", "a", " a", "  a", "   a", "a ", "a  ", "\n", "\n\n", " \n", "\n ", " \n a", "a\n\nb",
-          "\t\tx", "\r\n", "hello world", "Hello, World!", "I'm you're we've he'll she'd it's 'tis",
-          "'S 'T 'RE 'Ve", "''s", "!'s", " 's", "x's", "'", "''", "'re'", "don't", "12345", " 123abc", "a1b2",
-          "3.14159", "$100,000", "...!!!???", " ...", "-- --", "😀", "😀😀 😀", "你好世界", " 你好", "日本語のテキスト",
-          "e\xCC\x81", "cafe\xCC\x81 ", "\xCC\x81\xCC\x81", "Ⅻ ²³ ١٢٣", "\xC2\xA0" "a", "\xC2\xA0\xC2\xA0" "a", "\xE3\x80\x80x",
-          "a\xE2\x80\xA8" "b", "\x1C\x1D\x1E\x1F", "\x0B\x0C", "\xC2\x85x", "\xE2\x80\x8B", "\xEF\xBB\xBF" "hi",
-          "\xFF\xFE", "a\x80" "b", " \x80", "\xED\xA0\x80x", "\xF0\x9F\x98 x", "\xC0\xAF", "tab\there", "trailing   ",
-          "mixed \t\n spaces\n\n\n", std::string("nul\0byte", 8)};
+  return {"",
+          " ",
+          "  ",
+          "a",
+          " a",
+          "  a",
+          "   a",
+          "a ",
+          "a  ",
+          "\n",
+          "\n\n",
+          " \n",
+          "\n ",
+          " \n a",
+          "a\n\nb",
+          "\t\tx",
+          "\r\n",
+          "hello world",
+          "Hello, World!",
+          "I'm you're we've he'll she'd it's 'tis",
+          "'S 'T 'RE 'Ve",
+          "''s",
+          "!'s",
+          " 's",
+          "x's",
+          "'",
+          "''",
+          "'re'",
+          "don't",
+          "12345",
+          " 123abc",
+          "a1b2",
+          "3.14159",
+          "$100,000",
+          "...!!!???",
+          " ...",
+          "-- --",
+          "😀",
+          "😀😀 😀",
+          "你好世界",
+          " 你好",
+          "日本語のテキスト",
+          "e\xCC\x81",
+          "cafe\xCC\x81 ",
+          "\xCC\x81\xCC\x81",
+          "Ⅻ ²³ ١٢٣",
+          "\xC2\xA0"
+          "a",
+          "\xC2\xA0\xC2\xA0"
+          "a",
+          "\xE3\x80\x80x",
+          "a\xE2\x80\xA8"
+          "b",
+          "\x1C\x1D\x1E\x1F",
+          "\x0B\x0C",
+          "\xC2\x85x",
+          "\xE2\x80\x8B",
+          "\xEF\xBB\xBF"
+          "hi",
+          "\xFF\xFE",
+          "a\x80"
+          "b",
+          " \x80",
+          "\xED\xA0\x80x",
+          "\xF0\x9F\x98 x",
+          "\xC0\xAF",
+          "tab\there",
+          "trailing   ",
+          "mixed \t\n spaces\n\n\n",
+          std::string("nul\0byte", 8)};
 }
 
 // Code points of every class and the boundaries of the pattern, for random strings.
 const std::vector<uint32_t>& alphabet() {
-  static const std::vector<uint32_t> a = {'a', 'Z', 'q', '0', '9', ' ', ' ', ' ', '\t', '\n', '\r', 0x0B, 0x0C, 0x1C,
-                                          '\'', 's', 't', 'r', 'e', 'v', 'l', 'm', 'd', '.', ',', '!', '-', '_', '$',
-                                          0x85, 0xA0, 0xE9, 0x301, 0x1680, 0x2000, 0x2028, 0x202F, 0x3000, 0x200B,
-                                          0x4E2D, 0x6587, 0x0661, 0x00B2, 0x216B, 0x1F600, 0x1F44D, 0xFEFF, 0xAC00,
-                                          0x0915, 0x093F, 0x10FFFF, 0xFFFD};
+  static const std::vector<uint32_t> a = {'a',     'Z',    'q',    '0',    '9',    ' ',      ' ',    ' ',    '\t',
+                                          '\n',    '\r',   0x0B,   0x0C,   0x1C,   '\'',     's',    't',    'r',
+                                          'e',     'v',    'l',    'm',    'd',    '.',      ',',    '!',    '-',
+                                          '_',     '$',    0x85,   0xA0,   0xE9,   0x301,    0x1680, 0x2000, 0x2028,
+                                          0x202F,  0x3000, 0x200B, 0x4E2D, 0x6587, 0x0661,   0x00B2, 0x216B, 0x1F600,
+                                          0x1F44D, 0xFEFF, 0xAC00, 0x0915, 0x093F, 0x10FFFF, 0xFFFD};
   return a;
 }
 
@@ -160,7 +224,8 @@ TEST(Pretokenize, CutsMatchRegexOnTrickyAndRandomStrings) {
     if (cut(cases[k]) != want && ++wrong <= 10) {
       std::string hex;
       for (unsigned char c : cases[k]) hex.append(" ").append(std::to_string(int(c)));
-      ADD_FAILURE() << "case " << k << " (bytes" << hex << "): regex cuts " << line << " (seed " << test::test_seed() << ")";
+      ADD_FAILURE() << "case " << k << " (bytes" << hex << "): regex cuts " << line << " (seed " << test::test_seed()
+                    << ")";
     }
   }
   EXPECT_EQ(k, cases.size());

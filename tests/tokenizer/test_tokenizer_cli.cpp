@@ -1,9 +1,9 @@
 // tessera tokenizer encode | decode | info | convert and bench tokenizer --no-peer, through the binary: the same ids
 // as the library, byte-exact round trips through files and stdin, and bad input as one line with exit code 2.
 #include "cli/cli_run.h"
-#include "test_util.h"
 #include "tessera/tokenizer/bpe.h"
 #include "tessera/tokenizer/formats.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -101,8 +101,8 @@ TEST(TokenizerCli, BenchWithoutPeers) {
   const fs::path d = test::temp_dir("tok_bench");
   const std::string tj = (d / "tokenizer.json").string();
   write_hf_tokenizer_json(cli_model(), tj);
-  const auto r = run("bench tokenizer --no-peer --tokenizer " + tj + " --mb 0.2 --doc-kb 4 --threads 2 --repeat 1 --out " +
-                     (d / "b.md").string());
+  const auto r = run("bench tokenizer --no-peer --tokenizer " + tj +
+                     " --mb 0.2 --doc-kb 4 --threads 2 --repeat 1 --out " + (d / "b.md").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("| tessera | 1 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| tessera | 2 |"), std::string::npos) << r.out;

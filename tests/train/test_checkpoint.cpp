@@ -144,8 +144,9 @@ TEST(Checkpoint, RejectsCorruptAndMismatchedFiles) {
   };
   // Truncated data section.
   auto p = write("trunc.safetensors", std::vector<uint8_t>(bytes.begin(), bytes.end() - 100));
-  EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("outside the file (the file is truncated, or its "
-                                                             "header wrong: its data section holds "),
+  EXPECT_NE(error_of([&] { load_checkpoint_model(p); })
+                .find("outside the file (the file is truncated, or its "
+                      "header wrong: its data section holds "),
             std::string::npos);
   // Header length beyond the file: one no writer gives (over safetensors' 100 MB) is corrupt, not a cut-short file.
   auto b2 = bytes;
@@ -170,8 +171,9 @@ TEST(Checkpoint, RejectsCorruptAndMismatchedFiles) {
   // Too short to hold a header length: as a safetensors file, cut short; as the file given for a checkpoint, none.
   p = write("tiny.safetensors", {1, 2, 3});
   EXPECT_NE(error_of([&] { SafetensorsFile::load(p); }).find("truncated"), std::string::npos);
-  EXPECT_NE(error_of([&] { load_checkpoint_model(p); }).find("is not a checkpoint: it is a file of 3 bytes that is "
-                                                             "not a safetensors file"),
+  EXPECT_NE(error_of([&] { load_checkpoint_model(p); })
+                .find("is not a checkpoint: it is a file of 3 bytes that is "
+                      "not a safetensors file"),
             std::string::npos);
   // A file for another model: shapes do not match.
   ModelConfig other = small(false);
@@ -207,7 +209,9 @@ TEST(Safetensors, WriterStreamsFromTheBuffersAndMapsOnLoad) {
   EXPECT_EQ(rt, (std::vector<float>{10, 13, 11, 14, 12, 15}));
   st.read_f32_transposed("t", 3, 2, back.data());
   EXPECT_EQ(back, b);
-  EXPECT_NE(error_of([&] { SafetensorsFile::load((d / "none.safetensors").string()); }).find("safetensors: cannot read"),
+  EXPECT_NE(error_of([&] {
+              SafetensorsFile::load((d / "none.safetensors").string());
+            }).find("safetensors: cannot read"),
             std::string::npos);
   fs::remove_all(d);
 }
@@ -421,7 +425,7 @@ TEST(Trainer, ResumeIsBitExact) {
     EXPECT_EQ(a[i].first, b[i].first);
     EXPECT_EQ(a[i].second, b[i].second) << "step " << a[i].first;  // bit for bit
   }
-  EXPECT_LT(a.back().second, a.front().second);  // and it learns
+  EXPECT_LT(a.back().second, a.front().second);                                      // and it learns
   EXPECT_TRUE(same_weights(d / "full" / "checkpoint", d / "split" / "checkpoint"));  // the final weights agree too
   fs::remove_all(d);
 }
@@ -504,8 +508,9 @@ TEST(Trainer, ABranchStoppedInItsFirstStepIsMissingNoRecords) {
   testing::internal::CaptureStderr();
   train(more);
   EXPECT_EQ(testing::internal::GetCapturedStderr(),
-            "tessera: warning: " + (d / "b" / "metrics.jsonl").string() + ": no record of steps 3 to 4 (the file is "
-            "missing); the resumed run's records follow step 4 without them\n");
+            "tessera: warning: " + (d / "b" / "metrics.jsonl").string() +
+                ": no record of steps 3 to 4 (the file is "
+                "missing); the resumed run's records follow step 4 without them\n");
   fs::remove_all(d);
 }
 

@@ -107,8 +107,7 @@ TEST_F(BadCheckpoint, SafetensorsHeaderNamesTheTensorAndTheField) {
                "has a shape whose size overflows");
   expect_named(model_error([](json& h) { h["__metadata__"]["format"] = 5; }),
                "metadata 'format' is a number, not a string");
-  expect_named(model_error([](json& h) { h["__metadata__"] = json::array({1}); }),
-               "__metadata__ is not a JSON object");
+  expect_named(model_error([](json& h) { h["__metadata__"] = json::array({1}); }), "__metadata__ is not a JSON object");
 }
 
 TEST_F(BadCheckpoint, ModelFileNamesTheMissingConfigOrTensor) {
@@ -119,7 +118,8 @@ TEST_F(BadCheckpoint, ModelFileNamesTheMissingConfigOrTensor) {
   fresh_checkpoint();
   test::edit_safetensors_header(model_file(), [](json& h) { h.erase("__metadata__"); });
   EXPECT_EQ(error_of([&] { load_checkpoint_model(ck.string()); }), "");
-  expect_named(error_of([&] { load_checkpoint_model(model_file().string()); }), "header has no tessera_config metadata");
+  expect_named(error_of([&] { load_checkpoint_model(model_file().string()); }),
+               "header has no tessera_config metadata");
   // A tensor the model needs: named, where the count alone ("has 8 tensors, the model expects 9") used to be said.
   const std::string missing = model_error([](json& h) { h.erase(kWte); });
   expect_named(missing, "checkpoint " + model_file().string() + ": missing tensor '" + kWte + "'");
@@ -141,8 +141,8 @@ TEST_F(BadCheckpoint, ModelFileNamesTheMissingConfigOrTensor) {
                  h["bogus"] = {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
                }),
                "tensor 'bogus' is not one of the model's");
-  expect_named(model_error([](json& h) { h["bogus"] = h[kWte]; }), "tensors 'bogus' and '" + std::string(kWte) +
-               "' overlap in the data");
+  expect_named(model_error([](json& h) { h["bogus"] = h[kWte]; }),
+               "tensors 'bogus' and '" + std::string(kWte) + "' overlap in the data");
 }
 
 TEST_F(BadCheckpoint, TrainingStateNamesTheMissingOrMalformedKey) {

@@ -25,18 +25,20 @@ using test::temp_dir;
 // Shards written by an independent Python script (tests/tools/write_shards.py).
 TEST(Shards, ReadsFilesWrittenIndependently) {
   const fs::path d = temp_dir("shards");
-  const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR + "/tests/tools/write_shards.py --out " +
-                          d.string() + " --count 1001 --modulus 256";
+  const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_SOURCE_DIR +
+                          "/tests/tools/write_shards.py --out " + d.string() + " --count 1001 --modulus 256";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto tokens = read_shard((d / "good_train_000000.bin").string(), 256);
   ASSERT_EQ(tokens.size(), 1001u);
   for (size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(tokens[i], (i * 7919 + 13) % 256) << i;
 
-  EXPECT_NE(error_of([&] { read_shard((d / "bad_magic.bin").string()); }).find("bad magic 20240521"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_shard((d / "bad_magic.bin").string()); }).find("bad magic 20240521"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { read_shard((d / "bad_version.bin").string()); }).find("unsupported version 7"),
             std::string::npos);
   EXPECT_NE(error_of([&] { read_shard((d / "truncated.bin").string()); }).find("truncated"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_shard((d / "short_header.bin").string()); }).find("truncated header"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_shard((d / "short_header.bin").string()); }).find("truncated header"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { read_shard((d / "big_token.bin").string(), 256); }).find("token id 300"), std::string::npos);
   EXPECT_NO_THROW(read_shard((d / "big_token.bin").string(), 301));
   EXPECT_NE(error_of([&] { read_shard((d / "missing.bin").string()); }).find("cannot read"), std::string::npos);
@@ -92,7 +94,8 @@ TEST(Shards, FindShardsMatchesTheSplitNotASubstring) {
     for (const auto& p : paths) out.push_back(fs::path(p).filename().string());
     return out;
   };
-  EXPECT_EQ(names(find_shards(d.string(), "val")), (std::vector<std::string>{"fineweb_val_000001.bin", "val_000000.bin"}));
+  EXPECT_EQ(names(find_shards(d.string(), "val")),
+            (std::vector<std::string>{"fineweb_val_000001.bin", "val_000000.bin"}));
   EXPECT_EQ(names(find_shards(d.string(), "train")),
             (std::vector<std::string>{"tiny_shakespeare_train.bin", "train_000000.bin"}));
   fs::remove_all(d);
@@ -107,7 +110,8 @@ TEST(Shards, AnEntryNamedAsAShardThatIsNoFileIsRefusedByName) {
   EXPECT_EQ(find_shards(d.string(), "train").size(), 2u);
   fs::create_symlink("nowhere.bin", d / "train_000001.bin");
   EXPECT_NE(error_of([&] { find_shards(d.string(), "train"); })
-                .find("data: " + (d / "train_000001.bin").string() + " is named as a train shard but is a symlink "
+                .find("data: " + (d / "train_000001.bin").string() +
+                      " is named as a train shard but is a symlink "
                       "to nothing: remove it, or point it at a shard"),
             std::string::npos);
   fs::remove(d / "train_000001.bin");
@@ -132,9 +136,11 @@ TEST(Shards, PrepareRefusesToRemoveAFileNamedAsAShardThatIsNotOne) {
   const std::string text = "hello world, hello tessera";
   for (const char* name : {"train_notes.bin", "train_000000.bin"}) {
     write_file_atomic((d / name).string(), text);
-    EXPECT_NE(error_of([&] { prepare_text(text, d.string(), 0.2); })
-                  .find("prepare: " + d.string() + " holds " + name + ", which is named as a shard but is not one"),
-              std::string::npos) << name;
+    EXPECT_NE(error_of([&] {
+                prepare_text(text, d.string(), 0.2);
+              }).find("prepare: " + d.string() + " holds " + name + ", which is named as a shard but is not one"),
+              std::string::npos)
+        << name;
     EXPECT_EQ(read_file_text((d / name).string()), text) << name;
     EXPECT_EQ(names_in(d), std::vector<std::string>{name});
     fs::remove(d / name);
@@ -232,14 +238,19 @@ TEST(Shards, StreamRejectsBadShardsWhenItOpens) {
   write_shard(bad, {9});
   TokenStream one({bad}, 256);
   std::vector<int32_t> in(2), tg(2);
-  EXPECT_NE(error_of([&] { one.next_batch(1, 2, in.data(), tg.data()); }).find("holds 1 token, fewer than batch x "
-                                                                              "seq + 1 = 3"),
+  EXPECT_NE(error_of([&] { one.next_batch(1, 2, in.data(), tg.data()); })
+                .find("holds 1 token, fewer than batch x "
+                      "seq + 1 = 3"),
             std::string::npos);
   // Empty, missing, and a directory.
   write_file_atomic(bad, std::string());
-  EXPECT_NE(error_of([&] { TokenStream({good, bad}, 256); }).find("truncated header (0 of 1024 bytes)"),
+  EXPECT_NE(error_of([&] {
+              TokenStream({good, bad}, 256);
+            }).find("truncated header (0 of 1024 bytes)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { TokenStream({good, (d / "nope.bin").string()}, 256); }).find("shard: cannot read"),
+  EXPECT_NE(error_of([&] {
+              TokenStream({good, (d / "nope.bin").string()}, 256);
+            }).find("shard: cannot read"),
             std::string::npos);
   EXPECT_NE(error_of([&] { TokenStream({good, d.string()}, 256); }).find("is a directory"), std::string::npos);
   fs::remove_all(d);
@@ -378,8 +389,8 @@ TEST(Shards, PrepareRemovesTheHiddenFilesOfAKilledPrepare) {
   write_file_atomic((d / live).string(), std::string("in use"));
   write_file_atomic((d / ".train_000000.bin.tmp.12x").string(), std::string("not prepare's"));
   prepare_text("hello world, hello tessera", d.string(), 0.2);
-  EXPECT_EQ(names_in(d), (std::vector<std::string>{".train_000000.bin.tmp.12x", live, "train_000000.bin",
-                                                   "val_000000.bin"}));
+  EXPECT_EQ(names_in(d),
+            (std::vector<std::string>{".train_000000.bin.tmp.12x", live, "train_000000.bin", "val_000000.bin"}));
   fs::remove_all(d);
 }
 

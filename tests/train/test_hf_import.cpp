@@ -56,9 +56,8 @@ fs::path fixtures() {
   return dir;
 }
 
-#define REQUIRE_FIXTURES()                                                     \
-  if (fixtures().empty()) GTEST_SKIP() << "transformers is not installed for " \
-                                       << TESSERA_PYTHON;
+#define REQUIRE_FIXTURES() \
+  if (fixtures().empty()) GTEST_SKIP() << "transformers is not installed for " << TESSERA_PYTHON;
 
 json refs_of(const fs::path& d) { return json::parse(read_file_text((d / "refs.json").string())); }
 
@@ -183,11 +182,13 @@ TEST(HfImport, RefusesUnsupportedConfigFields) {
       {"llama", "hidden_act", "gelu", "config.json: hidden_act 'gelu' is not supported"},
       {"llama", "head_dim", 16, "config.json: head_dim 16 is not supported"},
       {"gpt2", "activation_function", "relu", "config.json: activation_function 'relu' is not supported"},
-      {"llama", "vocab_size", 100, "config.json's vocab_size 100 does not match the embedding "
-                                   "model.embed_tokens.weight, which holds 96 token rows"},
+      {"llama", "vocab_size", 100,
+       "config.json's vocab_size 100 does not match the embedding "
+       "model.embed_tokens.weight, which holds 96 token rows"},
       {"gpt2", "vocab_size", 64, "config.json's vocab_size 64 does not match the embedding transformer.wte.weight"},
-      {"llama", "intermediate_size", 40, "tensor 'model.layers.0.mlp.gate_proj.weight' has shape (48, 32), the "
-                                         "model expects (40, 32)"},
+      {"llama", "intermediate_size", 40,
+       "tensor 'model.layers.0.mlp.gate_proj.weight' has shape (48, 32), the "
+       "model expects (40, 32)"},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -239,8 +240,9 @@ TEST(HfImport, RefusesBrokenTensors) {
     w.add("model.layers.0.self_attn.q_proj.bias", DType::F32, {32}, data.back().data());
     w.set_metadata("format", "pt");
     w.write((d / "model.safetensors").string());
-    expect_refused(d, "tensor 'model.layers.0.self_attn.q_proj.bias' is not one of the model's 21 that its "
-                      "config.json describes (a bias, which the Llama layout has none of)");
+    expect_refused(d,
+                   "tensor 'model.layers.0.self_attn.q_proj.bias' is not one of the model's 21 that its "
+                   "config.json describes (a bias, which the Llama layout has none of)");
     fs::remove_all(d);
   }
   {
@@ -260,8 +262,7 @@ TEST(HfImport, OtherDirectoriesKeepTheirMessages) {
   EXPECT_NE(error_of([&] { load_checkpoint_model(d.string()); }).find("header has no tessera_config metadata"),
             std::string::npos);
   fs::remove(d / "model.safetensors");
-  EXPECT_NE(error_of([&] { load_checkpoint_model(d.string()); }).find("holds no model.safetensors"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { load_checkpoint_model(d.string()); }).find("holds no model.safetensors"), std::string::npos);
   fs::remove_all(d);
 }
 
@@ -281,7 +282,8 @@ TEST(HfImport, TrainInitFromStartsAtTransformersLoss) {
     fs::create_directories(work / "data");
     write_shard((work / "data" / "train_000000.bin").string(), tokens);
     const auto run = test::run("train --init-from '" + src.string() + "' --data '" + (work / "data").string() +
-                               "' --out '" + (work / "run").string() + "' --steps 1 --batch 2 --seq 8 --device cpu "
+                               "' --out '" + (work / "run").string() +
+                               "' --steps 1 --batch 2 --seq 8 --device cpu "
                                "--sample-tokens 0 --no-progress");
     ASSERT_EQ(run.code, 0) << run.err;
     const std::string metrics = read_file_text((work / "run" / "metrics.jsonl").string());
@@ -290,7 +292,9 @@ TEST(HfImport, TrainInitFromStartsAtTransformersLoss) {
     EXPECT_NEAR(first["loss"].get<double>(), r["loss"].get<double>(), 1e-5 * r["loss"].get<double>());
     // A new run: its checkpoint is at step 1, and it loads as tessera's own (GPT-2-named) checkpoint.
     EXPECT_EQ(load_train_state((work / "run" / "checkpoint").string(),
-                               *load_checkpoint_model((work / "run" / "checkpoint").string())).step, 1);
+                               *load_checkpoint_model((work / "run" / "checkpoint").string()))
+                  .step,
+              1);
     fs::remove_all(work);
   }
 }

@@ -68,8 +68,7 @@ TEST(MasterWeights, OffIsRefusedWhereItDoesNotApply) {
     train_setup(o);
     ADD_FAILURE() << "--master-weights off on the CPU must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--master-weights off applies to bf16 or f16"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--master-weights off applies to bf16 or f16"), std::string::npos) << e.what();
   }
   o.master_weights = true;
   EXPECT_NO_THROW(train_setup(o));

@@ -17,8 +17,8 @@ TEST(Progress, LineIsWholeWithoutAWidth) {
   EXPECT_EQ(progress_line(10, 40, "config", "", "3s elapsed", 0),
             "[######..................] config 10/40 | 3s elapsed");
   // Wide enough: unchanged.
-  EXPECT_EQ(progress_line(1000, 1000, "step", kFields, "ETA 0s", 200), progress_line(1000, 1000, "step", kFields,
-                                                                                     "ETA 0s", 0));
+  EXPECT_EQ(progress_line(1000, 1000, "step", kFields, "ETA 0s", 200),
+            progress_line(1000, 1000, "step", kFields, "ETA 0s", 0));
 }
 
 // The training line is 91 characters: at 80 columns it wrapped, and each \r redrew only the wrapped row, leaving a

@@ -26,9 +26,13 @@ void fill_uniform(void* dst, int64_t n, DType dtype, uint64_t seed, Context& ctx
     const float v = static_cast<float>((z ^ (z >> 31)) >> 40) * (2.0f / 16777216.0f) - 1.0f;
     unsigned char* p = host.data() + static_cast<size_t>(i) * es;
     if (dtype == DType::F32) std::memcpy(p, &v, 4);
-    else if (dtype == DType::BF16) { const uint16_t h = f32_to_bf16(v); std::memcpy(p, &h, 2); }
-    else if (dtype == DType::F16) { const uint16_t h = f32_to_f16(v); std::memcpy(p, &h, 2); }
-    else TS_THROW("bench attention: random fill of ", dtype_name(dtype), " is not supported");
+    else if (dtype == DType::BF16) {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(p, &h, 2);
+    } else if (dtype == DType::F16) {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(p, &h, 2);
+    } else TS_THROW("bench attention: random fill of ", dtype_name(dtype), " is not supported");
   }
   copy_bytes(dst, ctx.device(), host.data(), Device::cpu(), host.size(), ctx);
   ctx.synchronize();
@@ -144,8 +148,14 @@ std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig&
   std::vector<AttentionFlopsRow> rows;
   for (int Dh : sw.flops_Dh)
     for (int T : sw.flops_T) {
-      const AttentionParams p{.B = sw.flops_tokens / T, .T = T, .H = sw.flops_width / Dh, .Dh = Dh, .causal = true,
-                              .dropout = cfg.attn_dropout, .seed = 1, .stream = 0};
+      const AttentionParams p{.B = sw.flops_tokens / T,
+                              .T = T,
+                              .H = sw.flops_width / Dh,
+                              .Dh = Dh,
+                              .causal = true,
+                              .dropout = cfg.attn_dropout,
+                              .seed = 1,
+                              .stream = 0};
       AttentionFlopsRow r;
       r.impl = "tessera flash";
       r.B = p.B;
@@ -157,13 +167,15 @@ std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig&
       try {
         AttentionBuffers b(p, dt, ctx);
         b.alloc_grad(p, dt, ctx);
-        const Tensor qkv = b.t(b.qkv, dt), out = b.t(b.out, dt), lse = b.t(b.lse, DType::F32),
-                     d_out = b.t(b.d_out, dt), d_qkv = b.t(b.d_qkv, dt);
+        const Tensor qkv = b.t(b.qkv, dt), out = b.t(b.out, dt), lse = b.t(b.lse, DType::F32), d_out = b.t(b.d_out, dt),
+                     d_qkv = b.t(b.d_qkv, dt);
         r.fwd = h.time([&] { attention_forward(p, out, lse, qkv, ctx); }, cfg.timing);
-        r.fwd_bwd = h.time([&] {
-          attention_forward(p, out, lse, qkv, ctx);
-          attention_backward(p, d_qkv, d_out, qkv, out, lse, ctx);
-        }, cfg.timing);
+        r.fwd_bwd = h.time(
+            [&] {
+              attention_forward(p, out, lse, qkv, ctx);
+              attention_backward(p, d_qkv, d_out, qkv, out, lse, ctx);
+            },
+            cfg.timing);
       } catch (const Error& e) {
         if (!is_oom(e)) throw;
         r.oom = true;

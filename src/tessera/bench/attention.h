@@ -22,7 +22,7 @@ namespace tessera {
 struct AttentionBenchConfig {
   bool small = false;  // tiny shapes (a CPU run takes seconds) instead of the issue's
   DType dtype = DType::BF16;
-  float attn_dropout = 0.0f;  // attention dropout in the TFLOP/s table (the CS336 table has none)
+  float attn_dropout = 0.0f;   // attention dropout in the TFLOP/s table (the CS336 table has none)
   std::vector<int> head_dims;  // the TFLOP/s table's head dims; empty: the sweep's (64, 128; 32, 64 small)
   TimingOptions timing;
   // Called as each row starts, with what it times ("tessera naive d 16 T 256"): the command's progress.

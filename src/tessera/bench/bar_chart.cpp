@@ -29,17 +29,15 @@ int BarChartLayout::bar_left(int group, int series) const {
   return x0 + group * group_w + (group_w - n_series * bar_w) / 2 + series * bar_w;
 }
 
-int BarChartLayout::value_y(double v) const {
-  return y1 - static_cast<int>(std::lround(v / y_max * (y1 - y0)));
-}
+int BarChartLayout::value_y(double v) const { return y1 - static_cast<int>(std::lround(v / y_max * (y1 - y0))); }
 
 Image bar_chart(const std::string& title, const std::string& y_label, const std::vector<BarSeries>& series,
                 const std::vector<BarGroup>& groups, BarChartLayout* layout_out) {
   TS_CHECK(!series.empty() && !groups.empty(), "bar chart: no series or no groups");
   double top = 0;
   for (const BarGroup& g : groups) {
-    TS_CHECK(g.values.size() == series.size(), "bar chart: group ", g.label, " has ", g.values.size(),
-             " values for ", series.size(), " series");
+    TS_CHECK(g.values.size() == series.size(), "bar chart: group ", g.label, " has ", g.values.size(), " values for ",
+             series.size(), " series");
     for (const std::optional<double>& v : g.values) {
       TS_CHECK(!v || (std::isfinite(*v) && *v >= 0), "bar chart: ", g.label, " has a value that is not >= 0");
       if (v) top = std::max(top, *v);

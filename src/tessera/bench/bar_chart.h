@@ -31,7 +31,7 @@ struct BarChartLayout {
   int x0 = 0, y0 = 0, x1 = 0, y1 = 0;  // plot area [x0, x1) x [y0, y1); y1 is the zero line
   double y_max = 0;                    // the value at y0
   int n_groups = 0, n_series = 0;
-  int bar_w = 0;                       // one bar's slot in pixels (the bar leaves a pixel free each side)
+  int bar_w = 0;  // one bar's slot in pixels (the bar leaves a pixel free each side)
   int bar_left(int group, int series) const;
   int value_y(double v) const;
 };

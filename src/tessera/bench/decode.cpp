@@ -108,16 +108,25 @@ void greedy_rows(const DecodeBenchConfig& c, Model& model, int batch, BenchHarne
   const std::string unit = batch == 1 ? "ms/token" : "ms/step";
   const std::pair<std::string, std::string> hf_static{"HF static", decode_peer_key("static", batch, 1)},
       hf_eager{"HF eager", decode_peer_key("eager", batch, 1)};
-  r.lines.push_back({.row = row, .measure = what + "decode step (" + (e.graph_replays() > 0 ? "graph replay" : "eager") +
-                                            ")",
-                     .value = step.median_ms, .unit = unit, .peer_factor = 1, .peers = {hf_static}});
-  r.lines.push_back({.row = row, .measure = what + "generate wall / steps (prefill included)",
-                     .value = gen.median_ms / c.new_tokens, .unit = unit, .peer_factor = 1,
+  r.lines.push_back({.row = row,
+                     .measure = what + "decode step (" + (e.graph_replays() > 0 ? "graph replay" : "eager") + ")",
+                     .value = step.median_ms,
+                     .unit = unit,
+                     .peer_factor = 1,
+                     .peers = {hf_static}});
+  r.lines.push_back({.row = row,
+                     .measure = what + "generate wall / steps (prefill included)",
+                     .value = gen.median_ms / c.new_tokens,
+                     .unit = unit,
+                     .peer_factor = 1,
                      .peers = {hf_static, hf_eager}});
   if (batch > 1)
-    r.lines.push_back({.row = row, .measure = what + "generate wall / tokens of all sequences",
-                       .value = gen.median_ms / c.new_tokens / batch, .unit = "ms/token",
-                       .peer_factor = 1.0 / batch, .peers = {hf_static, hf_eager}});
+    r.lines.push_back({.row = row,
+                       .measure = what + "generate wall / tokens of all sequences",
+                       .value = gen.median_ms / c.new_tokens / batch,
+                       .unit = "ms/token",
+                       .peer_factor = 1.0 / batch,
+                       .peers = {hf_static, hf_eager}});
 }
 
 void beams_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeBenchResult& r) {
@@ -129,7 +138,9 @@ void beams_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeBen
   r.lines.push_back({.row = "beams",
                      .measure = c.model.preset + ", " + std::to_string(c.beams) + " beams, " +
                                 std::to_string(c.new_tokens) + " steps: beam_generate wall / steps (prefill included)",
-                     .value = gen.median_ms / c.new_tokens, .unit = "ms/step", .peer_factor = 1,
+                     .value = gen.median_ms / c.new_tokens,
+                     .unit = "ms/step",
+                     .peer_factor = 1,
                      .peers = {{"HF eager", decode_peer_key("eager", 1, c.beams)},
                                {"HF static", decode_peer_key("static", 1, c.beams)}}});
 }
@@ -142,20 +153,34 @@ void prefill_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeB
     const auto prompt = random_prompts(1, T, c.model.vocab, 5);
     engine_ms = wall_timing(ctx, c.timing, [&] { e.prefill(prompt); }).median_ms;
   }
-  ModelBenchConfig bc{.batch = 1, .seq = T, .dtype = c.dtype, .fwd = true, .fwd_bwd = false, .step = false,
-                      .warmup = std::max(1, c.timing.warmup), .steps = c.timing.iters};
+  ModelBenchConfig bc{.batch = 1,
+                      .seq = T,
+                      .dtype = c.dtype,
+                      .fwd = true,
+                      .fwd_bwd = false,
+                      .step = false,
+                      .warmup = std::max(1, c.timing.warmup),
+                      .steps = c.timing.iters};
   const ModelBenchRow fwd = bench_model(c.model, bc, ctx, 0);
   TS_CHECK(!fwd.oom, "bench decode: the training forward of (1, ", T, ") does not fit: ", fwd.oom_reason);
   const std::string what = c.model.preset + ", 1 x " + std::to_string(T) + " tokens: ";
-  r.lines.push_back({.row = "prefill", .measure = what + "engine prefill", .value = engine_ms, .unit = "ms",
-                     .peer_factor = 1, .peers = {{"HF eager forward", decode_peer_prefill_key(T)}}});
   r.lines.push_back({.row = "prefill",
-                     .measure = what + "training forward (bench model fwd" +
-                                (fwd.cuda_graph ? ", graph replay" : "") + ")",
-                     .value = fwd.fwd->t.median_ms, .unit = "ms", .peer_factor = 1, .peers = {}});
-  r.notes.push_back("prefill / training forward of the same shape: " +
-                    fmt_num("%.2f", engine_ms / fwd.fwd->t.median_ms) + " (the training forward also computes every "
-                    "position's logits and the loss)");
+                     .measure = what + "engine prefill",
+                     .value = engine_ms,
+                     .unit = "ms",
+                     .peer_factor = 1,
+                     .peers = {{"HF eager forward", decode_peer_prefill_key(T)}}});
+  r.lines.push_back(
+      {.row = "prefill",
+       .measure = what + "training forward (bench model fwd" + (fwd.cuda_graph ? ", graph replay" : "") + ")",
+       .value = fwd.fwd->t.median_ms,
+       .unit = "ms",
+       .peer_factor = 1,
+       .peers = {}});
+  r.notes.push_back(
+      "prefill / training forward of the same shape: " + fmt_num("%.2f", engine_ms / fwd.fwd->t.median_ms) +
+      " (the training forward also computes every "
+      "position's logits and the loss)");
 }
 
 void topk_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResult& r) {
@@ -165,7 +190,9 @@ void topk_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResult& r)
   r.lines.push_back({.row = "topk",
                      .measure = "beam_topk (" + std::to_string(p.B) + " x " + std::to_string(p.K) + ", " +
                                 std::to_string(p.V) + "), k " + std::to_string(p.k),
-                     .value = t.t.median_ms * 1e3, .unit = "µs", .peer_factor = 1e3,
+                     .value = t.t.median_ms * 1e3,
+                     .unit = "µs",
+                     .peer_factor = 1e3,
                      .peers = {{"torch.topk", decode_peer_topk_key(p.B, p.K * p.V, p.k)}}});
   r.notes.push_back("top-k candidates per row after the retrieve (min / median / max): " +
                     topk_candidate_summary(t.candidates) + " of " + std::to_string(p.V));
@@ -226,7 +253,9 @@ void first_token_row(const DecodeBenchConfig& c, Context& ctx, DecodeBenchResult
   r.lines.push_back({.row = "first-token",
                      .measure = "tessera generate (child process) on a " + c.model.preset +
                                 " checkpoint: start to first token, load included",
-                     .value = median_s, .unit = "s", .peer_factor = 1e-3,
+                     .value = median_s,
+                     .unit = "s",
+                     .peer_factor = 1e-3,
                      .peers = {{"from_pretrained + first token", "first token"}}});
 }
 
@@ -239,18 +268,30 @@ void bandwidth_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResul
   const double bytes = decode_weight_bytes(*model);
   const double gbs = bytes / (step.median_ms * 1e-3) / 1e9;
   const double n = static_cast<double>(c.large.num_params());
-  const std::string what =
-      c.large.preset + " (" + (n >= 1e9 ? fmt_num("%.2fB", n / 1e9) : fmt_num("%.1fM", n / 1e6)) + "), batch 1: ";
-  r.lines.push_back({.row = "bandwidth", .measure = what + "decode step", .value = step.median_ms,
-                     .unit = "ms/token", .peer_factor = 1, .peers = {}});
-  r.lines.push_back({.row = "bandwidth", .measure = what + "weight bytes / step time", .value = gbs, .unit = "GB/s",
-                     .peer_factor = 1, .peers = {}});
+  const std::string what = c.large.preset + " (" + (n >= 1e9 ? fmt_num("%.2fB", n / 1e9) : fmt_num("%.1fM", n / 1e6)) +
+                           "), batch 1: ";
+  r.lines.push_back({.row = "bandwidth",
+                     .measure = what + "decode step",
+                     .value = step.median_ms,
+                     .unit = "ms/token",
+                     .peer_factor = 1,
+                     .peers = {}});
+  r.lines.push_back({.row = "bandwidth",
+                     .measure = what + "weight bytes / step time",
+                     .value = gbs,
+                     .unit = "GB/s",
+                     .peer_factor = 1,
+                     .peers = {}});
   if (r.copy_gbs) {
-    r.lines.push_back({.row = "bandwidth", .measure = what + "that bandwidth / the copy's", .value = 100 * gbs / *r.copy_gbs,
-                       .unit = "%", .peer_factor = 1, .peers = {}});
-    r.notes.push_back("bandwidth floor of " + c.large.preset + ": " + fmt_num("%.3f", bytes / 1e9) + " GB of weights / " +
-                      fmt_num("%.0f", *r.copy_gbs) + " GB/s = " + fmt_num("%.4f", bytes / (*r.copy_gbs * 1e9) * 1e3) +
-                      " ms/token");
+    r.lines.push_back({.row = "bandwidth",
+                       .measure = what + "that bandwidth / the copy's",
+                       .value = 100 * gbs / *r.copy_gbs,
+                       .unit = "%",
+                       .peer_factor = 1,
+                       .peers = {}});
+    r.notes.push_back("bandwidth floor of " + c.large.preset + ": " + fmt_num("%.3f", bytes / 1e9) +
+                      " GB of weights / " + fmt_num("%.0f", *r.copy_gbs) +
+                      " GB/s = " + fmt_num("%.4f", bytes / (*r.copy_gbs * 1e9) * 1e3) + " ms/token");
   }
 }
 
@@ -288,8 +329,8 @@ std::string decode_bench_check(const DecodeBenchConfig& c) {
     const int need = c.prompt + kDecodeWarmupSteps + c.new_tokens;
     if (need > m->max_seq)
       return "--prompt " + std::to_string(c.prompt) + " + --new-tokens " + std::to_string(c.new_tokens) + " + " +
-             std::to_string(kDecodeWarmupSteps) + " warm-up steps = " + std::to_string(need) + " positions: " +
-             m->preset + " has " + std::to_string(m->max_seq) + " (lower --new-tokens to " +
+             std::to_string(kDecodeWarmupSteps) + " warm-up steps = " + std::to_string(need) +
+             " positions: " + m->preset + " has " + std::to_string(m->max_seq) + " (lower --new-tokens to " +
              std::to_string(std::max(0, m->max_seq - c.prompt - kDecodeWarmupSteps)) + " or less)";
   }
   if (wants(c, "beams") && c.beams > c.model.vocab) return "the beams row: more beams than the vocab";
@@ -317,8 +358,8 @@ DecodeBenchResult bench_decode(const DecodeBenchConfig& c, Context& ctx) {
     if (r.copy_gbs) {
       const double bytes = decode_weight_bytes(*model);
       r.notes.push_back("bandwidth floor of " + c.model.preset + ": " + fmt_num("%.3f", bytes / 1e9) +
-                        " GB of weights / " + fmt_num("%.0f", *r.copy_gbs) + " GB/s = " +
-                        fmt_num("%.4f", bytes / (*r.copy_gbs * 1e9) * 1e3) + " ms/token");
+                        " GB of weights / " + fmt_num("%.0f", *r.copy_gbs) +
+                        " GB/s = " + fmt_num("%.4f", bytes / (*r.copy_gbs * 1e9) * 1e3) + " ms/token");
     }
     if (start("greedy")) greedy_rows(c, *model, 1, h, r);
     if (start("batch")) greedy_rows(c, *model, c.batch, h, r);
@@ -355,8 +396,8 @@ bool decode_peer_take(const nlohmann::json& j, DecodePeerFigures& f) {
                                static_cast<int>(*number("k")));
   if (what == "generate") {
     if (!j.contains("mode") || !j["mode"].is_string() || !number("batch") || !number("beams")) {
-      if (j.contains("error")) f.errors.push_back("generate " + j.value("model", std::string()) + ": " +
-                                                  j["error"].dump());
+      if (j.contains("error"))
+        f.errors.push_back("generate " + j.value("model", std::string()) + ": " + j["error"].dump());
       return j.contains("error");
     }
     key = decode_peer_key(j["mode"].get<std::string>(), static_cast<int>(*number("batch")),
@@ -382,7 +423,8 @@ bool decode_peer_take(const nlohmann::json& j, DecodePeerFigures& f) {
 
 std::string decode_bench_table(const DecodeBenchResult& r, const DecodePeerFigures& peer, bool with_peer) {
   std::string md = "| row | measure | tessera | unit |";
-  md += with_peer ? " peer | peer's figure | peer / tessera |\n|---|---|---:|---|---|---:|---:|\n" : "\n|---|---|---:|---|\n";
+  md += with_peer ? " peer | peer's figure | peer / tessera |\n|---|---|---:|---|---|---:|---:|\n"
+                  : "\n|---|---|---:|---|\n";
   auto num = [](double v) { return fmt_num(v >= 100 ? "%.1f" : v >= 1 ? "%.3f" : "%.4f", v); };
   for (const DecodeLine& l : r.lines) {
     const std::string head = "| " + l.row + " | " + l.measure + " | " + num(l.value) + " | " + l.unit + " |";

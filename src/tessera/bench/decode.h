@@ -71,8 +71,8 @@ struct DecodeBenchConfig {
 std::string decode_bench_check(const DecodeBenchConfig& c);
 
 // One line of the table. `value` is in `unit`; a peer figure (ms, keyed as decode_peer_key / decode_peer_prefill_key,
-// decode_peer_topk_key, "first token") is shown as peer_ms x peer_factor in the same unit, with the ratio peer / value (> 1: tessera is
-// faster). Lines without peers show only tessera's figure.
+// decode_peer_topk_key, "first token") is shown as peer_ms x peer_factor in the same unit, with the ratio peer / value
+// (> 1: tessera is faster). Lines without peers show only tessera's figure.
 struct DecodeLine {
   std::string row;      // its row's name
   std::string measure;  // what was timed
@@ -97,13 +97,13 @@ double decode_weight_bytes(const Model& model);
 
 // ---- the peer (bench/peers/decode.py) ----
 std::string decode_peer_key(const std::string& mode, int batch, int beams);  // "generate eager b1 k1"
-std::string decode_peer_prefill_key(int tokens);                            // "prefill 1024"
-std::string decode_peer_topk_key(int rows, int cols, int k);                // "topk 32 x 201028 k 8"
+std::string decode_peer_prefill_key(int tokens);                             // "prefill 1024"
+std::string decode_peer_topk_key(int rows, int cols, int k);                 // "topk 32 x 201028 k 8"
 
 struct DecodePeerFigures {
   std::map<std::string, double> ms;  // per key: generate ms per step (its ms_per_token), prefill, topk, first token
   std::optional<double> copy_gbs;
-  std::vector<std::string> errors;   // "<key>: <error>" of a record that failed
+  std::vector<std::string> errors;  // "<key>: <error>" of a record that failed
 };
 
 // Takes one JSON object the peer printed into f; returns whether it was a figure (or an error record).

@@ -30,8 +30,8 @@ Timing BenchHarness::time(const std::function<void()>& fn, const TimingOptions& 
   if (ctx_->is_cuda()) {
 #if TESSERA_WITH_CUDA
     // Reading 128 MiB evicts whatever the previous run left in L2 and leaves it clean (see the header).
-    return timing_summary(
-        time_cuda_runs(*ctx_, fn, [&] { read_flush_async(flush_.data(), flush_.bytes(), *ctx_); }, opt.iters));
+    return timing_summary(time_cuda_runs(
+        *ctx_, fn, [&] { read_flush_async(flush_.data(), flush_.bytes(), *ctx_); }, opt.iters));
 #else
     TS_THROW("bench: this tessera was built without CUDA");
 #endif

@@ -50,7 +50,7 @@ class BenchHarness {
 
  private:
   Context* ctx_;
-  Buffer flush_;  // empty on the CPU
+  Buffer flush_;                // empty on the CPU
   Buffer copy_src_, copy_dst_;  // copy_bandwidth_gbs's pair, empty until it is first called
 };
 

@@ -59,9 +59,13 @@ void fill_random(void* dst, int64_t n, DType dtype, float scale, Rng& rng, Conte
     const float v = scale * rng.uniform();
     unsigned char* p = host.data() + static_cast<size_t>(i) * es;
     if (dtype == DType::F32) std::memcpy(p, &v, 4);
-    else if (dtype == DType::BF16) { const uint16_t h = f32_to_bf16(v); std::memcpy(p, &h, 2); }
-    else if (dtype == DType::F16) { const uint16_t h = f32_to_f16(v); std::memcpy(p, &h, 2); }
-    else TS_THROW("bench: random fill of ", dtype_name(dtype), " is not supported");
+    else if (dtype == DType::BF16) {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(p, &h, 2);
+    } else if (dtype == DType::F16) {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(p, &h, 2);
+    } else TS_THROW("bench: random fill of ", dtype_name(dtype), " is not supported");
   }
   copy_bytes(dst, ctx.device(), host.data(), Device::cpu(), host.size(), ctx);
   ctx.synchronize();  // the host vector dies on return
@@ -168,8 +172,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
   std::vector<BenchRow> rows;
   auto run = [&](std::string kernel, std::string shape, double bytes, const std::function<void()>& fn) {
     if (cfg.on_row) cfg.on_row(kernel);
-    rows.push_back({.kernel = std::move(kernel), .shape = std::move(shape), .bytes = bytes,
-                    .timing = h.time(fn, cfg.timing)});
+    rows.push_back(
+        {.kernel = std::move(kernel), .shape = std::move(shape), .bytes = bytes, .timing = h.time(fn, cfg.timing)});
   };
 
   if (cfg.wants("embedding")) {  // embedding: tokens (N) i32, wte (V, C), wpe (T, C), out (N, C)
@@ -179,7 +183,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     const RandomTensor wte = random_tensor(s.V, s.C, dt, rng, ctx, "benchmark wte");
     const RandomTensor wpe = random_tensor(s.T, s.C, dt, rng, ctx, "benchmark wpe");
     const RandomTensor out = random_tensor(s.N(), s.C, dt, rng, ctx, "benchmark embedding out");
-    const std::string shape = "B*T=" + std::to_string(s.N()) + " C=" + std::to_string(s.C) + " V=" + std::to_string(s.V);
+    const std::string shape = "B*T=" + std::to_string(s.N()) + " C=" + std::to_string(s.C) +
+                              " V=" + std::to_string(s.V);
     // fwd: token ids (4N) + the N gathered rows of wte (N·C) + wpe (T·C) read, out (N·C) written.
     run("embedding fwd", shape, kIdBytes * N + es * (N * C + T * C + N * C),
         [&] { embedding_forward(p, out.t, tokens.t, wte.t, wpe.t, ctx); });
@@ -187,8 +192,7 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     // accumulated (read + write). The sort's scratch traffic is not counted.
     const RandomTensor d_wte = random_tensor(s.V, s.C, dt, rng, ctx, "benchmark d_wte");
     const RandomTensor d_wpe = random_tensor(s.T, s.C, dt, rng, ctx, "benchmark d_wpe");
-    run("embedding bwd", shape,
-        kIdBytes * N + es * (N * C + 2.0 * static_cast<double>(distinct) * C + 2 * T * C),
+    run("embedding bwd", shape, kIdBytes * N + es * (N * C + 2.0 * static_cast<double>(distinct) * C + 2 * T * C),
         [&] { embedding_backward(p, d_wte.t, d_wpe.t, out.t, tokens.t, ctx); });
     // Without a learned position table (rope or sinusoidal models): d_wte alone, so d_out is read once. With wpe,
     // the deterministic backward reads d_out twice (by token for d_wte, by position for d_wpe), which the byte count
@@ -270,8 +274,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     // reads gradients in [-1, 1] as logits, which costs the same.
     // fwd: logits (N·V), targets (4N) read, losses and lse (2 × 4N) written; bwd: logits (N·V), lse, targets
     // (2 × 4N) read, d_logits (N·V) written. Total 3·N·V·es + 20·N.
-    run("cross-entropy fwd+bwd", "N=" + std::to_string(s.N()) + " V=" + std::to_string(s.V),
-        3 * es * N * V + 20 * N, [&] {
+    run("cross-entropy fwd+bwd", "N=" + std::to_string(s.N()) + " V=" + std::to_string(s.V), 3 * es * N * V + 20 * N,
+        [&] {
           cross_entropy_forward(p, losses.t, lse.t, logits.t, targets.t, ctx);
           cross_entropy_backward(p, logits.t, logits.t, lse.t, targets.t, /*d_loss=*/1.0 / N, Tensor(), ctx);
         });
@@ -281,9 +285,8 @@ std::vector<BenchRow> bench_kernels(const BenchConfig& cfg, BenchHarness& h) {
     Buffer count(sizeof(int32_t), ctx.device(), "benchmark count");
     const Tensor count_t = count.view(DType::I32, {1});
     run("cross-entropy fused fwd+bwd", "N=" + std::to_string(s.N()) + " V=" + std::to_string(s.V),
-        2 * es * N * V + 16 * N, [&] {
-          cross_entropy_forward_backward(p, losses.t, lse.t, logits.t, targets.t, /*d_loss=*/1.0, count_t, ctx);
-        });
+        2 * es * N * V + 16 * N,
+        [&] { cross_entropy_forward_backward(p, losses.t, lse.t, logits.t, targets.t, /*d_loss=*/1.0, count_t, ctx); });
   }
   return rows;
 }
@@ -310,14 +313,18 @@ std::vector<BenchRow> bench_optimizer(const BenchConfig& cfg, BenchHarness& h) {
     // No clipping and no norm, as torch.optim.AdamW(fused=True) does on its own: the peer's figure compares with
     // this row (one launch).
     AdamW opt(params, {.grad_clip = 0.0f, .track_grad_norm = false}, ctx);
-    rows.push_back({.kernel = "adamw step", .shape = shape, .bytes = bytes,
+    rows.push_back({.kernel = "adamw step",
+                    .shape = shape,
+                    .bytes = bytes,
                     .timing = h.time([&] { opt.step(params, /*lr=*/1e-4f); }, cfg.timing)});
   }
   {
     // The trainer's step: the global-norm launch, then the update with the clip applied in registers.
     AdamW opt(params, {.grad_clip = 1.0f}, ctx);
     if (cfg.on_row) cfg.on_row("adamw step+clip");
-    rows.push_back({.kernel = "adamw step+clip", .shape = shape, .bytes = bytes + nn * es,
+    rows.push_back({.kernel = "adamw step+clip",
+                    .shape = shape,
+                    .bytes = bytes + nn * es,
                     .timing = h.time([&] { opt.step(params, /*lr=*/1e-4f); }, cfg.timing)});
   }
   return rows;

@@ -24,8 +24,8 @@ namespace tessera {
 enum class BenchSize { Small, Full, Large };
 
 // The kernel families of `bench kernels`, in table order: a row's kernel name starts with its family's name.
-inline constexpr const char* kKernelFamilies[] = {"embedding", "layernorm", "residual", "gelu", "swiglu",
-                                                  "cross-entropy"};
+inline constexpr const char* kKernelFamilies[] = {"embedding", "layernorm", "residual",
+                                                  "gelu",      "swiglu",    "cross-entropy"};
 
 struct BenchConfig {
   BenchSize size = BenchSize::Small;

@@ -32,17 +32,17 @@ int PlotLayout::event_x(int event, int n_events) const {
   return x0 + static_cast<int>(std::lround(static_cast<double>(event) * (x1 - x0) / n_events));
 }
 
-int PlotLayout::bytes_y(double bytes) const {
-  return y1 - static_cast<int>(std::lround(bytes / y_max * (y1 - y0)));
-}
+int PlotLayout::bytes_y(double bytes) const { return y1 - static_cast<int>(std::lround(bytes / y_max * (y1 - y0))); }
 
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points) {
-  std::string csv = "event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes,"
-                    "measured_bytes\n";
+  std::string csv =
+      "event,phase,op,activations_live_bytes,static_bytes,planned_total_bytes,allocated_bytes,"
+      "measured_bytes\n";
   for (const MemoryTimelinePoint& p : points) {
-    csv += std::to_string(p.event) + "," + p.phase + "," + csv_field(p.name) + "," + std::to_string(p.activations_live) + "," +
-           std::to_string(p.static_bytes) + "," + std::to_string(p.planned_total()) + "," +
-           std::to_string(p.static_bytes + p.arena) + "," + (p.measured ? std::to_string(*p.measured) : "") + "\n";
+    csv += std::to_string(p.event) + "," + p.phase + "," + csv_field(p.name) + "," +
+           std::to_string(p.activations_live) + "," + std::to_string(p.static_bytes) + "," +
+           std::to_string(p.planned_total()) + "," + std::to_string(p.static_bytes + p.arena) + "," +
+           (p.measured ? std::to_string(*p.measured) : "") + "\n";
   }
   return csv;
 }
@@ -69,7 +69,9 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
                     p.measured ? static_cast<double>(*p.measured) : 0.0});
   }
   top = std::max(top, 1.0);
-  const double unit = top >= 1024.0 * 1024 * 1024 ? 1024.0 * 1024 * 1024 : top >= 1024.0 * 1024 ? 1024.0 * 1024 : 1024.0;
+  const double unit = top >= 1024.0 * 1024 * 1024 ? 1024.0 * 1024 * 1024
+                      : top >= 1024.0 * 1024      ? 1024.0 * 1024
+                                                  : 1024.0;
   const char* unit_name = unit > 1024.0 * 1024 ? " GIB" : unit > 1024.0 ? " MIB" : " KIB";
   const double step = nice_step(top * 1.05 / unit / 5) * unit;
 
@@ -119,8 +121,8 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
       prev_y = y;
     }
   };
-  step_line([](const MemoryTimelinePoint& p) { return static_cast<double>(p.static_bytes + p.arena); },
-            kColorAllocated, 2, 8);
+  step_line([](const MemoryTimelinePoint& p) { return static_cast<double>(p.static_bytes + p.arena); }, kColorAllocated,
+            2, 8);
   step_line([](const MemoryTimelinePoint& p) { return p.measured ? static_cast<double>(*p.measured) : -1.0; },
             kColorMeasured, 3, 0);
   step_line([](const MemoryTimelinePoint& p) { return static_cast<double>(p.planned_total()); }, kColorPlanned, 3, 0);
@@ -147,7 +149,8 @@ Image memory_timeline_plot(const std::vector<MemoryTimelinePoint>& points, const
     img.text(20, (title_lines.size() == 1 ? 18 : 8) + static_cast<int>(i) * 20, title_lines[i], kPlotBlack, kScale);
   const std::string xlabel = "op of the step (event of the activation plan)";
   img.text((L.x0 + L.x1 - Image::text_width(xlabel, kScale)) / 2, L.y1 + 40, xlabel, kPlotText, kScale);
-  const bool any_measured = std::any_of(points.begin(), points.end(), [](const auto& p) { return p.measured.has_value(); });
+  const bool any_measured =
+      std::any_of(points.begin(), points.end(), [](const auto& p) { return p.measured.has_value(); });
   struct Entry {
     Rgb c;
     const char* label;

@@ -21,16 +21,15 @@ namespace tessera {
 
 // Where the plot area sits in the image and what its y axis spans, for tests that read pixels back.
 struct PlotLayout {
-  int x0 = 0, y0 = 0, x1 = 0, y1 = 0;  // plot area [x0, x1) x [y0, y1); y1 is the zero line
-  double y_max = 0;                    // bytes at y0
+  int x0 = 0, y0 = 0, x1 = 0, y1 = 0;          // plot area [x0, x1) x [y0, y1); y1 is the zero line
+  double y_max = 0;                            // bytes at y0
   int event_x(int event, int n_events) const;  // the left edge of an event's slot
   int bytes_y(double bytes) const;
 };
 
 // The colours, for the tests.
 inline constexpr Rgb kColorForward{219, 233, 246}, kColorBackward{253, 230, 204}, kColorOptimizer{220, 242, 220},
-    kColorStatic{200, 200, 200}, kColorPlanned{31, 60, 150}, kColorAllocated{200, 40, 40},
-    kColorMeasured{20, 140, 60};
+    kColorStatic{200, 200, 200}, kColorPlanned{31, 60, 150}, kColorAllocated{200, 40, 40}, kColorMeasured{20, 140, 60};
 
 std::string memory_timeline_csv(const std::vector<MemoryTimelinePoint>& points);
 // `title` as one line, or as two where it is wider than `max_width` pixels at the plot's text scale: broken after the

@@ -18,8 +18,8 @@
 #include "tessera/models/model.h"
 #include "tessera/ops/gemm/gemm.h"
 #include "tessera/train/graph_step.h"
-#include "tessera/train/train_step.h"
 #include "tessera/train/optimizer.h"
+#include "tessera/train/train_step.h"
 
 namespace tessera {
 
@@ -281,8 +281,7 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     constexpr float kLr = 1e-5f;
     const size_t param_bytes = model.params().bytes();
     // The loss scaling of train's steps (f16): one scaler for the size, carried from region to region.
-    StepLossScaling scaling =
-        model_bench_loss_scaling(bc) ? StepLossScaling(bc.loss_scaler) : StepLossScaling();
+    StepLossScaling scaling = model_bench_loss_scaling(bc) ? StepLossScaling(bc.loss_scaler) : StepLossScaling();
     // The forward alone computes the loss; a training step's forward also writes the loss gradient at the scale its
     // backward will use (train's step, train_step.h).
     const TrainStepConfig step_cfg{.B = B, .T = T, .skip_nonfinite = scaling.on()};
@@ -321,10 +320,14 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
       if (!graphs) return eager;
       std::function<void()> between;  // on the host between the step graph and the optimizer's, as train's hooks
       if (optimizer && bc.before_optimizer_step) between = before_optimizer;
-      graph_steps.push_back(std::make_unique<GraphStep>(
-          model, optimizer, GraphStepConfig{.B = B, .T = T, .backward = backward, .optimizer = optimizer != nullptr,
-                                            .upload_batch = false, .skip_nonfinite = scaling.on(),
-                                            .host_between = static_cast<bool>(between)}));
+      graph_steps.push_back(std::make_unique<GraphStep>(model, optimizer,
+                                                        GraphStepConfig{.B = B,
+                                                                        .T = T,
+                                                                        .backward = backward,
+                                                                        .optimizer = optimizer != nullptr,
+                                                                        .upload_batch = false,
+                                                                        .skip_nonfinite = scaling.on(),
+                                                                        .host_between = static_cast<bool>(between)}));
       GraphStep* g = graph_steps.back().get();
       std::function<void()> replay = [&, g, optimizer, between] {
         g->run(kLr, scaling.scale(), &rng, between);
@@ -354,7 +357,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
     if (bc.step) {
       part("step");
       row.step = time_region(ctx, as_graph(step, /*backward=*/true, opt.get()), bc.warmup, bc.steps);
-      row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline) : param_bytes + model.activation_peak() + opt->state_bytes();
+      row.mem_train = ctx.is_cuda() ? used_above(ctx, baseline)
+                                    : param_bytes + model.activation_peak() + opt->state_bytes();
     }
 
     // One more step, recorded: the Chrome trace (with the phase ranges and the memory counters) and the
@@ -391,16 +395,15 @@ std::optional<double> ModelPeerFigures::region_ms(const std::string& region) con
 }
 
 std::optional<ModelPeerFigures> model_peer_figures_from_json(const nlohmann::json& j) {
-  if (!j.is_object() || !j.contains("size") || !j.contains("mode") || !j["size"].is_string() ||
-      !j["mode"].is_string())
+  if (!j.is_object() || !j.contains("size") || !j.contains("mode") || !j["size"].is_string() || !j["mode"].is_string())
     return std::nullopt;
   ModelPeerFigures f;
   f.size = j["size"].get<std::string>();
   f.mode = j["mode"].get<std::string>();
   auto number = [&](const char* key, double scale) -> std::optional<double> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    TS_CHECK(j[key].is_number(), "bench model peer: ", key, " of ", f.size, " (", f.mode, ") is not a number: ",
-             j[key].dump());
+    TS_CHECK(j[key].is_number(), "bench model peer: ", key, " of ", f.size, " (", f.mode,
+             ") is not a number: ", j[key].dump());
     return j[key].get<double>() * scale;
   };
   f.oom = j.contains("oom") && j["oom"].is_boolean() && j["oom"].get<bool>();

@@ -69,9 +69,9 @@ struct ModelBenchConfig {
   bool fwd = true, fwd_bwd = true, step = true;  // which regions to time
   int warmup = 5;
   int steps = 10;
-  size_t max_memory_bytes = 0;  // 0: the memory free on the device (host MemAvailable on the CPU)
-  bool trace = false;           // record one step with a Tracer (ModelBenchRow::trace)
-  bool memory_timeline = false; // fill ModelBenchRow::timeline from one training step
+  size_t max_memory_bytes = 0;   // 0: the memory free on the device (host MemAvailable on the CPU)
+  bool trace = false;            // record one step with a Tracer (ModelBenchRow::trace)
+  bool memory_timeline = false;  // fill ModelBenchRow::timeline from one training step
   uint64_t seed = 1;
   // Each region replayed as CUDA graphs (train/graph_step.h: the launches captured once, the dropout streams and
   // AdamW's scalars read from device memory), after two more untimed runs: an eager one (it sets up what a capture
@@ -109,9 +109,9 @@ struct RegionTiming {
 // The bytes a size needs, by plan (before it is built): an upper bound by at most 16 elements per tensor (the
 // parameter segments' padding).
 struct PlannedMemory {
-  size_t params = 0;      // parameters (compute dtype) + f32 master weights for 16-bit
-  size_t optimizer = 0;   // AdamW m and v (f32)
-  size_t activations = 0; // the activation plan's peak (the arena), the gradients planned in it
+  size_t params = 0;       // parameters (compute dtype) + f32 master weights for 16-bit
+  size_t optimizer = 0;    // AdamW m and v (f32)
+  size_t activations = 0;  // the activation plan's peak (the arena), the gradients planned in it
   size_t total() const { return params + optimizer + activations; }
 };
 PlannedMemory model_planned_memory(const ModelConfig& cfg, int B, int T, DType dtype);
@@ -141,8 +141,8 @@ struct ModelBenchRow {
   // overflow (a skipped step does not update the parameters, so it is cheaper: the figure holds it).
   std::optional<double> loss_scale;
   int64_t optimizer_steps = 0, skipped_steps = 0;
-  std::shared_ptr<Tracer> trace;             // with cfg.trace: one traced training step (or the region timed)
-  std::vector<MemoryTimelinePoint> timeline; // with cfg.memory_timeline
+  std::shared_ptr<Tracer> trace;              // with cfg.trace: one traced training step (or the region timed)
+  std::vector<MemoryTimelinePoint> timeline;  // with cfg.memory_timeline
   // The median ms of a region ("fwd", "fwd-bwd", "step"); nullopt when it was not timed (or the size is OOM).
   std::optional<double> region_ms(const std::string& region) const;
 };
@@ -174,8 +174,8 @@ ModelBenchRow bench_model(const ModelConfig& cfg, const ModelBenchConfig& bc, Co
 struct ModelPeerFigures {
   std::string size, mode;
   bool oom = false;
-  std::string error;  // "<type>: <message>" of the failure; "" when it ran
-  int64_t params = 0; // of the Hugging Face model (a tied matrix once): must equal ModelBenchRow::params
+  std::string error;   // "<type>: <message>" of the failure; "" when it ran
+  int64_t params = 0;  // of the Hugging Face model (a tied matrix once): must equal ModelBenchRow::params
   std::optional<double> fwd_ms, fwd_bwd_ms, step_ms;
   std::optional<double> fwd_mem_bytes, train_mem_bytes;
   bool ran() const { return !oom && error.empty(); }

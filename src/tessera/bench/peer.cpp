@@ -98,8 +98,7 @@ std::string run_peer_script(const std::string& args, const std::string& what,
   auto take_line = [&](std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
     if (s.empty()) return;
-    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false)
-                                    : nlohmann::json();
+    const auto j = s.front() == '{' ? nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
     if (j.is_object() && take(j)) figures = true;
     else last = s;
   };

@@ -123,7 +123,8 @@ void Image::text(int x, int y, const std::string& s, Rgb c, int scale) {
     const int gx = x + static_cast<int>(i) * 6 * scale;
     for (int r = 0; r < 7; ++r)
       for (int col = 0; col < 5; ++col)
-        if (rows[r * 5 + col] == '#') fill_rect(gx + col * scale, y + r * scale, gx + (col + 1) * scale, y + (r + 1) * scale, c);
+        if (rows[r * 5 + col] == '#')
+          fill_rect(gx + col * scale, y + r * scale, gx + (col + 1) * scale, y + (r + 1) * scale, c);
   }
 }
 

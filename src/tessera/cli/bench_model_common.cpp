@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -105,8 +105,7 @@ ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what
   t.regions_line = t.no_graph.empty() ? "regions: CUDA graph replays (one eager and one capturing run untimed first)"
                                       : "regions: eager launches (" + t.no_graph + ")";
 
-  const std::string default_sizes =
-      ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
+  const std::string default_sizes = ctx.is_cuda() ? "cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b" : "tiny";
   t.names = a.has("preset") ? std::vector<std::string>{a.str("preset")} : split_list(a.str("sizes", default_sizes));
   int min_max_seq = 1 << 30;
   for (const std::string& n : t.names) {
@@ -153,16 +152,19 @@ ModelPeer run_model_peer(const std::vector<std::string>& sizes, const std::vecto
   for (const auto& [on, name] : {std::pair{bc.fwd, "fwd"}, {bc.fwd_bwd, "fwd-bwd"}, {bc.step, "step"}})
     if (on) regions.append(regions.empty() ? "" : ",").append(name);
   args += regions + " --batch " + std::to_string(bc.batch) + " --seq " + std::to_string(bc.seq) + " --precision " +
-          precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) +
-          " --device " + device;
-  p.note = run_peer_script(args, "model.py", [&](const nlohmann::json& j) {
-    std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
-    if (!f) return false;
-    for (auto [key, dst] : {std::pair{"torch", &p.torch}, {"transformers", &p.transformers}, {"device", &p.device}})
-      if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
-    p.figures[{f->size, f->mode}] = std::move(*f);
-    return true;
-  }, timeout_s);
+          precision + " --warmup " + std::to_string(bc.warmup) + " --steps " + std::to_string(bc.steps) + " --device " +
+          device;
+  p.note = run_peer_script(
+      args, "model.py",
+      [&](const nlohmann::json& j) {
+        std::optional<ModelPeerFigures> f = model_peer_figures_from_json(j);
+        if (!f) return false;
+        for (auto [key, dst] : {std::pair{"torch", &p.torch}, {"transformers", &p.transformers}, {"device", &p.device}})
+          if (j.contains(key) && j[key].is_string()) *dst = j[key].get<std::string>();
+        p.figures[{f->size, f->mode}] = std::move(*f);
+        return true;
+      },
+      timeout_s);
   return p;
 }
 

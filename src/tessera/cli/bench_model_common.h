@@ -30,12 +30,12 @@ void read_model_bench_runs(const Flags& a, const std::string& what, ModelBenchCo
 // (bc.dtype, bc.loss_scaling (f16), bc.cuda_graph and bc.seq are set from them).
 struct ModelBenchTarget {
   Context ctx;
-  std::string prec = {};           // "f32", "bf16" or "f16"
+  std::string prec = {};                // "f32", "bf16" or "f16"
   std::vector<std::string> names = {};  // the presets, in the order given
   std::vector<ModelConfig> cfgs = {};
-  std::string device = {};         // "cpu" or "cuda:0 (<the GPU's name>)"
-  std::string no_graph = {};       // model_bench_graph_refusal: "" when the regions are CUDA graph replays
-  std::string regions_line = {};   // "regions: ..." for the header
+  std::string device = {};        // "cpu" or "cuda:0 (<the GPU's name>)"
+  std::string no_graph = {};      // model_bench_graph_refusal: "" when the regions are CUDA graph replays
+  std::string regions_line = {};  // "regions: ..." for the header
 };
 ModelBenchTarget read_model_bench_target(const Flags& a, const std::string& what, ModelBenchConfig& bc);
 

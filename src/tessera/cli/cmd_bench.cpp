@@ -37,11 +37,11 @@
 
 namespace tessera::cli {
 
-int cmd_bench_allreduce(int argc, char** argv);  // cmd_bench_allreduce.cpp
-int cmd_bench_tokenizer(int argc, char** argv);  // cmd_bench_tokenizer.cpp
+int cmd_bench_allreduce(int argc, char** argv);        // cmd_bench_allreduce.cpp
+int cmd_bench_tokenizer(int argc, char** argv);        // cmd_bench_tokenizer.cpp
 int cmd_bench_tokenizer_train(int argc, char** argv);  // cmd_bench_tokenizer_train.cpp
-int cmd_bench_topk(int argc, char** argv);  // cmd_bench_topk.cpp
-int cmd_bench_decode(int argc, char** argv);  // cmd_bench_decode.cpp
+int cmd_bench_topk(int argc, char** argv);             // cmd_bench_topk.cpp
+int cmd_bench_decode(int argc, char** argv);           // cmd_bench_decode.cpp
 
 namespace {
 
@@ -59,7 +59,8 @@ size_t same_size_copy_bytes(double bytes) {
 }
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk|decode> [flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk|decode> "
+    "[flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
@@ -82,14 +83,14 @@ struct PeerResult {
 };
 
 // only: the families bench kernels runs (names from kKernelFamilies, checked: safe in the command line); empty: all.
-PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype,
-                    const TimingOptions& t, const std::vector<std::string>& only) {
+PeerResult run_peer(const std::string& which, const std::string& size, const std::string& dtype, const TimingOptions& t,
+                    const std::vector<std::string>& only) {
   PeerResult r;
   std::string only_arg;
   for (const auto& f : only) only_arg += (only_arg.empty() ? " --only " : ",") + f;
   r.note = run_peer_script("'" TESSERA_PEERS_DIR "/kernels.py' --which " + which + " --size " + size + " --dtype " +
-                               dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                               std::to_string(t.iters) + only_arg,
+                               dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters) +
+                               only_arg,
                            "kernels.py", [&](const nlohmann::json& j) {
                              if (!j.contains("kernel") || !j.contains("ms") || !j["ms"].is_number()) return false;
                              r.ms[j["kernel"].get<std::string>()] = j["ms"].get<double>();
@@ -116,17 +117,17 @@ int cmd_bench(int argc, char** argv) {
   if (which == "decode") return cmd_bench_decode(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
            "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train, topk or decode)");
-  Flags a("bench " + which, which == "kernels"
-                                ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
-                                : "Times one AdamW step over a model's flat parameter buffers.");
+  Flags a("bench " + which, which == "kernels" ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
+                                               : "Times one AdamW step over a model's flat parameter buffers.");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
   a.add("dtype", "f32|bf16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
   a.add("size", "small|full|large",
         "small: tiny shapes, seconds on a CPU; full: 16384 rows, width 768, d_ff 3072, vocab 50257, AdamW over "
         "gpt2-124m (default: full on a GPU, small on the CPU); large (kernels only): 65536 rows, no cross-entropy");
   if (which == "kernels")
-    a.add("only", "FAMILY,...", "run only these kernel families: embedding, layernorm, residual, gelu, swiglu, "
-                                "cross-entropy (default: all)");
+    a.add("only", "FAMILY,...",
+          "run only these kernel families: embedding, layernorm, residual, gelu, swiglu, "
+          "cross-entropy (default: all)");
   add_bench_run_flags(a, "kernels.py");
   a.add_switch("no-progress", "no progress bar on stderr");
   if (!a.parse(argc, argv, 3)) return 0;
@@ -184,8 +185,7 @@ int cmd_bench(int argc, char** argv) {
   std::string md = "# tessera bench " + which + "\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + device +
         "\n- dtype: " + dtype_name + ", size " + size + ", " + std::to_string(timing.warmup) + " warm-up + " +
-        counted(timing.iters, "timed run") + " (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") +
-        ")\n";
+        counted(timing.iters, "timed run") + " (median" + (ctx.is_cuda() ? "; L2 flushed before each run" : "") + ")\n";
   if (ctx.is_cuda())
     md += "- device-to-device copy: " + fmt("%.0f", copy_gbs) +
           " GB/s (1 GiB cudaMemcpyAsync, read + write counted); \"same-size copy\": a cudaMemcpyAsync of half the "

@@ -57,35 +57,38 @@ struct Peer {
 
 Peer run_peer(int world, const std::string& sizes, const std::string& dtype, const TimingOptions& t) {
   Peer p;
-  p.note = run_peer_script("-m torch.distributed.run --standalone --nproc_per_node " + std::to_string(world) +
-                               " '" TESSERA_PEERS_DIR "/allreduce.py' --which allreduce --sizes " + sizes +
-                               " --dtype " + dtype + " --warmup " + std::to_string(t.warmup) + " --iters " +
-                               std::to_string(t.iters),
-                           "allreduce.py", [&](const nlohmann::json& j) {
-                             if (j.contains("nccl")) p.nccl = j["nccl"].get<std::string>();
-                             if (!j.contains("bytes") || !j.contains("median_ms") || !j.contains("mean_ms"))
-                               return false;
-                             p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
-                             return true;
-                           });
+  p.note =
+      run_peer_script("-m torch.distributed.run --standalone --nproc_per_node " + std::to_string(world) +
+                          " '" TESSERA_PEERS_DIR "/allreduce.py' --which allreduce --sizes " + sizes + " --dtype " +
+                          dtype + " --warmup " + std::to_string(t.warmup) + " --iters " + std::to_string(t.iters),
+                      "allreduce.py", [&](const nlohmann::json& j) {
+                        if (j.contains("nccl")) p.nccl = j["nccl"].get<std::string>();
+                        if (!j.contains("bytes") || !j.contains("median_ms") || !j.contains("mean_ms")) return false;
+                        p.ms[j["bytes"].get<size_t>()] = {j["median_ms"].get<double>(), j["mean_ms"].get<double>()};
+                        return true;
+                      });
   return p;
 }
 
 std::unique_ptr<Flags> allreduce_flags() {
   auto flags = std::make_unique<Flags>(
-      "bench allreduce", "Times all-reduce (sum) over the ranks that mpirun started: mpirun -np N tessera bench allreduce.");
+      "bench allreduce",
+      "Times all-reduce (sum) over the ranks that mpirun started: mpirun -np N tessera bench allreduce.");
   Flags& a = *flags;
-  a.add("backend", "mpi-cpu|nccl-cuda", "MPI on CPU buffers, or NCCL on GPU buffers (default: nccl-cuda when a GPU is "
-                                        "visible and tessera has NCCL, else mpi-cpu)");
-  a.add("sizes", "LIST", "comma-separated sizes per rank, KB/MB/GB = 1e3/1e6/1e9 bytes, KiB/MiB/GiB = 2^10/20/30 "
-                         "(default 1MB,10MB,100MB,1GB)");
+  a.add("backend", "mpi-cpu|nccl-cuda",
+        "MPI on CPU buffers, or NCCL on GPU buffers (default: nccl-cuda when a GPU is "
+        "visible and tessera has NCCL, else mpi-cpu)");
+  a.add("sizes", "LIST",
+        "comma-separated sizes per rank, KB/MB/GB = 1e3/1e6/1e9 bytes, KiB/MiB/GiB = 2^10/20/30 "
+        "(default 1MB,10MB,100MB,1GB)");
   a.add("dtype", "f32|bf16", "element type (default f32; bf16 needs nccl-cuda: MPI cannot add bf16)");
   a.add("warmup", "N", "untimed runs before timing, per size (default 5)");
   a.add("iters", "N", "timed runs per size; the table shows their median and mean (default 20)");
   a.add("comm-timeout", "S", "seconds a collective may wait before the run fails (default 300)");
   a.add("out", "FILE", "also write the table as markdown to FILE (rank 0)");
-  a.add_switch("peer", "then run bench/peers/allreduce.py under torchrun (same sizes, one process a rank on this host) "
-                       "and show torch.distributed's figures beside tessera's");
+  a.add_switch("peer",
+               "then run bench/peers/allreduce.py under torchrun (same sizes, one process a rank on this host) "
+               "and show torch.distributed's figures beside tessera's");
   return flags;
 }
 
@@ -98,60 +101,69 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   std::vector<size_t> sizes;
   double timeout = 300;
   bool help = false;
-  run_collectively(control, [&] {
-    help = !a.parse(argc, argv, 3, /*print_help=*/lead);
-    if (help) return;
-    const GpuInfo gpu = probe_gpu();
-    backend = a.str("backend", gpu.available && built_with_nccl() ? "nccl-cuda" : "mpi-cpu");
-    TS_CHECK(backend == "mpi-cpu" || backend == "nccl-cuda", "--backend must be mpi-cpu or nccl-cuda, got ", backend);
-    TS_CHECK(backend == "mpi-cpu" || built_with_nccl(), "--backend nccl-cuda: this tessera was built without NCCL");
-    TS_CHECK(backend == "mpi-cpu" || gpu.available, "--backend nccl-cuda: no GPU is visible");
-    dtype_s = a.str("dtype", "f32");
-    TS_CHECK(dtype_s == "f32" || dtype_s == "bf16", "--dtype must be f32 or bf16, got ", dtype_s);
-    TS_CHECK(dtype_s == "f32" || backend == "nccl-cuda", "--dtype bf16 needs --backend nccl-cuda (MPI cannot add bf16)");
-    sizes_s = a.str("sizes", "1MB,10MB,100MB,1GB");
-    sizes = parse_sizes(sizes_s);
-    const size_t es = dtype_s == "bf16" ? 2 : 4;
-    for (const size_t bytes : sizes)
-      TS_CHECK(bytes >= es && bytes % es == 0, "--sizes: ", size_name(bytes), " is not a whole number of ", dtype_s,
-               " elements (", es, " bytes)");
-    // A size that cannot fit is refused here, by every rank at once in one line, rather than by an allocation
-    // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory,
-    // and Open MPI's non-blocking in-place all-reduce scratch of up to twice its size beside it (as measured under
-    // ulimit -v: about three times the size a rank in all); NCCL: one on each rank's
-    // GPU. The result is checked without a host copy (check_result), so nothing else grows with the size.
-    const size_t largest = *std::max_element(sizes.begin(), sizes.end());
-    if (backend == "mpi-cpu") {
-      const size_t ranks_here = static_cast<size_t>(world.local_size());
-      constexpr size_t kMpiCopies = 3;  // the buffer and MPI's scratch
-      const std::string where = ranks_here == 1
-                                    ? std::string("on the one rank on this host")
-                                    : "on each of the " + std::to_string(ranks_here) + " ranks on this host";
-      const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) " + where;
-      const size_t per_rank = largest > SIZE_MAX / kMpiCopies ? SIZE_MAX : largest * kMpiCopies;
-      check_host_memory(per_rank > SIZE_MAX / ranks_here ? SIZE_MAX : per_rank * ranks_here, what.c_str(),
-                        kSizesHint);
-    } else {
-      TS_CHECK(largest <= gpu.memory_bytes, "out of GPU memory: a ", size_name(largest), " buffer is more than the ",
-               human_bytes(static_cast<double>(gpu.memory_bytes)), " of ", gpu.name, " (", kSizesHint, ")");
-    }
-    timing = {.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
-    TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
-    TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
-    timeout = a.number("comm-timeout", timeout);
-    TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
-    out = a.str("out");
-    if (a.has("out") && lead) check_output_path("out", out);
-  }, kSizesHint);
+  run_collectively(
+      control,
+      [&] {
+        help = !a.parse(argc, argv, 3, /*print_help=*/lead);
+        if (help) return;
+        const GpuInfo gpu = probe_gpu();
+        backend = a.str("backend", gpu.available && built_with_nccl() ? "nccl-cuda" : "mpi-cpu");
+        TS_CHECK(backend == "mpi-cpu" || backend == "nccl-cuda", "--backend must be mpi-cpu or nccl-cuda, got ",
+                 backend);
+        TS_CHECK(backend == "mpi-cpu" || built_with_nccl(), "--backend nccl-cuda: this tessera was built without NCCL");
+        TS_CHECK(backend == "mpi-cpu" || gpu.available, "--backend nccl-cuda: no GPU is visible");
+        dtype_s = a.str("dtype", "f32");
+        TS_CHECK(dtype_s == "f32" || dtype_s == "bf16", "--dtype must be f32 or bf16, got ", dtype_s);
+        TS_CHECK(dtype_s == "f32" || backend == "nccl-cuda",
+                 "--dtype bf16 needs --backend nccl-cuda (MPI cannot add bf16)");
+        sizes_s = a.str("sizes", "1MB,10MB,100MB,1GB");
+        sizes = parse_sizes(sizes_s);
+        const size_t es = dtype_s == "bf16" ? 2 : 4;
+        for (const size_t bytes : sizes)
+          TS_CHECK(bytes >= es && bytes % es == 0, "--sizes: ", size_name(bytes), " is not a whole number of ", dtype_s,
+                   " elements (", es, " bytes)");
+        // A size that cannot fit is refused here, by every rank at once in one line, rather than by an allocation
+        // that fails on each rank mid-run. MPI: each rank on this host holds one buffer of it in this host's memory,
+        // and Open MPI's non-blocking in-place all-reduce scratch of up to twice its size beside it (as measured under
+        // ulimit -v: about three times the size a rank in all); NCCL: one on each rank's
+        // GPU. The result is checked without a host copy (check_result), so nothing else grows with the size.
+        const size_t largest = *std::max_element(sizes.begin(), sizes.end());
+        if (backend == "mpi-cpu") {
+          const size_t ranks_here = static_cast<size_t>(world.local_size());
+          constexpr size_t kMpiCopies = 3;  // the buffer and MPI's scratch
+          const std::string where = ranks_here == 1
+                                        ? std::string("on the one rank on this host")
+                                        : "on each of the " + std::to_string(ranks_here) + " ranks on this host";
+          const std::string what = "a " + size_name(largest) + " buffer and MPI's scratch (3 x the size) " + where;
+          const size_t per_rank = largest > SIZE_MAX / kMpiCopies ? SIZE_MAX : largest * kMpiCopies;
+          check_host_memory(per_rank > SIZE_MAX / ranks_here ? SIZE_MAX : per_rank * ranks_here, what.c_str(),
+                            kSizesHint);
+        } else {
+          TS_CHECK(largest <= gpu.memory_bytes, "out of GPU memory: a ", size_name(largest),
+                   " buffer is more than the ", human_bytes(static_cast<double>(gpu.memory_bytes)), " of ", gpu.name,
+                   " (", kSizesHint, ")");
+        }
+        timing = {.warmup = a.integer("warmup", 5), .iters = a.integer("iters", 20)};
+        TS_CHECK(timing.warmup >= 0, "--warmup must be >= 0, got ", timing.warmup);
+        TS_CHECK(timing.iters >= 1, "--iters must be >= 1, got ", timing.iters);
+        timeout = a.number("comm-timeout", timeout);
+        TS_CHECK(timeout > 0, "--comm-timeout must be positive, got ", a.str("comm-timeout"));
+        out = a.str("out");
+        if (a.has("out") && lead) check_output_path("out", out);
+      },
+      kSizesHint);
   if (help) return 0;
   // Every rank must time the same collectives: ranks given different --sizes failed inside MPI (MPI_ERR_IN_STATUS)
   // instead of being refused. --out and --comm-timeout are each rank's own.
-  std::string key = backend + " " + dtype_s + " " + std::to_string(timing.warmup) + " " +
-                    std::to_string(timing.iters) + (a.has("peer") ? " peer" : "");
+  std::string key = backend + " " + dtype_s + " " + std::to_string(timing.warmup) + " " + std::to_string(timing.iters) +
+                    (a.has("peer") ? " peer" : "");
   for (const size_t bytes : sizes) key.append(" ").append(std::to_string(bytes));  // GCC 12 -Wrestrict on " " + s
   // The backend's default follows whether the rank sees a GPU: ranks given the same flags can differ in it.
-  check_ranks_agree(control, key, "the benchmark's flags", a.has("backend") ? "flags" : "flags, and give --backend "
-                    "(its default is nccl-cuda on a rank that sees a GPU, mpi-cpu on one that does not)");
+  check_ranks_agree(control, key, "the benchmark's flags",
+                    a.has("backend")
+                        ? "flags"
+                        : "flags, and give --backend "
+                          "(its default is nccl-cuda on a rank that sees a GPU, mpi-cpu on one that does not)");
   control.set_timeout(timeout);
   const DType dtype = dtype_s == "bf16" ? DType::BF16 : DType::F32;
   const int N = world.size();
@@ -185,7 +197,8 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   Peer peer;
   if (a.has("peer")) {
     if (lead) {
-      if (backend != "nccl-cuda") peer.note = "peer skipped: the torch.distributed peer runs NCCL on GPUs (--backend nccl-cuda)";
+      if (backend != "nccl-cuda")
+        peer.note = "peer skipped: the torch.distributed peer runs NCCL on GPUs (--backend nccl-cuda)";
       else peer = run_peer(N, sizes_s, dtype_s, timing);
     }
     // The other ranks wait for the peer, which may take minutes: a barrier with a longer bound than a collective's.
@@ -198,8 +211,8 @@ int bench_allreduce_ranks(int argc, char** argv, const MpiWorld& world, MpiCommu
   const bool with_peer = !peer.ms.empty();
   std::string md = "# tessera bench allreduce\n\n";
   md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- backend: " + backend + ", " +
-        ranks + ", device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) +
-        " warm-up + " + counted(timing.iters, "timed run") + " per size; a run's time is its slowest rank's (" +
+        ranks + ", device " + device + ", " + dtype_s + "\n- " + std::to_string(timing.warmup) + " warm-up + " +
+        counted(timing.iters, "timed run") + " per size; a run's time is its slowest rank's (" +
         (backend == "nccl-cuda" ? "cudaEvents from issue to completion" : "host clock") +
         "); algbw = size / time, busbw = algbw x 2(n-1)/n, GB/s = 1e9 bytes/s\n";
   if (!peer.note.empty()) md += "- " + peer.note + "\n";
@@ -237,8 +250,9 @@ int cmd_bench_allreduce(int argc, char** argv) {
     if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
       return allreduce_flags()->parse(argc, argv, 3) ? 2 : 0;
     }
-  TS_CHECK(MpiWorld::launched_by_mpi(), "bench allreduce: start the ranks with mpirun: mpirun -np N tessera bench "
-                                        "allreduce (one rank a GPU for nccl-cuda)");
+  TS_CHECK(MpiWorld::launched_by_mpi(),
+           "bench allreduce: start the ranks with mpirun: mpirun -np N tessera bench "
+           "allreduce (one rank a GPU for nccl-cuda)");
   MpiWorld world;
   try {
     MpiCommunicator control(world);

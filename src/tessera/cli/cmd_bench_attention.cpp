@@ -12,16 +12,16 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "tessera/bench/attention.h"
-#include "tessera/bench/peer.h"
 #include "tessera/bench/harness.h"
+#include "tessera/bench/peer.h"
 #include "tessera/cli/commands.h"
 #include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
@@ -85,13 +85,11 @@ std::vector<int> parse_head_dims(const std::string& s, int max_dh, const std::st
   while (i <= s.size()) {
     const size_t j = std::min(s.find(',', i), s.size());
     const std::string item = s.substr(i, j - i);
-    const bool digits = !item.empty() && item.size() <= 9 &&
-                        item.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits = !item.empty() && item.size() <= 9 && item.find_first_not_of("0123456789") == std::string::npos;
     const long v = digits ? std::stol(item) : 0;
     TS_CHECK(digits && v >= 1 && v <= max_dh, "--head-dims: '", item, "' is not a head dim from 1 to ", max_dh, " (",
              why, ") in '", s, "'");
-    TS_CHECK(std::find(dims.begin(), dims.end(), v) == dims.end(), "--head-dims: ", v, " is listed twice in '", s,
-             "'");
+    TS_CHECK(std::find(dims.begin(), dims.end(), v) == dims.end(), "--head-dims: ", v, " is listed twice in '", s, "'");
     dims.push_back(static_cast<int>(v));
     i = j + 1;
   }
@@ -105,17 +103,20 @@ int cmd_bench_attention(int argc, char** argv) {
           "Naive against flash attention (the CS336 table: ms and memory) and causal multi-head TFLOP/s.");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
   a.add("dtype", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
-  a.add("size", "small|full", "small: tiny shapes, seconds on a CPU; full: the issue's sweeps (default: full on a "
-                              "GPU, small on the CPU)");
+  a.add("size", "small|full",
+        "small: tiny shapes, seconds on a CPU; full: the issue's sweeps (default: full on a "
+        "GPU, small on the CPU)");
   a.add("warmup", "N", "untimed runs before timing (default 3)");
   a.add("iters", "N", "timed runs; the tables show their median (default 10)");
   a.add("out", "FILE", "also write the tables as markdown to FILE");
   a.add("attn-dropout", "P", "attention dropout in the TFLOP/s table, for tessera and the peers (default 0)");
-  a.add("head-dims", "A,B,...", "head dims of the TFLOP/s table, width / Dh heads each (default 64,128; small: "
-                                "32,64)");
+  a.add("head-dims", "A,B,...",
+        "head dims of the TFLOP/s table, width / Dh heads each (default 64,128; small: "
+        "32,64)");
   a.add_switch("no-progress", "no progress bar on stderr");
-  a.add_switch("peer", "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
-                       "same call and show its figures (GPU only)");
+  a.add_switch("peer",
+               "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
+               "same call and show its figures (GPU only)");
   if (!a.parse(argc, argv, 3)) return 0;
 
   const TimingOptions timing{.warmup = a.integer("warmup", 3), .iters = a.integer("iters", 10)};
@@ -135,8 +136,12 @@ int cmd_bench_attention(int argc, char** argv) {
   TS_CHECK(attn_dropout_arg >= 0.0 && static_cast<float>(attn_dropout_arg) < 1.0f,
            "--attn-dropout must be in [0, 1), got ", attn_dropout_arg);
   const float attn_dropout = static_cast<float>(attn_dropout_arg);
-  AttentionBenchConfig cfg{.small = size == "small", .dtype = dt, .attn_dropout = attn_dropout, .head_dims = {},
-                           .timing = timing, .on_row = {}};
+  AttentionBenchConfig cfg{.small = size == "small",
+                           .dtype = dt,
+                           .attn_dropout = attn_dropout,
+                           .head_dims = {},
+                           .timing = timing,
+                           .on_row = {}};
   if (a.has("head-dims")) {
     // A head is at most the table's width; on a GPU, at most what the attention kernels take.
     const int width = attention_sweeps(cfg.small).flops_width;
@@ -149,8 +154,8 @@ int cmd_bench_attention(int argc, char** argv) {
 
   BenchHarness h(ctx);
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
-  std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %s\n", device.c_str(),
-              dtype_name.c_str(), size.c_str(), timing.warmup, counted(timing.iters, "timed run").c_str());
+  std::printf("tessera bench attention on %s, %s, size %s, %d warm-up + %s\n", device.c_str(), dtype_name.c_str(),
+              size.c_str(), timing.warmup, counted(timing.iters, "timed run").c_str());
   std::fflush(stdout);
   // A GPU marks the rows it cannot fit OOM (the CS336 table's point); on the host, or outside the rows, --size full
   // runs out of memory where small would not, and the error says so.
@@ -240,8 +245,7 @@ int cmd_bench_attention(int argc, char** argv) {
       if (!j.is_null() && !j.value("oom", false) && j.contains("fwd_ms") && j.contains("fwd_bwd_ms"))
         tf = fmt("%.1f", r.flops_fwd / (j["fwd_ms"].get<double>() * 1e-3) / 1e12) + " | " +
              fmt("%.1f", 3.5 * r.flops_fwd / (j["fwd_bwd_ms"].get<double>() * 1e-3) / 1e12);
-      else if (!j.is_null() && j.value("oom", false))
-        tf = "OOM | OOM";
+      else if (!j.is_null() && j.value("oom", false)) tf = "OOM | OOM";
       md += "| " + impl + " " + key + peer_cell(j, "fwd_ms", "%.3f") + " | " + peer_cell(j, "fwd_bwd_ms", "%.3f") +
             " | " + tf + " |\n";
     }

@@ -52,15 +52,17 @@ int cmd_bench_compare(int argc, char** argv) {
           "over the same model sizes: forward, forward+backward and step ms with tessera's speedup, and training "
           "memory, in one table.");
   a.add("preset", "NAME", "one model size (a preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b)");
-  a.add("sizes", "A,B,...", "several presets, one row each per peer mode (default: tiny on the CPU; "
-                            "cs336-small,medium,large,xl,2.7b on a GPU)");
+  a.add("sizes", "A,B,...",
+        "several presets, one row each per peer mode (default: tiny on the CPU; "
+        "cs336-small,medium,large,xl,2.7b on a GPU)");
   a.add("batch", "B", "sequences per step (default 4)");
   a.add("seq", "T", "tokens per sequence (default 256, or the smallest max_seq of the sizes when below)");
   a.add("precision", "f32|bf16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
   a.add("warmup", "N", "untimed runs of each region first, both sides (default 5)");
   a.add("steps", "N", "timed runs of each region, both sides; the table shows their median (default 10)");
   a.add("device", "cpu|cuda|cuda:N", "where both run (default: the GPU when one is visible, else the CPU)");
-  a.add("cuda-graph", "on|off", "on a GPU, replay tessera's regions as CUDA graphs, as train steps (default on); "
+  a.add("cuda-graph", "on|off",
+        "on a GPU, replay tessera's regions as CUDA graphs, as train steps (default on); "
         "off times the eager launches");
   a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes to time (default both)");
@@ -85,19 +87,20 @@ int cmd_bench_compare(int argc, char** argv) {
     TS_CHECK(fs::path(chart).extension() == ".png", what, ": --chart ", chart, " must end in .png");
   }
   OutputFiles files;  // one file per flag: two flags on one path lost the first file, both "wrote"
-  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"out", out}, {"json", json_path},
-                                   {"csv", csv_path}, {"chart", chart}})
+  for (const auto& [flag, path] :
+       {std::pair<std::string, std::string>{"out", out}, {"json", json_path}, {"csv", csv_path}, {"chart", chart}})
     if (a.has(flag)) files.claim("--" + flag, path);
   const std::vector<std::string> modes = read_peer_modes(a, what);
   const double peer_timeout = read_peer_timeout(a, what);
-  TS_CHECK(a.str("precision") != "f16", what, ": --precision f16: the PyTorch peer times f32 and bf16 only; "
+  TS_CHECK(a.str("precision") != "f16", what,
+           ": --precision f16: the PyTorch peer times f32 and bf16 only; "
            "bench model --precision f16 times tessera's f16 step alone");
   ModelBenchTarget target = read_model_bench_target(a, what, bc);
   const std::string& prec = target.prec;
   const bool gpu = target.ctx.is_cuda();
 
-  std::printf("tessera bench compare on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n",
-              target.device.c_str(), prec.c_str(), bc.batch, bc.seq, bc.warmup, counted(bc.steps, "timed run").c_str());
+  std::printf("tessera bench compare on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n", target.device.c_str(),
+              prec.c_str(), bc.batch, bc.seq, bc.warmup, counted(bc.steps, "timed run").c_str());
   std::printf("%s\n", target.regions_line.c_str());
   std::fflush(stdout);
   const std::vector<ModelBenchRow> rows = run_model_bench_sizes(target.cfgs, bc, target.ctx,
@@ -118,17 +121,18 @@ int cmd_bench_compare(int argc, char** argv) {
   if (peer.figures.empty()) {
     md += "- peer (bench/peers/model.py): " + peer.note + "\n";
   } else {
-    md += "- peer: bench/peers/model.py: Hugging Face GPT2LMHeadModel (gpt2 presets) / LlamaForCausalLM (cs336), "
-          "torch " + peer.torch + ", transformers " + peer.transformers + ", on " + peer.device + "; f32 weights" +
-          (prec == "bf16" ? " + torch.autocast(bfloat16)" : "") + ", AdamW" + (gpu ? "(fused=True)" : "") +
-          ", clipping 1.0; eager = the model as is, compile = torch.compile(model)\n";
+    md +=
+        "- peer: bench/peers/model.py: Hugging Face GPT2LMHeadModel (gpt2 presets) / LlamaForCausalLM (cs336), "
+        "torch " +
+        peer.torch + ", transformers " + peer.transformers + ", on " + peer.device + "; f32 weights" +
+        (prec == "bf16" ? " + torch.autocast(bfloat16)" : "") + ", AdamW" + (gpu ? "(fused=True)" : "") +
+        ", clipping 1.0; eager = the model as is, compile = torch.compile(model)\n";
     if (!peer.note.empty()) md += "- " + peer.note + "\n";
   }
   md += "- speedup = peer ms / tessera ms (> 1: tessera is faster); train mem: tessera's " +
         std::string(gpu ? "device memory in use after the step above what was in use before the size was built"
                         : "planned bytes (parameters, gradients, activation arena, AdamW m and v)") +
-        ", the peer's " + (gpu ? "torch.cuda.max_memory_allocated above the start" : "not measured on the CPU") +
-        "\n";
+        ", the peer's " + (gpu ? "torch.cuda.max_memory_allocated above the start" : "not measured on the CPU") + "\n";
   md += "\n| size | peer mode |";
   std::string rule = "\n|---|---|";
   for (const Region& g : kRegions) {
@@ -214,7 +218,8 @@ int cmd_bench_compare(int argc, char** argv) {
   if (!csv_path.empty()) {
     std::string csv = "size,mode,params,tessera_status,peer_status";
     for (const Region& g : kRegions)
-      for (const char* col : {"tessera_ms", "peer_ms", "speedup"}) csv.append(",").append(g.key).append("_").append(col);
+      for (const char* col : {"tessera_ms", "peer_ms", "speedup"})
+        csv.append(",").append(g.key).append("_").append(col);
     csv += ",tessera_train_mem_bytes,peer_train_mem_bytes\n";
     auto num = [](const std::optional<double>& v) { return v ? csv_num(*v) : std::string(); };
     for (const ModelBenchRow& r : rows)

@@ -77,8 +77,9 @@ std::string peer_args(const DecodeBenchConfig& c, const std::string& precision) 
 }  // namespace
 
 int cmd_bench_decode(int argc, char** argv) {
-  Flags a("bench decode", "Times the inference engine (greedy, batched, beams, the 2.7B shape against the copy "
-                          "bandwidth,\nprefill, top-k, time to first token) beside Hugging Face generate.");
+  Flags a("bench decode",
+          "Times the inference engine (greedy, batched, beams, the 2.7B shape against the copy "
+          "bandwidth,\nprefill, top-k, time to first token) beside Hugging Face generate.");
   std::string rows_help;
   for (const auto& n : decode_row_names()) rows_help += (rows_help.empty() ? "" : ",") + n;
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
@@ -94,8 +95,9 @@ int cmd_bench_decode(int argc, char** argv) {
   a.add("iters", "N", "timed runs of each; the table shows their median (default 3)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add_switch("no-progress", "no line on stderr as each row starts");
-  a.add_switch("peer", "run bench/peers/decode.py (Hugging Face generate, eager and static cache; torch.topk; "
-                       "from_pretrained) in the same call and show its figures (GPU, gpt2-124m only)");
+  a.add_switch("peer",
+               "run bench/peers/decode.py (Hugging Face generate, eager and static cache; torch.topk; "
+               "from_pretrained) in the same call and show its figures (GPU, gpt2-124m only)");
   a.add("peer-timeout", "S", kPeerTimeoutHelp);
   if (!a.parse(argc, argv, 3)) return 0;
 
@@ -133,8 +135,8 @@ int cmd_bench_decode(int argc, char** argv) {
     c.on_row = [](const std::string& row) { std::fprintf(stderr, "bench decode: %s ...\n", row.c_str()); };
 
   const std::string device = ctx.is_cuda() ? ctx.device().str() + " (" + ctx.gpu().name + ")" : "cpu";
-  const DecodeBenchResult r = with_memory_hint("try --model tiny, or --rows without bandwidth",
-                                               [&] { return bench_decode(c, ctx); });
+  const DecodeBenchResult r =
+      with_memory_hint("try --model tiny, or --rows without bandwidth", [&] { return bench_decode(c, ctx); });
 
   DecodePeerFigures peer;
   std::string peer_note;
@@ -142,18 +144,21 @@ int cmd_bench_decode(int argc, char** argv) {
     if (!ctx.is_cuda()) peer_note = "peer skipped: the PyTorch peers run on a GPU only";
     else if (c.model.preset != "gpt2-124m") peer_note = "peer skipped: the peer builds gpt2-124m's shape only";
     else
-      peer_note = run_peer_script(peer_args(c, dtype_name), "decode.py",
-                                  [&](const nlohmann::json& j) { return decode_peer_take(j, peer); }, peer_timeout);
+      peer_note = run_peer_script(
+          peer_args(c, dtype_name), "decode.py", [&](const nlohmann::json& j) { return decode_peer_take(j, peer); },
+          peer_timeout);
   }
 
   std::string md = "# tessera bench decode\n\n- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) +
                    "\n- device: " + device + ", " + dtype_name + "\n- model: " + c.model.preset + " (" +
-                   human_count(static_cast<double>(c.model.num_params())) + " parameters), random weights; prompts of " +
-                   std::to_string(c.prompt) + " random tokens, " + std::to_string(c.new_tokens) +
-                   " new tokens; medians of " + std::to_string(c.timing.iters) + " runs (decode steps: of " +
-                   std::to_string(c.new_tokens) + " steps)\n";
-  if (r.copy_gbs) md += "- copy bandwidth (1 GiB device-to-device, bytes read + written): " + fmt("%.0f", *r.copy_gbs) + " GB/s";
-  if (r.copy_gbs && peer.copy_gbs) md += "; the peer's (torch copy_ of 2 GiB): " + fmt("%.0f", *peer.copy_gbs) + " GB/s";
+                   human_count(static_cast<double>(c.model.num_params())) +
+                   " parameters), random weights; prompts of " + std::to_string(c.prompt) + " random tokens, " +
+                   std::to_string(c.new_tokens) + " new tokens; medians of " + std::to_string(c.timing.iters) +
+                   " runs (decode steps: of " + std::to_string(c.new_tokens) + " steps)\n";
+  if (r.copy_gbs)
+    md += "- copy bandwidth (1 GiB device-to-device, bytes read + written): " + fmt("%.0f", *r.copy_gbs) + " GB/s";
+  if (r.copy_gbs && peer.copy_gbs)
+    md += "; the peer's (torch copy_ of 2 GiB): " + fmt("%.0f", *peer.copy_gbs) + " GB/s";
   if (r.copy_gbs) md += "\n";
   for (const auto& n : r.notes) md += "- " + n + "\n";
   if (!peer_note.empty()) md += "- " + peer_note + "\n";

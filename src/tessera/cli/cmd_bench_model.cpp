@@ -75,28 +75,33 @@ nlohmann::ordered_json timing_json(const std::optional<RegionTiming>& r) {
 
 void add_bench_model_flags(Flags& a) {
   a.add("preset", "NAME", "one model size (a preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b)");
-  a.add("sizes", "A,B,...", "several presets, one row each (default: tiny on the CPU; cs336-small,medium,large,xl,"
-                            "2.7b on a GPU)");
+  a.add("sizes", "A,B,...",
+        "several presets, one row each (default: tiny on the CPU; cs336-small,medium,large,xl,"
+        "2.7b on a GPU)");
   a.add("batch", "B", "sequences per step (default 4)");
   a.add("seq", "T", "tokens per sequence (default 256, or the smallest max_seq of the sizes when below)");
-  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU); f16 (GPU) steps with "
+  a.add("precision", "f32|bf16|f16",
+        "compute dtype (default bf16 on a GPU, f32 on the CPU); f16 (GPU) steps with "
         "dynamic loss scaling as train --precision f16 does, and reports the loss scale at the end");
   a.add("mode", "fwd|fwd-bwd|step|all", "which regions to time (default all three columns)");
   a.add("warmup", "N", "untimed runs of each region first (default 5)");
   a.add("steps", "N", "timed runs of each region; the table shows their median ± standard deviation (default 10)");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
-  a.add("cuda-graph", "on|off", "on a GPU, replay each region as CUDA graphs, as train steps (default on); off times "
+  a.add("cuda-graph", "on|off",
+        "on a GPU, replay each region as CUDA graphs, as train steps (default on); off times "
         "the eager launches");
   a.add("max-memory", "SIZE", "treat at most SIZE (512MiB, 2GiB, bytes) as free: a size planned above it is OOM");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add("json", "FILE", "also write the rows as JSON to FILE");
   a.add("csv", "FILE", "also write the rows as CSV to FILE");
   a.add("trace", "FILE.json", "Chrome trace (Perfetto) of one more step; FILE.<size>.json for several sizes");
-  a.add("memory-timeline", "FILE.png", "plot memory over one training step per op, phases shaded, and write "
-                                       "FILE.csv beside it (FILE.<size>.png for several sizes)");
+  a.add("memory-timeline", "FILE.png",
+        "plot memory over one training step per op, phases shaded, and write "
+        "FILE.csv beside it (FILE.<size>.png for several sizes)");
   a.add_switch("no-progress", "no progress bar on stderr (the sizes' own lines stay)");
-  a.add_switch("peer", "then time the Hugging Face model of each size (bench/peers/model.py: PyTorch eager and "
-                       "torch.compile, same regions and runs) and show its step ms, memory and tessera's speedup");
+  a.add_switch("peer",
+               "then time the Hugging Face model of each size (bench/peers/model.py: PyTorch eager and "
+               "torch.compile, same regions and runs) and show its step ms, memory and tessera's speedup");
   a.add("peer-mode", "eager|compile|both", "which PyTorch modes --peer times (default both)");
   a.add("peer-timeout", "S", kPeerTimeoutHelp);
 }
@@ -137,8 +142,10 @@ BenchModelOptions read_bench_model_options(const Flags& a) {
   o.files.claim("--csv", a.has("csv") ? o.csv_path : "");
   // --trace and --memory-timeline are checked by claim_size_files, once the sizes (and so their per-size names) are
   // known.
-  TS_CHECK(!a.has("memory-timeline") || fs::path(o.timeline_path).extension() == ".png", "bench model: "
-           "--memory-timeline ", o.timeline_path, " must end in .png (the CSV is written beside it as .csv)");
+  TS_CHECK(!a.has("memory-timeline") || fs::path(o.timeline_path).extension() == ".png",
+           "bench model: "
+           "--memory-timeline ",
+           o.timeline_path, " must end in .png (the CSV is written beside it as .csv)");
   bc.trace = a.has("trace");
   bc.memory_timeline = a.has("memory-timeline");
   o.with_peer = a.has("peer");
@@ -147,7 +154,8 @@ BenchModelOptions read_bench_model_options(const Flags& a) {
   o.peer_mode = o.peer_modes.size() == 2 ? "both" : o.peer_modes[0];
   TS_CHECK(o.with_peer || !a.has("peer-timeout"), "bench model: --peer-timeout needs --peer");
   o.peer_timeout = read_peer_timeout(a, "bench model");
-  TS_CHECK(!(o.with_peer && a.str("precision") == "f16"), "bench model: --peer with --precision f16: the PyTorch "
+  TS_CHECK(!(o.with_peer && a.str("precision") == "f16"),
+           "bench model: --peer with --precision f16: the PyTorch "
            "peer times f32 and bf16 only; drop --peer to time tessera's f16 step alone");
   return o;
 }
@@ -176,7 +184,8 @@ void claim_size_files(BenchModelOptions& o, const std::vector<ModelConfig>& cfgs
 // f16: the loss scaling of train's steps (bench/model.h), from the same scaler configuration.
 std::string loss_scaling_line(const ModelBenchConfig& bc) {
   return "loss scaling (as train --precision f16): fwd+bwd and step run the backward on S·loss, S = " +
-         fmt("%g", bc.loss_scaler.init_scale) + " at the start of each size; step: AdamW unscales by 1/S and skips a "
+         fmt("%g", bc.loss_scaler.init_scale) +
+         " at the start of each size; step: AdamW unscales by 1/S and skips a "
          "step whose gradients overflowed (S halves; it doubles after " +
          std::to_string(bc.loss_scaler.growth_interval) +
          " good steps), and AdamW's report is read after each step, the host round trip a train step makes";
@@ -234,9 +243,9 @@ struct BenchModelReport {
   const GemmReference& gemm;
   const std::vector<ModelBenchRow>& rows;
   const ModelPeer& peer;
-  bool scaled;                // f16: the loss-scaling line and columns
-  std::string scaling_line;   // loss_scaling_line
-  std::string region;         // the region compared with the peer: the one tokens/s comes from
+  bool scaled;               // f16: the loss-scaling line and columns
+  std::string scaling_line;  // loss_scaling_line
+  std::string region;        // the region compared with the peer: the one tokens/s comes from
 };
 
 // The header and the table of the sizes, with a line per OOM size.
@@ -245,13 +254,14 @@ std::string sizes_markdown(const BenchModelReport& rep) {
   const bool gpu = rep.target.ctx.is_cuda();
   const bool scaled = rep.scaled;
   std::string md = "# tessera bench model\n\n";
-  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " +
-        rep.target.device + "\n- precision " + rep.target.prec + ", batch " + std::to_string(bc.batch) + ", seq " +
-        std::to_string(bc.seq) + ", " + std::to_string(bc.warmup) + " warm-up + " + counted(bc.steps, "timed run") +
+  md += "- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) + "\n- device: " + rep.target.device +
+        "\n- precision " + rep.target.prec + ", batch " + std::to_string(bc.batch) + ", seq " + std::to_string(bc.seq) +
+        ", " + std::to_string(bc.warmup) + " warm-up + " + counted(bc.steps, "timed run") +
         " per region, each between two synchronizations (host clock); cells: median ± std ms\n";
   md += "- step = zero_grad + forward + backward + AdamW; fwd+bwd = zero_grad + forward + backward\n";
   if (scaled)
-    md += "- " + rep.scaling_line + "; loss scale: S at the end; skipped: the steps skipped of the optimizer steps "
+    md += "- " + rep.scaling_line +
+          "; loss scale: S at the end; skipped: the steps skipped of the optimizer steps "
           "run (untimed ones included; a skipped step leaves AdamW's update out)\n";
   md += "- " + rep.target.regions_line + "\n";
   md += "- " + rep.gemm.line + "\n";
@@ -259,10 +269,12 @@ std::string sizes_markdown(const BenchModelReport& rep) {
         (gpu ? "device memory in use after the region (cudaMemGetInfo) above what was in use before the size was built"
              : "planned bytes (parameters, gradients, the activation arena; training adds AdamW's m and v)") +
         "\n";
-  md += "- tokens/s and MFU from the step column (else fwd+bwd, else fwd); FLOPs: GEMMs only, attention as the full "
-        "T² square, step = 3 x forward\n";
-  md += "\n| size | d_model | d_ff | layers | heads | params | fwd ms | fwd+bwd ms | step ms | fwd mem | train mem | "
-        "tokens/s | MFU |";
+  md +=
+      "- tokens/s and MFU from the step column (else fwd+bwd, else fwd); FLOPs: GEMMs only, attention as the full "
+      "T² square, step = 3 x forward\n";
+  md +=
+      "\n| size | d_model | d_ff | layers | heads | params | fwd ms | fwd+bwd ms | step ms | fwd mem | train mem | "
+      "tokens/s | MFU |";
   md += scaled ? " loss scale | skipped |\n" : "\n";
   md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
   md += scaled ? "---:|---:|\n" : "\n";
@@ -292,9 +304,10 @@ std::string peer_header_markdown(const BenchModelReport& rep, const std::string&
       "- bench/peers/model.py: Hugging Face GPT2LMHeadModel (gpt2 presets) / LlamaForCausalLM (cs336), torch " +
       peer.torch + ", transformers " + peer.transformers + ", on " + peer.device + "; f32 weights" +
       (rep.target.prec == "bf16" ? " + torch.autocast(bfloat16)" : "") + ", AdamW" + (gpu ? "(fused=True)" : "") +
-      ", clipping 1.0; " + (peer_mode == "both" ? std::string("eager and torch.compile(model)")
-                                                : peer_mode == "eager" ? std::string("eager")
-                                                                       : std::string("torch.compile(model)")) +
+      ", clipping 1.0; " +
+      (peer_mode == "both"    ? std::string("eager and torch.compile(model)")
+       : peer_mode == "eager" ? std::string("eager")
+                              : std::string("torch.compile(model)")) +
       "; the same regions, runs and host-clock timing\n";
   md += "- speedup = torch " + region_label + " ms / tessera " + region_label +
         " ms (> 1: tessera is faster); torch memory: " +
@@ -312,8 +325,10 @@ std::string peer_row_markdown(const BenchModelReport& rep, const ModelBenchRow& 
   const std::optional<RegionTiming>& t = region == "step" ? r.step : region == "fwd-bwd" ? r.fwd_bwd : r.fwd;
   const std::optional<size_t>& tm = region == "fwd" ? r.mem_fwd : r.mem_train;
   std::string md = "| " + r.size + " | " +
-                   (r.oom ? std::string("OOM") : t ? ms_text(t->t.median_ms) : std::string("–")) + " | " +
-                   cell_bytes(tm, r.oom) + " |";
+                   (r.oom ? std::string("OOM")
+                    : t   ? ms_text(t->t.median_ms)
+                          : std::string("–")) +
+                   " | " + cell_bytes(tm, r.oom) + " |";
   for (const std::string& m : rep.o.peer_modes) {
     const ModelPeerFigures* f = rep.peer.find(r.size, m);
     const std::optional<double> speedup = f ? model_peer_speedup(r, *f) : std::nullopt;
@@ -432,8 +447,7 @@ void write_report_json(const BenchModelReport& rep, const std::string& json_path
   if (rep.scaled)
     j["loss_scaling"] = {{"init_scale", bc.loss_scaler.init_scale},
                          {"growth_interval", bc.loss_scaler.growth_interval}};
-  else
-    j["loss_scaling"] = nullptr;
+  else j["loss_scaling"] = nullptr;
   j["memory"] = rep.target.ctx.is_cuda() ? "measured" : "planned";
   j["gemm"] = {{"n", rep.gemm.n},
                {"dtype", std::string(dtype_name(rep.gemm.dtype))},
@@ -460,9 +474,14 @@ void write_report_json(const BenchModelReport& rep, const std::string& json_path
 
 // A size's CSV fields, in the header's order.
 std::vector<std::string> csv_fields(const BenchModelReport& rep, const ModelBenchRow& r) {
-  std::vector<std::string> f = {r.size, std::to_string(r.cfg.d_model), std::to_string(r.cfg.d_ff),
-                                std::to_string(r.cfg.n_layers), std::to_string(r.cfg.n_heads),
-                                std::to_string(r.params), r.oom ? "oom" : "ok", rep.target.prec,
+  std::vector<std::string> f = {r.size,
+                                std::to_string(r.cfg.d_model),
+                                std::to_string(r.cfg.d_ff),
+                                std::to_string(r.cfg.n_layers),
+                                std::to_string(r.cfg.n_heads),
+                                std::to_string(r.params),
+                                r.oom ? "oom" : "ok",
+                                rep.target.prec,
                                 r.loss_scale ? csv_num(*r.loss_scale) : std::string(),
                                 r.loss_scale ? std::to_string(r.skipped_steps) : std::string()};
   for (const auto* t : {&r.fwd, &r.fwd_bwd, &r.step}) {
@@ -497,7 +516,8 @@ void write_report_csv(const BenchModelReport& rep, const std::string& csv_path) 
   csv += ",mem_fwd_bytes,mem_train_bytes,tokens_per_s,mfu";
   if (rep.o.with_peer)
     for (const std::string& m : rep.o.peer_modes)
-      for (const char* col : {"status", "fwd_ms", "fwd_bwd_ms", "step_ms", "fwd_mem_bytes", "train_mem_bytes", "speedup"})
+      for (const char* col :
+           {"status", "fwd_ms", "fwd_bwd_ms", "step_ms", "fwd_mem_bytes", "train_mem_bytes", "speedup"})
         csv.append(",torch_").append(m).append("_").append(col);
   csv += "\n";
   for (const ModelBenchRow& r : rep.rows) {
@@ -526,9 +546,8 @@ int cmd_bench_model(int argc, char** argv) {
   Context& ctx = target.ctx;
   claim_size_files(o, target.cfgs);
 
-  std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n",
-              target.device.c_str(), target.prec.c_str(), bc.batch, bc.seq, bc.warmup,
-              counted(bc.steps, "timed run").c_str());
+  std::printf("tessera bench model on %s, %s, batch %d, seq %d, %d warm-up + %s per region\n", target.device.c_str(),
+              target.prec.c_str(), bc.batch, bc.seq, bc.warmup, counted(bc.steps, "timed run").c_str());
   std::printf("%s\n", target.regions_line.c_str());
   const bool scaled = model_bench_loss_scaling(bc);
   const std::string scaling_line = loss_scaling_line(bc);
@@ -541,22 +560,31 @@ int cmd_bench_model(int argc, char** argv) {
   std::fflush(stdout);
 
   const bool several = target.cfgs.size() > 1;
-  const std::vector<ModelBenchRow> rows = run_model_bench_sizes(
-      target.cfgs, bc, ctx, gemm.rate.flops_per_s(), !a.has("no-progress"),
-      [&](const ModelConfig& c, const ModelBenchRow& r) { write_size_files(o, target, several, c, r); });
+  const std::vector<ModelBenchRow> rows = run_model_bench_sizes(target.cfgs, bc, ctx, gemm.rate.flops_per_s(),
+                                                                !a.has("no-progress"),
+                                                                [&](const ModelConfig& c, const ModelBenchRow& r) {
+                                                                  write_size_files(o, target, several, c, r);
+                                                                });
 
   // The peer runs after every size of tessera's is done and its buffers are gone (one process on the device).
   ModelPeer peer;
   if (o.with_peer) {
     std::fprintf(stderr, "  peer: bench/peers/model.py (%s) ...\n", o.peer_mode.c_str());
     peer = run_model_peer(target.names, o.peer_modes, bc, target.prec, ctx.device().str(),
-                          o.peer_timeout);                                                      // "cpu" or "cuda:N"
+                          o.peer_timeout);                                                 // "cpu" or "cuda:N"
     std::fprintf(stderr, "  %s\n", peer.note.empty() ? "peer: done" : peer.note.c_str());  // a note says "peer ..."
   }
 
-  const BenchModelReport rep{.o = o, .target = target, .gemm = gemm, .rows = rows, .peer = peer, .scaled = scaled,
+  const BenchModelReport rep{.o = o,
+                             .target = target,
+                             .gemm = gemm,
+                             .rows = rows,
+                             .peer = peer,
+                             .scaled = scaled,
                              .scaling_line = scaling_line,
-                             .region = bc.step ? "step" : bc.fwd_bwd ? "fwd-bwd" : "fwd"};
+                             .region = bc.step      ? "step"
+                                       : bc.fwd_bwd ? "fwd-bwd"
+                                                    : "fwd"};
   std::string md = sizes_markdown(rep);
   if (o.with_peer) md += peer_markdown(rep);
   print_bench_markdown(md, o.out);

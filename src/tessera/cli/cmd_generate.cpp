@@ -41,42 +41,51 @@ constexpr const char* kSeparator = "---";
 void add_generate_flags(Flags& a) {
   a.add("checkpoint", "DIR", "checkpoint directory (default runs/tiny/checkpoint)");
   a.add("prompt", "TEXT", "text to continue (default \"The \")");
-  a.add("prompt-file", "FILE", "prompts to continue: one a line (blank lines skipped), or JSONL with a \"prompt\" "
+  a.add("prompt-file", "FILE",
+        "prompts to continue: one a line (blank lines skipped), or JSONL with a \"prompt\" "
         "field (a .jsonl name, or a file whose first non-space character is '{')");
   a.add("batch", "N", "prompts per engine batch (default all of --prompt-file, up to 64)");
   a.add("max-new-tokens", "N", "at most N new tokens a sequence, fewer where its context fills first (default 200)");
   a.add("tokens", "N", "the same as --max-new-tokens");
   a.add("min-new-tokens", "N", "EOS cannot end a sequence before N new tokens (default 0)");
   a.add("device", "cpu|cuda|auto", "where the model runs: auto takes the GPU when there is one (default auto)");
-  a.add("precision", "f32|bf16|f16", "the compute dtype: bf16 or f16 on the GPU; the CPU computes in f32 (default "
+  a.add("precision", "f32|bf16|f16",
+        "the compute dtype: bf16 or f16 on the GPU; the CPU computes in f32 (default "
         "bf16 on the GPU, f32 on the CPU)");
   a.add("temperature", "X", "softmax temperature, >= 0; 0 = greedy (default 0.8)");
   a.add("top-k", "N", "sample from the k most likely tokens, 0 = all (default 40)");
   a.add("top-p", "X", "sample from the smallest set with this much mass, in (0, 1] (default 1.0)");
   a.add("min-p", "X", "drop tokens less likely than X times the most likely, in [0, 1] (default 0: off)");
-  a.add("repetition-penalty", "X", "divide a seen token's positive logit by X, multiply a negative one (default 1: "
+  a.add("repetition-penalty", "X",
+        "divide a seen token's positive logit by X, multiply a negative one (default 1: "
         "off)");
   a.add("presence-penalty", "X", "subtract X from the logit of every token seen (default 0)");
   a.add("frequency-penalty", "X", "subtract X times its count from a seen token's logit (default 0)");
   a.add_repeated("logit-bias", "ID:BIAS[,...]", "add BIAS to token ID's logit; -inf bans it (repeatable)");
-  a.add("seed", "N", "sampling seed; with --batch B, sequence j draws from Philox stream j mod B with seed N + "
+  a.add("seed", "N",
+        "sampling seed; with --batch B, sequence j draws from Philox stream j mod B with seed N + "
         "j / B (default 0)");
   a.add_switch("greedy", "always take the most likely token (after the penalties and bias)");
   a.add_repeated("stop", "TEXT", "end a sequence where its text holds TEXT, cut before it (repeatable)");
-  a.add_repeated("eos-id", "ID[,...]", "token ids that end a sequence (repeatable; default none: the byte vocab has "
+  a.add_repeated("eos-id", "ID[,...]",
+                 "token ids that end a sequence (repeatable; default none: the byte vocab has "
                  "no EOS)");
   a.add_switch("ignore-eos", "EOS ids are ordinary tokens");
-  a.add_switch("json", "one JSON record a line per sequence: {\"index\", \"prompt\", \"tokens\" (the new ids), "
+  a.add_switch("json",
+               "one JSON record a line per sequence: {\"index\", \"prompt\", \"tokens\" (the new ids), "
                "\"text\", \"finish_reason\" (eos|stop|length), with --logprobs \"logprobs\": per new token "
                "{\"token\", \"logprob\" (null when outside the top N), \"top\": [[id, logprob], ...]}}");
   a.add("logprobs", "N", "with --json, the N most likely tokens of each step and their logprobs, N <= 20");
   a.add_switch("truncate-prompt", "keep the last tokens of a prompt longer than the context (else an error)");
-  a.add("beams", "K", "beam search with K beams, Hugging Face's generate(num_beams=K); 1 = sampling or greedy "
+  a.add("beams", "K",
+        "beam search with K beams, Hugging Face's generate(num_beams=K); 1 = sampling or greedy "
         "(default 1)");
   a.add("length-penalty", "X", "beam search: a hypothesis scores its log-probability / length^X (default 1.0)");
-  a.add("early-stopping", "true|false|never", "beam search: when a prompt is done, as Hugging Face's early_stopping "
+  a.add("early-stopping", "true|false|never",
+        "beam search: when a prompt is done, as Hugging Face's early_stopping "
         "(default false)");
-  a.add("num-return-sequences", "N", "beam search: the N best hypotheses of each prompt, best first, N <= --beams "
+  a.add("num-return-sequences", "N",
+        "beam search: the N best hypotheses of each prompt, best first, N <= --beams "
         "(default 1); --json adds \"beam\" and \"score\"");
 }
 
@@ -110,8 +119,8 @@ std::vector<std::pair<int32_t, float>> read_logit_bias(const Flags& a) {
     for (const std::string& e : split_commas(v, "logit-bias")) {
       const size_t colon = e.find(':');
       int id = 0;
-      TS_CHECK(colon != std::string::npos && parse_int(e.substr(0, colon), 0, 1L << 30, &id),
-               "--logit-bias '", e, "': expected ID:BIAS, a token id and a number");
+      TS_CHECK(colon != std::string::npos && parse_int(e.substr(0, colon), 0, 1L << 30, &id), "--logit-bias '", e,
+               "': expected ID:BIAS, a token id and a number");
       const std::string num = e.substr(colon + 1);
       char* end = nullptr;
       const float b = num.empty() ? NAN : std::strtof(num.c_str(), &end);
@@ -138,12 +147,15 @@ GenerateOptions read_generate_options(const Flags& a) {
   TS_CHECK(p.temperature >= 0, "--temperature must be >= 0 (0 or --greedy: greedy), got ", a.str("temperature"));
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = all tokens), got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", a.str("top-p"));
-  TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0, "--greedy takes the most likely token, "
-           "and --temperature ", a.str("temperature"), " samples: give one of them");
+  TS_CHECK(!a.has("greedy") || !a.has("temperature") || p.temperature == 0,
+           "--greedy takes the most likely token, "
+           "and --temperature ",
+           a.str("temperature"), " samples: give one of them");
   if (a.has("greedy")) p.temperature = 0;
   // Greedy decoding (--greedy, or --temperature 0) takes the argmax: a top-k, top-p or min-p cut would be ignored.
   // --top-k 0 (all tokens), --top-p 1 (all the mass) and --min-p 0 cut nothing, so they go with it.
-  const std::pair<const char*, bool> cuts[] = {{"top-k", p.top_k != 0}, {"top-p", p.top_p != 1},
+  const std::pair<const char*, bool> cuts[] = {{"top-k", p.top_k != 0},
+                                               {"top-p", p.top_p != 1},
                                                {"min-p", p.min_p != 0}};
   for (const auto& [f, cut] : cuts)
     TS_CHECK(p.temperature != 0 || !a.has(f) || !cut, a.has("greedy") ? "--greedy" : "--temperature 0",
@@ -152,18 +164,20 @@ GenerateOptions read_generate_options(const Flags& a) {
   // Greedy decoding draws no random number: a seed would be ignored.
   TS_CHECK(p.temperature != 0 || !a.has("seed"), a.has("greedy") ? "--greedy" : "--temperature 0",
            " takes the most likely token, and --seed ", a.str("seed"), " seeds sampling: give one of them");
-  TS_CHECK(!a.has("tokens") || !a.has("max-new-tokens"), "--tokens is another name for --max-new-tokens: give one of "
+  TS_CHECK(!a.has("tokens") || !a.has("max-new-tokens"),
+           "--tokens is another name for --max-new-tokens: give one of "
            "them");
   const char* count_flag = a.has("tokens") ? "tokens" : "max-new-tokens";
   o.max_new_tokens = a.integer(count_flag, 200);
   TS_CHECK(o.max_new_tokens >= 0, "--", count_flag, " must be >= 0, got ", o.max_new_tokens);
   o.min_new_tokens = a.integer("min-new-tokens", 0);
   TS_CHECK(o.min_new_tokens >= 0, "--min-new-tokens must be >= 0, got ", o.min_new_tokens);
-  TS_CHECK(o.min_new_tokens <= o.max_new_tokens, "--min-new-tokens ", o.min_new_tokens, " is more than --",
-           count_flag, " ", o.max_new_tokens);
+  TS_CHECK(o.min_new_tokens <= o.max_new_tokens, "--min-new-tokens ", o.min_new_tokens, " is more than --", count_flag,
+           " ", o.max_new_tokens);
   TS_CHECK(p.logprobs >= 0 && p.logprobs <= SampleParams::kMaxLogprobs, "--logprobs must be in [0, ",
            SampleParams::kMaxLogprobs, "], got ", p.logprobs);
-  TS_CHECK(!a.has("logprobs") || a.has("json"), "--logprobs ", a.str("logprobs"), " is printed in the --json records: "
+  TS_CHECK(!a.has("logprobs") || a.has("json"), "--logprobs ", a.str("logprobs"),
+           " is printed in the --json records: "
            "give --json");
   o.logit_bias = read_logit_bias(a);
   for (const std::string& v : a.all("eos-id"))
@@ -363,14 +377,19 @@ BeamFlags read_beam_flags(const Flags& a, const GenerateOptions& o) {
     return f;
   }
   // Beam search draws nothing: a sampling setting would be ignored.
-  TS_CHECK(!a.has("temperature") || o.sampling.temperature == 0, "--beams ", f.beams, " searches for the most likely "
-           "sequences, and --temperature ", a.str("temperature"), " samples: give one of them");
+  TS_CHECK(!a.has("temperature") || o.sampling.temperature == 0, "--beams ", f.beams,
+           " searches for the most likely "
+           "sequences, and --temperature ",
+           a.str("temperature"), " samples: give one of them");
   for (const char* flag : {"top-k", "top-p", "min-p", "seed", "repetition-penalty", "presence-penalty",
                            "frequency-penalty", "logit-bias", "min-new-tokens", "stop", "logprobs", "ignore-eos"})
-    TS_CHECK(!a.has(flag), "--beams ", f.beams, " does not take --", flag, " (beam search runs on the plain "
+    TS_CHECK(!a.has(flag), "--beams ", f.beams, " does not take --", flag,
+             " (beam search runs on the plain "
              "log-probabilities, without sampling settings or stop strings)");
   TS_CHECK(o.eos_ids.size() <= 1, "--beams ", f.beams, " takes one --eos-id, got ", o.eos_ids.size());
-  f.search = {.beams = f.beams, .max_new_tokens = o.max_new_tokens, .eos_id = o.eos_ids.empty() ? -1 : o.eos_ids[0],
+  f.search = {.beams = f.beams,
+              .max_new_tokens = o.max_new_tokens,
+              .eos_id = o.eos_ids.empty() ? -1 : o.eos_ids[0],
               .length_penalty = a.number_f32("length-penalty", 1.0f),
               .early_stopping = es == "true"    ? beam::EarlyStopping::True
                                 : es == "never" ? beam::EarlyStopping::Never
@@ -393,8 +412,8 @@ void run_beams(Model& model, const TextCodec& codec, const std::vector<std::stri
                                                   prompts.begin() + static_cast<std::ptrdiff_t>(end));
     size_t longest = 0;
     for (const auto& p : chunk) longest = std::max(longest, p.size());
-    Engine engine(model, {.batch = static_cast<int>(chunk.size()), .beams = o.beams,
-                          .max_prompt = static_cast<int>(longest)});
+    Engine engine(model,
+                  {.batch = static_cast<int>(chunk.size()), .beams = o.beams, .max_prompt = static_cast<int>(longest)});
     const auto result = beam_generate(engine, chunk, o);
     for (size_t i = 0; i < result.size(); ++i)
       for (size_t j = 0; j < result[i].size(); ++j, ++printed) {
@@ -439,10 +458,13 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
            "'");
   const bool gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
-  TS_CHECK(!gpu || probe_gpu().available, "--device cuda: ",
-           built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
+  TS_CHECK(!gpu || probe_gpu().available,
+           "--device cuda: ", built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
   const std::string prec = a.str("precision", gpu ? "bf16" : "f32");
-  const DType dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
+  const DType dtype = prec == "f32"    ? DType::F32
+                      : prec == "bf16" ? DType::BF16
+                      : prec == "f16"  ? DType::F16
+                                       : DType::U8;
   TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   TS_CHECK(gpu || dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32",
            device == "auto" ? " (and no GPU is visible)" : "");
@@ -452,11 +474,13 @@ int cmd_generate(int argc, char** argv) {
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < texts.size(); ++i) {
     std::vector<int32_t> t = m.codec->encode(texts[i]);
-    TS_CHECK(!t.empty(), "generate: the prompt is empty", texts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "");
+    TS_CHECK(!t.empty(), "generate: the prompt is empty",
+             texts.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "");
     if (static_cast<int>(t.size()) > cfg.max_seq) {
-      TS_CHECK(a.has("truncate-prompt"), "generate: ", texts.size() > 1 ? "prompt " + std::to_string(i) + " has " :
-               "the prompt has ", t.size(), " tokens, more than the model's context of ", cfg.max_seq,
-               " (--truncate-prompt keeps its last ", cfg.max_seq, ")");
+      TS_CHECK(a.has("truncate-prompt"),
+               "generate: ", texts.size() > 1 ? "prompt " + std::to_string(i) + " has " : "the prompt has ", t.size(),
+               " tokens, more than the model's context of ", cfg.max_seq, " (--truncate-prompt keeps its last ",
+               cfg.max_seq, ")");
       t.erase(t.begin(), t.end() - cfg.max_seq);
     }
     prompts.push_back(std::move(t));
@@ -464,12 +488,15 @@ int cmd_generate(int argc, char** argv) {
   const std::string why = Engine::unsupported(cfg);
   if (!why.empty()) {
     // The full-recompute generate(): one prompt, the sampling flags of the single-row sampler.
-    TS_CHECK(!engine_flags_given(a) && o.sampling.min_p == 0, "generate: ", why, "; such a model runs one --prompt "
+    TS_CHECK(!engine_flags_given(a) && o.sampling.min_p == 0, "generate: ", why,
+             "; such a model runs one --prompt "
              "with --temperature, --top-k, --top-p, --seed and --max-new-tokens alone");
     TS_CHECK(m.codec->byte_level(), "generate: ", why,
              "; such a model runs byte-level text only, and this checkpoint has a tokenizer (", m.codec->source(), ")");
     generate_streamed(*m.model, prompts[0], o.max_new_tokens,
-                      {.temperature = o.sampling.temperature, .top_k = o.sampling.top_k, .top_p = o.sampling.top_p,
+                      {.temperature = o.sampling.temperature,
+                       .top_k = o.sampling.top_k,
+                       .top_p = o.sampling.top_p,
                        .seed = o.sampling.seed});
     return 0;
   }

@@ -51,8 +51,9 @@ std::string live_set_summary(const MemoryPlan& plan, int event, size_t groups) {
   for (size_t i = 0; i < g.size() && i < groups; ++i) {
     if (!out.empty()) out += ", ";
     out += g[i].kind + " " +
-           (g[i].count > 1 && g[i].each ? std::to_string(g[i].count) + " x " + human_bytes(static_cast<double>(g[i].each))
-                                        : human_bytes(static_cast<double>(g[i].bytes)));
+           (g[i].count > 1 && g[i].each
+                ? std::to_string(g[i].count) + " x " + human_bytes(static_cast<double>(g[i].each))
+                : human_bytes(static_cast<double>(g[i].bytes)));
   }
   if (g.size() > groups) out += ", and " + std::to_string(g.size() - groups) + " smaller kinds";
   return out;
@@ -87,14 +88,17 @@ void add_info_flags(Flags& a) {
   a.add("batch", "N", "batch size for the activation plan (default 16)");
   a.add("seq", "N", "sequence length for the activation plan (default: max_seq)");
   a.add("precision", "f32|bf16|f16", "training precision for the memory figures (default f32)");
-  a.add("master-weights", "on|off", "bf16/f16: with f32 master weights (on, the default) or without (off, as "
+  a.add("master-weights", "on|off",
+        "bf16/f16: with f32 master weights (on, the default) or without (off, as "
         "train --master-weights off)");
-  a.add("accum", "N", "micro-batches per step, as train --accum (default 1): with 1 the gradients are planned in the "
+  a.add("accum", "N",
+        "micro-batches per step, as train --accum (default 1): with 1 the gradients are planned in the "
         "activation arena, with more they keep a buffer of their own");
   a.add_switch("plan", "list every activation buffer: offset, size, and the ops where its life starts and ends");
   a.add("world", "N", "data-parallel ranks, for the optimizer memory of each rank (default 1)");
   a.add("zero", "1", "with --world: ZeRO-1, the optimizer state sharded over the ranks");
-  a.add_switch("inference", "the memory of generation instead: the weights, the KV cache and the engine's buffers, "
+  a.add_switch("inference",
+               "the memory of generation instead: the weights, the KV cache and the engine's buffers, "
                "for --batch prompts (default 1) of up to --seq tokens, each with --beams cache slots");
   a.add("beams", "N", "with --inference: beams per prompt (default 1)");
 }
@@ -122,7 +126,8 @@ void check_parallel_flags(const Flags& a, InfoArgs& o) {
   TS_CHECK(o.accum >= 1, "--accum must be >= 1, got ", o.accum);
   TS_CHECK(o.zero == 0 || o.zero == 1, "--zero: only stage 1 is built (--zero 1), got ", o.zero);
   // Without --world the figures would be for one rank holding everything, printed as if sharded.
-  TS_CHECK(!o.zero || a.has("world"), "--zero 1 shards the optimizer state over data-parallel ranks: give their "
+  TS_CHECK(!o.zero || a.has("world"),
+           "--zero 1 shards the optimizer state over data-parallel ranks: give their "
            "number with --world N");
 }
 
@@ -157,7 +162,8 @@ InfoArgs info_args(const Flags& a) {
   TS_CHECK(o.dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   const std::string master_flag = a.str("master-weights", "on");
   TS_CHECK(master_flag == "on" || master_flag == "off", "--master-weights must be on or off, got '", master_flag, "'");
-  TS_CHECK(master_flag == "on" || o.dtype != DType::F32, "--master-weights off applies to bf16 or f16 (f32 "
+  TS_CHECK(master_flag == "on" || o.dtype != DType::F32,
+           "--master-weights off applies to bf16 or f16 (f32 "
            "parameters are their own master)");
   o.master = master_flag == "on";
   o.beams = a.integer("beams", 1);
@@ -186,14 +192,15 @@ TrainingBytes training_bytes(const InfoArgs& o, size_t flat, const MemoryPlan& p
 void print_model_config(const ModelConfig& cfg) {
   const int64_t n = cfg.num_params();
   std::printf("model      %s\n", cfg.preset.c_str());
-  std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n", cfg.vocab,
-              cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
-  std::printf("           norm %s, mlp %s, positions %s, bias %s, tied %s, dropout %g, attn_dropout %g, emb_scale %g, "
-              "padding_id %d\n",
-              norm_kind_name(cfg.norm).c_str(), std::string(activation_name(cfg.mlp)).c_str(),
-              position_kind_name(cfg.positions).c_str(), cfg.bias ? "on" : "off", cfg.tied ? "on" : "off", cfg.dropout,
-              cfg.attn_dropout, cfg.emb_scale, cfg.padding_id);
-  const char* naming = cfg.is_gpt2_compatible() ? "Hugging Face GPT2LMHeadModel"
+  std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n",
+              cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
+  std::printf(
+      "           norm %s, mlp %s, positions %s, bias %s, tied %s, dropout %g, attn_dropout %g, emb_scale %g, "
+      "padding_id %d\n",
+      norm_kind_name(cfg.norm).c_str(), std::string(activation_name(cfg.mlp)).c_str(),
+      position_kind_name(cfg.positions).c_str(), cfg.bias ? "on" : "off", cfg.tied ? "on" : "off", cfg.dropout,
+      cfg.attn_dropout, cfg.emb_scale, cfg.padding_id);
+  const char* naming = cfg.is_gpt2_compatible()    ? "Hugging Face GPT2LMHeadModel"
                        : cfg.is_llama_compatible() ? "Hugging Face LlamaForCausalLM"
                                                    : "tessera";
   std::printf("checkpoint %s names\n", naming);
@@ -204,20 +211,20 @@ void print_model_config(const ModelConfig& cfg) {
 void print_training_memory(const InfoArgs& o, const TrainingBytes& t, bool planned_grads) {
   const double p = t.params, master = t.master, moments = t.moments, act = t.act;
   std::printf("memory     %s training%s, batch %d x seq %d%s:\n", o.prec.c_str(),
-              master > 0               ? " with f32 master weights"
+              master > 0             ? " with f32 master weights"
               : t.master_on > master ? (" without master weights (saves " + human_bytes(t.master_on) + ")").c_str()
-                                       : "",
+                                     : "",
               o.B, o.T, o.accum > 1 ? (", " + std::to_string(o.accum) + " micro-batches a step").c_str() : "");
   const std::string master_part = master > 0 ? "master " + human_bytes(master) + ", " : "";
   if (planned_grads) {
     // What the same step would need with the gradients in a buffer of their own (as with --accum > 1).
-    const double own =
-        t.grads + static_cast<double>(model_activation_bytes(o.cfg, o.B, o.T, o.dtype, GradMemory::Own));
+    const double own = t.grads + static_cast<double>(model_activation_bytes(o.cfg, o.B, o.T, o.dtype, GradMemory::Own));
     // On a tiny model the plan's alignment can cost a few bytes more than a buffer of their own: said as "more".
-    std::printf("             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
-                "%s %s than in a buffer of their own)\n",
-                human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str(),
-                human_bytes(t.grads).c_str(), human_bytes(std::abs(own - act)).c_str(), own >= act ? "less" : "more");
+    std::printf(
+        "             params %s, %sAdamW m+v %s, activations and grads %s (planned together; grads %s, "
+        "%s %s than in a buffer of their own)\n",
+        human_bytes(p).c_str(), master_part.c_str(), human_bytes(moments).c_str(), human_bytes(act).c_str(),
+        human_bytes(t.grads).c_str(), human_bytes(std::abs(own - act)).c_str(), own >= act ? "less" : "more");
     std::printf("             total %s\n", human_bytes(p + master + moments + act).c_str());
   } else {
     std::printf("             params %s, grads %s, %sAdamW m+v %s, activations %s (planned)\n", human_bytes(p).c_str(),
@@ -260,14 +267,14 @@ void print_data_parallel(const InfoArgs& o, size_t flat, double moments) {
   // all. A world near the limit leaves the last rank a tail that outweighs its block: both figures are shown.
   const ZeroLayout z = zero_layout(flat, world);
   const size_t each = z.count(0), last = z.count(world - 1);
-  const std::string sharded =
-      last - each <= each / 100
-          ? human_bytes(8.0 * static_cast<double>(last)) + " on each rank (ZeRO-1: 1/" + std::to_string(world) +
-                " of " + human_bytes(moments) + ")"
-          : human_bytes(8.0 * static_cast<double>(each)) + " on each rank, " +
-                human_bytes(8.0 * static_cast<double>(last)) + " on the last (ZeRO-1: " + human_bytes(moments) +
-                " in one block of " + std::to_string(z.chunk) + " parameters a rank, and the " +
-                std::to_string(z.total - z.tail_begin()) + " left over on the last)";
+  const std::string sharded = last - each <= each / 100
+                                  ? human_bytes(8.0 * static_cast<double>(last)) + " on each rank (ZeRO-1: 1/" +
+                                        std::to_string(world) + " of " + human_bytes(moments) + ")"
+                                  : human_bytes(8.0 * static_cast<double>(each)) + " on each rank, " +
+                                        human_bytes(8.0 * static_cast<double>(last)) +
+                                        " on the last (ZeRO-1: " + human_bytes(moments) + " in one block of " +
+                                        std::to_string(z.chunk) + " parameters a rank, and the " +
+                                        std::to_string(z.total - z.tail_begin()) + " left over on the last)";
   std::printf("           data parallel over %s: AdamW m+v %s\n", counted(world, "rank").c_str(),
               o.zero ? sharded.c_str()
                      : (human_bytes(moments) + " on each rank (unsharded; --zero 1 shards it)").c_str());
@@ -279,8 +286,10 @@ int print_training_info(const InfoArgs& o) {
   // ZeRO-1 shards the flat buffers (the parameters with each segment's padding to 16) in blocks of 16, at least one
   // a rank: the same size and check as train's, so that info refuses what train refuses and no more.
   const size_t flat = model_flat_params(o.cfg);
-  TS_CHECK(!o.zero || o.world <= zero_max_world(flat), "--world ", o.world, " --zero 1: ZeRO-1 shards the optimizer "
-           "state in blocks of ", kSegmentAlign, " parameters, and the model's ", flat, " make ", zero_max_world(flat),
+  TS_CHECK(!o.zero || o.world <= zero_max_world(flat), "--world ", o.world,
+           " --zero 1: ZeRO-1 shards the optimizer "
+           "state in blocks of ",
+           kSegmentAlign, " parameters, and the model's ", flat, " make ", zero_max_world(flat),
            ": give at most that many ranks");
   // The plan the model itself would make for this (B, T) in this environment: the same function, with the same
   // debug settings (TESSERA_PLAN_NO_REUSE), lays out the model's arena. Made before anything is printed: a plan past

@@ -29,10 +29,12 @@ const char* kTokenizerUsage =
     ".tiktoken file, or a directory holding one of them. Run `tessera tokenizer encode --help` for the flags.\n";
 
 void add_tokenizer_flags(Flags& a) {
-  a.add("tokenizer", "PATH", "tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, a .tiktoken file, "
-                             "or a directory holding one");
-  a.add("tiktoken-special", "TEXT", "for a .tiktoken file: a special token, given the id after the ranks "
-                                    "(GPT-2's is <|endoftext|>; default none)");
+  a.add("tokenizer", "PATH",
+        "tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe, a .tiktoken file, "
+        "or a directory holding one");
+  a.add("tiktoken-special", "TEXT",
+        "for a .tiktoken file: a special token, given the id after the ranks "
+        "(GPT-2's is <|endoftext|>; default none)");
 }
 
 BpeTokenizer load_from_flags(const Flags& a, LoadedTokenizer* info = nullptr) {
@@ -66,12 +68,14 @@ int encode(int argc, char** argv) {
   Flags a("tokenizer encode", "Encodes text into token ids, printed on one line separated by spaces.");
   add_tokenizer_flags(a);
   a.add("text", "FILE", "the text to encode (default: stdin)");
-  a.add("allow-special", "all|none|TEXT", "special tokens matched as themselves: all, none (default: the text must "
-                                          "hold none, as tiktoken's default), or the text of one");
+  a.add("allow-special", "all|none|TEXT",
+        "special tokens matched as themselves: all, none (default: the text must "
+        "hold none, as tiktoken's default), or the text of one");
   a.add_switch("ordinary", "read special tokens' text as ordinary text");
   a.add("out", "FILE", "write the ids here (default: stdout)");
   if (!a.parse(argc, argv, 3)) return 0;
-  TS_CHECK(!(a.has("ordinary") && a.has("allow-special")), "--ordinary reads special tokens as text, and "
+  TS_CHECK(!(a.has("ordinary") && a.has("allow-special")),
+           "--ordinary reads special tokens as text, and "
            "--allow-special matches them: give one of them");
   const BpeTokenizer tok = load_from_flags(a);
   const std::string text = read_input(a, "text", "text");
@@ -156,8 +160,9 @@ int convert(int argc, char** argv) {
   Flags a("tokenizer convert", "Writes a tokenizer in another format.");
   add_tokenizer_flags(a);
   a.add("to", "huggingface|gpt2|tiktoken", "the format to write");
-  a.add("out", "PATH", "tokenizer.json (huggingface), a directory for vocab.json + merges.txt (gpt2), or a "
-                       ".tiktoken file");
+  a.add("out", "PATH",
+        "tokenizer.json (huggingface), a directory for vocab.json + merges.txt (gpt2), or a "
+        ".tiktoken file");
   if (!a.parse(argc, argv, 3)) return 0;
   const std::string to = a.str("to");
   TS_CHECK(to == "huggingface" || to == "gpt2" || to == "tiktoken", "--to must be huggingface, gpt2 or tiktoken, got '",

@@ -134,7 +134,8 @@ int tokenizer_train_command(int argc, char** argv) {
   check_file_writable(json_path, "--out");
 
   const bool show = !a.has("no-progress");
-  const int threads = params.threads > 0 ? params.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = params.threads > 0 ? params.threads
+                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<ProgressBar> bar;
   BpeTrainProgress::Stage stage = BpeTrainProgress::Stage::Counting;
@@ -146,7 +147,8 @@ int tokenizer_train_command(int argc, char** argv) {
       if (!counting && stage == BpeTrainProgress::Stage::Counting) count_s = seconds();
       stage = p.stage;
       if (bar) bar->finish();
-      const int64_t total = counting ? static_cast<int64_t>((p.total + (1 << 20) - 1) >> 20) : static_cast<int64_t>(p.total);
+      const int64_t total = counting ? static_cast<int64_t>((p.total + (1 << 20) - 1) >> 20)
+                                     : static_cast<int64_t>(p.total);
       bar = std::make_unique<ProgressBar>(total, 0, show,
                                           ProgressFormat{.unit = counting ? "MiB" : "token", .eta = true});
     }

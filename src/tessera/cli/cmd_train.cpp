@@ -29,10 +29,12 @@ namespace {
 // max_token: the largest token id in the training shards (-1 for text, which is tokenized as bytes).
 std::string byte_sample_refusal(int vocab, int max_token) {
   if (vocab < kByteVocab)
-    return "the model's vocab of " + std::to_string(vocab) + " tokens is not the byte vocabulary (256), and the sample "
+    return "the model's vocab of " + std::to_string(vocab) +
+           " tokens is not the byte vocabulary (256), and the sample "
            "is byte-level text";
   if (max_token >= kByteVocab)
-    return "the training data holds token ids up to " + std::to_string(max_token) + ", not bytes, and the sample is "
+    return "the training data holds token ids up to " + std::to_string(max_token) +
+           ", not bytes, and the sample is "
            "byte-level text";
   return "";
 }
@@ -40,12 +42,11 @@ std::string byte_sample_refusal(int vocab, int max_token) {
 }  // namespace
 
 TrainCommand::TrainCommand(int argc, char** argv, const Ranks& r)
-    : argv_(argv),
-      ranks(r),
-      a("train", "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
-                 "is visible (bf16 with f32 master weights), else on the CPU (f32)."),
-      lead(r.rank() == 0),
-      argc_(argc) {
+    : argv_(argv), ranks(r),
+      a("train",
+        "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
+        "is visible (bf16 with f32 master weights), else on the CPU (f32)."),
+      lead(r.rank() == 0), argc_(argc) {
   add_train_flags(a);
 }
 
@@ -57,10 +58,12 @@ void TrainCommand::check_setup() {
     TS_CHECK(!a.has(f) || o.loss_scaling, "--", f, " applies to --precision f16 (dynamic loss scaling)");
   // CPU ranks all-reduce over MPI, which has no CTAs to limit; 0, the default (NCCL's choice), asks for nothing,
   // so a launch script that always passes it runs on CPU ranks too.
-  TS_CHECK(dist.comm_sms == 0 || setup.context->is_cuda(), "--comm-sms applies to ranks on GPUs (the SMs NCCL's "
+  TS_CHECK(dist.comm_sms == 0 || setup.context->is_cuda(),
+           "--comm-sms applies to ranks on GPUs (the SMs NCCL's "
            "collectives use): these ranks train on the CPU");
   // ZeRO-1 clips each rank's range after an all-reduce of the norm; skipping a step there is not built.
-  TS_CHECK(!(dist.zero && o.loss_scaling), "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
+  TS_CHECK(!(dist.zero && o.loss_scaling),
+           "--zero 1 does not support --precision f16 (dynamic loss scaling): use "
            "--precision bf16, or --ddp");
   // ZeRO-1 over more ranks than the flat parameters have blocks would shard nothing. Checked here, where the
   // ranks agree, rather than where each rank makes its optimizer in train(): there every rank failed alone, a
@@ -73,15 +76,19 @@ bool TrainCommand::check_data() {
   // directory may be created.
   if (o.resume.empty()) {
     if (!a.has("data")) {
-      TS_CHECK(o.model.vocab >= kByteVocab, "--data is required: the bundled corpus is byte-level (vocab 256) and the "
-                                            "model's vocab is ", o.model.vocab);
+      TS_CHECK(o.model.vocab >= kByteVocab,
+               "--data is required: the bundled corpus is byte-level (vocab 256) and the "
+               "model's vocab is ",
+               o.model.vocab);
       text_source = TESSERA_DEFAULT_CORPUS;
     } else {
       o.data = a.str("data");
       TS_CHECK(fs::exists(o.data), "data: ", o.data, " does not exist", dangling_link_note(o.data));
       if (!fs::is_directory(o.data) && !is_shard_file(o.data)) {
-        TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data, ": text is tokenized byte-level (vocab 256) and the "
-                                              "model's vocab is ", o.model.vocab, "; give token shards instead");
+        TS_CHECK(o.model.vocab >= kByteVocab, "data ", o.data,
+                 ": text is tokenized byte-level (vocab 256) and the "
+                 "model's vocab is ",
+                 o.model.vocab, "; give token shards instead");
         text_source = o.data;
       }
     }
@@ -120,9 +127,8 @@ bool TrainCommand::check_data() {
     // The text's train split, as prepare will cut it: checked now, before anything is written (a --force whose
     // new text is too short leaves the old run as it was).
     const size_t n_train = prepare_split_sizes(text.size()).first;
-    TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ",
-             counted(n_train, "token"), ", fewer than batch x ", o.world_size > 1 ? "ranks x " : "",
-             "seq + 1 = ", need);
+    TS_CHECK(n_train >= need, "data ", text_source, ": its train split holds ", counted(n_train, "token"),
+             ", fewer than batch x ", o.world_size > 1 ? "ranks x " : "", "seq + 1 = ", need);
   } else {
     setup.options.data = o.data;
     if (lead) lock_data(data_lock, o.data, o.out);

@@ -26,11 +26,14 @@ namespace fs = std::filesystem;
 
 void add_train_flags(Flags& a) {
   add_model_flags(a);
-  a.add("data", "DIR|FILE", "token shards, or a UTF-8 text file to tokenize into OUT/data (default: the bundled corpus)");
-  a.add("out", "DIR", "output directory for metrics.jsonl, checkpoint/ and best/ (default runs/<preset>; with "
-                      "--resume, the checkpoint's parent)");
+  a.add("data", "DIR|FILE",
+        "token shards, or a UTF-8 text file to tokenize into OUT/data (default: the bundled corpus)");
+  a.add("out", "DIR",
+        "output directory for metrics.jsonl, checkpoint/ and best/ (default runs/<preset>; with "
+        "--resume, the checkpoint's parent)");
   a.add("resume", "DIR", "continue from a training checkpoint directory");
-  a.add("init-from", "DIR", "start a new run (fine-tuning) from the weights and config of a checkpoint: tessera's, or a "
+  a.add("init-from", "DIR",
+        "start a new run (fine-tuning) from the weights and config of a checkpoint: tessera's, or a "
         "directory that Hugging Face's save_pretrained wrote (GPT-2 or Llama); the optimizer starts afresh");
   a.add_switch("force", "train into an output directory that already holds a run, replacing it");
   a.add("steps", "N", "optimizer steps in total (default 1000; with --resume, the saved run's)");
@@ -45,16 +48,20 @@ void add_train_flags(Flags& a) {
   a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0)");
   a.add("seed", "N", "seed for init, dropout and data (default 1337)");
   a.add("device", "cpu|cuda|cuda:N", "where to train (default: the GPU when one is visible, else the CPU)");
-  a.add("precision", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, with f32 master weights; f32 on the CPU); "
+  a.add("precision", "f32|bf16|f16",
+        "compute dtype (default bf16 on a GPU, with f32 master weights; f32 on the CPU); "
         "f16 trains with dynamic loss scaling, skipping the steps that overflow");
-  a.add("master-weights", "on|off", "bf16/f16 on a GPU: keep f32 master weights (on, the default), or only the 16-bit "
+  a.add("master-weights", "on|off",
+        "bf16/f16 on a GPU: keep f32 master weights (on, the default), or only the 16-bit "
         "parameters, updated in f32 registers and rounded back (off: LightSeq's mode, 4 bytes a parameter less)");
-  a.add("cuda-graph", "on|off", "on a GPU, replay each training step as CUDA graphs (forward, backward and AdamW; "
+  a.add("cuda-graph", "on|off",
+        "on a GPU, replay each training step as CUDA graphs (forward, backward and AdamW; "
         "the same results, fewer launches): on by default where the step can be one (a single process), off steps "
         "eagerly; the log says which and why. By default a capture that fails is a warning and the run steps eagerly "
         "from there; with on it is an error");
   a.add("loss-scale-init", "X", "--precision f16: the first loss scale (default 65536 = 2^16)");
-  a.add("loss-scale-interval", "N", "--precision f16: steps without overflow before the loss scale doubles "
+  a.add("loss-scale-interval", "N",
+        "--precision f16: steps without overflow before the loss scale doubles "
         "(default 2000)");
   a.add("val-every", "N", "validation loss every N steps, 0 = at the end only (default 100)");
   a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
@@ -62,30 +69,37 @@ void add_train_flags(Flags& a) {
   a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
   a.add("stop-after", "N",
         "stop with a checkpoint after step N, as if interrupted (resume later with --resume); 0: off");
-  a.add("trace", "FILE.json", "write a Chrome trace (opens in Perfetto) of one training step: FWD_STEP, BWD_STEP, "
+  a.add("trace", "FILE.json",
+        "write a Chrome trace (opens in Perfetto) of one training step: FWD_STEP, BWD_STEP, "
         "OPTIM_STEP, each layer and op, the planned activation memory");
-  a.add("memory-timeline", "FILE.png", "plot the planned memory of one training step per op (static buffers, live "
+  a.add("memory-timeline", "FILE.png",
+        "plot the planned memory of one training step per op (static buffers, live "
         "activations, the arena; forward, backward and optimizer shaded) and write FILE.csv beside it");
-  a.add("trace-step", "N", "the step --trace and --memory-timeline record (default: the run's second step, as its "
+  a.add("trace-step", "N",
+        "the step --trace and --memory-timeline record (default: the run's second step, as its "
         "first pays one-time costs: 2, or the --resume checkpoint's step + 2; its last if it ends sooner)");
-  a.add("sample-tokens", "N", "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
+  a.add("sample-tokens", "N",
+        "tokens to sample after training (default 100; none for models over 100M params on the CPU)");
   a.add("prompt", "TEXT", "prompt for that sample (default \"The \")");
   a.add_switch("no-progress", "no progress bar");
-  a.add_switch("no-checkpoint", "write no checkpoint (benchmark runs: a big model's checkpoint is gigabytes); an "
-                                "interrupted run then has nothing to resume from");
+  a.add_switch("no-checkpoint",
+               "write no checkpoint (benchmark runs: a big model's checkpoint is gigabytes); an "
+               "interrupted run then has nothing to resume from");
   a.add("ddp", "naive|flat|overlap|bucket", "under mpirun: how gradients are averaged across ranks (default bucket)");
   a.add("bucket-mb", "M", "under mpirun, --ddp bucket: MB of gradients per all-reduce (default 25)");
   a.add("zero", "1", "under mpirun: ZeRO-1, the optimizer state sharded across ranks (instead of --ddp)");
   a.add("comm-timeout", "S", "under mpirun: seconds a collective may wait before the run fails (default 300)");
-  a.add("comm-sms", "N", "under mpirun on GPUs: SMs (CTAs) each NCCL collective may use; the GEMMs that overlap "
-                         "them plan for the rest (default 0: NCCL's choice, GEMMs plan for every SM)");
+  a.add("comm-sms", "N",
+        "under mpirun on GPUs: SMs (CTAs) each NCCL collective may use; the GEMMs that overlap "
+        "them plan for the rest (default 0: NCCL's choice, GEMMs plan for every SM)");
 }
 
 void TrainCommand::read_flags() {
   // 1. The flags, with nothing read or written yet.
   o.resume = a.str("resume");
   o.init_from = a.str("init-from", "");
-  TS_CHECK(o.resume.empty() || o.init_from.empty(), "--init-from starts a new run from a checkpoint's weights, and "
+  TS_CHECK(o.resume.empty() || o.init_from.empty(),
+           "--init-from starts a new run from a checkpoint's weights, and "
            "--resume continues the run that wrote one: give one of them");
   if (!o.init_from.empty()) {
     // The checkpoint fixes the model's shape; a model flag would change it, or be silently ignored.
@@ -160,7 +174,8 @@ void TrainCommand::read_flags() {
   o.ckpt_every = a.integer("ckpt-every", o.ckpt_every);
   if (a.has("ckpt-every")) TS_CHECK(o.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", o.ckpt_every);
   o.ckpt_minutes = a.number("ckpt-minutes", o.ckpt_minutes);
-  TS_CHECK(!a.has("ckpt-every") || !a.has("ckpt-minutes"), "--ckpt-every times checkpoints by steps, and "
+  TS_CHECK(!a.has("ckpt-every") || !a.has("ckpt-minutes"),
+           "--ckpt-every times checkpoints by steps, and "
            "--ckpt-minutes by wall time (only without --ckpt-every): give one of them");
   o.progress = !a.has("no-progress");
   sample_flag = a.integer("sample-tokens", kDefaultSampleTokens);
@@ -178,7 +193,8 @@ void TrainCommand::read_flags() {
 void TrainCommand::read_data_parallel_flags() {
   if (!ranks.world) {
     for (const char* f : {"ddp", "bucket-mb", "zero", "comm-timeout", "comm-sms"})
-      TS_CHECK(!a.has(f), "--", f, " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
+      TS_CHECK(!a.has(f), "--", f,
+               " applies to a data-parallel run: start the ranks with mpirun -np N tessera train ...");
   } else {
     TS_CHECK(!(a.has("zero") && a.has("ddp")), "--zero 1 reduce-scatters the gradients itself: drop --ddp");
     dist.ddp = ddp_mode_from_name(a.str("ddp", "bucket"));

@@ -71,7 +71,6 @@ void CreatedDirs::create(const std::string& dir) {
   for (size_t i = 0; i < made.size(); ++i) created_.emplace_back(made[i], made_dir && i + 1 == made.size());
 }
 
-
 // Locks, shared, the directory of the shards a run reads (that of a single shard file) for the run's life: a tessera
 // prepare into it (which takes it exclusively) replaced the shards under a running train, whose resume then failed.
 // Data in the output directory itself is covered by its lock; data that is missing is left to the check that says so.
@@ -105,9 +104,11 @@ void TrainCommand::check_out_dir() {
     std::error_code ec;
     const bool own = fs::equivalent(ck_dir.has_parent_path() ? ck_dir.parent_path() : fs::path("."), o.out, ec) &&
                      (ck_dir.filename() == "checkpoint" || ck_dir.filename() == "checkpoint.old");
-    TS_CHECK(own, "--resume ", a.str("resume"), ": output directory ", o.out, " already holds a run, which this "
+    TS_CHECK(own, "--resume ", a.str("resume"), ": output directory ", o.out,
+             " already holds a run, which this "
              "would replace (its checkpoint/, and metrics.jsonl cut back to this checkpoint's step): continue it "
-             "with --resume ", (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
+             "with --resume ",
+             (fs::path(o.out) / "checkpoint").string(), ", or give --out a new directory");
   }
   // A directory that holds no run but other files (`--out /`, a home or project directory) would get the run's
   // metrics.jsonl, checkpoint/, best/ and data/ mixed into what is there. --force replaces a run, so it does not
@@ -136,9 +137,11 @@ void TrainCommand::check_out_dir() {
     // word, they would be lost. A run's own shards go with the run, which --force replaces. All of them are named
     // (the first few): one name would read as if the others were not at stake.
     std::sort(shards.begin(), shards.end());
-    TS_CHECK(shards.empty() || holds_run(o.out) || a.has("force"), "output directory ", o.out, " holds no run, "
-             "but its data/ holds shards (", first_names(shards), ") that train would replace with those of ",
-             text_source, ": train on them with --data ", (fs::path(o.out) / "data").string(),
+    TS_CHECK(shards.empty() || holds_run(o.out) || a.has("force"), "output directory ", o.out,
+             " holds no run, "
+             "but its data/ holds shards (",
+             first_names(shards), ") that train would replace with those of ", text_source,
+             ": train on them with --data ", (fs::path(o.out) / "data").string(),
              ", give another --out, or --force to replace them");
   }
   if (o.resume.empty() && holds_run(o.out) && !a.has("force")) {
@@ -150,8 +153,9 @@ void TrainCommand::check_out_dir() {
     const fs::path best = fs::path(o.out) / "best";
     const bool best_resumable = holds_train_state(best.string());
     TS_THROW("output directory ", o.out, " already holds a run with no checkpoint to resume",
-             best_resumable ? ", only its best/: continue that as a new run with --resume " + best.string() +
-                                  " --out NEW," : ":",
+             best_resumable
+                 ? ", only its best/: continue that as a new run with --resume " + best.string() + " --out NEW,"
+                 : ":",
              " replace it with --force, or choose another --out");
   }
 }
@@ -173,7 +177,8 @@ int TrainCommand::make_out_dir() {
       }
       if (!fs::is_empty(o.out)) {
         created.keep();
-        TS_THROW("output directory ", o.out, " already holds a run, made by another tessera process started at the "
+        TS_THROW("output directory ", o.out,
+                 " already holds a run, made by another tessera process started at the "
                  "same time: choose another --out");
       }
     }

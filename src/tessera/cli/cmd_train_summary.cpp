@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 
 void TrainCommand::print_start() {
   const int64_t params = o.model.num_params();
-  const std::string what = o.resume.empty() ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
-                                            : "from checkpoint " + o.resume;
+  const std::string what = o.resume.empty()
+                               ? o.model.preset + " (" + human_count(static_cast<double>(params)) + " params)"
+                               : "from checkpoint " + o.resume;
   // The precision line: 16-bit parameters with f32 master weights, or without them and what that saves.
   std::string precision(dtype_name(setup.dtype));
   if (setup.dtype != DType::F32) {
@@ -35,9 +36,9 @@ void TrainCommand::print_start() {
                            human_bytes(4.0 * static_cast<double>(o.model.num_params())) + " of f32 masters saved)";
     if (o.loss_scaling) precision += " and dynamic loss scaling";
   }
-  const std::string where = setup.context->is_cuda() ? setup.context->gpu().name + " (" +
-                                                           setup.context->device().str() + ") in " + precision
-                                                     : std::string("the CPU");
+  const std::string where = setup.context->is_cuda()
+                                ? setup.context->gpu().name + " (" + setup.context->device().str() + ") in " + precision
+                                : std::string("the CPU");
   if (lead) {
     // A resume runs the steps after its checkpoint's: "for 50 steps" beside "done: 10 steps" would read as a
     // contradiction.
@@ -50,14 +51,12 @@ void TrainCommand::print_start() {
                        : first == last             ? "for step " + std::to_string(last)  // not "for steps 2 to 2"
                                        : "for steps " + std::to_string(first) + " to " + std::to_string(last);
     if (last != o.steps) span += " of " + std::to_string(o.steps) + " (--stop-after " + std::to_string(last) + ")";
-    std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(),
-                o.out.c_str());
+    std::printf("training %s on %s %s -> %s\n", what.c_str(), where.c_str(), span.c_str(), o.out.c_str());
     const std::string no_graph = train_cuda_graph_refusal(o, *setup.context);
     if (no_graph.empty())
       std::printf("step: CUDA graphs (one a step: forward, backward and AdamW; the first step%s runs eagerly)\n",
                   o.trace.empty() ? "" : " and the --trace step");
-    else
-      std::printf("step: eager (%s)\n", no_graph.c_str());
+    else std::printf("step: eager (%s)\n", no_graph.c_str());
     if (!setup.no_validation.empty()) std::printf("validation: none (%s)\n", setup.no_validation.c_str());
     if (ranks.world) {
       std::printf("data parallel: %s x batch %d = %s a micro-step, %s\n", counted(ranks.size(), "rank").c_str(),
@@ -80,8 +79,7 @@ TrainResult TrainCommand::train_run() {
     if (dist.zero)
       std::printf("optimizer: AdamW m+v %s on rank 0 (ZeRO-1: its 1/%d of %s)\n", mine.c_str(), ranks.size(),
                   all.c_str());
-    else
-      std::printf("optimizer: AdamW m+v %s on each rank (unsharded)\n", mine.c_str());
+    else std::printf("optimizer: AdamW m+v %s on each rank (unsharded)\n", mine.c_str());
     std::fflush(stdout);
   };
   TrainResult r;
@@ -101,13 +99,17 @@ TrainResult TrainCommand::train_run() {
     say_earlier_stop(read_stop);
     // --memory-timeline: the step's memory, as train() records it, drawn as a PNG with its CSV beside it.
     const std::string timeline_png = setup.options.memory_timeline;
-    const auto draw_timeline = [timeline_png](const std::vector<MemoryTimelinePoint>& points, const std::string& title) {
+    const auto draw_timeline = [timeline_png](const std::vector<MemoryTimelinePoint>& points,
+                                              const std::string& title) {
       write_memory_timeline(timeline_png, fs::path(timeline_png).replace_extension(".csv").string(), points, title);
     };
     try {
-      r = train(std::move(setup),
-                {.stop = &g_stop, .on_checkpoint = {}, .on_start = on_start, .before_optimizer_step = {},
-                 .before_grad_sync = {}, .on_memory_timeline = draw_timeline});
+      r = train(std::move(setup), {.stop = &g_stop,
+                                   .on_checkpoint = {},
+                                   .on_start = on_start,
+                                   .before_optimizer_step = {},
+                                   .before_grad_sync = {},
+                                   .on_memory_timeline = draw_timeline});
     } catch (...) {
       // A run that fails before its first step (out of memory making the model, say) leaves nothing behind; one
       // that fails later keeps its metrics and checkpoints (a diverged run's metrics say how it went).
@@ -130,7 +132,7 @@ std::optional<int> TrainCommand::summarize(const TrainResult& r) {
   const std::string dist_flags = !ranks.world ? ""
                                  : dist.zero  ? " --zero 1"
                                               : " --ddp " + std::string(ddp_mode_name(dist.ddp)) +
-                                                    (a.has("bucket-mb") ? " --bucket-mb " + a.str("bucket-mb") : "");
+                                                   (a.has("bucket-mb") ? " --bucket-mb " + a.str("bucket-mb") : "");
   // Precision, master weights and the loss-scale interval are not saved with a run (a checkpoint resumes on any
   // device): the command repeats the ones given, so that an f16 run resumes in f16 with its scaler state.
   std::string precision_flags;
@@ -161,8 +163,7 @@ std::optional<int> TrainCommand::summarize(const TrainResult& r) {
   if (r.interrupted) {
     std::fflush(stdout);
     std::fprintf(stderr, "tessera: %s at step %lld: checkpoint written to %s; continue the run with: %s\n",
-                 stop_word(g_stop), static_cast<long long>(r.last_step),
-                 r.checkpoint.c_str(), resume_cmd.c_str());
+                 stop_word(g_stop), static_cast<long long>(r.last_step), r.checkpoint.c_str(), resume_cmd.c_str());
     return 128 + g_stop;
   }
   std::printf("done: %s in %.1fs, loss %.4f -> %.4f", counted(r.steps, "step").c_str(), r.seconds, r.first_loss,
@@ -179,13 +180,16 @@ std::optional<int> TrainCommand::summarize(const TrainResult& r) {
                 r.checkpoint.empty() ? "; as it was: --no-checkpoint writes none" : "");
   std::printf("metrics:    %s\n", (fs::path(o.out) / "metrics.jsonl").c_str());  // "--out run/": one slash
   if (wants_trace)
-    std::printf("trace:      %s\n", traced.empty() ? no_trace.c_str()
-                                                 : (traced + " (step " + std::to_string(o.trace_step) + ")").c_str());
+    std::printf("trace:      %s\n",
+                traced.empty() ? no_trace.c_str() : (traced + " (step " + std::to_string(o.trace_step) + ")").c_str());
   if (r.peak_device_bytes > 0)
-    std::printf("memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
-                "context)\n", human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());
+    std::printf(
+        "memory:     peak %s on the GPU after a step (the driver's count: tessera's buffers and the CUDA "
+        "context)\n",
+        human_bytes(static_cast<double>(r.peak_device_bytes)).c_str());
   if (r.last_step < o.steps && !r.checkpoint.empty())
-    std::printf("stopped after step %lld; continue with: %s\n", static_cast<long long>(r.last_step), resume_cmd.c_str());
+    std::printf("stopped after step %lld; continue with: %s\n", static_cast<long long>(r.last_step),
+                resume_cmd.c_str());
   if (g_stop != 0) return 128 + g_stop;  // a signal after the last step: the run is complete, skip the sample
   return std::nullopt;
 }
@@ -196,8 +200,9 @@ int TrainCommand::sample(TrainResult& r) {
   if (!a.has("sample-tokens") && !r.model->context().is_cuda() && r.model->config().num_params() > kSampleMaxParams) {
     sample_tokens = 0;
     // generate's default checkpoint is runs/tiny's, another model: the hint names this run's.
-    const std::string gen = r.checkpoint.empty() ? "" : ", or run " + shell_quote(argv_[0]) + " generate --checkpoint " +
-                                                         shell_quote(r.checkpoint);
+    const std::string gen = r.checkpoint.empty() ? ""
+                                                 : ", or run " + shell_quote(argv_[0]) + " generate --checkpoint " +
+                                                       shell_quote(r.checkpoint);
     std::printf("\nno sample: %s parameters is too slow to sample on the CPU (ask with --sample-tokens N%s)\n",
                 human_count(static_cast<double>(r.model->config().num_params())).c_str(), gen.c_str());
   }

@@ -5,8 +5,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <ctime>
+#include <filesystem>
 #include <new>
 #include <regex>
 
@@ -35,7 +35,8 @@ std::vector<std::string> model_flag_names() {
 }
 
 void add_model_flags(Flags& f) {
-  f.add("preset", "NAME", "model preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b, llama-gqa-small (default tiny)");
+  f.add("preset", "NAME",
+        "model preset: tiny, gpt2-124m, cs336-small|medium|large|xl|2.7b, llama-gqa-small (default tiny)");
   for (const auto& field : model_config_fields()) f.add(dashed(field), "V", "override the preset's " + field);
 }
 
@@ -65,8 +66,10 @@ ModelConfig model_from_flags(const Flags& f) {
     throw Error(e.file(), e.line(), out);
   }
   // Unused by other positions, so a --rope-theta given to them (even 0, which rope refuses) trained silently.
-  TS_CHECK(!f.has("rope-theta") || cfg.positions == PositionKind::Rope, "--rope-theta applies to rotary positions "
-           "(--positions rope); this model's positions are ", position_kind_name(cfg.positions));
+  TS_CHECK(!f.has("rope-theta") || cfg.positions == PositionKind::Rope,
+           "--rope-theta applies to rotary positions "
+           "(--positions rope); this model's positions are ",
+           position_kind_name(cfg.positions));
   return cfg;
 }
 
@@ -96,8 +99,10 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
 }
 
 const char* stop_word(int sig) {
-  return sig == SIGTERM ? "terminated" : sig == SIGHUP ? "hung up" : sig == SIGPIPE ? "stopped: output closed"
-                                                                                    : "interrupted";
+  return sig == SIGTERM   ? "terminated"
+         : sig == SIGHUP  ? "hung up"
+         : sig == SIGPIPE ? "stopped: output closed"
+                          : "interrupted";
 }
 
 void generate_streamed(Model& model, const std::vector<int32_t>& prompt, int max_new, const SamplerParams& p) {
@@ -177,8 +182,7 @@ void rethrow_with_memory_hint(std::string_view hint) {
 }
 
 PrepareProgress::PrepareProgress(size_t text_bytes, bool enabled, bool rate)
-    : on_(enabled && text_bytes >= kMinBytes),
-      rate_(rate),
+    : on_(enabled && text_bytes >= kMinBytes), rate_(rate),
       total_mib_(static_cast<int64_t>((text_bytes + (size_t{1} << 20) - 1) >> 20)),
       bar_(total_mib_, 0, on_, {.unit = "MiB", .eta = true}) {}
 

@@ -72,7 +72,7 @@ void Flags::add_switch(const std::string& name, const std::string& help) {
 bool Flags::parse(int argc, char** argv, int first, bool print_help) {
   std::vector<std::string> args;
   std::set<std::pair<std::string, std::string>> attached;  // (name, value) given as --name=value
-  for (int i = argc - 1; i >= first; --i) {  // CLI11 takes the arguments in reverse order
+  for (int i = argc - 1; i >= first; --i) {                // CLI11 takes the arguments in reverse order
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
       const size_t end = std::min(a.find('='), a.size());
@@ -100,8 +100,8 @@ bool Flags::parse(int argc, char** argv, int first, bool print_help) {
     // Checked here: a help longer than stdio's buffer fails in its first flush, and close_stdout in main can then
     // no longer say why ("cannot write standard output", no reason, for train --help > /dev/full).
     if (print_help)
-      TS_CHECK(std::fputs(usage().c_str(), stdout) != EOF && std::fflush(stdout) == 0, "cannot write standard output: ",
-               std::strerror(errno));
+      TS_CHECK(std::fputs(usage().c_str(), stdout) != EOF && std::fflush(stdout) == 0,
+               "cannot write standard output: ", std::strerror(errno));
     return false;
   } catch (const CLI::ArgumentMismatch&) {
     // A flag without its value: find which (CLI11's message names it, but in its own words).
@@ -163,8 +163,7 @@ int Flags::integer(const std::string& name, int fallback) const {
   errno = 0;
   const long x = std::strtol(v.c_str(), &end, 10);
   // strtol skips leading blanks and newlines: the first character must be the number's.
-  TS_CHECK(!v.empty() && *end == '\0' && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-' ||
-                                          v[0] == '+'),
+  TS_CHECK(!v.empty() && *end == '\0' && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-' || v[0] == '+'),
            command_, ": --", name, " expects an integer, got '", v, "'");
   // The side it left by, not int's whole range: most of these flags must be positive, and "-2147483648 to
   // 2147483647" would read as if a negative count were fine.

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -34,8 +34,10 @@ const char* kUsage =
     "  prepare    turn a text file into train/val token shards, or parallel text into paired shards\n"
     "  make-task  write a synthetic translation set (copy, reverse, sort, digits-to-words) as a TSV file\n"
     "  info       show a model's config, parameter count and memory estimate\n"
-    "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer train|encode|decode|info|convert)\n"
-    "  bench      time the kernels, the AdamW step, attention or whole models (bench kernels|optimizer|attention|model|compare|allreduce)\n"
+    "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer "
+    "train|encode|decode|info|convert)\n"
+    "  bench      time the kernels, the AdamW step, attention or whole models (bench "
+    "kernels|optimizer|attention|model|compare|allreduce)\n"
     "\n"
     "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
 
@@ -103,9 +105,8 @@ int run_command(int argc, char** argv) {
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
     if (cmd == "tokenizer") return tessera::cli::cmd_tokenizer(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
-    const std::string near =
-        tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "make-task", "info", "bench", "tokenizer",
-                                                              "--version", "--help"});
+    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "make-task", "info",
+                                                              "bench", "tokenizer", "--version", "--help"});
     return fail("unknown command '" + cmd + "' (" +
                 (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {

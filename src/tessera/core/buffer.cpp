@@ -30,7 +30,8 @@ Buffer::Buffer(size_t bytes, Device device, const char* what) : bytes_(bytes), d
     const size_t rounded = (bytes + 255) / 256 * 256;
     data_ = std::aligned_alloc(256, rounded);
     // "out of memory", as check_host_memory says it: is_out_of_memory knows these failures by that start.
-    TS_CHECK(data_, "out of memory: ", what, " needs ", bytes / (1024.0 * 1024 * 1024), " GiB, and allocating it "
+    TS_CHECK(data_, "out of memory: ", what, " needs ", bytes / (1024.0 * 1024 * 1024),
+             " GiB, and allocating it "
              "failed");
   } else {
     data_ = device_malloc(bytes, device.index, what);

@@ -24,7 +24,9 @@ class Buffer {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   // A contiguous view of the whole buffer, or of its first elements, as `dtype` with `shape`.

@@ -15,8 +15,8 @@ void* device_malloc(size_t bytes, int device, const char* what) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     TS_THROW("out of GPU memory: ", what, " needs ", bytes / (1024.0 * 1024 * 1024), " GiB, ",
-             free_b / (1024.0 * 1024 * 1024), " GiB free of ", total_b / (1024.0 * 1024 * 1024), " GiB on cuda:",
-             device);
+             free_b / (1024.0 * 1024 * 1024), " GiB free of ", total_b / (1024.0 * 1024 * 1024),
+             " GiB on cuda:", device);
   }
   return p;
 }

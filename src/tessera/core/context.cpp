@@ -13,8 +13,9 @@ bool built_with_cuda() { return false; }
 struct Context::Cuda {};
 
 Context::Context(Device device) : device_(device) {
-  TS_CHECK(device.is_cpu(), "device ", device.str(), ": this tessera was built without CUDA (nvcc was not found "
-                            "at configure time); use --device cpu");
+  TS_CHECK(device.is_cpu(), "device ", device.str(),
+           ": this tessera was built without CUDA (nvcc was not found "
+           "at configure time); use --device cpu");
 }
 Context::~Context() = default;
 Context::Context(Context&&) noexcept = default;

@@ -53,8 +53,8 @@ class Context {
 
   // CUDA only (Error on a CPU Context).
   Stream stream() const;
-  void* cublaslt() const;             // cublasLtHandle_t
-  void* gemm_workspace() const;       // device memory for cuBLASLt
+  void* cublaslt() const;        // cublasLtHandle_t
+  void* gemm_workspace() const;  // device memory for cuBLASLt
   size_t gemm_workspace_bytes() const;
   const GpuInfo& gpu() const;
   // Device scratch of at least `bytes`, owned by the Context and reused by every op that needs temporary

@@ -4,9 +4,9 @@
 
 #include "tessera/core/error.h"
 
-#define TS_CHECK_CUDA(call)                                                                    \
-  do {                                                                                         \
-    const cudaError_t ts_err_ = (call);                                                        \
+#define TS_CHECK_CUDA(call) \
+  do { \
+    const cudaError_t ts_err_ = (call); \
     if (ts_err_ != cudaSuccess) TS_THROW("CUDA error in ", #call, ": ", cudaGetErrorString(ts_err_)); \
   } while (0)
 
@@ -14,9 +14,9 @@
 #ifdef NDEBUG
 #define TS_CHECK_LAUNCH() TS_CHECK_CUDA(cudaGetLastError())
 #else
-#define TS_CHECK_LAUNCH()                  \
-  do {                                     \
-    TS_CHECK_CUDA(cudaGetLastError());     \
+#define TS_CHECK_LAUNCH() \
+  do { \
+    TS_CHECK_CUDA(cudaGetLastError()); \
     TS_CHECK_CUDA(cudaDeviceSynchronize()); \
   } while (0)
 #endif

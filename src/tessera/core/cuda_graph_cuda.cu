@@ -113,7 +113,8 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
   // The capture ends whatever happened, so that the stream is never left capturing.
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  if (failure.empty() && ended != cudaSuccess) failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  if (failure.empty() && ended != cudaSuccess)
+    failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
   if (failure.empty() && graph == nullptr) failure = "the capture produced no graph";
   if (!failure.empty()) {
     if (graph) cudaGraphDestroy(graph);

@@ -22,11 +22,17 @@ __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // kVec elements of T in one 16-byte access.
 template <typename T>
@@ -36,7 +42,9 @@ struct alignas(16) Pack {
 };
 
 template <typename T>
-__device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_cast<const Pack<T>*>(p); }
+__device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T>*>(p);
+}
 
 // U elements as stored (one 16-byte pack, U = Pack<T>::kVec, or one element), converted to f32 on use: a bf16 pack
 // held this way is 4 registers where its f32 values are 8 (the norm and residual kernels load rows ahead in it).
@@ -58,7 +66,9 @@ __device__ __forceinline__ RawUnit<T, U> load_raw(const T* p) {
   return r;
 }
 template <typename T>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) {
+  *reinterpret_cast<Pack<T>*>(p) = v;
+}
 template <typename T, int U>
 __device__ __forceinline__ void store_raw(T* p, const RawUnit<T, U>& r) {
   if constexpr (U == 1) {
@@ -164,11 +174,17 @@ __device__ __forceinline__ OnlineMaxSum<kFastExp> block_max_sum(OnlineMaxSum<kFa
 template <DType D>
 struct CudaType;
 template <>
-struct CudaType<DType::F32> { using type = float; };
+struct CudaType<DType::F32> {
+  using type = float;
+};
 template <>
-struct CudaType<DType::BF16> { using type = __nv_bfloat16; };
+struct CudaType<DType::BF16> {
+  using type = __nv_bfloat16;
+};
 template <>
-struct CudaType<DType::F16> { using type = __half; };
+struct CudaType<DType::F16> {
+  using type = __half;
+};
 
 // Calls f(T{}) with T the CUDA type of dtype (f32, bf16 or f16); any other dtype is an error naming `op`.
 template <typename F>

@@ -12,7 +12,9 @@ namespace tessera {
 enum class DType : uint8_t { F32, BF16, F16, I32, U16, U8, F64 };
 
 // True for the floating-point types a model can compute in.
-inline bool dtype_is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::F64; }
+inline bool dtype_is_float(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::F64;
+}
 
 size_t dtype_size(DType t);
 // The names used by safetensors ("F32", "BF16", ...).

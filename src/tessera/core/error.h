@@ -12,8 +12,7 @@ namespace tessera {
 
 class Error : public std::runtime_error {
  public:
-  Error(const char* file, int line, const std::string& msg)
-      : std::runtime_error(msg), file_(file), line_(line) {}
+  Error(const char* file, int line, const std::string& msg) : std::runtime_error(msg), file_(file), line_(line) {}
   const char* file() const { return file_; }
   int line() const { return line_; }
 
@@ -35,9 +34,9 @@ std::string concat(const Args&... args) {
 
 #define TS_THROW(...) throw ::tessera::Error(__FILE__, __LINE__, ::tessera::detail::concat(__VA_ARGS__))
 
-#define TS_CHECK(cond, ...)       \
-  do {                            \
-    if (!(cond)) {                \
-      TS_THROW(__VA_ARGS__);      \
-    }                             \
+#define TS_CHECK(cond, ...) \
+  do { \
+    if (!(cond)) { \
+      TS_THROW(__VA_ARGS__); \
+    } \
   } while (0)

@@ -240,8 +240,7 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
     throw;
   }
   // A device or a pipe cannot be synced (EINVAL, EROFS); what it took is what it took.
-  ok = std::fflush(f) == 0 &&
-       (::fsync(::fileno(f)) == 0 || (target.in_place && (errno == EINVAL || errno == EROFS)));
+  ok = std::fflush(f) == 0 && (::fsync(::fileno(f)) == 0 || (target.in_place && (errno == EINVAL || errno == EROFS)));
   int saved_errno = errno;
   if (std::fclose(f) != 0 && ok) {
     ok = false;

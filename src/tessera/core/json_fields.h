@@ -52,8 +52,7 @@ inline int64_t json_int64(const nlohmann::json& j, const char* key, std::string_
 }
 
 inline int json_int(const nlohmann::json& j, const char* key, std::string_view where) {
-  return static_cast<int>(
-      json_int64(j, key, where, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+  return static_cast<int>(json_int64(j, key, where, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
 }
 
 inline uint64_t json_u64(const nlohmann::json& j, const char* key, std::string_view where) {

@@ -41,8 +41,8 @@ TS_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t key1) 
 // Block `block` of draw `stream` under `seed`: words 4 block .. 4 block + 3 of that draw (counter (block,
 // stream), key seed).
 TS_HOST_DEVICE Philox4 philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
-  const Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                     static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)}};
+  const Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(stream),
+                     static_cast<uint32_t>(stream >> 32)}};
   return philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 

@@ -32,8 +32,8 @@ int MemoryPlan::add(std::string name, size_t bytes, int first, int last) {
 }
 
 int MemoryPlan::add_fixed(std::string name, size_t bytes, int first, int last, size_t offset) {
-  TS_CHECK(offset <= kMaxTotal && bytes <= kMaxTotal - offset, "memory plan: fixed buffer ", name, " at ", offset,
-           " (", bytes, " bytes) ends past ", kMaxTotal, " bytes (1 EiB), more than any machine holds");
+  TS_CHECK(offset <= kMaxTotal && bytes <= kMaxTotal - offset, "memory plan: fixed buffer ", name, " at ", offset, " (",
+           bytes, " bytes) ends past ", kMaxTotal, " bytes (1 EiB), more than any machine holds");
   const int id = add(std::move(name), bytes, first, last);
   PlanBuffer& b = buffers_.back();
   total_ -= b.size - bytes;  // a fixed buffer occupies its bytes exactly
@@ -111,7 +111,8 @@ size_t MemoryPlan::first_fit(const std::vector<int>& order, std::vector<int> pla
     colliders.clear();
     for (int p : placed)
       if (buffers_[p].lives_overlap(b)) colliders.push_back(p);
-    std::sort(colliders.begin(), colliders.end(), [&](int x, int y) { return buffers_[x].offset < buffers_[y].offset; });
+    std::sort(colliders.begin(), colliders.end(),
+              [&](int x, int y) { return buffers_[x].offset < buffers_[y].offset; });
     // First fit: walk the colliders in offset order; the candidate moves past each one it would overlap. The
     // colliders may overlap each other in memory (their own lives are disjoint), hence the max; a fixed one may
     // end off the alignment, hence the rounding.

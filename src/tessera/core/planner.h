@@ -30,11 +30,11 @@ namespace tessera {
 
 struct PlanBuffer {
   std::string name;
-  size_t bytes = 0;   // as declared
-  size_t size = 0;    // rounded up to the plan's alignment: the memory it occupies
-  int first = 0;      // first event that uses it
-  int last = 0;       // last event that uses it (inclusive)
-  size_t offset = 0;  // from assign(), or given (fixed)
+  size_t bytes = 0;    // as declared
+  size_t size = 0;     // rounded up to the plan's alignment: the memory it occupies
+  int first = 0;       // first event that uses it
+  int last = 0;        // last event that uses it (inclusive)
+  size_t offset = 0;   // from assign(), or given (fixed)
   bool fixed = false;  // placed by the caller (MemoryPlan::add_fixed)
 
   bool live_at(int event) const { return first <= event && event <= last; }
@@ -77,7 +77,7 @@ class MemoryPlan {
   int num_events() const { return num_events_; }  // 1 + the largest event declared
 
   size_t peak() const;   // bytes the arena needs: the end of the highest buffer (after assign)
-  size_t total() const;                  // Σ aligned sizes
+  size_t total() const;  // Σ aligned sizes
   LiveSet max_live() const;
   // Bytes live at each event 0 .. num_events()-1 (the memory timeline of a step).
   std::vector<size_t> live_bytes() const;

@@ -76,7 +76,9 @@ class Tensor {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   int ndim() const { return ndim_; }

@@ -40,8 +40,7 @@ std::string decimal_range_note(DecimalStatus status) {
   std::ostringstream s;
   if (status == DecimalStatus::Underflow)
     s << "is too close to zero (the smallest magnitude it takes is " << std::numeric_limits<T>::min() << ")";
-  else
-    s << "is out of range (" << std::numeric_limits<T>::lowest() << " to " << std::numeric_limits<T>::max() << ")";
+  else s << "is out of range (" << std::numeric_limits<T>::lowest() << " to " << std::numeric_limits<T>::max() << ")";
   return s.str();
 }
 template std::string decimal_range_note<float>(DecimalStatus);
@@ -53,11 +52,8 @@ std::optional<double> parse_byte_size(std::string_view v) {
   if (used == 0 || !std::isfinite(x)) return std::nullopt;
   const std::string_view unit = v.substr(used);
   constexpr std::pair<std::string_view, double> kUnits[] = {
-      {"", 1.0},         {"B", 1.0},
-      {"KB", 1e3},       {"MB", 1e6},
-      {"GB", 1e9},       {"TB", 1e12},
-      {"KiB", 1024.0},   {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+      {"", 1.0},    {"B", 1.0},      {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (const auto& [name, scale] : kUnits)
     if (unit == name) return x * scale;
   return std::nullopt;

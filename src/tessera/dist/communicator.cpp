@@ -73,8 +73,8 @@ void check_tensor(const Tensor& t, Device device, const char* op, const char* na
 namespace {
 // Integers add on every backend, but their average is not an integer.
 void check_average(const Tensor& t, ReduceOp op, const char* what) {
-  TS_CHECK(op == ReduceOp::Sum || (t.dtype() != DType::I32 && t.dtype() != DType::U8 && t.dtype() != DType::U16),
-           what, ": an average of ", dtype_name(t.dtype()), " values is not an ", dtype_name(t.dtype()));
+  TS_CHECK(op == ReduceOp::Sum || (t.dtype() != DType::I32 && t.dtype() != DType::U8 && t.dtype() != DType::U16), what,
+           ": an average of ", dtype_name(t.dtype()), " values is not an ", dtype_name(t.dtype()));
 }
 }  // namespace
 

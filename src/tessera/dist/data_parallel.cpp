@@ -82,7 +82,8 @@ DataParallelRun::DataParallelRun(const MpiWorld& world, Context& ctx, const Data
     if (overlaps && opt.comm_sms > 0 && world.size() > 1)
       overlap_sm_target_ = std::max(1, ctx.gpu().sm_count - opt.comm_sms);
 #else
-    TS_THROW("training on ", ctx.device().str(), " across ranks needs NCCL, and this tessera was built without it "
+    TS_THROW("training on ", ctx.device().str(),
+             " across ranks needs NCCL, and this tessera was built without it "
              "(NCCL's nccl.h and libnccl were not found at configure time); use --device cpu or rebuild with NCCL");
 #endif
   } else {
@@ -105,12 +106,11 @@ void check_ranks_agree(Communicator& control, const std::string& key, const std:
   check_ranks_agree(control, f.h, what, same);
 }
 
-void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what,
-                       const std::string& same) {
+void check_ranks_agree(Communicator& control, uint64_t fingerprint, const std::string& what, const std::string& same) {
   const int n = control.size();
   std::vector<uint64_t> all(static_cast<size_t>(n));
   control.all_gather(Tensor(&fingerprint, DType::U8, {8}),
-                      Tensor(all.data(), DType::U8, {static_cast<int64_t>(8 * n)}));
+                     Tensor(all.data(), DType::U8, {static_cast<int64_t>(8 * n)}));
   std::string differ;
   int count = 0;
   for (int r = 1; r < n; ++r)

@@ -68,8 +68,7 @@ void GradSync::begin_backward(Model& model, bool sync) {
   next_ = 0;
   if (sync && (mode_ == DdpMode::Overlap || mode_ == DdpMode::Bucket))
     model.set_grad_ready_hook([this](size_t begin, size_t end) { on_grad_ready(begin, end); });
-  else
-    model.set_grad_ready_hook(nullptr);
+  else model.set_grad_ready_hook(nullptr);
 }
 
 void GradSync::start(size_t begin, size_t end) {
@@ -104,9 +103,7 @@ void GradSync::end_backward(Model& model, bool sync) {
       for (const ParamSegment& s : params_->segments())
         if (s.numel > 0) comm_->all_reduce(params_->grad_at(s.offset, static_cast<int64_t>(s.numel)), ReduceOp::Avg);
       break;
-    case DdpMode::Flat:
-      comm_->all_reduce(params_->grad(), ReduceOp::Avg);
-      break;
+    case DdpMode::Flat: comm_->all_reduce(params_->grad(), ReduceOp::Avg); break;
     case DdpMode::Overlap:
     case DdpMode::Bucket:
       TS_CHECK(frontier_ == 0, "internal: backward reported gradients final only from ", frontier_, " up");

@@ -61,10 +61,10 @@ class GradSync {
   const ParamBuffer* params_;
   DdpMode mode_;
   std::vector<GradRange> buckets_;
-  std::vector<size_t> order_;      // segment indices by descending offset (overlap)
+  std::vector<size_t> order_;  // segment indices by descending offset (overlap)
   std::vector<CommHandle> pending_;
-  size_t frontier_ = 0;            // gradients at [frontier_, size) are final in this backward
-  size_t next_ = 0;                // next bucket (bucket) or next entry of order_ (overlap) to start
+  size_t frontier_ = 0;  // gradients at [frontier_, size) are final in this backward
+  size_t next_ = 0;      // next bucket (bucket) or next entry of order_ (overlap) to start
 };
 
 }  // namespace tessera

@@ -16,8 +16,9 @@ inline std::string mpi_error_string(int code) {
 }
 }  // namespace tessera::detail
 
-#define TS_CHECK_MPI(call)                                                                                  \
-  do {                                                                                                      \
-    const int ts_mpi_err_ = (call);                                                                         \
-    if (ts_mpi_err_ != MPI_SUCCESS) TS_THROW("MPI error in ", #call, ": ", ::tessera::detail::mpi_error_string(ts_mpi_err_)); \
+#define TS_CHECK_MPI(call) \
+  do { \
+    const int ts_mpi_err_ = (call); \
+    if (ts_mpi_err_ != MPI_SUCCESS) \
+      TS_THROW("MPI error in ", #call, ": ", ::tessera::detail::mpi_error_string(ts_mpi_err_)); \
   } while (0)

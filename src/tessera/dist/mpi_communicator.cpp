@@ -122,8 +122,8 @@ CommHandle MpiCommunicator::all_reduce_async(const Tensor& x, ReduceOp op) {
   for (int64_t off = 0; off < x.numel(); off += kMaxPiece) {
     const int n = static_cast<int>(std::min(kMaxPiece, x.numel() - off));
     MPI_Request r;
-    TS_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(x.data()) + off * esize, n, type, MPI_SUM,
-                                impl_->comm, &r));
+    TS_CHECK_MPI(
+        MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(x.data()) + off * esize, n, type, MPI_SUM, impl_->comm, &r));
     pending->requests.push_back(r);
   }
   if (op == ReduceOp::Avg && size_ > 1) pending->finish = [x, n = size_] { divide(x, n); };
@@ -195,7 +195,8 @@ CommHandle MpiCommunicator::barrier_async() {
 }
 
 void MpiCommunicator::gather_to_root(const float* data, const std::vector<size_t>& counts, float* out, int root) {
-  TS_CHECK(static_cast<int>(counts.size()) == size_, "gather_to_root: ", counts.size(), " counts for ", size_, " ranks");
+  TS_CHECK(static_cast<int>(counts.size()) == size_, "gather_to_root: ", counts.size(), " counts for ", size_,
+           " ranks");
   TS_CHECK(root >= 0 && root < size_, "gather_to_root: root ", root, " is not a rank of ", size_);
   ++stats_.ops;
   MpiOp pending("gather of the optimizer state to rank " + std::to_string(root), rank_, size_, timeout_s_);

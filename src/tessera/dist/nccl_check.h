@@ -6,9 +6,9 @@
 
 #include "tessera/core/error.h"
 
-#define TS_CHECK_NCCL(call)                                                                              \
-  do {                                                                                                   \
-    const ncclResult_t ts_nccl_err_ = (call);                                                            \
-    if (ts_nccl_err_ != ncclSuccess && ts_nccl_err_ != ncclInProgress)                                   \
+#define TS_CHECK_NCCL(call) \
+  do { \
+    const ncclResult_t ts_nccl_err_ = (call); \
+    if (ts_nccl_err_ != ncclSuccess && ts_nccl_err_ != ncclInProgress) \
       TS_THROW("NCCL error in ", #call, ": ", ncclGetErrorString(ts_nccl_err_), " (", ncclGetLastError(nullptr), ")"); \
   } while (0)

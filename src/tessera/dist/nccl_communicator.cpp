@@ -4,9 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,10 +59,10 @@ struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> events, free_events;  // every event made, and those not in use
-  Buffer barrier_word;                              // one f32 on the device, all-reduced by barrier()
-  bool broken = false;                              // aborted after a failure: no more collectives
+  Buffer barrier_word;                           // one f32 on the device, all-reduced by barrier()
+  bool broken = false;                           // aborted after a failure: no more collectives
   int rank = 0, size = 1;
-  const double* timeout_s = nullptr;                // the communicator's (it may change after construction)
+  const double* timeout_s = nullptr;  // the communicator's (it may change after construction)
 
   // Also when the constructor fails half-way: whatever was made is released. After a failure the communicator was
   // aborted (comm is null) and the stream is not waited for: its kernels may wait on a peer that is gone.
@@ -236,8 +236,12 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, Context& ctx, double
   // started later (bench allreduce's torch peer) inherits the user's environment.
   struct RuntimeConnectOff {
     bool set_here = std::getenv("NCCL_RUNTIME_CONNECT") == nullptr;
-    RuntimeConnectOff() { if (set_here) setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); }
-    ~RuntimeConnectOff() { if (set_here) unsetenv("NCCL_RUNTIME_CONNECT"); }
+    RuntimeConnectOff() {
+      if (set_here) setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    }
+    ~RuntimeConnectOff() {
+      if (set_here) unsetenv("NCCL_RUNTIME_CONNECT");
+    }
   } runtime_connect_off;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
@@ -319,8 +323,8 @@ CommHandle NcclCommunicator::all_reduce_async(const Tensor& x, ReduceOp op) {
   check_reducible(x.dtype(), what);
   Impl& im = *impl_;
   return launch(im, std::move(what), [&] {
-    return ncclAllReduce(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.dtype()), nccl_op(op),
-                         im.comm, im.stream);
+    return ncclAllReduce(x.data(), x.data(), static_cast<size_t>(x.numel()), nccl_type(x.dtype()), nccl_op(op), im.comm,
+                         im.stream);
   });
 }
 

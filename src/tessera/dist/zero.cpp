@@ -24,8 +24,10 @@ int zero_max_world(size_t total) {
 
 void check_zero_world(size_t total, int world) {
   TS_CHECK(world <= zero_max_world(total), "ZeRO-1 over ", world, " ranks: the ", total, " parameters make ",
-           total / kSegmentAlign, " blocks of ", kSegmentAlign, ", fewer than the ranks, so nothing would be sharded: "
-           "use --ddp, or at most ", zero_max_world(total), " ranks");
+           total / kSegmentAlign, " blocks of ", kSegmentAlign,
+           ", fewer than the ranks, so nothing would be sharded: "
+           "use --ddp, or at most ",
+           zero_max_world(total), " ranks");
 }
 
 std::vector<ParamSegment> segments_in_range(const std::vector<ParamSegment>& segments, size_t begin, size_t end) {
@@ -115,11 +117,17 @@ void ZeroAdamW::step(ParamBuffer& params, float lr, const GradScaling& scaling) 
 
   // 3. AdamW over this rank's range (clipping is done: max_grad_norm 0).
   if (n > 0) {
-    const AdamWParams p{.lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
-                        .weight_decay = cfg_.weight_decay, .step = step_ + 1, .max_grad_norm = 0.0f};
+    const AdamWParams p{.lr = lr,
+                        .beta1 = cfg_.beta1,
+                        .beta2 = cfg_.beta2,
+                        .eps = cfg_.eps,
+                        .weight_decay = cfg_.weight_decay,
+                        .step = step_ + 1,
+                        .max_grad_norm = 0.0f};
     const int64_t ni = static_cast<int64_t>(n);
-    adamw_step(p, *table_, range(w, b, n), range(g, b, n), params.has_master() ? range(params.master(), b, n) : Tensor(),
-               m_.view(DType::F32, {ni}), v_.view(DType::F32, {ni}), Tensor(), *ctx_);
+    adamw_step(p, *table_, range(w, b, n), range(g, b, n),
+               params.has_master() ? range(params.master(), b, n) : Tensor(), m_.view(DType::F32, {ni}),
+               v_.view(DType::F32, {ni}), Tensor(), *ctx_);
   }
 
   // 4. Every rank's updated range to every rank.

@@ -18,8 +18,8 @@ constexpr int kThreads = 256;
 // x: (n) T. Grid P (fixed per device); block b strides over elements b·256 + t, (b + P)·256 + t, ... summing x² in
 // f32 registers; partials[b] = the block's sum (block_sum: fixed order, so the result is deterministic).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) zero_sum_squares_partials(float* __restrict__ partials,
-                                                                      const T* __restrict__ x, int64_t n) {
+__global__ void __launch_bounds__(kThreads)
+    zero_sum_squares_partials(float* __restrict__ partials, const T* __restrict__ x, int64_t n) {
   float acc = 0.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(kThreads) zero_sum_squares_partials(float* __r
 }
 
 // One block: sum_sq[0] = Σ partials in f64, thread t taking partials t, t + 256, ... then a fixed tree.
-__global__ void __launch_bounds__(kThreads) zero_sum_partials(double* __restrict__ sum_sq,
-                                                              const float* __restrict__ partials, int count) {
+__global__ void __launch_bounds__(kThreads)
+    zero_sum_partials(double* __restrict__ sum_sq, const float* __restrict__ partials, int count) {
   __shared__ double smem[kThreads];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += kThreads) acc += partials[i];

@@ -22,8 +22,8 @@ void beam_search_check(const BeamSearchOptions& o) {
   TS_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be at least 1 for beam search, got ", o.max_new_tokens);
   TS_CHECK(o.eos_id >= -1 && o.eos_id < o.vocab, "--eos-id ", o.eos_id, " lies outside the vocabulary [0, ", o.vocab,
            ")");
-  TS_CHECK(o.pad_id >= 0 && o.pad_id < o.vocab, "the pad id ", o.pad_id, " lies outside the vocabulary [0, ",
-           o.vocab, ")");
+  TS_CHECK(o.pad_id >= 0 && o.pad_id < o.vocab, "the pad id ", o.pad_id, " lies outside the vocabulary [0, ", o.vocab,
+           ")");
   TS_CHECK(std::isfinite(o.length_penalty), "--length-penalty must be finite");
   TS_CHECK(o.num_return_sequences >= 1 && o.num_return_sequences <= o.beams, "--num-return-sequences must lie in [1, ",
            o.beams, "] (at most --beams), got ", o.num_return_sequences);
@@ -35,8 +35,13 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 BeamSearch::BeamSearch(const BeamSearchOptions& o, Context& ctx) : o_(o) {
   beam_search_check(o);
-  shape_ = {.K = o.beams, .V = o.vocab, .eos = o.eos_id, .pad = o.pad_id, .length_penalty = o.length_penalty,
-            .early_stopping = o.early_stopping, .max_new_tokens = o.max_new_tokens};
+  shape_ = {.K = o.beams,
+            .V = o.vocab,
+            .eos = o.eos_id,
+            .pad = o.pad_id,
+            .length_penalty = o.length_penalty,
+            .early_stopping = o.early_stopping,
+            .max_new_tokens = o.max_new_tokens};
   const int64_t B = o.batch, S = B * o.beams, C = B * 2 * o.beams, N = o.max_new_tokens;
   // (bytes, dtype, elements) of each array, laid out 256-byte aligned in one buffer.
   struct Slot {
@@ -44,11 +49,16 @@ BeamSearch::BeamSearch(const BeamSearchOptions& o, Context& ctx) : o_(o) {
     DType dt;
     int64_t n;
   };
-  const Slot slots[] = {{&scores_, DType::F32, S},      {&tokens_, DType::I32, S},
-                        {&parents_, DType::I32, S},     {&done_, DType::I32, B},
-                        {&cand_s_, DType::F32, C},      {&cand_i_, DType::I32, C},
-                        {&lse_, DType::F32, S},         {&hist_tokens_, DType::I32, N * S},
-                        {&hist_parents_, DType::I32, N * S}, {&step_, DType::I32, 1},
+  const Slot slots[] = {{&scores_, DType::F32, S},
+                        {&tokens_, DType::I32, S},
+                        {&parents_, DType::I32, S},
+                        {&done_, DType::I32, B},
+                        {&cand_s_, DType::F32, C},
+                        {&cand_i_, DType::I32, C},
+                        {&lse_, DType::F32, S},
+                        {&hist_tokens_, DType::I32, N * S},
+                        {&hist_parents_, DType::I32, N * S},
+                        {&step_, DType::I32, 1},
                         {&hyps_, DType::U8, B * static_cast<int64_t>(sizeof(beam::Hyps))}};
   size_t total = 0;
   for (const Slot& s : slots) total += align256(static_cast<size_t>(s.n) * dtype_size(s.dt));

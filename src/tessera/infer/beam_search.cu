@@ -10,12 +10,10 @@ constexpr int kEntryThreads = 256;
 // One block; thread i runs entries i, i + blockDim, ... (each entry's loop is sequential, as HF's is, and touches
 // only its own rows). The step index t = *step is read by every thread before thread 0 advances it; a step past
 // max_new_tokens changes nothing. hist_tokens, hist_parents: (max_new_tokens, B*K); row t gets this step's outputs.
-__global__ void __launch_bounds__(kEntryThreads) beam_search_entries(beam::StepShape s, int B, const float* cand_s,
-                                                                     const int32_t* cand_i, beam::Hyps* hyps,
-                                                                     int32_t* done, int32_t* tokens,
-                                                                     int32_t* parents, float* scores,
-                                                                     int32_t* hist_tokens, int32_t* hist_parents,
-                                                                     int32_t* step) {
+__global__ void __launch_bounds__(kEntryThreads)
+    beam_search_entries(beam::StepShape s, int B, const float* cand_s, const int32_t* cand_i, beam::Hyps* hyps,
+                        int32_t* done, int32_t* tokens, int32_t* parents, float* scores, int32_t* hist_tokens,
+                        int32_t* hist_parents, int32_t* step) {
   const int t = *step;
   if (t >= s.max_new_tokens) return;
   const int64_t S = static_cast<int64_t>(B) * s.K;
@@ -36,8 +34,8 @@ __global__ void __launch_bounds__(kEntryThreads) beam_search_entries(beam::StepS
 void beam_search_entries_cuda(const beam::StepShape& s, int B, const float* cand_s, const int32_t* cand_i,
                               beam::Hyps* hyps, int32_t* done, int32_t* tokens, int32_t* parents, float* scores,
                               int32_t* hist_tokens, int32_t* hist_parents, int32_t* step, Context& ctx) {
-  beam_search_entries<<<1, kEntryThreads, 0, ctx.stream()>>>(s, B, cand_s, cand_i, hyps, done, tokens, parents,
-                                                             scores, hist_tokens, hist_parents, step);
+  beam_search_entries<<<1, kEntryThreads, 0, ctx.stream()>>>(s, B, cand_s, cand_i, hyps, done, tokens, parents, scores,
+                                                             hist_tokens, hist_parents, step);
   TS_CHECK_LAUNCH();
 }
 

@@ -14,13 +14,13 @@ enum class EarlyStopping : int32_t { False, True, Never };  // HF's early_stoppi
 
 // What every entry shares in a step.
 struct StepShape {
-  int K = 1;                // beams
-  int V = 0;                // vocab
-  int eos = -1;             // -1: no EOS
-  int pad = 0;              // the token a finished entry's beams take
+  int K = 1;     // beams
+  int V = 0;     // vocab
+  int eos = -1;  // -1: no EOS
+  int pad = 0;   // the token a finished entry's beams take
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::False;
-  int max_new_tokens = 0;   // HF's max_length - prompt length, for early_stopping "never"
+  int max_new_tokens = 0;  // HF's max_length - prompt length, for early_stopping "never"
 };
 
 // One entry's finished hypotheses: HF's BeamHypotheses, up to K in insertion order (the order HF's list keeps,
@@ -41,7 +41,8 @@ TS_HOST_DEVICE void hyps_init(Hyps& h) {
 
 // HF's length term: generated_len ** length_penalty, in f64 as Python computes it.
 TS_HOST_DEVICE float hyp_score(float sum_logprobs, int generated_len, float length_penalty) {
-  return static_cast<float>(sum_logprobs / pow(static_cast<double>(generated_len), static_cast<double>(length_penalty)));
+  return static_cast<float>(sum_logprobs /
+                            pow(static_cast<double>(generated_len), static_cast<double>(length_penalty)));
 }
 
 // BeamHypotheses.add: keep it when there is room or it beats the worst; past K, drop the lowest score (the
@@ -85,8 +86,8 @@ TS_HOST_DEVICE bool hyps_is_done(const Hyps& h, const StepShape& s, float best, 
 // Writes the K new beams: tokens, parents (the row each continues) and their running scores. A finished entry keeps
 // its rows (parent = itself), takes the pad token and score 0. HF raises where fewer than K candidates are not EOS;
 // here the missing beams are dead (score -inf, parent the entry's first row, the pad token).
-TS_HOST_DEVICE void entry_step(const StepShape& s, int b, int t, const float* cand_s, const int32_t* cand_i,
-                                      Hyps& h, int32_t& done, int32_t* tokens, int32_t* parents, float* scores) {
+TS_HOST_DEVICE void entry_step(const StepShape& s, int b, int t, const float* cand_s, const int32_t* cand_i, Hyps& h,
+                               int32_t& done, int32_t* tokens, int32_t* parents, float* scores) {
   const int base = b * s.K;
   if (done) {
     for (int i = 0; i < s.K; ++i) {

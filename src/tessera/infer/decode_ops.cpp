@@ -55,13 +55,14 @@ void positions_advance_ref(int n, int32_t* pos) {
 void slot_reorder_ref(int S, int max_seq, const int32_t* parents, const int32_t* pos_in, const int32_t* slots_in,
                       int32_t* pos_out, int32_t* slots_out) {
   for (int b = 0; b < S; ++b) {
-    TS_CHECK(parents[b] >= 0 && parents[b] < S, "slot_reorder: parent ", parents[b], " of row ", b, " is outside ",
-             S, " rows");
+    TS_CHECK(parents[b] >= 0 && parents[b] < S, "slot_reorder: parent ", parents[b], " of row ", b, " is outside ", S,
+             " rows");
     const int p = parents[b];
     const int n = std::clamp(pos_in[p], 0, max_seq);
     pos_out[b] = pos_in[p];
     for (int t = 0; t < max_seq; ++t)
-      slots_out[int64_t{b} * max_seq + t] = t < n ? slots_in[int64_t{p} * max_seq + t] : slots_in[int64_t{b} * max_seq + t];
+      slots_out[int64_t{b} * max_seq + t] = t < n ? slots_in[int64_t{p} * max_seq + t]
+                                                  : slots_in[int64_t{b} * max_seq + t];
   }
 }
 
@@ -75,7 +76,8 @@ template void greedy_argmax_ref<double>(int, int, int64_t, const double*, int32_
 namespace {
 // A tensor of at least `numel` elements of `dtype` on ctx's device (views with row strides are not contiguous
 // tensors of an exact size, so only the lower bound is checked).
-void expect_at_least(const Tensor& t, const char* op, const char* name, DType dtype, int64_t numel, const Context& ctx) {
+void expect_at_least(const Tensor& t, const char* op, const char* name, DType dtype, int64_t numel,
+                     const Context& ctx) {
   TS_CHECK(t.defined(), op, ": ", name, " is required");
   TS_CHECK(t.device() == ctx.device(), op, ": ", name, " is on ", t.device().str(), " but the context is ",
            ctx.device().str());
@@ -127,15 +129,18 @@ void positions_advance(const Tensor& pos, Context& ctx) {
   constexpr const char* op = "positions_advance";
   expect(pos, op, "pos", DType::I32, pos.numel(), ctx);
   const int n = static_cast<int>(pos.numel());
-  if (!on_cuda(ctx, [&] { positions_advance_cuda(n, pos.as<int32_t>(), ctx); })) positions_advance_ref(n, pos.as<int32_t>());
+  if (!on_cuda(ctx, [&] { positions_advance_cuda(n, pos.as<int32_t>(), ctx); }))
+    positions_advance_ref(n, pos.as<int32_t>());
 }
 
 void slot_reorder(int S, int max_seq, const Tensor& parents, const Tensor& pos_in, const Tensor& slots_in,
                   const Tensor& pos_out, const Tensor& slots_out, Context& ctx) {
   constexpr const char* op = "slot_reorder";
   TS_CHECK(S >= 0 && max_seq > 0, op, ": bad shape S ", S, " max_seq ", max_seq);
-  for (const auto& [t, name, n] : {std::tuple{&parents, "parents", int64_t{S}}, {&pos_in, "pos_in", int64_t{S}},
-                                   {&pos_out, "pos_out", int64_t{S}}, {&slots_in, "slots_in", int64_t{S} * max_seq},
+  for (const auto& [t, name, n] : {std::tuple{&parents, "parents", int64_t{S}},
+                                   {&pos_in, "pos_in", int64_t{S}},
+                                   {&pos_out, "pos_out", int64_t{S}},
+                                   {&slots_in, "slots_in", int64_t{S} * max_seq},
                                    {&slots_out, "slots_out", int64_t{S} * max_seq}})
     expect(*t, op, name, DType::I32, n, ctx);
   TS_CHECK(pos_in.data() != pos_out.data() && slots_in.data() != slots_out.data(), op, ": runs out of place");

@@ -16,9 +16,9 @@ using cuda::to_f32;
 // One block per row b, threads over its C columns: out[b, c] = scale * wte[tok, c] + wpe[t, c] (f32 arithmetic,
 // one rounding to T as the embedding kernel does), or 0 for the padding id.
 template <typename T>
-__global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__ out, const int32_t* __restrict__ tokens,
-                                        const int32_t* __restrict__ pos, const T* __restrict__ wte,
-                                        const T* __restrict__ wpe) {
+__global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__ out,
+                                        const int32_t* __restrict__ tokens, const int32_t* __restrict__ pos,
+                                        const T* __restrict__ wte, const T* __restrict__ wpe) {
   const int b = blockIdx.x;
   const int32_t tok = tokens[b];
   T* o = out + static_cast<int64_t>(b) * p.C;
@@ -35,8 +35,9 @@ __global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__
 }
 
 // One block of 1024 threads per row: each thread keeps the best (value, lowest id) of its strided columns, then
-// warp shuffles and one pass over the warps' winners keep the larger value, the lower id on a tie. NaN never replaces a value (comparisons with
-// NaN are false), and -inf starts each lane with id V (replaced by any finite or -inf column: see below).
+// warp shuffles and one pass over the warps' winners keep the larger value, the lower id on a tie. NaN never replaces a
+// value (comparisons with NaN are false), and -inf starts each lane with id V (replaced by any finite or -inf column:
+// see below).
 constexpr int kArgmaxThreads = 1024;
 template <typename T>
 __global__ void greedy_argmax_kernel(int V, int64_t ld, const T* __restrict__ logits, int32_t* __restrict__ out) {
@@ -142,7 +143,7 @@ void slot_reorder_cuda(int S, int max_seq, const int32_t* parents, const int32_t
   const int64_t n = static_cast<int64_t>(S) * max_seq;
   if (n == 0) return;
   slot_reorder_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(S, max_seq, parents, pos_in, slots_in, pos_out,
-                                                                   slots_out);
+                                                                  slots_out);
   TS_CHECK_LAUNCH();
 }
 

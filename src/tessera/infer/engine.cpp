@@ -46,7 +46,11 @@ Sizes resolve(const ModelConfig& cfg, const EngineOptions& o) {
 }
 
 KvCacheShape cache_shape(const ModelConfig& cfg, const EngineOptions& o, const Sizes& s) {
-  return {.layers = cfg.n_layers, .S = s.S, .Hkv = cfg.kv_heads(), .max_seq = s.max_seq, .Dh = cfg.head_dim(),
+  return {.layers = cfg.n_layers,
+          .S = s.S,
+          .Hkv = cfg.kv_heads(),
+          .max_seq = s.max_seq,
+          .Dh = cfg.head_dim(),
           .slot_table = o.beams > 1 || o.slot_table};
 }
 
@@ -71,8 +75,8 @@ struct Engine::Acts {
   Tensor parents;                                                  // S int32
 
   // Lays the buffers out from offset 0 of `base` (null: only counts); returns the bytes.
-  static size_t layout(const ModelConfig& cfg, DType dt, const EngineOptions& o, const Sizes& s, void* base,
-                       Device dev, Acts* a) {
+  static size_t layout(const ModelConfig& cfg, DType dt, const EngineOptions& o, const Sizes& s, void* base, Device dev,
+                       Acts* a) {
     size_t at = 0;
     auto take = [&](Tensor* t, DType d, int64_t rows, int64_t cols) {
       const size_t bytes = static_cast<size_t>(rows * cols) * dtype_size(d);
@@ -151,12 +155,18 @@ Engine::Engine(Model& model, const EngineOptions& opt)
   w.lm = cfg_.tied ? w.wte : get("lm_head", true);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
-    w.layers.push_back({.ln1_w = get(p + "ln1.w", true), .ln1_b = get(p + "ln1.b", false),
-                        .qkv_w = get(p + "qkv.w", true), .qkv_b = get(p + "qkv.b", false),
-                        .proj_w = get(p + "proj.w", true), .proj_b = get(p + "proj.b", false),
-                        .ln2_w = get(p + "ln2.w", true), .ln2_b = get(p + "ln2.b", false),
-                        .fc_w = get(p + "fc.w", true), .fc_b = get(p + "fc.b", false),
-                        .fcp_w = get(p + "fcp.w", true), .fcp_b = get(p + "fcp.b", false)});
+    w.layers.push_back({.ln1_w = get(p + "ln1.w", true),
+                        .ln1_b = get(p + "ln1.b", false),
+                        .qkv_w = get(p + "qkv.w", true),
+                        .qkv_b = get(p + "qkv.b", false),
+                        .proj_w = get(p + "proj.w", true),
+                        .proj_b = get(p + "proj.b", false),
+                        .ln2_w = get(p + "ln2.w", true),
+                        .ln2_b = get(p + "ln2.b", false),
+                        .fc_w = get(p + "fc.w", true),
+                        .fc_b = get(p + "fc.b", false),
+                        .fcp_w = get(p + "fcp.w", true),
+                        .fcp_b = get(p + "fcp.b", false)});
   }
 
   cache_ = KvCache(cache_shape(cfg_, opt_, s), dtype_, ctx_);
@@ -182,7 +192,9 @@ Tensor first_rows(const Tensor& t, int64_t n) {
   const int64_t cols = t.ndim() > 1 ? t.size(1) : 1;
   return Tensor::from_shape(t.data(), t.dtype(), std::initializer_list<int64_t>{n, cols}, t.device());
 }
-Tensor flat(const Tensor& t, int64_t n) { return Tensor::from_shape(t.data(), t.dtype(), std::initializer_list<int64_t>{n}, t.device()); }
+Tensor flat(const Tensor& t, int64_t n) {
+  return Tensor::from_shape(t.data(), t.dtype(), std::initializer_list<int64_t>{n}, t.device());
+}
 }  // namespace
 
 void Engine::run_layers(int n, int T, bool decode) {
@@ -203,14 +215,20 @@ void Engine::run_layers(int n, int T, bool decode) {
   const Tensor* cur = &x;
   const Tensor* other = &x2;
   auto add_then_norm = [&](const Tensor& wt, const Tensor& b) {
-    norm_residual_forward(np, ln, {.N = static_cast<int>(N), .C = C}, *other, lnx, ln ? mean : Tensor(), rstd, *cur,
-                          y, Tensor(), wt, ln ? b : Tensor(), ctx_);
+    norm_residual_forward(np, ln, {.N = static_cast<int>(N), .C = C}, *other, lnx, ln ? mean : Tensor(), rstd, *cur, y,
+                          Tensor(), wt, ln ? b : Tensor(), ctx_);
     std::swap(cur, other);
   };
   auto mm = [&](int out, int in, const Tensor& c, const Tensor& in_t, const Tensor& wt, const Tensor& bias) {
     gemm({.M = static_cast<int>(N), .N = out, .K = in, .trans_b = true, .allow_tf32 = !f32}, c, in_t, wt, bias, ctx_);
   };
-  const DecodeAttentionParams dp{.B = n, .Tq = T, .H = H, .Hkv = Hkv, .Dh = Dh, .S = S_, .max_seq = max_seq_,
+  const DecodeAttentionParams dp{.B = n,
+                                 .Tq = T,
+                                 .H = H,
+                                 .Hkv = Hkv,
+                                 .Dh = Dh,
+                                 .S = S_,
+                                 .max_seq = max_seq_,
                                  .rope_theta = cfg_.positions == PositionKind::Rope ? cfg_.rope_theta : 0.0f};
   const Tensor pos = flat(cache_.pos(), n);
   const Tensor slots = cache_.slots().defined()
@@ -236,7 +254,14 @@ void Engine::run_layers(int n, int T, bool decode) {
       const int64_t sh = int64_t{max_seq_} * Dh, sb = int64_t{Hkv} * sh;
       const Tensor kc = Tensor::strided(kv.k.data(), dtype_, {n, T, Hkv, Dh}, {sb, Dh, sh, 1}, ctx_.device());
       const Tensor vc = Tensor::strided(kv.v.data(), dtype_, {n, T, Hkv, Dh}, {sb, Dh, sh, 1}, ctx_.device());
-      const AttentionParams ap{.B = n, .T = T, .H = H, .Dh = Dh, .causal = true, .n_kv_heads = Hkv, .Tq = T, .Tk = T,
+      const AttentionParams ap{.B = n,
+                               .T = T,
+                               .H = H,
+                               .Dh = Dh,
+                               .causal = true,
+                               .n_kv_heads = Hkv,
+                               .Tq = T,
+                               .Tk = T,
                                .key_lens = flat(a.lens, n)};
       attention_forward(ap, out, flat(a.lse, int64_t{n} * H * T), q, kc, vc, ctx_);
     }
@@ -264,8 +289,7 @@ void Engine::run_head(const Tensor& last, int n) {
   const NormParams np{.N = n, .C = cfg_.d_model, .eps = cfg_.norm_eps};
   if (cfg_.norm == NormKind::LayerNorm)
     layernorm_forward(np, lnf, flat(a.mean, n), flat(a.rstd, n), last, w_->lnf_w, w_->lnf_b, ctx_);
-  else
-    rmsnorm_forward(np, lnf, flat(a.rstd, n), last, w_->lnf_w, ctx_);
+  else rmsnorm_forward(np, lnf, flat(a.rstd, n), last, w_->lnf_w, ctx_);
   const Tensor logits = flat(a.logits, (n - 1) * ld_ + V_);
   gemm({.M = n, .N = V_, .K = cfg_.d_model, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_}, logits,
        lnf, w_->lm, Tensor(), ctx_);
@@ -293,8 +317,13 @@ void Engine::prefill(const std::vector<std::vector<int32_t>>& prompts) {
     for (int t = 0; t < T; ++t) tokens[static_cast<size_t>(b) * T + t] = t < static_cast<int>(p.size()) ? p[t] : p[0];
   }
   const int64_t N = static_cast<int64_t>(n) * T;
-  const EmbeddingParams ep{.B = n, .T = T, .C = cfg_.d_model, .V = V_, .max_seq = cfg_.max_seq,
-                           .scale = cfg_.emb_scale, .padding_id = cfg_.padding_id};
+  const EmbeddingParams ep{.B = n,
+                           .T = T,
+                           .C = cfg_.d_model,
+                           .V = V_,
+                           .max_seq = cfg_.max_seq,
+                           .scale = cfg_.emb_scale,
+                           .padding_id = cfg_.padding_id};
   embedding_check(ep, tokens.data(), w_->wpe.defined());
   const Acts& a = *a_;
   copy_bytes(a.tokens.data(), ctx_.device(), tokens.data(), Device::cpu(), tokens.size() * sizeof(int32_t), ctx_);
@@ -337,7 +366,11 @@ void Engine::set_tokens(const Tensor& tokens) {
 
 void Engine::enqueue_decode(bool greedy) {
   const Acts& a = *a_;
-  decode_embedding({.B = S_, .C = cfg_.d_model, .V = V_, .max_seq = cfg_.max_seq, .scale = cfg_.emb_scale,
+  decode_embedding({.B = S_,
+                    .C = cfg_.d_model,
+                    .V = V_,
+                    .max_seq = cfg_.max_seq,
+                    .scale = cfg_.emb_scale,
                     .padding_id = cfg_.padding_id},
                    first_rows(a.x, S_), flat(a.next, S_), cache_.pos(), w_->wte, w_->wpe, ctx_);
   run_layers(S_, 1, /*decode=*/true);

@@ -36,10 +36,10 @@
 namespace tessera {
 
 struct EngineOptions {
-  int batch = 1;       // prompts per prefill
-  int beams = 1;       // cache slots per prompt: S = batch x beams (beams > 1: with a slot table)
-  int max_prompt = 0;  // the longest prompt a prefill takes; 0: max_seq
-  int max_seq = 0;     // cache positions per slot; 0: the model's max_seq (never more)
+  int batch = 1;            // prompts per prefill
+  int beams = 1;            // cache slots per prompt: S = batch x beams (beams > 1: with a slot table)
+  int max_prompt = 0;       // the longest prompt a prefill takes; 0: max_seq
+  int max_seq = 0;          // cache positions per slot; 0: the model's max_seq (never more)
   bool slot_table = false;  // a slot table even with beams == 1 (tests alias rows through it)
   bool cuda_graph = true;   // capture the decode step on the GPU (falls back to eager where capture fails)
 };

@@ -28,8 +28,8 @@ void generate_options_check(const GenerateOptions& o, int V) {
   sampler_bias_check(o.logit_bias, V);
   TS_CHECK(o.max_new_tokens >= 0, "--max-new-tokens must be >= 0, got ", o.max_new_tokens);
   TS_CHECK(o.min_new_tokens >= 0, "--min-new-tokens must be >= 0, got ", o.min_new_tokens);
-  TS_CHECK(o.min_new_tokens <= o.max_new_tokens, "--min-new-tokens ", o.min_new_tokens, " is more than --max-new-tokens ",
-           o.max_new_tokens);
+  TS_CHECK(o.min_new_tokens <= o.max_new_tokens, "--min-new-tokens ", o.min_new_tokens,
+           " is more than --max-new-tokens ", o.max_new_tokens);
   for (int32_t id : o.eos_ids)
     TS_CHECK(id >= 0 && id < V, "--eos-id ", id, " is outside the model's vocabulary [0, ", V, ")");
   for (const std::string& s : o.stop) TS_CHECK(!s.empty(), "--stop: a stop string must not be empty");
@@ -91,7 +91,7 @@ size_t first_stop(const std::string& text, const std::vector<std::string>& stops
 // A row's host state.
 struct Row {
   GeneratedSequence seq;
-  int budget = 0;       // new tokens it may draw: max_new_tokens, or fewer where the context fills first
+  int budget = 0;  // new tokens it may draw: max_new_tokens, or fewer where the context fills first
   bool done = false;
   size_t streamed = 0;  // bytes of text handed to on_text
 };
@@ -260,9 +260,7 @@ std::vector<GeneratedSequence> generate_batch(Engine& engine, const std::vector<
       r.streamed = std::max(r.streamed, ready);
     }
   };
-  auto any_running = [&] {
-    return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.done; });
-  };
+  auto any_running = [&] { return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.done; }); };
   // A finished row whose cache is full follows the running row with the most room (header).
   auto unblock = [&] {
     int best = -1;

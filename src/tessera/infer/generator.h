@@ -45,10 +45,10 @@ struct GenerateOptions {
   SampleParams sampling;
   std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias), each id once
   int max_new_tokens = 16;
-  int min_new_tokens = 0;           // EOS banned before this many new tokens
-  std::vector<int32_t> eos_ids;     // any of them ends a row (none: rows end by stop strings or length)
-  bool ignore_eos = false;          // EOS is an ordinary token (and min_new_tokens bans nothing)
-  std::vector<std::string> stop;    // non-empty strings
+  int min_new_tokens = 0;         // EOS banned before this many new tokens
+  std::vector<int32_t> eos_ids;   // any of them ends a row (none: rows end by stop strings or length)
+  bool ignore_eos = false;        // EOS is an ordinary token (and min_new_tokens bans nothing)
+  std::vector<std::string> stop;  // non-empty strings
 };
 
 enum class FinishReason { Eos, Stop, Length };

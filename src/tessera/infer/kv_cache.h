@@ -32,9 +32,9 @@ class KvCache {
   DType dtype() const { return dtype_; }
 
   KvCacheView layer(int l) const;
-  Tensor pos() const;           // (S) int32
-  Tensor slots() const;         // (S, max_seq) int32, or undefined without a table
-  Tensor scratch_pos() const;   // slot_reorder's targets (undefined without a table)
+  Tensor pos() const;          // (S) int32
+  Tensor slots() const;        // (S, max_seq) int32, or undefined without a table
+  Tensor scratch_pos() const;  // slot_reorder's targets (undefined without a table)
   Tensor scratch_slots() const;
   // Sets every row of the slot table to its own slot (slots[b, t] = b), on the host's order of ctx's stream.
   void reset_slots(Context& ctx);

@@ -13,8 +13,8 @@
 namespace tessera {
 
 void sampler_check(const SamplerParams& p) {
-  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0,
-           "--temperature must be >= 0 (0 is greedy), got ", p.temperature);
+  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "--temperature must be >= 0 (0 is greedy), got ",
+           p.temperature);
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0, got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);  // false for NaN too
 }
@@ -32,7 +32,8 @@ int32_t sample_token(const SamplerParams& p, const float* logits, int V, uint64_
   std::vector<int> idx(V);
   std::iota(idx.begin(), idx.end(), 0);
   // Most likely first; ties by id so the order is deterministic.
-  std::sort(idx.begin(), idx.end(), [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::sort(idx.begin(), idx.end(),
+            [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
   std::vector<double> prob(keep);
   const double mx = logits[idx[0]];
@@ -79,8 +80,8 @@ std::vector<int32_t> generate(Model& model, std::vector<int32_t> tokens, int max
 }
 
 void sample_params_check(const SampleParams& p) {
-  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0,
-           "--temperature must be >= 0 (0 is greedy), got ", p.temperature);
+  TS_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "--temperature must be >= 0 (0 is greedy), got ",
+           p.temperature);
   TS_CHECK(p.top_k >= 0, "--top-k must be >= 0, got ", p.top_k);
   TS_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1], got ", p.top_p);  // false for NaN too
   TS_CHECK(p.min_p >= 0 && p.min_p <= 1, "--min-p must be in [0, 1], got ", p.min_p);
@@ -135,8 +136,7 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
       ctx, dt, op,
       [&] {
         sample_rows_cuda(p, dt, tokens.as<int32_t>(), logits.data(), counts.as<int32_t>(), bias_ids.as<int32_t>(),
-                         bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>(),
-                         ctx);
+                         bias_values.as<float>(), steps_u, logprob_ids.as<int32_t>(), logprob_values.as<float>(), ctx);
       },
       [&](auto t) {
         using T = decltype(t);
@@ -145,8 +145,8 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
       });
 }
 
-void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens,
-                        const Tensor& lengths, Context& ctx) {
+void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens, const Tensor& lengths,
+                        Context& ctx) {
   constexpr const char* op = "sampler_counts_add";
   TS_CHECK(rows >= 0 && V > 0 && max_len >= 0, op, ": needs rows >= 0, V > 0 and max_len >= 0");
   expect(counts, op, "counts", DType::I32, static_cast<int64_t>(rows) * V, ctx);

@@ -82,9 +82,9 @@ struct SampleParams {
   int rows = 0, V = 0;
   int64_t ld = 0;  // the row stride of logits in elements; 0: V
   float temperature = 1.0f;
-  int top_k = 0;         // 0: off
-  float top_p = 1.0f;    // 1: off
-  float min_p = 0.0f;    // 0: off
+  int top_k = 0;       // 0: off
+  float top_p = 1.0f;  // 1: off
+  float min_p = 0.0f;  // 0: off
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   uint64_t seed = 0;
   int n_bias = 0;            // entries of bias_ids / bias_values
@@ -118,8 +118,8 @@ void sample_rows(const SampleParams& p, const Tensor& tokens, const Tensor& logi
                  const Tensor& logprob_values, Context& ctx);
 // counts[n, tokens[n, i]] += 1 for i < lengths[n]: tokens (rows, max_len) i32, lengths (rows) i32, counts (rows, V)
 // i32. Ids outside [0, V) are an Error on the CPU and skipped on the GPU.
-void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens,
-                        const Tensor& lengths, Context& ctx);
+void sampler_counts_add(int rows, int V, int max_len, const Tensor& counts, const Tensor& tokens, const Tensor& lengths,
+                        Context& ctx);
 
 // The reference: T is float or double; every operation after the load is in f32 (the kernel's arithmetic), and the
 // processed logits are stored back as T.

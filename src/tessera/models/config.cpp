@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
-#include "tessera/core/units.h"
 #include "tessera/core/json_fields.h"
+#include "tessera/core/units.h"
 
 namespace tessera {
 
@@ -22,15 +22,15 @@ void ModelConfig::validate() const {
   TS_CHECK(n_heads % kv_heads() == 0, "config: n_heads ", n_heads, " is not divisible by n_kv_heads ", kv_heads());
   TS_CHECK(positions != PositionKind::Rope || head_dim() % 2 == 0, "config: rope needs an even head dim, got ",
            head_dim());
-  TS_CHECK(positions != PositionKind::Sinusoidal || d_model % 2 == 0, "config: sinusoidal positions need an even d_model, got ", d_model);
+  TS_CHECK(positions != PositionKind::Sinusoidal || d_model % 2 == 0,
+           "config: sinusoidal positions need an even d_model, got ", d_model);
   TS_CHECK(d_ff > 0, "config: d_ff must be positive, got ", d_ff);
   TS_CHECK(max_seq > 0, "config: max_seq must be positive, got ", max_seq);
   TS_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
   TS_CHECK(attn_dropout >= 0 && attn_dropout < 1, "config: attn_dropout must be in [0, 1), got ", attn_dropout);
   TS_CHECK(padding_id >= -1 && padding_id < vocab, "config: padding_id ", padding_id, " is outside [-1, vocab)");
   TS_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "config: norm_eps must be positive and finite, got ", norm_eps);
-  TS_CHECK(emb_scale > 0 && std::isfinite(emb_scale), "config: emb_scale must be positive and finite, got ",
-           emb_scale);
+  TS_CHECK(emb_scale > 0 && std::isfinite(emb_scale), "config: emb_scale must be positive and finite, got ", emb_scale);
   TS_CHECK(positions != PositionKind::Rope || (rope_theta > 0 && std::isfinite(rope_theta)),
            "config: rope_theta must be positive and finite, got ", rope_theta);
   // Bounds far past any real model, so that every size product fits its integer type (and the activation plan,
@@ -47,10 +47,10 @@ int64_t ModelConfig::num_params() const {
   const int64_t norm_params = (norm == NormKind::LayerNorm && bias) ? 2 * C : C;
   int64_t layer = 2 * norm_params;
   const int64_t Q = qkv_width();
-  layer += Q * C + (bias ? Q : 0);                              // qkv
-  layer += C * C + (bias ? C : 0);                              // attention output projection
+  layer += Q * C + (bias ? Q : 0);                                        // qkv
+  layer += C * C + (bias ? C : 0);                                        // attention output projection
   layer += static_cast<int64_t>(d_ff_in()) * C + (bias ? d_ff_in() : 0);  // fc
-  layer += static_cast<int64_t>(d_ff) * C + (bias ? C : 0);     // fc projection
+  layer += static_cast<int64_t>(d_ff) * C + (bias ? C : 0);               // fc projection
   int64_t total = V * C + n_layers * layer + norm_params;
   if (positions == PositionKind::Learned) total += static_cast<int64_t>(max_seq) * C;
   if (!tied) total += V * C;
@@ -92,8 +92,8 @@ ModelConfig cs336(const char* name, int d_model, int d_ff, int n_layers, int n_h
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "gpt2-124m", "cs336-small", "cs336-medium", "cs336-large", "cs336-xl", "cs336-2.7b",
-          "llama-gqa-small"};
+  return {"tiny",        "gpt2-124m", "cs336-small", "cs336-medium",
+          "cs336-large", "cs336-xl",  "cs336-2.7b",  "llama-gqa-small"};
 }
 
 ModelConfig model_preset(std::string_view name) {
@@ -174,8 +174,9 @@ bool parse_bool(std::string_view field, std::string_view v) {
 }  // namespace
 
 std::vector<std::string> model_config_fields() {
-  return {"vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq", "norm", "mlp", "positions",
-          "bias",  "tied",    "dropout",  "attn_dropout", "emb_scale", "padding_id", "norm_eps", "rope_theta"};
+  return {"vocab",   "d_model",      "n_layers",  "n_heads",    "n_kv_heads", "d_ff",
+          "max_seq", "norm",         "mlp",       "positions",  "bias",       "tied",
+          "dropout", "attn_dropout", "emb_scale", "padding_id", "norm_eps",   "rope_theta"};
 }
 
 void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
@@ -209,16 +210,24 @@ void model_config_set(ModelConfig& c, std::string_view f, std::string_view v) {
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  nlohmann::json j = {{"vocab", c.vocab},         {"d_model", c.d_model},
-          {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
-          {"d_ff", c.d_ff},           {"max_seq", c.max_seq},
-          {"norm", norm_kind_name(c.norm)}, {"mlp", std::string(activation_name(c.mlp))},
-          {"positions", position_kind_name(c.positions)}, {"bias", c.bias},
-          {"tied", c.tied},           {"dropout", c.dropout},
-          {"attn_dropout", c.attn_dropout},
-          {"emb_scale", c.emb_scale}, {"padding_id", c.padding_id},
-          {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
-          {"preset", c.preset}};
+  nlohmann::json j = {{"vocab", c.vocab},
+                      {"d_model", c.d_model},
+                      {"n_layers", c.n_layers},
+                      {"n_heads", c.n_heads},
+                      {"d_ff", c.d_ff},
+                      {"max_seq", c.max_seq},
+                      {"norm", norm_kind_name(c.norm)},
+                      {"mlp", std::string(activation_name(c.mlp))},
+                      {"positions", position_kind_name(c.positions)},
+                      {"bias", c.bias},
+                      {"tied", c.tied},
+                      {"dropout", c.dropout},
+                      {"attn_dropout", c.attn_dropout},
+                      {"emb_scale", c.emb_scale},
+                      {"padding_id", c.padding_id},
+                      {"norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"preset", c.preset}};
   // Only with grouping, so that the config of a model without it reads as before.
   if (c.kv_heads() != c.n_heads) j["n_kv_heads"] = c.kv_heads();
   return j;

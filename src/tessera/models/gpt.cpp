@@ -23,20 +23,32 @@ Gpt::~Gpt() = default;
 
 std::unique_ptr<Gpt::Layers> Gpt::make_layers(const ModelConfig& cfg, DType dtype, ParamBuffer& pb) {
   const int L = cfg.n_layers;
-  auto lay = std::make_unique<Layers>(Layers{
-      .emb = Embedding("", {.V = cfg.vocab, .C = cfg.d_model, .max_seq = cfg.max_seq, .positions = cfg.positions,
-                            .scale = cfg.emb_scale, .padding_id = cfg.padding_id}),
-      .blocks = {},
-      .head = LmHead({.V = cfg.vocab, .C = cfg.d_model, .ld = logits_stride(cfg, dtype), .norm = cfg.norm,
-                      .bias = cfg.bias, .norm_eps = cfg.norm_eps, .tied = cfg.tied, .ignore_index = cfg.padding_id}),
-      .sched = {}});
+  auto lay = std::make_unique<Layers>(Layers{.emb = Embedding("", {.V = cfg.vocab,
+                                                                   .C = cfg.d_model,
+                                                                   .max_seq = cfg.max_seq,
+                                                                   .positions = cfg.positions,
+                                                                   .scale = cfg.emb_scale,
+                                                                   .padding_id = cfg.padding_id}),
+                                             .blocks = {},
+                                             .head = LmHead({.V = cfg.vocab,
+                                                             .C = cfg.d_model,
+                                                             .ld = logits_stride(cfg, dtype),
+                                                             .norm = cfg.norm,
+                                                             .bias = cfg.bias,
+                                                             .norm_eps = cfg.norm_eps,
+                                                             .tied = cfg.tied,
+                                                             .ignore_index = cfg.padding_id}),
+                                             .sched = {}});
   const BlockShape shape{
       .kind = BlockKind::Decoder,
       .placement = NormPlacement::Pre,
-      .attention = {.C = cfg.d_model, .H = cfg.n_heads, .Hkv = cfg.kv_heads(), .Dh = cfg.head_dim(), .bias = cfg.bias,
+      .attention = {.C = cfg.d_model,
+                    .H = cfg.n_heads,
+                    .Hkv = cfg.kv_heads(),
+                    .Dh = cfg.head_dim(),
+                    .bias = cfg.bias,
                     .rope_theta = cfg.positions == PositionKind::Rope ? cfg.rope_theta : 0.0f},
-      .mlp = {.C = cfg.d_model, .F = cfg.d_ff, .kind = cfg.mlp, .bias = cfg.bias,
-              .fused_gelu = fuses_gelu(cfg, dtype)},
+      .mlp = {.C = cfg.d_model, .F = cfg.d_ff, .kind = cfg.mlp, .bias = cfg.bias, .fused_gelu = fuses_gelu(cfg, dtype)},
       .norm = cfg.norm,
       .norm_eps = cfg.norm_eps};
   lay->blocks.reserve(static_cast<size_t>(L));  // the wiring below points into the vector
@@ -84,8 +96,15 @@ void Gpt::build() {
 int Gpt::end_event() const { return layers_->sched.end(); }
 
 StepEnv Gpt::step_env() {
-  return {.ctx = ctx_, .params = &params_, .dtype = dtype_, .clock = &clock_, .B = B_, .T = T_,
-          .dropout = dropout_p_, .attn_dropout = attn_dropout_p_, .seed = dropout_seed_};
+  return {.ctx = ctx_,
+          .params = &params_,
+          .dtype = dtype_,
+          .clock = &clock_,
+          .B = B_,
+          .T = T_,
+          .dropout = dropout_p_,
+          .attn_dropout = attn_dropout_p_,
+          .seed = dropout_seed_};
 }
 
 Tensor Gpt::block_input(int l, int64_t N) const {

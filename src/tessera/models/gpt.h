@@ -231,7 +231,7 @@ class Gpt final : public Model {
   size_t next_death_ = 0, next_birth_ = 0;
   int event_ = -1;  // the event the step has reached (-1: before its start)
   Tracer* tracer_ = nullptr;
-  int range_phase_ = 0;     // the open ranges: phase 0 none, 1 forward, 2 backward
+  int range_phase_ = 0;      // the open ranges: phase 0 none, 1 forward, 2 backward
   std::string range_group_;  // the open layer range ("layer 3"; empty: none)
   bool range_op_open_ = false;
   std::vector<size_t> live_bytes_;  // the plan's live bytes at each event (the trace's memory counter)
@@ -239,7 +239,7 @@ class Gpt final : public Model {
   int B_ = 0, T_ = 0;
   int64_t planned_N_ = 0;
   int plans_made_ = 0;
-  uint64_t dropout_seed_ = 0;   // dropout of the last forward (0 probability when off)
+  uint64_t dropout_seed_ = 0;  // dropout of the last forward (0 probability when off)
   float dropout_p_ = 0.0f;
   float attn_dropout_p_ = 0.0f;  // attention dropout of the last forward (0 when off)
   float label_smoothing_ = 0;

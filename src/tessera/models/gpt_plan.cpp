@@ -25,13 +25,37 @@ constexpr int kNumOps = op_index(StepOp::End) + 1;
 bool in(StepOp op, StepOp lo, StepOp hi) { return op_index(op) >= op_index(lo) && op_index(op) <= op_index(hi); }
 
 const char* op_name(StepOp op) {
-  static const char* const names[kNumOps] = {
-      "embedding", "ln1", "qkv", "attention", "attn proj", "attn residual + ln2", "fc", "activation", "fc proj",
-      "mlp residual + next norm", "ln_f", "logits", "cross-entropy",
-      "cross-entropy", "lm_head dW", "lm_head dx", "ln_f + residual",
-      "fc proj dW", "fc proj dx", "activation", "fc dW", "fc dx", "ln2 + residual",
-      "attn proj dW", "attn proj dx", "attention", "qkv dW", "qkv dx", "ln1 + residual",
-      "embedding", "end of step"};
+  static const char* const names[kNumOps] = {"embedding",
+                                             "ln1",
+                                             "qkv",
+                                             "attention",
+                                             "attn proj",
+                                             "attn residual + ln2",
+                                             "fc",
+                                             "activation",
+                                             "fc proj",
+                                             "mlp residual + next norm",
+                                             "ln_f",
+                                             "logits",
+                                             "cross-entropy",
+                                             "cross-entropy",
+                                             "lm_head dW",
+                                             "lm_head dx",
+                                             "ln_f + residual",
+                                             "fc proj dW",
+                                             "fc proj dx",
+                                             "activation",
+                                             "fc dW",
+                                             "fc dx",
+                                             "ln2 + residual",
+                                             "attn proj dW",
+                                             "attn proj dx",
+                                             "attention",
+                                             "qkv dW",
+                                             "qkv dx",
+                                             "ln1 + residual",
+                                             "embedding",
+                                             "end of step"};
   return names[op_index(op)];
 }
 
@@ -58,7 +82,7 @@ const char* step_op_range_name(StepOp op) { return range_name(op); }
 int step_event(int L, StepOp op, int layer) {
   const bool per_layer = in(op, StepOp::Ln1, StepOp::Res2) || in(op, StepOp::FcpW, StepOp::Ln1Bwd);
   TS_CHECK(!per_layer || (layer >= 0 && layer < L), "internal: step event for layer ", layer, " of ", L);
-  const int head = 1 + L * kFwdLayerOps;  // the event of LnF
+  const int head = 1 + L * kFwdLayerOps;   // the event of LnF
   const int bwd_layers = head + kHeadOps;  // the first backward event of the last layer
   if (op == StepOp::Embedding) return 0;
   if (in(op, StepOp::Ln1, StepOp::Res2)) return 1 + layer * kFwdLayerOps + (op_index(op) - op_index(StepOp::Ln1));
@@ -113,8 +137,7 @@ std::vector<Gpt::GradRegion> Gpt::grad_regions(const Layers& lay, size_t total) 
 // Every activation buffer of a step, with its life: the model's own here, each layer's by the layer. A buffer is
 // born at the op that first writes it and dies at the op that last reads it. The debug mode (PlanDebug) checks
 // both ends at run time, and tests/models/test_gpt.cpp checks that each declared life is tight.
-void Gpt::declare_plan(Layers& lay, int64_t C, DType dt, GradMemory grads, size_t total, Acts& acts,
-                       PlanBuilder& pb) {
+void Gpt::declare_plan(Layers& lay, int64_t C, DType dt, GradMemory grads, size_t total, Acts& acts, PlanBuilder& pb) {
   const int L = static_cast<int>(lay.blocks.size());
   const int64_t N = pb.N();
   const DType st = stat_dtype(dt);  // statistics and the loss
@@ -238,8 +261,7 @@ void Gpt::at(int e) {
            event_ < 0 ? std::string("its start") : sched.name(event_), ", against the order of the activation plan");
   event_ = e;
   ranges_to(e);
-  if (tracer_ && e != sched.end())
-    tracer_->counter("activations live (planned)", static_cast<double>(live_bytes_[e]));
+  if (tracer_ && e != sched.end()) tracer_->counter("activations live (planned)", static_cast<double>(live_bytes_[e]));
   if (debug_.poison_dead) {
     while (next_death_ < by_death_.size() && plan_[by_death_[next_death_]].last < e) poison(by_death_[next_death_++]);
     while (next_birth_ < by_birth_.size() && plan_[by_birth_[next_birth_]].first <= e)
@@ -255,8 +277,8 @@ void Gpt::at(int e) {
 
 void Gpt::poison(int id) {
   const PlanBuffer& b = plan_[id];
-  fill_bytes(Tensor::from_shape(arena_.at(b.offset, b.bytes), DType::U8, std::vector<int64_t>{static_cast<int64_t>(b.bytes)},
-                                arena_.device()),
+  fill_bytes(Tensor::from_shape(arena_.at(b.offset, b.bytes), DType::U8,
+                                std::vector<int64_t>{static_cast<int64_t>(b.bytes)}, arena_.device()),
              0xff, *ctx_);
 }
 

@@ -18,10 +18,37 @@ namespace tessera {
 // run once per layer; the others once per step. `End` is the moment after the step: buffers that outlive it
 // (the inputs, the loss) live until End.
 enum class StepOp {
-  Embedding, Ln1, Qkv, Attn, Proj, Res1, Fc, Act, Fcp, Res2, LnF, Logits, Loss,
-  LossBwd, LmHeadW, LmHeadX, LnFBwd,
-  FcpW, FcpX, ActBwd, FcW, FcX, Ln2Bwd, ProjW, ProjX, AttnBwd, QkvW, QkvX, Ln1Bwd,
-  EmbeddingBwd, End
+  Embedding,
+  Ln1,
+  Qkv,
+  Attn,
+  Proj,
+  Res1,
+  Fc,
+  Act,
+  Fcp,
+  Res2,
+  LnF,
+  Logits,
+  Loss,
+  LossBwd,
+  LmHeadW,
+  LmHeadX,
+  LnFBwd,
+  FcpW,
+  FcpX,
+  ActBwd,
+  FcW,
+  FcX,
+  Ln2Bwd,
+  ProjW,
+  ProjX,
+  AttnBwd,
+  QkvW,
+  QkvX,
+  Ln1Bwd,
+  EmbeddingBwd,
+  End
 };
 
 // The index of (op, layer) among the events of a step of a model with n_layers (layer is ignored by the ops that
@@ -32,6 +59,5 @@ int step_num_events(int n_layers);
 std::string step_event_name(int n_layers, int event);
 // The op's name as a profiler range, unique across forward and backward: "qkv", "attention bwd", "fc dW".
 const char* step_op_range_name(StepOp op);
-
 
 }  // namespace tessera

@@ -71,7 +71,8 @@ std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamB
   return checkpoint_layout(cfg, params, checkpoint_naming(cfg));
 }
 
-std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params, CheckpointNaming naming) {
+std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamBuffer& params,
+                                            CheckpointNaming naming) {
   const auto& segs = params.segments();
   std::vector<ExportTensor> out;
   for (size_t s = 0; s < segs.size(); ++s) {
@@ -84,9 +85,11 @@ std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamB
       continue;
     }
     const bool gpt2 = naming == CheckpointNaming::Gpt2;
-    if (name == "wte") out.push_back({gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", seg, 0, rows, cols, false});
+    if (name == "wte")
+      out.push_back({gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", seg, 0, rows, cols, false});
     else if (name == "wpe") out.push_back({"transformer.wpe.weight", seg, 0, rows, cols, false});
-    else if (name == "lnf.w") out.push_back({gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", seg, 0, rows, 1, false});
+    else if (name == "lnf.w")
+      out.push_back({gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", seg, 0, rows, 1, false});
     else if (name == "lnf.b") out.push_back({"transformer.ln_f.bias", seg, 0, rows, 1, false});
     else if (name == "lm_head") out.push_back({"lm_head.weight", seg, 0, rows, cols, false});
     else {
@@ -100,21 +103,47 @@ std::vector<ExportTensor> checkpoint_layout(const ModelConfig& cfg, const ParamB
 
 json hf_config_json(const ModelConfig& c, CheckpointNaming naming) {
   if (naming == CheckpointNaming::Gpt2) {
-    return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab},
-            {"n_positions", c.max_seq}, {"n_ctx", c.max_seq}, {"n_embd", c.d_model}, {"n_layer", c.n_layers},
-            {"n_head", c.n_heads}, {"n_inner", c.d_ff}, {"activation_function", "gelu_new"},
-            {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", c.attn_dropout},
-            {"layer_norm_epsilon", c.norm_eps}, {"initializer_range", 0.02}, {"tie_word_embeddings", true},
-            {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", c.vocab},
+            {"n_positions", c.max_seq},
+            {"n_ctx", c.max_seq},
+            {"n_embd", c.d_model},
+            {"n_layer", c.n_layers},
+            {"n_head", c.n_heads},
+            {"n_inner", c.d_ff},
+            {"activation_function", "gelu_new"},
+            {"resid_pdrop", c.dropout},
+            {"embd_pdrop", c.dropout},
+            {"attn_pdrop", c.attn_dropout},
+            {"layer_norm_epsilon", c.norm_eps},
+            {"initializer_range", 0.02},
+            {"tie_word_embeddings", true},
+            {"bos_token_id", c.vocab - 1},
+            {"eos_token_id", c.vocab - 1},
+            {"torch_dtype", "float32"}};
   }
   if (naming == CheckpointNaming::Llama) {
-    return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
-            {"hidden_size", c.d_model}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
-            {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim()},
-            {"max_position_embeddings", c.max_seq}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-            {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied}, {"attention_bias", false},
-            {"mlp_bias", false}, {"attention_dropout", c.attn_dropout}, {"bos_token_id", 0},
-            {"eos_token_id", c.vocab - 1}, {"torch_dtype", "float32"}};
+    return {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.vocab},
+            {"hidden_size", c.d_model},
+            {"intermediate_size", c.d_ff},
+            {"num_hidden_layers", c.n_layers},
+            {"num_attention_heads", c.n_heads},
+            {"num_key_value_heads", c.kv_heads()},
+            {"head_dim", c.head_dim()},
+            {"max_position_embeddings", c.max_seq},
+            {"rms_norm_eps", c.norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", c.tied},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"attention_dropout", c.attn_dropout},
+            {"bos_token_id", 0},
+            {"eos_token_id", c.vocab - 1},
+            {"torch_dtype", "float32"}};
   }
   json j = model_config_to_json(c);
   j["model_type"] = "tessera";
@@ -168,11 +197,13 @@ ModelConfig gpt2_config_from_hf(const json& j, const std::string& where) {
   const std::string act = hf_string(j, "activation_function", "gelu_new", where);
   TS_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", where, ": activation_function '", act,
            "' is not supported (tessera's GPT-2 runs the tanh GELU: gelu_new)");
-  TS_CHECK(hf_bool(j, "scale_attn_weights", true, where), where, ": scale_attn_weights false is not supported "
+  TS_CHECK(hf_bool(j, "scale_attn_weights", true, where), where,
+           ": scale_attn_weights false is not supported "
            "(tessera scales attention scores by 1/sqrt(head_dim))");
   TS_CHECK(!hf_bool(j, "scale_attn_by_inverse_layer_idx", false, where), where,
            ": scale_attn_by_inverse_layer_idx true is not supported");
-  TS_CHECK(!hf_bool(j, "add_cross_attention", false, where), where, ": add_cross_attention true is not supported "
+  TS_CHECK(!hf_bool(j, "add_cross_attention", false, where), where,
+           ": add_cross_attention true is not supported "
            "(a decoder-only model has no cross-attention)");
   return c;
 }
@@ -195,19 +226,24 @@ ModelConfig llama_config_from_hf(const json& j, const std::string& where) {
   c.attn_dropout = hf_float(j, "attention_dropout", 0.0, where);
   c.dropout = 0;
   const json scaling = field_or(j, "rope_scaling", nullptr);
-  TS_CHECK(scaling.is_null(), where, ": rope_scaling ", json_shown(scaling), " is not supported (tessera's RoPE is "
+  TS_CHECK(scaling.is_null(), where, ": rope_scaling ", json_shown(scaling),
+           " is not supported (tessera's RoPE is "
            "unscaled: rope_scaling must be null)");
   const std::string act = hf_string(j, "hidden_act", "silu", where);
   TS_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (tessera's Llama MLP is SwiGLU: silu)");
-  TS_CHECK(!hf_bool(j, "attention_bias", false, where), where, ": attention_bias true is not supported (tessera's "
+  TS_CHECK(!hf_bool(j, "attention_bias", false, where), where,
+           ": attention_bias true is not supported (tessera's "
            "Llama layout has no biases)");
-  TS_CHECK(!hf_bool(j, "mlp_bias", false, where), where, ": mlp_bias true is not supported (tessera's Llama layout "
+  TS_CHECK(!hf_bool(j, "mlp_bias", false, where), where,
+           ": mlp_bias true is not supported (tessera's Llama layout "
            "has no biases)");
   TS_CHECK(c.n_heads > 0 && c.d_model % c.n_heads == 0, where, ": hidden_size ", c.d_model,
            " is not a multiple of num_attention_heads ", c.n_heads);
   const int head_dim = hf_int(j, "head_dim", c.d_model / c.n_heads, where);
-  TS_CHECK(head_dim == c.d_model / c.n_heads, where, ": head_dim ", head_dim, " is not supported (tessera's head "
-           "dim is hidden_size / num_attention_heads = ", c.d_model / c.n_heads, ")");
+  TS_CHECK(head_dim == c.d_model / c.n_heads, where, ": head_dim ", head_dim,
+           " is not supported (tessera's head "
+           "dim is hidden_size / num_attention_heads = ",
+           c.d_model / c.n_heads, ")");
   return c;
 }
 }  // namespace
@@ -216,13 +252,15 @@ HfModelConfig model_config_from_hf_json(const json& j, const std::string& where)
   TS_CHECK(j.is_object(), where, ": expected a JSON object, got ", json_kind(j));
   TS_CHECK(j.contains("model_type"), where, ": missing field 'model_type' (expected \"gpt2\" or \"llama\")");
   const std::string type = json_string(j, "model_type", where);
-  TS_CHECK(type == "gpt2" || type == "llama", where, ": model_type '", type, "' is not supported (tessera loads "
+  TS_CHECK(type == "gpt2" || type == "llama", where, ": model_type '", type,
+           "' is not supported (tessera loads "
            "GPT2LMHeadModel, model_type \"gpt2\", and LlamaForCausalLM, \"llama\")");
   // Sliding-window attention (Mistral's, Qwen2's) attends to a band, not the whole causal prefix.
   const json window = field_or(j, "sliding_window", nullptr);
   TS_CHECK(window.is_null() || (window.is_boolean() && !window.get<bool>()), where, ": sliding_window ",
            json_shown(window), " is not supported (tessera attends to the whole causal prefix)");
-  TS_CHECK(!hf_bool(j, "use_sliding_window", false, where), where, ": use_sliding_window true is not supported "
+  TS_CHECK(!hf_bool(j, "use_sliding_window", false, where), where,
+           ": use_sliding_window true is not supported "
            "(tessera attends to the whole causal prefix)");
   HfModelConfig out;
   out.naming = type == "gpt2" ? CheckpointNaming::Gpt2 : CheckpointNaming::Llama;

@@ -45,9 +45,9 @@ enum class GradMemory {
 inline GradMemory train_grad_memory(int accum) { return accum > 1 ? GradMemory::Own : GradMemory::Planned; }
 
 struct ForwardOptions {
-  bool training = false;        // dropout on
+  bool training = false;  // dropout on
   float label_smoothing = 0.0f;
-  RngState* rng = nullptr;      // dropout streams are taken from here when training with dropout > 0
+  RngState* rng = nullptr;  // dropout streams are taken from here when training with dropout > 0
   // Set when backward(*loss_grad_scale) follows this forward (a training step): the forward then also writes the
   // loss gradient over the logits (cross_entropy_forward_backward: the logits read once and written once, where a
   // forward's loss and the backward's gradient read them twice), and backward() starts from it. The logits are

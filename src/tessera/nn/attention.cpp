@@ -3,8 +3,7 @@
 namespace tessera {
 
 SelfAttention::SelfAttention(std::string prefix, const AttentionShape& s)
-    : prefix_(std::move(prefix)), s_(s),
-      qkv_(prefix_ + "qkv", s.C, int64_t{s.H + 2 * s.Hkv} * s.Dh, s.bias),
+    : prefix_(std::move(prefix)), s_(s), qkv_(prefix_ + "qkv", s.C, int64_t{s.H + 2 * s.Hkv} * s.Dh, s.bias),
       proj_(prefix_ + "proj", int64_t{s.H} * s.Dh, s.C, s.bias) {}
 
 void SelfAttention::add_params(ParamBuffer& pb) {
@@ -35,8 +34,16 @@ void SelfAttention::declare_temps(PlanBuilder& pb, DType dt) {
 
 AttentionParams SelfAttention::params(const StepEnv& env) const {
   // RoPE rides with the attention op: q and k rotated on the way in, dQ and dK rotated back as they are stored.
-  return {.B = env.B, .T = env.T, .H = s_.H, .Dh = s_.Dh, .causal = s_.causal, .dropout = env.attn_dropout,
-          .seed = env.seed, .stream = stream_probs_, .rope_theta = s_.rope_theta, .n_kv_heads = s_.Hkv};
+  return {.B = env.B,
+          .T = env.T,
+          .H = s_.H,
+          .Dh = s_.Dh,
+          .causal = s_.causal,
+          .dropout = env.attn_dropout,
+          .seed = env.seed,
+          .stream = stream_probs_,
+          .rope_theta = s_.rope_theta,
+          .n_kv_heads = s_.Hkv};
 }
 
 void SelfAttention::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {

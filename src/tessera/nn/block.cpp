@@ -50,7 +50,7 @@ void Block::schedule_forward(StepSchedule& s) {
   for (size_t k = 0; k < S; ++k) {
     Stage& st = stages_[k];
     st.sub->schedule_forward(s, group_);
-    const std::string norm = !pre() ? "ln" + std::to_string(k + 1)
+    const std::string norm = !pre()      ? "ln" + std::to_string(k + 1)
                              : k + 1 < S ? "ln" + std::to_string(k + 2)
                                          : std::string("next norm");
     const std::string op = st.name + " residual + " + norm;
@@ -69,9 +69,7 @@ void Block::schedule_backward(StepSchedule& s) {
   }
 }
 
-int Block::input_last_use() const {
-  return pre() ? stages_.front().norm_bwd_event : stages_.front().sub->x_last_use();
-}
+int Block::input_last_use() const { return pre() ? stages_.front().norm_bwd_event : stages_.front().sub->x_last_use(); }
 
 int Block::first_grad_event() const {
   // The reader's norm backward sums the last projection's bias along with the residual's backward.
@@ -107,8 +105,7 @@ void Block::declare(PlanBuilder& pb, DType dt, const std::string& out_name, int 
     st.sub->declare_saved(pb, dt);
     pb.add(st.mid, prefix_ + "sum" + std::to_string(k + 1), dt, {N, C}, st.res_event, st.norm_bwd_event);
     // x_{k+1} = Norm_k(...): read by the next stage (its sublayer's dW last), or by the block's reader.
-    st.norm.declare(pb, dt, st.res_event, k + 1 < S ? stages_[k + 1].sub->x_last_use() : out_death,
-                    st.norm_bwd_event);
+    st.norm.declare(pb, dt, st.res_event, k + 1 < S ? stages_[k + 1].sub->x_last_use() : out_death, st.norm_bwd_event);
   }
   pb.add(d_tmp_, prefix_ + "d_tmp", dt, {N, C}, bwd_, stages_.front().sub->d_y_last_use());
   pb.add(d_ln_, prefix_ + "d_mid", dt, {N, C}, bwd_, stages_.front().sub->d_x_event());
@@ -154,7 +151,8 @@ void Block::forward(const StepEnv& env, const Tensor& x, const Tensor& tmp) cons
 
 NormResidualBackward Block::output_residual_backward(const StepEnv& env) const {
   const Stage& st = stages_.back();
-  return {.p = residual_params(env, st), .d_y = rows(d_tmp_, env.N(), s_.attention.C),
+  return {.p = residual_params(env, st),
+          .d_y = rows(d_tmp_, env.N(), s_.attention.C),
           .d_bias = st.sub->d_output_bias(env)};
 }
 
@@ -173,10 +171,10 @@ void Block::backward(const StepEnv& env, const Tensor& d_res, const Tensor& x) c
     env.at(st.norm_bwd_event);
     std::optional<NormResidualBackward> below;
     if (k > 0)
-      below = NormResidualBackward{.p = residual_params(env, stages_[k - 1]), .d_y = d_tmp,
+      below = NormResidualBackward{.p = residual_params(env, stages_[k - 1]),
+                                   .d_y = d_tmp,
                                    .d_bias = stages_[k - 1].sub->d_output_bias(env)};
-    else if (producer_)
-      below = producer_->output_residual_backward(env);
+    else if (producer_) below = producer_->output_residual_backward(env);
     st.norm.backward(env, d_res, d_ln, stage_input(k, x, N), below ? &*below : nullptr);
   }
 }

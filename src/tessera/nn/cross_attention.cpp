@@ -6,7 +6,8 @@ namespace tessera {
 
 CrossAttention::CrossAttention(std::string prefix, const AttentionShape& s)
     : prefix_(std::move(prefix)), s_(s), q_(prefix_ + "q", s.C, int64_t{s.H} * s.Dh, s.bias),
-      kv_(prefix_ + "kv", s.C, 2 * int64_t{s.Hkv} * s.Dh, s.bias), proj_(prefix_ + "proj", int64_t{s.H} * s.Dh, s.C, s.bias) {}
+      kv_(prefix_ + "kv", s.C, 2 * int64_t{s.Hkv} * s.Dh, s.bias),
+      proj_(prefix_ + "proj", int64_t{s.H} * s.Dh, s.C, s.bias) {}
 
 void CrossAttention::add_params(ParamBuffer& pb) {
   q_.add_params(pb);
@@ -19,8 +20,9 @@ void CrossAttention::schedule_forward(StepSchedule& s, const std::string& group)
 }
 
 void CrossAttention::schedule_backward(StepSchedule& s, const std::string& group) {
-  bwd_ = s.add(Phase::Backward, group, {"cross proj dW", "cross proj dx", "cross attention", "cross kv dW",
-                                        "cross kv dx", "cross q dW", "cross q dx"});
+  bwd_ = s.add(Phase::Backward, group,
+               {"cross proj dW", "cross proj dx", "cross attention", "cross kv dW", "cross kv dx", "cross q dW",
+                "cross q dx"});
 }
 
 void CrossAttention::declare_saved(PlanBuilder& pb, DType dt) {
@@ -40,8 +42,17 @@ void CrossAttention::declare_temps(PlanBuilder& pb, DType dt) {
 }
 
 AttentionParams CrossAttention::params(const StepEnv& env) const {
-  return {.B = env.B, .T = env.T, .H = s_.H, .Dh = s_.Dh, .causal = false, .dropout = env.attn_dropout,
-          .seed = env.seed, .stream = stream_probs_, .n_kv_heads = s_.Hkv, .Tq = env.T, .Tk = Tk_,
+  return {.B = env.B,
+          .T = env.T,
+          .H = s_.H,
+          .Dh = s_.Dh,
+          .causal = false,
+          .dropout = env.attn_dropout,
+          .seed = env.seed,
+          .stream = stream_probs_,
+          .n_kv_heads = s_.Hkv,
+          .Tq = env.T,
+          .Tk = Tk_,
           .key_lens = key_lens_};
 }
 
@@ -60,8 +71,8 @@ void CrossAttention::forward(const StepEnv& env, const Tensor& x, const Tensor& 
   kv_.forward(env, Nk, kv, memory_, /*with_bias=*/true);
   env.at(fwd_ + 2);
   attention_forward(params(env), heads(att, B, Tq, Wq, 0, s_.H), lse_.slice1d(0, N * s_.H),
-                    heads(q, B, Tq, Wq, 0, s_.H), heads(kv, B, Tk_, Wkv, 0, s_.Hkv),
-                    heads(kv, B, Tk_, Wkv, KV, s_.Hkv), *env.ctx);
+                    heads(q, B, Tq, Wq, 0, s_.H), heads(kv, B, Tk_, Wkv, 0, s_.Hkv), heads(kv, B, Tk_, Wkv, KV, s_.Hkv),
+                    *env.ctx);
   env.at(fwd_ + 3);
   proj_.forward(env, N, y, att, /*with_bias=*/false);
 }

@@ -42,13 +42,21 @@ void Embedding::declare(PlanBuilder& pb, DType dt, int out_death) {
 }
 
 EmbeddingParams Embedding::params(const StepEnv& env) const {
-  return {.B = env.B, .T = env.T, .C = s_.C, .V = s_.V, .max_seq = s_.max_seq, .scale = s_.scale,
-          .padding_id = s_.padding_id, .dropout = env.dropout, .seed = env.seed, .stream = stream_};
+  return {.B = env.B,
+          .T = env.T,
+          .C = s_.C,
+          .V = s_.V,
+          .max_seq = s_.max_seq,
+          .scale = s_.scale,
+          .padding_id = s_.padding_id,
+          .dropout = env.dropout,
+          .seed = env.seed,
+          .stream = stream_};
 }
 
 void Embedding::check_tokens(const int32_t* tokens, int B, int T) const {
-  embedding_check({.B = B, .T = T, .C = s_.C, .V = s_.V, .max_seq = s_.max_seq, .padding_id = s_.padding_id},
-                  tokens, s_.positions == PositionKind::Learned);
+  embedding_check({.B = B, .T = T, .C = s_.C, .V = s_.V, .max_seq = s_.max_seq, .padding_id = s_.padding_id}, tokens,
+                  s_.positions == PositionKind::Learned);
 }
 
 void Embedding::forward(const StepEnv& env, const Tensor& tokens) const {

@@ -15,7 +15,8 @@ namespace tessera {
 class Linear {
  public:
   // name: "h.0.qkv" gives the segments "h.0.qkv.w" (weight decay) and "h.0.qkv.b" (none).
-  Linear(std::string name, int64_t in, int64_t out, bool bias) : name_(std::move(name)), in_(in), out_(out), bias_(bias) {}
+  Linear(std::string name, int64_t in, int64_t out, bool bias)
+      : name_(std::move(name)), in_(in), out_(out), bias_(bias) {}
   void add_params(ParamBuffer& pb);
 
   int64_t in() const { return in_; }

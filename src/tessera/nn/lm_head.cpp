@@ -37,8 +37,8 @@ void LmHead::forward(const StepEnv& env, const Tensor& x) const {
   env.at(fwd_ + 1);
   const int64_t V0 = split(), Vt = s_.V - V0;
   const Tensor logits = rows(logits_, N, s_.ld), lnf = lnf_.out(N);
-  env.mm({.M = N, .N = static_cast<int>(V0), .K = C, .trans_b = true, .ldc = s_.ld}, logits, lnf,
-         env.p(lm_, V0 * C), Tensor());
+  env.mm({.M = N, .N = static_cast<int>(V0), .K = C, .trans_b = true, .ldc = s_.ld}, logits, lnf, env.p(lm_, V0 * C),
+         Tensor());
   if (Vt > 0)
     env.mm({.M = N, .N = static_cast<int>(Vt), .K = C, .trans_b = true, .ldc = s_.ld}, columns_from(logits, V0), lnf,
            env.p(lm_ + V0 * C, Vt * C), Tensor());
@@ -53,8 +53,7 @@ void LmHead::loss_forward(const StepEnv& env, const Tensor& targets, float label
     cross_entropy_forward_backward(cp, losses_.slice1d(0, N), ce_lse_.slice1d(0, N), logits(N), targets.slice1d(0, N),
                                    *loss_grad_scale, count, *env.ctx);
   else
-    cross_entropy_forward(cp, losses_.slice1d(0, N), ce_lse_.slice1d(0, N), logits(N), targets.slice1d(0, N),
-                          *env.ctx);
+    cross_entropy_forward(cp, losses_.slice1d(0, N), ce_lse_.slice1d(0, N), logits(N), targets.slice1d(0, N), *env.ctx);
   // loss = Σ losses / count of non-ignored targets, reduced on the device (no host loop, no sync).
   cross_entropy_loss_sum(cp, loss_sum, count, losses_.slice1d(0, N), targets.slice1d(0, N), *env.ctx);
 }

@@ -7,8 +7,8 @@
 // aligned for cuBLASLt's aligned tensor-core kernels; the padding columns are never read or written). With
 // padded rows the forward and dx GEMMs run over the first V0 = V rounded down to 64 vocabulary entries, then the
 // V - V0 left in a second, small GEMM: cuBLASLt runs an unaligned V (GPT-2's 50257) as an output width or a
-// reduction length on slower kernels than the aligned V0. The cross-entropy backward writes d_logits over the logits in place, or the
-// forward writes them already (a training step's loss_grad_scale: the logits read once and written once).
+// reduction length on slower kernels than the aligned V0. The cross-entropy backward writes d_logits over the logits in
+// place, or the forward writes them already (a training step's loss_grad_scale: the logits read once and written once).
 #pragma once
 #include <optional>
 #include <string>
@@ -58,14 +58,13 @@ class LmHead {
   void loss_forward(const StepEnv& env, const Tensor& targets, float label_smoothing,
                     std::optional<double> loss_grad_scale, const Tensor& loss_sum, const Tensor& count) const;
   // d_res = the gradient of x (filled from zero), scaled by loss_scale; `fused`: the forward wrote d_logits.
-  void backward(const StepEnv& env, const Tensor& d_res, const Tensor& x, const Tensor& targets,
-                float label_smoothing, double loss_scale, bool fused, const Tensor& count) const;
+  void backward(const StepEnv& env, const Tensor& d_res, const Tensor& x, const Tensor& targets, float label_smoothing,
+                double loss_scale, bool fused, const Tensor& count) const;
 
  private:
   int64_t split() const { return s_.ld == s_.V ? s_.V : s_.V / 64 * 64; }
   CrossEntropyParams ce_params(const StepEnv& env, float label_smoothing) const {
-    return {.N = env.N(), .V = s_.V, .label_smoothing = label_smoothing, .ignore_index = s_.ignore_index,
-            .ld = s_.ld};
+    return {.N = env.N(), .V = s_.V, .label_smoothing = label_smoothing, .ignore_index = s_.ignore_index, .ld = s_.ld};
   }
   LmHeadShape s_;
   Norm lnf_;

@@ -49,8 +49,7 @@ void Mlp::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {
   fcp_.forward(env, N, y, fc_act, /*with_bias=*/false);
 }
 
-void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x,
-                   bool accumulate) const {
+void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x, bool accumulate) const {
   const int N = env.N(), F = s_.F;
   const Tensor fc_act = rows(fc_act_, N, F), fc_pre = rows(fc_pre_, N, F_in());
   const Tensor d_fc_pre = rows(d_fc_pre_, N, F_in());
@@ -68,8 +67,8 @@ void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const
     const Tensor d_fc_act = rows(d_fc_act_, N, F);
     fcp_.backward_input(env, N, d_fc_act, d_y);
     env.at(bwd_ + 2);
-    activation_backward({.N = N, .d_ff = F, .kind = s_.kind}, d_fc_pre, fc_.d_b(env), d_fc_act, fc_pre,
-                        fc_.b(env), *env.ctx);
+    activation_backward({.N = N, .d_ff = F, .kind = s_.kind}, d_fc_pre, fc_.d_b(env), d_fc_act, fc_pre, fc_.b(env),
+                        *env.ctx);
   }
   env.at(bwd_ + 3);
   fc_.backward_weight(env, N, d_fc_pre, x, /*with_bias=*/false);

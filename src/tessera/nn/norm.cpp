@@ -18,8 +18,7 @@ void Norm::forward(const StepEnv& env, const Tensor& x) const {
   const int N = env.N();
   if (layernorm())
     layernorm_forward(params(env), out(N), mean_.slice1d(0, N), rstd_.slice1d(0, N), x, w(env), b(env), *env.ctx);
-  else
-    rmsnorm_forward(params(env), out(N), rstd_.slice1d(0, N), x, w(env), *env.ctx);
+  else rmsnorm_forward(params(env), out(N), rstd_.slice1d(0, N), x, w(env), *env.ctx);
 }
 
 void Norm::residual_forward(const StepEnv& env, uint64_t stream, const Tensor& mid, const Tensor& residual,
@@ -27,8 +26,8 @@ void Norm::residual_forward(const StepEnv& env, uint64_t stream, const Tensor& m
   const int N = env.N();
   norm_residual_forward(params(env), layernorm(),
                         {.N = N, .C = C_, .dropout = env.dropout, .seed = env.seed, .stream = stream}, mid, out(N),
-                        layernorm() ? mean_.slice1d(0, N) : Tensor(), rstd_.slice1d(0, N), residual, y, bias,
-                        w(env), layernorm() ? b(env) : Tensor(), *env.ctx);
+                        layernorm() ? mean_.slice1d(0, N) : Tensor(), rstd_.slice1d(0, N), residual, y, bias, w(env),
+                        layernorm() ? b(env) : Tensor(), *env.ctx);
 }
 
 void Norm::backward(const StepEnv& env, const Tensor& d_x, const Tensor& d_out, const Tensor& x,
@@ -41,8 +40,7 @@ void Norm::backward(const StepEnv& env, const Tensor& d_x, const Tensor& d_out, 
   else if (layernorm())
     layernorm_backward(params(env), d_x, d_w, d_b, d_out, x, w(env), mean_.slice1d(0, N), rstd_.slice1d(0, N),
                        *env.ctx);
-  else
-    rmsnorm_backward(params(env), d_x, d_w, d_out, x, w(env), rstd_.slice1d(0, N), *env.ctx);
+  else rmsnorm_backward(params(env), d_x, d_w, d_out, x, w(env), rstd_.slice1d(0, N), *env.ctx);
 }
 
 }  // namespace tessera

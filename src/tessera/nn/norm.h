@@ -31,8 +31,8 @@ class Norm {
 
   void forward(const StepEnv& env, const Tensor& x) const;
   // mid = residual + Drop(y + bias) under dropout stream `stream`, and out = norm(mid) (bias undefined: none).
-  void residual_forward(const StepEnv& env, uint64_t stream, const Tensor& mid, const Tensor& residual,
-                        const Tensor& y, const Tensor& bias) const;
+  void residual_forward(const StepEnv& env, uint64_t stream, const Tensor& mid, const Tensor& residual, const Tensor& y,
+                        const Tensor& bias) const;
   // d_x += norm'(d_out) (x: the forward's input), d_w and d_b accumulated; with `res`, the backward of the residual
   // add that made x comes along (d_y = Drop'(d_x), d_bias += Σ d_y).
   void backward(const StepEnv& env, const Tensor& d_x, const Tensor& d_out, const Tensor& x,

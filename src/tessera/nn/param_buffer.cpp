@@ -31,7 +31,8 @@ void ParamBuffer::finalize(Context& ctx) {
 }
 
 Tensor ParamBuffer::grad() const {
-  TS_CHECK(grad_memory_, "internal: gradients used before the model laid them out (they live in its activation "
+  TS_CHECK(grad_memory_,
+           "internal: gradients used before the model laid them out (they live in its activation "
            "arena until Model::reserve or the first forward)");
   const int64_t n = static_cast<int64_t>(total_);
   return Tensor::from_shape(grad_memory_, dtype_, std::initializer_list<int64_t>{n}, device_);
@@ -69,7 +70,6 @@ void* ParamBuffer::host_ptr(void* memory, size_t elem) const {
            "internal: host pointer to parameters on ", device_.str(), " in ", dtype_name(dtype_));
   return memory;
 }
-
 
 std::vector<float> ParamBuffer::read_f32(Context& ctx) const {
   std::vector<float> out(total_);

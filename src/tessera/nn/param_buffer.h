@@ -43,7 +43,7 @@ class ParamBuffer {
   // Allocates the buffers, zero-filled (a CPU or CUDA context).
   void finalize(Context& ctx);
 
-  size_t size() const { return total_; }            // elements, padding included
+  size_t size() const { return total_; }             // elements, padding included
   size_t num_params() const { return num_params_; }  // elements of the segments alone
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
@@ -59,9 +59,13 @@ class ParamBuffer {
 
   // Host pointers of a CPU model in its dtype (reference code and tests); an error on a GPU or a 16-bit model.
   template <typename T>
-  T* host_data() const { return static_cast<T*>(host_ptr(data_.data(), sizeof(T))); }
+  T* host_data() const {
+    return static_cast<T*>(host_ptr(data_.data(), sizeof(T)));
+  }
   template <typename T>
-  T* host_grad() const { return static_cast<T*>(host_ptr(grad().data(), sizeof(T))); }
+  T* host_grad() const {
+    return static_cast<T*>(host_ptr(grad().data(), sizeof(T)));
+  }
 
   void zero_grad(Context& ctx) const { fill_bytes(grad(), 0, ctx); }
   // Where the gradients live. release_grad() frees this buffer's own gradient memory; bind_grad() then points the

@@ -17,8 +17,7 @@ int StepSchedule::add(Phase phase, const std::string& group, std::initializer_li
     e.range = op;
     const bool unique = e.range.ends_with(" dW") || e.range.ends_with(" dx");
     if (phase == Phase::Backward && !unique) e.range += " bwd";
-    e.name = std::string(phase == Phase::Forward ? "forward " : "backward ") +
-             (group.empty() ? "" : group + " ") + op;
+    e.name = std::string(phase == Phase::Forward ? "forward " : "backward ") + (group.empty() ? "" : group + " ") + op;
     events_.push_back(std::move(e));
   }
   return first;
@@ -52,8 +51,7 @@ void PlanBuilder::plant(const std::string& name, int& first, int& last) {
   }
 }
 
-void PlanBuilder::add(Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first,
-                      int last) {
+void PlanBuilder::add(Tensor& t, const std::string& name, DType d, std::vector<int64_t> shape, int first, int last) {
   plant(name, first, last);
   size_t bytes = dtype_size(d);
   bool fits = true;
@@ -91,8 +89,8 @@ Tensor rows(const Tensor& t, int64_t n, int64_t cols) {
 }
 
 Tensor columns_from(const Tensor& t, int64_t col) {
-  return Tensor::from_shape(static_cast<char*>(t.data()) + col * static_cast<int64_t>(dtype_size(t.dtype())),
-                            t.dtype(), std::initializer_list<int64_t>{t.numel() - col}, t.device());
+  return Tensor::from_shape(static_cast<char*>(t.data()) + col * static_cast<int64_t>(dtype_size(t.dtype())), t.dtype(),
+                            std::initializer_list<int64_t>{t.numel() - col}, t.device());
 }
 
 }  // namespace tessera

@@ -60,8 +60,8 @@ std::string show_bytes(std::string_view s) {
 }
 
 constexpr int32_t kNoRank = INT32_MAX;
-constexpr size_t kShortPiece = 64;       // pre-tokens up to this many bytes merge in arrays on the stack
-constexpr size_t kCacheMaxPiece = 48;    // longer pre-tokens are rare and not cached
+constexpr size_t kShortPiece = 64;            // pre-tokens up to this many bytes merge in arrays on the stack
+constexpr size_t kCacheMaxPiece = 48;         // longer pre-tokens are rare and not cached
 constexpr size_t kCacheFirstSlots = 1 << 10;  // open addressing, at most half full, doubled as it fills
 constexpr size_t kCacheMaxSlots = 1 << 18;    // past half of these the cache starts again empty
 
@@ -199,11 +199,13 @@ BpeTokenizer::BpeTokenizer(BpeModel model, const std::string& source) : model_(s
   t->pair_mask = cap - 1;
   for (size_t r = 0; r < model_.merges.size(); ++r) {
     const auto [l, rr] = model_.merges[r];
-    TS_CHECK(l >= 0 && l < n && rr >= 0 && rr < n, source, ": merge ", r, " (", l, ", ", rr, ") names a token outside the vocab of ", n);
+    TS_CHECK(l >= 0 && l < n && rr >= 0 && rr < n, source, ": merge ", r, " (", l, ", ", rr,
+             ") names a token outside the vocab of ", n);
     TS_CHECK(!special[l] && !special[rr], source, ": merge ", r, " merges a special token");
     const std::string joined = tokens[l] + tokens[rr];
     const auto f = by_bytes.find(joined);
-    TS_CHECK(f != by_bytes.end(), source, ": merge ", r, " makes '", show_bytes(joined), "', which is not in the vocab");
+    TS_CHECK(f != by_bytes.end(), source, ": merge ", r, " makes '", show_bytes(joined),
+             "', which is not in the vocab");
     const uint64_t key = pair_key(l, rr);
     uint64_t i = mix(key) & t->pair_mask;
     while (t->pairs[i].key != ~uint64_t{0} && t->pairs[i].key != key) i = (i + 1) & t->pair_mask;

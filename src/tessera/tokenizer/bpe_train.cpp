@@ -95,8 +95,8 @@ class Merger {
   // Merges until `target` ordinary tokens exist or no pair is left; on_merge(tokens so far) after each merge.
   void run(size_t target, const std::function<void(size_t)>& on_merge);
 
-  std::vector<std::string> tokens;                      // ordinary tokens by internal id: 0..255 the bytes
-  std::vector<std::pair<int32_t, int32_t>> merges;       // internal ids
+  std::vector<std::string> tokens;                  // ordinary tokens by internal id: 0..255 the bytes
+  std::vector<std::pair<int32_t, int32_t>> merges;  // internal ids
 
  private:
   // Greater in heap order: the higher count, then the greater (bytes(left), bytes(right)).
@@ -135,8 +135,7 @@ class Merger {
   std::priority_queue<HeapEntry, std::vector<HeapEntry>, HeapLess> heap_;
 };
 
-Merger::Merger(std::vector<WordCount> words)
-    : heap_(HeapLess{this}) {
+Merger::Merger(std::vector<WordCount> words) : heap_(HeapLess{this}) {
   for (int b = 0; b < 256; ++b) {
     tokens.emplace_back(1, static_cast<char>(b));
     token_ids_.emplace(tokens.back(), b);
@@ -145,13 +144,11 @@ Merger::Merger(std::vector<WordCount> words)
   std::sort(words.begin(), words.end(), [](const WordCount& u, const WordCount& v) { return u.bytes < v.bytes; });
   size_t n_words = 0;
   for (size_t i = 0; i < words.size(); ++i) {
-    TS_CHECK(words[i].count > 0, "BPE training: the pre-token count of '", words[i].bytes, "' is ",
-             words[i].count, " (must be > 0)");
+    TS_CHECK(words[i].count > 0, "BPE training: the pre-token count of '", words[i].bytes, "' is ", words[i].count,
+             " (must be > 0)");
     if (words[i].bytes.empty()) continue;
-    if (n_words > 0 && words[n_words - 1].bytes == words[i].bytes)
-      words[n_words - 1].count += words[i].count;
-    else if (n_words++ != i)
-      words[n_words - 1] = std::move(words[i]);
+    if (n_words > 0 && words[n_words - 1].bytes == words[i].bytes) words[n_words - 1].count += words[i].count;
+    else if (n_words++ != i) words[n_words - 1] = std::move(words[i]);
   }
   words.resize(n_words);
   TS_CHECK(n_words < (size_t{1} << 31), "BPE training: more than 2^31 distinct pre-tokens");
@@ -244,8 +241,8 @@ void Merger::run(size_t target, const std::function<void(size_t)>& on_merge) {
       word_stamp_[w] = step_;
       merge_word(w, a, b, c);
     }
-    TS_CHECK(pair_count_[pair] == 0, "BPE training: internal error: the merged pair's count is ",
-             pair_count_[pair], " after the merge");
+    TS_CHECK(pair_count_[pair] == 0, "BPE training: internal error: the merged pair's count is ", pair_count_[pair],
+             " after the merge");
     push_changed();
     if (on_merge) on_merge(tokens.size());
   }

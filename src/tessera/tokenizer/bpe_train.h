@@ -54,8 +54,8 @@ struct BpeTrainParams {
   int vocab_size = 0;  // >= 256 + special_tokens.size()
   std::vector<std::string> special_tokens;
   bool special_first = false;
-  int threads = 0;                       // counting threads; 0: std::thread::hardware_concurrency()
-  size_t block_bytes = size_t{32} << 20; // bytes read per block (a block grows past it only while it has no cut)
+  int threads = 0;                        // counting threads; 0: std::thread::hardware_concurrency()
+  size_t block_bytes = size_t{32} << 20;  // bytes read per block (a block grows past it only while it has no cut)
   // Called from the calling thread, at most every ~1/1000 of a stage and at its end.
   std::function<void(const BpeTrainProgress&)> progress;
 };

@@ -218,10 +218,8 @@ void count_piece(std::string_view rest, PretokenTable& table) {
 class Counter {
  public:
   explicit Counter(const BpeTrainParams& p, uint64_t total_bytes)
-      : params_(p),
-        threads_(p.threads > 0 ? p.threads : std::max(1u, std::thread::hardware_concurrency())),
-        tables_(threads_),
-        total_(total_bytes) {
+      : params_(p), threads_(p.threads > 0 ? p.threads : std::max(1u, std::thread::hardware_concurrency())),
+        tables_(threads_), total_(total_bytes) {
     for (const std::string& s : p.special_tokens) max_special_ = std::max(max_special_, s.size());
   }
 
@@ -366,12 +364,14 @@ std::vector<WordCount> bpe_count_text(std::string_view text, const BpeTrainParam
   bpe_train_check_params(params);
   Counter counter(params, text.size());
   size_t at = 0;
-  counter.count_text([&](char* dst, size_t n) {
-    n = std::min(n, text.size() - at);
-    std::memcpy(dst, text.data() + at, n);
-    at += n;
-    return n;
-  }, text.size());
+  counter.count_text(
+      [&](char* dst, size_t n) {
+        n = std::min(n, text.size() - at);
+        std::memcpy(dst, text.data() + at, n);
+        at += n;
+        return n;
+      },
+      text.size());
   return counter.result();
 }
 
@@ -388,13 +388,15 @@ std::vector<WordCount> bpe_count_files(const std::vector<std::string>& paths, co
     try {
       struct stat st {};
       const size_t expect = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : SIZE_MAX;
-      counter.count_text([&](char* dst, size_t n) {
-        for (;;) {
-          const ssize_t got = ::read(fd, dst, n);
-          if (got >= 0) return static_cast<size_t>(got);
-          TS_CHECK(errno == EINTR, "text: cannot read ", path, ": ", std::strerror(errno));
-        }
-      }, expect);
+      counter.count_text(
+          [&](char* dst, size_t n) {
+            for (;;) {
+              const ssize_t got = ::read(fd, dst, n);
+              if (got >= 0) return static_cast<size_t>(got);
+              TS_CHECK(errno == EINTR, "text: cannot read ", path, ": ", std::strerror(errno));
+            }
+          },
+          expect);
     } catch (...) {
       ::close(fd);
       throw;

@@ -84,8 +84,8 @@ void fill_vocab(const nlohmann::json& vocab, const std::string& path, const std:
   TS_CHECK(vocab.is_object(), path, ": the vocab is not an object of token -> id");
   int64_t max_id = -1;
   for (const auto& [text, id] : vocab.items()) {
-    TS_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, path, ": token ", in_quotes(text),
-             " has id ", id.dump(), ", not an integer >= 0");
+    TS_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, path, ": token ", in_quotes(text), " has id ", id.dump(),
+             ", not an integer >= 0");
     max_id = std::max(max_id, id.get<int64_t>());
   }
   for (const auto& [id, text] : overrides) max_id = std::max(max_id, id);
@@ -147,7 +147,8 @@ std::vector<int32_t> unmade_tokens(const BpeModel& model) {
   std::unordered_map<std::string, int32_t> by_bytes;
   for (size_t id = 0; id < model.tokens.size(); ++id) by_bytes.emplace(model.tokens[id], static_cast<int32_t>(id));
   for (const auto& [l, r] : model.merges) {
-    if (l < 0 || r < 0 || static_cast<size_t>(l) >= model.tokens.size() || static_cast<size_t>(r) >= model.tokens.size())
+    if (l < 0 || r < 0 || static_cast<size_t>(l) >= model.tokens.size() ||
+        static_cast<size_t>(r) >= model.tokens.size())
       continue;  // BpeTokenizer's check names it
     const auto f = by_bytes.find(model.tokens[l] + model.tokens[r]);
     if (f != by_bytes.end()) made[f->second] = true;
@@ -228,7 +229,8 @@ void derive_merges(const std::unordered_map<std::string, int32_t>& ranks, BpeMod
     const auto r = parts.size() == 2 ? ranks.find(parts[1]) : ranks.end();
     TS_CHECK(l != ranks.end() && r != ranks.end() && l->second < static_cast<int32_t>(id) &&
                  r->second < static_cast<int32_t>(id),
-             path, ": token ", id, " (", in_quotes(base64_encode(tok)), " in base64) cannot be made by merging two "
+             path, ": token ", id, " (", in_quotes(base64_encode(tok)),
+             " in base64) cannot be made by merging two "
              "tokens of lower rank");
     model.merges.emplace_back(l->second, r->second);
   }
@@ -408,8 +410,7 @@ BpeModel read_tiktoken(const std::string& path, const std::vector<std::string>& 
     entries.emplace_back(rank, std::move(bytes));
   }
   TS_CHECK(!entries.empty(), path, ": empty, not a .tiktoken file");
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   BpeModel model;
   std::unordered_map<std::string, int32_t> ranks;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -455,22 +456,36 @@ void write_hf_tokenizer_json(const BpeModel& model, const std::string& path) {
   std::vector<int32_t> sids = model.special_ids;
   std::sort(sids.begin(), sids.end());
   for (int32_t id : sids)
-    added.push_back({{"id", id}, {"content", model.tokens[id]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id},
+                     {"content", model.tokens[id]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   ordered_json vocab = ordered_json::object();
   for (size_t id = 0; id < model.tokens.size(); ++id)
     vocab[special[id] ? model.tokens[id] : gpt2_bytes_to_unicode(model.tokens[id])] = id;
   ordered_json merges = ordered_json::array();
   for (const auto& [l, r] : model.merges)
     merges.push_back(gpt2_bytes_to_unicode(model.tokens[l]) + " " + gpt2_bytes_to_unicode(model.tokens[r]));
-  const ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+  const ordered_json byte_level = {{"type", "ByteLevel"},
+                                   {"add_prefix_space", false},
+                                   {"trim_offsets", true},
                                    {"use_regex", true}};
-  ordered_json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-                    {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", byte_level},
-                    {"decoder", byte_level}};
-  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
-                {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}};
+  ordered_json j = {
+      {"version", "1.0"},      {"truncation", nullptr},       {"padding", nullptr},           {"added_tokens", added},
+      {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", byte_level}, {"decoder", byte_level}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", merges}};
   write_file_atomic(path, json_dump(j, path, 2));
 }
 
@@ -536,7 +551,8 @@ LoadedTokenizer load_tokenizer(const std::string& path, const std::vector<std::s
              ": GPT-2's encoder.json needs vocab.bpe beside it (and vocab.bpe encoder.json)");
     return t;
   }
-  TS_CHECK(p.extension() == ".json", "tokenizer ", path, ": cannot tell its format from its name (tokenizer.json "
+  TS_CHECK(p.extension() == ".json", "tokenizer ", path,
+           ": cannot tell its format from its name (tokenizer.json "
            "or another .json, vocab.json + merges.txt, encoder.json + vocab.bpe, or *.tiktoken)");
   return {read_hf_tokenizer_json(path), TokenizerFormat::HuggingFace, path};
 }

@@ -97,7 +97,7 @@ size_t gpt2_pretoken_length(std::string_view text) {
     last = end;
     end += c.len;
   }
-  if (end == n) return n;    // 5: (?!\S) holds at the end of the text
+  if (end == n) return n;     // 5: (?!\S) holds at the end of the text
   if (last > 0) return last;  // 5: backs off one code point, which is whitespace, so (?!\S) holds
   return end;                 // 6: one whitespace code point before a non-space
 }

@@ -71,7 +71,8 @@ void write_model_files(const std::string& dir, const Model& model) {
   w.set_metadata("tessera_config", model_config_to_json(model.config()).dump());
   w.set_metadata("tessera_naming", checkpoint_naming_name(checkpoint_naming(model.config())));
   w.write(dir + "/model.safetensors");
-  write_file_atomic(dir + "/config.json", hf_config_json(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
+  write_file_atomic(dir + "/config.json",
+                    hf_config_json(model.config(), checkpoint_naming(model.config())).dump(2) + "\n");
 }
 
 // TESSERA_FAULT_INJECT=<point>[,<point>...] makes save_checkpoint die by SIGKILL at that point, as a crash or a
@@ -115,7 +116,8 @@ std::string model_file(const std::string& path) {
     uint64_t n = 0;
     for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(head[i]) << (8 * i);
     const bool not_one = got < 8 || (n > size - 8 && !(got == 9 && head[8] == '{'));
-    TS_CHECK(!not_one, path, " is not a checkpoint: it is a file of ", counted(size, "byte"), " that is not a "
+    TS_CHECK(!not_one, path, " is not a checkpoint: it is a file of ", counted(size, "byte"),
+             " that is not a "
              "safetensors file (a checkpoint is a directory that train writes, OUT/checkpoint or OUT/best, or the "
              "model.safetensors in one)");
     return p;
@@ -124,7 +126,8 @@ std::string model_file(const std::string& path) {
   // A directory that is no checkpoint (a run's data/, say) is said to be none, not "cannot read
   // DIR/model.safetensors".
   const fs::path file = fs::path(p) / "model.safetensors";
-  TS_CHECK(fs::exists(file) || !fs::exists(p), path, " is not a checkpoint: it holds no model.safetensors (train "
+  TS_CHECK(fs::exists(file) || !fs::exists(p), path,
+           " is not a checkpoint: it holds no model.safetensors (train "
            "writes its checkpoints to OUT/checkpoint and OUT/best)");
   return file.string();
 }
@@ -132,7 +135,8 @@ std::string model_file(const std::string& path) {
 ModelConfig config_from(const SafetensorsFile& st) {
   const auto& meta = st.metadata();
   const auto it = meta.find("tessera_config");
-  TS_CHECK(it != meta.end(), "checkpoint ", st.path(), ": header has no tessera_config metadata, so the model's "
+  TS_CHECK(it != meta.end(), "checkpoint ", st.path(),
+           ": header has no tessera_config metadata, so the model's "
            "config is unknown (tessera loads the checkpoints that it wrote)");
   json j;
   try {
@@ -355,11 +359,12 @@ ModelConfig load_checkpoint_config(const std::string& path) { return open_checkp
 ModelConfig check_checkpoint_model(const std::string& path) {
   const OpenCheckpoint ck = open_checkpoint(path);
   if (ck.hf) return ck.cfg;  // HfCheckpoint::open checked every tensor
-  ParamBuffer pb;  // segments only: nothing allocated
+  ParamBuffer pb;            // segments only: nothing allocated
   model_describe_params(ck.cfg, pb);
   const auto layout = checkpoint_layout(ck.cfg, pb);
   check_tensor_names(*ck.st, layout);
-  for (const ExportTensor& t : layout) ck.st->check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
+  for (const ExportTensor& t : layout)
+    ck.st->check_float_shape(t.name, stored_shape(t, pb.shape(t.segment).size() == 1));
   return ck.cfg;
 }
 
@@ -455,8 +460,10 @@ TrainState load_train_state(const std::string& path, const Model& model) {
     const std::string& text = meta.at("loss_scale");
     char* end = nullptr;
     s.loss_scale = std::strtod(text.c_str(), &end);
-    TS_CHECK(!text.empty() && end == text.c_str() + text.size(), "checkpoint ", file, ": metadata 'loss_scale' is not "
-             "a number: '", text, "'");
+    TS_CHECK(!text.empty() && end == text.c_str() + text.size(), "checkpoint ", file,
+             ": metadata 'loss_scale' is not "
+             "a number: '",
+             text, "'");
     s.loss_scale_good_steps = meta_integer<int64_t>(st, "loss_scale_good_steps");
   }
   TS_CHECK(s.step >= 0, "checkpoint ", file, ": step ", s.step, " is negative");
@@ -467,8 +474,8 @@ TrainState load_train_state(const std::string& path, const Model& model) {
   // Checked here, where the file is named, and in every run: the scaler checks it again only where it runs (f16).
   TS_CHECK(s.loss_scale_good_steps >= 0, "checkpoint ", file, ": loss_scale_good_steps ", s.loss_scale_good_steps,
            " is negative");
-  TS_CHECK(s.metrics_from >= 1 && s.metrics_from <= s.step + 1, "checkpoint ", file, ": metrics_from ",
-           s.metrics_from, " is not in [1, step + 1 = ", s.step + 1, "]");
+  TS_CHECK(s.metrics_from >= 1 && s.metrics_from <= s.step + 1, "checkpoint ", file, ": metrics_from ", s.metrics_from,
+           " is not in [1, step + 1 = ", s.step + 1, "]");
   TS_CHECK(meta.count("options"), "checkpoint ", file, ": optimizer state has no 'options' metadata");
   s.options_json = meta.at("options");
   s.tokenizer_json = read_dir_tokenizer(dir);

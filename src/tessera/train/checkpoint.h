@@ -48,7 +48,7 @@ struct TrainState {
   // step after its branch point (a resume in place keeps it). A branch that stopped in its first step has a
   // checkpoint and no records, and is missing none. Absent in older checkpoints: 1.
   int64_t metrics_from = 1;
-  std::string options_json;          // the training options, for resuming with the same run
+  std::string options_json;  // the training options, for resuming with the same run
   std::vector<float> adam_m, adam_v;
   // Written to a run's best/ only: the validation loss that made it the best (NaN: none, as in every other
   // checkpoint and in a best/ written before it was kept there). Not loaded back (best_record reads it), so that a

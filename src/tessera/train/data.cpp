@@ -327,8 +327,8 @@ class TokenSplitWriter {
   }
   void write_header(Out& o) {
     const std::vector<int32_t> h = shard_header(width_ == 2 ? kShardVersion : kShardVersionU32, o.count);
-    const bool ok =
-        std::fseek(o.f, 0, SEEK_SET) == 0 && std::fwrite(h.data(), sizeof(int32_t), h.size(), o.f) == h.size();
+    const bool ok = std::fseek(o.f, 0, SEEK_SET) == 0 &&
+                    std::fwrite(h.data(), sizeof(int32_t), h.size(), o.f) == h.size();
     TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
   }
   // The ids [from, o.count) of o's file, read back.
@@ -351,8 +351,8 @@ class TokenSplitWriter {
   // Cuts o's file back to its first `keep` ids, positioned to append after them.
   void truncate(Out& o, size_t keep) {
     const long end = static_cast<long>(kShardHeaderInts * sizeof(int32_t) + keep * width_);
-    const bool ok =
-        std::fflush(o.f) == 0 && ::ftruncate(::fileno(o.f), end) == 0 && std::fseek(o.f, end, SEEK_SET) == 0;
+    const bool ok = std::fflush(o.f) == 0 && ::ftruncate(::fileno(o.f), end) == 0 &&
+                    std::fseek(o.f, end, SEEK_SET) == 0;
     TS_CHECK(ok, "cannot write ", o.shown, ": ", std::strerror(errno));
     o.count = keep;
   }
@@ -440,8 +440,8 @@ void remove_prepare_leftovers(const fs::path& dir) {
     const std::string name = e.path().filename().string();
     if (!is_prepare_leftover(name) || !fs::is_regular_file(e.symlink_status(ec))) continue;  // prepare writes files
     const long long pid = std::stoll(name.substr(name.rfind('.') + 1));
-    const bool gone =
-        pid == ::getpid() || pid > INT32_MAX || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    const bool gone = pid == ::getpid() || pid > INT32_MAX ||
+                      (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
     if (gone) fs::remove(e.path(), ec);
   }
 }
@@ -582,8 +582,8 @@ PrepareReport prepare_into(const std::string& out_dir, const PrepareParams& para
         const int e = errno;
         fs::remove(tokenizer, ec);  // no file that names another tokenizer beside these shards
         undo.done();
-        TS_THROW("prepare: wrote ", out_dir, "'s shards, but cannot write ", tokenizer, " beside them: ",
-                 std::strerror(e));
+        TS_THROW("prepare: wrote ", out_dir, "'s shards, but cannot write ", tokenizer,
+                 " beside them: ", std::strerror(e));
       }
     } else if (fs::is_regular_file(fs::symlink_status(tokenizer, ec))) {
       fs::remove(tokenizer, ec);  // an earlier prepare's: these shards hold bytes
@@ -591,8 +591,8 @@ PrepareReport prepare_into(const std::string& out_dir, const PrepareParams& para
     undo.done();
     for (const std::string& name : stale) {
       fs::remove(dir / name, ec);
-      TS_CHECK(!ec, "prepare: wrote ", out_dir, "'s shards, but cannot remove the earlier ", name, " beside them: ",
-               ec.message());
+      TS_CHECK(!ec, "prepare: wrote ", out_dir, "'s shards, but cannot remove the earlier ", name,
+               " beside them: ", ec.message());
     }
     fsync_dir(out_dir);
   }  // a signal held off since the renames began is delivered here, to the caller's handler
@@ -615,10 +615,9 @@ PrepareReport prepare_shards(const std::string& text, const std::string& out_dir
   const fs::path dir(out_dir);
   const size_t counts[2] = {split.count(false), split.count(true)};
   for (int k = 0; k < 2; ++k)
-    TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kShardNames[k]).string(),
-             " would hold ", counts[k], " tokens, more than a shard's header can count (", INT32_MAX,
-             "); split the text");
-  const WriteTemps write = [&](const std::string (&temps)[2]) {
+    TS_CHECK(counts[k] <= static_cast<size_t>(INT32_MAX), "prepare: ", (dir / kShardNames[k]).string(), " would hold ",
+             counts[k], " tokens, more than a shard's header can count (", INT32_MAX, "); split the text");
+  const WriteTemps write = [&](const std::string(&temps)[2]) {
     for (int k = 0; k < 2; ++k) {
       const size_t before = k == 0 ? 0 : counts[0];  // one token a byte: train's tokens come first
       std::function<void(size_t)> written;
@@ -637,16 +636,16 @@ PrepareReport prepare_token_shards(const TokenSource& source, const std::string&
   TS_CHECK(params.val_fraction > 0 && params.val_fraction < 1, "prepare: val fraction must be in (0, 1)");
   TS_CHECK(tokens.vocab > 0 && tokens.vocab <= INT32_MAX, "prepare: a vocab of ", tokens.vocab, " tokens");
   const fs::path dir(out_dir);
-  const WriteTemps write = [&](const std::string (&temps)[2]) {
-    TokenSplitWriter w(temps, {(dir / kShardNames[0]).string(), (dir / kShardNames[1]).string()},
-                       params.val_fraction, tokens.vocab);
+  const WriteTemps write = [&](const std::string(&temps)[2]) {
+    TokenSplitWriter w(temps, {(dir / kShardNames[0]).string(), (dir / kShardNames[1]).string()}, params.val_fraction,
+                       tokens.vocab);
     source([&](std::span<const int32_t> ids) {
       w.append(ids);
       throw_if_stopped(params.stop);
     });
     const auto counts = w.finish();
-    TS_CHECK(counts.first + counts.second >= 2, "prepare: the text has ", counted(counts.first + counts.second,
-             "token"), "; at least 2 are needed (a train token and a val token)");
+    TS_CHECK(counts.first + counts.second >= 2, "prepare: the text has ",
+             counted(counts.first + counts.second, "token"), "; at least 2 are needed (a train token and a val token)");
     return counts;
   };
   return prepare_into(out_dir, params, write, &tokens.tokenizer_json);
@@ -672,8 +671,8 @@ std::vector<std::string> list_shards(const std::string& data, const std::string&
     std::error_code ec;
     if (!e.is_regular_file(ec)) {  // through a symlink: a link to a shard is one
       const char* kind = e.is_symlink(ec) && !fs::exists(e.path(), ec) ? "a symlink to nothing"
-                         : e.is_directory(ec)                           ? "a directory"
-                                                                        : "not a regular file";
+                         : e.is_directory(ec)                          ? "a directory"
+                                                                       : "not a regular file";
       TS_THROW("data: ", e.path().string(), " is named as a ", split, " shard but is ", kind,
                ": remove it, or point it at a shard");
     }

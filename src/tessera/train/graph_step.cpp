@@ -20,13 +20,15 @@ struct StreamBaseScope {
 }  // namespace
 
 GraphStep::GraphStep(Model& model, Optimizer* optimizer, const GraphStepConfig& cfg)
-    : model_(&model),
-      optimizer_(optimizer),
-      cfg_(cfg),
-      ctx_(&model.context()),
+    : model_(&model), optimizer_(optimizer), cfg_(cfg), ctx_(&model.context()),
       step_(model, optimizer,
-            {.B = cfg.B, .T = cfg.T, .accum = cfg.accum, .label_smoothing = cfg.label_smoothing,
-             .backward = cfg.backward, .skip_nonfinite = cfg.skip_nonfinite, .losses = cfg.losses}) {
+            {.B = cfg.B,
+             .T = cfg.T,
+             .accum = cfg.accum,
+             .label_smoothing = cfg.label_smoothing,
+             .backward = cfg.backward,
+             .skip_nonfinite = cfg.skip_nonfinite,
+             .losses = cfg.losses}) {
   TS_CHECK(ctx_->is_cuda(), "internal: a CUDA graph step on a CPU model");
   TS_CHECK(cfg.B > 0 && cfg.T > 0 && cfg.accum >= 1, "internal: graph step of batch ", cfg.B, " x ", cfg.T, ", accum ",
            cfg.accum);
@@ -69,8 +71,7 @@ void GraphStep::enqueue_step(double loss_scale, RngState* rng, bool from_device)
   Context& ctx = *ctx_;
   if (from_device && cfg_.in_capture) cfg_.in_capture();
   // The scalars of this step (its stream base, the optimizer's), read by the kernels of both graphs.
-  if (from_device)
-    copy_bytes(device_header_.data(), ctx.device(), staging_.data(), Device::cpu(), header_bytes_, ctx);
+  if (from_device) copy_bytes(device_header_.data(), ctx.device(), staging_.data(), Device::cpu(), header_bytes_, ctx);
   TrainStepHooks hooks;
   if (cfg_.upload_batch)
     hooks.batch = [this](int micro) -> std::optional<MicroBatch> {
@@ -105,8 +106,9 @@ void GraphStep::capture_graphs(double loss_scale, RngState& relative) {
   const bool one_graph = cfg_.optimizer && !cfg_.host_between;
   {
     const StreamBaseScope base(ctx, static_cast<const uint64_t*>(device_header_.data()));
-    step_graph_.capture(ctx, one_graph ? "the training step (forward, backward and optimizer)"
-                                       : "the training step (forward and backward)",
+    step_graph_.capture(ctx,
+                        one_graph ? "the training step (forward, backward and optimizer)"
+                                  : "the training step (forward and backward)",
                         [&] {
                           enqueue_step(loss_scale, &relative, /*from_device=*/true);
                           if (one_graph) enqueue_optimizer();

@@ -47,12 +47,12 @@ namespace tessera {
 
 struct GraphStepConfig {
   int B = 0, T = 0;
-  int accum = 1;                // micro-steps per step, all inside the step graph
-  bool backward = true;         // zero_grad + forward + backward; false: the forward alone (with targets, to the loss)
-  bool optimizer = true;        // then the optimizer (needs backward)
-  bool upload_batch = true;     // micro-step m reads tokens(m) / targets(m); false: the model's input buffers hold a
-                                // batch already, the same every step (the benchmark)
-  void* losses = nullptr;       // device: micro-step m's mean loss copied to losses + m * its bytes; null: none
+  int accum = 1;             // micro-steps per step, all inside the step graph
+  bool backward = true;      // zero_grad + forward + backward; false: the forward alone (with targets, to the loss)
+  bool optimizer = true;     // then the optimizer (needs backward)
+  bool upload_batch = true;  // micro-step m reads tokens(m) / targets(m); false: the model's input buffers hold a
+                             // batch already, the same every step (the benchmark)
+  void* losses = nullptr;    // device: micro-step m's mean loss copied to losses + m * its bytes; null: none
   float label_smoothing = 0.0f;
   bool skip_nonfinite = false;  // the optimizer's GradScaling::skip_nonfinite (dynamic loss scaling)
   bool host_between = false;    // run()'s `between` is used: the optimizer as a graph of its own, after it

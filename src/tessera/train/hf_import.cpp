@@ -50,8 +50,8 @@ std::map<std::string, std::string> read_index(const fs::path& dir, const std::st
            " has no weight_map object (tensor name -> shard file)");
   std::map<std::string, std::string> map;
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    TS_CHECK(it.value().is_string(), where, ": ", kIndex, ": weight_map['", it.key(), "'] is ",
-             json_kind(it.value()), ", not a file name");
+    TS_CHECK(it.value().is_string(), where, ": ", kIndex, ": weight_map['", it.key(), "'] is ", json_kind(it.value()),
+             ", not a file name");
     const std::string file = it.value().get<std::string>();
     // A name, not a path: the shards lie beside the index.
     TS_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", where, ": ", kIndex,
@@ -109,8 +109,8 @@ HfCheckpoint HfCheckpoint::open(const std::string& dir, std::optional<Safetensor
     }
   }
   for (const auto& [tensor, file] : index)
-    TS_CHECK(is_buffer(tensor, ck.hf_.naming) || ck.sources_.count(canonical_name(tensor, ck.hf_.naming)), where,
-             ": ", kIndex, " puts tensor '", tensor, "' in ", file, ", which does not hold it");
+    TS_CHECK(is_buffer(tensor, ck.hf_.naming) || ck.sources_.count(canonical_name(tensor, ck.hf_.naming)), where, ": ",
+             kIndex, " puts tensor '", tensor, "' in ", file, ", which does not hold it");
   ParamBuffer pb;  // segments only: nothing allocated
   model_describe_params(ck.hf_.cfg, pb);
   ck.check_tensors(checkpoint_layout(ck.hf_.cfg, pb, ck.hf_.naming), pb);

@@ -36,8 +36,8 @@ void LossScaler::update(bool overflow, int64_t step) {
 }
 
 void LossScaler::set_state(double scale, int64_t good_steps) {
-  TS_CHECK(std::isfinite(scale) && scale >= cfg_.min_scale && scale <= cfg_.max_scale, "checkpoint: loss scale ",
-           scale, " is outside [", cfg_.min_scale, ", ", cfg_.max_scale, "]");
+  TS_CHECK(std::isfinite(scale) && scale >= cfg_.min_scale && scale <= cfg_.max_scale, "checkpoint: loss scale ", scale,
+           " is outside [", cfg_.min_scale, ", ", cfg_.max_scale, "]");
   // Not bounded by growth_interval: a run resumed with a shorter --loss-scale-interval grows at its next good step.
   TS_CHECK(good_steps >= 0, "checkpoint: negative count of good steps since the loss scale changed: ", good_steps);
   scale_ = scale;

@@ -19,8 +19,8 @@ struct LossScalerConfig {
   double init_scale = 65536.0;  // 2^16, GradScaler's default
   int64_t growth_interval = 2000;
   double growth = 2.0, backoff = 0.5;
-  double min_scale = 1.0;            // an overflow at this scale is divergence (LossScaler::update says so)
-  double max_scale = 16777216.0;     // 2^24: f32 loss scales above it only overflow f16 gradients sooner
+  double min_scale = 1.0;         // an overflow at this scale is divergence (LossScaler::update says so)
+  double max_scale = 16777216.0;  // 2^24: f32 loss scales above it only overflow f16 gradients sooner
 };
 
 class LossScaler {

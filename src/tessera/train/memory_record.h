@@ -14,8 +14,8 @@ namespace tessera {
 // (the end of the step) being where AdamW runs.
 struct MemoryTimelinePoint {
   int event = 0;
-  std::string phase;  // "forward", "backward", "optimizer"
-  std::string name;   // model_step_event_name
+  std::string phase;            // "forward", "backward", "optimizer"
+  std::string name;             // model_step_event_name
   size_t activations_live = 0;  // the plan's live bytes at the event (planned gradients included)
   size_t static_bytes = 0;      // parameters, own gradients, master weights, AdamW state: held for the whole step
   std::string static_holds;     // what static_bytes holds, for the plot's legend (the same at every point)

@@ -25,9 +25,15 @@ AdamW::AdamW(const ParamBuffer& params, const AdamWConfig& cfg, Context& ctx)
 AdamWParams AdamW::begin_step(ParamBuffer& params, float lr, const GradScaling& scaling) {
   TS_CHECK(params.size() == n_, "internal: optimizer built for ", n_, " parameters, stepped with ", params.size());
   TS_CHECK(!unresolved_skip_, "internal: an optimizer step that may have been skipped was not read (read_step)");
-  const AdamWParams p{.lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
-                      .weight_decay = cfg_.weight_decay, .step = step_ + 1, .max_grad_norm = cfg_.grad_clip,
-                      .grad_scale = scaling.scale, .skip_nonfinite = scaling.skip_nonfinite};
+  const AdamWParams p{.lr = lr,
+                      .beta1 = cfg_.beta1,
+                      .beta2 = cfg_.beta2,
+                      .eps = cfg_.eps,
+                      .weight_decay = cfg_.weight_decay,
+                      .step = step_ + 1,
+                      .max_grad_norm = cfg_.grad_clip,
+                      .grad_scale = scaling.scale,
+                      .skip_nonfinite = scaling.skip_nonfinite};
   norm_written_ = tracks_norm() || scaling.skip_nonfinite;
   ++step_;
   unresolved_skip_ = scaling.skip_nonfinite;
@@ -64,9 +70,15 @@ void AdamW::enqueue_graph_step(ParamBuffer& params, const GradScaling& scaling, 
   TS_CHECK(graph_scalar_bytes() > 0, "internal: AdamW::enqueue_graph_step on a CPU context");
   // The host values here only shape the launches (which exist, what they check); the kernels read the step's own
   // scalars from `device`. step 1 and scale 1 pass adamw_step's checks whatever step the graph later replays.
-  const AdamWParams p{.lr = 0.0f, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2, .eps = cfg_.eps,
-                      .weight_decay = cfg_.weight_decay, .step = 1, .max_grad_norm = cfg_.grad_clip,
-                      .grad_scale = 1.0f, .skip_nonfinite = scaling.skip_nonfinite};
+  const AdamWParams p{.lr = 0.0f,
+                      .beta1 = cfg_.beta1,
+                      .beta2 = cfg_.beta2,
+                      .eps = cfg_.eps,
+                      .weight_decay = cfg_.weight_decay,
+                      .step = 1,
+                      .max_grad_norm = cfg_.grad_clip,
+                      .grad_scale = 1.0f,
+                      .skip_nonfinite = scaling.skip_nonfinite};
   enqueue(params, p, static_cast<const AdamWStepScalars*>(device));
 }
 

@@ -15,8 +15,8 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/units.h"
-#include "tessera/train/hold_signals.h"
 #include "tessera/train/data.h"
+#include "tessera/train/hold_signals.h"
 #include "tessera/train/pair_data.h"
 #include "tessera/train/text.h"
 
@@ -78,7 +78,6 @@ void check_no_token_shards(const std::string& out_dir) {
 void throw_if_stopped(const volatile std::sig_atomic_t* stop) {
   if (stop && *stop != 0) throw PrepareInterrupted(*stop);
 }
-
 
 // The temporaries of a prepare and the directories it made, removed unless done() (the directories only when
 // empty, innermost first).

@@ -60,13 +60,28 @@ json train_options_to_json(const TrainOptions& o) {
     if (inside(rel)) in_run = rel.string();
     data = abs.string();
   }
-  json j = {{"model", model_config_to_json(o.model)}, {"data", data},
-          {"data_fingerprint", o.data_fingerprint}, {"batch", o.batch}, {"seq", o.seq},
-          {"accum", o.accum}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
-          {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"adam_eps", o.adam_eps}, {"grad_clip", o.grad_clip},
-          {"label_smoothing", o.label_smoothing}, {"seed", o.seed}, {"val_every", o.val_every},
-          {"val_batches", o.val_batches}, {"ckpt_every", o.ckpt_every}, {"ckpt_minutes", o.ckpt_minutes},
-          {"steps", o.steps}, {"world_size", o.world_size}};
+  json j = {{"model", model_config_to_json(o.model)},
+            {"data", data},
+            {"data_fingerprint", o.data_fingerprint},
+            {"batch", o.batch},
+            {"seq", o.seq},
+            {"accum", o.accum},
+            {"lr", o.lr},
+            {"min_lr_ratio", o.min_lr_ratio},
+            {"warmup", o.warmup},
+            {"weight_decay", o.weight_decay},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"adam_eps", o.adam_eps},
+            {"grad_clip", o.grad_clip},
+            {"label_smoothing", o.label_smoothing},
+            {"seed", o.seed},
+            {"val_every", o.val_every},
+            {"val_batches", o.val_batches},
+            {"ckpt_every", o.ckpt_every},
+            {"ckpt_minutes", o.ckpt_minutes},
+            {"steps", o.steps},
+            {"world_size", o.world_size}};
   if (!in_run.empty()) j["data_in_run"] = in_run;
   return j;
 }
@@ -206,13 +221,16 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
   }
   std::sort(steps.begin(), steps.end());
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  const int64_t missing =
-      steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
+  const int64_t missing = steps.empty() ? 0 : keep_step - steps.front() + 1 - static_cast<int64_t>(steps.size());
   if (expect_from >= 1 && expect_from <= keep_step && steps.empty()) {
     std::fflush(stdout);
-    std::fprintf(stderr, "tessera: warning: %s: no record of steps %lld to %lld (the file is %s); the resumed run's "
-                 "records follow step %lld without them\n", path.c_str(), static_cast<long long>(expect_from),
-                 static_cast<long long>(keep_step), !fs::exists(path) ? "missing" : torn ? "unreadable" : "empty",
+    std::fprintf(stderr,
+                 "tessera: warning: %s: no record of steps %lld to %lld (the file is %s); the resumed run's "
+                 "records follow step %lld without them\n",
+                 path.c_str(), static_cast<long long>(expect_from), static_cast<long long>(keep_step),
+                 !fs::exists(path) ? "missing"
+                 : torn            ? "unreadable"
+                                   : "empty",
                  static_cast<long long>(keep_step));
   }
   if (missing > acknowledged || unreadable > 0) {
@@ -245,12 +263,8 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
 }  // namespace
 
 RunDir::RunDir(const TrainOptions& o, TrainState& state, bool resuming, bool lead, DataParallel* dp)
-    : o_(o),
-      resuming_(resuming),
-      lead_(lead),
-      metrics_path_((fs::path(o.out) / "metrics.jsonl").string()),
-      ckpt_dir_((fs::path(o.out) / "checkpoint").string()),
-      best_dir_((fs::path(o.out) / "best").string()) {
+    : o_(o), resuming_(resuming), lead_(lead), metrics_path_((fs::path(o.out) / "metrics.jsonl").string()),
+      ckpt_dir_((fs::path(o.out) / "checkpoint").string()), best_dir_((fs::path(o.out) / "best").string()) {
   if (resuming) {
     std::error_code ec;
     if (fs::equivalent(o.resume, ckpt_dir_, ec)) saved_step_ = state.step;
@@ -273,8 +287,10 @@ RunDir::RunDir(const TrainOptions& o, TrainState& state, bool resuming, bool lea
         std::tie(best_val_loss_, best_step_) = *record;
       } else if (!record) {
         std::fflush(stdout);
-        std::fprintf(stderr, "tessera: warning: %s holds no validation record and %s does not record its loss: the "
-                     "resumed run's first validation will replace it\n", metrics_path_.c_str(), best_dir_.c_str());
+        std::fprintf(stderr,
+                     "tessera: warning: %s holds no validation record and %s does not record its loss: the "
+                     "resumed run's first validation will replace it\n",
+                     metrics_path_.c_str(), best_dir_.c_str());
       }
     }
     // A branch from a best/ that records its loss (--resume RUN/best --out NEW): that model, validated at the step

@@ -22,8 +22,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 }  // namespace
 
-void SafetensorsWriter::add_entry(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                                  const void* data, Fill fill) {
+void SafetensorsWriter::add_entry(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
+                                  Fill fill) {
   TS_CHECK(!entries_.count(name), "safetensors: duplicate tensor name ", name);
   SafetensorsEntry e;
   e.dtype = dtype;
@@ -49,7 +49,9 @@ void SafetensorsWriter::write(const std::string& path) const {
   json header = json::object();
   for (const auto& src : order_) {
     const auto& e = entries_.at(src.name);
-    header[src.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    header[src.name] = {{"dtype", std::string(dtype_name(e.dtype))},
+                        {"shape", e.shape},
+                        {"data_offsets", {e.begin, e.end}}};
   }
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string text = header.dump();
@@ -99,14 +101,18 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   const bool json_next = size > 8 && bytes[8] == '{';
   // Said first when the bytes are not a safetensors header: "header length 8031924123371070824 exceeds the file
   // size 25" for a text file would read as a fault in a checkpoint, not as the wrong file.
-  TS_CHECK(n <= size - 8 || json_next, "safetensors: ", path, " is not a safetensors file (its first 8 bytes give a "
-           "header length of ", n, " bytes, beyond the file size ", size, ")");
+  TS_CHECK(n <= size - 8 || json_next, "safetensors: ", path,
+           " is not a safetensors file (its first 8 bytes give a "
+           "header length of ",
+           n, " bytes, beyond the file size ", size, ")");
   // Past the end of the file, a length no writer would give is a corrupt length field, not a cut-short file:
   // 18446744073709551615 would say "the file is truncated" of a file of full length. Hugging Face's safetensors refuses
   // headers over 100 MB, so a longer one cannot have been written as one.
   constexpr uint64_t kMaxHeader = 100'000'000;
-  TS_CHECK(n <= size - 8 || n <= kMaxHeader, "safetensors: ", path, ": its header length is corrupt (the first 8 "
-           "bytes give ", n, ", beyond the file size ", size, " and the format's limit of ", kMaxHeader, " bytes)");
+  TS_CHECK(n <= size - 8 || n <= kMaxHeader, "safetensors: ", path,
+           ": its header length is corrupt (the first 8 "
+           "bytes give ",
+           n, ", beyond the file size ", size, " and the format's limit of ", kMaxHeader, " bytes)");
   TS_CHECK(n <= size - 8, "safetensors: ", path, ": header length ", n, " exceeds the file size ", size,
            " (the file is truncated)");
   f.data_offset_ = 8 + n;
@@ -126,8 +132,8 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
     if (name == "__metadata__") {
       TS_CHECK(v.is_object(), "safetensors: ", path, ": __metadata__ is not a JSON object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        TS_CHECK(m.value().is_string(), "safetensors: ", path, ": metadata '", m.key(), "' is ",
-                 json_kind(m.value()), ", not a string");
+        TS_CHECK(m.value().is_string(), "safetensors: ", path, ": metadata '", m.key(), "' is ", json_kind(m.value()),
+                 ", not a string");
         f.metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -168,12 +174,13 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
       TS_CHECK(x.is_number_unsigned(), "safetensors: ", path, ": tensor '", name, "' has a negative data offset");
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
-    TS_CHECK(e.begin <= e.end, "safetensors: ", path, ": tensor '", name, "' has data offsets [", e.begin, ", ",
-             e.end, "]: its end before its begin (a corrupt header)");
+    TS_CHECK(e.begin <= e.end, "safetensors: ", path, ": tensor '", name, "' has data offsets [", e.begin, ", ", e.end,
+             "]: its end before its begin (a corrupt header)");
     // A file cut short (a copy that stopped) reaches here with a whole header: say that, not only the offsets.
-    TS_CHECK(e.end <= data_size, "safetensors: ", path, ": tensor '", name, "' has data offsets outside the file (the "
-             "file is truncated, or its header wrong: its data section holds ", data_size, " bytes, the tensor ends at ",
-             e.end, ")");
+    TS_CHECK(e.end <= data_size, "safetensors: ", path, ": tensor '", name,
+             "' has data offsets outside the file (the "
+             "file is truncated, or its header wrong: its data section holds ",
+             data_size, " bytes, the tensor ends at ", e.end, ")");
     TS_CHECK(e.end - e.begin == nbytes, "safetensors: ", path, ": tensor '", name, "' has ", e.end - e.begin,
              " bytes for shape ", shape_str(e.shape), " of dtype ", dtype_name(e.dtype), " (", nbytes, " bytes)");
     f.entries_[name] = e;
@@ -183,7 +190,7 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   for (const auto& [name, e] : f.entries_)
     if (e.end > e.begin) by_begin.emplace_back(&name, &e);
   std::stable_sort(by_begin.begin(), by_begin.end(),  // ties in name order (the map's)
-            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+                   [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
   for (size_t i = 1; i < by_begin.size(); ++i)
     TS_CHECK(by_begin[i].second->begin >= by_begin[i - 1].second->end, "safetensors: ", path, ": tensors '",
              *by_begin[i - 1].first, "' and '", *by_begin[i].first, "' overlap in the data (bytes ",
@@ -196,7 +203,8 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
              " of the data belong to no tensor (a corrupt file)");
     covered = e->end;
   }
-  TS_CHECK(covered == data_size, "safetensors: ", path, ": ", data_size - covered, " bytes after the last tensor's "
+  TS_CHECK(covered == data_size, "safetensors: ", path, ": ", data_size - covered,
+           " bytes after the last tensor's "
            "data (a corrupt file, or one with something appended)");
   return f;
 }

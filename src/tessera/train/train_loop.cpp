@@ -129,15 +129,20 @@ TrainLoop::TrainLoop(TrainSetup& setup, const TrainControl& control)
   step_losses_ = std::make_unique<Buffer>(static_cast<size_t>(o_.accum) * loss_bytes_, ctx_->device(),
                                           "the step's micro-batch losses");
   // The step, eager; or as CUDA graphs where it can be: the same launches, replayed, so the same bits.
-  train_step_ = std::make_unique<TrainStep>(
-      *model_, optimizer_.get(),
-      TrainStepConfig{.B = o_.batch, .T = o_.seq, .accum = o_.accum, .label_smoothing = o_.label_smoothing,
-                      .skip_nonfinite = scaling_.on(), .losses = step_losses_->data()});
+  train_step_ = std::make_unique<TrainStep>(*model_, optimizer_.get(),
+                                            TrainStepConfig{.B = o_.batch,
+                                                            .T = o_.seq,
+                                                            .accum = o_.accum,
+                                                            .label_smoothing = o_.label_smoothing,
+                                                            .skip_nonfinite = scaling_.on(),
+                                                            .losses = step_losses_->data()});
   // The test hooks that run on the host before the optimizer; without them the step is one graph.
   host_hooks_ = control.before_grad_sync || control.before_optimizer_step;
   if (train_cuda_graph_refusal(o_, *ctx_).empty() && !model_->plan_debug().poison_dead)
     graph_ = std::make_unique<GraphStep>(*model_, optimizer_.get(),
-                                         GraphStepConfig{.B = o_.batch, .T = o_.seq, .accum = o_.accum,
+                                         GraphStepConfig{.B = o_.batch,
+                                                         .T = o_.seq,
+                                                         .accum = o_.accum,
                                                          .losses = step_losses_->data(),
                                                          .label_smoothing = o_.label_smoothing,
                                                          .skip_nonfinite = scaling_.on(),
@@ -166,7 +171,10 @@ void TrainLoop::make_model() {
 }
 
 void TrainLoop::make_optimizer() {
-  const AdamWConfig adam{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.adam_eps, .weight_decay = o_.weight_decay,
+  const AdamWConfig adam{.beta1 = o_.beta1,
+                         .beta2 = o_.beta2,
+                         .eps = o_.adam_eps,
+                         .weight_decay = o_.weight_decay,
                          .grad_clip = o_.grad_clip};
   optimizer_ = dp_ ? dp_->make_optimizer(*model_, adam) : std::make_unique<AdamW>(model_->params(), adam, *ctx_);
   if (!resuming_) state_.optimizer_step = 0;
@@ -235,36 +243,40 @@ bool TrainLoop::replay(int64_t step, float lr, double scale) {
 }
 
 bool TrainLoop::eager(int64_t step, float lr, double scale, Tracer* tracer, bool measure) {
-  TrainStepHooks hooks{
-      .batch = [&](int micro) -> std::optional<MicroBatch> {
-        // A stop asked for between the micro-batches of a step (a long one: --accum) abandons it, so that an
-        // interrupt is prompt: nothing of it has been applied, and the checkpoint is the last whole step's. A
-        // data-parallel step runs to its end (its ranks must issue the same collectives).
-        if (micro > 0 && !dp_ && control_.stop && *control_.stop != 0) return std::nullopt;
-        if (fallback_x_.empty()) {
-          next_batch_share(*setup_.train_data, o_.batch, o_.seq, rank_, world_, x_.data(), y_.data());
-        } else {
-          std::memcpy(x_.data(), fallback_x_.data() + micro * x_.size(), x_.size() * sizeof(int32_t));
-          std::memcpy(y_.data(), fallback_y_.data() + micro * y_.size(), y_.size() * sizeof(int32_t));
-        }
-        model_->check_tokens(x_.data(), o_.batch, o_.seq);
-        return MicroBatch{.tokens = x_.data(), .targets = y_.data()};
-      },
-      .after_forward = [&](int micro) {
-        if (micro == 0) sample(measure);  // after the forward
-      },
-      // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
-      .before_backward = [&](bool last) {
-        if (dp_) dp_->begin_backward(*model_, last);
-      },
-      .after_backward = [&](bool last) {
-        if (last && control_.before_grad_sync) control_.before_grad_sync(step, *model_);
-        if (dp_) dp_->end_backward(*model_, last);
-      },
-      .before_optimizer = [&] {
-        sample(measure);  // after the backward (and the gradients' reduction)
-        if (control_.before_optimizer_step) control_.before_optimizer_step(step, *model_);
-      }};
+  TrainStepHooks hooks{.batch = [&](int micro) -> std::optional<MicroBatch> {
+                         // A stop asked for between the micro-batches of a step (a long one: --accum) abandons it, so
+                         // that an interrupt is prompt: nothing of it has been applied, and the checkpoint is the last
+                         // whole step's. A data-parallel step runs to its end (its ranks must issue the same
+                         // collectives).
+                         if (micro > 0 && !dp_ && control_.stop && *control_.stop != 0) return std::nullopt;
+                         if (fallback_x_.empty()) {
+                           next_batch_share(*setup_.train_data, o_.batch, o_.seq, rank_, world_, x_.data(), y_.data());
+                         } else {
+                           std::memcpy(x_.data(), fallback_x_.data() + micro * x_.size(), x_.size() * sizeof(int32_t));
+                           std::memcpy(y_.data(), fallback_y_.data() + micro * y_.size(), y_.size() * sizeof(int32_t));
+                         }
+                         model_->check_tokens(x_.data(), o_.batch, o_.seq);
+                         return MicroBatch{.tokens = x_.data(), .targets = y_.data()};
+                       },
+                       .after_forward =
+                           [&](int micro) {
+                             if (micro == 0) sample(measure);  // after the forward
+                           },
+                       // Only the last micro-step of a step communicates: the accumulated gradient is reduced once.
+                       .before_backward =
+                           [&](bool last) {
+                             if (dp_) dp_->begin_backward(*model_, last);
+                           },
+                       .after_backward =
+                           [&](bool last) {
+                             if (last && control_.before_grad_sync) control_.before_grad_sync(step, *model_);
+                             if (dp_) dp_->end_backward(*model_, last);
+                           },
+                       .before_optimizer =
+                           [&] {
+                             sample(measure);  // after the backward (and the gradients' reduction)
+                             if (control_.before_optimizer_step) control_.before_optimizer_step(step, *model_);
+                           }};
   rank_rng_.next_stream = state_.rng.next_stream;
   const bool done = train_step_->run(lr, scale, &rank_rng_, hooks, tracer);
   fallback_x_.clear();  // later steps draw their batches again
@@ -290,8 +302,8 @@ StepOutcome TrainLoop::step(int64_t step) {
   // optimizer (a synchronize each, in this one step, which runs eagerly for it).
   measured_.clear();
   const bool measure = !o_.memory_timeline.empty() && recorded && ctx_->is_cuda();
-  TS_CHECK(optimizer_->step_count() == state_.optimizer_step, "internal: optimizer at step ",
-           optimizer_->step_count(), ", the run's count of applied steps ", state_.optimizer_step);
+  TS_CHECK(optimizer_->step_count() == state_.optimizer_step, "internal: optimizer at step ", optimizer_->step_count(),
+           ", the run's count of applied steps ", state_.optimizer_step);
   const bool stepped = graph_ && !tracer && !measure && replay(step, s.lr, s.scale);
   if (!stepped && !eager(step, s.lr, s.scale, tracer.get(), measure)) {
     if (tracer) model_->set_tracer(nullptr);
@@ -336,8 +348,8 @@ void TrainLoop::write_recordings(int64_t step, Tracer* tracer) {
     // GPU with the measured memory at the end of each phase.
     const std::string csv = trace_outputs(o_)[2].second;
     control_.on_memory_timeline(memory_timeline_points(*model_, optimizer_->state_bytes(), measured_),
-                                o_.model.preset + ", B " + std::to_string(o_.batch) + " x T " +
-                                    std::to_string(o_.seq) + ", step " + std::to_string(step) +
+                                o_.model.preset + ", B " + std::to_string(o_.batch) + " x T " + std::to_string(o_.seq) +
+                                    ", step " + std::to_string(step) +
                                     (measured_.empty() ? " (planned)" : " (planned; measured at the phase ends)"));
     result_.traced.push_back(o_.memory_timeline);
     result_.traced.push_back(csv);
@@ -369,8 +381,8 @@ bool TrainLoop::finish_step(int64_t step, const StepOutcome& s) {
   double loss = s.loss;
   bool stop = control_.stop && *control_.stop != 0;
   // Rank 0's clock decides the wall-time checkpoints, so that every rank takes part in the same ones.
-  bool time_due =
-      o_.ckpt_every < 0 && std::chrono::duration<double>(s.end - last_ckpt_).count() >= o_.ckpt_minutes * 60;
+  bool time_due = o_.ckpt_every < 0 &&
+                  std::chrono::duration<double>(s.end - last_ckpt_).count() >= o_.ckpt_minutes * 60;
   if (dp_) {  // the global mean loss, and a stop or checkpoint that any rank asks for holds for all
     std::vector<double> agree{loss, stop ? 1.0 : 0.0, lead_ && time_due ? 1.0 : 0.0};
     dp_->sum_host(agree);
@@ -431,9 +443,9 @@ void TrainLoop::show_progress(int64_t step, const StepOutcome& s) {
   char fields[160];
   // Below 100 tokens a second (a big model on the CPU) "0.0k" would say nothing: those are shown whole.
   const double tps = s.tokens_per_s;
-  const int len = tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.3g tok/s", s.loss, s.lr, tps)
-                            : std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", s.loss, s.lr,
-                                            tps / 1000);
+  const int len =
+      tps < 100 ? std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.3g tok/s", s.loss, s.lr, tps)
+                : std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.1fk tok/s", s.loss, s.lr, tps / 1000);
   if (o_.loss_scaling && len > 0 && static_cast<size_t>(len) < sizeof fields)
     std::snprintf(fields + len, sizeof fields - len, " | scale %g | %lld skipped", scaling_.scale(),
                   static_cast<long long>(result_.skipped_steps));

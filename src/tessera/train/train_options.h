@@ -27,31 +27,31 @@ constexpr int kMaxAccum = 1 << 20;
 
 struct TrainOptions {
   ModelConfig model;
-  std::string data;            // a directory of train_*/val_* shards, or one shard file
+  std::string data;  // a directory of train_*/val_* shards, or one shard file
   std::string out = "runs/tiny";
-  std::string resume;          // a checkpoint directory to continue from
+  std::string resume;  // a checkpoint directory to continue from
   // A checkpoint (tessera's, or a Hugging Face save_pretrained directory) whose weights and config start a new run
   // (fine-tuning): the optimizer, the step count and the data position start afresh. Not saved with the run: its
   // own checkpoints hold the weights from then on.
   std::string init_from;
   int steps = 1000;
   int batch = 8;
-  int seq = 0;                 // 0: the model's max_seq
-  int accum = 1;               // micro-batches per optimizer step, at most kMaxAccum
+  int seq = 0;    // 0: the model's max_seq
+  int accum = 1;  // micro-batches per optimizer step, at most kMaxAccum
   float lr = 3e-3f;
-  float min_lr_ratio = 0.1f;   // the cosine schedule ends at lr * min_lr_ratio
+  float min_lr_ratio = 0.1f;  // the cosine schedule ends at lr * min_lr_ratio
   int warmup = 20;
   float weight_decay = 0.1f;
   float beta1 = 0.9f, beta2 = 0.95f;
-  float adam_eps = 1e-8f;      // AdamW's ε (no flag: the data-parallel tests raise it, see tests/dist)
-  float grad_clip = 1.0f;      // 0: off
+  float adam_eps = 1e-8f;  // AdamW's ε (no flag: the data-parallel tests raise it, see tests/dist)
+  float grad_clip = 1.0f;  // 0: off
   float label_smoothing = 0.0f;
   uint64_t seed = 1337;
-  int val_every = 100;         // 0: only at the end
-  int val_batches = 4;         // batches per validation, capped at the split (never wrapping); 0: the whole split
-  int ckpt_every = -1;         // N > 0: every N steps; 0: only at the end; -1: every ckpt_minutes of wall time
-  double ckpt_minutes = 10;    // with ckpt_every -1
-  int stop_after = 0;          // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
+  int val_every = 100;       // 0: only at the end
+  int val_batches = 4;       // batches per validation, capped at the split (never wrapping); 0: the whole split
+  int ckpt_every = -1;       // N > 0: every N steps; 0: only at the end; -1: every ckpt_minutes of wall time
+  double ckpt_minutes = 10;  // with ckpt_every -1
+  int stop_after = 0;        // stop (with a checkpoint) after this step, as if interrupted; 0: run to `steps`
   // A Chrome trace (Perfetto) of optimizer step trace_step: FWD_STEP / BWD_STEP / OPTIM_STEP, every layer and op,
   // the planned live-activation counter (core/trace.h). Empty: none. Not saved with the run (like out).
   std::string trace;
@@ -67,8 +67,8 @@ struct TrainOptions {
   // saved with the run. An interrupted run then stops with nothing to resume from.
   bool checkpoints = true;
   // Where and in what precision to train; neither is saved with the run, so a checkpoint resumes anywhere.
-  std::string device;          // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
-  std::string precision;       // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU
+  std::string device;     // "cpu", "cuda", "cuda:N"; empty: the GPU when one is visible, else the CPU
+  std::string precision;  // "f32", "bf16", "f16"; empty: bf16 on a GPU (f32 master weights), f32 on the CPU
   // Dynamic loss scaling (loss_scaler.h): train_setup turns it on for f16. An f32 run may ask for it too (no flag:
   // that is how the CPU tests drive the loop's skips). Not saved with the run, like the precision; the scaler's
   // state is, in the checkpoint, and a resumed f16 run continues from it.

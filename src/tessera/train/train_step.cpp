@@ -25,8 +25,7 @@ bool TrainStep::forward_backward(double loss_scale, RngState* rng, const TrainSt
       const std::optional<MicroBatch> mb = hooks.batch(micro);
       if (!mb) return false;
       copy_bytes(model.tokens_buffer(B, T).data(), ctx.device(), mb->tokens, Device::cpu(), n * sizeof(int32_t), ctx);
-      copy_bytes(model.targets_buffer(B, T).data(), ctx.device(), mb->targets, Device::cpu(), n * sizeof(int32_t),
-                 ctx);
+      copy_bytes(model.targets_buffer(B, T).data(), ctx.device(), mb->targets, Device::cpu(), n * sizeof(int32_t), ctx);
     }
     model.forward_device(B, T, /*with_targets=*/true, fo);
     if (hooks.after_forward) hooks.after_forward(micro);

@@ -27,11 +27,11 @@ namespace tessera {
 
 struct TrainStepConfig {
   int B = 0, T = 0;
-  int accum = 1;               // micro-steps per step
+  int accum = 1;  // micro-steps per step
   float label_smoothing = 0.0f;
-  bool backward = true;        // zero_grad + forward + backward; false: the forward alone (with targets, to the loss)
-  bool skip_nonfinite = false; // the optimizer's GradScaling::skip_nonfinite (dynamic loss scaling)
-  void* losses = nullptr;      // device: micro-step m's mean loss copied to losses + m * loss_bytes(); null: none
+  bool backward = true;         // zero_grad + forward + backward; false: the forward alone (with targets, to the loss)
+  bool skip_nonfinite = false;  // the optimizer's GradScaling::skip_nonfinite (dynamic loss scaling)
+  void* losses = nullptr;       // device: micro-step m's mean loss copied to losses + m * loss_bytes(); null: none
 };
 
 // A micro-step's batch in host memory (B*T int32 each), copied into the model's input buffers; the caller has

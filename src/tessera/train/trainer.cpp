@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -23,12 +23,12 @@
 #include "tessera/core/units.h"
 #include "tessera/models/model.h"
 #include "tessera/ops/optim/adamw.h"
-#include "tessera/train/optimizer.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
 #include "tessera/train/graph_step.h"
 #include "tessera/train/loss_scaler.h"
 #include "tessera/train/memory_record.h"
+#include "tessera/train/optimizer.h"
 #include "tessera/train/progress.h"
 #include "tessera/train/train_step.h"
 
@@ -250,9 +250,9 @@ TrainSetup train_setup(TrainOptions o) {
              ", not ", world == 1 ? std::string("a single process") : std::to_string(world) + " ranks",
              " (the checkpoint loads anywhere as a model: tessera generate)");
     // When --steps is the saved run's, "nothing to do for --steps 7" would name a flag the user had not typed.
-    TS_CHECK(s.state.step < o.steps, "--resume: the checkpoint is at step ", s.state.step,
-             steps > 0 ? ", nothing to do for --steps " + std::to_string(o.steps)
-                       : ", the last of the run's " + std::to_string(o.steps) + " steps",
+    TS_CHECK(s.state.step<o.steps, "--resume: the checkpoint is at step ", s.state.step, steps> 0
+                 ? ", nothing to do for --steps " + std::to_string(o.steps)
+                 : ", the last of the run's " + std::to_string(o.steps) + " steps",
              ": give --steps above ", s.state.step, " to train on");
     TS_CHECK(s.model->config().num_params() == o.model.num_params(), "checkpoint ", o.resume,
              ": its model and its saved training options disagree");
@@ -262,8 +262,8 @@ TrainSetup train_setup(TrainOptions o) {
   validate(o);
   const int64_t first_step = s.model ? s.state.step + 1 : 1;  // the first step this run takes
   const auto check_step = [&](const char* flag, int64_t step, int64_t last) {
-    TS_CHECK(step >= first_step && step <= last, flag, " ", step, " is not a step this run takes (", first_step,
-             " to ", last, ")");
+    TS_CHECK(step >= first_step && step <= last, flag, " ", step, " is not a step this run takes (", first_step, " to ",
+             last, ")");
   };
   if (o.stop_after > 0) check_step("--stop-after", o.stop_after, o.steps);
   // A trace step after --stop-after would never be reached, and no trace written, without a word: refused here.
@@ -276,11 +276,12 @@ TrainSetup train_setup(TrainOptions o) {
   // in its place) is refused here, not after the run's startup lines.
   const std::string metrics = (fs::path(o.out) / "metrics.jsonl").string();
   if (s.model && fs::exists(metrics)) {
-    TS_CHECK(fs::is_regular_file(metrics), "output directory ", o.out, ": its metrics.jsonl is not a file: move it "
+    TS_CHECK(fs::is_regular_file(metrics), "output directory ", o.out,
+             ": its metrics.jsonl is not a file: move it "
              "away to resume the run");
     // Read, then replaced whole (write_file_atomic): a read-only file in a writable directory resumes.
-    TS_CHECK(::access(metrics.c_str(), R_OK) == 0, "output directory ", o.out, ": cannot read its metrics.jsonl: ",
-             std::strerror(errno));
+    TS_CHECK(::access(metrics.c_str(), R_OK) == 0, "output directory ", o.out,
+             ": cannot read its metrics.jsonl: ", std::strerror(errno));
   }
   OutputFiles files;
   files.protect(metrics, "the run's metrics");
@@ -307,8 +308,10 @@ TrainSetup train_setup(TrainOptions o) {
   else if (prec == "f16") s.dtype = DType::F16;
   else TS_THROW("--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   TS_CHECK(gpu || s.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
-  TS_CHECK(o.master_weights || (gpu && s.dtype != DType::F32), "--master-weights off applies to bf16 or f16 "
-           "parameters on a GPU (", prec, gpu ? " parameters are their own master" : " on the CPU", ")");
+  TS_CHECK(o.master_weights || (gpu && s.dtype != DType::F32),
+           "--master-weights off applies to bf16 or f16 "
+           "parameters on a GPU (",
+           prec, gpu ? " parameters are their own master" : " on the CPU", ")");
   // f16's range (6e-8 to 65504) loses small gradients without a loss scale; bf16 has f32's range.
   if (s.dtype == DType::F16) o.loss_scaling = true;
   if (o.loss_scaling) LossScaler{train_loss_scaler_config(o)};  // checks the flags now, before anything is written
@@ -323,8 +326,9 @@ TrainSetup train_setup(TrainOptions o) {
   const size_t P = static_cast<size_t>(o.model.num_params());
   size_t need = checkpoint_save_host_bytes(o.model) + 8 * P;
   const GradMemory grads = train_grad_memory(o.accum);
-  need += gpu ? 4 * P : (grads == GradMemory::Planned ? 12 : 16) * P + model_activation_bytes(o.model, o.batch, o.seq,
-                                                                                            DType::F32, grads);
+  need += gpu ? 4 * P
+              : (grads == GradMemory::Planned ? 12 : 16) * P +
+                    model_activation_bytes(o.model, o.batch, o.seq, DType::F32, grads);
   // Stepping as CUDA graphs on a GPU, the graph step's pinned staging of a step's tokens and targets (accum
   // micro-batches of B x T, i32): at a large --accum that is gigabytes, and a cudaMallocHost that fails is a CUDA
   // error, not this line.
@@ -354,8 +358,9 @@ void train_open_data(TrainSetup& s) {
   // first: other data's tokens (ids past the vocab, too few for a batch, a position past the end) are not what is
   // wrong with it.
   const uint64_t fingerprint = data_fingerprint(o.data);
-  TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint, "--resume: ",
-           o.data, " no longer holds the data this run trained on (its train shards differ in name, size or content)");
+  TS_CHECK(!s.model || s.options.data_fingerprint == 0 || s.options.data_fingerprint == fingerprint,
+           "--resume: ", o.data,
+           " no longer holds the data this run trained on (its train shards differ in name, size or content)");
   // Shards that name their tokenizer (prepare --tokenizer): the model's vocab must hold all of it, and the run's
   // checkpoints carry it. Checked before the tokens: "token id 300 is not below the vocab 256" says less.
   int64_t tokenizer_vocab = 0;
@@ -368,8 +373,8 @@ void train_open_data(TrainSetup& s) {
   s.train_data = std::make_unique<TokenStream>(train_shards, o.model.vocab);
   s.val_data.reset();
   // A directory with train shards alone trains without validation, as one shard file does.
-  const std::vector<std::string> val =
-      fs::is_directory(o.data) ? list_shards(o.data, "val") : std::vector<std::string>{};
+  const std::vector<std::string> val = fs::is_directory(o.data) ? list_shards(o.data, "val")
+                                                                : std::vector<std::string>{};
   if (!val.empty()) s.val_data = std::make_unique<TokenStream>(val, o.model.vocab);
   const size_t need = static_cast<size_t>(o.batch) * o.world_size * o.seq + 1;
   TS_CHECK(s.train_data->size() >= need, "data ", o.data, ": the train split holds ",

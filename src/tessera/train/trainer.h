@@ -65,14 +65,14 @@ class DataParallel {
 
 // Everything a run needs, checked and loaded, with nothing written yet.
 struct TrainSetup {
-  TrainOptions options;             // when resuming, the saved run's, with steps/out/stop_after/progress applied
-  std::unique_ptr<Context> context; // the device the run trains on (declared first: it outlives the models)
-  DType dtype = DType::F32;         // the compute dtype
+  TrainOptions options;               // when resuming, the saved run's, with steps/out/stop_after/progress applied
+  std::unique_ptr<Context> context;   // the device the run trains on (declared first: it outlives the models)
+  DType dtype = DType::F32;           // the compute dtype
   std::unique_ptr<Model> model;       // the checkpoint's model when resuming; null for a fresh run
   std::unique_ptr<Model> init_model;  // --init-from: the checkpoint's model, whose weights start this fresh run
-  TrainState state;                 // the checkpoint's state when resuming
+  TrainState state;                   // the checkpoint's state when resuming
   std::unique_ptr<TokenStream> train_data, val_data;  // set by train_open_data (val_data may stay null)
-  std::string no_validation;        // set by train_open_data: why val_data is null ("" when it is not)
+  std::string no_validation;         // set by train_open_data: why val_data is null ("" when it is not)
   DataParallel* parallel = nullptr;  // data-parallel ranks (owned by the launcher); null: one process
 };
 
@@ -112,19 +112,19 @@ struct TrainControl {
 
 struct TrainResult {
   std::unique_ptr<Context> context;  // the device of `model` (declared first: destroyed after it)
-  int64_t steps = 0;           // steps run by this call
-  int64_t skipped_steps = 0;   // of those, steps that loss scaling skipped (an f16 overflow)
-  double loss_scale = 0;       // the loss scale at the end (0: no loss scaling)
-  int64_t last_step = 0;       // the step the run stopped at (the checkpoint's)
+  int64_t steps = 0;                 // steps run by this call
+  int64_t skipped_steps = 0;         // of those, steps that loss scaling skipped (an f16 overflow)
+  double loss_scale = 0;             // the loss scale at the end (0: no loss scaling)
+  int64_t last_step = 0;             // the step the run stopped at (the checkpoint's)
   double last_loss = 0, last_val_loss = 0, first_loss = 0;
-  double best_val_loss = 0;    // lowest validation loss so far (0: no validation); saved in best_checkpoint
+  double best_val_loss = 0;  // lowest validation loss so far (0: no validation); saved in best_checkpoint
   int64_t best_step = 0;
   double seconds = 0;
   size_t peak_device_bytes = 0;  // the most device memory in use after any step (GPU runs; 0 on the CPU)
-  int64_t graph_steps = 0;     // steps replayed as CUDA graphs (the others ran eagerly)
-  int64_t graph_captures = 0;  // how many times the step was captured (again when the f16 loss scale changes)
-  int graphs_per_step = 0;     // graphs a replayed step launches: 1, 2 with host test hooks before AdamW, 0: none
-  bool interrupted = false;    // stopped by TrainControl::stop
+  int64_t graph_steps = 0;       // steps replayed as CUDA graphs (the others ran eagerly)
+  int64_t graph_captures = 0;    // how many times the step was captured (again when the f16 loss scale changes)
+  int graphs_per_step = 0;       // graphs a replayed step launches: 1, 2 with host test hooks before AdamW, 0: none
+  bool interrupted = false;      // stopped by TrainControl::stop
   // The files --trace and --memory-timeline wrote (the trace's JSON; the timeline's PNG and CSV), for the summary;
   // empty when the run stopped before its --trace-step.
   std::vector<std::string> traced;

@@ -230,8 +230,9 @@ void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, 
       constexpr int W = decltype(w)::value;
       const int64_t units = static_cast<int64_t>(p.N) * (p.d_ff / W);
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      activation_forward_pack<T, W, decltype(glu)::value><<<grid, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(out), static_cast<const T*>(in), static_cast<const T*>(bias), units, p.d_ff, gelu);
+      activation_forward_pack<T, W, decltype(glu)::value>
+          <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(in),
+                                                static_cast<const T*>(bias), units, p.d_ff, gelu);
       TS_CHECK_LAUNCH();
     });
   });
@@ -252,8 +253,8 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
       const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
                                                    cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
                                                    ctx.gpu().sm_count);
-      float* partial =
-          d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * in_w * sizeof(float))) : nullptr;
+      float* partial = d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * in_w * sizeof(float)))
+                              : nullptr;
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_in), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out),

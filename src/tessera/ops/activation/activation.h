@@ -28,8 +28,7 @@ struct ActivationParams {
 template <typename T>
 void activation_forward_ref(const ActivationParams& p, T* out, const T* in, const T* bias);
 template <typename T>
-void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, const T* d_out, const T* in,
-                             const T* bias);
+void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, const T* d_out, const T* in, const T* bias);
 
 }  // namespace tessera
 

@@ -1,7 +1,7 @@
 #include <cmath>
 
-#include "tessera/core/parallel.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel.h"
 #include "tessera/ops/activation/activation.h"
 
 namespace tessera {
@@ -38,7 +38,7 @@ template <typename T>
 void activation_forward_ref(const ActivationParams& p, T* out, const T* in, const T* bias) {
   const int F = p.d_ff;
   if (p.kind == Activation::Swiglu) {
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       for (int f = 0; f < F; ++f) {
@@ -49,7 +49,7 @@ void activation_forward_ref(const ActivationParams& p, T* out, const T* in, cons
     }
     return;
   }
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * F >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     for (int f = 0; f < F; ++f) {
       const double u = in[n * F + f] + (bias ? bias[f] : T(0));
@@ -64,7 +64,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
   const int F = p.d_ff;
   const int in_w = p.kind == Activation::Swiglu ? 2 * F : F;
   if (p.kind == Activation::Swiglu) {
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       const T* r = in + n * 2L * F;
       T* dr = d_in + n * 2L * F;
@@ -80,7 +80,7 @@ void activation_backward_ref(const ActivationParams& p, T* d_in, T* d_bias, cons
       }
     }
   } else {
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * F >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * F >= kParallelMinWork)
     for (long n = 0; n < p.N; ++n) {
       for (int f = 0; f < F; ++f) {
         const double u = in[n * F + f] + (bias ? bias[f] : T(0));
@@ -99,7 +99,7 @@ template void activation_forward_ref<float>(const ActivationParams&, float*, con
 template void activation_forward_ref<double>(const ActivationParams&, double*, const double*, const double*);
 template void activation_backward_ref<float>(const ActivationParams&, float*, float*, const float*, const float*,
                                              const float*);
-template void activation_backward_ref<double>(const ActivationParams&, double*, double*, const double*,
-                                              const double*, const double*);
+template void activation_backward_ref<double>(const ActivationParams&, double*, double*, const double*, const double*,
+                                              const double*);
 
 }  // namespace tessera

@@ -30,8 +30,8 @@ bool attention_supports(const AttentionParams& p, DType dtype, Device device, st
     if (why) *why = "needs rope_theta >= 0 and finite (0: no RoPE) and rope_pos_offset >= 0";
     return false;
   }
-  const int64_t rope_end = int64_t{p.rope_pos_offset} + std::max<int64_t>(int64_t{p.q_offset} + attention_tq(p),
-                                                                          attention_tk(p));
+  const int64_t rope_end = int64_t{p.rope_pos_offset} +
+                           std::max<int64_t>(int64_t{p.q_offset} + attention_tq(p), attention_tk(p));
   if (p.rope_theta > 0.0f && !device.is_cpu() && rope_end > kRopeMaxPositions) {
     if (why) *why = "RoPE on the GPU takes positions up to " + std::to_string(kRopeMaxPositions);
     return false;
@@ -107,7 +107,12 @@ AttentionView<T> view_of(const Tensor& t) {
 }  // namespace
 
 RopeParams attention_rope(const AttentionParams& p) {
-  return {.B = p.B, .T = p.T, .H = p.H, .Dh = p.Dh, .theta = p.rope_theta, .pos_offset = p.rope_pos_offset,
+  return {.B = p.B,
+          .T = p.T,
+          .H = p.H,
+          .Dh = p.Dh,
+          .theta = p.rope_theta,
+          .pos_offset = p.rope_pos_offset,
           .n_kv_heads = p.n_kv_heads};
 }
 
@@ -154,9 +159,7 @@ void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Ten
   plain.rope_theta = 0.0f;
   dispatch(
       ctx, dt, op,
-      [&] {
-        attention_backward_cuda(p, dt, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.as<float>(), ctx);
-      },
+      [&] { attention_backward_cuda(p, dt, d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.as<float>(), ctx); },
       [&](auto t) {
         using T = decltype(t);
         attention_backward_ref<T>(plain, d_qkv.as<T>(), d_out.as<T>(), qkv.as<T>(), out.as<T>(), lse.as<T>());
@@ -166,8 +169,8 @@ void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Ten
 
 // The general call. RoPE (rope_theta > 0) rotates q at positions rope_pos_offset + q_offset + i and k at
 // rope_pos_offset + j, in place, before attending; the backward rotates dq and dk back.
-void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& q,
-                       const Tensor& k, const Tensor& v, Context& ctx) {
+void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, Context& ctx) {
   constexpr const char* op = "attention_forward";
   std::string why;
   require_supported(attention_supports(p, q.dtype(), ctx.device(), &why), op, why);
@@ -185,8 +188,7 @@ void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor
       ctx, dt, op,
       [&] {
         if (p.rope_theta > 0.0f) {
-          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(q), 1.0f,
-                         ctx);
+          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(q), 1.0f, ctx);
           rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(k), 1.0f, ctx);
         }
         attention_forward_general_cuda(plain, dt, view_of<void, void*>(out), lse.as<float>(),
@@ -233,8 +235,7 @@ void attention_backward(const AttentionParams& p, const Tensor& dq, const Tensor
                                         view_of<const void, const void*>(v), view_of<const void, const void*>(out),
                                         lse.as<float>(), ctx);
         if (p.rope_theta > 0.0f) {
-          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(dq), -1.0f,
-                         ctx);
+          rope_view_cuda(rope_of(p, Tq, p.rope_pos_offset + p.q_offset), p.H, dt, view_of<void, void*>(dq), -1.0f, ctx);
           rope_view_cuda(rope_of(p, Tk, p.rope_pos_offset), Hkv, dt, view_of<void, void*>(dk), -1.0f, ctx);
         }
       },

@@ -30,22 +30,32 @@ using cuda::ceil_div;
 using cuda::from_f32;
 using cuda::to_f32;
 
-constexpr int kTile = 64;      // query rows and key rows per tile
-constexpr int kThreads = 256;  // 16 x 16
+constexpr int kTile = 64;             // query rows and key rows per tile
+constexpr int kThreads = 256;         // 16 x 16
 constexpr int kPStride = kTile + 16;  // f32 score tile row: rows ty and ty + 1 land 16 banks apart
 
 template <typename T, int kDp>
-constexpr int smem_stride() { return kDp + 4 / static_cast<int>(sizeof(T)); }
+constexpr int smem_stride() {
+  return kDp + 4 / static_cast<int>(sizeof(T));
+}
 template <typename T, int kDp>
-constexpr size_t tile_bytes() { return static_cast<size_t>(kTile) * smem_stride<T, kDp>() * sizeof(T); }
+constexpr size_t tile_bytes() {
+  return static_cast<size_t>(kTile) * smem_stride<T, kDp>() * sizeof(T);
+}
 constexpr size_t kScoreBytes = static_cast<size_t>(kTile) * kPStride * sizeof(float);
 
 template <typename T, int kDp>
-constexpr size_t forward_smem() { return 3 * tile_bytes<T, kDp>() + kScoreBytes; }
+constexpr size_t forward_smem() {
+  return 3 * tile_bytes<T, kDp>() + kScoreBytes;
+}
 template <typename T, int kDp>
-constexpr size_t backward_dq_smem() { return 4 * tile_bytes<T, kDp>() + kScoreBytes; }
+constexpr size_t backward_dq_smem() {
+  return 4 * tile_bytes<T, kDp>() + kScoreBytes;
+}
 template <typename T, int kDp>
-constexpr size_t backward_dkdv_smem() { return 4 * tile_bytes<T, kDp>() + 2 * kScoreBytes + 2 * kTile * sizeof(float); }
+constexpr size_t backward_dkdv_smem() {
+  return 4 * tile_bytes<T, kDp>() + 2 * kScoreBytes + 2 * kTile * sizeof(float);
+}
 
 // dst: (64, smem_stride) in shared memory <- rows [0, rows) of a (64, Dh) tile at src with row stride `stride`;
 // rows >= rows and columns >= Dh are zero-filled.
@@ -94,9 +104,7 @@ struct TiledShape {
     return end <= 0 ? 0 : (end + kTile - 1) / kTile;
   }
   // The first query tile that can see a key of [k0, k0 + 64).
-  __device__ __forceinline__ int first_query_tile(int k0) const {
-    return causal ? max(0, k0 - q_offset) / kTile : 0;
-  }
+  __device__ __forceinline__ int first_query_tile(int k0) const { return causal ? max(0, k0 - q_offset) / kTile : 0; }
 };
 
 __device__ __forceinline__ bool score_valid(int qi, int kj, int kend, const TiledShape& g) {
@@ -242,9 +250,9 @@ __global__ void attention_backward_row_dot(float* __restrict__ D, Heads<const T>
 //   P = exp(S - lse), dP = Z ∘ (dO Vᵀ), dS = P ∘ (dP - D), dQ += dS K;  at the end dq = dQ * scale.
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_tiled(Heads<T> dq, Heads<const T> d_out, Heads<const T> Q, Heads<const T> K,
-                                Heads<const T> V, const float* __restrict__ lse, const float* __restrict__ D,
-                                TiledShape g, float scale, AttentionDropoutDraw drop) {
+    attention_backward_dq_tiled(Heads<T> dq, Heads<const T> d_out, Heads<const T> Q, Heads<const T> K, Heads<const T> V,
+                                const float* __restrict__ lse, const float* __restrict__ D, TiledShape g, float scale,
+                                AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
@@ -343,9 +351,9 @@ __global__ void __launch_bounds__(kThreads)
 // at the end dk = dK * scale and dv = dV (every row written: a masked key's are 0).
 template <typename T, int kDp>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_tiled(Heads<T> dk, Heads<T> dv, Heads<const T> d_out, Heads<const T> Q,
-                                  Heads<const T> K, Heads<const T> V, const float* __restrict__ lse,
-                                  const float* __restrict__ D, TiledShape g, float scale, AttentionDropoutDraw drop) {
+    attention_backward_dkdv_tiled(Heads<T> dk, Heads<T> dv, Heads<const T> d_out, Heads<const T> Q, Heads<const T> K,
+                                  Heads<const T> V, const float* __restrict__ lse, const float* __restrict__ D,
+                                  TiledShape g, float scale, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kStride = smem_stride<T, kDp>(), kCols = kDp / 16;
@@ -371,75 +379,75 @@ __global__ void __launch_bounds__(kThreads)
   const int n_qt = k0 < kend ? (g.Tq + kTile - 1) / kTile : 0;  // a tile of masked keys sees no query
   // One loop over (query head of the group, query tile), heads in order: dK / dV sum them deterministically.
   for (int h = hk * g.group; h < (hk + 1) * g.group; ++h)
-  for (int qt = g.first_query_tile(k0); qt < n_qt; ++qt) {
-    const long bh = static_cast<long>(b) * g.H + h;
-    const int q0 = qt * kTile, q_rows = min(kTile, g.Tq - q0);
-    __syncthreads();
-    load_tile<T, kDp>(sQ, Q.at(b, q0, h), Q.st, q_rows, Dh);
-    load_tile<T, kDp>(sdO, d_out.at(b, q0, h), d_out.st, q_rows, Dh);
-    if (threadIdx.x < kTile) {
-      const int qi = q0 + threadIdx.x;
-      sLse[threadIdx.x] = qi < g.Tq ? lse[bh * g.Tq + qi] : 0.0f;
-      sD[threadIdx.x] = qi < g.Tq ? D[bh * g.Tq + qi] : 0.0f;
-    }
-    __syncthreads();
-    float s[4][4] = {}, dp[4][4] = {};
+    for (int qt = g.first_query_tile(k0); qt < n_qt; ++qt) {
+      const long bh = static_cast<long>(b) * g.H + h;
+      const int q0 = qt * kTile, q_rows = min(kTile, g.Tq - q0);
+      __syncthreads();
+      load_tile<T, kDp>(sQ, Q.at(b, q0, h), Q.st, q_rows, Dh);
+      load_tile<T, kDp>(sdO, d_out.at(b, q0, h), d_out.st, q_rows, Dh);
+      if (threadIdx.x < kTile) {
+        const int qi = q0 + threadIdx.x;
+        sLse[threadIdx.x] = qi < g.Tq ? lse[bh * g.Tq + qi] : 0.0f;
+        sD[threadIdx.x] = qi < g.Tq ? D[bh * g.Tq + qi] : 0.0f;
+      }
+      __syncthreads();
+      float s[4][4] = {}, dp[4][4] = {};
 #pragma unroll 2
-    for (int d = 0; d < Dh; ++d) {
-      float kv[4], vv[4], qv[4], ov[4];
+      for (int d = 0; d < Dh; ++d) {
+        float kv[4], vv[4], qv[4], ov[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        kv[i] = to_f32(sK[(ty + 16 * i) * kStride + d]);
-        vv[i] = to_f32(sV[(ty + 16 * i) * kStride + d]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        qv[j] = to_f32(sQ[(tx + 16 * j) * kStride + d]);
-        ov[j] = to_f32(sdO[(tx + 16 * j) * kStride + d]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+          kv[i] = to_f32(sK[(ty + 16 * i) * kStride + d]);
+          vv[i] = to_f32(sV[(ty + 16 * i) * kStride + d]);
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          s[i][j] = fmaf(kv[i], qv[j], s[i][j]);
-          dp[i][j] = fmaf(vv[i], ov[j], dp[i][j]);
+          qv[j] = to_f32(sQ[(tx + 16 * j) * kStride + d]);
+          ov[j] = to_f32(sdO[(tx + 16 * j) * kStride + d]);
         }
-    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int kj = k0 + ty + 16 * i;
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = tx + 16 * j;
-        const float pij = score_valid(q0 + r, kj, kend, g) ? expf(s[i][j] * scale - sLse[r]) : 0.0f;
-        const float z = dropout_z(drop, static_cast<uint64_t>(bh), g, q0 + r, kj);
-        sPT[(ty + 16 * i) * kPStride + r] = pij * z;
-        sdST[(ty + 16 * i) * kPStride + r] = pij * (z * dp[i][j] - sD[r]);
+          for (int j = 0; j < 4; ++j) {
+            s[i][j] = fmaf(kv[i], qv[j], s[i][j]);
+            dp[i][j] = fmaf(vv[i], ov[j], dp[i][j]);
+          }
       }
-    }
-    __syncthreads();
-#pragma unroll 2
-    for (int r = 0; r < q_rows; ++r) {
-      float pt[4], dst[4], ov[kCols], qv[kCols];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        pt[i] = sPT[(ty + 16 * i) * kPStride + r];
-        dst[i] = sdST[(ty + 16 * i) * kPStride + r];
-      }
+        const int kj = k0 + ty + 16 * i;
 #pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        ov[k] = to_f32(sdO[r * kStride + tx + 16 * k]);
-        qv[k] = to_f32(sQ[r * kStride + tx + 16 * k]);
+        for (int j = 0; j < 4; ++j) {
+          const int r = tx + 16 * j;
+          const float pij = score_valid(q0 + r, kj, kend, g) ? expf(s[i][j] * scale - sLse[r]) : 0.0f;
+          const float z = dropout_z(drop, static_cast<uint64_t>(bh), g, q0 + r, kj);
+          sPT[(ty + 16 * i) * kPStride + r] = pij * z;
+          sdST[(ty + 16 * i) * kPStride + r] = pij * (z * dp[i][j] - sD[r]);
+        }
       }
+      __syncthreads();
+#pragma unroll 2
+      for (int r = 0; r < q_rows; ++r) {
+        float pt[4], dst[4], ov[kCols], qv[kCols];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+          pt[i] = sPT[(ty + 16 * i) * kPStride + r];
+          dst[i] = sdST[(ty + 16 * i) * kPStride + r];
+        }
 #pragma unroll
         for (int k = 0; k < kCols; ++k) {
-          acc_v[i][k] = fmaf(pt[i], ov[k], acc_v[i][k]);
-          acc_k[i][k] = fmaf(dst[i], qv[k], acc_k[i][k]);
+          ov[k] = to_f32(sdO[r * kStride + tx + 16 * k]);
+          qv[k] = to_f32(sQ[r * kStride + tx + 16 * k]);
         }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int k = 0; k < kCols; ++k) {
+            acc_v[i][k] = fmaf(pt[i], ov[k], acc_v[i][k]);
+            acc_k[i][k] = fmaf(dst[i], qv[k], acc_k[i][k]);
+          }
+      }
     }
-  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int kj = k0 + ty + 16 * i;
@@ -568,8 +576,7 @@ void dispatch_head_pad(int Dh, F&& f) {
 // Launches a tiled attention kernel on the (ceil(rows/64), heads, B) grid with `smem` bytes of dynamic shared
 // memory.
 template <typename Kernel, typename... Args>
-void launch_tiled(const char* op, Kernel kernel, size_t smem, int rows, int heads, int B, Context& ctx,
-                  Args... args) {
+void launch_tiled(const char* op, Kernel kernel, size_t smem, int rows, int heads, int B, Context& ctx, Args... args) {
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, op, ": needs ", smem, " bytes of shared memory per block, the ",
            "device has ", ctx.gpu().smem_per_block_optin);
   TS_CHECK(heads <= 65535 && B <= 65535, op, ": H and B must be at most 65535");
@@ -591,8 +598,8 @@ const float2* rope_table(float theta, int Dh, long n_pos, Context& ctx) {
   const long n = rows * half;
   uint32_t bits = 0;
   std::memcpy(&bits, &theta, sizeof bits);
-  const std::string key = "rope theta=" + std::to_string(bits) + " Dh=" + std::to_string(Dh) + " positions=" +
-                          std::to_string(rows);
+  const std::string key = "rope theta=" + std::to_string(bits) + " Dh=" + std::to_string(Dh) +
+                          " positions=" + std::to_string(rows);
   return static_cast<const float2*>(ctx.device_table(key, static_cast<size_t>(n) * sizeof(float2), [&](void* at) {
     if (n == 0) return;
     rope_table_fill<<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(static_cast<float2*>(at), n, half, Dh,
@@ -612,11 +619,13 @@ void rope_launch(const RopeParams& p, DType dtype, void* qkv, float sign, Contex
     const int Hkv = p.n_kv_heads > 0 ? p.n_kv_heads : p.H, rot_heads = p.H + Hkv, row_heads = p.H + 2 * Hkv;
     if (half % kV == 0 && cuda::aligned16(qkv)) {
       const long threads = n_rows * (half / kV) * ((rot_heads + kHeads - 1) / kHeads);
-      rope_rotate_packs<T, kHeads><<<ceil_div(threads, 256), 256, 0, ctx.stream()>>>(
-          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, rot_heads, row_heads, p.Dh, table, sign);
+      rope_rotate_packs<T, kHeads><<<ceil_div(threads, 256), 256, 0, ctx.stream()>>>(static_cast<T*>(qkv), n_rows, p.T,
+                                                                                     p.pos_offset, rot_heads, row_heads,
+                                                                                     p.Dh, table, sign);
     } else {
-      rope_rotate_pairs<T><<<ceil_div(n_rows * half, 256), 256, 0, ctx.stream()>>>(
-          static_cast<T*>(qkv), n_rows, p.T, p.pos_offset, rot_heads, row_heads, p.Dh, table, sign);
+      rope_rotate_pairs<T><<<ceil_div(n_rows * half, 256), 256, 0, ctx.stream()>>>(static_cast<T*>(qkv), n_rows, p.T,
+                                                                                   p.pos_offset, rot_heads, row_heads,
+                                                                                   p.Dh, table, sign);
     }
     TS_CHECK_LAUNCH();
   });
@@ -628,8 +637,13 @@ Heads<T> heads_of(const AttentionView<V>& v) {
 }
 
 TiledShape tiled_shape(const AttentionParams& p) {
-  return {.Tq = attention_tq(p), .Tk = attention_tk(p), .H = p.H, .group = p.H / attention_kv_heads(p), .Dh = p.Dh,
-          .q_offset = p.q_offset, .causal = p.causal,
+  return {.Tq = attention_tq(p),
+          .Tk = attention_tk(p),
+          .H = p.H,
+          .group = p.H / attention_kv_heads(p),
+          .Dh = p.Dh,
+          .q_offset = p.q_offset,
+          .causal = p.causal,
           .key_lens = p.key_lens.defined() ? p.key_lens.as<int32_t>() : nullptr};
 }
 
@@ -642,7 +656,8 @@ PackedViews packed_views(const AttentionParams& p, DType dtype, const void* qkv)
   const int64_t kv = static_cast<int64_t>(attention_kv_heads(p)) * p.Dh;
   const char* base = static_cast<const char*>(qkv);
   const size_t es = dtype_size(dtype);
-  return {.q = {qkv, p.T * W, W, p.Dh}, .k = {base + C * es, p.T * W, W, p.Dh},
+  return {.q = {qkv, p.T * W, W, p.Dh},
+          .k = {base + C * es, p.T * W, W, p.Dh},
           .v = {base + (C + kv) * es, p.T * W, W, p.Dh}};
 }
 template <typename V>
@@ -680,8 +695,9 @@ void row_dot(const AttentionParams& p, DType dtype, float* D, AttentionView<cons
   if (n_rows == 0) return;
   cuda::dispatch_float(dtype, "attention_backward", [&](auto t) {
     using T = decltype(t);
-    attention_backward_row_dot<T><<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(
-        D, heads_of<const T>(d_out), heads_of<const T>(out), attention_tq(p), p.H, p.Dh, n_rows);
+    attention_backward_row_dot<T>
+        <<<ceil_div(n_rows * 32, 256), 256, 0, ctx.stream()>>>(D, heads_of<const T>(d_out), heads_of<const T>(out),
+                                                               attention_tq(p), p.H, p.Dh, n_rows);
     TS_CHECK_LAUNCH();
   });
 }
@@ -730,8 +746,8 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
   tiled_forward(p, dtype, rows_view(p, out), lse, in.q, in.k, in.v, ctx);
 }
 
-void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
-                             const void* qkv, const void* out, const float* lse, Context& ctx) {
+void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out, const void* qkv,
+                             const void* out, const float* lse, Context& ctx) {
   const long n_rows = static_cast<long>(p.B) * p.T * p.H;
   if (n_rows == 0) return;
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(n_rows) * sizeof(float)));
@@ -740,8 +756,8 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   if (!flash) {
     const PackedViews in = packed_views(p, dtype, qkv), d = packed_views(p, dtype, d_qkv);
     row_dot(p, dtype, D, rows_view(p, d_out), rows_view(p, out), ctx);
-    tiled_backward(p, dtype, mutable_view(d.q), mutable_view(d.k), mutable_view(d.v), rows_view(p, d_out), in.q,
-                   in.k, in.v, lse, D, ctx);
+    tiled_backward(p, dtype, mutable_view(d.q), mutable_view(d.k), mutable_view(d.v), rows_view(p, d_out), in.q, in.k,
+                   in.v, lse, D, ctx);
     if (rope) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
     return;
   }
@@ -757,12 +773,23 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   const bool rope_in_flash = rope && width == p.Dh && p.Dh % 16 == 0;
   const void* rope_cs = rope_in_flash ? rope_table(p.rope_theta, p.Dh, long{p.rope_pos_offset} + p.T, ctx) : nullptr;
   if (hopper) {
-    const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .out_in = d_in_dq ? out : nullptr,
-                               .D_out = D, .d_qkv = d_qkv, .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
+    const FlashAttentionArgs a{.qkv = qkv,
+                               .d_out = d_out,
+                               .lse_in = lse,
+                               .out_in = d_in_dq ? out : nullptr,
+                               .D_out = D,
+                               .d_qkv = d_qkv,
+                               .rope_cs = rope_cs,
+                               .rope_pos_offset = p.rope_pos_offset};
     flash_attention_backward_hopper_cuda(p, dtype, a, ctx);
   } else {
-    const FlashAttentionArgs a{.qkv = qkv, .d_out = d_out, .lse_in = lse, .D = D, .d_qkv = d_qkv,
-                               .rope_cs = rope_cs, .rope_pos_offset = p.rope_pos_offset};
+    const FlashAttentionArgs a{.qkv = qkv,
+                               .d_out = d_out,
+                               .lse_in = lse,
+                               .D = D,
+                               .d_qkv = d_qkv,
+                               .rope_cs = rope_cs,
+                               .rope_pos_offset = p.rope_pos_offset};
     flash_attention_backward_dq_cuda(p, dtype, a, ctx);
     flash_attention_backward_dkdv_cuda(p, dtype, a, ctx);
   }
@@ -794,15 +821,14 @@ void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<v
   const float2* table = rope_table(p.theta, p.Dh, static_cast<long>(p.pos_offset) + p.T, ctx);
   cuda::dispatch_float(dtype, "rope", [&](auto t) {
     using T = decltype(t);
-    rope_rotate_view<T><<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(heads_of<T>(x), p.B, p.T, heads, p.pos_offset,
-                                                                     p.Dh, table, sign);
+    rope_rotate_view<T>
+        <<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(heads_of<T>(x), p.B, p.T, heads, p.pos_offset, p.Dh, table, sign);
     TS_CHECK_LAUNCH();
   });
 }
 
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {
-  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0 ||
-      !attention_is_plain(p)) {
+  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0 || !attention_is_plain(p)) {
     return "tiled-fma";
   }
   // Forward and backward each take the Hopper kernels or mma.sync (TESSERA_FLASH_PATH, see flash_hopper.h).

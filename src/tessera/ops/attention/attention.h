@@ -129,12 +129,11 @@ namespace tessera {
 bool attention_supports(const AttentionParams& p, DType dtype, Device device, std::string* why = nullptr);
 bool rope_supports(const RopeParams& p, DType dtype, Device device, std::string* why = nullptr);
 
-void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                       Context& ctx);
+void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& qkv, Context& ctx);
 void attention_backward(const AttentionParams& p, const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, Context& ctx);
-void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& q,
-                       const Tensor& k, const Tensor& v, Context& ctx);
+void attention_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, Context& ctx);
 void attention_backward(const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                         const Tensor& d_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, Context& ctx);
@@ -164,8 +163,8 @@ constexpr int64_t kRopeMaxPositions = int64_t{1} << 22;
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);
-void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out,
-                             const void* qkv, const void* out, const float* lse, Context& ctx);
+void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out, const void* qkv,
+                             const void* out, const float* lse, Context& ctx);
 // attention_forward_cuda attends over qkv as given (rope_theta must be 0; the Tensor entry rotates first);
 // attention_backward_cuda takes rope_theta > 0: on the flash paths with Dh equal to a compiled width the kernels
 // rotate dQ and dK back as they store them, elsewhere a rope_backward pass over d_qkv follows.

@@ -42,13 +42,13 @@
 namespace tessera {
 
 struct DecodeAttentionParams {
-  int B = 0;        // sequences in the call
-  int Tq = 1;       // new tokens per sequence (1 for a decode step; the prompt length for a prefill's append)
+  int B = 0;   // sequences in the call
+  int Tq = 1;  // new tokens per sequence (1 for a decode step; the prompt length for a prefill's append)
   int H = 0, Hkv = 0, Dh = 0;
   int S = 0;        // cache slots (>= B)
   int max_seq = 0;  // cache positions per slot
   float rope_theta = 0.0f;
-  int splits = 0;   // split-KV blocks per (b, h) row on the GPU; 0: the launcher chooses
+  int splits = 0;  // split-KV blocks per (b, h) row on the GPU; 0: the launcher chooses
 };
 
 // The cache of one layer, and the per-call device arrays.

@@ -9,7 +9,8 @@
 // queries c, c + 1 and needs half of each of two blocks, which it shares with the lane that holds the other halves
 // (one draws each, and they swap words), so that it too draws one block per eight scores.
 //   block = ((b H + h) Gi + i') Gj + j',  i' = 8 (i >> 4) + (i & 7),  j' = 4 (j >> 4) + ((j >> 1) & 3),
-//   Gi = 8 ceil(Tq / 16),  Gj = 4 ceil(Tk / 16) (Tq = Tk = T for the packed call);   word = 2 bit3(i) + bit3(j),  half = bit0(j) (the low half first).
+//   Gi = 8 ceil(Tq / 16),  Gj = 4 ceil(Tk / 16) (Tq = Tk = T for the packed call);   word = 2 bit3(i) + bit3(j),  half
+//   = bit0(j) (the low half first).
 // The score is kept when that 16-bit draw is >= ceil(p 2^16), i.e. when draw / 2^16 >= p, as philox_keep: with
 // probability within 2^-16 of 1 - p. A kept score is scaled by 1 / (1 - p).
 #pragma once
@@ -65,8 +66,7 @@ TS_HOST_DEVICE bool attention_dropout_keeps(uint32_t word, int half, uint32_t th
 }
 
 // Kept (true) or dropped, one block drawn per call: for the reference and the tiled kernels.
-TS_HOST_DEVICE bool attention_dropout_keep(const AttentionDropoutDraw& d, uint64_t bh, int Tq, int Tk, int i,
-                                           int j) {
+TS_HOST_DEVICE bool attention_dropout_keep(const AttentionDropoutDraw& d, uint64_t bh, int Tq, int Tk, int i, int j) {
   const Philox4 r = philox_block(d.seed, d.stream, attention_dropout_block(bh, Tq, Tk, i, j));
   return attention_dropout_keeps(r.v[attention_dropout_word(i, j)], j & 1, d.threshold);
 }

@@ -67,10 +67,20 @@ void softmax_backward_rows_ref(const AttentionParams& p, T* dp, const T* prob) {
 
 Tensor flat(const Buffer& b, DType dt, int64_t n) { return b.view(dt, {n}); }
 
-GemmParams batched(const AttentionParams& p, int M, int N, int K, bool ta, bool tb, float alpha, int64_t sa,
-                   int64_t sb, int64_t sc) {
-  return {.M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .alpha = alpha, .beta = 0.0f,
-          .allow_tf32 = false, .batch = static_cast<int>(bh(p)), .stride_a = sa, .stride_b = sb, .stride_c = sc};
+GemmParams batched(const AttentionParams& p, int M, int N, int K, bool ta, bool tb, float alpha, int64_t sa, int64_t sb,
+                   int64_t sc) {
+  return {.M = M,
+          .N = N,
+          .K = K,
+          .trans_a = ta,
+          .trans_b = tb,
+          .alpha = alpha,
+          .beta = 0.0f,
+          .allow_tf32 = false,
+          .batch = static_cast<int>(bh(p)),
+          .stride_a = sa,
+          .stride_b = sb,
+          .stride_c = sc};
 }
 
 }  // namespace

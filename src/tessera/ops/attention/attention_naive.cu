@@ -73,8 +73,9 @@ void heads_copy(const AttentionParams& p, DType dtype, void* dst, const void* sr
   if (n == 0) return;
   cuda::dispatch_float(dtype, "attention_naive", [&](auto t) {
     using T = decltype(t);
-    attention_heads_copy<T, kSplit><<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(
-        static_cast<T*>(dst), static_cast<const T*>(src), ld, col, p.T, p.H, p.Dh, n);
+    attention_heads_copy<T, kSplit><<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(static_cast<T*>(dst),
+                                                                                static_cast<const T*>(src), ld, col,
+                                                                                p.T, p.H, p.Dh, n);
     TS_CHECK_LAUNCH();
   });
 }
@@ -97,8 +98,8 @@ void attention_softmax_rows_cuda(const AttentionParams& p, DType dtype, void* s,
   TS_CHECK(rows <= 0x7fffffff, "attention_naive_forward: too many rows");
   cuda::dispatch_float(dtype, "attention_naive_forward", [&](auto t) {
     using T = decltype(t);
-    attention_softmax_rows_block<T><<<static_cast<unsigned>(rows), kRowThreads, 0, ctx.stream()>>>(
-        static_cast<T*>(s), lse, p.T, p.causal);
+    attention_softmax_rows_block<T>
+        <<<static_cast<unsigned>(rows), kRowThreads, 0, ctx.stream()>>>(static_cast<T*>(s), lse, p.T, p.causal);
     TS_CHECK_LAUNCH();
   });
 }
@@ -110,8 +111,9 @@ void attention_softmax_backward_rows_cuda(const AttentionParams& p, DType dtype,
   TS_CHECK(rows <= 0x7fffffff, "attention_naive_backward: too many rows");
   cuda::dispatch_float(dtype, "attention_naive_backward", [&](auto t) {
     using T = decltype(t);
-    attention_softmax_backward_rows_block<T><<<static_cast<unsigned>(rows), kRowThreads, 0, ctx.stream()>>>(
-        static_cast<T*>(dp), static_cast<const T*>(prob), p.T);
+    attention_softmax_backward_rows_block<T>
+        <<<static_cast<unsigned>(rows), kRowThreads, 0, ctx.stream()>>>(static_cast<T*>(dp),
+                                                                        static_cast<const T*>(prob), p.T);
     TS_CHECK_LAUNCH();
   });
 }

@@ -33,8 +33,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
             cudaSuccess &&
         found == cudaDriverEntryPointSuccess)
       fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    else
-      (void)cudaGetLastError();  // leave no sticky runtime error behind
+    else (void)cudaGetLastError();  // leave no sticky runtime error behind
   });
   TS_CHECK(fn != nullptr, op, ": the driver has no cuTensorMapEncodeTiled");
   return fn;
@@ -44,19 +43,19 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
 CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
                            int box_rows) {
   const uint64_t row = static_cast<uint64_t>(heads) * Dh * 2;  // bytes
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Dh), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Dh), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T),
+                              static_cast<cuuint64_t>(B)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(Dh) * 2, row, row * T};  // bytes, dims 1 .. 3
   const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  const CUresult r = tensor_map_encoder(op)(
-      &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TS_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
-           " for (B=", B, ", T=", T, ", ", heads, " heads of ", Dh, ")");
+  const CUresult r = tensor_map_encoder(
+      op)(&map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+          const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TS_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r), " for (B=", B,
+           ", T=", T, ", ", heads, " heads of ", Dh, ")");
   return map;
 }
 

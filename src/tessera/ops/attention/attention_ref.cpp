@@ -42,7 +42,7 @@ void attention_forward_ref(const AttentionParams& p, AttentionView<T> out, T* ls
   const int Tq = attention_tq(p), Tk = attention_tk(p), group = p.H / attention_kv_heads(p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
   // Each (batch, head) pair is independent: one per OpenMP iteration.
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.B) * p.H * Tq * Tk * p.Dh >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.B) * p.H * Tq * Tk * p.Dh >= kParallelMinWork)
   for (int bh = 0; bh < p.B * p.H; ++bh) {
     std::vector<double> s(Tk), acc(p.Dh);
     const int b = bh / p.H, h = bh % p.H, g = h / group;
@@ -80,7 +80,7 @@ void attention_backward_ref(const AttentionParams& p, AttentionView<T> dq, Atten
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dh));
   // Each (batch, KV head) pair writes only its own dK, dV and the dQ of its group's query heads, which it visits
   // in head order: one pair per OpenMP iteration, the same sums in the same order at any thread count.
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.B) * p.H * Tq * Tk * p.Dh >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.B) * p.H * Tq * Tk * p.Dh >= kParallelMinWork)
   for (int bg = 0; bg < p.B * Hkv; ++bg) {
     const int b = bg / Hkv, g = bg % Hkv;
     std::vector<double> dqi(p.Dh);
@@ -192,17 +192,17 @@ void rope_rotate_view_ref(const RopeParams& p, int heads, AttentionView<T> x, do
   rope_rotate<T>(p, heads, x, sign);
 }
 
-#define TS_INSTANTIATE_ATTN(T)                                                                                  \
-  template void attention_forward_ref<T>(const AttentionParams&, AttentionView<T>, T*, AttentionView<const T>,    \
-                                         AttentionView<const T>, AttentionView<const T>);                        \
-  template void attention_backward_ref<T>(const AttentionParams&, AttentionView<T>, AttentionView<T>,            \
-                                          AttentionView<T>, AttentionView<const T>, AttentionView<const T>,      \
+#define TS_INSTANTIATE_ATTN(T) \
+  template void attention_forward_ref<T>(const AttentionParams&, AttentionView<T>, T*, AttentionView<const T>, \
+                                         AttentionView<const T>, AttentionView<const T>); \
+  template void attention_backward_ref<T>(const AttentionParams&, AttentionView<T>, AttentionView<T>, \
+                                          AttentionView<T>, AttentionView<const T>, AttentionView<const T>, \
                                           AttentionView<const T>, AttentionView<const T>, AttentionView<const T>, \
-                                          const T*);                                                             \
-  template void rope_rotate_view_ref<T>(const RopeParams&, int, AttentionView<T>, double);                      \
-  template void attention_forward_ref<T>(const AttentionParams&, T*, T*, const T*);                             \
+                                          const T*); \
+  template void rope_rotate_view_ref<T>(const RopeParams&, int, AttentionView<T>, double); \
+  template void attention_forward_ref<T>(const AttentionParams&, T*, T*, const T*); \
   template void attention_backward_ref<T>(const AttentionParams&, T*, const T*, const T*, const T*, const T*); \
-  template void rope_forward_ref<T>(const RopeParams&, T*);                                                     \
+  template void rope_forward_ref<T>(const RopeParams&, T*); \
   template void rope_backward_ref<T>(const RopeParams&, T*);
 TS_INSTANTIATE_ATTN(float)
 TS_INSTANTIATE_ATTN(double)

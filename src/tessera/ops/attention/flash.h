@@ -33,16 +33,16 @@
 namespace tessera {
 
 struct FlashAttentionArgs {
-  const void* qkv = nullptr;   // (B*T, 3C)
-  void* out = nullptr;         // (B*T, C)       forward output
-  float* lse = nullptr;        // (B, H, T)      forward output
-  const void* d_out = nullptr; // (B*T, C)       backward input
+  const void* qkv = nullptr;      // (B*T, 3C)
+  void* out = nullptr;            // (B*T, C)       forward output
+  float* lse = nullptr;           // (B, H, T)      forward output
+  const void* d_out = nullptr;    // (B*T, C)       backward input
   const float* lse_in = nullptr;  // (B, H, T)   backward input
-  const float* D = nullptr;    // (B, H, T)      backward input: rowsum(dO ∘ O)
-  const void* out_in = nullptr;  // (B*T, C)     Hopper backward input: the forward's out (see D_out)
-  float* D_out = nullptr;      // (B, H, T)      Hopper backward: rowsum(dO ∘ O), which its dQ pass computes from
-                               //                out_in, or reads when out_in is null (computed before)
-  void* d_qkv = nullptr;       // (B*T, 3C)      backward output
+  const float* D = nullptr;       // (B, H, T)      backward input: rowsum(dO ∘ O)
+  const void* out_in = nullptr;   // (B*T, C)     Hopper backward input: the forward's out (see D_out)
+  float* D_out = nullptr;         // (B, H, T)      Hopper backward: rowsum(dO ∘ O), which its dQ pass computes from
+                                  //                out_in, or reads when out_in is null (computed before)
+  void* d_qkv = nullptr;          // (B*T, 3C)      backward output
   // Backward with RoPE: its {cos, sin} table (float2 [pos][Dh/2]) and the first position, when the passes rotate
   // dQ and dK back as they store them (Dh equal to the compiled width); null: they store them as computed.
   const void* rope_cs = nullptr;
@@ -56,8 +56,7 @@ int flash_attention_head_pad(int Dh);
 bool flash_attention_eligible(const AttentionParams& p, DType dtype, std::initializer_list<const void*> ptrs);
 
 void flash_attention_forward_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx);
-void flash_attention_backward_dq_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
-                                      Context& ctx);
+void flash_attention_backward_dq_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx);
 void flash_attention_backward_dkdv_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                         Context& ctx);
 

@@ -18,7 +18,7 @@ constexpr int kQueryStep = kD >= 128 ? 32 : 64;
 template <int kD>
 constexpr size_t dkdv_smem_bytes() {
   // K, V (64 rows each), 2 x Q, 2 x dO (kQ rows each), all 16-bit; then 2 x (lse, D) f32 of kQ rows.
-  return (static_cast<size_t>(2) * kTileRows + 4 * kQueryStep<kD>) * smem_stride<kD>() * 2 +
+  return (static_cast<size_t>(2) * kTileRows + 4 * kQueryStep<kD>)*smem_stride<kD>() * 2 +
          4 * kQueryStep<kD> * sizeof(float);
 }
 
@@ -41,10 +41,10 @@ constexpr int kDkdvMinBlocks = kD == 64 ? 3 : 1;
 
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
-    flash_attention_backward_dkdv_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out,
-                                      const T* __restrict__ qkv, const float* __restrict__ lse,
-                                      const float* __restrict__ D, int seq_len, int H, int Dh, bool causal,
-                                      float scale, float scale_log2, AttentionDropoutDraw drop, RopeTable rope) {
+    flash_attention_backward_dkdv_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
+                                      const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
+                                      int Dh, bool causal, float scale, float scale_log2, AttentionDropoutDraw drop,
+                                      RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
   if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kQ = kQueryStep<kD>;
@@ -52,10 +52,10 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
   constexpr int kQ8 = kQ / 8, kD8 = kD / 8;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kTileElems;
-  T* sQ = sV + kTileElems;          // two buffers of kQ rows
-  T* sdO = sQ + 2 * kStepElems;     // two buffers of kQ rows
+  T* sQ = sV + kTileElems;                                       // two buffers of kQ rows
+  T* sdO = sQ + 2 * kStepElems;                                  // two buffers of kQ rows
   float* sLse = reinterpret_cast<float*>(sdO + 2 * kStepElems);  // two buffers of kQ (times log2e)
-  float* sD = sLse + 2 * kQ;                                      // two buffers of kQ
+  float* sD = sLse + 2 * kQ;                                     // two buffers of kQ
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = blockIdx.x * kTileRows;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kDkdvMinBlocks<kD>)
         const int ql = n * 8 + 2 * (lane & 3) + (e & 1), q = q0 + ql, key = key_a + (e >> 1) * 8;
         const bool masked = edge && (q >= seq_len || key >= seq_len || (causal && key > q));
         const float pv = masked ? 0.0f : flash::exp2_approx(st[n][e] * scale_log2 - lse2[ql]);
-        st[n][e] = pv;                         // Pᵀ, in place of Sᵀ
+        st[n][e] = pv;                          // Pᵀ, in place of Sᵀ
         dpt[n][e] = pv * (dpt[n][e] - Db[ql]);  // dSᵀ, in place of dPᵀ
       }
     if constexpr (kDropout) apply_keep_bits<kQ8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ

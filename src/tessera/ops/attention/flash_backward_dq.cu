@@ -33,15 +33,15 @@ template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, kDqMinBlocks<kD>)
     flash_attention_backward_dq_mma(T* __restrict__ d_qkv, const T* __restrict__ d_out, const T* __restrict__ qkv,
                                     const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
-                                    int Dh, bool causal, float scale, float scale_log2,
-                                    AttentionDropoutDraw drop, RopeTable rope) {
+                                    int Dh, bool causal, float scale, float scale_log2, AttentionDropoutDraw drop,
+                                    RopeTable rope) {
   extern __shared__ __align__(16) unsigned char smem[];
   if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kTileElems;
-  T* sK = sdO + kTileElems;       // two buffers
-  T* sV = sK + 2 * kTileElems;    // two buffers
+  T* sK = sdO + kTileElems;     // two buffers
+  T* sV = sK + 2 * kTileElems;  // two buffers
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kTileRows;

@@ -26,15 +26,14 @@ constexpr size_t forward_smem_bytes() {
 // them and before P V, and out takes the 1 / (1 - p) of the kept ones: out = O / l / (1 - p).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_forward_mma(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                                int seq_len, int H, int Dh, bool causal, float scale_log2,
-                                AttentionDropoutDraw drop) {
+    flash_attention_forward_mma(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv, int seq_len,
+                                int H, int Dh, bool causal, float scale_log2, AttentionDropoutDraw drop) {
   extern __shared__ __align__(16) unsigned char smem[];
   attention_dropout_resolve(drop);
   constexpr int kS = smem_stride<kD>(), kTileElems = kTileRows * kS, kN8 = kTileRows / 8, kD8 = kD / 8;
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + kTileElems;        // two buffers
-  T* sV = sK + 2 * kTileElems;    // two buffers
+  T* sK = sQ + kTileElems;      // two buffers
+  T* sV = sK + 2 * kTileElems;  // two buffers
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kTileRows;
@@ -63,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
       load_tile_async<T, kTileRows, kD>(sK + (buf ^ 1) * kTileElems, k_base + k1 * ld, ld, seq_len - k1, Dh);
       load_tile_async<T, kTileRows, kD>(sV + (buf ^ 1) * kTileElems, v_base + k1 * ld, ld, seq_len - k1, Dh);
     }
-    cp_async_commit();  // possibly empty: keeps the group count uniform for the wait below
+    cp_async_commit();   // possibly empty: keeps the group count uniform for the wait below
     cp_async_wait<1>();  // everything but the prefetch just issued has landed (this thread's copies)
     __syncthreads();     // ... and every thread's
 
@@ -145,8 +144,8 @@ void launch_forward(const AttentionParams& p, const FlashAttentionArgs& a, Conte
   const dim3 grid(cuda::ceil_div(p.T, kTileRows), p.H, p.B);
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
-  kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.out), a.lse, static_cast<const T*>(a.qkv), p.T,
-                                                  p.H, p.Dh, p.causal, scale_log2, drop);
+  kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.out), a.lse, static_cast<const T*>(a.qkv), p.T, p.H,
+                                                 p.Dh, p.causal, scale_log2, drop);
   TS_CHECK_LAUNCH();
 }
 

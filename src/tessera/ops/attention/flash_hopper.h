@@ -29,9 +29,7 @@ enum class FlashForwardPath { Auto, Mma, Hopper };
 // The compiled head width of the Hopper kernels that serves Dh: 64 for Dh <= 64, 128 for Dh <= 128, 0 above or when
 // Dh is no multiple of 8 (the tensor maps' row stride, 2 Dh bytes, must be a multiple of 16). A Dh below its width
 // runs zero-padded: its tensor maps read the columns from Dh on as zeros.
-constexpr int flash_hopper_head_pad(int Dh) {
-  return Dh <= 0 || Dh % 8 != 0 ? 0 : Dh <= 64 ? 64 : Dh <= 128 ? 128 : 0;
-}
+constexpr int flash_hopper_head_pad(int Dh) { return Dh <= 0 || Dh % 8 != 0 ? 0 : Dh <= 64 ? 64 : Dh <= 128 ? 128 : 0; }
 
 // TESSERA_FLASH_PATH, read at each call; an unknown value is an Error.
 FlashForwardPath flash_forward_path_requested();

@@ -68,14 +68,20 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // A tile of `rows` rows x kD columns: kD / 64 column boxes of rows x 128 bytes, box after box.
 template <int kD>
-constexpr int step_tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
+constexpr int step_tile_bytes() {
+  return (kD / kBoxCols) * kBoxBytes;
+}
 template <int kD>
-constexpr int block_tile_bytes() { return 2 * step_tile_bytes<kD>(); }
+constexpr int block_tile_bytes() {
+  return 2 * step_tile_bytes<kD>();
+}
 // The dK / dV pass's query tiles: 128 rows at Dh 64, so that its score products are m64n128k16 (measured faster
-// than 64-row tiles: bench/results/2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128, where a second 64 columns of Sᵀ and dPᵀ beside dK and dV would not fit the
-// registers (ptxas spills and serializes the wgmmas: C7512).
+// than 64-row tiles: bench/results/2026-12-01-dq-pass-128-keys-h200.md); 64 at Dh 128, where a second 64 columns of Sᵀ
+// and dPᵀ beside dK and dV would not fit the registers (ptxas spills and serializes the wgmmas: C7512).
 template <int kD>
-constexpr int dkdv_query_rows() { return kD == 64 ? 128 : 64; }
+constexpr int dkdv_query_rows() {
+  return kD == 64 ? 128 : 64;
+}
 template <int kD>
 constexpr int dkdv_query_tile_bytes() {  // a Q or dO tile of the dK / dV pass
   return dkdv_query_rows<kD>() == 128 ? block_tile_bytes<kD>() : step_tile_bytes<kD>();
@@ -110,8 +116,8 @@ __device__ __forceinline__ void load_step_tile(uint32_t dst, const CUtensorMap* 
 // block tiles), all K-major over the kD head columns. The dQ pass's S = Q Kᵀ, dP = dO Vᵀ (kN = 128) and the
 // dK / dV pass's Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (kN = dkdv_query_rows: 128 at Dh 64, 64 at Dh 128).
 template <typename T, int kD, int kN>
-__device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0,
-                                                 uint32_t b0, uint32_t a1, uint32_t b1) {
+__device__ __forceinline__ void issue_two_scores(float (&x)[kN / 8][4], float (&y)[kN / 8][4], uint32_t a0, uint32_t b0,
+                                                 uint32_t a1, uint32_t b1) {
   static_assert(kN == 64 || kN == 128, "one or two 64-row boxes");
   constexpr int kBBox = kN / 64 * kBoxBytes;  // B's column-box stride
   auto mma = [](float(&d)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
@@ -175,8 +181,8 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                       const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
-                                      const float* __restrict__ lse, const T* __restrict__ out, float* D,
-                                      int seq_len, int H, int Dh, bool causal, float scale, float scale_log2,
+                                      const float* __restrict__ lse, const T* __restrict__ out, float* D, int seq_len,
+                                      int H, int Dh, bool causal, float scale, float scale_log2,
                                       AttentionDropoutDraw drop, flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
@@ -226,9 +232,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups ----
   regs_claim<kConsumerRegs>();
   const int cw = warpgroup_uniform(128), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int q_first = q0 + cw * 64;             // the warpgroup's first query row
-  const int row_w = q_first + warp * 16;        // this warp's first query row
-  const int row_a = row_w + lane / 4;           // this lane's rows: row_a and row_a + 8
+  const int q_first = q0 + cw * 64;                                     // the warpgroup's first query row
+  const int row_w = q_first + warp * 16;                                // this warp's first query row
+  const int row_a = row_w + lane / 4;                                   // this lane's rows: row_a and row_a + 8
   const uint32_t sQw = sQ + cw * 64 * 128, sdOw = sdO + cw * 64 * 128;  // this warpgroup's 64 rows (1024-aligned)
   const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
   float lse2[2], Dr[2];
@@ -351,16 +357,16 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma(const __grid_constant__ CUtensorMap qkv_map,
                                         const __grid_constant__ CUtensorMap do_map, T* __restrict__ d_qkv,
-                                        const float* __restrict__ lse, const float* __restrict__ D, int seq_len,
-                                        int H, int Dh, bool causal, float scale, float scale_log2,
-                                        AttentionDropoutDraw drop, flash::RopeTable rope) {
+                                        const float* __restrict__ lse, const float* __restrict__ D, int seq_len, int H,
+                                        int Dh, bool causal, float scale, float scale_log2, AttentionDropoutDraw drop,
+                                        flash::RopeTable rope) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   attention_dropout_resolve(drop);
   constexpr int kQRows = dkdv_query_rows<kD>();
   static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
   constexpr int kStep = dkdv_query_tile_bytes<kD>();  // a Q or dO tile
-  constexpr int kQBoxBytes = kStep / kBoxes;  // a column box of it: kQRows rows x 128 bytes
+  constexpr int kQBoxBytes = kStep / kBoxes;          // a column box of it: kQRows rows x 128 bytes
   constexpr int kN8 = kQRows / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
@@ -428,9 +434,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups ----
   regs_claim<kConsumerRegs>();
   const int cw = warpgroup_uniform(128), tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int k_first = k0 + cw * 64;        // the warpgroup's first key
-  const int row_w = k_first + warp * 16;   // this warp's first key
-  const int key_a = row_w + lane / 4;      // this lane's keys: key_a and key_a + 8
+  const int k_first = k0 + cw * 64;       // the warpgroup's first key
+  const int row_w = k_first + warp * 16;  // this warp's first key
+  const int key_a = row_w + lane / 4;     // this lane's keys: key_a and key_a + 8
   float dk[kBoxes][8][4], dv[kBoxes][8][4];
 #pragma unroll
   for (int bx = 0; bx < kBoxes; ++bx) {
@@ -475,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
-    if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);  // dV takes (P ∘ Z)ᵀ
+    if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);              // dV takes (P ∘ Z)ᵀ
     flash::c_to_a<T, kN8>(pa, st);
     flash::c_to_a<T, kN8>(dsa, dpt);
   };
@@ -589,8 +595,8 @@ void launch_backward(const AttentionParams& p, DType dtype, const FlashAttention
   TS_CHECK_LAUNCH();
   auto dkdv = flash_attention_backward_dkdv_wgmma<T, kD>;
   TS_CHECK_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.Dh,
-                                               p.causal, scale, scale * kLog2e, drop, rope);
+  dkdv<<<grid, kThreads, smem, ctx.stream()>>>(qkv_map, do_map, d_qkv, a.lse_in, a.D_out, p.T, p.H, p.Dh, p.causal,
+                                               scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 

@@ -53,10 +53,10 @@ namespace tessera {
 namespace flash_hopper {
 namespace {
 
-constexpr int kThreads = 384;             // producer warpgroup + 2 consumer warpgroups
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerThreads = 256;
-constexpr int kBlockM = 128;              // queries per block, 64 per consumer warpgroup
-constexpr int kBlockN = 128;              // keys per K/V tile
+constexpr int kBlockM = 128;  // queries per block, 64 per consumer warpgroup
+constexpr int kBlockN = 128;  // keys per K/V tile
 constexpr int kStages = 2;
 constexpr int kBoxBytes = kBlockN * kBoxCols * 2;  // one 128-row box (Q boxes have kBlockM = kBlockN rows)
 static_assert(kBlockM == kBlockN, "one tensor map box shape serves Q, K and V");
@@ -65,7 +65,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kD>
-constexpr int tile_bytes() { return (kD / kBoxCols) * kBoxBytes; }
+constexpr int tile_bytes() {
+  return (kD / kBoxCols) * kBoxBytes;
+}
 template <int kD>
 constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align the start to a swizzle atom
   return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
@@ -87,8 +89,8 @@ __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t o
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_wgmma(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
-                                  float* __restrict__ lse, int seq_len, int H, int Dh, bool causal,
-                                  float scale_log2, AttentionDropoutDraw drop) {
+                                  float* __restrict__ lse, int seq_len, int H, int Dh, bool causal, float scale_log2,
+                                  AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
@@ -122,8 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_release<kProducerRegs>();
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_q, kTile);
-      for (int bx = 0; bx < kBoxes; ++bx)
-        tma_load_4d(sQ + bx * kBoxBytes, &qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
+      for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, &qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
       for (int j = 0; j < n_kt; ++j) {
         const int s = j % kStages;
         // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // The online softmax of tile j's scores (in sacc, complete): sacc becomes P, l and m advance, and alpha is the
   // factor O must take before P V is added.
-  auto softmax = [&](int j, float (&alpha)[2]) {
+  auto softmax = [&](int j, float(&alpha)[2]) {
     // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch). The scores stay unscaled: the row
     // max of raw scores, scaled, is the max of the scaled ones (scale > 0), and each P is one FFMA and one MUFU.
     const int k0 = j * kBlockN;
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(sacc[n][2 * half], sacc[n][2 * half + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx * scale_log2);      // log2 units
+      const float m_new = fmaxf(m[half], mx * scale_log2);    // log2 units
       const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing valid yet keeps P = 0
       alpha[half] = flash::exp2_approx(m[half] - shift);
       float sum = 0.0f;
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              if (!kept) sacc[n][e] = 0.0f;
                                            });
   };
-  auto rescale_o = [&](const float (&alpha)[2]) {
+  auto rescale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx)
 #pragma unroll
@@ -303,8 +304,8 @@ template <typename T, int kD>
 void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx) {
   constexpr size_t smem = smem_bytes<kD>();
   const AttentionDropoutDraw drop = attention_dropout_draw(p.dropout, p.seed, p.stream, ctx.philox_stream_base());
-  auto kernel =
-      drop.threshold ? flash_attention_forward_wgmma<T, kD, true> : flash_attention_forward_wgmma<T, kD, false>;
+  auto kernel = drop.threshold ? flash_attention_forward_wgmma<T, kD, true>
+                               : flash_attention_forward_wgmma<T, kD, false>;
   TS_CHECK(smem <= ctx.gpu().smem_per_block_optin, "attention_forward (Hopper path): needs ", smem,
            " bytes of shared memory per block, the device has ", ctx.gpu().smem_per_block_optin);
   TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -312,7 +313,7 @@ void launch_forward(const AttentionParams& p, DType dtype, const FlashAttentionA
   const dim3 grid(cuda::ceil_div(p.T, kBlockM), p.H, p.B);
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh))) * kLog2e;
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(map, static_cast<T*>(a.out), a.lse, p.T, p.H, p.Dh, p.causal,
-                                                  scale_log2, drop);
+                                                 scale_log2, drop);
   TS_CHECK_LAUNCH();
 }
 
@@ -345,9 +346,7 @@ bool compiled_for(const Context& ctx) {
 
 }  // namespace flash_hopper
 
-bool flash_hopper_available(const Context& ctx) {
-  return ctx.is_cuda() && flash_hopper::compiled_for(ctx);
-}
+bool flash_hopper_available(const Context& ctx) { return ctx.is_cuda() && flash_hopper::compiled_for(ctx); }
 
 void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a,
                                          Context& ctx) {

@@ -87,9 +87,7 @@ __device__ __forceinline__ int warpgroup_uniform(int threads_before) {
 // Consumer 1 passes once before its first wait, so consumer 0 goes first; a kernel leaves no barrier part-arrived
 // when both take the same number of turns and consumer 1 skips its last hand-over.
 __device__ __forceinline__ void turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
-__device__ __forceinline__ void turn_pass(int cw) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
-}
+__device__ __forceinline__ void turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); }
 
 // ---- wgmma ordering ----
 // fence: before the first wgmma of a batch whose accumulators or A registers other instructions wrote.
@@ -123,57 +121,65 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
 template <typename T>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
 
-#define TESSERA_WGMMA_D32                                                                                           \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),         \
-      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),      \
-      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),      \
-      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),      \
+#define TESSERA_WGMMA_D32 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define TESSERA_WGMMA_D64                                                                                           \
-  TESSERA_WGMMA_D32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),     \
+#define TESSERA_WGMMA_D64 \
+  TESSERA_WGMMA_D32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), \
       "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
-      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),              \
-      "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),              \
-      "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-#define TESSERA_WGMMA_REGS32                                                                                        \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                          \
+      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+      "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), \
+      "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define TESSERA_WGMMA_REGS32 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define TESSERA_WGMMA_REGS64                                                                                        \
-  TESSERA_WGMMA_REGS32 ","                                                                                          \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                                \
+#define TESSERA_WGMMA_REGS64 \
+  TESSERA_WGMMA_REGS32 \
+  "," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 // CT: the C++ type; PT: its PTX type name.
-#define TESSERA_WGMMA_FOR(CT, PT)                                                                                   \
-  template <>                                                                                                       \
-  __device__ __forceinline__ void wgmma_ss_n128<CT>(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,           \
-                                                    int scale_d) {                                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." PT "." PT " "                                       \
-                 "{" TESSERA_WGMMA_REGS64 "}, "                                                                     \
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                                    \
-                 : TESSERA_WGMMA_D64                                                                                \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                         \
-  }                                                                                                                 \
-  template <>                                                                                                       \
-  __device__ __forceinline__ void wgmma_ss_n64<CT>(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,             \
-                                                   int scale_d) {                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " "                                        \
-                 "{" TESSERA_WGMMA_REGS32 "}, "                                                                     \
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                    \
-                 : TESSERA_WGMMA_D32                                                                                \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                         \
-  }                                                                                                                 \
-  template <>                                                                                                       \
-  __device__ __forceinline__ void wgmma_rs_n64<CT>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,      \
-                                                   int scale_d) {                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " "                                        \
-                 "{" TESSERA_WGMMA_REGS32 "}, "                                                                     \
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                      \
-                 : TESSERA_WGMMA_D32                                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));                          \
+#define TESSERA_WGMMA_FOR(CT, PT) \
+  template <> \
+  __device__ __forceinline__ void wgmma_ss_n128<CT>(float(&d)[16][4], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." PT "." PT \
+        " " \
+        "{" TESSERA_WGMMA_REGS64 \
+        "}, " \
+        "%64, %65, p, 1, 1, 0, 0;\n}\n" \
+        : TESSERA_WGMMA_D64 \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+  } \
+  template <> \
+  __device__ __forceinline__ void wgmma_ss_n64<CT>(float(&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT \
+        " " \
+        "{" TESSERA_WGMMA_REGS32 \
+        "}, " \
+        "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+        : TESSERA_WGMMA_D32 \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+  } \
+  template <> \
+  __device__ __forceinline__ void wgmma_rs_n64<CT>(float(&d)[8][4], const uint32_t(&a)[4], uint64_t desc_b, \
+                                                   int scale_d) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT \
+        " " \
+        "{" TESSERA_WGMMA_REGS32 \
+        "}, " \
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+        : TESSERA_WGMMA_D32 \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)); \
   }
 
 TESSERA_WGMMA_FOR(__nv_bfloat16, "bf16")
@@ -190,25 +196,25 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
 // Makes the initialized barriers visible to the async proxy (TMA) and the other threads (with a __syncthreads).
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 // One arrival that also announces `bytes` of TMA traffic the phase must wait for.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 // Blocks until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_u32(bar);
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(addr), "r"(parity)
+                 : "memory");
   } while (!done);
 }
 
@@ -230,8 +236,12 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
 
 // ---- registers ----
 template <int kRegs>
-__device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+__device__ __forceinline__ void regs_release() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 template <int kRegs>
-__device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+__device__ __forceinline__ void regs_claim() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 
 }  // namespace tessera::flash_hopper

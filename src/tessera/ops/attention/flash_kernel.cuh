@@ -34,13 +34,15 @@ namespace tessera::flash {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 16;  // one m16 row block per warp
+constexpr int kRowsPerWarp = 16;                  // one m16 row block per warp
 constexpr int kTileRows = kWarps * kRowsPerWarp;  // 64: the query tile of the forward / dQ, the key tile of dK/dV
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kD>
-constexpr int smem_stride() { return kD + 8; }
+constexpr int smem_stride() {
+  return kD + 8;
+}
 
 // 2^x on the MUFU unit alone (ex2.approx.ftz: within 2 ulp, results under 2^-126 flushed to 0), as FlashAttention
 // gets it from --use_fast_math. Without fast math exp2f wraps every MUFU.EX2 in range scaling (a compare and two
@@ -118,8 +120,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // global matrix at src with row stride ld (elements); other rows and columns are zero. Dh % 8 == 0, and src
 // and ld are 16-byte aligned (flash_attention_eligible checks both), so each 8-column chunk is one 16-byte copy.
 template <typename T, int kRows, int kD>
-__device__ __forceinline__ void load_tile_async(T* __restrict__ dst, const T* __restrict__ src, int64_t ld,
-                                                int rows, int Dh) {
+__device__ __forceinline__ void load_tile_async(T* __restrict__ dst, const T* __restrict__ src, int64_t ld, int rows,
+                                                int Dh) {
   constexpr int kChunks = kD / 8, kStride = smem_stride<kD>();
 #pragma unroll
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
@@ -285,8 +287,8 @@ __device__ __forceinline__ void for_each_draw_query_rows(const AttentionDropoutD
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kN8 / 2; ++kk) {
-    const Philox4 r = philox_block(
-        d.seed, d.stream, attention_dropout_block(bh, seq_len, row_a, k0 + 16 * kk + 2 * (lane & 3)));
+    const Philox4 r =
+        philox_block(d.seed, d.stream, attention_dropout_block(bh, seq_len, row_a, k0 + 16 * kk + 2 * (lane & 3)));
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const int n = 2 * kk + (w & 1), e = 2 * (w >> 1);
@@ -310,8 +312,9 @@ __device__ __forceinline__ void for_each_draw_key_rows(const AttentionDropoutDra
   const int lane = threadIdx.x & 31, half = key_a & 1;
 #pragma unroll
   for (int kk = 0; kk < kN8 / 2; ++kk) {
-    const Philox4 mine = philox_block(
-        d.seed, d.stream, attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + half, key_a));
+    const Philox4 mine =
+        philox_block(d.seed, d.stream,
+                     attention_dropout_block(bh, seq_len, q0 + 16 * kk + 2 * (lane & 3) + half, key_a));
     Philox4 theirs;  // lane ^ 4's: the block of query parity 1 - half
 #pragma unroll
     for (int w = 0; w < 4; ++w) theirs.v[w] = __shfl_xor_sync(0xffffffffu, mine.v[w], 4);
@@ -349,8 +352,8 @@ __device__ __forceinline__ uint64_t keep_bits_key_rows(const AttentionDropoutDra
 // when it had the branch; the backward passes now have instances with and without dropout). The wgmma kernels
 // inline them: a call between a wgmma and its wait would serialize the wgmma.
 template <int kN8>
-__device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh,
-                                                              int seq_len, int row_a, int k0) {
+__device__ __noinline__ uint32_t dropout_keep_bits_query_rows(const AttentionDropoutDraw& d, uint64_t bh, int seq_len,
+                                                              int row_a, int k0) {
   static_assert(kN8 <= 8, "keep bits: at most 32 elements");
   return static_cast<uint32_t>(keep_bits_query_rows<kN8>(d, bh, seq_len, row_a, k0));
 }
@@ -373,8 +376,7 @@ __device__ __forceinline__ void apply_keep_bits(float (&x)[kN8][4], uint64_t kee
 // The statistics of this lane's two rows row_a and row_a + 8 of a (B, H, T) plane starting at stat_base: lse in
 // log2 units and D = rowsum(dO ∘ O), 0 past T (the dQ passes' per-row constants).
 __device__ __forceinline__ void load_row_stats(float (&lse2)[2], float (&Dr)[2], const float* __restrict__ lse,
-                                               const float* __restrict__ D, int64_t stat_base, int row_a,
-                                               int seq_len) {
+                                               const float* __restrict__ D, int64_t stat_base, int row_a, int seq_len) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = row_a + 8 * half;
@@ -412,8 +414,8 @@ void launch_backward_pass(const char* pass, size_t smem, Kernel kernel_drop, Ker
   TS_CHECK(!a.rope_cs || p.Dh == kD, "internal: the ", pass, " pass rotates back RoPE only at Dh = ", kD);
   const RopeTable rope{static_cast<const float2*>(a.rope_cs), a.rope_pos_offset};
   kernel<<<grid, kThreads, smem, ctx.stream()>>>(static_cast<T*>(a.d_qkv), static_cast<const T*>(a.d_out),
-                                                  static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh,
-                                                  p.causal, scale, scale * kLog2e, drop, rope);
+                                                 static_cast<const T*>(a.qkv), a.lse_in, a.D, p.T, p.H, p.Dh, p.causal,
+                                                 scale, scale * kLog2e, drop, rope);
   TS_CHECK_LAUNCH();
 }
 

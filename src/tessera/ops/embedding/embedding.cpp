@@ -1,6 +1,6 @@
 // Tensor-level fused embedding: checks, then the reference (CPU) or the CUDA kernels.
-#include "tessera/ops/dispatch.h"
 #include "tessera/ops/embedding/embedding.h"
+#include "tessera/ops/dispatch.h"
 
 namespace tessera {
 
@@ -22,8 +22,7 @@ bool embedding_supports(const EmbeddingParams& p, DType dtype, Device device, st
 }
 
 namespace {
-void check_embedding(const char* op, const EmbeddingParams& p, DType dtype, bool has_positions,
-                     const Context& ctx) {
+void check_embedding(const char* op, const EmbeddingParams& p, DType dtype, bool has_positions, const Context& ctx) {
   std::string why;
   require_supported(embedding_supports(p, dtype, ctx.device(), &why), op, why);
   TS_CHECK(!has_positions || p.pos_offset + static_cast<int64_t>(p.T) <= p.max_seq, op, ": sequence of ",

@@ -106,8 +106,8 @@ __global__ void embedding_backward_keys(int32_t* __restrict__ keys, int32_t* __r
 // holds, the lanes that share it (text's frequent ids) taking consecutive slots. The float sums never use
 // atomics, and step 3 makes the order deterministic.
 __global__ void embedding_backward_count(int32_t* __restrict__ keys, int32_t* __restrict__ slot,
-                                         int32_t* __restrict__ counts, const int32_t* __restrict__ tokens, int n,
-                                         int V, int padding_id) {
+                                         int32_t* __restrict__ counts, const int32_t* __restrict__ tokens, int n, int V,
+                                         int padding_id) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const bool valid = r < n;
   const int32_t key = backward_key(valid ? tokens[r] : V, V, padding_id);
@@ -143,8 +143,8 @@ __global__ void embedding_backward_scatter(int32_t* __restrict__ bucket, const i
 constexpr int kWalk = 64, kBigLoads = 4;
 __global__ void embedding_backward_rank(int32_t* __restrict__ sorted_keys, int32_t* __restrict__ sorted_rows,
                                         const int32_t* __restrict__ bucket, const int32_t* __restrict__ keys,
-                                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ counts,
-                                        int n, int V) {
+                                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ counts, int n,
+                                        int V) {
   cuda::allow_dependent_launch();
   cuda::wait_for_primary_grid();  // the scatter
   const int j = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
@@ -197,9 +197,8 @@ constexpr int kChunk = 32;  // = the warp: lane l reads the chunk's key and row 
 // warp's chunk, in ascending q (the sorted order): the per-row loads are independent of each other (the row ids
 // are already in registers), so the loop can keep several in flight.
 template <typename T, int W>
-__device__ __forceinline__ void embedding_sum_chunk_rows(float (&acc)[W], const T* __restrict__ d_out,
-                                                         int32_t my_row, int first, int count, int c0,
-                                                         const EmbedArgs& a) {
+__device__ __forceinline__ void embedding_sum_chunk_rows(float (&acc)[W], const T* __restrict__ d_out, int32_t my_row,
+                                                         int first, int count, int c0, const EmbedArgs& a) {
 #pragma unroll 4
   for (int q = 0; q < count; ++q) {
     const int32_t r = __shfl_sync(0xffffffffu, my_row, first + q);
@@ -268,10 +267,11 @@ __global__ void __launch_bounds__(kThreads)
 // columns (by*32 + l)*W .. +W-1. Each d_wte element is written by exactly one lane (one run per token), and its
 // sum has a fixed order: deterministic.
 template <typename T, int W>
-__device__ __forceinline__ void embedding_backward_wte_sorted_runs(
-    T* __restrict__ d_wte, const T* __restrict__ d_out, const int32_t* __restrict__ sorted_keys,
-    const int32_t* __restrict__ sorted_rows, const float* __restrict__ partial, int n, const EmbedArgs& a, int bx,
-    int by) {
+__device__ __forceinline__ void embedding_backward_wte_sorted_runs(T* __restrict__ d_wte, const T* __restrict__ d_out,
+                                                                   const int32_t* __restrict__ sorted_keys,
+                                                                   const int32_t* __restrict__ sorted_rows,
+                                                                   const float* __restrict__ partial, int n,
+                                                                   const EmbedArgs& a, int bx, int by) {
   const int i = bx * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
@@ -323,8 +323,8 @@ __device__ __forceinline__ void embedding_backward_wte_sorted_runs(
 // One thread per (t, W-element unit): units = T * C / W; coalesced along c. Each element written by one thread.
 template <typename T, int W>
 __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d_wpe, const T* __restrict__ d_out,
-                                                               const int32_t* __restrict__ tokens, int B,
-                                                               int64_t units, const EmbedArgs& a, int bx) {
+                                                               const int32_t* __restrict__ tokens, int B, int64_t units,
+                                                               const EmbedArgs& a, int bx) {
   const int64_t u = bx * static_cast<int64_t>(kThreads) + threadIdx.x;
   if (u >= units) return;
   const int64_t e = u * W;  // offset within one (T, C) slab
@@ -333,8 +333,8 @@ __device__ __forceinline__ void embedding_backward_wpe_columns(T* __restrict__ d
   float acc[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-  // The row's d_out is loaded whatever its token (the row exists; a padded or invalid one is then skipped), so
-  // that the unrolled rows' loads do not wait on their tokens'.
+    // The row's d_out is loaded whatever its token (the row exists; a padded or invalid one is then skipped), so
+    // that the unrolled rows' loads do not wait on their tokens'.
 #pragma unroll 4
   for (int b = 0; b < B; ++b) {
     const int64_t row = static_cast<int64_t>(b) * a.T + t;
@@ -388,8 +388,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 EmbedArgs embed_args(const EmbeddingParams& p, const Context& ctx) {
-  return {.T = p.T, .C = p.C, .V = p.V, .pos_offset = p.pos_offset, .padding_id = p.padding_id, .scale = p.scale,
-          .dropout = p.dropout, .keep_scale = cuda::dropout_keep_scale(p.dropout), .seed = p.seed, .stream = p.stream,
+  return {.T = p.T,
+          .C = p.C,
+          .V = p.V,
+          .pos_offset = p.pos_offset,
+          .padding_id = p.padding_id,
+          .scale = p.scale,
+          .dropout = p.dropout,
+          .keep_scale = cuda::dropout_keep_scale(p.dropout),
+          .seed = p.seed,
+          .stream = p.stream,
           .stream_base = ctx.philox_stream_base()};
 }
 
@@ -469,8 +477,8 @@ size_t embedding_backward_scratch_bytes(int rows, int V, int C) {
   return backward_scratch_bytes(rows, V, C, cub_temp_bytes(rows, V));
 }
 
-void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
-                            const void* wte, const void* wpe, Context& ctx) {
+void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens, const void* wte,
+                            const void* wpe, Context& ctx) {
   const int64_t BT = static_cast<int64_t>(p.B) * p.T;
   if (BT == 0) return;
   const EmbedArgs a = embed_args(p, ctx);
@@ -515,8 +523,7 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
     embedding_backward_count<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, sc.counts, tokens, n, p.V,
                                                                         p.padding_id);
     TS_CHECK_LAUNCH();
-    TS_CHECK_CUDA(
-        cub::DeviceScan::ExclusiveSum(sc.temp, temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
+    TS_CHECK_CUDA(cub::DeviceScan::ExclusiveSum(sc.temp, temp_bytes, sc.counts, sc.offsets, p.V + 1, ctx.stream()));
     TS_CHECK_LAUNCH();
     cuda::launch_dependent(embedding_backward_scatter, dim3(row_blocks), dim3(kThreads), 0, ctx.stream(), sc.bucket,
                            static_cast<const int32_t*>(sc.keys), static_cast<const int32_t*>(sc.slot),
@@ -527,11 +534,10 @@ void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte,
                            static_cast<const int32_t*>(sc.offsets), static_cast<const int32_t*>(sc.counts), n, p.V);
     TS_CHECK_LAUNCH();
   } else {
-    embedding_backward_keys<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, tokens, n, p.V,
-                                                                       p.padding_id);
+    embedding_backward_keys<<<row_blocks, kThreads, 0, ctx.stream()>>>(sc.keys, sc.slot, tokens, n, p.V, p.padding_id);
     TS_CHECK_LAUNCH();
-    TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sc.temp, temp_bytes, sc.keys, sorted_keys, sc.slot,
-                                                  sorted_rows, n, 0, key_bits(p.V), ctx.stream()));
+    TS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sc.temp, temp_bytes, sc.keys, sorted_keys, sc.slot, sorted_rows, n, 0,
+                                                  key_bits(p.V), ctx.stream()));
     TS_CHECK_LAUNCH();
   }
 

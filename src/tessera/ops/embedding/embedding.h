@@ -19,10 +19,10 @@ namespace tessera {
 
 struct EmbeddingParams {
   int B = 0, T = 0, C = 0, V = 0;
-  int max_seq = 0;           // rows of wpe
-  int pos_offset = 0;        // position of t = 0 (non-zero when decoding after a prefix)
+  int max_seq = 0;     // rows of wpe
+  int pos_offset = 0;  // position of t = 0 (non-zero when decoding after a prefix)
   float scale = 1.0f;
-  int padding_id = -1;       // -1: no padding token
+  int padding_id = -1;  // -1: no padding token
   float dropout = 0.0f;
   uint64_t seed = 0, stream = 0;
 };
@@ -74,8 +74,8 @@ constexpr int kEmbeddingBucketSortMaxRows = 32768;
 // Scratch: embedding_backward_scratch_bytes(B*T, V, C) bytes of ctx.scratch (5 × B*T int32, 2 × (V + 1) int32, the
 // chunk partials ceil(B*T / 32) × C f32, and cub's prefix-sum or radix-sort storage).
 size_t embedding_backward_scratch_bytes(int rows, int V, int C);
-void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens,
-                            const void* wte, const void* wpe, Context& ctx);
+void embedding_forward_cuda(const EmbeddingParams& p, DType dtype, void* out, const int32_t* tokens, const void* wte,
+                            const void* wpe, Context& ctx);
 void embedding_backward_cuda(const EmbeddingParams& p, DType dtype, void* d_wte, void* d_wpe, const void* d_out,
                              const int32_t* tokens, Context& ctx);
 

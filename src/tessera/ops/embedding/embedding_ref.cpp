@@ -66,7 +66,6 @@ template void embedding_forward_ref<float>(const EmbeddingParams&, float*, const
 template void embedding_forward_ref<double>(const EmbeddingParams&, double*, const int32_t*, const double*,
                                             const double*);
 template void embedding_backward_ref<float>(const EmbeddingParams&, float*, float*, const float*, const int32_t*);
-template void embedding_backward_ref<double>(const EmbeddingParams&, double*, double*, const double*,
-                                             const int32_t*);
+template void embedding_backward_ref<double>(const EmbeddingParams&, double*, double*, const double*, const int32_t*);
 
 }  // namespace tessera

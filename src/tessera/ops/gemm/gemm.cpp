@@ -1,7 +1,7 @@
 // Tensor-level GEMM and bias gradient: checks, then the reference (CPU) or cuBLASLt (CUDA).
+#include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/dispatch.h"
-#include "tessera/ops/gemm/gemm.h"
 
 namespace tessera {
 
@@ -40,8 +40,8 @@ namespace {
 
 // A matrix argument of `rows` rows of `cols` elements, `ld` apart: with batch 1 and packed rows the exact
 // contract of expect(); otherwise contiguous memory covering every row of every product.
-void expect_matrix(const Tensor& t, const char* op, const char* name, DType dt, int64_t rows, int64_t cols,
-                   int64_t ld, int batch, int64_t stride, const Context& ctx) {
+void expect_matrix(const Tensor& t, const char* op, const char* name, DType dt, int64_t rows, int64_t cols, int64_t ld,
+                   int batch, int64_t stride, const Context& ctx) {
   const int64_t size = rows == 0 ? 0 : (rows - 1) * ld + cols;
   if (batch == 1 && ld == cols) {
     expect(t, op, name, dt, size, ctx);

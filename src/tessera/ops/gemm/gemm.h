@@ -89,8 +89,7 @@ void gemm_gelu_forward(const GemmParams& p, const Tensor& out, const Tensor& pre
 // Uses ctx's cuBLASLt handle and its 32 MiB workspace; nothing is cached between calls.
 // bias_grad_cuda: column sums in fp32, rows split into fixed chunks (partials in ctx.scratch), chunks summed
 // in a fixed order: deterministic, no atomics.
-void gemm_cuda(const GemmParams& p, DType dtype, void* c, const void* a, const void* b, const void* bias,
-               Context& ctx);
+void gemm_cuda(const GemmParams& p, DType dtype, void* c, const void* a, const void* b, const void* bias, Context& ctx);
 void bias_grad_cuda(const BiasGradParams& p, DType dtype, void* d_bias, const void* d_c, Context& ctx);
 // The fused GELU matmul (see gemm_gelu_forward): false, having launched nothing, when cuBLASLt has no algorithm
 // with that epilogue.

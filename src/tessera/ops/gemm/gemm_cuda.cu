@@ -18,8 +18,12 @@ std::string gemm_shape_str(const GemmParams& p, DType dt) {
   std::string s = "gemm " + std::string(dtype_name(dt)) + " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) +
                   " K=" + std::to_string(p.K) + (p.trans_a ? " trans_a" : "") + (p.trans_b ? " trans_b" : "");
   if (p.lda || p.ldb || p.ldc)
-    s.append(" ld ").append(std::to_string(p.ld_a())).append("/").append(std::to_string(p.ld_b())).append("/").append(
-        std::to_string(p.ld_c()));
+    s.append(" ld ")
+        .append(std::to_string(p.ld_a()))
+        .append("/")
+        .append(std::to_string(p.ld_b()))
+        .append("/")
+        .append(std::to_string(p.ld_c()));
   if (p.batch > 1) s += " batch=" + std::to_string(p.batch);
   if (dt == DType::F32) s += p.allow_tf32 ? " (tf32)" : " (exact f32)";
   return s;
@@ -33,15 +37,21 @@ void check_lt(cublasStatus_t st, const char* call, const GemmParams& p, DType dt
 // RAII owners of the per-call cuBLASLt descriptors (created and destroyed on the host each call: cheap).
 struct LtMatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
-  ~LtMatmulDesc() { if (d) cublasLtMatmulDescDestroy(d); }
+  ~LtMatmulDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
 };
 struct LtLayout {
   cublasLtMatrixLayout_t d = nullptr;
-  ~LtLayout() { if (d) cublasLtMatrixLayoutDestroy(d); }
+  ~LtLayout() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
 };
 struct LtPreference {
   cublasLtMatmulPreference_t d = nullptr;
-  ~LtPreference() { if (d) cublasLtMatmulPreferenceDestroy(d); }
+  ~LtPreference() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
 };
 
 cudaDataType_t lt_data_type(DType dt) {
@@ -69,8 +79,8 @@ uint32_t alignment_bytes(const void* p, int batch, int64_t stride, size_t elem) 
 // bias after a matmul whose bias epilogue cuBLASLt declined (beta = 1). Grid-stride over the elements of one
 // product on x, the batch on y.
 template <typename T>
-__global__ void gemm_scale_add_bias_elementwise(T* __restrict__ c, const T* __restrict__ bias, int64_t per_batch,
-                                                int N, int64_t ldc, int64_t stride_c, float beta) {
+__global__ void gemm_scale_add_bias_elementwise(T* __restrict__ c, const T* __restrict__ bias, int64_t per_batch, int N,
+                                                int64_t ldc, int64_t stride_c, float beta) {
   T* cb = c + static_cast<int64_t>(blockIdx.y) * stride_c;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_batch;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -86,8 +96,8 @@ void launch_scale_add_bias(const GemmParams& p, T* c, const T* bias, float beta,
   const int64_t per_batch = static_cast<int64_t>(p.M) * p.N;
   constexpr int kThreads = 256;
   const unsigned blocks = std::min<unsigned>(ceil_div(per_batch, kThreads), 4u * ctx.gpu().sm_count);
-  gemm_scale_add_bias_elementwise<T><<<dim3(blocks, p.batch), kThreads, 0, ctx.stream()>>>(c, bias, per_batch, p.N,
-                                                                                           p.ld_c(), p.stride_c, beta);
+  gemm_scale_add_bias_elementwise<T>
+      <<<dim3(blocks, p.batch), kThreads, 0, ctx.stream()>>>(c, bias, per_batch, p.N, p.ld_c(), p.stride_c, beta);
   TS_CHECK_LAUNCH();
 }
 
@@ -119,8 +129,8 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
   auto lt = static_cast<cublasLtHandle_t>(ctx.cublaslt());
   const cudaDataType_t type = lt_data_type(dt);
   const size_t es = dtype_size(dt);
-  const cublasComputeType_t compute =
-      dt == DType::F32 && p.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = dt == DType::F32 && p.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                       : CUBLAS_COMPUTE_32F;
   check_lt(cublasLtMatmulDescCreate(&plan.desc.d, compute, CUDA_R_32F), "MatmulDescCreate", p, dt);
   // cuBLASLt's A is our B: stored (K, N) row-major = (N, K) column-major, already op(B)ᵀ; with trans_b it is
   // stored (N, K) row-major = (K, N) column-major and must be transposed. Likewise its B is our A.
@@ -138,7 +148,8 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
              "set EPILOGUE", p, dt);
   if (epi.bias) {
     // The heuristic reads the pointer's alignment; the bias type defaults to the output type.
-    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof(epi.bias)),
+    check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
+                                            sizeof(epi.bias)),
              "set BIAS_POINTER", p, dt);
     const int64_t bias_stride = 0;  // one bias for every product of a batch
     check_lt(cublasLtMatmulDescSetAttribute(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
@@ -163,8 +174,9 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
   check_lt(cublasLtMatrixLayoutCreate(&plan.lc.d, type, p.N, p.M, p.ld_c()), "MatrixLayoutCreate(C)", p, dt);
   if (p.batch > 1) {
     const int32_t count = p.batch;
-    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
-        {plan.la.d, p.stride_b}, {plan.lb.d, p.stride_a}, {plan.lc.d, p.stride_c}};
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{plan.la.d, p.stride_b},
+                                                                  {plan.lb.d, p.stride_a},
+                                                                  {plan.lc.d, p.stride_c}};
     for (const auto& [layout, stride] : layouts) {
       check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                "set BATCH_COUNT", p, dt);
@@ -187,8 +199,8 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
     check_lt(cublasLtMatmulPreferenceSetAttribute(plan.pref.d, attr, &align, sizeof(align)), "set MIN_ALIGNMENT", p,
              dt);
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc.d, plan.la.d, plan.lb.d, plan.lc.d,
-                                                           plan.lc.d, plan.pref.d, 1, &plan.heuristic, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc.d, plan.la.d, plan.lb.d, plan.lc.d, plan.lc.d,
+                                                           plan.pref.d, 1, &plan.heuristic, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   check_lt(st, "MatmulAlgoGetHeuristic", p, dt);
   return found > 0;
@@ -200,8 +212,8 @@ bool plan_matmul(LtPlan& plan, const GemmParams& p, DType dt, const void* c, con
 // sum is added to d_bias at once; otherwise each chunk writes partial[chunk][n] in fp32 for the finishing kernel.
 constexpr int kBiasCols = 32, kBiasStripes = 8;
 template <typename T>
-__global__ void bias_grad_column_chunks(T* __restrict__ d_bias, float* __restrict__ partial,
-                                        const T* __restrict__ d_c, int M, int N, int rows_per_chunk) {
+__global__ void bias_grad_column_chunks(T* __restrict__ d_bias, float* __restrict__ partial, const T* __restrict__ d_c,
+                                        int M, int N, int rows_per_chunk) {
   __shared__ float sums[kBiasStripes][kBiasCols + 1];
   const int n = blockIdx.x * kBiasCols + threadIdx.x;
   const int m0 = blockIdx.y * rows_per_chunk, m1 = min(M, m0 + rows_per_chunk);
@@ -233,8 +245,7 @@ __global__ void bias_grad_sum_chunks(T* __restrict__ d_bias, const float* __rest
 
 }  // namespace
 
-void gemm_cuda(const GemmParams& p, DType dt, void* c, const void* a, const void* b, const void* bias,
-               Context& ctx) {
+void gemm_cuda(const GemmParams& p, DType dt, void* c, const void* a, const void* b, const void* bias, Context& ctx) {
   if (p.M == 0 || p.N == 0 || p.batch == 0) return;
   if (p.K == 0) {  // an empty product: C = beta*C + bias (cuBLASLt does not take k = 0)
     cuda::dispatch_float(dt, "gemm", [&](auto t) {
@@ -313,8 +324,8 @@ void bias_grad_cuda(const BiasGradParams& p, DType dt, void* d_bias, const void*
         static_cast<T*>(d_bias), partial, static_cast<const T*>(d_c), p.M, p.N, rows_per_chunk);
     TS_CHECK_LAUNCH();
     if (partial) {
-      bias_grad_sum_chunks<T><<<ceil_div(p.N, 256), 256, 0, ctx.stream()>>>(static_cast<T*>(d_bias), partial,
-                                                                            used_chunks, p.N);
+      bias_grad_sum_chunks<T>
+          <<<ceil_div(p.N, 256), 256, 0, ctx.stream()>>>(static_cast<T*>(d_bias), partial, used_chunks, p.N);
       TS_CHECK_LAUNCH();
     }
   });

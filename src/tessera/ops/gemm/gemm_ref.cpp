@@ -50,7 +50,7 @@ namespace {
 // split per thread would make the CPU's results depend on OMP_NUM_THREADS. Each element is computed by exactly one
 // call, so they do not depend on timing either.
 constexpr int kBlasBlockMinRows = 128;  // rows of a block, at least (fewer rows than this and packing B dominates)
-constexpr int kBlasMaxBlocks = 64;     // blocks of a GEMM, at most: enough for 64 threads
+constexpr int kBlasMaxBlocks = 64;      // blocks of a GEMM, at most: enough for 64 threads
 
 // OpenBLAS gives each thread that calls it a work buffer of its own, 128 MiB of address space mapped at the thread's
 // first call (the calling thread's at start-up when OpenBLAS starts single-threaded, as after OMP_NUM_THREADS=1
@@ -89,9 +89,7 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
   }();
   (void)single;
   const long work = static_cast<long>(p.M) * p.N * p.K;
-  const int blocks = work < 4 * kParallelMinWork
-                         ? 1
-                         : std::clamp(p.M / kBlasBlockMinRows, 1, kBlasMaxBlocks);
+  const int blocks = work < 4 * kParallelMinWork ? 1 : std::clamp(p.M / kBlasBlockMinRows, 1, kBlasMaxBlocks);
   std::atomic<bool> no_room{false};
 #pragma omp parallel for schedule(static) if (blocks > 1)
   for (int blk = 0; blk < blocks; ++blk) {
@@ -106,8 +104,11 @@ void gemm_blas_blocked(const GemmParams& p, T* c, const T* a, const T* b, Blas b
     });
     if (!ran) no_room.store(true, std::memory_order_relaxed);
   }
-  TS_CHECK(!no_room.load(), "out of memory: the CPU GEMMs need ", kBlasFirstCallBytes >> 20, " MiB of address space "
-           "for each thread's BLAS work buffer, ", address_space_left() >> 20, " MiB are left under the limit (ulimit "
+  TS_CHECK(!no_room.load(), "out of memory: the CPU GEMMs need ", kBlasFirstCallBytes >> 20,
+           " MiB of address space "
+           "for each thread's BLAS work buffer, ",
+           address_space_left() >> 20,
+           " MiB are left under the limit (ulimit "
            "-v); raise it, or run fewer threads (OMP_NUM_THREADS)");
 }
 #endif

@@ -36,14 +36,15 @@ struct RowSplit {
 // The online softmax state of a set of values (m = max, s = Σ exp(x - m)), with the accurate expf.
 using OnlineMaxSum = cuda::OnlineMaxSum</*kFastExp=*/false>;
 
-// logits: (N, V) T row-major, rows ld apart; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each thread runs
-// the online max/sum and Σ logits over its elements (one read of the row), then the block merges the states in a
-// fixed order (warp shuffles, then the warps' results in lane order: cuda::block_max_sum and cuda::block_sum):
+// logits: (N, V) T row-major, rows ld apart; targets: (N) i32; losses, lse: (N) f32. Grid N, one block per row. Each
+// thread runs the online max/sum and Σ logits over its elements (one read of the row), then the block merges the states
+// in a fixed order (warp shuffles, then the warps' results in lane order: cuda::block_max_sum and cuda::block_sum):
 //   lse = m + log s,   loss = lse - (1 - eps) z[y] - (eps / V) Σ z   (0 when y == ignore_index, NaN if y invalid)
 template <typename T>
-__global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_row(
-    float* __restrict__ losses, float* __restrict__ lse, const T* __restrict__ logits,
-    const int32_t* __restrict__ targets, int V, int64_t ld, float eps, int ignore_index) {
+__global__ void __launch_bounds__(kCeMaxThreads)
+    cross_entropy_forward_online_row(float* __restrict__ losses, float* __restrict__ lse, const T* __restrict__ logits,
+                                     const int32_t* __restrict__ targets, int V, int64_t ld, float eps,
+                                     int ignore_index) {
   constexpr int kVec = cuda::Pack<T>::kVec;
   const int row = blockIdx.x;
   const T* z = logits + static_cast<size_t>(row) * ld;
@@ -86,9 +87,10 @@ __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_forward_online_ro
 
 // losses, targets: (N). One block; thread t sums rows t, t + blockDim, ... in f64, then a fixed-order block
 // reduction: sum_mean = {Σ losses, Σ losses / count}, count = #(targets != ignore_index).
-__global__ void __launch_bounds__(kLossSumThreads) cross_entropy_loss_sum_block(
-    float* __restrict__ sum_mean, int32_t* __restrict__ count, const float* __restrict__ losses,
-    const int32_t* __restrict__ targets, int N, int ignore_index) {
+__global__ void __launch_bounds__(kLossSumThreads)
+    cross_entropy_loss_sum_block(float* __restrict__ sum_mean, int32_t* __restrict__ count,
+                                 const float* __restrict__ losses, const int32_t* __restrict__ targets, int N,
+                                 int ignore_index) {
   double s = 0.0;
   int c = 0;
   for (int n = threadIdx.x; n < N; n += blockDim.x) {
@@ -128,9 +130,10 @@ __global__ void __launch_bounds__(kLossSumThreads) cross_entropy_loss_sum_block(
 // and d = 0 on an ignored row. Each element is read, then written, by the same thread, so the in-place case needs
 // no synchronization. vec requires d_logits and logits to share their offset within 16 bytes.
 template <typename T>
-__global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_backward_inplace_row(
-    T* d_logits, const T* logits, const float* __restrict__ lse, const int32_t* __restrict__ targets,
-    const int32_t* __restrict__ count, int V, int64_t ld, float eps, int ignore_index, float d_loss, bool vec) {
+__global__ void __launch_bounds__(kCeMaxThreads)
+    cross_entropy_backward_inplace_row(T* d_logits, const T* logits, const float* __restrict__ lse,
+                                       const int32_t* __restrict__ targets, const int32_t* __restrict__ count, int V,
+                                       int64_t ld, float eps, int ignore_index, float d_loss, bool vec) {
   constexpr int kVec = cuda::Pack<T>::kVec;
   const int row = blockIdx.x;
   const size_t off = static_cast<size_t>(row) * ld;
@@ -160,9 +163,9 @@ __global__ void __launch_bounds__(kCeMaxThreads) cross_entropy_backward_inplace_
 
 // targets: (N) i32 -> count[0] = #(targets != ignore_index). One block; each thread counts a strided slice, then a
 // fixed-order block sum (an integer sum: exact in any order anyway).
-__global__ void __launch_bounds__(kLossSumThreads) cross_entropy_count_block(int32_t* __restrict__ count,
-                                                                             const int32_t* __restrict__ targets,
-                                                                             int N, int ignore_index) {
+__global__ void __launch_bounds__(kLossSumThreads)
+    cross_entropy_count_block(int32_t* __restrict__ count, const int32_t* __restrict__ targets, int N,
+                              int ignore_index) {
   int c = 0;
   for (int n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] != ignore_index;
 #pragma unroll
@@ -209,9 +212,10 @@ constexpr int kFusedBlocksPerSm = 2;
 // cross_entropy_backward_inplace_row; the exponentials are exp2f of the scaled difference (exact at 0), and the
 // row's split among threads differs.
 template <typename T>
-__global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm) cross_entropy_forward_backward_smem_row(
-    float* __restrict__ losses, float* __restrict__ lse, T* logits, const int32_t* __restrict__ targets,
-    const int32_t* __restrict__ count, int V, int64_t ld, float eps, int ignore_index, float d_loss) {
+__global__ void __launch_bounds__(kCeMaxThreads, kFusedBlocksPerSm)
+    cross_entropy_forward_backward_smem_row(float* __restrict__ losses, float* __restrict__ lse, T* logits,
+                                            const int32_t* __restrict__ targets, const int32_t* __restrict__ count,
+                                            int V, int64_t ld, float eps, int ignore_index, float d_loss) {
   constexpr int kVec = cuda::Pack<T>::kVec;
   extern __shared__ __align__(16) unsigned char ce_row_smem[];
   const int row = blockIdx.x;
@@ -327,13 +331,15 @@ int ce_threads(int V, int vec) {
 
 }  // namespace
 
-void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
-                                const void* logits, const int32_t* targets, Context& ctx) {
+void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse, const void* logits,
+                                const int32_t* targets, Context& ctx) {
   if (p.N == 0) return;
   cuda::dispatch_float(dtype, "cross_entropy_forward", [&](auto t) {
     using T = decltype(t);
-    cross_entropy_forward_online_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
-        losses, lse, static_cast<const T*>(logits), targets, p.V, p.row_stride(), p.label_smoothing, p.ignore_index);
+    cross_entropy_forward_online_row<T>
+        <<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(losses, lse, static_cast<const T*>(logits),
+                                                                         targets, p.V, p.row_stride(),
+                                                                         p.label_smoothing, p.ignore_index);
     TS_CHECK_LAUNCH();
   });
 }
@@ -352,9 +358,11 @@ void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void*
   const bool vec = ((reinterpret_cast<uintptr_t>(d_logits) - reinterpret_cast<uintptr_t>(logits)) & 15) == 0;
   cuda::dispatch_float(dtype, "cross_entropy_backward", [&](auto t) {
     using T = decltype(t);
-    cross_entropy_backward_inplace_row<T><<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(
-        static_cast<T*>(d_logits), static_cast<const T*>(logits), lse, targets, count, p.V, p.row_stride(),
-        p.label_smoothing, p.ignore_index, d_loss, vec);
+    cross_entropy_backward_inplace_row<T>
+        <<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), 0, ctx.stream()>>>(static_cast<T*>(d_logits),
+                                                                         static_cast<const T*>(logits), lse, targets,
+                                                                         count, p.V, p.row_stride(), p.label_smoothing,
+                                                                         p.ignore_index, d_loss, vec);
     TS_CHECK_LAUNCH();
   });
 }
@@ -383,11 +391,12 @@ void cross_entropy_forward_backward_cuda(const CrossEntropyParams& p, DType dtyp
     TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     // All of the unified L1/shared storage as shared memory: 2 rows of ~100 KB per SM need it, and the kernel
     // reads every global byte once (nothing for L1 to cache).
-    TS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-    kernel<<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), smem, ctx.stream()>>>(
-        losses, lse, static_cast<T*>(logits), targets, count, p.V, p.row_stride(), p.label_smoothing,
-        p.ignore_index, d_loss);
+    TS_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    kernel<<<p.N, ce_threads(p.V, cuda::Pack<T>::kVec), smem, ctx.stream()>>>(losses, lse, static_cast<T*>(logits),
+                                                                              targets, count, p.V, p.row_stride(),
+                                                                              p.label_smoothing, p.ignore_index,
+                                                                              d_loss);
     TS_CHECK_LAUNCH();
   });
 }

@@ -32,8 +32,7 @@ struct CrossEntropyParams {
 };
 
 template <typename T>
-long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, const T* logits,
-                               const int32_t* targets);
+long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, const T* logits, const int32_t* targets);
 template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss);
@@ -47,9 +46,10 @@ long cross_entropy_forward_backward_ref(const CrossEntropyParams& p, T* losses, 
 }  // namespace tessera
 
 // ---- Tensor-level entries (cross_entropy.cpp): route to the reference or the CUDA kernels by device and dtype. ----
-// logits, d_logits: (N, V) in the compute dtype (rows p.row_stride() apart: N·row_stride() elements); targets: (N) i32; losses, lse: (N) f32 (f64 for an f64
-// computation), whatever the compute dtype. The count of counted rows lives on the device (no host round trip):
-// cross_entropy_loss_sum writes it, and cross_entropy_backward can read it to form the mean loss's gradient.
+// logits, d_logits: (N, V) in the compute dtype (rows p.row_stride() apart: N·row_stride() elements); targets: (N) i32;
+// losses, lse: (N) f32 (f64 for an f64 computation), whatever the compute dtype. The count of counted rows lives on the
+// device (no host round trip): cross_entropy_loss_sum writes it, and cross_entropy_backward can read it to form the
+// mean loss's gradient.
 namespace tessera {
 
 bool cross_entropy_supports(const CrossEntropyParams& p, DType dtype, Device device, std::string* why = nullptr);
@@ -71,8 +71,7 @@ void cross_entropy_loss_sum(const CrossEntropyParams& p, const Tensor& sum_mean,
 // stored). scale = d_loss when count is undefined, else d_loss / max(count[0], 1) read on the device — pass the
 // count tensor cross_entropy_loss_sum wrote and d_loss = loss_scale for the gradient of loss_scale * mean loss.
 void cross_entropy_backward(const CrossEntropyParams& p, const Tensor& d_logits, const Tensor& logits,
-                            const Tensor& lse, const Tensor& targets, double d_loss, const Tensor& count,
-                            Context& ctx);
+                            const Tensor& lse, const Tensor& targets, double d_loss, const Tensor& count, Context& ctx);
 
 // The training step's loss and gradient in one op: losses and lse as cross_entropy_forward writes them, then the
 // logits are overwritten with d_logits = (softmax(logits[n]) - p_smoothed) * d_loss / max(count, 1) (0 for an
@@ -91,8 +90,8 @@ void cross_entropy_forward_backward(const CrossEntropyParams& p, const Tensor& l
 // smoothing term); 16-byte loads over the row's aligned body, scalar loads for the unaligned head and the tail
 // (rows of V = 50257 bf16 start at every 2-byte offset). Backward: one block per row, the same head/body/tail
 // split, each element read once and written once (in place when d_logits == logits).
-void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
-                                const void* logits, const int32_t* targets, Context& ctx);
+void cross_entropy_forward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse, const void* logits,
+                                const int32_t* targets, Context& ctx);
 // One block, fixed order: sum_mean[0] = Σ losses, sum_mean[1] = mean; count[0] = counted rows (count may be null).
 void cross_entropy_loss_sum_cuda(const CrossEntropyParams& p, float* sum_mean, int32_t* count, const float* losses,
                                  const int32_t* targets, Context& ctx);
@@ -104,10 +103,10 @@ void cross_entropy_backward_cuda(const CrossEntropyParams& p, DType dtype, void*
 // scale needs the count of all rows, and 4N bytes of targets are little beside N·V of logits). Then one block
 // per row copies the row into shared memory (cp.async, 16 bytes a thread, the whole row in flight at once; scalar
 // head and tail as above), takes the max and then Σ exp(z − max) over shared memory (each merged over the block in a
-// fixed order), writes loss and lse, and writes the gradient over the row from shared memory: the logits are read once and written once (2
-// passes instead of the separate ops' 3). A bf16 row of V = 50257 takes ~100 KB, so 2 blocks of 512 threads share
-// an SM and one block's copy overlaps the other's math and stores. A row that does not fit in a block's shared
-// memory (cross_entropy_fused_row_fits false: f32 beyond ~56K columns, 16-bit beyond ~113K) runs the forward and
+// fixed order), writes loss and lse, and writes the gradient over the row from shared memory: the logits are read once
+// and written once (2 passes instead of the separate ops' 3). A bf16 row of V = 50257 takes ~100 KB, so 2 blocks of 512
+// threads share an SM and one block's copy overlaps the other's math and stores. A row that does not fit in a block's
+// shared memory (cross_entropy_fused_row_fits false: f32 beyond ~56K columns, 16-bit beyond ~113K) runs the forward and
 // backward kernels above instead (3 passes, same results up to rounding).
 void cross_entropy_forward_backward_cuda(const CrossEntropyParams& p, DType dtype, float* losses, float* lse,
                                          void* logits, const int32_t* targets, float d_loss, int32_t* count,

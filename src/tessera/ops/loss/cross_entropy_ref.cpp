@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tessera/core/parallel.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel.h"
 #include "tessera/ops/loss/cross_entropy.h"
 
 namespace tessera {
@@ -17,7 +17,7 @@ long cross_entropy_forward_ref(const CrossEntropyParams& p, T* losses, T* lse, c
              " is outside the vocab [0, ", p.V, ")");
     count += y != p.ignore_index;
   }
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     const T* z = logits + n * p.row_stride();
     double mx = z[0];
@@ -44,7 +44,7 @@ template <typename T>
 void cross_entropy_backward_ref(const CrossEntropyParams& p, T* d_logits, const T* logits, const T* lse,
                                 const int32_t* targets, double d_loss) {
   const double eps = p.label_smoothing;
-#pragma omp parallel for schedule(static) if (static_cast<long>(p.N) * p.V >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (static_cast <long>(p.N) * p.V >= kParallelMinWork)
   for (long n = 0; n < p.N; ++n) {
     T* d = d_logits + n * p.row_stride();
     const int32_t y = targets[n];
@@ -71,8 +71,7 @@ long cross_entropy_forward_backward_ref(const CrossEntropyParams& p, T* losses, 
   return count;
 }
 
-template long cross_entropy_forward_ref<float>(const CrossEntropyParams&, float*, float*, const float*,
-                                               const int32_t*);
+template long cross_entropy_forward_ref<float>(const CrossEntropyParams&, float*, float*, const float*, const int32_t*);
 template long cross_entropy_forward_ref<double>(const CrossEntropyParams&, double*, double*, const double*,
                                                 const int32_t*);
 template void cross_entropy_backward_ref<float>(const CrossEntropyParams&, float*, const float*, const float*,

@@ -1,6 +1,6 @@
 // Tensor-level LayerNorm / RMSNorm: checks, then the reference (CPU) or the CUDA kernels.
-#include "tessera/ops/dispatch.h"
 #include "tessera/ops/norm/norm.h"
+#include "tessera/ops/dispatch.h"
 #include "tessera/ops/residual/residual.h"
 
 namespace tessera {
@@ -25,8 +25,8 @@ void check_norm(const char* op, const NormParams& p, const Tensor& x, const Cont
 }
 // The fused norm + residual ops: both ops supported, one shape, and RMSNorm without a mean or a bias (b: the bias,
 // or its gradient).
-void check_norm_residual(const char* op, const NormParams& p, const ResidualParams& rp, bool layernorm,
-                         const Tensor& x, const Tensor& mean, const Tensor& b, const Context& ctx) {
+void check_norm_residual(const char* op, const NormParams& p, const ResidualParams& rp, bool layernorm, const Tensor& x,
+                         const Tensor& mean, const Tensor& b, const Context& ctx) {
   check_norm(op, p, x, ctx);
   std::string why;
   require_supported(residual_supports(rp, x.dtype(), ctx.device(), &why), op, why);
@@ -36,8 +36,8 @@ void check_norm_residual(const char* op, const NormParams& p, const ResidualPara
 }
 }  // namespace
 
-void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                       const Tensor& x, const Tensor& w, const Tensor& b, Context& ctx) {
+void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                       const Tensor& w, const Tensor& b, Context& ctx) {
   constexpr const char* op = "layernorm_forward";
   check_norm(op, p, x, ctx);
   const DType dt = x.dtype(), st = stat_dtype(dt);
@@ -61,8 +61,8 @@ void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mea
 }
 
 void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_b,
-                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, Context& ctx) {
+                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        Context& ctx) {
   constexpr const char* op = "layernorm_backward";
   check_norm(op, p, x, ctx);
   const DType dt = x.dtype(), st = stat_dtype(dt);
@@ -106,8 +106,8 @@ void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd,
       });
 }
 
-void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
-                      const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx) {
+void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, Context& ctx) {
   constexpr const char* op = "rmsnorm_backward";
   check_norm(op, p, x, ctx);
   const DType dt = x.dtype(), st = stat_dtype(dt);

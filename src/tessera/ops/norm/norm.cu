@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
   }
   // The group's next row is loaded while this one is reduced and written: two rows in flight per group, as one row
   // leaves the kernel stalled on memory latency.
-  auto load_row = [&](int row, cuda::RawUnit<T, U> (&dst)[K], cuda::RawUnit<T, U> (&dst_y)[KY], float& first) {
+  auto load_row = [&](int row, cuda::RawUnit<T, U>(&dst)[K], cuda::RawUnit<T, U>(&dst_y)[KY], float& first) {
     if (row >= N) return;
     const T* xr = x + static_cast<size_t>(row) * C;
     first = to_f32(xr[0]);
@@ -151,8 +151,7 @@ __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
             for (int i = 0; i < U; ++i) m[i] += bv[i];
           }
           if (res.dropout > 0.0f) {
-            cuda::dropout_factors_w<U>(res.seed, res.stream, static_cast<uint64_t>(e0), res.dropout, res.keep_scale,
-                                       f);
+            cuda::dropout_factors_w<U>(res.seed, res.stream, static_cast<uint64_t>(e0), res.dropout, res.keep_scale, f);
 #pragma unroll
             for (int i = 0; i < U; ++i) m[i] *= f[i];
           }
@@ -263,10 +262,11 @@ struct ResidualTail {
 };
 
 template <typename T, bool kLayerNorm, int U, bool kRes>
-__global__ void __launch_bounds__(kThreads, 2) norm_backward_row_groups(
-    T* __restrict__ d_x, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ d_out,
-    const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
-    int N, int C, int G, ResidualTail<T> res) {
+__global__ void __launch_bounds__(kThreads, 2)
+    norm_backward_row_groups(T* __restrict__ d_x, float* __restrict__ partial_w, float* __restrict__ partial_b,
+                             const T* __restrict__ d_out, const T* __restrict__ x, const T* __restrict__ w,
+                             const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C, int G,
+                             ResidualTail<T> res) {
   cuda::allow_dependent_launch();  // norm_param_grad_reduce may take the SMs as this kernel's blocks leave them
   constexpr int K = kUnits<U>, KU = K * U, S = (kRes ? 3 : 2) * KU + 1;
   __shared__ float2 red[kThreads / 32];
@@ -391,8 +391,7 @@ struct ParamGradSums {
   }
 };
 template <typename T>
-__global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(ParamGradSums<T> sums, int blocks,
-                                                                            int C) {
+__global__ void __launch_bounds__(32 * kReduceLanes) norm_param_grad_reduce(ParamGradSums<T> sums, int blocks, int C) {
   __shared__ float lanes[kReduceLanes][33];
   T* out = sums.out[blockIdx.y];
   // d_w / d_b as they were, loaded before the wait: the row kernel does not write them, and the kernels before it
@@ -460,9 +459,14 @@ void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mea
       const int blocks = resident_blocks<kernel>(kThreads / G, p.N, ctx);
       ResidualHead<T> res;
       if constexpr (kRes)
-        res = {.mid = static_cast<T*>(mid), .residual = static_cast<const T*>(residual),
-               .y = static_cast<const T*>(y), .bias = static_cast<const T*>(bias), .dropout = rp->dropout,
-               .keep_scale = cuda::dropout_keep_scale(rp->dropout), .seed = rp->seed, .stream = rp->stream,
+        res = {.mid = static_cast<T*>(mid),
+               .residual = static_cast<const T*>(residual),
+               .y = static_cast<const T*>(y),
+               .bias = static_cast<const T*>(bias),
+               .dropout = rp->dropout,
+               .keep_scale = cuda::dropout_keep_scale(rp->dropout),
+               .seed = rp->seed,
+               .stream = rp->stream,
                .stream_base = ctx.philox_stream_base()};
       kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
                                                     static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G,
@@ -509,14 +513,18 @@ void norm_backward_launch(const NormParams& p, DType dtype, void* d_x, void* d_w
       sums.add(static_cast<T*>(d_w), partial_w);
       if (d_b) sums.add(static_cast<T*>(d_b), partial_b);
       if constexpr (kRes) {
-        res = {.d_y = static_cast<T*>(d_y), .partial = d_bias ? partial_w + 2 * partial : nullptr,
-               .dropout = rp->dropout, .keep_scale = cuda::dropout_keep_scale(rp->dropout), .seed = rp->seed,
-               .stream = rp->stream, .stream_base = ctx.philox_stream_base()};
+        res = {.d_y = static_cast<T*>(d_y),
+               .partial = d_bias ? partial_w + 2 * partial : nullptr,
+               .dropout = rp->dropout,
+               .keep_scale = cuda::dropout_keep_scale(rp->dropout),
+               .seed = rp->seed,
+               .stream = rp->stream,
+               .stream_base = ctx.philox_stream_base()};
         if (d_bias) sums.add(static_cast<T*>(d_bias), res.partial);
       }
       kernel<<<blocks, kThreads, smem, ctx.stream()>>>(static_cast<T*>(d_x), partial_w, partial_b,
-                                                    static_cast<const T*>(d_out), static_cast<const T*>(x),
-                                                    static_cast<const T*>(w), mean, rstd, p.N, p.C, G, res);
+                                                       static_cast<const T*>(d_out), static_cast<const T*>(x),
+                                                       static_cast<const T*>(w), mean, rstd, p.N, p.C, G, res);
       TS_CHECK_LAUNCH();
       cuda::launch_dependent(norm_param_grad_reduce<T>, dim3(ceil_div(p.C, 32), sums.count), dim3(32, kReduceLanes), 0,
                              ctx.stream(), sums, blocks, p.C);
@@ -560,9 +568,9 @@ void norm_residual_forward_cuda(const NormParams& p, DType dtype, const Residual
   else norm_forward_launch<false>(p, dtype, out, nullptr, rstd, nullptr, w, nullptr, ctx, &rp, mid, residual, y, bias);
 }
 
-void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b,
-                                 const void* d_out, const void* x, const void* w, const float* mean,
-                                 const float* rstd, const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx) {
+void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b, const void* d_out,
+                                 const void* x, const void* w, const float* mean, const float* rstd,
+                                 const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx) {
   TS_CHECK(d_y, "norm_residual_backward: d_y is required");
   if (mean) norm_backward_launch<true>(p, dtype, d_x, d_w, d_b, d_out, x, w, mean, rstd, ctx, &rp, d_y, d_bias);
   else norm_backward_launch<false>(p, dtype, d_x, d_w, nullptr, d_out, x, w, nullptr, rstd, ctx, &rp, d_y, d_bias);

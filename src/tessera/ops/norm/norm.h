@@ -28,8 +28,7 @@ void layernorm_backward_ref(const NormParams& p, T* d_x, T* d_w, T* d_b, const T
 template <typename T>
 void rmsnorm_forward_ref(const NormParams& p, T* out, T* rstd, const T* x, const T* w);
 template <typename T>
-void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, const T* x, const T* w,
-                          const T* rstd);
+void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, const T* x, const T* w, const T* rstd);
 
 }  // namespace tessera
 
@@ -40,15 +39,15 @@ namespace tessera {
 
 bool norm_supports(const NormParams& p, DType dtype, Device device, std::string* why = nullptr);
 
-void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                       const Tensor& x, const Tensor& w, const Tensor& b, Context& ctx);
+void layernorm_forward(const NormParams& p, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                       const Tensor& w, const Tensor& b, Context& ctx);
 void layernorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_b,
-                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, Context& ctx);
+                        const Tensor& d_out, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        Context& ctx);
 void rmsnorm_forward(const NormParams& p, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
                      Context& ctx);
-void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out,
-                      const Tensor& x, const Tensor& w, const Tensor& rstd, Context& ctx);
+void rmsnorm_backward(const NormParams& p, const Tensor& d_x, const Tensor& d_w, const Tensor& d_out, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, Context& ctx);
 
 // The residual add fused with the norm that reads its output (the forward of norm_residual_backward's pair):
 //   mid = residual + Drop(y + bias)  (residual_forward, mid stored in the dtype),  out = norm(mid as stored)
@@ -80,8 +79,8 @@ void norm_residual_backward(const NormParams& p, bool layernorm, const Tensor& d
 // block, as many blocks as are resident, looping over the rows; 16-byte loads when the rows allow them.
 // Forward: one pass (Σx and Σx² together, the LightSeq formulation) over the row held in registers.
 // Backward: one group reduction per row for the two sums that d_x needs (d_out, x and d_x of a row loaded together);
-// d_w / d_b are summed per thread in its own row of shared memory, then per block in group order, then over blocks in a fixed order (deterministic, no atomics) and
-// added to d_w / d_b. Needs C <= kNormMaxC.
+// d_w / d_b are summed per thread in its own row of shared memory, then per block in group order, then over blocks in a
+// fixed order (deterministic, no atomics) and added to d_w / d_b. Needs C <= kNormMaxC.
 constexpr int kNormMaxC = 4096;
 void layernorm_forward_cuda(const NormParams& p, DType dtype, void* out, float* mean, float* rstd, const void* x,
                             const void* w, const void* b, Context& ctx);
@@ -99,8 +98,8 @@ void norm_residual_forward_cuda(const NormParams& p, DType dtype, const Residual
 // The fused norm + residual backward: the norm backward kernel with the residual's dropout factors applied to each
 // d_x unit as it is stored, d_y written beside it, and the bias sums kept with d_w's and d_b's (one more partial
 // row per block, reduced by the same fixed-order kernel). mean null: RMSNorm.
-void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b,
-                                 const void* d_out, const void* x, const void* w, const float* mean,
-                                 const float* rstd, const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx);
+void norm_residual_backward_cuda(const NormParams& p, DType dtype, void* d_x, void* d_w, void* d_b, const void* d_out,
+                                 const void* x, const void* w, const float* mean, const float* rstd,
+                                 const ResidualParams& rp, void* d_y, void* d_bias, Context& ctx);
 
 }  // namespace tessera

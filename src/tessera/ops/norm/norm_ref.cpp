@@ -65,8 +65,7 @@ void rmsnorm_forward_ref(const NormParams& p, T* out, T* rstd, const T* x, const
 
 // With xhat = x * rstd and g = d_out * w:  d_x = rstd * (g - xhat * mean(g * xhat)),  d_w += Σ_n d_out * xhat
 template <typename T>
-void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, const T* x, const T* w,
-                          const T* rstd) {
+void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, const T* x, const T* w, const T* rstd) {
   for (int n = 0; n < p.N; ++n) {
     const long off = static_cast<long>(n) * p.C;
     const double rs = rstd[n];
@@ -82,11 +81,11 @@ void rmsnorm_backward_ref(const NormParams& p, T* d_x, T* d_w, const T* d_out, c
   }
 }
 
-#define TS_INSTANTIATE_NORM(T)                                                                            \
-  template void layernorm_forward_ref<T>(const NormParams&, T*, T*, T*, const T*, const T*, const T*);     \
-  template void layernorm_backward_ref<T>(const NormParams&, T*, T*, T*, const T*, const T*, const T*,     \
-                                          const T*, const T*);                                            \
-  template void rmsnorm_forward_ref<T>(const NormParams&, T*, T*, const T*, const T*);                     \
+#define TS_INSTANTIATE_NORM(T) \
+  template void layernorm_forward_ref<T>(const NormParams&, T*, T*, T*, const T*, const T*, const T*); \
+  template void layernorm_backward_ref<T>(const NormParams&, T*, T*, T*, const T*, const T*, const T*, const T*, \
+                                          const T*); \
+  template void rmsnorm_forward_ref<T>(const NormParams&, T*, T*, const T*, const T*); \
   template void rmsnorm_backward_ref<T>(const NormParams&, T*, T*, const T*, const T*, const T*, const T*);
 TS_INSTANTIATE_NORM(float)
 TS_INSTANTIATE_NORM(double)

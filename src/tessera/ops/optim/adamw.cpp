@@ -29,14 +29,16 @@ AdamWSegmentTable::AdamWSegmentTable(const std::vector<ParamSegment>& segments, 
             [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
   for (size_t i = 1; i < segments_.size(); ++i)
     TS_CHECK(segments_[i - 1].offset + segments_[i - 1].numel <= segments_[i].offset, "adamw: segment '",
-             segments_[i - 1].name, "' [", segments_[i - 1].offset, ", ", segments_[i - 1].offset + segments_[i - 1].numel,
-             ") overlaps '", segments_[i].name, "' at ", segments_[i].offset);
+             segments_[i - 1].name, "' [", segments_[i - 1].offset, ", ",
+             segments_[i - 1].offset + segments_[i - 1].numel, ") overlaps '", segments_[i].name, "' at ",
+             segments_[i].offset);
   end_ = segments_.empty() ? 0 : segments_.back().offset + segments_.back().numel;
   if (ctx.is_cuda() && !segments_.empty()) {
     std::vector<AdamWSegmentRecord> records;
     records.reserve(segments_.size());
     for (const ParamSegment& s : segments_)
-      records.push_back({.begin = static_cast<int64_t>(s.offset), .end = static_cast<int64_t>(s.offset + s.numel),
+      records.push_back({.begin = static_cast<int64_t>(s.offset),
+                         .end = static_cast<int64_t>(s.offset + s.numel),
                          .decay = s.decay ? 1 : 0});
     const size_t bytes = records.size() * sizeof(AdamWSegmentRecord);
     device_ = Buffer(bytes, ctx.device(), "the AdamW segment table");

@@ -12,7 +12,7 @@ using cuda::from_f32;
 using cuda::to_f32;
 
 constexpr int kAdamThreads = 256;
-constexpr int kAdamPer = 8;                          // consecutive elements per thread: 16 B of bf16, 32 B of f32
+constexpr int kAdamPer = 8;                         // consecutive elements per thread: 16 B of bf16, 32 B of f32
 constexpr int kAdamTile = kAdamThreads * kAdamPer;  // elements per block per tile
 static_assert(kAdamTile == kAdamWTileElems, "the tile index of AdamWSegmentTable is built for this tile");
 
@@ -35,8 +35,7 @@ struct ElementGroup {
   bool whole;
   unsigned in, dec;
 };
-__device__ __forceinline__ ElementGroup locate_group(const AdamWSegmentRecord* segs, int nseg, int s_tile,
-                                                     int64_t i0) {
+__device__ __forceinline__ ElementGroup locate_group(const AdamWSegmentRecord* segs, int nseg, int s_tile, int64_t i0) {
   int s = s_tile;
   if (segs[s].end <= i0) s = segment_ending_after(segs, s + 1, nseg, i0);  // s < nseg: i0 < the last segment's end
   const AdamWSegmentRecord r = segs[s];
@@ -94,9 +93,10 @@ __device__ __forceinline__ double block_sum_f64(double x, double* smem) {
 // grads: (>= end) T; segs: nseg records. Grid P (fixed per device), block b strides over the tiles b, b + P, ...
 // and sums g² of the in-segment elements in f32 registers; partials[b] = the block's sum (fixed-order reduction).
 template <typename T>
-__global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
-    float* __restrict__ partials, const T* __restrict__ grads, const AdamWSegmentRecord* __restrict__ segs, int nseg,
-    const int32_t* __restrict__ tile_seg, int64_t end, bool vec) {
+__global__ void __launch_bounds__(kAdamThreads)
+    adamw_grad_sq_partials_tiles(float* __restrict__ partials, const T* __restrict__ grads,
+                                 const AdamWSegmentRecord* __restrict__ segs, int nseg,
+                                 const int32_t* __restrict__ tile_seg, int64_t end, bool vec) {
   float acc = 0.0f;
   const int64_t tiles = (end + kAdamTile - 1) / kAdamTile;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -136,12 +136,12 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_grad_sq_partials_tiles(
 //   g *= clip / S;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;  w = w * keep (decay segments)
 //   w -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps);   master = w, params = round(w)
 template <typename T>
-__global__ void __launch_bounds__(kAdamThreads) adamw_update_segment_tiles(
-    T* params, const T* __restrict__ grads, float* master, float* __restrict__ m, float* __restrict__ v,
-    const AdamWSegmentRecord* __restrict__ segs, int nseg, const int32_t* __restrict__ tile_seg, int64_t end,
-    const float* __restrict__ partials,
-    int n_partials, float* __restrict__ grad_norm, AdamWConsts c, const AdamWConsts* __restrict__ c_device,
-    bool write_params, bool vec) {
+__global__ void __launch_bounds__(kAdamThreads)
+    adamw_update_segment_tiles(T* params, const T* __restrict__ grads, float* master, float* __restrict__ m,
+                               float* __restrict__ v, const AdamWSegmentRecord* __restrict__ segs, int nseg,
+                               const int32_t* __restrict__ tile_seg, int64_t end, const float* __restrict__ partials,
+                               int n_partials, float* __restrict__ grad_norm, AdamWConsts c,
+                               const AdamWConsts* __restrict__ c_device, bool write_params, bool vec) {
   if (c_device) c = *c_device;  // a CUDA graph's replay: this step's scalars, copied in before it
   // The unscale and the clip in one factor (exact when S is a power of 2: the factor only moves the exponent).
   double coef = 1.0 / c.grad_scale;
@@ -219,8 +219,8 @@ int norm_partials_grid(const Context& ctx) { return 8 * ctx.gpu().sm_count; }
 
 }  // namespace
 
-void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
-                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx,
+void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params, const void* grads,
+                     float* master, float* m, float* v, float* grad_norm, Context& ctx,
                      const AdamWStepScalars* device_scalars) {
   const int nseg = table.count();
   if (nseg == 0) {  // nothing to update; the norm of no gradients is 0
@@ -248,14 +248,17 @@ void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType
   cuda::dispatch_float(dtype, "adamw_step", [&](auto t) {
     using T = decltype(t);
     if (want_norm) {
-      adamw_grad_sq_partials_tiles<T><<<n_partials, kAdamThreads, 0, ctx.stream()>>>(
-          partials, static_cast<const T*>(grads), table.device_records(), nseg, table.device_tile_segments(), end,
-          vec);
+      adamw_grad_sq_partials_tiles<T>
+          <<<n_partials, kAdamThreads, 0, ctx.stream()>>>(partials, static_cast<const T*>(grads),
+                                                          table.device_records(), nseg, table.device_tile_segments(),
+                                                          end, vec);
       TS_CHECK_LAUNCH();
     }
-    adamw_update_segment_tiles<T><<<grid, kAdamThreads, 0, ctx.stream()>>>(
-        static_cast<T*>(params), static_cast<const T*>(grads), w, m, v, table.device_records(), nseg,
-        table.device_tile_segments(), end, partials, n_partials, grad_norm, c, device_scalars, /*write_params=*/w != params, vec);
+    adamw_update_segment_tiles<T>
+        <<<grid, kAdamThreads, 0, ctx.stream()>>>(static_cast<T*>(params), static_cast<const T*>(grads), w, m, v,
+                                                  table.device_records(), nseg, table.device_tile_segments(), end,
+                                                  partials, n_partials, grad_norm, c, device_scalars,
+                                                  /*write_params=*/w != params, vec);
     TS_CHECK_LAUNCH();
   });
 }

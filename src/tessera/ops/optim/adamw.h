@@ -83,7 +83,7 @@ std::vector<int32_t> adamw_tile_first_segments(const std::vector<ParamSegment>& 
 class AdamWSegmentTable {
  public:
   AdamWSegmentTable(const std::vector<ParamSegment>& segments, Context& ctx);
-  const std::vector<ParamSegment>& segments() const { return segments_; }  // sorted by offset
+  const std::vector<ParamSegment>& segments() const { return segments_; }                        // sorted by offset
   const AdamWSegmentRecord* device_records() const { return device_.as<AdamWSegmentRecord>(); }  // CUDA only
   // (ceil(end / kAdamWTileElems)) int32: tile t's first segment s with segs[s].end > t * kAdamWTileElems. CUDA only.
   const int32_t* device_tile_segments() const { return tile_segments_.as<int32_t>(); }
@@ -104,12 +104,12 @@ class AdamWSegmentTable {
 // device memory instead (train/graph_step.h copies them there before each replay). Plain data, 48 bytes.
 struct AdamWStepScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  float step_size;      // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)
-  float keep;           // 1 - lr * weight_decay (segments with decay)
-  float max_norm;       // <= 0: no clipping
+  float step_size;         // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;      // 1 / sqrt(1 - beta2^t)
+  float keep;              // 1 - lr * weight_decay (segments with decay)
+  float max_norm;          // <= 0: no clipping
   int32_t skip_nonfinite;  // a non-finite norm: update nothing
-  double grad_scale;    // S: the gradients hold S * g (loss scaling); 1: none
+  double grad_scale;       // S: the gradients hold S * g (loss scaling); 1: none
 };
 AdamWStepScalars adamw_step_scalars(const AdamWParams& p);
 
@@ -155,8 +155,8 @@ size_t adamw_scratch_bytes(const Context& ctx);
 // norm partials issue-bound, far from the memory bandwidth); a thread whose 8 elements lie
 // inside that segment takes the vector path (16-byte accesses, one decay for all), and only a thread straddling a
 // segment boundary or a gap goes element by element.
-void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params,
-                     const void* grads, float* master, float* m, float* v, float* grad_norm, Context& ctx,
+void adamw_step_cuda(const AdamWParams& p, const AdamWSegmentTable& table, DType dtype, void* params, const void* grads,
+                     float* master, float* m, float* v, float* grad_norm, Context& ctx,
                      const AdamWStepScalars* device_scalars = nullptr);
 
 }  // namespace tessera

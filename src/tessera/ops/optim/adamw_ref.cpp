@@ -42,8 +42,10 @@ void unscale_clip_grads_ref(float* grads, size_t n, double norm, double max_norm
 }
 
 double clip_grad_norm_ref(float* grads, size_t n, double max_norm, double grad_scale) {
-  TS_CHECK(grad_scale > 0 && std::isfinite(grad_scale), "clip_grad_norm: the gradient scale must be a positive "
-           "number, got ", grad_scale);
+  TS_CHECK(grad_scale > 0 && std::isfinite(grad_scale),
+           "clip_grad_norm: the gradient scale must be a positive "
+           "number, got ",
+           grad_scale);
   const double norm = grad_norm_ref(grads, n) / grad_scale;
   unscale_clip_grads_ref(grads, n, norm, max_norm, grad_scale);
   return norm;

@@ -45,7 +45,9 @@ __device__ __forceinline__ void store_f32(T* p, const float (&v)[W]) {
 }
 // v rounded to T and back: the value a reference computing in T would hold after storing it.
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_f32(from_f32<T>(v));
+}
 
 // Dropout factors of the kN consecutive elements index0 .. index0 + kN - 1, kN 4 or a multiple of 8 and index0 %
 // kN == 0: one Philox block holds the 16-bit draws of 8 consecutive indices (philox_u16: block index >> 3, word
@@ -200,8 +202,8 @@ int blocks_per_sm() {
 
 // Row groups for a (column chunks × row groups) grid that the GPU holds in one wave (each block then loops over
 // its rows): fewer partial rows for the fused column sums to add, and no partial last wave; one wave measured
-// faster than deeper grids (bench/results/2026-12-01-one-wave-tails-h200.md). Never more groups than row tiles of rows_per_block, nor
-// than a grid's y limit.
+// faster than deeper grids (bench/results/2026-12-01-one-wave-tails-h200.md). Never more groups than row tiles of
+// rows_per_block, nor than a grid's y limit.
 inline int one_wave_row_groups(int N, int col_chunks, int rows_per_block, int blocks_per_sm, int sm_count) {
   const int tiles = std::max(1, static_cast<int>(ceil_div(N, rows_per_block)));
   const int resident = blocks_per_sm * sm_count;

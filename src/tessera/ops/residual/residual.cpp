@@ -1,6 +1,6 @@
 // Tensor-level bias + dropout + residual: checks, then the reference (CPU) or the CUDA kernels.
-#include "tessera/ops/dispatch.h"
 #include "tessera/ops/residual/residual.h"
+#include "tessera/ops/dispatch.h"
 
 namespace tessera {
 

@@ -18,15 +18,17 @@ constexpr int kBatch = 4;  // rows each backward thread loads before it stores
 // units and 8 rows give (measured faster: bench/results/2026-12-03-exp2-on-fma-and-residual-chunks-h200.md).
 // Single elements keep 32 units, so that a warp's row segment stays 32 elements wide.
 template <int W>
-constexpr int tile_cols() { return W > 1 ? 8 : 32; }
+constexpr int tile_cols() {
+  return W > 1 ? 8 : 32;
+}
 
 // out[i] = residual[i] + f_i * (x[i] + bias[i % C]),  f_i = dropout factor of element i (1 without dropout).
 // out, residual, x: (N, C) row-major; bias: (C) or null. One thread per W-element unit (W = 16-byte pack or 1),
 // grid-stride. out may alias residual or x: each element is read, then written, by the same thread.
 template <typename T, int W>
-__global__ void residual_forward_pack(T* out, const T* residual, const T* x, const T* __restrict__ bias,
-                                      int64_t units, int C, float dropout, float keep_scale, uint64_t seed,
-                                      uint64_t stream, const uint64_t* __restrict__ stream_base) {
+__global__ void residual_forward_pack(T* out, const T* residual, const T* x, const T* __restrict__ bias, int64_t units,
+                                      int C, float dropout, float keep_scale, uint64_t seed, uint64_t stream,
+                                      const uint64_t* __restrict__ stream_base) {
   if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -143,10 +145,10 @@ void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, cons
       constexpr int W = decltype(w)::value;
       const int64_t units = NC / W;
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      residual_forward_pack<T, W><<<grid, kThreads, 0, ctx.stream()>>>(
-          static_cast<T*>(out), static_cast<const T*>(residual), static_cast<const T*>(x),
-          static_cast<const T*>(bias), units, p.C, p.dropout, keep_scale, p.seed, p.stream,
-          ctx.philox_stream_base());
+      residual_forward_pack<T, W>
+          <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(residual),
+                                                static_cast<const T*>(x), static_cast<const T*>(bias), units, p.C,
+                                                p.dropout, keep_scale, p.seed, p.stream, ctx.philox_stream_base());
       TS_CHECK_LAUNCH();
     };
     if (vector_ok(p.C, V, {out, residual, x, bias})) launch(std::integral_constant<int, V>{});
@@ -169,8 +171,8 @@ void residual_backward_cuda(const ResidualParams& p, DType dtype, void* d_x, voi
       constexpr auto kernel = residual_backward_row_tiles<T, W>;
       const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows, cuda::blocks_per_sm<kernel, kThreads>(),
                                                    ctx.gpu().sm_count);
-      float* partial =
-          d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * p.C * sizeof(float))) : nullptr;
+      float* partial = d_bias ? static_cast<float*>(ctx.scratch(static_cast<size_t>(groups) * p.C * sizeof(float)))
+                              : nullptr;
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_x), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out), p.N, p.C,

@@ -31,8 +31,7 @@ void residual_backward_ref(const ResidualParams& p, T* d_x, T* d_bias, const T* 
 }
 
 template void residual_forward_ref<float>(const ResidualParams&, float*, const float*, const float*, const float*);
-template void residual_forward_ref<double>(const ResidualParams&, double*, const double*, const double*,
-                                           const double*);
+template void residual_forward_ref<double>(const ResidualParams&, double*, const double*, const double*, const double*);
 template void residual_backward_ref<float>(const ResidualParams&, float*, float*, const float*);
 template void residual_backward_ref<double>(const ResidualParams&, double*, double*, const double*);
 

@@ -1,6 +1,6 @@
 // Tensor-level beam top-k: checks, then the full-sort reference (CPU) or the HARS kernels (CUDA).
-#include "tessera/ops/dispatch.h"
 #include "tessera/ops/topk/topk.h"
+#include "tessera/ops/dispatch.h"
 
 namespace tessera {
 

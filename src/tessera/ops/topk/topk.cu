@@ -83,9 +83,9 @@ __device__ void select_top(int n, int k, KeyAt key_at, Cand* smem, float* out_s,
 // G = beam_topk_groups(k).
 // Grid B*K, block kTopkThreads; thread t reads the columns j ≡ t (mod kTopkThreads).
 template <typename T>
-__global__ void __launch_bounds__(kTopkThreads) beam_topk_retrieve_row(
-    float* cand_s, int32_t* cand_i, float* lse_out, int32_t* counts, const T* logits, const float* beam_scores,
-    int V, int64_t ld, int K, int k, int G) {
+__global__ void __launch_bounds__(kTopkThreads)
+    beam_topk_retrieve_row(float* cand_s, int32_t* cand_i, float* lse_out, int32_t* counts, const T* logits,
+                           const float* beam_scores, int V, int64_t ld, int K, int k, int G) {
   __shared__ Cand list[kListCap];
   __shared__ Cand red[32];
   __shared__ float ms[2][kWarps];
@@ -154,16 +154,21 @@ __global__ void __launch_bounds__(kTopkThreads) beam_topk_retrieve_row(
   float* out_s = cand_s + r * k;
   int32_t* out_i = cand_i + r * k;
   if (n <= kListCap) {
-    select_top(n, k, [&](int j, Cand* c) { *c = list[j]; return true; }, red, out_s, out_i);
+    select_top(
+        n, k,
+        [&](int j, Cand* c) {
+          *c = list[j];
+          return true;
+        },
+        red, out_s, out_i);
   } else {
     select_top(V, k, candidate, red, out_s, out_i);
   }
 }
 
 // cand_s, cand_i: (B, K*k), the rows' picks; scores, indices: (B, k). Grid B, block kRerankThreads.
-__global__ void __launch_bounds__(kRerankThreads) beam_topk_rerank_entry(float* scores, int32_t* indices,
-                                                                         const float* cand_s, const int32_t* cand_i,
-                                                                         int K, int k) {
+__global__ void __launch_bounds__(kRerankThreads)
+    beam_topk_rerank_entry(float* scores, int32_t* indices, const float* cand_s, const int32_t* cand_i, int K, int k) {
   __shared__ Cand red[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * K * k;
   select_top(
@@ -177,19 +182,20 @@ __global__ void __launch_bounds__(kRerankThreads) beam_topk_rerank_entry(float* 
 
 }  // namespace
 
-void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, float* lse,
-                    int32_t* counts, const void* logits, const float* beam_scores, float* cand_scores,
-                    int32_t* cand_indices, Context& ctx) {
+void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, float* lse, int32_t* counts,
+                    const void* logits, const float* beam_scores, float* cand_scores, int32_t* cand_indices,
+                    Context& ctx) {
   if (p.B == 0) return;
   cuda::dispatch_float(dtype, "beam_topk", [&](auto t) {
     using T = decltype(t);
-    beam_topk_retrieve_row<T><<<p.B * p.K, kTopkThreads, 0, ctx.stream()>>>(
-        cand_scores, cand_indices, lse, counts, static_cast<const T*>(logits), beam_scores, p.V, p.row_stride(), p.K,
-        p.k, beam_topk_groups(p.k));
+    beam_topk_retrieve_row<T><<<p.B * p.K, kTopkThreads, 0, ctx.stream()>>>(cand_scores, cand_indices, lse, counts,
+                                                                            static_cast<const T*>(logits), beam_scores,
+                                                                            p.V, p.row_stride(), p.K, p.k,
+                                                                            beam_topk_groups(p.k));
     TS_CHECK_LAUNCH();
   });
   beam_topk_rerank_entry<<<p.B, kRerankThreads, 0, ctx.stream()>>>(scores, indices, cand_scores, cand_indices, p.K,
-                                                                     p.k);
+                                                                   p.k);
   TS_CHECK_LAUNCH();
 }
 

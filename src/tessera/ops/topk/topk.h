@@ -67,9 +67,9 @@ inline int beam_topk_groups(int k) {
   return g;
 }
 
-// HARS as the kernels run it (groups = beam_topk_groups(k)), on the host: `groups` strided groups per row (group g holds the columns j with
-// j % groups == g), retrieve into cand (B*K, k) scores and indices, then re-rank into scores, indices (B, k).
-// counts (B*K), may be null: the keys >= R per row (the retrieve's candidates before the exact top k).
+// HARS as the kernels run it (groups = beam_topk_groups(k)), on the host: `groups` strided groups per row (group g
+// holds the columns j with j % groups == g), retrieve into cand (B*K, k) scores and indices, then re-rank into scores,
+// indices (B, k). counts (B*K), may be null: the keys >= R per row (the retrieve's candidates before the exact top k).
 void beam_topk_hars_cpu(const BeamTopkParams& p, int groups, DType dtype, float* scores, int32_t* indices,
                         int32_t* counts, const void* logits, const float* beam_scores, const float* lse);
 
@@ -83,14 +83,14 @@ void beam_topk(const BeamTopkParams& p, const Tensor& scores, const Tensor& indi
 
 // ---- CUDA launchers (topk.cu), on ctx's stream. ----
 // Retrieve: one block of kTopkThreads per row, thread t reading the columns j ≡ t (mod kTopkThreads). Pass 1: the
-// online max/sum and each thread's max logit; block reduce -> lse, then the groups' max keys and R. Pass 2: keys >= R are appended to a
-// shared-memory list; then k rounds of a block argmax over the list pick the row's top k. A row whose list overflows
-// (ties wider than the list: constant rows) runs the k rounds over the whole row instead. Re-rank: one block per
-// entry, k rounds of a block argmax over its K * k candidates.
-// cand_scores, cand_indices: (B*K, k) workspace; counts may be null.
-void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, float* lse,
-                    int32_t* counts, const void* logits, const float* beam_scores, float* cand_scores,
-                    int32_t* cand_indices, Context& ctx);
+// online max/sum and each thread's max logit; block reduce -> lse, then the groups' max keys and R. Pass 2: keys >= R
+// are appended to a shared-memory list; then k rounds of a block argmax over the list pick the row's top k. A row whose
+// list overflows (ties wider than the list: constant rows) runs the k rounds over the whole row instead. Re-rank: one
+// block per entry, k rounds of a block argmax over its K * k candidates. cand_scores, cand_indices: (B*K, k) workspace;
+// counts may be null.
+void beam_topk_cuda(const BeamTopkParams& p, DType dtype, float* scores, int32_t* indices, float* lse, int32_t* counts,
+                    const void* logits, const float* beam_scores, float* cand_scores, int32_t* cand_indices,
+                    Context& ctx);
 // 512 threads a row: 100 columns a thread at V = 50257, so that B*K = 128 rows (one block an SM) keep enough loads in
 // flight. `tessera bench topk` is the measure to choose it by.
 inline constexpr int kTopkThreads = 512;
