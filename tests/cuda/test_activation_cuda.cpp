@@ -11,11 +11,11 @@ struct ActShape {
 };
 // One element, widths that are not multiples of the 8-wide vector, GPT-2's d_ff, and many short rows.
 constexpr ActShape kShapes[] = {{1, 1}, {7, 33}, {3, 100}, {64, 768}, {13, 3072}, {999, 8}};
-constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu};
+constexpr Activation kKinds[] = {Activation::Gelu, Activation::Relu, Activation::Swiglu, Activation::GeluErf};
 
 void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool misalign, Context& ctx,
-                         std::mt19937_64& rng) {
-  const ActivationParams p{.N = s.N, .d_ff = s.F, .kind = kind};
+                         std::mt19937_64& rng, float dropout = 0.0f) {
+  const ActivationParams p{.N = s.N, .d_ff = s.F, .kind = kind, .dropout = dropout, .seed = 11, .stream = 3};
   const size_t W = kind == Activation::Swiglu ? 2 * static_cast<size_t>(s.F) : s.F;
   const size_t NW = s.N * W, NF = static_cast<size_t>(s.N) * s.F;
   const auto in = rounded(dt, randn<double>(NW, rng, 2.0));
@@ -46,6 +46,16 @@ void run_activation_case(DType dt, Activation kind, ActShape s, bool bias, bool 
   // d_bias is accumulated into d_b0: where d_b0 and the column sum nearly cancel (one row, one column), measure
   // against the size of the prefilled value (seen on the H200: f16, N = 1, d_ff = 1, 0.44% of a small result).
   if (bias) expect_close(dev.download(tdb), d_b, dt, what + " d_bias", 2.0, 0.1 * norm2(d_b0));
+}
+
+// Output dropout (an encoder-decoder's activation dropout): the kernels draw the reference's mask, packed and scalar.
+TEST(CudaActivation, DropoutMatchesReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  for (DType dt : kCudaFloatTypes)
+    for (Activation kind : kKinds)
+      for (ActShape s : {ActShape{7, 33}, ActShape{13, 3072}, ActShape{999, 8}})
+        run_activation_case(dt, kind, s, /*bias=*/true, /*misalign=*/false, ctx, rng, /*dropout=*/0.25f);
 }
 
 TEST(CudaActivation, MatchesReferenceOnAwkwardShapes) {

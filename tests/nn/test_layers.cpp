@@ -160,7 +160,7 @@ void check_sublayer(Sublayer& sub, int B, int T, int C, float attn_dropout, std:
     sub.declare_temps(pb, DType::F64);
   });
   RngState rs{21, 0};
-  sub.draw_streams(&rs, attn_dropout > 0);
+  sub.draw_streams(&rs, attn_dropout > 0, /*act_dropout_on=*/false);
   HostTensor x({N, C}), y({N, C}), w({N, C}), d_x({N, C});
   x.v = test::randn<double>(x.v.size(), rng);
   w.v = test::randn<double>(w.v.size(), rng);

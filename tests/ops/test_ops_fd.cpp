@@ -406,9 +406,11 @@ TEST_F(OpsFd, RopeAnglesArePositionOverThetaPower) {
 }
 
 TEST_F(OpsFd, Activations) {
-  for (Activation kind : {Activation::Gelu, Activation::Relu, Activation::Swiglu}) {
+  for (Activation kind : {Activation::Gelu, Activation::Relu, Activation::Swiglu, Activation::GeluErf}) {
     for (bool with_bias : {true, false}) {
-      const ActivationParams p{.N = 3, .d_ff = 7, .kind = kind};
+      // With a bias: output dropout on too (the same mask in the forward and the backward).
+      const ActivationParams p{
+          .N = 3, .d_ff = 7, .kind = kind, .dropout = with_bias ? 0.3f : 0.0f, .seed = 5, .stream = 2};
       const int in_w = kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;
       auto in = randn<double>(p.N * in_w, rng), bias = randn<double>(in_w, rng);
       const auto w = randn<double>(p.N * p.d_ff, rng);

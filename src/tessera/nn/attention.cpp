@@ -43,7 +43,8 @@ AttentionParams SelfAttention::params(const StepEnv& env) const {
           .seed = env.seed,
           .stream = stream_probs_,
           .rope_theta = s_.rope_theta,
-          .n_kv_heads = s_.Hkv};
+          .n_kv_heads = s_.Hkv,
+          .key_lens = key_lens_};
 }
 
 void SelfAttention::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {

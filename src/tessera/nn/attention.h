@@ -31,9 +31,12 @@ class SelfAttention final : public Sublayer {
   void schedule_backward(StepSchedule& s, const std::string& group) override;
   void declare_saved(PlanBuilder& pb, DType dtype) override;
   void declare_temps(PlanBuilder& pb, DType dtype) override;
-  void draw_streams(RngState* rng, bool attn_dropout_on) override {
+  void draw_streams(RngState* rng, bool attn_dropout_on, bool /*act_dropout_on*/) override {
     if (attn_dropout_on) stream_probs_ = rng->take();
   }
+  // Each step's key lengths ((B) int32 on the device: keys t >= key_lens[b] of sequence b are masked, an encoder's
+  // source padding); undefined: all T keys.
+  void set_key_lens(const Tensor& key_lens) { key_lens_ = key_lens; }
   void forward(const StepEnv& env, const Tensor& x, const Tensor& y) const override;
   void backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x,
                 bool accumulate) const override;
@@ -53,6 +56,7 @@ class SelfAttention final : public Sublayer {
   Linear qkv_, proj_;
   int fwd_ = -1, bwd_ = -1;
   uint64_t stream_probs_ = 0;
+  Tensor key_lens_;
   Tensor qkv_out_, att_, lse_, d_att_, d_qkv_;
 };
 

@@ -21,9 +21,11 @@ Block::Block(std::string prefix, std::string group, const BlockShape& s)
                        .norm_bwd_event = -1,
                        .mid = Tensor{}});
   };
-  stage("attn", std::make_unique<SelfAttention>(prefix_, self));
+  auto attn = std::make_unique<SelfAttention>(prefix_, self);
+  self_ = attn.get();
+  stage("attn", std::move(attn));
   if (s.kind == BlockKind::DecoderCross) {
-    auto cross = std::make_unique<CrossAttention>(prefix_ + "cross.", s.attention);
+    auto cross = std::make_unique<CrossAttention>(prefix_ + "cross.", s.attention, s.cross_kv);
     cross_ = cross.get();
     stage("cross", std::move(cross));
   }
@@ -119,10 +121,10 @@ Tensor Block::stage_input(size_t k, const Tensor& x, int64_t N) const {
   return pre() ? rows(stages_[k].mid, N, s_.attention.C) : stages_[k - 1].norm.out(N);
 }
 
-void Block::draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on) {
+void Block::draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on, bool act_dropout_on) {
   if (dropout_on)
     for (Stage& st : stages_) st.stream = rng->take();
-  for (Stage& st : stages_) st.sub->draw_streams(rng, attn_dropout_on);
+  for (Stage& st : stages_) st.sub->draw_streams(rng, attn_dropout_on, act_dropout_on);
 }
 
 void Block::forward(const StepEnv& env, const Tensor& x, const Tensor& tmp) const {

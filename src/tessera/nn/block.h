@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tessera/nn/attention.h"
+#include "tessera/nn/kinds.h"
 #include "tessera/nn/mlp.h"
 #include "tessera/nn/norm.h"
 
@@ -36,7 +37,8 @@ enum class BlockKind { Encoder, Decoder, DecoderCross };
 struct BlockShape {
   BlockKind kind = BlockKind::Decoder;
   NormPlacement placement = NormPlacement::Pre;
-  AttentionShape attention;  // its `causal` is set from the kind
+  AttentionShape attention;                     // its `causal` is set from the kind
+  CrossKvSource cross_kv = CrossKvSource::Own;  // a DecoderCross block's K and V
   MlpShape mlp;
   NormKind norm = NormKind::LayerNorm;
   float norm_eps = 1e-5f;
@@ -62,6 +64,9 @@ class Block {
   const Norm& input_norm() const { return stages_.front().norm; }
   // A decoder with cross-attention: the encoder output it attends over, (B * Tk, C), and its gradient (added to).
   CrossAttention* cross_attention() const { return cross_; }
+  // Each step's key lengths of the self-attention ((B) int32 on the device; an encoder's source lengths), or
+  // undefined: every key.
+  void set_key_lens(const Tensor& key_lens) { self_->set_key_lens(key_lens); }
 
   void schedule_forward(StepSchedule& s);
   void schedule_backward(StepSchedule& s);
@@ -78,7 +83,7 @@ class Block {
   void declare(PlanBuilder& pb, DType dtype, const std::string& out_name, int out_death);
   Tensor out(int64_t N) const;
 
-  void draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on);
+  void draw_streams(RngState* rng, bool dropout_on, bool attn_dropout_on, bool act_dropout_on = false);
   // x: the block's input (N, C); tmp: (N, C) scratch of the model.
   void forward(const StepEnv& env, const Tensor& x, const Tensor& tmp) const;
   // d_res: the gradient of the block's output on entry (pre-norm: as the reader's fused norm backward left it),
@@ -105,6 +110,7 @@ class Block {
   std::string prefix_, group_;
   BlockShape s_;
   std::vector<Stage> stages_;
+  SelfAttention* self_ = nullptr;    // owned by its stage
   CrossAttention* cross_ = nullptr;  // owned by its stage
   const Norm* next_norm_ = nullptr;
   const Block* producer_ = nullptr;

@@ -9,10 +9,16 @@
 // place from the kv projection's rows. Backward: d_x from the q projection; the memory's gradient is ADDED to the
 // d_memory the model gives (every decoder block adds its share). Saved: q, kv, att, lse (B, H, Tq);
 // temporaries: d_att, d_q, d_kv.
+//
+// With CrossKvSource::Batched the layer has no kv projection of its own: K and V are this layer's slices of the one
+// projection of the encoder's output for every decoder layer (CrossKvProjection, nn/cross_kv.h), each (B*Tk, Hkv Dh)
+// contiguous, and the backward writes dK and dV into that projection's shared gradient slices (overwritten), whose
+// one backward gives the weight, bias and memory gradients of every layer. The "cross kv" events are then empty.
 #pragma once
 #include <string>
 
 #include "tessera/nn/attention.h"
+#include "tessera/nn/kinds.h"
 #include "tessera/nn/linear.h"
 #include "tessera/nn/sublayer.h"
 
@@ -21,7 +27,7 @@ namespace tessera {
 class CrossAttention final : public Sublayer {
  public:
   // prefix "dec.0.cross.": segments "dec.0.cross.q.w", ".kv.w", ".proj.w" (and biases), activations alike.
-  CrossAttention(std::string prefix, const AttentionShape& s);
+  CrossAttention(std::string prefix, const AttentionShape& s, CrossKvSource kv = CrossKvSource::Own);
   // The memory's length Tk (before declaring), and each step's memory (B*Tk, C), its gradient (added to) and
   // optional key lengths ((B) int32 on the device; undefined: all Tk keys).
   void set_memory_length(int Tk) { Tk_ = Tk; }
@@ -30,12 +36,21 @@ class CrossAttention final : public Sublayer {
     d_memory_ = d_memory;
     key_lens_ = key_lens;
   }
+  // Batched: this step's K, V (B*Tk, Hkv Dh) and the slices their gradients go to.
+  void set_batched_kv(const Tensor& k, const Tensor& v, const Tensor& d_k, const Tensor& d_v) {
+    k_ = k;
+    v_ = v;
+    d_k_ = d_k;
+    d_v_ = d_v;
+  }
+  // The event whose attention backward writes dK and dV (a batched projection's d_kv is born at the first).
+  int attention_backward_event() const { return bwd_ + 2; }
   void add_params(ParamBuffer& pb) override;
   void schedule_forward(StepSchedule& s, const std::string& group) override;
   void schedule_backward(StepSchedule& s, const std::string& group) override;
   void declare_saved(PlanBuilder& pb, DType dtype) override;
   void declare_temps(PlanBuilder& pb, DType dtype) override;
-  void draw_streams(RngState* rng, bool attn_dropout_on) override {
+  void draw_streams(RngState* rng, bool attn_dropout_on, bool /*act_dropout_on*/) override {
     if (attn_dropout_on) stream_probs_ = rng->take();
   }
   void forward(const StepEnv& env, const Tensor& x, const Tensor& y) const override;
@@ -53,13 +68,16 @@ class CrossAttention final : public Sublayer {
  private:
   // (B, T, heads, Dh) views of row-major (B*T, width) rows, starting at column `col`.
   Tensor heads(const Tensor& rows, int B, int T, int64_t width, int64_t col, int n_heads) const;
+  bool batched() const { return source_ == CrossKvSource::Batched; }
   std::string prefix_;
   AttentionShape s_;
+  CrossKvSource source_;
   Linear q_, kv_, proj_;
   int Tk_ = 0;
   int fwd_ = -1, bwd_ = -1;
   uint64_t stream_probs_ = 0;
   Tensor memory_, d_memory_, key_lens_;
+  Tensor k_, v_, d_k_, d_v_;  // batched: this step's slices
   Tensor q_out_, kv_out_, att_, lse_, d_att_, d_q_, d_kv_;
 };
 

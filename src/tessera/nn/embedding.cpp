@@ -6,9 +6,10 @@
 
 namespace tessera {
 
-void Embedding::add_params(ParamBuffer& pb) {
-  wte_ = pb.add(prefix_ + "wte", {s_.V, s_.C}, true);
-  if (s_.positions == PositionKind::Learned) wpe_ = pb.add(prefix_ + "wpe", {s_.max_seq, s_.C}, true);
+void Embedding::add_params(ParamBuffer& pb, size_t shared_wte) {
+  wte_ = shared_wte != kNoParam ? shared_wte : pb.add(prefix_ + "wte", {s_.V, s_.C}, true);
+  if (s_.positions == PositionKind::Learned)
+    wpe_ = pb.add(prefix_ + "wpe", {int64_t{s_.pos_offset} + s_.max_seq, s_.C}, true);
 }
 
 void Embedding::make_tables(DType dtype, Context& ctx) {
@@ -41,12 +42,16 @@ void Embedding::declare(PlanBuilder& pb, DType dt, int out_death) {
   pb.add(out_, prefix_ + "res.0", dt, {pb.N(), s_.C}, fwd_, out_death);
 }
 
+int Embedding::table_rows() const { return s_.max_seq + (s_.positions == PositionKind::Learned ? s_.pos_offset : 0); }
+
 EmbeddingParams Embedding::params(const StepEnv& env) const {
+  const int offset = s_.positions == PositionKind::Learned ? s_.pos_offset : 0;
   return {.B = env.B,
           .T = env.T,
           .C = s_.C,
           .V = s_.V,
-          .max_seq = s_.max_seq,
+          .max_seq = table_rows(),
+          .pos_offset = offset,
           .scale = s_.scale,
           .padding_id = s_.padding_id,
           .dropout = env.dropout,
@@ -55,12 +60,19 @@ EmbeddingParams Embedding::params(const StepEnv& env) const {
 }
 
 void Embedding::check_tokens(const int32_t* tokens, int B, int T) const {
-  embedding_check({.B = B, .T = T, .C = s_.C, .V = s_.V, .max_seq = s_.max_seq, .padding_id = s_.padding_id}, tokens,
-                  s_.positions == PositionKind::Learned);
+  const int offset = s_.positions == PositionKind::Learned ? s_.pos_offset : 0;
+  embedding_check({.B = B,
+                   .T = T,
+                   .C = s_.C,
+                   .V = s_.V,
+                   .max_seq = table_rows(),
+                   .pos_offset = offset,
+                   .padding_id = s_.padding_id},
+                  tokens, s_.positions == PositionKind::Learned);
 }
 
 void Embedding::forward(const StepEnv& env, const Tensor& tokens) const {
-  const int64_t table = static_cast<int64_t>(s_.max_seq) * s_.C;
+  const int64_t table = static_cast<int64_t>(table_rows()) * s_.C;
   const Tensor pos = s_.positions == PositionKind::Learned      ? env.p(wpe_, table)
                      : s_.positions == PositionKind::Sinusoidal ? sinusoid_.view(table_dtype_, {table})
                                                                 : Tensor();
@@ -70,7 +82,7 @@ void Embedding::forward(const StepEnv& env, const Tensor& tokens) const {
 
 void Embedding::backward(const StepEnv& env, const Tensor& d_out, const Tensor& tokens) const {
   env.at(bwd_);
-  embedding_backward(params(env), env.g(wte_, wte_numel()), env.g(wpe_, int64_t{s_.max_seq} * s_.C), d_out,
+  embedding_backward(params(env), env.g(wte_, wte_numel()), env.g(wpe_, int64_t{table_rows()} * s_.C), d_out,
                      tokens.slice1d(0, env.N()), *env.ctx);
 }
 

@@ -2,7 +2,8 @@
 //
 //   out[b,t,:] = Drop(scale * wte[tokens[b,t], :] + pos[t, :])
 //
-// pos: the learned table wpe (max_seq, C) in the ParamBuffer, a fixed sinusoidal table the layer keeps on the
+// pos: the learned table wpe (pos_offset + max_seq, C) in the ParamBuffer, position t reading row pos_offset + t
+// (BART's learned positions start at row 2), a fixed sinusoidal table the layer keeps on the
 // device (PE[pos, 2i] = sin(pos / 10000^(2i/C)), PE[pos, 2i+1] = cos(...)), or none (RoPE rotates inside the
 // attention). tokens: (B*T) int32; out: (B*T, C). wte (V, C) is also the LM head of a tied model.
 #pragma once
@@ -22,13 +23,16 @@ struct EmbeddingShape {
   PositionKind positions = PositionKind::Learned;
   float scale = 1.0f;
   int padding_id = -1;
+  int pos_offset = 0;  // rows of a learned table before position 0 (BART: 2); 0 for other positions
 };
 
 class Embedding {
  public:
   // prefix: "" gives the segments "wte" and "wpe" (both with weight decay) and the output "res.0".
   Embedding(std::string prefix, const EmbeddingShape& s) : prefix_(std::move(prefix)), s_(s) {}
-  void add_params(ParamBuffer& pb);
+  // shared_wte: the offset of another embedding's token table to read (and add gradients to) instead of a table
+  // of its own (an encoder-decoder's shared source and target embeddings); kNoParam: its own.
+  void add_params(ParamBuffer& pb, size_t shared_wte = kNoParam);
   // The sinusoidal table on ctx's device, in `dtype` (f64 for an f64 model, else rounded from f32). A no-op for
   // other positions.
   void make_tables(DType dtype, Context& ctx);
@@ -53,6 +57,7 @@ class Embedding {
 
  private:
   EmbeddingParams params(const StepEnv& env) const;
+  int table_rows() const;  // rows of the position table (learned: pos_offset + max_seq)
   std::string prefix_;
   EmbeddingShape s_;
   size_t wte_ = kNoParam, wpe_ = kNoParam;

@@ -7,8 +7,10 @@
 // aligned for cuBLASLt's aligned tensor-core kernels; the padding columns are never read or written). With
 // padded rows the forward and dx GEMMs run over the first V0 = V rounded down to 64 vocabulary entries, then the
 // V - V0 left in a second, small GEMM: cuBLASLt runs an unaligned V (GPT-2's 50257) as an output width or a
-// reduction length on slower kernels than the aligned V0. The cross-entropy backward writes d_logits over the logits in
-// place, or the forward writes them already (a training step's loss_grad_scale: the logits read once and written once).
+// reduction length on slower kernels than the aligned V0. Without a final norm (a post-norm encoder-decoder's
+// decoder: BART) h = x, and the dx GEMM writes the input's gradient itself. The cross-entropy backward writes d_logits
+// over the logits in place, or the forward writes them already (a training step's loss_grad_scale: the logits read once
+// and written once).
 #pragma once
 #include <optional>
 #include <string>
@@ -26,6 +28,7 @@ struct LmHeadShape {
   float norm_eps = 1e-5f;
   bool tied = true;
   int ignore_index = -1;
+  bool final_norm = true;  // false: the logits read the stream as it comes
 };
 
 class Block;
@@ -44,8 +47,10 @@ class LmHead {
 
   void schedule_forward(StepSchedule& s);
   void schedule_backward(StepSchedule& s);
-  int input_last_use() const { return bwd_ + 3; }  // ln_f + residual
+  int input_last_use() const { return s_.final_norm ? bwd_ + 3 : bwd_ + 1; }  // ln_f + residual, or lm_head dW
   int backward_end() const { return bwd_ + 3; }
+  // The event that writes the gradient of the head's input.
+  int d_input_event() const { return s_.final_norm ? bwd_ + 3 : bwd_ + 2; }
   int first_grad_event() const { return s_.tied ? bwd_ + 3 : bwd_ + 1; }
   int lm_head_dw_event() const { return bwd_ + 1; }
   int loss_event() const { return fwd_ + 2; }
@@ -57,12 +62,14 @@ class LmHead {
   void forward(const StepEnv& env, const Tensor& x) const;
   void loss_forward(const StepEnv& env, const Tensor& targets, float label_smoothing,
                     std::optional<double> loss_grad_scale, const Tensor& loss_sum, const Tensor& count) const;
-  // d_res = the gradient of x (filled from zero), scaled by loss_scale; `fused`: the forward wrote d_logits.
+  // d_res = the gradient of x (overwritten), scaled by loss_scale; `fused`: the forward wrote d_logits.
   void backward(const StepEnv& env, const Tensor& d_res, const Tensor& x, const Tensor& targets, float label_smoothing,
                 double loss_scale, bool fused, const Tensor& count) const;
 
  private:
   int64_t split() const { return s_.ld == s_.V ? s_.V : s_.V / 64 * 64; }
+  // What the logits read: ln_f's output, or the stream x itself.
+  Tensor head_input(const Tensor& x, int64_t N) const { return s_.final_norm ? lnf_.out(N) : rows(x, N, s_.C); }
   CrossEntropyParams ce_params(const StepEnv& env, float label_smoothing) const {
     return {.N = env.N(), .V = s_.V, .label_smoothing = label_smoothing, .ignore_index = s_.ignore_index, .ld = s_.ld};
   }

@@ -1,5 +1,7 @@
 #include "tessera/nn/mlp.h"
 
+#include "tessera/core/error.h"
+
 namespace tessera {
 
 Mlp::Mlp(std::string prefix, const MlpShape& s)
@@ -36,6 +38,7 @@ void Mlp::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {
   const int N = env.N(), F = s_.F;
   const Tensor fc_pre = rows(fc_pre_, N, F_in()), fc_act = rows(fc_act_, N, F);
   env.at(fwd_);
+  TS_CHECK(!s_.fused_gelu || env.act_dropout == 0.0f, "internal: activation dropout with the fused GELU");
   if (s_.fused_gelu) {
     // fc_pre = x W1ᵀ + b1 and fc_act = gelu(fc_pre) from one GEMM (cuBLASLt's GELU epilogue).
     gemm_gelu_forward({.M = N, .N = F, .K = s_.C, .trans_b = true}, fc_act, fc_pre, x, fc_.w(env), fc_.b(env),
@@ -43,7 +46,7 @@ void Mlp::forward(const StepEnv& env, const Tensor& x, const Tensor& y) const {
   } else {
     fc_.forward(env, N, fc_pre, x, /*with_bias=*/false);
     env.at(fwd_ + 1);
-    activation_forward({.N = N, .d_ff = F, .kind = s_.kind}, fc_act, fc_pre, fc_.b(env), *env.ctx);
+    activation_forward(act_params(env), fc_act, fc_pre, fc_.b(env), *env.ctx);
   }
   env.at(fwd_ + 2);
   fcp_.forward(env, N, y, fc_act, /*with_bias=*/false);
@@ -67,8 +70,7 @@ void Mlp::backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const
     const Tensor d_fc_act = rows(d_fc_act_, N, F);
     fcp_.backward_input(env, N, d_fc_act, d_y);
     env.at(bwd_ + 2);
-    activation_backward({.N = N, .d_ff = F, .kind = s_.kind}, d_fc_pre, fc_.d_b(env), d_fc_act, fc_pre, fc_.b(env),
-                        *env.ctx);
+    activation_backward(act_params(env), d_fc_pre, fc_.d_b(env), d_fc_act, fc_pre, fc_.b(env), *env.ctx);
   }
   env.at(bwd_ + 3);
   fc_.backward_weight(env, N, d_fc_pre, x, /*with_bias=*/false);

@@ -5,7 +5,8 @@
 // F_in = F, or 2F for SwiGLU ([gate | up], act = silu(gate) * up). With `fused_gelu` (GELU with biases in bf16 /
 // f16, the GPU's dtypes) the fc GEMM adds b1 and applies the GELU in its epilogue (gemm_gelu_forward): fc_pre
 // then holds the bias, there is no activation op in the forward, and the backward writes d_fc_act straight into
-// d_fc_pre and turns it into the GELU's gradient in place (no d_fc_act buffer).
+// d_fc_pre and turns it into the GELU's gradient in place (no d_fc_act buffer). Activation dropout (the step's
+// act_dropout > 0, not with fused_gelu): fc_act = Drop(act(fc_pre + b1)), inside the activation op.
 #pragma once
 #include <string>
 
@@ -31,6 +32,9 @@ class Mlp final : public Sublayer {
   void schedule_backward(StepSchedule& s, const std::string& group) override;
   void declare_saved(PlanBuilder& pb, DType dtype) override;
   void declare_temps(PlanBuilder& pb, DType dtype) override;
+  void draw_streams(RngState* rng, bool /*attn_dropout_on*/, bool act_dropout_on) override {
+    stream_act_ = act_dropout_on ? rng->take() : 0;
+  }
   void forward(const StepEnv& env, const Tensor& x, const Tensor& y) const override;
   void backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x,
                 bool accumulate) const override;
@@ -44,10 +48,19 @@ class Mlp final : public Sublayer {
 
  private:
   int64_t F_in() const { return fc_.out(); }
+  ActivationParams act_params(const StepEnv& env) const {
+    return {.N = env.N(),
+            .d_ff = s_.F,
+            .kind = s_.kind,
+            .dropout = env.act_dropout,
+            .seed = env.seed,
+            .stream = stream_act_};
+  }
   std::string prefix_;
   MlpShape s_;
   Linear fc_, fcp_;
   int fwd_ = -1, bwd_ = -1;
+  uint64_t stream_act_ = 0;
   Tensor fc_pre_, fc_act_, d_fc_act_, d_fc_pre_;
 };
 

@@ -60,8 +60,8 @@ void PlanBuilder::add(Tensor& t, const std::string& name, DType d, std::vector<i
   fits = fits && used <= MemoryPlan::kMaxTotal && bytes <= MemoryPlan::kMaxTotal - used;
   TS_CHECK(fits, "batch ", B_, " x seq ", T_, ": the activations need more than 1 EiB (2^60 bytes) at ", name,
            "; give a smaller batch or sequence");
-  mp_.add(name, bytes, first, last);
-  slots_.push_back({&t, d, std::move(shape)});
+  const int id = mp_.add(name, bytes, first, last);
+  slots_.push_back({&t, d, std::move(shape), id});
 }
 
 int PlanBuilder::add_fixed(const std::string& name, size_t bytes, int first, int last, size_t offset) {
@@ -76,7 +76,7 @@ void PlanBuilder::check_planted() const {
 
 void PlanBuilder::bind(const Arena& arena) const {
   for (size_t i = 0; i < slots_.size(); ++i)
-    *slots_[i].tensor = arena.tensor_at(mp_[static_cast<int>(i)].offset, slots_[i].dtype, slots_[i].shape);
+    *slots_[i].tensor = arena.tensor_at(mp_[slots_[i].id].offset, slots_[i].dtype, slots_[i].shape);
 }
 
 void StepEnv::mm(GemmParams gp, const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& bias) const {

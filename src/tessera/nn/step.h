@@ -93,6 +93,7 @@ class PlanBuilder {
     Tensor* tensor;
     DType dtype;
     std::vector<int64_t> shape;
+    int id;  // the buffer's id in the plan (several builders may add to one plan: an encoder-decoder's two sides)
   };
   void plant(const std::string& name, int& first, int& last);
   MemoryPlan& mp_;
@@ -120,6 +121,7 @@ struct StepEnv {
   int B = 0, T = 0;            // this step's batch and sequence
   float dropout = 0.0f;        // embedding and residual dropout
   float attn_dropout = 0.0f;   // on the attention probabilities
+  float act_dropout = 0.0f;    // on an MLP's activation (an encoder-decoder's)
   uint64_t seed = 0;
 
   int N() const { return B * T; }

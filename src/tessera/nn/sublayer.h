@@ -19,8 +19,9 @@ class Sublayer {
   // The buffers kept for the backward, and the gradient temporaries of the backward.
   virtual void declare_saved(PlanBuilder& pb, DType dtype) = 0;
   virtual void declare_temps(PlanBuilder& pb, DType dtype) = 0;
-  // Takes this step's dropout streams from `rng` (attention dropout on the probabilities).
-  virtual void draw_streams(RngState* rng, bool attn_dropout_on) {}
+  // Takes this step's dropout streams from `rng`: attention dropout on the probabilities, activation dropout on
+  // an MLP's activation.
+  virtual void draw_streams(RngState* rng, bool attn_dropout_on, bool act_dropout_on) {}
   virtual void forward(const StepEnv& env, const Tensor& x, const Tensor& y) const = 0;
   // Adds the parameters' gradients; d_x = (or +=, with accumulate) the gradient of x.
   virtual void backward(const StepEnv& env, const Tensor& d_y, const Tensor& x, const Tensor& d_x,

@@ -10,6 +10,10 @@ bool activation_supports(const ActivationParams& p, DType dtype, Device device, 
     if (why) *why = "needs N >= 0 and d_ff > 0";
     return false;
   }
+  if (!(p.dropout >= 0.0f && p.dropout < 1.0f)) {
+    if (why) *why = "dropout must be in [0, 1)";
+    return false;
+  }
   return true;
 }
 

@@ -42,14 +42,39 @@ __device__ __forceinline__ float gelu_tanh_grad(float u) {
   return 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
 }
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+// The exact GELU, 0.5 u (1 + erf(u / sqrt 2)), and its derivative Φ(u) + u φ(u).
+__device__ __forceinline__ float gelu_erf(float u) { return 0.5f * u * (1.0f + erff(u * 0.70710678f)); }
+__device__ __forceinline__ float gelu_erf_grad(float u) {
+  return 0.5f * (1.0f + erff(u * 0.70710678f)) + u * 0.39894228f * expf(-0.5f * u * u);
+}
+// The output dropout of a launch (ActivationParams' dropout, its keep scale and streams).
+struct ActDropout {
+  float p = 0.0f, keep_scale = 1.0f;
+  uint64_t seed = 0, stream = 0;
+  const uint64_t* stream_base = nullptr;
+};
+
+// The activations without a gate, by the code the launchers pass: kActRelu, kActGelu (tanh form), kActGeluErf.
+enum : int { kActRelu = 0, kActGelu = 1, kActGeluErf = 2 };
+template <typename T>
+__device__ __forceinline__ float act_of(int act, float u) {
+  return act == kActGelu ? gelu_tanh<T>(u) : act == kActGeluErf ? gelu_erf(u) : fmaxf(u, 0.0f);
+}
+template <typename T>
+__device__ __forceinline__ float act_grad_of(int act, float u) {
+  return act == kActGelu ? gelu_tanh_grad<T>(u) : act == kActGeluErf ? gelu_erf_grad(u) : (u > 0.0f ? 1.0f : 0.0f);
+}
 
 // Gelu / Relu: out[n, f] = act(in[n, f] + bias[f]);  in, out: (N, F), bias: (F) or null.
 // Swiglu (kGlu): out[n, f] = silu(g) * u, g = in[n, f] + bias[f], u = in[n, F + f] + bias[F + f];
 //   in: (N, 2F) rows [gate | up], out: (N, F), bias: (2F) or null.
 // One thread per W-element unit of out (W = 16-byte pack or 1), grid-stride over N * F / W units.
-template <typename T, int W, bool kGlu>
-__global__ void activation_forward_pack(T* out, const T* in, const T* __restrict__ bias, int64_t units, int F,
-                                        bool gelu) {
+// kDrop: out times the dropout factors Z of its elements (index n F + f), as the reference draws them.
+template <typename T, int W, bool kGlu, bool kDrop>
+__global__ void activation_forward_pack(T* out, const T* in, const T* __restrict__ bias, int64_t units, int F, int act,
+                                        ActDropout drop) {
+  if constexpr (kDrop)
+    if (drop.stream_base) drop.stream += *drop.stream_base;  // Context::philox_stream_base (CUDA graphs)
   const int units_per_row = F / W;
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -89,7 +114,13 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
         for (int k = 0; k < W; ++k) x[k] += b[k];
       }
 #pragma unroll
-      for (int k = 0; k < W; ++k) y[k] = gelu ? gelu_tanh<T>(x[k]) : fmaxf(x[k], 0.0f);
+      for (int k = 0; k < W; ++k) y[k] = act_of<T>(act, x[k]);
+    }
+    if constexpr (kDrop) {
+      float z[W];
+      cuda::dropout_factors_w<W>(drop.seed, drop.stream, static_cast<uint64_t>(n * F + f0), drop.p, drop.keep_scale, z);
+#pragma unroll
+      for (int k = 0; k < W; ++k) y[k] *= z[k];
     }
     cuda::store_f32<T, W>(out + n * F + f0, y);
   }
@@ -105,11 +136,13 @@ __global__ void activation_forward_pack(T* out, const T* in, const T* __restrict
 // (cuda::last_block_of_chunk, counters: one per chunk): deterministic.
 // Blocks per SM: 5 without a gate (48 registers), 3 for SwiGLU (80 registers, no spill; it would spill at 5): bounds
 // that keep the one-wave grid resident.
-template <typename T, int W, bool kGlu>
+template <typename T, int W, bool kGlu, bool kDrop>
 __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     activation_backward_row_tiles(T* d_in, T* __restrict__ d_bias, float* __restrict__ partial,
                                   uint32_t* __restrict__ counters, const T* d_out, const T* in,
-                                  const T* __restrict__ bias, int N, int F, bool gelu) {
+                                  const T* __restrict__ bias, int N, int F, int act, ActDropout drop) {
+  if constexpr (kDrop)
+    if (drop.stream_base) drop.stream += *drop.stream_base;
   constexpr int kHalves = kGlu ? 2 : 1;
   __shared__ float lanes[kTileRows][kHalves][kTileCols * W];
   const int f0 = (blockIdx.x * kTileCols + threadIdx.x) * W;
@@ -138,6 +171,13 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
         const int n = n0 + j * step;
         if (n >= N) break;
         cuda::load_f32<T, W>(d_out + static_cast<int64_t>(n) * F + f0, dy[j]);
+        if constexpr (kDrop) {
+          float z[W];
+          cuda::dropout_factors_w<W>(drop.seed, drop.stream, static_cast<uint64_t>(n) * F + f0, drop.p, drop.keep_scale,
+                                     z);
+#pragma unroll
+          for (int k = 0; k < W; ++k) dy[j][k] *= z[k];
+        }
 #pragma unroll
         for (int h = 0; h < kHalves; ++h)
           cuda::load_f32<T, W>(in + static_cast<int64_t>(n) * in_w + h * F + f0, x[j][h]);
@@ -165,7 +205,7 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
 #pragma unroll
           for (int k = 0; k < W; ++k) {
             const float u = x[j][0][k] + b[0][k];
-            d[k] = dy[j][k] * (gelu ? gelu_tanh_grad<T>(u) : (u > 0.0f ? 1.0f : 0.0f));
+            d[k] = dy[j][k] * act_grad_of<T>(act, u);
             acc[0][k] += cuda::round_to<T>(d[k]);
           }
           cuda::store_f32<T, W>(d_in + row + f0, d);
@@ -197,6 +237,10 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
                                                             f0 < F, &lanes[0][0][0]);
 }
 
+int act_code(Activation k) {
+  return k == Activation::Gelu ? kActGelu : k == Activation::GeluErf ? kActGeluErf : kActRelu;
+}
+
 bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {
   if (F % vec != 0) return false;
   for (const void* p : ptrs)
@@ -204,18 +248,31 @@ bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Calls f(std::integral_constant<int, W>, std::bool_constant<kGlu>) for the kernel variant these arguments need.
+// Calls f(std::integral_constant<int, W>, std::bool_constant<kGlu>, std::bool_constant<kDrop>) for the kernel
+// variant these arguments need (without dropout, the kernels compile as they would without the option).
 template <typename T, typename Fn>
 void with_variant(const ActivationParams& p, std::initializer_list<const void*> ptrs, Fn&& f) {
   constexpr int V = cuda::Pack<T>::kVec;
   const bool vec = vector_ok(p.d_ff, V, ptrs);
+  const auto with_drop = [&](auto w, auto glu) {
+    if (p.dropout > 0.0f) f(w, glu, std::true_type{});
+    else f(w, glu, std::false_type{});
+  };
   if (p.kind == Activation::Swiglu) {
-    if (vec) f(std::integral_constant<int, V>{}, std::true_type{});
-    else f(std::integral_constant<int, 1>{}, std::true_type{});
+    if (vec) with_drop(std::integral_constant<int, V>{}, std::true_type{});
+    else with_drop(std::integral_constant<int, 1>{}, std::true_type{});
   } else {
-    if (vec) f(std::integral_constant<int, V>{}, std::false_type{});
-    else f(std::integral_constant<int, 1>{}, std::false_type{});
+    if (vec) with_drop(std::integral_constant<int, V>{}, std::false_type{});
+    else with_drop(std::integral_constant<int, 1>{}, std::false_type{});
   }
+}
+
+ActDropout act_dropout(const ActivationParams& p, Context& ctx) {
+  return {.p = p.dropout,
+          .keep_scale = cuda::dropout_keep_scale(p.dropout),
+          .seed = p.seed,
+          .stream = p.stream,
+          .stream_base = ctx.philox_stream_base()};
 }
 
 }  // namespace
@@ -223,16 +280,16 @@ void with_variant(const ActivationParams& p, std::initializer_list<const void*> 
 void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, const void* in, const void* bias,
                              Context& ctx) {
   if (p.N == 0) return;
-  const bool gelu = p.kind == Activation::Gelu;
+  const int act = act_code(p.kind);
   cuda::dispatch_float(dtype, "activation_forward", [&](auto t) {
     using T = decltype(t);
-    with_variant<T>(p, {out, in, bias}, [&](auto w, auto glu) {
+    with_variant<T>(p, {out, in, bias}, [&](auto w, auto glu, auto drop) {
       constexpr int W = decltype(w)::value;
       const int64_t units = static_cast<int64_t>(p.N) * (p.d_ff / W);
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      activation_forward_pack<T, W, decltype(glu)::value>
+      activation_forward_pack<T, W, decltype(glu)::value, decltype(drop)::value>
           <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(in),
-                                                static_cast<const T*>(bias), units, p.d_ff, gelu);
+                                                static_cast<const T*>(bias), units, p.d_ff, act, act_dropout(p, ctx));
       TS_CHECK_LAUNCH();
     });
   });
@@ -241,15 +298,15 @@ void activation_forward_cuda(const ActivationParams& p, DType dtype, void* out, 
 void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in, void* d_bias, const void* d_out,
                               const void* in, const void* bias, Context& ctx) {
   if (p.N == 0) return;
-  const bool gelu = p.kind == Activation::Gelu;
+  const int act = act_code(p.kind);
   const int in_w = p.kind == Activation::Swiglu ? 2 * p.d_ff : p.d_ff;
   cuda::dispatch_float(dtype, "activation_backward", [&](auto t) {
     using T = decltype(t);
-    with_variant<T>(p, {d_in, d_out, in, bias}, [&](auto w, auto glu) {
+    with_variant<T>(p, {d_in, d_out, in, bias}, [&](auto w, auto glu, auto drop) {
       constexpr int W = decltype(w)::value;
       const int col_chunks = static_cast<int>(ceil_div(p.d_ff / W, kTileCols));
       TS_CHECK(col_chunks <= Context::kArrivalCounters, "activation_backward: d_ff ", p.d_ff, " is too wide");
-      constexpr auto kernel = activation_backward_row_tiles<T, W, decltype(glu)::value>;
+      constexpr auto kernel = activation_backward_row_tiles<T, W, decltype(glu)::value, decltype(drop)::value>;
       const int groups = cuda::one_wave_row_groups(p.N, col_chunks, kTileRows,
                                                    cuda::blocks_per_sm<kernel, kTileCols * kTileRows>(),
                                                    ctx.gpu().sm_count);
@@ -258,8 +315,8 @@ void activation_backward_cuda(const ActivationParams& p, DType dtype, void* d_in
       const dim3 grid(col_chunks, groups), block(kTileCols, kTileRows);
       kernel<<<grid, block, 0, ctx.stream()>>>(static_cast<T*>(d_in), static_cast<T*>(d_bias), partial,
                                                ctx.arrival_counters(), static_cast<const T*>(d_out),
-                                               static_cast<const T*>(in), static_cast<const T*>(bias), p.N, p.d_ff,
-                                               gelu);
+                                               static_cast<const T*>(in), static_cast<const T*>(bias), p.N, p.d_ff, act,
+                                               act_dropout(p, ctx));
       TS_CHECK_LAUNCH();
     });
   });

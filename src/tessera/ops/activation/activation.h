@@ -1,10 +1,13 @@
 // tessera/ops/activation — bias + activation, fused.
 //
 // Gelu (tanh form, GPT-2's "gelu_new"): y = 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u³))),  u = x + bias
+// GeluErf (the exact form, BART's and torch's "gelu"): y = 0.5 u (1 + erf(u / sqrt(2)))
 // Relu: y = max(u, 0)
 // in, out: (N, d_ff); bias: (d_ff) or null.
 // Swiglu: in is (N, 2 d_ff) with each row [gate | up] (+ bias of 2 d_ff), y = silu(gate) * up: (N, d_ff),
 //   silu(g) = g / (1 + exp(-g)).
+// Dropout on the output (dropout > 0: an encoder-decoder's activation dropout): out[n, f] = Z_i y, Z_i =
+//   philox_keep(seed, stream, i = n d_ff + f) / (1 - dropout); the backward multiplies d_out by the same Z_i.
 // Backward: d_in overwritten (same shape as in), d_bias accumulated (may be null).
 #pragma once
 #include <string>
@@ -15,7 +18,7 @@
 
 namespace tessera {
 
-enum class Activation { Gelu, Relu, Swiglu };
+enum class Activation { Gelu, Relu, Swiglu, GeluErf };
 
 Activation activation_from_name(std::string_view name);
 std::string_view activation_name(Activation a);
@@ -23,6 +26,8 @@ std::string_view activation_name(Activation a);
 struct ActivationParams {
   int N = 0, d_ff = 0;
   Activation kind = Activation::Gelu;
+  float dropout = 0.0f;  // on the output, in [0, 1)
+  uint64_t seed = 0, stream = 0;
 };
 
 template <typename T>
