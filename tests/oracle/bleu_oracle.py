@@ -81,6 +81,9 @@ def mutate(rng, s):
             out.append(rng.choice(WORDS))
         elif r < 0.35:
             out += [t, rng.choice(PUNCT)]
+        elif r < 0.45:
+            # A change of case only, which --lowercase forgives: in every script (ß.upper() is SS, İ.lower() i̇).
+            out.append(rng.choice([t.upper(), t.swapcase(), t.capitalize()]))
         else:
             out.append(t)
     if rng.random() < 0.2:
@@ -125,6 +128,8 @@ def corpora():
     cases.append(("real_2refs", real_h, [real_r, [mutate(rng, r) for r in real_r]]))
     cases.append(("identical", real_h[:4], [real_h[:4]]))
     cases.append(("identical_multi", real_h, [[mutate(rng, r) for r in real_r], real_h]))
+    cases.append(("case_only", ["ÀÉÎ Straße МОСКВА İstanbul ǅemal ΣΟΦΊΑ Ⅻ Ꭰ 𐐀x", "The END"],
+                  [["àéî STRASSE москва i̇stanbul ǆemal σοφία ⅻ ꭰ 𐐨x", "the end"]]))
     cases.append(("zero_match", ["alpha beta gamma", "delta"], [["one two three four", "five six"]]))
     cases.append(("all_empty_hyp", ["", ""], [["a b c", "d"]]))
     cases.append(("all_empty", ["", ""], [["", ""]]))

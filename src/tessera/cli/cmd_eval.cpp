@@ -50,7 +50,9 @@ int cmd_eval(int argc, char** argv) {
   a.add("hyp", "FILE", "the translation (system output), one segment a line");
   a.add_repeated("ref", "FILE", "a reference, one segment a line, as many lines as --hyp; repeat for more references");
   a.add("tokenize", "NAME", "13a (sacrebleu's default), intl (mteval-v14's Unicode punctuation) or none");
-  a.add_switch("lowercase", "lowercase hypotheses and references first (Python's str.lower())");
+  a.add_switch("lowercase",
+               "lowercase hypotheses and references first (Python's str.lower(), but a capital sigma ending a word "
+               "becomes σ, not ς)");
   a.add_switch("json", "print one JSON object instead of the text lines");
   if (!a.parse(argc, argv, 2)) return 0;
   TS_CHECK(a.has("bleu"), "say what to score: --bleu");
