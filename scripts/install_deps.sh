@@ -61,5 +61,5 @@ echo "install_deps: making $VENV with ${hf_pins[*]}"
 # An existing .venv is updated in place, not deleted.
 /usr/bin/python3 -m venv --system-site-packages "$VENV"
 retry "$VENV/bin/python" -m pip install -q --no-deps --only-binary=:all: "${hf_pins[@]}"
-"$VENV/bin/python" -c 'import torch, transformers; print("install_deps: torch", torch.__version__, "transformers", transformers.__version__)'
+"$VENV/bin/python" -c 'import torch, transformers, sacrebleu; print("install_deps: torch", torch.__version__, "transformers", transformers.__version__, "sacrebleu", sacrebleu.__version__)'
 echo "${hf_pins[*]}" >"$stamp"
