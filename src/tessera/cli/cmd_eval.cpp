@@ -1,0 +1,106 @@
+// tessera eval --bleu: corpus BLEU as sacrebleu computes it (infer/bleu.h), and exact match, of a translation
+// against one or more references, one segment a line.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessera/cli/commands.h"
+#include "tessera/cli/flags.h"
+#include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
+#include "tessera/infer/bleu.h"
+
+namespace tessera::cli {
+
+namespace {
+
+// The lines of a text file, as Python iterates a file opened with newline="\n": cut at each '\n', the last line
+// kept whether or not a '\n' ends it. Each must be valid UTF-8 without a NUL byte.
+std::vector<std::string> read_lines(const std::string& flag, const std::string& path) {
+  const std::string what = "--" + flag;
+  const std::string text = read_file_text(path, what.c_str(), nullptr, /*stop_at_nul=*/true);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < text.size();) {
+    size_t j = text.find('\n', i);
+    if (j == std::string::npos) j = text.size();
+    lines.push_back(text.substr(i, j - i));
+    i = j + 1;
+  }
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const size_t nul = lines[i].find('\0');
+    TS_CHECK(nul == std::string::npos, what, " ", path, " line ", i + 1, " holds a NUL byte (byte ", nul + 1,
+             "): not text");
+    const size_t bad = bleu::invalid_utf8_at(lines[i]);
+    TS_CHECK(bad == 0, what, " ", path, " line ", i + 1, " is not valid UTF-8 (byte ", bad, ")");
+  }
+  return lines;
+}
+
+}  // namespace
+
+int cmd_eval(int argc, char** argv) {
+  Flags a("eval",
+          "Scores a translation against its references, one segment a line: corpus BLEU as the sacrebleu package "
+          "computes it by default (tessera's C++ port of sacrebleu " +
+              std::string(bleu::kSacreBleuVersion) +
+              "'s BLEU: 13a tokenizer, case kept, exp smoothing, 4-grams), printed with sacrebleu's signature, and "
+              "exact match: the share of lines equal, byte for byte, to one of their references.");
+  a.add_switch("bleu", "score BLEU and exact match (the one metric so far, and required)");
+  a.add("hyp", "FILE", "the translation (system output), one segment a line");
+  a.add_repeated("ref", "FILE", "a reference, one segment a line, as many lines as --hyp; repeat for more references");
+  a.add("tokenize", "NAME", "13a (sacrebleu's default), intl (mteval-v14's Unicode punctuation) or none");
+  a.add_switch("lowercase",
+               "lowercase hypotheses and references first (Python's str.lower(), but a capital sigma ending a word "
+               "becomes σ, not ς)");
+  a.add_switch("json", "print one JSON object instead of the text lines");
+  if (!a.parse(argc, argv, 2)) return 0;
+  TS_CHECK(a.has("bleu"), "say what to score: --bleu");
+  TS_CHECK(a.has("hyp"), "--hyp FILE is required");
+  const std::vector<std::string> ref_files = a.all("ref");
+  TS_CHECK(!ref_files.empty(), "--ref FILE is required (repeat it for more references)");
+  bleu::Options opt;
+  if (a.has("tokenize")) opt.tokenize = bleu::parse_tokenize(a.str("tokenize"));
+  opt.lowercase = a.has("lowercase");
+
+  const std::string hyp_file = a.str("hyp");
+  const std::vector<std::string> hyps = read_lines("hyp", hyp_file);
+  TS_CHECK(!hyps.empty(), "--hyp ", hyp_file, " has no lines");
+  std::vector<std::vector<std::string>> refs;
+  for (const std::string& f : ref_files) {
+    refs.push_back(read_lines("ref", f));
+    TS_CHECK(refs.back().size() == hyps.size(), "--ref ", f, " has ", refs.back().size(), " lines but --hyp ", hyp_file,
+             " has ", hyps.size(), ": one reference line is needed for each");
+  }
+
+  const bleu::Score s = bleu::corpus_bleu(hyps, refs, opt);
+  const bleu::ExactMatch em = bleu::exact_match(hyps, refs);
+  const std::string sig = bleu::signature(opt, s.nrefs);
+  const std::string impl = std::string("tessera's C++ port of sacrebleu ") + bleu::kSacreBleuVersion +
+                           "'s BLEU; the sacrebleu package did not run";
+  if (a.has("json")) {
+    nlohmann::json j = {{"name", "BLEU"},
+                        {"score", s.score},
+                        {"signature", sig},
+                        {"verbose_score", bleu::verbose_score(s)},
+                        {"counts", s.counts},
+                        {"totals", s.totals},
+                        {"precisions", s.precisions},
+                        {"bp", s.bp},
+                        {"ratio", s.ratio},
+                        {"hyp_len", s.hyp_len},
+                        {"ref_len", s.ref_len},
+                        {"nrefs", s.nrefs},
+                        {"exact_match", {{"matched", em.matched}, {"lines", em.lines}, {"share", em.share()}}},
+                        {"implementation", impl}};
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
+  }
+  std::printf("%s\n", bleu::format_score(s, sig).c_str());
+  std::printf("exact match = %.2f%% (%lld of %lld lines)\n", 100.0 * em.share(), static_cast<long long>(em.matched),
+              static_cast<long long>(em.lines));
+  std::printf("(%s)\n", impl.c_str());
+  return 0;
+}
+
+}  // namespace tessera::cli
