@@ -9,6 +9,7 @@
 #include "tessera/ops/attention/attention_decode.h"
 #include "tessera/ops/embedding/embedding.h"
 #include "tessera/ops/gemm/gemm.h"
+#include "tessera/ops/gemm/gemv.h"
 #include "tessera/ops/norm/norm.h"
 #include "tessera/ops/residual/residual.h"
 
@@ -219,7 +220,14 @@ void Engine::run_layers(int n, int T, bool decode) {
                           Tensor(), wt, ln ? b : Tensor(), ctx_);
     std::swap(cur, other);
   };
+  // c = in_t wtᵀ + bias: on the GPU the few-row kernel where it takes the call (a decode step's rows), else the
+  // GEMM. The CPU keeps the GEMM, the reference the GPU engine is tested against.
   auto mm = [&](int out, int in, const Tensor& c, const Tensor& in_t, const Tensor& wt, const Tensor& bias) {
+    const GemvParams gp{.M = static_cast<int>(N), .N = out, .K = in};
+    if (ctx_.is_cuda() && gemv_supports(gp, dtype_, ctx_.device(), in_t.data(), wt.data())) {
+      gemv(gp, c, in_t, wt, bias, ctx_);
+      return;
+    }
     gemm({.M = static_cast<int>(N), .N = out, .K = in, .trans_b = true, .allow_tf32 = !f32}, c, in_t, wt, bias, ctx_);
   };
   const DecodeAttentionParams dp{.B = n,
@@ -267,7 +275,11 @@ void Engine::run_layers(int n, int T, bool decode) {
     }
     mm(C, static_cast<int>(HD), y, att, lw.proj_w, lw.proj_b);
     add_then_norm(lw.ln2_w, lw.ln2_b);
-    if (fused_gelu) {
+    const GemvParams fc_gemv{.M = static_cast<int>(N), .N = F, .K = C, .act = cfg_.mlp};
+    if (cfg_.mlp != Activation::Swiglu && ctx_.is_cuda() &&
+        gemv_supports(fc_gemv, dtype_, ctx_.device(), lnx.data(), lw.fc_w.data())) {
+      gemv(fc_gemv, fc_act, lnx, lw.fc_w, lw.fc_b, ctx_);
+    } else if (fused_gelu) {
       gemm_gelu_forward({.M = static_cast<int>(N), .N = F, .K = C, .trans_b = true}, fc_act, fc_pre, lnx, lw.fc_w,
                         lw.fc_b, ctx_);
     } else {
@@ -291,8 +303,12 @@ void Engine::run_head(const Tensor& last, int n) {
     layernorm_forward(np, lnf, flat(a.mean, n), flat(a.rstd, n), last, w_->lnf_w, w_->lnf_b, ctx_);
   else rmsnorm_forward(np, lnf, flat(a.rstd, n), last, w_->lnf_w, ctx_);
   const Tensor logits = flat(a.logits, (n - 1) * ld_ + V_);
-  gemm({.M = n, .N = V_, .K = cfg_.d_model, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_}, logits,
-       lnf, w_->lm, Tensor(), ctx_);
+  const GemvParams gp{.M = n, .N = V_, .K = cfg_.d_model, .ldc = ld_};
+  if (ctx_.is_cuda() && gemv_supports(gp, dtype_, ctx_.device(), lnf.data(), w_->lm.data()))
+    gemv(gp, logits, lnf, w_->lm, Tensor(), ctx_);
+  else
+    gemm({.M = n, .N = V_, .K = cfg_.d_model, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_}, logits,
+         lnf, w_->lm, Tensor(), ctx_);
   last_rows_ = n;
 }
 

@@ -3,12 +3,14 @@
 #include <type_traits>
 
 #include "tessera/ops/activation/activation.h"
+#include "tessera/ops/activation/activation_math.cuh"
 #include "tessera/ops/residual/elementwise_cuda.cuh"
 
 namespace tessera {
 namespace {
 
 using cuda::ceil_div;
+using namespace act_math;
 
 constexpr int kThreads = 256;
 constexpr int kTileCols = 32;  // column units (of W elements) per backward block: threadIdx.x
@@ -16,54 +18,12 @@ constexpr int kTileRows = 8;   // rows in flight per backward block: threadIdx.y
 // Rows each backward thread loads before it stores: 1. The activation math already hides the load latency that the
 // residual backward batches rows for, and more rows in flight would cost registers and occupancy.
 constexpr int kBatch = 1;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-
-// tanh for the GELU of T: the hardware approximation (tanh.approx.f32, one MUFU op, max relative error 2^-10.99)
-// for 16-bit T, whose rounding of the result (2^-8 for bf16, 2^-11 for f16) is as coarse; the accurate tanhf for
-// f32, whose tests compare at 1e-5. tanhf's instruction count would hold a 16-bit forward well below the copy
-// bandwidth.
-template <typename T>
-__device__ __forceinline__ float tanh_for(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return tanhf(x);
-  } else {
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  }
-}
-template <typename T>
-__device__ __forceinline__ float gelu_tanh(float u) {
-  return 0.5f * u * (1.0f + tanh_for<T>(kSqrt2OverPi * (u + 0.044715f * u * u * u)));
-}
-template <typename T>
-__device__ __forceinline__ float gelu_tanh_grad(float u) {
-  const float th = tanh_for<T>(kSqrt2OverPi * (u + 0.044715f * u * u * u));
-  return 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
-}
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
-// The exact GELU, 0.5 u (1 + erf(u / sqrt 2)), and its derivative Φ(u) + u φ(u).
-__device__ __forceinline__ float gelu_erf(float u) { return 0.5f * u * (1.0f + erff(u * 0.70710678f)); }
-__device__ __forceinline__ float gelu_erf_grad(float u) {
-  return 0.5f * (1.0f + erff(u * 0.70710678f)) + u * 0.39894228f * expf(-0.5f * u * u);
-}
 // The output dropout of a launch (ActivationParams' dropout, its keep scale and streams).
 struct ActDropout {
   float p = 0.0f, keep_scale = 1.0f;
   uint64_t seed = 0, stream = 0;
   const uint64_t* stream_base = nullptr;
 };
-
-// The activations without a gate, by the code the launchers pass: kActRelu, kActGelu (tanh form), kActGeluErf.
-enum : int { kActRelu = 0, kActGelu = 1, kActGeluErf = 2 };
-template <typename T>
-__device__ __forceinline__ float act_of(int act, float u) {
-  return act == kActGelu ? gelu_tanh<T>(u) : act == kActGeluErf ? gelu_erf(u) : fmaxf(u, 0.0f);
-}
-template <typename T>
-__device__ __forceinline__ float act_grad_of(int act, float u) {
-  return act == kActGelu ? gelu_tanh_grad<T>(u) : act == kActGeluErf ? gelu_erf_grad(u) : (u > 0.0f ? 1.0f : 0.0f);
-}
 
 // Gelu / Relu: out[n, f] = act(in[n, f] + bias[f]);  in, out: (N, F), bias: (F) or null.
 // Swiglu (kGlu): out[n, f] = silu(g) * u, g = in[n, f] + bias[f], u = in[n, F + f] + bias[F + f];
@@ -235,10 +195,6 @@ __global__ void __launch_bounds__(kTileCols* kTileRows, kGlu ? 3 : 5)
     for (int h = 0; h < kHalves; ++h)
       cuda::column_partials_add<T, W, kTileCols, kTileRows>(d_bias + h * F, partial + h * F, gridDim.y, in_w, f0,
                                                             f0 < F, &lanes[0][0][0]);
-}
-
-int act_code(Activation k) {
-  return k == Activation::Gelu ? kActGelu : k == Activation::GeluErf ? kActGeluErf : kActRelu;
 }
 
 bool vector_ok(int F, int vec, std::initializer_list<const void*> ptrs) {

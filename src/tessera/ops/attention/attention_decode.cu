@@ -9,7 +9,8 @@
 // chunks) in shared memory, so that each key and value row is read once for the whole group, and streams its
 // split's keys in tiles of kKeys rows (16-byte loads through the slot table into shared memory): scores in f32,
 // an online softmax per row (running max m and sum l), out accumulated in f32 registers. One split writes out
-// directly; more write partial (m, l, unnormalised out) to ctx.scratch and a combine kernel merges them:
+// directly; more write partial (m, l, unnormalised out) to ctx.scratch, and the last split of a row chunk to
+// finish (counted in ctx.arrival_counters()) merges them in the same launch:
 //   M = max_z m_z,  out = Σ_z e^(m_z - M) out_z / Σ_z e^(m_z - M) l_z.
 // Head dims run on padded widths 32, 64 or 128 (the narrowest that holds Dh); loops over d stop at the real Dh.
 // Nothing is read back on the host: pos and slots stay on the device, so a launch can be captured in a graph.
@@ -21,6 +22,7 @@
 
 #include "tessera/core/cuda_util.cuh"
 #include "tessera/ops/attention/attention_decode.h"
+#include "tessera/ops/residual/elementwise_cuda.cuh"  // last_block_of_chunk
 
 namespace tessera {
 namespace {
@@ -225,7 +227,8 @@ __global__ void __launch_bounds__(kThreads)
     attention_decode_split_kv(Shape g, Rows<T> out, Rows<const T> q, const T* __restrict__ cache_k,
                               const T* __restrict__ cache_v, const int32_t* __restrict__ pos,
                               const int32_t* __restrict__ slots, int splits, int min_per, int align, int n_chunks,
-                              float scale, bool vec, float2* __restrict__ part_ml, float* __restrict__ part_o) {
+                              float scale, bool vec, float2* __restrict__ part_ml, float* __restrict__ part_o,
+                              uint32_t* __restrict__ counters) {
   constexpr int kKeys = decode_keys<T>(), kStride = decode_stride<T, kDp>(), kAcc = kRows * kDp / kThreads;
   static_assert(kRows * kDp % kThreads == 0, "every (row, column) of the block's output has one owner");
   __shared__ float qs[kRows * kDp];
@@ -330,26 +333,27 @@ __global__ void __launch_bounds__(kThreads)
       if (d == 0) part_ml[part] = make_float2(row_m[r], row_l[r]);
     }
   }
-}
-
-// The combine: block row_id = (b H + h) Tq + i merges that row's splits, one thread per column d.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    attention_decode_combine_splits(Shape g, Rows<T> out, int splits, const float2* __restrict__ part_ml,
-                                    const float* __restrict__ part_o) {
-  const long row_id = blockIdx.x;
-  const int i = static_cast<int>(row_id % g.Tq), h = static_cast<int>(row_id / g.Tq % g.H);
-  const int b = static_cast<int>(row_id / (static_cast<long>(g.Tq) * g.H));
-  const float2* ml = part_ml + row_id * splits;
-  float M = -INFINITY;
-  for (int z = 0; z < splits; ++z) M = fmaxf(M, ml[z].x);
-  for (int d = threadIdx.x; d < g.Dh; d += blockDim.x) {
+  if (splits == 1) return;
+  // The combine, in the last of the row chunk's splits to finish (the others have written their partials):
+  //   M = max_z m_z,  out = Σ_z e^(m_z - M) out_z / Σ_z e^(m_z - M) l_z   (an empty split: m = -inf, l = 0, out 0)
+  if (!cuda::last_block_of_chunk(counters + static_cast<long>(b) * gridDim.y + blockIdx.y,
+                                 static_cast<uint32_t>(splits)))
+    return;
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) {
+    const int e = threadIdx.x + a * kThreads, r = e / kDp, d = e - r * kDp;
+    if (r >= rows || d >= g.Dh) continue;
+    const int rr = r0 + r, i = rr % g.Tq, h = kvh * group + rr / g.Tq;
+    const long row_id = (static_cast<long>(b) * g.H + h) * g.Tq + i;
+    const float2* ml = part_ml + row_id * splits;
+    float M = -INFINITY;
+    for (int zz = 0; zz < splits; ++zz) M = fmaxf(M, __ldcg(ml + zz).x);
     float L = 0.0f, o = 0.0f;
-    for (int z = 0; z < splits; ++z) {
-      const float2 s = ml[z];
-      const float w = s.x == -INFINITY ? 0.0f : expf(s.x - M);  // an empty split has m = -inf, l = 0, acc = 0
-      L = fmaf(w, s.y, L);
-      o = fmaf(w, part_o[(row_id * splits + z) * g.Dh + d], o);
+    for (int zz = 0; zz < splits; ++zz) {
+      const float2 sz = __ldcg(ml + zz);
+      const float w = sz.x == -INFINITY ? 0.0f : expf(sz.x - M);
+      L = fmaf(w, sz.y, L);
+      o = fmaf(w, __ldcg(part_o + (row_id * splits + zz) * g.Dh + d), o);
     }
     out.at(b, i, h)[d] = from_f32<T>(L > 0.0f ? o / L : 0.0f);
   }
@@ -424,6 +428,13 @@ void attention_decode_cuda(const DecodeAttentionParams& p, DType dtype, Attentio
     part_ml = static_cast<float2*>(ctx.scratch(parts * (sizeof(float2) + sizeof(float) * p.Dh)));
     part_o = reinterpret_cast<float*>(part_ml + parts);
   }
+  // One arrival counter per (sequence, KV head, row chunk): the combine runs in the last split of each.
+  uint32_t* counters = nullptr;
+  if (splits > 1) {
+    TS_CHECK(static_cast<long>(p.B) * p.Hkv * n_chunks <= Context::kArrivalCounters, "attention_decode: B x Hkv x ",
+             "row chunks must be at most ", Context::kArrivalCounters, " with split KV");
+    counters = ctx.arrival_counters();
+  }
   const Shape g = shape_of(p);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.Dh)));
   cuda::dispatch_float(dtype, "attention_decode", [&](auto t) {
@@ -435,14 +446,9 @@ void attention_decode_cuda(const DecodeAttentionParams& p, DType dtype, Attentio
       constexpr int kDp = decltype(pad)::value;
       attention_decode_split_kv<T, kDp><<<dim3(splits, p.Hkv * n_chunks, p.B), kThreads, 0, ctx.stream()>>>(
           g, rows_of<T>(out), rows_of<const T>(q), static_cast<const T*>(cache_k), static_cast<const T*>(cache_v), pos,
-          slots, splits, min_per, align, n_chunks, scale, vec, part_ml, part_o);
+          slots, splits, min_per, align, n_chunks, scale, vec, part_ml, part_o, counters);
       TS_CHECK_LAUNCH();
     });
-    if (splits > 1) {
-      attention_decode_combine_splits<T>
-          <<<static_cast<unsigned>(n_rows), kThreads, 0, ctx.stream()>>>(g, rows_of<T>(out), splits, part_ml, part_o);
-      TS_CHECK_LAUNCH();
-    }
   });
 }
 

@@ -23,7 +23,8 @@
 //   S_t = q · K[slot(b, t), g, t] / sqrt(Dh),  out[b, i, h] = Σ_t softmax(S)_t V[slot(b, t), g, t]
 //   A sequence whose pos[b] + i + 1 exceeds max_seq reads max_seq keys. The statistics are f32 whatever the dtype.
 // Split-KV (FlashDecoding): the CUDA kernel divides each (b, h) row's keys into splits that run as separate blocks,
-//   each writing a partial (max, sum, out) to scratch, and a second pass combines them:
+//   each writing a partial (max, sum, out) to scratch; the last split of each row group to finish combines them, in
+//   the same launch:
 //   m = max_s m_s,  l = Σ_s l_s e^(m_s - m),  out = Σ_s e^(m_s - m) out_s / l.
 //   The result does not depend on the split count beyond f32 rounding. splits 0 lets the launcher choose from
 //   the SM count and max_seq (it cannot read pos); each split then covers at least 64 of the sequence's keys.
