@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes docs/cli.md from the tessera binary's --help texts: every command and every bench subcommand.
+"""Writes docs/cli.md from the tessera binary's --help texts: every command and every subcommand (bench, tokenizer).
 
     python3 scripts/gen_cli_docs.py BINARY [OUT.md]      write OUT.md (default docs/cli.md)
     python3 scripts/gen_cli_docs.py BINARY --check FILE  exit 1 when FILE differs from what BINARY prints
 
-The commands are read from the binary itself (`tessera --help`'s "commands:" list and `tessera bench --help`'s
-list), so a new command or subcommand appears without a change here. `--help` is the flag reference; this page
+The commands are read from the binary itself (`tessera --help`'s "commands:" list and the list of each command
+whose usage names subcommands), so a new command or subcommand appears without a change here. `--help` is the flag reference; this page
 is that reference in one place, so flags are documented once.
 """
 import difflib
@@ -67,13 +67,15 @@ def render(binary):
     parts = [HEADER, section([], top)]
     for cmd in commands:
         parts.append(section([cmd], help_text(binary, [cmd])))
-        if cmd == "bench":
-            bench_top = help_text(binary, ["bench"])
-            subs = listed_names(bench_top, None)
+        # A command whose usage line reads `tessera CMD <a|b|...>` has subcommands (bench, tokenizer): each
+        # listed one gets its own section, from `tessera CMD SUB --help`.
+        cmd_top = help_text(binary, [cmd])
+        if re.match(rf"usage: tessera {re.escape(cmd)} <", cmd_top):
+            subs = listed_names(cmd_top, None)
             if not subs:
-                sys.exit("gen_cli_docs: `tessera bench --help` lists no benchmarks")
+                sys.exit(f"gen_cli_docs: `tessera {cmd} --help` lists no subcommands")
             for sub in subs:
-                parts.append(section(["bench", sub], help_text(binary, ["bench", sub])))
+                parts.append(section([cmd, sub], help_text(binary, [cmd, sub])))
     return "\n".join(parts)
 
 

@@ -331,6 +331,7 @@ void run_generate(Model& model, const TextCodec& codec, const std::vector<std::s
   Engine engine(model, generator_engine_options(prompts, batch, o, model.config().max_seq));
   const bool stream = prompts.size() == 1 && !json;
   const uint64_t seed = o.sampling.seed;
+  size_t cut_by_context = 0;
   for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(engine.rows())) {
     const size_t end = std::min(prompts.size(), first + static_cast<size_t>(engine.rows()));
     const std::vector<std::vector<int32_t>> chunk(prompts.begin() + static_cast<std::ptrdiff_t>(first),
@@ -351,8 +352,16 @@ void run_generate(Model& model, const TextCodec& codec, const std::vector<std::s
       if (json) put(json_line(json_record(static_cast<int>(index), texts[index], out[i])));
       else if (stream) put("\n");
       else put((index > 0 ? std::string(kSeparator) + "\n" : std::string()) + texts[index] + out[i].text + "\n");
+      // A "length" finish short of --max-new-tokens: the prompt and the new tokens filled the model's context.
+      if (out[i].finish == FinishReason::Length && out[i].tokens.size() < static_cast<size_t>(o.max_new_tokens))
+        ++cut_by_context;
     }
   }
+  if (cut_by_context > 0)
+    std::fprintf(stderr,
+                 "tessera: %zu of %zu sequence(s) stopped before %d new tokens: the model's context of %d "
+                 "tokens is full\n",
+                 cut_by_context, prompts.size(), o.max_new_tokens, model.config().max_seq);
 }
 
 // --beams K > 1: beam search (infer/beam_generate.h), deterministic, Hugging Face's generate(num_beams=K).

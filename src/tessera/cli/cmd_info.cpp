@@ -192,8 +192,9 @@ TrainingBytes training_bytes(const InfoArgs& o, size_t flat, const MemoryPlan& p
 void print_model_config(const ModelConfig& cfg) {
   const int64_t n = cfg.num_params();
   std::printf("model      %s\n", cfg.preset.c_str());
-  std::printf("config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), d_ff %d, max_seq %d\n",
-              cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.d_ff, cfg.max_seq);
+  std::printf(
+      "config     vocab %d, d_model %d, n_layers %d, n_heads %d (head dim %d), n_kv_heads %d, d_ff %d, max_seq %d\n",
+      cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.head_dim(), cfg.kv_heads(), cfg.d_ff, cfg.max_seq);
   std::printf(
       "           norm %s, mlp %s, positions %s, bias %s, tied %s, dropout %g, attn_dropout %g, emb_scale %g, "
       "padding_id %d\n",

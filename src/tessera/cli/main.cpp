@@ -37,8 +37,8 @@ const char* kUsage =
     "  info       show a model's config, parameter count and memory estimate\n"
     "  tokenizer  train, encode, decode, inspect or convert a BPE tokenizer (tokenizer "
     "train|encode|decode|info|convert)\n"
-    "  bench      time the kernels, the AdamW step, attention or whole models (bench "
-    "kernels|optimizer|attention|model|compare|allreduce)\n"
+    "  bench      time kernels, AdamW, attention, models, all-reduce, tokenizers, top-k or decoding (`tessera "
+    "bench --help` lists them)\n"
     "\n"
     "Run `tessera <command> --help` for the flags of each command, `tessera --version` for the version.\n";
 
