@@ -14,11 +14,18 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "tessera/core/context.h"
 #include "tessera/models/encoder_decoder.h"
 #include "tessera/train/checkpoint.h"
 
 namespace tessera {
+
+// tessera's own config.json of an encoder-decoder (model_type "tessera", "is_encoder_decoder": true, every field
+// of EncDecConfig), and the config it describes (Errors "<where>: <field> ...").
+nlohmann::json encdec_config_json(const EncDecConfig& c);
+EncDecConfig encdec_config_from_tessera_json(const nlohmann::json& j, const std::string& where);
 
 // Whether `dir` (a checkpoint directory, or <dir>.old after an interrupted swap) holds an encoder-decoder: its
 // config.json says "is_encoder_decoder": true. False for GPT's checkpoints, a missing directory or unreadable JSON.
@@ -29,8 +36,7 @@ bool is_seq2seq_checkpoint(const std::string& dir);
 void save_seq2seq_checkpoint(const std::string& dir, const EncoderDecoder& m, const TrainState* state);
 
 // The checkpoint's model on ctx's device in `dtype`. Errors name the file and the first thing that does not fit.
-std::unique_ptr<EncoderDecoder> load_seq2seq_checkpoint(const std::string& dir, Context& ctx,
-                                                        DType dtype = DType::F32);
+std::unique_ptr<EncoderDecoder> load_seq2seq_checkpoint(const std::string& dir, Context& ctx, DType dtype = DType::F32);
 
 // The config a checkpoint's config.json describes, without reading the weights.
 EncDecConfig load_seq2seq_config(const std::string& dir);
