@@ -28,6 +28,7 @@
 #include "tessera/tokenizer/text_codec.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/seq2seq_checkpoint.h"
 
 namespace tessera::cli {
 
@@ -282,6 +283,9 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
     if (why.empty() && !a.has("checkpoint")) why = " (train one first: tessera train)";
     TS_THROW("checkpoint ", given, " does not exist", why);
   }
+  TS_CHECK(!is_seq2seq_checkpoint(ckpt), "generate: ", given,
+           " is an encoder-decoder checkpoint; translate with it: tessera translate --checkpoint ", given,
+           " --input FILE");
   LoadedModel m;
   size_t non_finite = 0;
   if (gpu) {

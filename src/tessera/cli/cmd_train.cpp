@@ -154,6 +154,8 @@ int TrainCommand::run() {
   bool help = false;
   ranks.agree([&] { help = !a.parse(argc_, argv_, 2, /*print_help=*/lead); });
   if (help) return 0;
+  if (is_seq2seq_run()) return run_seq2seq();
+  TS_CHECK(!a.has("max-tokens"), "--max-tokens applies to an encoder-decoder preset (paired --data)");
   ranks.agree([&] {
     read_flags();
     check_setup();

@@ -74,6 +74,12 @@ class TrainCommand {
   int run();
 
  private:
+  // An encoder-decoder run (cmd_train_seq2seq.cpp): an encoder-decoder preset, paired --data, or --resume of an
+  // encoder-decoder checkpoint.
+  bool is_seq2seq_run() const;
+  int run_seq2seq();
+
+ private:
   // 1. The flags into the options, with nothing read or written yet (cmd_train_flags.cpp).
   void read_flags();
   void read_data_parallel_flags();

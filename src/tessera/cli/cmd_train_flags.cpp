@@ -45,7 +45,9 @@ void add_train_flags(Flags& a) {
   a.add("min-lr-ratio", "X", "final lr as a fraction of the peak, cosine decay (default 0.1)");
   a.add("weight-decay", "X", "AdamW weight decay on matrices and embeddings (default 0.1)");
   a.add("grad-clip", "X", "clip the global gradient norm, 0 = off (default 1.0)");
-  a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0)");
+  a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0; 0.1 for an encoder-decoder preset)");
+  a.add("max-tokens", "N",
+        "encoder-decoder presets: padded tokens per batch, pairs of similar length together (default 1024)");
   a.add("seed", "N", "seed for init, dropout and data (default 1337)");
   a.add("device", "cpu|cuda|cuda:N", "where to train (default: the GPU when one is visible, else the CPU)");
   a.add("precision", "f32|bf16|f16",

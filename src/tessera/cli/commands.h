@@ -5,6 +5,7 @@ namespace tessera::cli {
 
 int cmd_train(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_translate(int argc, char** argv);  // cmd_translate.cpp
 int cmd_prepare(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_make_task(int argc, char** argv);  // cmd_make_task.cpp

@@ -31,6 +31,7 @@ const char* kUsage =
     "commands:\n"
     "  train      train a model (no flags: the tiny model on the bundled corpus)\n"
     "  generate   continue a prompt with a trained checkpoint\n"
+    "  translate  translate a file of sources with an encoder-decoder checkpoint (beam search)\n"
     "  prepare    turn a text file into train/val token shards, or parallel text into paired shards\n"
     "  make-task  write a synthetic translation set (copy, reverse, sort, digits-to-words) as a TSV file\n"
     "  eval       score a translation against references: BLEU as sacrebleu computes it, and exact match\n"
@@ -100,6 +101,7 @@ int run_command(int argc, char** argv) {
   try {
     if (cmd == "train") return tessera::cli::cmd_train(argc, argv);
     if (cmd == "generate") return tessera::cli::cmd_generate(argc, argv);
+    if (cmd == "translate") return tessera::cli::cmd_translate(argc, argv);
     if (cmd == "prepare") return tessera::cli::cmd_prepare(argc, argv);
     if (cmd == "info") return tessera::cli::cmd_info(argc, argv);
     if (cmd == "make-task") return tessera::cli::cmd_make_task(argc, argv);
@@ -107,8 +109,9 @@ int run_command(int argc, char** argv) {
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
     if (cmd == "tokenizer") return tessera::cli::cmd_tokenizer(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
-    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "prepare", "make-task", "eval",
-                                                              "info", "bench", "tokenizer", "--version", "--help"});
+    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "translate", "prepare", "make-task",
+                                                              "eval", "info", "bench", "tokenizer", "--version",
+                                                              "--help"});
     return fail("unknown command '" + cmd + "' (" +
                 (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {

@@ -391,6 +391,10 @@ int64_t EncoderDecoder::logits_stride() const {
   return dtype_ == DType::BF16 || dtype_ == DType::F16 ? (int64_t{cfg_.vocab} + 63) / 64 * 64 : cfg_.vocab;
 }
 
+Tensor EncoderDecoder::cross_k(int l) const { return layers_->cross_kv.k(l, int64_t{B_} * Ts_); }
+Tensor EncoderDecoder::cross_v(int l) const { return layers_->cross_kv.v(l, int64_t{B_} * Ts_); }
+Tensor EncoderDecoder::source_lens() const { return acts_->src_lens.slice1d(0, B_); }
+
 Tensor EncoderDecoder::logits() const { return layers_->head.logits(int64_t{B_} * Tt_); }
 
 std::vector<float> EncoderDecoder::read_logits_row(int row) const {

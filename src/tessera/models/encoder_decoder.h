@@ -78,6 +78,13 @@ class EncoderDecoder {
   int64_t logits_stride() const;
   std::vector<float> read_logits_row(int row) const;
 
+  // Of the last forward, for the inference engine (infer/seq2seq_engine.h): decoder layer l's cross-attention K and
+  // V from the one batched projection, each (B*Ts, KV) with row b*Ts + t, and the source lengths (B) int32, all on
+  // the model's device; valid until the next forward.
+  Tensor cross_k(int l) const;
+  Tensor cross_v(int l) const;
+  Tensor source_lens() const;
+
   // The step's events (the plan's time axis) and the plan's peak.
   const StepSchedule& schedule() const;
   size_t activation_peak() const { return arena_.capacity(); }

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
@@ -228,7 +229,38 @@ size_t checkpoint_save_host_bytes(const ModelConfig& cfg) {
   return std::max({3 * C * C, C * C, F_in * C, C * F}) * sizeof(float);
 }
 
-void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state) {
+void write_train_state_files(const std::string& dir, const TrainState& state, int64_t n_params) {
+  if (!state.tokenizer_json.empty())
+    write_file_atomic((fs::path(dir) / "tokenizer.json").string(), state.tokenizer_json);
+  SafetensorsWriter w;
+  const int64_t n = n_params;
+  TS_CHECK(static_cast<int64_t>(state.adam_m.size()) == n && static_cast<int64_t>(state.adam_v.size()) == n,
+           "internal: optimizer state does not match the model");
+  w.add("adam.m", DType::F32, {n}, state.adam_m.data());
+  w.add("adam.v", DType::F32, {n}, state.adam_v.data());
+  w.set_metadata("format", "pt");
+  w.set_metadata("step", std::to_string(state.step));
+  w.set_metadata("optimizer_step", std::to_string(state.optimizer_step < 0 ? state.step : state.optimizer_step));
+  if (state.loss_scale > 0) {
+    char scale[40];
+    std::snprintf(scale, sizeof scale, "%.17g", state.loss_scale);
+    w.set_metadata("loss_scale", scale);
+    w.set_metadata("loss_scale_good_steps", std::to_string(state.loss_scale_good_steps));
+  }
+  w.set_metadata("rng_seed", std::to_string(state.rng.seed));
+  w.set_metadata("rng_next_stream", std::to_string(state.rng.next_stream));
+  w.set_metadata("data_pos", std::to_string(state.data_pos));
+  w.set_metadata("metrics_from", std::to_string(state.metrics_from));
+  w.set_metadata("options", state.options_json);
+  if (std::isfinite(state.val_loss)) {
+    char loss[40];
+    std::snprintf(loss, sizeof loss, "%.17g", state.val_loss);
+    w.set_metadata("val_loss", loss);
+  }
+  w.write((fs::path(dir) / "optimizer.safetensors").string());
+}
+
+void write_checkpoint_dir(const std::string& dir, const std::function<void(const std::string& tmp)>& write_files) {
   fs::path target = fs::path(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "ck/"
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -240,37 +272,7 @@ void save_checkpoint(const std::string& dir, const Model& model, const TrainStat
   fs::create_directories(tmp, ec);
   TS_CHECK(!ec, "cannot create checkpoint directory ", tmp.string(), ": ", ec.message());
   try {  // a failed write (a full disk) leaves no half-written <dir>.tmp behind
-    write_model_files(tmp.string(), model);
-    if (state && !state->tokenizer_json.empty())
-      write_file_atomic((tmp / "tokenizer.json").string(), state->tokenizer_json);
-    if (state) {
-      SafetensorsWriter w;
-      const int64_t n = static_cast<int64_t>(model.params().size());
-      TS_CHECK(static_cast<int64_t>(state->adam_m.size()) == n && static_cast<int64_t>(state->adam_v.size()) == n,
-               "internal: optimizer state does not match the model");
-      w.add("adam.m", DType::F32, {n}, state->adam_m.data());
-      w.add("adam.v", DType::F32, {n}, state->adam_v.data());
-      w.set_metadata("format", "pt");
-      w.set_metadata("step", std::to_string(state->step));
-      w.set_metadata("optimizer_step", std::to_string(state->optimizer_step < 0 ? state->step : state->optimizer_step));
-      if (state->loss_scale > 0) {
-        char scale[40];
-        std::snprintf(scale, sizeof scale, "%.17g", state->loss_scale);
-        w.set_metadata("loss_scale", scale);
-        w.set_metadata("loss_scale_good_steps", std::to_string(state->loss_scale_good_steps));
-      }
-      w.set_metadata("rng_seed", std::to_string(state->rng.seed));
-      w.set_metadata("rng_next_stream", std::to_string(state->rng.next_stream));
-      w.set_metadata("data_pos", std::to_string(state->data_pos));
-      w.set_metadata("metrics_from", std::to_string(state->metrics_from));
-      w.set_metadata("options", state->options_json);
-      if (std::isfinite(state->val_loss)) {
-        char loss[40];
-        std::snprintf(loss, sizeof loss, "%.17g", state->val_loss);
-        w.set_metadata("val_loss", loss);
-      }
-      w.write((tmp / "optimizer.safetensors").string());
-    }
+    write_files(tmp.string());
     fsync_dir(tmp.string());
   } catch (...) {
     fs::remove_all(tmp, ec);
@@ -302,6 +304,13 @@ void save_checkpoint(const std::string& dir, const Model& model, const TrainStat
   fault_point("ckpt-after-move-old");
   rename_or_throw(tmp, target, parent);
   fs::remove_all(old, ec);
+}
+
+void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state) {
+  write_checkpoint_dir(dir, [&](const std::string& tmp) {
+    write_model_files(tmp, model);
+    if (state) write_train_state_files(tmp, *state, static_cast<int64_t>(model.params().size()));
+  });
 }
 
 namespace {
@@ -438,12 +447,16 @@ std::string read_dir_tokenizer(const std::string& dir, int64_t* vocab) {
 }
 
 TrainState load_train_state(const std::string& path, const Model& model) {
+  return read_train_state(path, static_cast<int64_t>(model.params().size()));
+}
+
+TrainState read_train_state(const std::string& path, int64_t n_params) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string file = (fs::path(dir) / "optimizer.safetensors").string();
   TS_CHECK(fs::exists(file), "checkpoint ", dir, " has no optimizer state (", file, " is missing)");
   const SafetensorsFile st = SafetensorsFile::load(file);
   TrainState s;
-  const int64_t n = static_cast<int64_t>(model.params().size());
+  const int64_t n = n_params;
   s.adam_m.resize(n);
   s.adam_v.resize(n);
   st.read_f32("adam.m", {n}, s.adam_m.data());

@@ -18,6 +18,7 @@
 // whole checkpoint to resume from.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -66,6 +67,13 @@ std::optional<std::pair<double, int64_t>> best_record(const std::string& dir);
 // Writes <dir>/model.safetensors and <dir>/config.json, plus optimizer.safetensors when state is given, and
 // tokenizer.json where the state holds one.
 void save_checkpoint(const std::string& dir, const Model& model, const TrainState* state);
+// The directory swap above, for any model's files: write_files fills the fresh directory it is given (<dir>.tmp)
+// with files written whole; it is then synced and put in place of <dir>. An Error from write_files leaves no
+// <dir>.tmp and <dir> as it was.
+void write_checkpoint_dir(const std::string& dir, const std::function<void(const std::string& tmp)>& write_files);
+// <dir>/optimizer.safetensors holding `state` for a model of n_params parameters, and <dir>/tokenizer.json where
+// the state holds one (the files of a training checkpoint beside its model's).
+void write_train_state_files(const std::string& dir, const TrainState& state, int64_t n_params);
 // For tests: whether TESSERA_FAULT_INJECT (a comma list) names `point`. save_checkpoint dies by SIGKILL at its
 // points, as a crash would; train raises a stop signal at its own (cmd_train.cpp).
 bool fault_injected(const char* point);
@@ -111,6 +119,8 @@ InferenceModel load_inference_model(const std::string& path, Context& ctx, DType
 // Loads the training state; fails if the checkpoint has none or it does not fit the model. Its tokenizer_json is
 // the checkpoint's tokenizer.json, where it has one.
 TrainState load_train_state(const std::string& dir, const Model& model);
+// The same for any model of n_params parameters (the moments must have that length).
+TrainState read_train_state(const std::string& dir, int64_t n_params);
 // The text of <dir>/tokenizer.json (a checkpoint's, or a shard directory's), checked to be a tokenizer that loads;
 // "" where dir is no directory or holds none. *vocab (when given) is its vocab size, 0 for none.
 std::string read_dir_tokenizer(const std::string& dir, int64_t* vocab = nullptr);
