@@ -53,6 +53,43 @@ struct HShape {
   const int32_t* key_lens;  // (B) or null
 };
 
+// Out 0 and lse +inf for the 16 rows from row_w of one consumer warp (a tile whose queries see no key).
+template <typename T, int kBoxes>
+__device__ __forceinline__ void store_empty_rows(T* o_base, int64_t ld, float* lse_row, int row_w, int Tq, int Dh) {
+  const int lane = threadIdx.x % 32;
+  float zeros[8][4];
+  flash::zero(zeros);
+  const float one[2] = {1.0f, 1.0f};
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx)
+    flash::store_rows<T, 8>(o_base + bx * kBoxCols, ld, zeros, row_w, Tq, Dh - bx * kBoxCols, one);
+  if ((lane & 3) == 0) {
+    for (int half = 0; half < 2; ++half) {
+      const int r = row_w + lane / 4 + 8 * half;
+      if (r < Tq) lse_row[r] = INFINITY;
+    }
+  }
+}
+
+// Dropout of this lane's scores: attention_dropout.h's blocks for Tq queries and Tk keys, drawn as
+// flash::for_each_draw_query_rows draws them; a dropped score's P becomes 0.
+template <int kN8>
+__device__ __forceinline__ void drop_scores(float (&s)[kN8][4], const AttentionDropoutDraw& d, uint64_t bh, int Tq,
+                                            int Tk, int row_a, int k0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kN8 / 2; ++kk) {
+    const Philox4 r =
+        philox_block(d.seed, d.stream, attention_dropout_block(bh, Tq, Tk, row_a, k0 + 16 * kk + 2 * (lane & 3)));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int n = 2 * kk + (w & 1), e = 2 * (w >> 1);
+      if (!attention_dropout_keeps(r.v[w], 0, d.threshold)) s[n][e] = 0.0f;
+      if (!attention_dropout_keeps(r.v[w], 1, d.threshold)) s[n][e + 1] = 0.0f;
+    }
+  }
+}
+
 template <typename T, int kD, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_general_forward_wgmma(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -77,22 +114,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (n_kt == 0) {  // no query of the tile sees a key: out 0, lse +inf, nothing loaded
     if (threadIdx.x >= 128) {
-      const int tid = threadIdx.x - 128, cw = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-      const int row_w = q0 + cw * 64 + warp * 16;
-      float zeros[8][4];
-      flash::zero(zeros);
-      const float one[2] = {1.0f, 1.0f};
-      T* o_base = out + b * out_sb + h * out_sh;
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        flash::store_rows<T, 8>(o_base + bx * kBoxCols, out_st, zeros, row_w, g.Tq, g.Dh - bx * kBoxCols, one);
-      if ((lane & 3) == 0) {
-        float* lse_row = lse + (static_cast<int64_t>(b) * g.H + h) * g.Tq;
-        for (int half = 0; half < 2; ++half) {
-          const int r = row_w + lane / 4 + 8 * half;
-          if (r < g.Tq) lse_row[r] = INFINITY;
-        }
-      }
+      const int tid = threadIdx.x - 128, row_w = q0 + (tid / 128) * 64 + ((tid % 128) / 32) * 16;
+      store_empty_rows<T, kBoxes>(out + b * out_sb + h * out_sh, out_st,
+                                  lse + (static_cast<int64_t>(b) * g.H + h) * g.Tq, row_w, g.Tq, g.Dh);
     }
     return;
   }
@@ -200,21 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       l[half] = l[half] * alpha[half] + sum;
       m[half] = m_new;
     }
-    if constexpr (kDropout) {
-      // attention_dropout.h's blocks for Tq queries and Tk keys, drawn as flash::for_each_draw_query_rows does.
-      const uint64_t bh = static_cast<uint64_t>(b) * g.H + h;
-#pragma unroll
-      for (int kk = 0; kk < kN8 / 2; ++kk) {
-        const Philox4 r = philox_block(drop.seed, drop.stream,
-                                       attention_dropout_block(bh, g.Tq, g.Tk, row_a, k0 + 16 * kk + 2 * (lane & 3)));
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const int n = 2 * kk + (w & 1), e = 2 * (w >> 1);
-          if (!attention_dropout_keeps(r.v[w], 0, drop.threshold)) sacc[n][e] = 0.0f;
-          if (!attention_dropout_keeps(r.v[w], 1, drop.threshold)) sacc[n][e + 1] = 0.0f;
-        }
-      }
-    }
+    if constexpr (kDropout) drop_scores<kN8>(sacc, drop, static_cast<uint64_t>(b) * g.H + h, g.Tq, g.Tk, row_a, k0);
   };
   auto rescale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
