@@ -2,12 +2,15 @@
 // packed call with grouped KV heads, on the GPU against the f64 reference. Each failure names the kernel family
 // that ran (attention_cuda_kernel) and the case; TESSERA_FLASH_PATH (mma, hopper) picks the flash family per run
 // and the gtest filter picks a test (CudaAttentionGeneral.* / CudaAttentionPackedGqa.*).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "tessera/ops/attention/attention.h"
+#include "tessera/ops/attention/flash_hopper.h"
 
 namespace tessera::test {
 namespace {
@@ -19,16 +22,19 @@ struct GCase {
   int q_offset = 0;
   std::vector<int32_t> lens = {};
   float dropout = 0.0f;
+  int kv_cap = 0;   // > Tk: K and V are the first Tk rows of a cache of kv_cap rows a sequence
+  int row_pad = 8;  // elements past each (t) row; not a multiple of 8: strides the flash kernels refuse
 };
 
-// A (B, T, heads, Dh) argument inside a padded buffer (rows padded by 8 elements, keeping 16-byte alignment for
-// 16-bit types, sequences by 16): the element at (b, t, h, d) is buf[b sb + t st + h Dh + d].
+// A (B, T, heads, Dh) argument inside a padded buffer (rows padded by row_pad elements, 8 keeping 16-byte
+// alignment for 16-bit types; sequences of cap >= T rows, then 16 more): the element at (b, t, h, d) is
+// buf[b sb + t st + h Dh + d].
 struct Layout {
   int B, T, heads, Dh;
   int64_t st, sb;
-  Layout(int B_, int T_, int heads_, int Dh_) : B(B_), T(T_), heads(heads_), Dh(Dh_) {
-    st = static_cast<int64_t>(heads) * Dh + 8;
-    sb = T * st + 16;
+  Layout(int B_, int T_, int heads_, int Dh_, int cap = 0, int row_pad = 8) : B(B_), T(T_), heads(heads_), Dh(Dh_) {
+    st = static_cast<int64_t>(heads) * Dh + row_pad;
+    sb = std::max(cap, T) * st + 16;
   }
   size_t size() const { return static_cast<size_t>(B) * sb + 1; }
   size_t index(int b, int t, int h, int d) const { return b * sb + t * st + static_cast<int64_t>(h) * Dh + d; }
@@ -46,6 +52,19 @@ struct Layout {
         for (int h = 0; h < heads; ++h)
           for (int d = 0; d < Dh; ++d) r.push_back(v[index(b, t, h, d)]);
     return r;
+  }
+  // Fails unless every element of a downloaded poisoned output outside the view is still NaN (written nothing
+  // past Dh, T, or a sequence's rows).
+  void expect_only_view_written(const std::vector<double>& v, const std::string& what) const {
+    std::vector<char> in(v.size(), 0);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < heads; ++h)
+          for (int d = 0; d < Dh; ++d) in[index(b, t, h, d)] = 1;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!in[i]) {
+        ASSERT_TRUE(std::isnan(v[i])) << what << ": element " << i << " outside the view was written";
+      }
   }
 };
 
@@ -73,8 +92,13 @@ void expect_lse_close(std::vector<double> got, std::vector<double> ref, const st
   expect_close(got, ref, DType::F32, what + " lse", 10.0);
 }
 
+// The family the general entry runs for c: the flash kernels refuse strides that are not multiples of 8 elements.
+const char* general_family(const GCase& c, const AttentionParams& p, DType dt, const Context& ctx) {
+  return c.row_pad % 8 != 0 ? "tiled-fma" : attention_cuda_kernel_general(p, dt, ctx);
+}
+
 void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& rng) {
-  const Layout lq(c.B, c.Tq, c.H, c.Dh), lk(c.B, c.Tk, c.Hkv, c.Dh);
+  const Layout lq(c.B, c.Tq, c.H, c.Dh, 0, c.row_pad), lk(c.B, c.Tk, c.Hkv, c.Dh, c.kv_cap, c.row_pad);
   AttentionParams p{.B = c.B,
                     .T = c.Tq,
                     .H = c.H,
@@ -112,13 +136,19 @@ void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& r
   attention_backward(p, lq.on(tdq, dt), lk.on(tdk, dt), lk.on(tdv, dt), lq.on(tdo, dt), lq.on(tq, dt), lk.on(tk, dt),
                      lk.on(tv, dt), lq.on(tout, dt), tlse, ctx);
 
-  const std::string what = describe(c, dt, attention_cuda_kernel(p, dt, ctx));
-  expect_close(lq.logical(dev.download(tout)), lq.logical(out), dt, what + " out");
+  const std::string what = describe(c, dt, general_family(c, p, dt, ctx));
+  const auto got_out = dev.download(tout), got_dq = dev.download(tdq), got_dk = dev.download(tdk),
+             got_dv = dev.download(tdv);
+  expect_close(lq.logical(got_out), lq.logical(out), dt, what + " out");
   expect_lse_close(dev.download(tlse), lse, what);
   const double floor = 0.1 * norm2(lk.logical(dv));
-  expect_close(lq.logical(dev.download(tdq)), lq.logical(dq), dt, what + " dQ", 3.0, floor);
-  expect_close(lk.logical(dev.download(tdk)), lk.logical(dk), dt, what + " dK", 3.0, floor);
-  expect_close(lk.logical(dev.download(tdv)), lk.logical(dv), dt, what + " dV", 3.0, floor);
+  expect_close(lq.logical(got_dq), lq.logical(dq), dt, what + " dQ", 3.0, floor);
+  expect_close(lk.logical(got_dk), lk.logical(dk), dt, what + " dK", 3.0, floor);
+  expect_close(lk.logical(got_dv), lk.logical(dv), dt, what + " dV", 3.0, floor);
+  lq.expect_only_view_written(got_out, what + " out");
+  lq.expect_only_view_written(got_dq, what + " dQ");
+  lk.expect_only_view_written(got_dk, what + " dK");
+  lk.expect_only_view_written(got_dv, what + " dV");
 }
 
 // Cross-attention, grouped and multi-query heads, causal offsets (a decode step at the end of a cache, a chunk
@@ -141,6 +171,119 @@ TEST(CudaAttentionGeneral, MatchesReference) {
     for (int Dh : {64, 80, 128})
       for (const GCase& c : general_cases(Dh)) run_general_case(c, dt, ctx, rng);
   for (const GCase& c : general_cases(40)) run_general_case(c, DType::F32, ctx, rng);
+}
+
+// Issue 46's awkward shapes: every (Tq, Tk) of {1, 7, 100} x {33, 300, 1000}, cycling through MQA, GQA and
+// Hkv = H, causal with the bottom-right offset Tk - Tq or none, key lengths with an empty and a full sequence; K
+// and V views into a cache longer than Tk; bf16 and f16 at Dh 64 and 128.
+TEST(CudaAttentionGeneral, AwkwardShapesMatchReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const int H = 4, kv_heads[3] = {1, 2, H};
+  int n = 0;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int Dh : {64, 128})
+      for (int Tq : {1, 7, 100})
+        for (int Tk : {33, 300, 1000}) {
+          const bool causal = n % 2 == 0, lens = n % 3 != 2;
+          const int Hkv = kv_heads[n % 3], q_offset = causal ? std::max(Tk - Tq, 0) : 0;
+          GCase c{"awkward", 2, Tq, Tk, H, Hkv, Dh, causal, q_offset};
+          if (lens) c.lens = n % 2 ? std::vector<int32_t>{0, Tk} : std::vector<int32_t>{Tk, Tk / 2 + 1};
+          if (n % 4 == 1) c.kv_cap = Tk + 70;
+          run_general_case(c, dt, ctx, rng);
+          ++n;
+        }
+}
+
+// Q, K and V as slices of one fused projection (rows [q | k | v] of width (H + 2 Hkv) Dh) through the general
+// entry, and dK, dV as slices of one fused gradient: GQA, causal, key lengths.
+TEST(CudaAttentionGeneral, FusedProjectionSlicesMatchReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  const int B = 2, T = 90, H = 6, Hkv = 2, Dh = 64;
+  const int64_t W = int64_t{H + 2 * Hkv} * Dh, N = int64_t{B} * T, C = int64_t{H} * Dh;
+  const std::vector<int32_t> lens = {90, 41};
+  for (DType dt : {DType::BF16, DType::F16}) {
+    AttentionParams p{.B = B, .T = T, .H = H, .Dh = Dh, .causal = true, .n_kv_heads = Hkv, .Tq = T, .Tk = T};
+    const auto qkv = rounded(dt, randn<double>(N * W, rng, 1.5)), d_out = rounded(dt, randn<double>(N * C, rng));
+    AttentionParams host = p;
+    std::vector<int32_t> host_lens = lens;
+    host.key_lens = Tensor(host_lens.data(), DType::I32, {B});
+    auto hv = [&](const std::vector<double>& x, int64_t col) {
+      return AttentionView<const double>{x.data() + col, T * W, W, Dh};
+    };
+    std::vector<double> out(N * C), lse(N * H), dq(N * C), dkv(N * W, 0.0);
+    attention_forward_ref<double>(host, {out.data(), T * C, C, Dh}, lse.data(), hv(qkv, 0), hv(qkv, C),
+                                  hv(qkv, C + Hkv * Dh));
+    const auto out_r = rounded(dt, out);
+    attention_backward_ref<double>(host, {dq.data(), T * C, C, Dh}, {dkv.data() + C, T * W, W, Dh},
+                                   {dkv.data() + C + Hkv * Dh, T * W, W, Dh}, {d_out.data(), T * C, C, Dh}, hv(qkv, 0),
+                                   hv(qkv, C), hv(qkv, C + Hkv * Dh), {out_r.data(), T * C, C, Dh}, lse.data());
+
+    DeviceArena dev(ctx);
+    p.key_lens = dev.upload_i32(lens);
+    const Tensor tqkv = dev.upload(dt, qkv), tdo = dev.upload(dt, d_out);
+    const Tensor tout = dev.poisoned(dt, N * C), tlse = dev.poisoned(DType::F32, N * H);
+    const Tensor tdq = dev.poisoned(dt, N * C), tdkv = dev.poisoned(dt, N * W);
+    const size_t es = dtype_size(dt);
+    auto dv4 = [&](const Tensor& buf, int64_t col, int heads, int64_t row) {
+      return Tensor::strided(static_cast<char*>(buf.data()) + col * es, dt, {B, T, heads, Dh}, {T * row, row, Dh, 1},
+                             buf.device());
+    };
+    const Tensor q = dv4(tqkv, 0, H, W), k = dv4(tqkv, C, Hkv, W), v = dv4(tqkv, C + Hkv * Dh, Hkv, W);
+    attention_forward(p, dv4(tout, 0, H, C), tlse, q, k, v, ctx);
+    attention_backward(p, dv4(tdq, 0, H, C), dv4(tdkv, C, Hkv, W), dv4(tdkv, C + Hkv * Dh, Hkv, W), dv4(tdo, 0, H, C),
+                       q, k, v, dv4(tout, 0, H, C), tlse, ctx);
+    const std::string what = std::string("[") + attention_cuda_kernel_general(p, dt, ctx) + "] fused slices " +
+                             dtype_label(dt);
+    expect_close(dev.download(tout), out, dt, what + " out");
+    expect_lse_close(dev.download(tlse), lse, what);
+    expect_close(dev.download(tdq), dq, dt, what + " dQ", 3.0);
+    auto got = dev.download(tdkv);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        ASSERT_TRUE(std::isnan(got[r * W + c])) << what << ": the q part of the fused dK/dV buffer was written";
+        got[r * W + c] = 0.0;
+      }
+    expect_close(got, dkv, dt, what + " dK, dV", 3.0);
+  }
+}
+
+// Views whose row stride is not a multiple of 8 elements run the tiled kernels, and match the reference too.
+TEST(CudaAttentionGeneral, UnalignedStridesFallBackToTiledKernels) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  GCase c{"row stride % 8 == 4", 2, 40, 90, 4, 2, 64, true, 50, {90, 33}};
+  c.row_pad = 4;
+  run_general_case(c, DType::BF16, ctx, rng);
+}
+
+// Which family takes a call (attention_policy.cu): a policy change fails here on the GPU. The flash kernels take
+// every bf16 / f16 call with a flash head width, the general one and the packed one with grouped heads or key
+// lengths alike: the forward on the Hopper kernels where this device and build have them (TESSERA_FLASH_PATH auto
+// or hopper; a Hopper head width: every multiple of 8 up to 128), else mma.sync; the backward on mma.sync. f32
+// and other head widths run the tiled kernels.
+TEST(CudaAttentionGeneral, RoutesToTheFamilyThePolicySays) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  const bool hopper = flash_hopper_available(ctx) && flash_forward_path_requested() != FlashForwardPath::Mma;
+  const std::string flash = hopper ? "flash-hopper forward, flash-mma backward" : "flash-mma";
+  const AttentionParams gqa{.B = 2, .T = 7, .H = 8, .Dh = 64, .n_kv_heads = 2, .Tq = 7, .Tk = 300, .q_offset = 293};
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (int Dh : {32, 40, 64, 80, 128}) {
+      AttentionParams p = gqa;
+      p.Dh = Dh;
+      EXPECT_EQ(attention_cuda_kernel_general(p, dt, ctx), flash) << dtype_label(dt) << " Dh=" << Dh;
+      EXPECT_EQ(attention_cuda_kernel(p, dt, ctx), flash) << dtype_label(dt) << " Dh=" << Dh;
+    }
+    const AttentionParams packed_gqa{.B = 2, .T = 100, .H = 8, .Dh = 64, .n_kv_heads = 2};
+    EXPECT_EQ(attention_cuda_kernel(packed_gqa, dt, ctx), flash);
+    const AttentionParams plain{.B = 2, .T = 100, .H = 8, .Dh = 64};
+    EXPECT_EQ(attention_cuda_kernel_general(plain, dt, ctx), flash);
+    AttentionParams odd = gqa;
+    odd.Dh = 36;
+    EXPECT_STREQ(attention_cuda_kernel_general(odd, dt, ctx), "tiled-fma");
+  }
+  EXPECT_STREQ(attention_cuda_kernel_general(gqa, DType::F32, ctx), "tiled-fma");
 }
 
 TEST(CudaAttentionGeneral, DropoutMatchesReference) {

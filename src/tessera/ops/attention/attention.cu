@@ -729,6 +729,33 @@ void tiled_backward(const AttentionParams& p, DType dtype, AttentionView<void> d
   });
 }
 
+// The general call's forward and backward (D computed before): the flash kernels where they take the views
+// (flash_general_eligible; the forward on the Hopper kernels where flash_general_forward_uses_hopper and TMA takes
+// the views, else mma.sync), else the tiled kernels.
+void general_forward(const AttentionParams& p, DType dtype, AttentionView<void> out, float* lse,
+                     AttentionView<const void> q, AttentionView<const void> k, AttentionView<const void> v,
+                     Context& ctx) {
+  if (flash_general_eligible(p, dtype, {q, k, v, {out.data, out.sb, out.st, out.sh}})) {
+    const FlashGeneralArgs a{.q = q, .k = k, .v = v, .out = out, .lse = lse};
+    if (flash_general_forward_uses_hopper(p, dtype, ctx) && flash_general_forward_hopper_cuda(p, dtype, a, ctx)) return;
+    flash_general_forward_cuda(p, dtype, a, ctx);
+  } else {
+    tiled_forward(p, dtype, out, lse, q, k, v, ctx);
+  }
+}
+void general_backward(const AttentionParams& p, DType dtype, AttentionView<void> dq, AttentionView<void> dk,
+                      AttentionView<void> dv, AttentionView<const void> d_out, AttentionView<const void> q,
+                      AttentionView<const void> k, AttentionView<const void> v, const float* lse, const float* D,
+                      Context& ctx) {
+  auto c = [](const AttentionView<void>& x) { return AttentionView<const void>{x.data, x.sb, x.st, x.sh}; };
+  if (flash_general_eligible(p, dtype, {q, k, v, d_out, c(dq), c(dk), c(dv)})) {
+    flash_general_backward_cuda(
+        p, dtype, {.q = q, .k = k, .v = v, .d_out = d_out, .lse_in = lse, .D = D, .dq = dq, .dk = dk, .dv = dv}, ctx);
+  } else {
+    tiled_backward(p, dtype, dq, dk, dv, d_out, q, k, v, lse, D, ctx);
+  }
+}
+
 }  // namespace
 
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
@@ -743,7 +770,7 @@ void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, fl
     return;
   }
   const PackedViews in = packed_views(p, dtype, qkv);
-  tiled_forward(p, dtype, rows_view(p, out), lse, in.q, in.k, in.v, ctx);
+  general_forward(p, dtype, rows_view(p, out), lse, in.q, in.k, in.v, ctx);
 }
 
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out, const void* qkv,
@@ -756,8 +783,8 @@ void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv,
   if (!flash) {
     const PackedViews in = packed_views(p, dtype, qkv), d = packed_views(p, dtype, d_qkv);
     row_dot(p, dtype, D, rows_view(p, d_out), rows_view(p, out), ctx);
-    tiled_backward(p, dtype, mutable_view(d.q), mutable_view(d.k), mutable_view(d.v), rows_view(p, d_out), in.q, in.k,
-                   in.v, lse, D, ctx);
+    general_backward(p, dtype, mutable_view(d.q), mutable_view(d.k), mutable_view(d.v), rows_view(p, d_out), in.q, in.k,
+                     in.v, lse, D, ctx);
     if (rope) rope_launch(attention_rope(p), dtype, d_qkv, -1.0f, ctx);
     return;
   }
@@ -800,7 +827,7 @@ void attention_forward_general_cuda(const AttentionParams& p, DType dtype, Atten
                                     AttentionView<const void> q, AttentionView<const void> k,
                                     AttentionView<const void> v, Context& ctx) {
   TS_CHECK(p.rope_theta == 0.0f, "internal: attention_forward_general_cuda takes q and k rotated");
-  tiled_forward(p, dtype, out, lse, q, k, v, ctx);
+  general_forward(p, dtype, out, lse, q, k, v, ctx);
 }
 
 void attention_backward_general_cuda(const AttentionParams& p, DType dtype, AttentionView<void> dq,
@@ -812,7 +839,7 @@ void attention_backward_general_cuda(const AttentionParams& p, DType dtype, Atte
   const long n_rows = static_cast<long>(p.B) * attention_tq(p) * p.H;
   float* D = static_cast<float*>(ctx.scratch(static_cast<size_t>(std::max(n_rows, 1L)) * sizeof(float)));
   row_dot(p, dtype, D, d_out, out, ctx);
-  tiled_backward(p, dtype, dq, dk, dv, d_out, q, k, v, lse, D, ctx);
+  general_backward(p, dtype, dq, dk, dv, d_out, q, k, v, lse, D, ctx);
 }
 
 void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<void> x, float sign, Context& ctx) {
@@ -827,10 +854,15 @@ void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<v
   });
 }
 
+const char* attention_cuda_kernel_general(const AttentionParams& p, DType dtype, const Context& ctx) {
+  // The entries' own predicates, on views that pass their alignment rules.
+  if (!flash_general_eligible(p, dtype, {})) return "tiled-fma";
+  return flash_general_forward_uses_hopper(p, dtype, ctx) ? "flash-hopper forward, flash-mma backward" : "flash-mma";
+}
+
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {
-  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0 || !attention_is_plain(p)) {
-    return "tiled-fma";
-  }
+  if (!attention_is_plain(p)) return attention_cuda_kernel_general(p, dtype, ctx);
+  if (!(dtype == DType::BF16 || dtype == DType::F16) || flash_attention_head_pad(p.Dh) == 0) return "tiled-fma";
   // Forward and backward each take the Hopper kernels or mma.sync (TESSERA_FLASH_PATH, see flash_hopper.h).
   const bool fwd = flash_forward_uses_hopper(p, dtype, ctx), bwd = flash_backward_uses_hopper(p, dtype, ctx);
   if (fwd && bwd) return "flash-hopper";

@@ -141,26 +141,33 @@ void rope_forward(const RopeParams& p, const Tensor& qkv, Context& ctx);
 void rope_backward(const RopeParams& p, const Tensor& d_qkv, Context& ctx);
 
 // ---- CUDA launchers (attention.cu), on ctx's stream. Pointers are device memory in `dtype` unless typed. ----
-// The packed call's plain case (attention_is_plain) in bf16 / f16 with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned
-// qkv, out, d_out, d_qkv runs FlashAttention-2 on tensor cores (flash.h: mma.sync m16n8k16, f32 accumulators, head
-// widths 32, 64, 80, 128; a dQ pass and a dK/dV pass, deterministic; flash_hopper.h on sm_90a). Everything else
-// (f32, grouped KV heads, the general call, key lengths, offsets) runs the tiled f32-FMA kernels described next;
-// attention_policy.cu holds the choice. With grouped heads the dK/dV kernel's grid is over (key tile, KV head,
-// batch), each block summing its group's query heads in order (deterministic, no atomics).
-// Forward: one block of 256 threads per (query tile of 64 rows, head, batch); K/V tiles of 64 rows in shared
-// memory, online softmax (running max and sum in f32 registers), the T x T matrix never stored; lse saved.
-// Backward: D = rowsum(d_out * out) (f32, in ctx.scratch: B*H*T floats), then one kernel per query tile for
-// dQ and one per key tile for dK and dV, recomputing P = exp(S - lse) tile by tile (no atomics, deterministic).
-// Q, K and V are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64,
-// 96, 128; any Dh in between runs on the next wider instance). Causal tiles above the diagonal are skipped.
+// Calls in bf16 / f16 with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned buffers (and, for the general call's views,
+// strides that are multiples of 8 elements) run FlashAttention-2 on tensor cores (flash.h: mma.sync m16n8k16, f32
+// accumulators, head widths 32, 64, 80, 128; a dQ pass and a dK/dV pass, deterministic): the packed call's plain
+// case in its own kernels (flash_hopper.h's wgmma + TMA ones on sm_90a), every other case (grouped KV heads,
+// Tq != Tk, offsets, key lengths, the general call) in flash_general.cu. The rest (f32, other head dims, misaligned
+// views) runs the tiled f32-FMA kernels described next; attention_policy.cu holds the choice. With grouped heads the
+// dK/dV kernel's grid is over (key tile, KV head, batch), each block summing its group's query heads in order
+// (deterministic, no atomics). Forward: one block of 256 threads per (query tile of 64 rows, head, batch); K/V tiles of
+// 64 rows in shared memory, online softmax (running max and sum in f32 registers), the T x T matrix never stored; lse
+// saved. Backward: D = rowsum(d_out * out) (f32, in ctx.scratch: B*H*T floats), then one kernel per query tile for dQ
+// and one per key tile for dK and dV, recomputing P = exp(S - lse) tile by tile (no atomics, deterministic). Q, K and V
+// are read in place from qkv. Head dims up to kAttentionMaxDh (compiled for padded widths 32, 64, 96, 128; any Dh in
+// between runs on the next wider instance). Causal tiles above the diagonal are skipped.
 constexpr int kAttentionMaxDh = 128;
 // RoPE on the GPU reads cos / sin from a table over positions (pos_offset + T at most this).
 constexpr int64_t kRopeMaxPositions = int64_t{1} << 22;
-// The kernel family that the CUDA entries run for (p, dtype) on 16-byte-aligned buffers on ctx's GPU:
-// "flash-mma", or on sm_90a (TESSERA_FLASH_PATH auto or hopper, flash_hopper.h) "flash-hopper",
-// "flash-hopper forward, flash-mma backward" or "flash-mma forward, flash-hopper backward"; else "tiled-fma"
-// (tests and benchmarks name the path they measure).
+// The kernel family that the packed CUDA entries run for (p, dtype) on 16-byte-aligned buffers on ctx's GPU: for
+// the plain case (attention_is_plain) "flash-mma", or on sm_90a (TESSERA_FLASH_PATH auto or hopper,
+// flash_hopper.h) "flash-hopper", "flash-hopper forward, flash-mma backward" or "flash-mma forward, flash-hopper
+// backward"; for the others the general call's family (below); else "tiled-fma" (tests and benchmarks name the
+// path they measure).
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx);
+// The family that the general entries run for (p, dtype) on 16-byte-aligned views whose strides are multiples of
+// 8 elements: bf16 / f16, Dh % 8 == 0 up to 128, H and B at most 65535: "flash-mma", or on sm_90a (TESSERA_FLASH_PATH
+// auto or hopper) "flash-hopper forward, flash-mma backward" (the forward falls back to mma.sync where TMA refuses
+// a view's strides); else "tiled-fma".
+const char* attention_cuda_kernel_general(const AttentionParams& p, DType dtype, const Context& ctx);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);
 void attention_backward_cuda(const AttentionParams& p, DType dtype, void* d_qkv, const void* d_out, const void* qkv,

@@ -5,9 +5,17 @@
 // Coverage, by family:
 //   tiled f32-FMA (attention.cu): every case: f32 / bf16 / f16, any Dh up to 128, any alignment, grouped KV heads,
 //     Tq != Tk, causal offsets, key lengths, dropout; the general call and the packed one.
-//   mma.sync flash (flash.h) and Hopper wgmma + TMA (flash_hopper.h): the packed call's plain case
-//     (attention_is_plain: Hkv = H, Tq = Tk = T, q_offset 0, no key lengths), bf16 / f16, Dh % 8 == 0, 16-byte
-//     aligned buffers. Calls outside it run the tiled kernels.
+//   mma.sync flash (flash.h), bf16 / f16, Dh % 8 == 0 up to 128, H and B at most 65535, 16-byte aligned bases:
+//     the packed call's plain case (flash_forward.cu, flash_backward_*.cu), and every other call (flash_general.cu):
+//     the general call's separate views with strides that are multiples of 8 elements, the packed call with
+//     grouped KV heads or key lengths; GQA / MQA, Tq != Tk, causal with q_offset or not, key lengths, dropout, and
+//     RoPE (rotated around the kernels by the entries), forward and backward.
+//   Hopper wgmma + TMA (flash_hopper.h), on sm_90a under TESSERA_FLASH_PATH auto or hopper: the packed call's
+//     plain case, forward and backward (flash_hopper_forward.cu, flash_hopper_backward.cu); and the forward of
+//     every other call the mma.sync kernels take (flash_hopper_general.cu: GQA, Tq != Tk, q_offset, key lengths,
+//     dropout), where TMA takes each view (make_view_map: strides multiples of 16 bytes, else mma.sync). The
+//     backward of those calls runs mma.sync.
+//   The rest (f32, Dh not a multiple of 8, misaligned views or strides) runs the tiled kernels.
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -59,6 +67,25 @@ CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh
   return map;
 }
 
+bool make_view_map(CUtensorMap* map, DType dtype, const void* base, int Dh, int heads, int T, int B, int64_t sb,
+                   int64_t st, int64_t sh, int box_rows) {
+  if (!cuda::aligned16(base) || sb < 0 || st < 0 || sh < 0) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(Dh), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(sh) * 2, static_cast<cuuint64_t>(st) * 2,
+                                 static_cast<cuuint64_t>(sb) * 2};  // bytes, dims 1 .. 3
+  for (cuuint64_t s : strides)
+    if (s % 16 != 0 || s >= (cuuint64_t{1} << 40)) return false;
+  const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  std::memset(map, 0, sizeof(*map));
+  const CUresult r = tensor_map_encoder("attention_forward (Hopper path)")(
+      map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 }  // namespace flash_hopper
 
 int flash_attention_head_pad(int Dh) {
@@ -76,6 +103,18 @@ bool flash_attention_eligible(const AttentionParams& p, DType dtype, std::initia
   if (flash_attention_head_pad(p.Dh) == 0) return false;
   for (const void* ptr : ptrs)
     if (!cuda::aligned16(ptr)) return false;
+  return true;
+}
+
+bool flash_general_eligible(const AttentionParams& p, DType dtype,
+                            std::initializer_list<AttentionView<const void>> views) {
+  if (dtype != DType::BF16 && dtype != DType::F16) return false;
+  if (flash_attention_head_pad(p.Dh) == 0) return false;
+  if (p.H > 65535 || p.B > 65535) return false;
+  for (const AttentionView<const void>& v : views) {
+    if (!cuda::aligned16(v.data)) return false;
+    if (v.sb % 8 != 0 || v.st % 8 != 0 || v.sh % 8 != 0) return false;  // 16-byte rows for 16-bit elements
+  }
   return true;
 }
 
@@ -114,6 +153,16 @@ bool flash_forward_uses_hopper(const AttentionParams& p, DType dtype, const Cont
   // (bench/results/2026-11-30-fast-exp2-h200.md); the other head widths run zero-padded in the 64 and 128 kernels
   // and measured faster than mma.sync too (bench/results/2026-12-02-padded-heads-hopper-h200.md).
   return flash_path_takes_hopper("attention_forward", flash_hopper_forward_eligible, p, dtype, ctx);
+}
+
+bool flash_hopper_general_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
+  return flash_hopper_head_pad(p.Dh) != 0 && flash_general_eligible(p, dtype, {}) && flash_hopper_available(ctx);
+}
+
+bool flash_general_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+  // The packed forward's rule; the views' tensor maps are built at the launch, which falls back to mma.sync
+  // where one cannot be (flash_general_forward_hopper_cuda).
+  return flash_path_takes_hopper("attention_forward", flash_hopper_general_forward_eligible, p, dtype, ctx);
 }
 
 bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {

@@ -25,6 +25,7 @@
 // dK / dV pass: dPᵀ = Zᵀ ∘ (V dOᵀ) and dV += (P ∘ Z)ᵀ dO.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 
 #include "tessera/core/context.h"
 #include "tessera/core/dtype.h"
@@ -54,6 +55,30 @@ int flash_attention_head_pad(int Dh);
 // True when the flash kernels take this call: bf16 / f16, Dh % 8 == 0 and Dh <= 128, and every pointer
 // 16-byte aligned (the cp.async tile loads copy 16-byte chunks; with Dh % 8 == 0 every row start is aligned too).
 bool flash_attention_eligible(const AttentionParams& p, DType dtype, std::initializer_list<const void*> ptrs);
+
+// General call (flash_general.cu): the same three kernels over separate strided (B, T, heads, Dh) views, for
+// grouped KV heads (query head h reads KV head h / (H / Hkv)), Tq != Tk, the causal q_offset and key lengths
+// (device int32, clamped to [0, Tk]), dropout as above; RoPE stays outside (the entry rotates Q and K around the
+// call). Forward and dQ: grid (ceil(Tq/64), H, B) over the key tiles some query of the tile sees. dK/dV: grid
+// (ceil(Tk/64), Hkv, B); a block owning a key tile of KV head g runs the query steps of g's query heads in head
+// order in one pipeline, summing into the same registers: no atomics, deterministic. A query row that sees no key
+// gets out 0 and lse +inf (attention.h), hence dQ 0; keys past a sequence's length get dK = dV = 0.
+struct FlashGeneralArgs {
+  AttentionView<const void> q, k, v;
+  AttentionView<void> out;          // forward output
+  float* lse = nullptr;             // (B, H, Tq)  forward output
+  AttentionView<const void> d_out;  // backward input
+  const float* lse_in = nullptr;    // (B, H, Tq)  backward input
+  const float* D = nullptr;         // (B, H, Tq)  backward input: rowsum(dO ∘ O)
+  AttentionView<void> dq, dk, dv;   // backward outputs, every element of rows [0, Tq) / [0, Tk) written
+};
+// True when the general kernels take this call: bf16 / f16, a flash head width for Dh, H and B at most 65535,
+// every base 16-byte aligned and every stride a multiple of 8 elements (each row then starts 16-byte aligned,
+// as cp.async needs).
+bool flash_general_eligible(const AttentionParams& p, DType dtype,
+                            std::initializer_list<AttentionView<const void>> views);
+void flash_general_forward_cuda(const AttentionParams& p, DType dtype, const FlashGeneralArgs& a, Context& ctx);
+void flash_general_backward_cuda(const AttentionParams& p, DType dtype, const FlashGeneralArgs& a, Context& ctx);
 
 void flash_attention_forward_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx);
 void flash_attention_backward_dq_cuda(const AttentionParams& p, DType dtype, const FlashAttentionArgs& a, Context& ctx);

@@ -54,6 +54,11 @@ constexpr int kBoxCols = 64;  // a TMA box's columns: 128 bytes of 16-bit values
 // attention_policy.cu (the kernel choice and the TMA descriptors).
 CUtensorMap make_heads_map(const char* op, DType dtype, const void* base, int Dh, int heads, int T, int B,
                            int box_rows);
+// The same over a (B, T, heads, Dh) view with element strides sb, st, sh (the general call's Q, K or V): false,
+// leaving *map unspecified, where cuTensorMapEncodeTiled refuses it (a base not 16-byte aligned, a stride that is
+// no multiple of 16 bytes); the caller then runs the mma.sync kernels.
+bool make_view_map(CUtensorMap* map, DType dtype, const void* base, int Dh, int heads, int T, int B, int64_t sb,
+                   int64_t st, int64_t sh, int box_rows);
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
