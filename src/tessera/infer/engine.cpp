@@ -198,6 +198,11 @@ Tensor flat(const Tensor& t, int64_t n) {
 }
 }  // namespace
 
+// The engine's products take gemv up to this many rows, cuBLASLt above: at 16 rows gemv re-reads each row of the
+// input once per pair of output columns and measured slower than cuBLASLt
+// (bench/results/2026-12-07-decode-gemv-flash-h200.md).
+constexpr int64_t kEngineGemvRows = 4;
+
 void Engine::run_layers(int n, int T, bool decode) {
   const Acts& a = *a_;
   const int64_t N = static_cast<int64_t>(n) * T;
@@ -224,7 +229,7 @@ void Engine::run_layers(int n, int T, bool decode) {
   // GEMM. The CPU keeps the GEMM, the reference the GPU engine is tested against.
   auto mm = [&](int out, int in, const Tensor& c, const Tensor& in_t, const Tensor& wt, const Tensor& bias) {
     const GemvParams gp{.M = static_cast<int>(N), .N = out, .K = in};
-    if (ctx_.is_cuda() && gemv_supports(gp, dtype_, ctx_.device(), in_t.data(), wt.data())) {
+    if (ctx_.is_cuda() && N <= kEngineGemvRows && gemv_supports(gp, dtype_, ctx_.device(), in_t.data(), wt.data())) {
       gemv(gp, c, in_t, wt, bias, ctx_);
       return;
     }
@@ -276,7 +281,7 @@ void Engine::run_layers(int n, int T, bool decode) {
     mm(C, static_cast<int>(HD), y, att, lw.proj_w, lw.proj_b);
     add_then_norm(lw.ln2_w, lw.ln2_b);
     const GemvParams fc_gemv{.M = static_cast<int>(N), .N = F, .K = C, .act = cfg_.mlp};
-    if (cfg_.mlp != Activation::Swiglu && ctx_.is_cuda() &&
+    if (cfg_.mlp != Activation::Swiglu && ctx_.is_cuda() && N <= kEngineGemvRows &&
         gemv_supports(fc_gemv, dtype_, ctx_.device(), lnx.data(), lw.fc_w.data())) {
       gemv(fc_gemv, fc_act, lnx, lw.fc_w, lw.fc_b, ctx_);
     } else if (fused_gelu) {
@@ -304,7 +309,7 @@ void Engine::run_head(const Tensor& last, int n) {
   else rmsnorm_forward(np, lnf, flat(a.rstd, n), last, w_->lnf_w, ctx_);
   const Tensor logits = flat(a.logits, (n - 1) * ld_ + V_);
   const GemvParams gp{.M = n, .N = V_, .K = cfg_.d_model, .ldc = ld_};
-  if (ctx_.is_cuda() && gemv_supports(gp, dtype_, ctx_.device(), lnf.data(), w_->lm.data()))
+  if (ctx_.is_cuda() && n <= kEngineGemvRows && gemv_supports(gp, dtype_, ctx_.device(), lnf.data(), w_->lm.data()))
     gemv(gp, logits, lnf, w_->lm, Tensor(), ctx_);
   else
     gemm({.M = n, .N = V_, .K = cfg_.d_model, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_}, logits,

@@ -128,7 +128,8 @@ EncDecConfig encdec_config_from_bart_json(const json& j, const std::string& wher
   const std::string type = j.contains("model_type") ? json_string(j, "model_type", where) : "";
   TS_CHECK(type == "bart", where, ": model_type '", type, "' is not bart");
   EncDecConfig c = encdec_preset("bart-base");
-  c.preset = "custom";
+  // A tessera checkpoint keeps its preset's name beside BartConfig's fields (transformers ignores the key).
+  c.preset = j.contains("tessera_preset") ? json_string(j, "tessera_preset", where) : "custom";
   auto int_or = [&](const char* key, int fallback) {
     return j.contains(key) && !j[key].is_null() ? json_int(j, key, where) : fallback;
   };

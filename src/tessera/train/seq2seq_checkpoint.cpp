@@ -186,9 +186,7 @@ EncDecConfig load_seq2seq_config(const std::string& path) {
   const std::string where = (fs::path(dir) / "config.json").string();
   const json j = read_config_json(dir);
   if (is_bart_json(j)) {
-    EncDecConfig c = encdec_config_from_bart_json(j, where);
-    if (j.contains(kPresetKey)) c.preset = json_string(j, kPresetKey, where);
-    return c;
+    return encdec_config_from_bart_json(j, where);  // which reads kPresetKey too
   }
   TS_CHECK(j.value("model_type", json()) == "tessera" && j.value("is_encoder_decoder", false) == true, where,
            ": not an encoder-decoder's config (model_type bart, or tessera's with is_encoder_decoder)");
@@ -201,7 +199,6 @@ std::unique_ptr<EncoderDecoder> load_seq2seq_checkpoint(const std::string& path,
   const EncDecConfig cfg = load_seq2seq_config(dir);
   if (is_bart_json(read_config_json(dir))) {
     auto m = load_bart_pretrained(dir, ctx, dtype);
-    // load_bart_pretrained's config is BartConfig's; the preset name comes from beside it.
     TS_CHECK(m->config().vocab == cfg.vocab, "internal: BART config read twice differently");
     return m;
   }

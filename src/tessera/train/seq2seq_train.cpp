@@ -247,6 +247,8 @@ Seq2SeqTrainOptions seq2seq_options_from_checkpoint(const std::string& dir) {
 namespace {
 // One step's record fields and the loop's bookkeeping.
 struct Loop {
+  Loop(Run& run, Optimizer& optimizer, PairBatcher& pair_batches, const volatile std::sig_atomic_t* stop_flag)
+      : r(run), opt(optimizer), batches(pair_batches), stop(stop_flag) {}
   Run& r;
   Optimizer& opt;
   PairBatcher& batches;
@@ -322,7 +324,7 @@ Seq2SeqTrainResult train_seq2seq(Seq2SeqTrainOptions opt_in, const volatile std:
 
   ensure_writable_dir(o.out.empty() ? "." : o.out);
   fs::create_directories(o.out);
-  Loop L{.r = r, .opt = adam, .batches = batches, .stop = stop};
+  Loop L(r, adam, batches, stop);
   L.params = params;
   L.ckpt_dir = (fs::path(o.out) / "checkpoint").string();
   L.best_dir = (fs::path(o.out) / "best").string();
