@@ -109,9 +109,9 @@ int run_command(int argc, char** argv) {
     if (cmd == "bench") return tessera::cli::cmd_bench(argc, argv);
     if (cmd == "tokenizer") return tessera::cli::cmd_tokenizer(argc, argv);
     // A typo of a command or of --version / --help is named, as a typo of a flag is.
-    const std::string near = tessera::cli::nearest_name(cmd, {"train", "generate", "translate", "prepare", "make-task",
-                                                              "eval", "info", "bench", "tokenizer", "--version",
-                                                              "--help"});
+    const std::string near =
+        tessera::cli::nearest_name(cmd, {"train", "generate", "translate", "prepare", "make-task", "eval", "info",
+                                         "bench", "tokenizer", "--version", "--help"});
     return fail("unknown command '" + cmd + "' (" +
                 (near.empty() ? "see tessera --help" : "did you mean " + near + "?") + ")");
   } catch (const tessera::Error& e) {
