@@ -419,7 +419,9 @@ TEST(DistCli, TrainOnOneRankSaysRank) {
 // of its bytes took 2 x 64 MiB more, and the same run failed inside MPI_Iallreduce. The limit counts from what the
 // binary takes to start (test::startup_address_mib: with CUDA built, about 900 MiB of shared libraries). What 4 KB
 // needs is measured, from that start: on the GPU machine (16 cores) MPI's own threads took more, and a fixed 356 MiB
-// beyond the start failed there in MPI's thread start-up. 256 MiB beyond it leaves the 2 x 64 MiB copy no room.
+// beyond the start failed there in MPI's thread start-up. The 64 MiB run needs 275-300 MiB beyond the 4 KB run's
+// limit on a 2-core machine with CUDA built (a margin of 256 failed there); 320 MiB beyond it still leaves the
+// 2 x 64 MiB copy no room.
 TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
   TS_SKIP_UNLESS_ADDRESS_LIMITS_APPLY();
   const fs::path d = test::temp_dir("dist_cli_bench_peak");
@@ -429,7 +431,7 @@ TEST(DistCli, BenchAllreduceHoldsWhatItsMemoryCheckCounts) {
   };
   const size_t base = test::smallest_address_limit_mib([&](size_t m) { return limited(m, "4KiB").code == 0; },
                                                        test::startup_address_mib() + 64);
-  const Job j = limited(base + 256, "64MiB");
+  const Job j = limited(base + 320, "64MiB");
   EXPECT_EQ(j.code, 0) << j.out << j.err;
   EXPECT_EQ(count(j.out, "| tessera mpi-cpu | 2 | 64 MiB | "), 1u) << j.out;
   fs::remove_all(d);
