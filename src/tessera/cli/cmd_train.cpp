@@ -17,6 +17,7 @@
 #include "tessera/models/model.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/seq2seq_train.h"
 #include "tessera/train/text.h"
 
 namespace tessera::cli {
@@ -156,6 +157,9 @@ int TrainCommand::run() {
   if (help) return 0;
   if (is_seq2seq_run()) return run_seq2seq();
   TS_CHECK(!a.has("max-tokens"), "--max-tokens applies to an encoder-decoder preset (paired --data)");
+  TS_CHECK(!a.has("data") || !is_pair_data_dir(a.str("data")), "--data ", a.str("data"),
+           " holds paired shards, which train an encoder-decoder preset; --preset ", a.str("preset", "tiny"),
+           " is a GPT");
   ranks.agree([&] {
     read_flags();
     check_setup();
