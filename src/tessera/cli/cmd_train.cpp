@@ -46,7 +46,8 @@ TrainCommand::TrainCommand(int argc, char** argv, const Ranks& r)
     : argv_(argv), ranks(r),
       a("train",
         "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
-        "is visible (bf16 with f32 master weights), else on the CPU (f32)."),
+        "is visible (bf16 with f32 master weights), else on the CPU (f32). An encoder-decoder preset, or\n"
+        "--data holding paired shards, trains an encoder-decoder (docs/encoder_decoder.md)."),
       lead(r.rank() == 0), argc_(argc) {
   add_train_flags(a);
 }
