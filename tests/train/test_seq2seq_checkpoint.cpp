@@ -100,7 +100,11 @@ void round_trip(const EncDecConfig& cfg, bool expect_bart) {
   EXPECT_EQ(config["model_type"], expect_bart ? "bart" : "tessera");
 
   auto back = load_seq2seq_checkpoint(dir.string(), ctx);
-  EXPECT_EQ(back->config().preset, cfg.preset);
+  // The preset's name: BART's config.json keeps it beside its own fields (tessera_preset).
+  EXPECT_EQ(load_seq2seq_config(dir.string()).preset, cfg.preset);
+  EXPECT_EQ(back->config().d_model, cfg.d_model);
+  EXPECT_EQ(back->config().placement, cfg.placement);
+  EXPECT_EQ(back->config().shared_embeddings, cfg.shared_embeddings);
   EXPECT_EQ(back->params().read_f32(ctx), m.params().read_f32(ctx));
   EXPECT_EQ(back->forward(batch.view(), {.label_smoothing = 0.1f}), loss);  // bit for bit
   const TrainState again = load_seq2seq_train_state(dir.string(), *back);

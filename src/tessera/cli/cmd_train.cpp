@@ -17,6 +17,7 @@
 #include "tessera/models/model.h"
 #include "tessera/train/checkpoint.h"
 #include "tessera/train/data.h"
+#include "tessera/train/seq2seq_train.h"
 #include "tessera/train/text.h"
 
 namespace tessera::cli {
@@ -45,7 +46,8 @@ TrainCommand::TrainCommand(int argc, char** argv, const Ranks& r)
     : argv_(argv), ranks(r),
       a("train",
         "Trains a GPT model. With no flags: the tiny preset on the bundled corpus, on the GPU when one\n"
-        "is visible (bf16 with f32 master weights), else on the CPU (f32)."),
+        "is visible (bf16 with f32 master weights), else on the CPU (f32). An encoder-decoder preset, or\n"
+        "--data holding paired shards, trains an encoder-decoder (docs/encoder_decoder.md)."),
       lead(r.rank() == 0), argc_(argc) {
   add_train_flags(a);
 }
@@ -156,6 +158,9 @@ int TrainCommand::run() {
   if (help) return 0;
   if (is_seq2seq_run()) return run_seq2seq();
   TS_CHECK(!a.has("max-tokens"), "--max-tokens applies to an encoder-decoder preset (paired --data)");
+  TS_CHECK(!a.has("data") || !is_pair_data_dir(a.str("data")), "--data ", a.str("data"),
+           " holds paired shards, which train an encoder-decoder preset; --preset ", a.str("preset", "tiny"),
+           " is a GPT");
   ranks.agree([&] {
     read_flags();
     check_setup();

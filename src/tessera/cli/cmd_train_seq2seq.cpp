@@ -43,6 +43,27 @@ constexpr const char* kGptOnlyFlags[] = {"batch",         "seq",    "accum",    
                                          "sample-tokens", "prompt", "trace",     "memory-timeline", "val-batches",
                                          "ddp",           "zero",   "bucket-mb", "master-weights"};
 
+// The preset's shape as --d-model, --n-layers (each side), --n-heads, --n-kv-heads, --d-ff, --max-seq, --dropout and
+// --attn-dropout override it; the other GPT config flags have no encoder-decoder meaning and are refused.
+void override_shape(const Flags& a, EncDecConfig& c) {
+  c.d_model = a.integer("d-model", c.d_model);
+  c.enc_layers = c.dec_layers = a.integer("n-layers", c.enc_layers);
+  c.n_heads = a.integer("n-heads", c.n_heads);
+  c.n_kv_heads = a.integer("n-kv-heads", c.n_kv_heads);
+  c.d_ff = a.integer("d-ff", c.d_ff);
+  c.max_seq = a.integer("max-seq", c.max_seq);
+  c.dropout = a.number_f32("dropout", c.dropout);
+  c.attn_dropout = a.number_f32("attn-dropout", c.attn_dropout);
+  for (const char* f :
+       {"vocab", "norm", "mlp", "positions", "bias", "tied", "emb-scale", "padding-id", "norm-eps", "rope-theta"})
+    TS_CHECK(!a.has(f), "--", f, " does not apply to an encoder-decoder preset");
+  if (c.d_model != encdec_preset(c.preset).d_model || c.enc_layers != encdec_preset(c.preset).enc_layers ||
+      c.n_heads != encdec_preset(c.preset).n_heads || c.d_ff != encdec_preset(c.preset).d_ff ||
+      c.max_seq != encdec_preset(c.preset).max_seq || c.n_kv_heads != encdec_preset(c.preset).n_kv_heads)
+    c.preset = "custom";
+  c.validate();
+}
+
 }  // namespace
 
 bool TrainCommand::is_seq2seq_run() const {
@@ -50,7 +71,7 @@ bool TrainCommand::is_seq2seq_run() const {
   const std::string preset = a.str("preset", "");
   for (const std::string& n : encdec_preset_names())
     if (n == preset && n != "tiny") return true;  // "tiny" names GPT's too: encdec with paired --data only
-  return a.has("data") && is_pair_data_dir(a.str("data"));
+  return (preset.empty() || preset == "tiny") && a.has("data") && is_pair_data_dir(a.str("data"));
 }
 
 int TrainCommand::run_seq2seq() {
@@ -65,6 +86,7 @@ int TrainCommand::run_seq2seq() {
     s.o.steps = a.integer("steps", s.o.steps);
   } else {
     s.model = encdec_preset(a.str("preset", "tiny"));
+    override_shape(a, s.model);
     // Defaults that learn make-task reverse with the tiny preset in a few minutes on two cores.
     s.o.steps = a.integer("steps", 1500);
     s.o.lr = a.number_f32("lr", 3e-3f);
@@ -99,6 +121,7 @@ int TrainCommand::run_seq2seq() {
       if (!is_pair_data_dir(s.o.data)) make_reverse_data(s.o.data, s.o.seed, s.model.max_seq);
     }
     // The preset's vocab gives way to the data's (bytes: 256), which must hold the model's special ids.
+    check_pair_data_dir(s.o.data);
     const PairShard train = open_pair_split(s.o.data, "train");
     s.model.vocab = static_cast<int>(std::max<int64_t>(train.vocab(), s.model.vocab));
     s.model.validate();

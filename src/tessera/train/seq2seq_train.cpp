@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,15 @@ bool is_token_data_dir(const std::string& dir) {
     if (name.starts_with("train_") && name.ends_with(".bin")) return true;
   }
   return false;
+}
+
+void check_pair_data_dir(const std::string& data) {
+  TS_CHECK(!data.empty(), "--data DIR (paired shards: tessera prepare --pairs) is required");
+  TS_CHECK(!is_token_data_dir(data) || is_pair_data_dir(data), "--data ", data,
+           " holds GPT token shards (train_*.bin); an encoder-decoder preset trains on paired shards "
+           "(tessera prepare --pairs FILE.tsv --out DIR)");
+  TS_CHECK(is_pair_data_dir(data), "--data ", data,
+           " holds no paired shards (train_000000.pairs: tessera prepare --pairs FILE.tsv --out DIR)");
 }
 
 namespace {
@@ -136,12 +146,7 @@ void open_run(Run& r) {
     TS_CHECK(fs::is_directory(dir), "--resume ", o.resume, " does not exist", unfinished_checkpoint_note(o.resume));
     TS_CHECK(is_seq2seq_checkpoint(dir), "--resume ", o.resume, " is not an encoder-decoder's checkpoint");
   }
-  TS_CHECK(!o.data.empty(), "--data DIR (paired shards: tessera prepare --pairs) is required");
-  TS_CHECK(!is_token_data_dir(o.data) || is_pair_data_dir(o.data), "--data ", o.data,
-           " holds GPT token shards (train_*.bin); an encoder-decoder preset trains on paired shards "
-           "(tessera prepare --pairs FILE.tsv --out DIR)");
-  TS_CHECK(is_pair_data_dir(o.data), "--data ", o.data,
-           " holds no paired shards (train_000000.pairs: tessera prepare --pairs FILE.tsv --out DIR)");
+  check_pair_data_dir(o.data);
   r.train = std::make_unique<PairShard>(open_pair_split(o.data, "train"));
   std::error_code ec;
   if (fs::is_regular_file(fs::path(o.data) / kPairShardNames[1], ec))
@@ -349,6 +354,8 @@ Seq2SeqTrainResult train_seq2seq(Seq2SeqTrainOptions opt_in, const volatile std:
     L.res.last_step = step;
     r.state.step = step;
     const bool last = step == o.steps;
+    // Tests: a stop signal as if Ctrl-C came during step 2 (TESSERA_FAULT_INJECT=seq2seq-stop-step-2).
+    if (step == 2 && fault_injected("seq2seq-stop-step-2")) std::raise(SIGINT);
     const bool stopping = (stop && *stop != 0) || (o.stop_after > 0 && step >= o.stop_after);
     if (r.val && ((o.val_every > 0 && step % o.val_every == 0) || last)) L.validate_into(step, rec);
     std::fprintf(L.metrics, "%s\n", rec.dump().c_str());

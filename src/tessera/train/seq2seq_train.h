@@ -37,6 +37,9 @@ bool is_pair_data_dir(const std::string& dir);
 // Whether `dir` holds GPT's token shards (train_*.bin).
 bool is_token_data_dir(const std::string& dir);
 
+// One line unless `data` is a directory of paired shards (naming GPT's token shards where it holds those).
+void check_pair_data_dir(const std::string& data);
+
 struct Seq2SeqTrainResult {
   int64_t steps = 0, last_step = 0;
   double first_loss = 0, last_loss = 0, last_val_loss = 0, last_val_accuracy = 0;
