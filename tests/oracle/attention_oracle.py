@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Independent oracle for tessera's general attention (grouped KV heads, Tq != Tk, causal q_offset, key lengths):
 PyTorch recomputes out, lse and the gradients of q, k and v from the inputs tessera wrote, in fp64, and checks
-tessera's results to a relative error of 1e-10 per tensor.
+tessera's results to a relative error (norm of the difference over the norm of torch's) of 1e-10 per tensor: the
+CPU reference's fp64 results. A case's json may set looser bounds for results computed in a 16-bit type on the GPU
+(tests/cuda/test_attention_oracle_cuda.cpp): "tol" for out, "lse_tol" for lse, "grad_tol" for the gradients, whose
+error is taken relative to max(norm(torch's), "grad_floor").
 
 Two formulations, each written from the definition, not from tessera's code:
 - explicit: softmax(Q Kᵀ / sqrt(Dh) + mask) V with K, V repeat_interleave'd over the heads of a group, autograd for
@@ -75,8 +78,8 @@ def sdpa(meta, q, k, v):
     return out.transpose(1, 2)
 
 
-def rel(a, b):
-    return ((a - b).norm() / max(b.norm().item(), 1e-30)).item()
+def rel(a, b, floor=0.0):
+    return ((a - b).norm() / max(b.norm().item(), floor, 1e-30)).item()
 
 
 def check_case(d, stem):
@@ -88,20 +91,23 @@ def check_case(d, stem):
     d_out = load(d, stem, "d_out", qs)
     got = {n: load(d, stem, n, s) for n, s in (("out", qs), ("lse", (B, H, Tq)), ("dq", qs), ("dk", ks), ("dv", ks))}
     failures = []
+    tol, lse_tol = meta.get("tol", TOL), meta.get("lse_tol", TOL)
+    grad_tol, floor = meta.get("grad_tol", TOL), meta.get("grad_floor", 0.0)
 
     out, lse = explicit(meta, q, k, v)
     out.backward(d_out)
     ref = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
     for name, r in ref.items():
-        e = rel(got[name], r)
-        if not e <= TOL:
-            failures.append(f"{meta['name']}: {name} relative error {e:.3g} > {TOL} (explicit softmax)")
+        bound = tol if name == "out" else grad_tol
+        e = rel(got[name], r, 0.0 if name == "out" else floor)
+        if not e <= bound:
+            failures.append(f"{meta['name']}: {name} relative error {e:.3g} > {bound} (explicit softmax)")
     inf_rows = torch.isinf(lse)
     if not torch.equal(torch.isinf(got["lse"]) & (got["lse"] > 0), inf_rows):
         failures.append(f"{meta['name']}: lse is +inf on other rows than those with no visible key")
     e = rel(got["lse"][~inf_rows], lse.detach()[~inf_rows])
-    if not e <= TOL:
-        failures.append(f"{meta['name']}: lse relative error {e:.3g} > {TOL}")
+    if not e <= lse_tol:
+        failures.append(f"{meta['name']}: lse relative error {e:.3g} > {lse_tol}")
 
     has_sdpa = hasattr(F, "scaled_dot_product_attention") and \
         "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
@@ -110,14 +116,14 @@ def check_case(d, stem):
         q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
         o2 = sdpa(meta, q2, k2, v2)
         e = rel(got["out"][rows], o2.detach()[rows])
-        if not e <= TOL:
-            failures.append(f"{meta['name']}: out relative error {e:.3g} > {TOL} (scaled_dot_product_attention)")
+        if not e <= tol:
+            failures.append(f"{meta['name']}: out relative error {e:.3g} > {tol} (scaled_dot_product_attention)")
         (o2[rows] * d_out[rows]).sum().backward()
         if rows.all():
             for name, g in (("dq", q2.grad), ("dk", k2.grad), ("dv", v2.grad)):
-                e = rel(got[name], g)
-                if not e <= TOL:
-                    failures.append(f"{meta['name']}: {name} relative error {e:.3g} > {TOL} (sdpa)")
+                e = rel(got[name], g, floor)
+                if not e <= grad_tol:
+                    failures.append(f"{meta['name']}: {name} relative error {e:.3g} > {grad_tol} (sdpa)")
     return failures, has_sdpa
 
 
