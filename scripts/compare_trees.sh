@@ -4,7 +4,8 @@
 #   build:  only the builds (a later call on the warm machine reuses them)
 #   losses: a gpt2-124m bf16 run of each tree; their metrics.jsonl losses must agree bit for bit
 #   speed:  `bench model` (tessera's side of `bench compare`) for gpt2-124m at B 16, T 1024 and the five cs336
-#           sizes at B 4, T 256, then `bench attention`, old and new alternated ROUNDS times (default 2), into OUT as markdown
+#           sizes at B 4, T 256, then `bench attention`, old and new alternated, rounds FIRST_ROUND (default 1) to
+#           ROUNDS (default 2), into OUT as markdown (a call that cannot hold every round runs them in turn)
 # Usage: scripts/compare_trees.sh OLD_DIR OUT_DIR MODE...   (OLD_DIR: a source tree, e.g. `git archive` of a commit)
 set -uo pipefail
 OLD=$(cd "${1:?usage: scripts/compare_trees.sh OLD_DIR OUT_DIR MODE...}" && pwd)
@@ -44,7 +45,7 @@ for mode in "$@"; do
         echo "losses: DIFFER"; diff "$OUT/losses_old.txt" "$OUT/losses_new.txt" | head; rc=1
       fi ;;
     speed)
-      for round in $(seq 1 "${ROUNDS:-2}"); do
+      for round in $(seq "${FIRST_ROUND:-1}" "${ROUNDS:-2}"); do
         for t in old new; do
           dir=$OLD; [ $t = new ] && dir=$NEW
           B=$dir/build-gpu/tessera
@@ -52,8 +53,8 @@ for mode in "$@"; do
             --out "$OUT/gpt2_${t}_$round.md" >"$OUT/gpt2_${t}_$round.log" 2>&1 || rc=1
           timeout 200 $B bench model --sizes cs336-small,cs336-medium,cs336-large,cs336-xl,cs336-2.7b --batch 4 \
             --seq 256 --precision bf16 --no-progress --out "$OUT/cs336_${t}_$round.md" >"$OUT/cs336_${t}_$round.log" 2>&1 || rc=1
-          [ $round = 1 ] && { timeout 200 $B bench attention --no-progress --out "$OUT/attention_$t.md" \
-            >"$OUT/attention_$t.log" 2>&1 || rc=1; }
+          timeout 200 $B bench attention --no-progress --out "$OUT/attention_${t}_$round.md" \
+            >"$OUT/attention_${t}_$round.log" 2>&1 || rc=1
         done
       done ;;
     *) echo "scripts/compare_trees.sh: the modes are build, losses and speed, got '$mode'" >&2; exit 2 ;;
