@@ -467,20 +467,9 @@ int cmd_generate(int argc, char** argv) {
   const std::vector<std::string> texts = read_prompts(a);
   const int batch = a.integer("batch", std::min<int>(static_cast<int>(texts.size()), kDefaultBatchCap));
   TS_CHECK(batch >= 1, "--batch must be >= 1, got ", batch);
-  const std::string device = a.str("device", "auto");
-  TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
-           "'");
-  const bool gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
-  TS_CHECK(!gpu || probe_gpu().available,
-           "--device cuda: ", built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
-  const std::string prec = a.str("precision", gpu ? "bf16" : "f32");
-  const DType dtype = prec == "f32"    ? DType::F32
-                      : prec == "bf16" ? DType::BF16
-                      : prec == "f16"  ? DType::F16
-                                       : DType::U8;
-  TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
-  TS_CHECK(gpu || dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32",
-           device == "auto" ? " (and no GPU is visible)" : "");
+  const InferenceDevice dev = read_inference_device(a);
+  const bool gpu = dev.gpu;
+  const DType dtype = dev.dtype;
   LoadedModel m = load_generate_model(a, gpu, dtype);
   const ModelConfig& cfg = m.model->config();
   generate_options_check(o, cfg.vocab);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
@@ -102,19 +103,9 @@ int cmd_translate(int argc, char** argv) {
   TS_CHECK(len_b >= 0, "--max-len-b must be >= 0, got ", len_b);
   const float length_penalty = a.number_f32("length-penalty", 1.0f);
   TS_CHECK(std::isfinite(length_penalty), "--length-penalty must be finite");
-  const std::string device = a.str("device", "auto");
-  TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
-           "'");
-  const bool gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
-  TS_CHECK(!gpu || probe_gpu().available,
-           "--device cuda: ", built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
-  const std::string prec = a.str("precision", gpu ? "bf16" : "f32");
-  const DType dtype = prec == "f32"    ? DType::F32
-                      : prec == "bf16" ? DType::BF16
-                      : prec == "f16"  ? DType::F16
-                                       : DType::U8;
-  TS_CHECK(dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
-  TS_CHECK(gpu || dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32");
+  const InferenceDevice dev = read_inference_device(a);
+  const bool gpu = dev.gpu;
+  const DType dtype = dev.dtype;
   const std::vector<std::string> texts = read_sources(a.str("input"));
   if (a.has("output")) check_file_writable(a.str("output"), "--output");
 

@@ -10,6 +10,7 @@
 #include <new>
 #include <regex>
 
+#include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
@@ -202,6 +203,22 @@ std::function<void(size_t, size_t)> PrepareProgress::callback() {
     bar_.update(mib, fields);
     if (mib == total_mib_) bar_.finish();
   };
+}
+
+InferenceDevice read_inference_device(const Flags& a) {
+  const std::string device = a.str("device", "auto");
+  TS_CHECK(device == "cpu" || device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got '", device,
+           "'");
+  InferenceDevice d;
+  d.gpu = device == "cuda" || (device == "auto" && probe_gpu().available);
+  TS_CHECK(!d.gpu || probe_gpu().available,
+           "--device cuda: ", built_with_cuda() ? "no GPU is visible" : "this tessera was built without CUDA");
+  const std::string prec = a.str("precision", d.gpu ? "bf16" : "f32");
+  d.dtype = prec == "f32" ? DType::F32 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::U8;
+  TS_CHECK(d.dtype != DType::U8, "--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
+  TS_CHECK(d.gpu || d.dtype == DType::F32, "--precision ", prec, " runs on the GPU; the CPU computes in f32",
+           device == "auto" ? " (and no GPU is visible)" : "");
+  return d;
 }
 
 }  // namespace tessera::cli

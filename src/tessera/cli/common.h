@@ -28,6 +28,15 @@ ModelConfig model_from_flags(const Flags& f);
 // is a run whose checkpoint swap was cut short between its renames (the only checkpoint left, which --resume finds).
 bool holds_run(const std::filesystem::path& dir);
 
+// Where an inference command runs and in what dtype, from --device (cpu, cuda or auto: the GPU where one is
+// visible) and --precision (bf16 by default on the GPU, f32 on the CPU, which computes only in f32). Each bad
+// setting is one TS_CHECK line.
+struct InferenceDevice {
+  bool gpu = false;
+  DType dtype = DType::F32;
+};
+InferenceDevice read_inference_device(const Flags& a);
+
 // One number in a printf format ("%.4f"), for the bench tables.
 std::string fmt(const char* printf_format, double v);
 // The current time as "YYYY-MM-DD HH:MM UTC", for the bench tables' headers.
