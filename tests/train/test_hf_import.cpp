@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -120,11 +122,56 @@ TEST(HfImport, GreedyEqualsTransformersGenerate) {
     for (int id : r["greedy"]) want.push_back(static_cast<char>(id));
     const int n = static_cast<int>(r["greedy"].size() - r["prompt"].size());
     ASSERT_GE(n, 20);
+    // refs.json's path is generate(eos_token_id=None): EOS ignored.
     const auto run = test::run("generate --checkpoint '" + d.string() + "' --prompt '" + prompt + "' --tokens " +
-                               std::to_string(n) + " --greedy");
+                               std::to_string(n) + " --greedy --ignore-eos");
     ASSERT_EQ(run.code, 0) << run.err;
     EXPECT_EQ(run.out.substr(0, want.size()), want);
   }
+}
+
+// As transformers' generate(): a save_pretrained directory's eos_token_id ends the sequence, from
+// generation_config.json where it exists (an id or a list; ids past the vocab never match), else config.json;
+// --ignore-eos and --eos-id override it.
+TEST(HfImport, GenerateStopsAtTheConfigsEos) {
+  REQUIRE_FIXTURES();
+  const fs::path d = test::temp_dir("hf_eos") / "gpt2";
+  fs::create_directories(d.parent_path());
+  fs::copy(fixtures() / "gpt2", d, fs::copy_options::recursive);
+  const json r = refs_of(d);
+  const std::vector<int> greedy = r["greedy"].get<std::vector<int>>();
+  const size_t p = r["prompt"].size(), n = greedy.size() - p;
+  std::string prompt;
+  for (size_t i = 0; i < p; ++i) prompt.push_back(static_cast<char>(greedy[i]));
+  // The first new token from the third on that the continuation has not drawn before: it ends the sequence there.
+  size_t k = 2;
+  while (k < greedy.size() - p &&
+         std::find(greedy.begin() + p, greedy.begin() + p + k, greedy[p + k]) != greedy.begin() + p + k)
+    ++k;
+  ASSERT_LT(k, n);
+  const int eos = greedy[p + k], first = greedy[p];
+  const int vocab = json::parse(read_file_text((d / "config.json").string()))["vocab_size"].get<int>();
+  auto set_json = [&](const char* file, const json& eos_field) {
+    json j = json::parse(read_file_text((d / file).string()));
+    j["eos_token_id"] = eos_field;
+    std::ofstream((d / file).string()) << j.dump();
+  };
+  auto new_tokens = [&](const std::string& flags) {
+    const auto run = test::run("generate --checkpoint '" + d.string() + "' --prompt '" + prompt +
+                               "' --max-new-tokens " + std::to_string(n) + " --greedy --json" + flags);
+    EXPECT_EQ(run.code, 0) << run.err;
+    const json rec = json::parse(run.out);
+    return std::pair{rec["tokens"].get<std::vector<int>>(), rec["finish_reason"].get<std::string>()};
+  };
+  const std::vector<int> until_eos(greedy.begin() + p, greedy.begin() + p + k + 1);
+  fs::remove(d / "generation_config.json");
+  set_json("config.json", eos);
+  EXPECT_EQ(new_tokens(""), std::pair(until_eos, std::string("eos")));
+  set_json("config.json", first);  // generation_config.json, written now, is the one read
+  std::ofstream((d / "generation_config.json").string()) << json{{"eos_token_id", {vocab + 5, eos}}}.dump();
+  EXPECT_EQ(new_tokens(""), std::pair(until_eos, std::string("eos")));
+  EXPECT_EQ(new_tokens(" --ignore-eos").first, std::vector<int>(greedy.begin() + p, greedy.end()));
+  EXPECT_EQ(new_tokens(" --eos-id " + std::to_string(eos)), std::pair(until_eos, std::string("eos")));
 }
 
 TEST(HfImport, InfoDescribesTheShardedLlama) {

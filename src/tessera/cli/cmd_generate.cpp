@@ -69,8 +69,8 @@ void add_generate_flags(Flags& a) {
   a.add_switch("greedy", "always take the most likely token (after the penalties and bias)");
   a.add_repeated("stop", "TEXT", "end a sequence where its text holds TEXT, cut before it (repeatable)");
   a.add_repeated("eos-id", "ID[,...]",
-                 "token ids that end a sequence (repeatable; default none: the byte vocab has "
-                 "no EOS)");
+                 "token ids that end a sequence (repeatable; default: a Hugging Face checkpoint's "
+                 "eos_token_id, as its generate() takes it; none for tessera's own checkpoints)");
   a.add_switch("ignore-eos", "EOS ids are ordinary tokens");
   a.add_switch("json",
                "one JSON record a line per sequence: {\"index\", \"prompt\", \"tokens\" (the new ids), "
@@ -269,6 +269,7 @@ struct LoadedModel {
   std::unique_ptr<Context> ctx;  // the GPU's (null on the CPU); outlives the model
   std::unique_ptr<Model> model;
   std::unique_ptr<TextCodec> codec;  // the checkpoint's tokenizer.json, or bytes
+  std::vector<int32_t> config_eos;   // a Hugging Face directory's default EOS ids (checkpoint_eos_ids)
 };
 
 LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
@@ -309,6 +310,7 @@ LoadedModel load_generate_model(const Flags& a, bool gpu, DType dtype) {
   // about a default prompt the user never gave.
   const int vocab = m.model->config().vocab;
   m.codec = std::make_unique<TextCodec>(TextCodec::for_checkpoint(ckpt, vocab));
+  m.config_eos = checkpoint_eos_ids(ckpt, vocab);
   const bool text_fits = !m.codec->byte_level() || vocab >= kByteVocab || a.has("prompt") || a.has("prompt-file");
   TS_CHECK(text_fits, "checkpoint ", given, ": the model's vocab of ", vocab,
            " tokens is not the byte vocabulary (256), and generate reads and writes byte-level text (a --prompt of "
@@ -463,7 +465,7 @@ int cmd_generate(int argc, char** argv) {
   if (!a.parse(argc, argv, 2)) return 0;
   // Every flag before the checkpoint is read; none is quietly turned into another.
   GenerateOptions o = read_generate_options(a);
-  const BeamFlags beams = read_beam_flags(a, o);
+  BeamFlags beams = read_beam_flags(a, o);
   const std::vector<std::string> texts = read_prompts(a);
   const int batch = a.integer("batch", std::min<int>(static_cast<int>(texts.size()), kDefaultBatchCap));
   TS_CHECK(batch >= 1, "--batch must be >= 1, got ", batch);
@@ -473,6 +475,12 @@ int cmd_generate(int argc, char** argv) {
   LoadedModel m = load_generate_model(a, gpu, dtype);
   const ModelConfig& cfg = m.model->config();
   generate_options_check(o, cfg.vocab);
+  // As Hugging Face's generate(): a save_pretrained directory's eos_token_id ends a sequence unless told otherwise.
+  // Beam search takes one EOS id, the first.
+  if (!a.has("eos-id") && !o.ignore_eos && !m.config_eos.empty()) {
+    o.eos_ids = beams.beams > 1 ? std::vector<int32_t>{m.config_eos[0]} : m.config_eos;
+    beams.search.eos_id = m.config_eos[0];
+  }
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < texts.size(); ++i) {
     std::vector<int32_t> t = m.codec->encode(texts[i]);

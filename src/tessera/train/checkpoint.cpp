@@ -365,6 +365,25 @@ void load_weights(const OpenCheckpoint& ck, Model& model) {
 
 ModelConfig load_checkpoint_config(const std::string& path) { return open_checkpoint(path).cfg; }
 
+std::vector<int32_t> checkpoint_eos_ids(const std::string& path, int vocab) {
+  if (!open_checkpoint(path).hf) return {};
+  const fs::path dir = resolve_checkpoint_dir(path);
+  const fs::path gen = dir / "generation_config.json";
+  const fs::path file = fs::is_regular_file(gen) ? gen : dir / "config.json";
+  json j;
+  try {
+    j = json::parse(read_file_text(file.string(), "checkpoint"));
+  } catch (const json::exception& e) {
+    TS_THROW("checkpoint ", file.string(), ": not valid JSON (", e.what(), ")");
+  }
+  const json eos = j.is_object() ? j.value("eos_token_id", json()) : json();
+  std::vector<int32_t> ids;
+  for (const json& e : eos.is_array() ? eos : json::array({eos}))
+    if (e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab)
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  return ids;
+}
+
 ModelConfig check_checkpoint_model(const std::string& path) {
   const OpenCheckpoint ck = open_checkpoint(path);
   if (ck.hf) return ck.cfg;  // HfCheckpoint::open checked every tensor

@@ -96,6 +96,12 @@ std::string unfinished_checkpoint_note(const std::string& path);
 // model.safetensors, a checkpoint/ that has one) is an Error naming the checkpoints in it.
 std::string resolve_checkpoint_dir(const std::string& path);
 
+// The end-of-sequence ids that Hugging Face's generate() stops at by default for the checkpoint at `path`: for a
+// directory that save_pretrained wrote, generation_config.json's eos_token_id where that file exists, else
+// config.json's (an integer, a list of them, or null); ids outside [0, vocab) are left out, as they cannot be drawn.
+// Empty for tessera's own checkpoints, whose config.json names a placeholder id for transformers only.
+std::vector<int32_t> checkpoint_eos_ids(const std::string& path, int vocab);
+
 // Reads the model config stored in a checkpoint directory (or a model.safetensors path).
 ModelConfig load_checkpoint_config(const std::string& path);
 // load_checkpoint_config, after checking what load_checkpoint_weights will: every tensor the config needs is there
