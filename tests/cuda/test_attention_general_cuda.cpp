@@ -4,7 +4,9 @@
 // and the gtest filter picks a test (CudaAttentionGeneral.* / CudaAttentionPackedGqa.*).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,12 +94,35 @@ void expect_lse_close(std::vector<double> got, std::vector<double> ref, const st
   expect_close(got, ref, DType::F32, what + " lse", 10.0);
 }
 
+// Sets TESSERA_FLASH_PATH for one scope and restores what was there (the lead's runs set it for a whole binary).
+class ScopedFlashPath {
+ public:
+  explicit ScopedFlashPath(const char* path) {
+    if (const char* old = std::getenv(kName)) old_ = old;
+    ::setenv(kName, path, 1);
+  }
+  ~ScopedFlashPath() {
+    if (old_) ::setenv(kName, old_->c_str(), 1);
+    else ::unsetenv(kName);
+  }
+  ScopedFlashPath(const ScopedFlashPath&) = delete;
+  ScopedFlashPath& operator=(const ScopedFlashPath&) = delete;
+
+ private:
+  static constexpr const char* kName = "TESSERA_FLASH_PATH";
+  std::optional<std::string> old_;
+};
+
 // The family the general entry runs for c: the flash kernels refuse strides that are not multiples of 8 elements.
 const char* general_family(const GCase& c, const AttentionParams& p, DType dt, const Context& ctx) {
   return c.row_pad % 8 != 0 ? "tiled-fma" : attention_cuda_kernel_general(p, dt, ctx);
 }
 
-void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& rng) {
+// `path` (TESSERA_FLASH_PATH for the case: "hopper" or "mma") or nullptr, leaving the routing to the environment;
+// a 16-bit case given a path must run that family in both directions.
+void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& rng, const char* path = nullptr) {
+  std::optional<ScopedFlashPath> scoped;
+  if (path) scoped.emplace(path);
   const Layout lq(c.B, c.Tq, c.H, c.Dh, 0, c.row_pad), lk(c.B, c.Tk, c.Hkv, c.Dh, c.kv_cap, c.row_pad);
   AttentionParams p{.B = c.B,
                     .T = c.Tq,
@@ -137,6 +162,9 @@ void run_general_case(const GCase& c, DType dt, Context& ctx, std::mt19937_64& r
                      lk.on(tv, dt), lq.on(tout, dt), tlse, ctx);
 
   const std::string what = describe(c, dt, general_family(c, p, dt, ctx));
+  if (path && dt != DType::F32 && c.row_pad % 8 == 0) {
+    ASSERT_STREQ(general_family(c, p, dt, ctx), std::string(path) == "hopper" ? "flash-hopper" : "flash-mma") << what;
+  }
   const auto got_out = dev.download(tout), got_dq = dev.download(tdq), got_dk = dev.download(tdk),
              got_dv = dev.download(tdv);
   expect_close(lq.logical(got_out), lq.logical(out), dt, what + " out");
@@ -161,6 +189,7 @@ std::vector<GCase> general_cases(int Dh) {
       {"chunk at an offset, GQA, key lengths", 2, 65, 150, 4, 2, Dh, true, 70, {150, 100}},
       {"self, GQA, causal", 1, 130, 130, 6, 3, Dh, true},
       {"an empty sequence", 2, 17, 40, 2, 2, Dh, false, 0, {0, 40}},
+      {"long self, GQA of 4, causal, key lengths", 2, 300, 300, 8, 2, Dh, true, 0, {300, 190}},
   };
 }
 
@@ -168,7 +197,7 @@ TEST(CudaAttentionGeneral, MatchesReference) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
   for (DType dt : {DType::BF16, DType::F16})
-    for (int Dh : {64, 80, 128})
+    for (int Dh : {40, 64, 80, 128})
       for (const GCase& c : general_cases(Dh)) run_general_case(c, dt, ctx, rng);
   for (const GCase& c : general_cases(40)) run_general_case(c, DType::F32, ctx, rng);
 }
@@ -260,13 +289,13 @@ TEST(CudaAttentionGeneral, UnalignedStridesFallBackToTiledKernels) {
 
 // Which family takes a call (attention_policy.cu): a policy change fails here on the GPU. The flash kernels take
 // every bf16 / f16 call with a flash head width, the general one and the packed one with grouped heads or key
-// lengths alike: the forward on the Hopper kernels where this device and build have them (TESSERA_FLASH_PATH auto
-// or hopper; a Hopper head width: every multiple of 8 up to 128), else mma.sync; the backward on mma.sync. f32
-// and other head widths run the tiled kernels.
+// lengths alike: forward and backward on the Hopper kernels where this device and build have them
+// (TESSERA_FLASH_PATH auto or hopper; a Hopper head width: every multiple of 8 up to 128), else mma.sync. f32 and
+// other head widths run the tiled kernels.
 TEST(CudaAttentionGeneral, RoutesToTheFamilyThePolicySays) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   const bool hopper = flash_hopper_available(ctx) && flash_forward_path_requested() != FlashForwardPath::Mma;
-  const std::string flash = hopper ? "flash-hopper forward, flash-mma backward" : "flash-mma";
+  const std::string flash = hopper ? "flash-hopper" : "flash-mma";
   const AttentionParams gqa{.B = 2, .T = 7, .H = 8, .Dh = 64, .n_kv_heads = 2, .Tq = 7, .Tk = 300, .q_offset = 293};
   for (DType dt : {DType::BF16, DType::F16}) {
     for (int Dh : {32, 40, 64, 80, 128}) {
@@ -286,13 +315,37 @@ TEST(CudaAttentionGeneral, RoutesToTheFamilyThePolicySays) {
   EXPECT_STREQ(attention_cuda_kernel_general(gqa, DType::F32, ctx), "tiled-fma");
 }
 
+// Dropout cases: the forward's mask and the backward's agree with the reference's draws (attention_dropout.h).
+std::vector<GCase> dropout_cases(int Dh) {
+  return {
+      {"dropout, cross, GQA", 2, 70, 96, 4, 2, Dh, false, 0, {96, 50}, 0.2f},
+      {"dropout, causal offset, MQA", 1, 40, 100, 4, 1, Dh, true, 60, {}, 0.3f},
+      {"dropout, causal offset, GQA, key lengths", 2, 100, 260, 4, 2, Dh, true, 160, {260, 0}, 0.2f},
+  };
+}
+
 TEST(CudaAttentionGeneral, DropoutMatchesReference) {
   TS_CUDA_CONTEXT_OR_SKIP(ctx);
   std::mt19937_64 rng(test_seed());
-  for (DType dt : {DType::BF16, DType::F32}) {
-    run_general_case({"dropout, cross, GQA", 2, 70, 96, 4, 2, 64, false, 0, {96, 50}, 0.2f}, dt, ctx, rng);
-    run_general_case({"dropout, causal offset, MQA", 1, 40, 100, 4, 1, 64, true, 60, {}, 0.3f}, dt, ctx, rng);
-  }
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int Dh : {40, 64, 128})
+      for (const GCase& c : dropout_cases(Dh)) run_general_case(c, dt, ctx, rng);
+  for (const GCase& c : dropout_cases(64)) run_general_case(c, DType::F32, ctx, rng);
+}
+
+// Both flash families on the same cases whatever the binary's TESSERA_FLASH_PATH: the Hopper forward and backward
+// (where this device and build have them) and mma.sync, each against the reference.
+TEST(CudaAttentionGeneral, BothFlashPathsMatchReference) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test_seed());
+  std::vector<const char*> paths = {"mma"};
+  if (flash_hopper_available(ctx)) paths.push_back("hopper");
+  for (const char* path : paths)
+    for (DType dt : {DType::BF16, DType::F16})
+      for (int Dh : {40, 64, 128}) {
+        for (const GCase& c : general_cases(Dh)) run_general_case(c, dt, ctx, rng, path);
+        run_general_case(dropout_cases(Dh)[2], dt, ctx, rng, path);
+      }
 }
 
 TEST(CudaAttentionGeneral, BackwardIsDeterministic) {

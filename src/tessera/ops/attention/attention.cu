@@ -1,7 +1,7 @@
 // Fused causal attention (tiled, online softmax, the T x T matrix never stored) and RoPE kernels.
 // See attention.h for the math. bf16 / f16 calls with Dh % 8 == 0, Dh <= 128 and 16-byte-aligned buffers go to
-// the tensor-core FlashAttention-2 kernels (flash.h; on sm_90a the forward runs the wgmma + TMA kernel of
-// flash_hopper.h where it is eligible); everything else (f32, odd head dims, unaligned views) runs
+// the tensor-core FlashAttention-2 kernels (flash.h; on sm_90a the wgmma + TMA kernels of flash_hopper.h where
+// they are eligible); everything else (f32, odd head dims, unaligned views) runs
 // the f32-FMA tiled kernels below, which are also the f32 path.
 //
 // Tiling shared by the three attention kernels: a block of 256 threads (a 16 x 16 grid, tx = thread % 16,
@@ -730,8 +730,8 @@ void tiled_backward(const AttentionParams& p, DType dtype, AttentionView<void> d
 }
 
 // The general call's forward and backward (D computed before): the flash kernels where they take the views
-// (flash_general_eligible; the forward on the Hopper kernels where flash_general_forward_uses_hopper and TMA takes
-// the views, else mma.sync), else the tiled kernels.
+// (flash_general_eligible; on the Hopper kernels where flash_general_forward_uses_hopper /
+// flash_general_backward_uses_hopper and TMA takes the views, else mma.sync), else the tiled kernels.
 void general_forward(const AttentionParams& p, DType dtype, AttentionView<void> out, float* lse,
                      AttentionView<const void> q, AttentionView<const void> k, AttentionView<const void> v,
                      Context& ctx) {
@@ -749,8 +749,11 @@ void general_backward(const AttentionParams& p, DType dtype, AttentionView<void>
                       Context& ctx) {
   auto c = [](const AttentionView<void>& x) { return AttentionView<const void>{x.data, x.sb, x.st, x.sh}; };
   if (flash_general_eligible(p, dtype, {q, k, v, d_out, c(dq), c(dk), c(dv)})) {
-    flash_general_backward_cuda(
-        p, dtype, {.q = q, .k = k, .v = v, .d_out = d_out, .lse_in = lse, .D = D, .dq = dq, .dk = dk, .dv = dv}, ctx);
+    const FlashGeneralArgs a{
+        .q = q, .k = k, .v = v, .d_out = d_out, .lse_in = lse, .D = D, .dq = dq, .dk = dk, .dv = dv};
+    if (flash_general_backward_uses_hopper(p, dtype, ctx) && flash_general_backward_hopper_cuda(p, dtype, a, ctx))
+      return;
+    flash_general_backward_cuda(p, dtype, a, ctx);
   } else {
     tiled_backward(p, dtype, dq, dk, dv, d_out, q, k, v, lse, D, ctx);
   }
@@ -857,7 +860,12 @@ void rope_view_cuda(const RopeParams& p, int heads, DType dtype, AttentionView<v
 const char* attention_cuda_kernel_general(const AttentionParams& p, DType dtype, const Context& ctx) {
   // The entries' own predicates, on views that pass their alignment rules.
   if (!flash_general_eligible(p, dtype, {})) return "tiled-fma";
-  return flash_general_forward_uses_hopper(p, dtype, ctx) ? "flash-hopper forward, flash-mma backward" : "flash-mma";
+  const bool fwd = flash_general_forward_uses_hopper(p, dtype, ctx),
+             bwd = flash_general_backward_uses_hopper(p, dtype, ctx);
+  if (fwd && bwd) return "flash-hopper";
+  if (fwd) return "flash-hopper forward, flash-mma backward";
+  if (bwd) return "flash-mma forward, flash-hopper backward";
+  return "flash-mma";
 }
 
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx) {

@@ -165,8 +165,8 @@ constexpr int64_t kRopeMaxPositions = int64_t{1} << 22;
 const char* attention_cuda_kernel(const AttentionParams& p, DType dtype, const Context& ctx);
 // The family that the general entries run for (p, dtype) on 16-byte-aligned views whose strides are multiples of
 // 8 elements: bf16 / f16, Dh % 8 == 0 up to 128, H and B at most 65535: "flash-mma", or on sm_90a (TESSERA_FLASH_PATH
-// auto or hopper) "flash-hopper forward, flash-mma backward" (the forward falls back to mma.sync where TMA refuses
-// a view's strides); else "tiled-fma".
+// auto or hopper) "flash-hopper" (either direction falls back to mma.sync where TMA refuses a view's strides);
+// else "tiled-fma".
 const char* attention_cuda_kernel_general(const AttentionParams& p, DType dtype, const Context& ctx);
 void attention_forward_cuda(const AttentionParams& p, DType dtype, void* out, float* lse, const void* qkv,
                             Context& ctx);

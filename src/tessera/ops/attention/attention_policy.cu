@@ -11,10 +11,10 @@
 //     grouped KV heads or key lengths; GQA / MQA, Tq != Tk, causal with q_offset or not, key lengths, dropout, and
 //     RoPE (rotated around the kernels by the entries), forward and backward.
 //   Hopper wgmma + TMA (flash_hopper.h), on sm_90a under TESSERA_FLASH_PATH auto or hopper: the packed call's
-//     plain case, forward and backward (flash_hopper_forward.cu, flash_hopper_backward.cu); and the forward of
-//     every other call the mma.sync kernels take (flash_hopper_general.cu: GQA, Tq != Tk, q_offset, key lengths,
-//     dropout), where TMA takes each view (make_view_map: strides multiples of 16 bytes, else mma.sync). The
-//     backward of those calls runs mma.sync.
+//     plain case, forward and backward (flash_hopper_forward.cu, flash_hopper_backward.cu); and every other call
+//     the mma.sync kernels take, forward and backward (flash_hopper_general.cu, flash_hopper_general_backward.cu:
+//     GQA / MQA, Tq != Tk, q_offset, key lengths, dropout), where TMA takes each view (make_view_map: strides
+//     multiples of 16 bytes) and Tq, Tk > 0, else mma.sync. TESSERA_FLASH_PATH=mma runs mma.sync throughout.
 //   The rest (f32, Dh not a multiple of 8, misaligned views or strides) runs the tiled kernels.
 #include <cstdlib>
 #include <cstring>
@@ -163,6 +163,16 @@ bool flash_general_forward_uses_hopper(const AttentionParams& p, DType dtype, co
   // The packed forward's rule; the views' tensor maps are built at the launch, which falls back to mma.sync
   // where one cannot be (flash_general_forward_hopper_cuda).
   return flash_path_takes_hopper("attention_forward", flash_hopper_general_forward_eligible, p, dtype, ctx);
+}
+
+bool flash_hopper_general_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {
+  return flash_hopper_general_forward_eligible(p, dtype, ctx);
+}
+
+bool flash_general_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx) {
+  // The general forward's rule; the views' tensor maps are built at the launch, which falls back to mma.sync where
+  // one cannot be (flash_general_backward_hopper_cuda).
+  return flash_path_takes_hopper("attention_backward", flash_hopper_general_backward_eligible, p, dtype, ctx);
 }
 
 bool flash_hopper_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx) {

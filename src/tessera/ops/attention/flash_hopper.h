@@ -54,12 +54,23 @@ void flash_attention_forward_hopper_cuda(const AttentionParams& p, DType dtype, 
 // The general call's forward (flash_hopper_general.cu): the forward above over separate views (a tensor map for
 // each of Q, K and V with its own strides), grouped KV heads, Tq != Tk, the causal q_offset and key lengths, a row
 // with no visible key getting out 0 and lse +inf; dropout as above. Eligible: bf16 / f16, a Hopper head width,
-// H and B at most 65535, sm_90a. The general backward runs mma.sync (flash_general.cu).
+// H and B at most 65535, sm_90a.
 bool flash_hopper_general_forward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
 bool flash_general_forward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
 // Returns false, having launched nothing, where a view breaks TMA's rules (cuTensorMapEncodeTiled: 16-byte aligned
 // base, strides multiples of 16 bytes), so that the caller runs mma.sync; else out and lse are written.
 bool flash_general_forward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashGeneralArgs& a, Context& ctx);
+
+// The general call's backward (flash_hopper_general_backward.cu): the packed backward's two passes over a tensor map
+// for each of Q, K, V and dO, grouped KV heads (dK / dV of KV head g summed over g's query heads inside one block, in
+// head order: no atomics, deterministic), Tq != Tk, the causal q_offset, key lengths and dropout (drawn as the
+// general forwards draw it), from lse_in and D = rowsum(dO ∘ O) computed before (a.D); dq, dk, dv stored through
+// their strides, every element of rows [0, Tq) / [0, Tk) written (0 for keys at or past a sequence's length and rows
+// that see no key). Eligible where the general forward is. Returns false, having launched nothing, where a view
+// breaks TMA's rules or Tq or Tk is 0, so that the caller runs mma.sync.
+bool flash_hopper_general_backward_eligible(const AttentionParams& p, DType dtype, const Context& ctx);
+bool flash_general_backward_uses_hopper(const AttentionParams& p, DType dtype, const Context& ctx);
+bool flash_general_backward_hopper_cuda(const AttentionParams& p, DType dtype, const FlashGeneralArgs& a, Context& ctx);
 
 // The backward's coverage is the forward's (Dh a multiple of 8 up to 128, bf16 / f16, sm_90a); d_out must be
 // 16-byte aligned too.
