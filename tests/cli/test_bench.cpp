@@ -312,6 +312,23 @@ TEST_F(Bench, AttentionHeadDimsChooseTheFlopsTablesRows) {
   EXPECT_NE(r.err.find("] config 14/14 | done | "), std::string::npos) << r.err;
 }
 
+// --gqa G runs the TFLOP/s table through the packed call with H / G KV heads, leaving out the head dims whose
+// heads G does not divide (128 / 40 = 3 heads at G 2), and the progress bar counts only the rows it runs.
+TEST_F(Bench, AttentionGqaRunsGroupedHeads) {
+  const fs::path md = dir / "gqa.md";
+  const test::CliRun r = run_bench(
+      "attention --size small --device cpu --iters 1 --warmup 0 --head-dims 16,40 --gqa 2 "
+      "--out " +
+      md.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string text = read_file_text(md.string());
+  EXPECT_NE(text.find("| tessera flash (GQA 2) | 16 | 64 | 4 × 8 | "), std::string::npos) << text;
+  EXPECT_EQ(text.find("| 40 | 128 |"), std::string::npos) << text;
+  EXPECT_NE(r.err.find("] config 10/10 | done | "), std::string::npos) << r.err;
+  expect_usage_error("attention --device cpu --gqa 0", "--gqa must be >= 1, got 0");
+  expect_usage_error("attention --device cpu --gqa 2 --peer", "--gqa 2: the PyTorch peers run multi-head");
+}
+
 TEST_F(Bench, PeerOnCpuIsSkippedWithANote) {
   const fs::path md = dir / "peer.md";
   const test::CliRun r =

@@ -44,16 +44,17 @@ struct AttentionBuffers {
   AttentionBuffers(const AttentionParams& p, DType dt, Context& ctx) {
     const int64_t N = static_cast<int64_t>(p.B) * p.T, C = static_cast<int64_t>(p.H) * p.Dh;
     const size_t es = dtype_size(dt);
-    qkv = Buffer(static_cast<size_t>(N * 3 * C) * es, ctx.device(), "benchmark qkv");
+    const int64_t W = attention_qkv_width(p);  // 3C without grouped heads
+    qkv = Buffer(static_cast<size_t>(N * W) * es, ctx.device(), "benchmark qkv");
     out = Buffer(static_cast<size_t>(N * C) * es, ctx.device(), "benchmark attention out");
     lse = Buffer(static_cast<size_t>(N * p.H) * 4, ctx.device(), "benchmark lse");
     d_out = Buffer(static_cast<size_t>(N * C) * es, ctx.device(), "benchmark d_out");
-    fill_uniform(qkv.data(), N * 3 * C, dt, 1, ctx);
+    fill_uniform(qkv.data(), N * W, dt, 1, ctx);
     fill_uniform(d_out.data(), N * C, dt, 2, ctx);
   }
   void alloc_grad(const AttentionParams& p, DType dt, Context& ctx) {
-    const int64_t N = static_cast<int64_t>(p.B) * p.T, C = static_cast<int64_t>(p.H) * p.Dh;
-    d_qkv = Buffer(static_cast<size_t>(N * 3 * C) * dtype_size(dt), ctx.device(), "benchmark d_qkv");
+    const int64_t N = static_cast<int64_t>(p.B) * p.T;
+    d_qkv = Buffer(static_cast<size_t>(N * attention_qkv_width(p)) * dtype_size(dt), ctx.device(), "benchmark d_qkv");
   }
   int64_t n(const Buffer& b, DType dt) const { return static_cast<int64_t>(b.bytes() / dtype_size(dt)); }
   Tensor t(const Buffer& b, DType dt) const { return b.view(dt, {n(b, dt)}); }
@@ -148,16 +149,19 @@ std::vector<AttentionFlopsRow> bench_attention_flops(const AttentionBenchConfig&
   std::vector<AttentionFlopsRow> rows;
   for (int Dh : sw.flops_Dh)
     for (int T : sw.flops_T) {
+      const int H = sw.flops_width / Dh;
+      if (H % cfg.gqa != 0) continue;
       const AttentionParams p{.B = sw.flops_tokens / T,
                               .T = T,
-                              .H = sw.flops_width / Dh,
+                              .H = H,
                               .Dh = Dh,
                               .causal = true,
                               .dropout = cfg.attn_dropout,
                               .seed = 1,
-                              .stream = 0};
+                              .stream = 0,
+                              .n_kv_heads = cfg.gqa > 1 ? H / cfg.gqa : 0};
       AttentionFlopsRow r;
-      r.impl = "tessera flash";
+      r.impl = cfg.gqa > 1 ? "tessera flash (GQA " + std::to_string(cfg.gqa) + ")" : "tessera flash";
       r.B = p.B;
       r.T = T;
       r.H = p.H;

@@ -24,6 +24,7 @@ struct AttentionBenchConfig {
   DType dtype = DType::BF16;
   float attn_dropout = 0.0f;   // attention dropout in the TFLOP/s table (the CS336 table has none)
   std::vector<int> head_dims;  // the TFLOP/s table's head dims; empty: the sweep's (64, 128; 32, 64 small)
+  int gqa = 1;                 // the TFLOP/s table's query heads per KV head (grouped-query attention; 1: MHA)
   TimingOptions timing;
   // Called as each row starts, with what it times ("tessera naive d 16 T 256"): the command's progress.
   std::function<void(const std::string& row)> on_row;
@@ -38,9 +39,11 @@ struct AttentionMemoryRow {
   double mib_before_bwd = 0, mib_during_bwd = 0;
 };
 
-// One row of the TFLOP/s table: causal, B·T tokens, H = width / Dh heads (rounded down: Dh 80 takes 25 heads).
+// One row of the TFLOP/s table: causal, B·T tokens, H = width / Dh heads (rounded down: Dh 80 takes 25 heads),
+// H / gqa KV heads (the packed call with grouped heads: qkv rows of (H + 2 H / gqa) Dh). A row whose H gqa does
+// not divide is left out.
 struct AttentionFlopsRow {
-  std::string impl;  // "tessera flash"
+  std::string impl;  // "tessera flash", or "tessera flash (GQA G)"
   int B = 0, T = 0, H = 0, Dh = 0;
   bool oom = false;
   Timing fwd, fwd_bwd;
@@ -55,8 +58,13 @@ struct AttentionSweeps {
   std::vector<int> mem_d, mem_T;
   int flops_tokens = 32768, flops_width = 2048;
   std::vector<int> flops_Dh, flops_T;
-  // The rows of the two tables: naive and flash at each (d, T), flash at each (Dh, T).
-  size_t rows() const { return 2 * mem_d.size() * mem_T.size() + flops_Dh.size() * flops_T.size(); }
+  // The rows of the two tables: naive and flash at each (d, T), flash at each (Dh, T) whose width / Dh heads
+  // `gqa` divides.
+  size_t rows(int gqa = 1) const {
+    size_t flops_dims = 0;
+    for (int Dh : flops_Dh) flops_dims += (flops_width / Dh) % gqa == 0;
+    return 2 * mem_d.size() * mem_T.size() + flops_dims * flops_T.size();
+  }
 };
 AttentionSweeps attention_sweeps(bool small);
 // cfg's sweeps: attention_sweeps(cfg.small) with cfg.head_dims, when given, as the TFLOP/s table's head dims.

@@ -113,6 +113,9 @@ int cmd_bench_attention(int argc, char** argv) {
   a.add("head-dims", "A,B,...",
         "head dims of the TFLOP/s table, width / Dh heads each (default 64,128; small: "
         "32,64)");
+  a.add("gqa", "G",
+        "query heads per KV head in the TFLOP/s table (grouped-query attention; default 1; rows whose "
+        "heads G does not divide are left out; not with --peer)");
   a.add_switch("no-progress", "no progress bar on stderr");
   a.add_switch("peer",
                "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
@@ -142,6 +145,9 @@ int cmd_bench_attention(int argc, char** argv) {
                            .head_dims = {},
                            .timing = timing,
                            .on_row = {}};
+  cfg.gqa = a.integer("gqa", 1);
+  TS_CHECK(cfg.gqa >= 1, "--gqa must be >= 1, got ", cfg.gqa);
+  TS_CHECK(cfg.gqa == 1 || !a.has("peer"), "--gqa ", cfg.gqa, ": the PyTorch peers run multi-head attention only");
   if (a.has("head-dims")) {
     // A head is at most the table's width; on a GPU, at most what the attention kernels take.
     const int width = attention_sweeps(cfg.small).flops_width;
@@ -163,7 +169,7 @@ int cmd_bench_attention(int argc, char** argv) {
   // Progress on stderr, as train's bar: --size full on the CPU runs for about 9 minutes before its tables. The
   // configurations take very different times (T from 256 to 16k), so the bar shows the time elapsed, not an ETA.
   const AttentionSweeps sw = attention_sweeps(cfg);
-  ProgressBar bar(static_cast<int64_t>(sw.rows()), 0, !a.has("no-progress"), {.unit = "config", .eta = false});
+  ProgressBar bar(static_cast<int64_t>(sw.rows(cfg.gqa)), 0, !a.has("no-progress"), {.unit = "config", .eta = false});
   int64_t started = 0;
   cfg.on_row = [&](const std::string& row) { bar.update(started++, "running " + row); };  // as it starts
   const auto mem_rows = with_memory_hint(hint, [&] { return bench_attention_memory(cfg, h); });
@@ -183,7 +189,10 @@ int cmd_bench_attention(int argc, char** argv) {
     dhs.insert(sw.flops_Dh.begin(), sw.flops_Dh.end());
     std::vector<std::pair<std::string, std::string>> groups;  // kernel, its head sizes
     for (int dh : dhs) {
-      const std::string k = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = dh}, dt, ctx);
+      std::string k = attention_cuda_kernel({.B = 1, .T = 1, .H = 1, .Dh = dh}, dt, ctx);
+      if (cfg.gqa > 1 && sw.flops_Dh.size() > 0)
+        k += ", GQA rows " +
+             std::string(attention_cuda_kernel({.B = 1, .T = 1, .H = cfg.gqa, .Dh = dh, .n_kv_heads = 1}, dt, ctx));
       auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == k; });
       if (g == groups.end()) groups.push_back({k, "Dh " + std::to_string(dh)});
       else g->second += ", " + std::to_string(dh);
