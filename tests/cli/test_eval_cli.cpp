@@ -71,3 +71,40 @@ TEST(EvalCli, BadInputIsOneLineAndExitTwo) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// translate --ref scores its own output as eval --bleu does (the same two lines, on stderr after the
+// translations); references of another line count are one line and exit 2, before anything is written.
+TEST(EvalCli, TranslateRefPrintsWhatEvalPrints) {
+  const fs::path d = test::temp_dir("translate_ref");
+  auto at = [&](const char* n) { return (d / n).string(); };
+  ASSERT_EQ(run("make-task --task reverse --pairs 200 --seed 1 --out " + at("train.tsv")).code, 0);
+  ASSERT_EQ(run("prepare --pairs " + at("train.tsv") + " --out " + at("data")).code, 0);
+  const auto t = run("train --preset tiny --data " + at("data") + " --out " + at("run") + " --steps 60 --no-progress");
+  ASSERT_EQ(t.code, 0) << t.err;
+  write_text(d / "src", "a b c\nx y\nq r s t\n");
+  write_text(d / "ref", "c b a\ny x\nt s r q\n");
+  const std::string base = "translate --checkpoint " + at("run/checkpoint") + " --input " + at("src") +
+                           " --beams 2 --max-len-b 12 --output " + at("out") + " --ref " + at("ref");
+  const auto r = run(base);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto e = run("eval --bleu --hyp " + at("out") + " --ref " + at("ref"));
+  ASSERT_EQ(e.code, 0) << e.err;
+  const std::string want = e.out.substr(0, e.out.find("\n(tessera's"));
+  EXPECT_NE(want.find("exact match = "), std::string::npos) << e.out;
+  EXPECT_NE(r.err.find(want + "\n"), std::string::npos) << r.err << "\nwant:\n" << want;
+
+  write_text(d / "short", "c b a\n");
+  fs::remove(d / "out");
+  const auto bad = run("translate --checkpoint " + at("run/checkpoint") + " --input " + at("src") + " --output " +
+                       at("out") + " --ref " + at("short"));
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--ref " + at("short") + " has 1 lines but --input has 3"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(d / "out"));
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace tessera

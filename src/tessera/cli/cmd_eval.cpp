@@ -6,38 +6,13 @@
 #include <vector>
 
 #include "tessera/cli/commands.h"
+#include "tessera/cli/common.h"
 #include "tessera/cli/flags.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/infer/bleu.h"
 
 namespace tessera::cli {
-
-namespace {
-
-// The lines of a text file, as Python iterates a file opened with newline="\n": cut at each '\n', the last line
-// kept whether or not a '\n' ends it. Each must be valid UTF-8 without a NUL byte.
-std::vector<std::string> read_lines(const std::string& flag, const std::string& path) {
-  const std::string what = "--" + flag;
-  const std::string text = read_file_text(path, what.c_str(), nullptr, /*stop_at_nul=*/true);
-  std::vector<std::string> lines;
-  for (size_t i = 0; i < text.size();) {
-    size_t j = text.find('\n', i);
-    if (j == std::string::npos) j = text.size();
-    lines.push_back(text.substr(i, j - i));
-    i = j + 1;
-  }
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const size_t nul = lines[i].find('\0');
-    TS_CHECK(nul == std::string::npos, what, " ", path, " line ", i + 1, " holds a NUL byte (byte ", nul + 1,
-             "): not text");
-    const size_t bad = bleu::invalid_utf8_at(lines[i]);
-    TS_CHECK(bad == 0, what, " ", path, " line ", i + 1, " is not valid UTF-8 (byte ", bad, ")");
-  }
-  return lines;
-}
-
-}  // namespace
 
 int cmd_eval(int argc, char** argv) {
   Flags a("eval",
@@ -64,11 +39,11 @@ int cmd_eval(int argc, char** argv) {
   opt.lowercase = a.has("lowercase");
 
   const std::string hyp_file = a.str("hyp");
-  const std::vector<std::string> hyps = read_lines("hyp", hyp_file);
+  const std::vector<std::string> hyps = read_text_lines("hyp", hyp_file);
   TS_CHECK(!hyps.empty(), "--hyp ", hyp_file, " has no lines");
   std::vector<std::vector<std::string>> refs;
   for (const std::string& f : ref_files) {
-    refs.push_back(read_lines("ref", f));
+    refs.push_back(read_text_lines("ref", f));
     TS_CHECK(refs.back().size() == hyps.size(), "--ref ", f, " has ", refs.back().size(), " lines but --hyp ", hyp_file,
              " has ", hyps.size(), ": one reference line is needed for each");
   }

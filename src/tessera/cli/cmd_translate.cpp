@@ -17,6 +17,7 @@
 #include "tessera/core/context.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/infer/bleu.h"
 #include "tessera/infer/seq2seq_engine.h"
 #include "tessera/tokenizer/text_codec.h"
 #include "tessera/train/checkpoint.h"
@@ -41,6 +42,9 @@ void add_translate_flags(Flags& a) {
         "the longest target is a * (the batch's longest source) + b tokens, EOS included (default 0)");
   a.add("max-len-b", "N", "see --max-len-a; both capped at the model's positions (default 200)");
   a.add_switch("early-stopping", "a beam entry ends once it holds K finished hypotheses (Hugging Face's true)");
+  a.add_repeated("ref", "FILE",
+                 "references, one a line as --input: after translating, print to stderr corpus BLEU (sacrebleu's "
+                 "default, as tessera eval --bleu) and exact match (repeatable for more references)");
   a.add("device", "cpu|cuda|auto", "where the model runs: auto takes the GPU when there is one (default auto)");
   a.add("precision", "f32|bf16|f16", "the compute dtype: bf16 or f16 on the GPU, f32 on the CPU (default bf16 / f32)");
 }
@@ -108,6 +112,12 @@ int cmd_translate(int argc, char** argv) {
   const DType dtype = dev.dtype;
   const std::vector<std::string> texts = read_sources(a.str("input"));
   if (a.has("output")) check_file_writable(a.str("output"), "--output");
+  std::vector<std::vector<std::string>> refs;
+  for (const std::string& f : a.all("ref")) {
+    refs.push_back(read_text_lines("ref", f));
+    TS_CHECK(refs.back().size() == texts.size(), "--ref ", f, " has ", refs.back().size(), " lines but --input has ",
+             texts.size(), ": one reference line is needed for each source");
+  }
 
   const std::string ckpt = resolve_checkpoint_dir(a.str("checkpoint"));
   TS_CHECK(std::filesystem::exists(ckpt), "checkpoint ", a.str("checkpoint"), " does not exist");
@@ -167,15 +177,31 @@ int cmd_translate(int argc, char** argv) {
   }
   bar.finish();
   std::string text;
+  std::vector<std::string> hyps;
   for (const auto& t : out) {
     // One translation a line: a line break the model writes inside one becomes a space.
     std::string line = codec.decode(t);
     std::replace_if(
         line.begin(), line.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
     text += line + "\n";
+    hyps.push_back(std::move(line));
   }
   if (a.has("output")) write_file_atomic(a.str("output"), text);
   else std::fwrite(text.data(), 1, text.size(), stdout);
+  if (!refs.empty()) {  // after the translations, on stderr, as fairseq-generate ends with its BLEU line
+    std::fflush(stdout);
+    for (size_t i = 0; i < hyps.size(); ++i)
+      if (const size_t bad = bleu::invalid_utf8_at(hyps[i]); bad != 0) {
+        // sacrebleu reads text: a byte-level model's stray bytes leave nothing to score (the translations stand).
+        std::fprintf(stderr, "translate: no BLEU: translation %zu is not valid UTF-8 (byte %zu)\n", i + 1, bad);
+        return 0;
+      }
+    const bleu::Score s = bleu::corpus_bleu(hyps, refs);
+    const bleu::ExactMatch em = bleu::exact_match(hyps, refs);
+    std::fprintf(stderr, "%s\nexact match = %.2f%% (%lld of %lld lines)\n",
+                 bleu::format_score(s, bleu::signature({}, s.nrefs)).c_str(), 100.0 * em.share(),
+                 static_cast<long long>(em.matched), static_cast<long long>(em.lines));
+  }
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/memory.h"
+#include "tessera/infer/bleu.h"
 #include "tessera/infer/engine.h"
 #include "tessera/train/data.h"
 
@@ -203,6 +204,28 @@ std::function<void(size_t, size_t)> PrepareProgress::callback() {
     bar_.update(mib, fields);
     if (mib == total_mib_) bar_.finish();
   };
+}
+
+// The lines of a text file, as Python iterates a file opened with newline="\n": cut at each '\n', the last line
+// kept whether or not a '\n' ends it. Each must be valid UTF-8 without a NUL byte.
+std::vector<std::string> read_text_lines(const std::string& flag, const std::string& path) {
+  const std::string what = "--" + flag;
+  const std::string text = read_file_text(path, what.c_str(), nullptr, /*stop_at_nul=*/true);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < text.size();) {
+    size_t j = text.find('\n', i);
+    if (j == std::string::npos) j = text.size();
+    lines.push_back(text.substr(i, j - i));
+    i = j + 1;
+  }
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const size_t nul = lines[i].find('\0');
+    TS_CHECK(nul == std::string::npos, what, " ", path, " line ", i + 1, " holds a NUL byte (byte ", nul + 1,
+             "): not text");
+    const size_t bad = bleu::invalid_utf8_at(lines[i]);
+    TS_CHECK(bad == 0, what, " ", path, " line ", i + 1, " is not valid UTF-8 (byte ", bad, ")");
+  }
+  return lines;
 }
 
 InferenceDevice read_inference_device(const Flags& a) {

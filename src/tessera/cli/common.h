@@ -28,6 +28,10 @@ ModelConfig model_from_flags(const Flags& f);
 // is a run whose checkpoint swap was cut short between its renames (the only checkpoint left, which --resume finds).
 bool holds_run(const std::filesystem::path& dir);
 
+// The lines of text file `path` (named by --flag in errors), as Python iterates a file opened with newline="\n":
+// cut at each '\n', the last kept whether or not a '\n' ends it. Each must be valid UTF-8 without a NUL byte.
+std::vector<std::string> read_text_lines(const std::string& flag, const std::string& path);
+
 // Where an inference command runs and in what dtype, from --device (cpu, cuda or auto: the GPU where one is
 // visible) and --precision (bf16 by default on the GPU, f32 on the CPU, which computes only in f32). Each bad
 // setting is one TS_CHECK line.
