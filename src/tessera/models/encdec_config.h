@@ -34,6 +34,10 @@ struct EncDecConfig {
   float act_dropout = 0.0f;                           // after the MLP's activation
   int pad_id = 1, bos_id = 0, eos_id = 2, decoder_start_id = 2;
   float norm_eps = 1e-5f;
+  // The standard deviation of the normal draw of every weight matrix and unscaled embedding table at init
+  // (BartConfig's init_std). BART's 0.02 suits its width; a narrow model needs about d_model^-1/2, or its
+  // attention logits start so flat that the alignment a task needs is learned late.
+  float init_std = 0.02f;
 
   int head_dim() const { return d_model / n_heads; }
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
