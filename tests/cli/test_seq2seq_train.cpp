@@ -46,10 +46,13 @@ class Seq2SeqTrain : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(d_); }
   std::string at(const std::string& name) const { return (d_ / name).string(); }
-  // A short run: small batches, so that a few steps see several of them; dropout on (the tiny preset's).
+  // A short run: small batches, so that a few steps see several of them; dropout on (the tiny preset has none), so
+  // that a resumed run must also restore the dropout streams.
   std::string train(const std::string& out, const std::string& more = "") const {
     return "train --preset tiny --data " + at("data") + " --out " + at(out) +
-           " --steps 8 --max-tokens 128 --warmup 2 --lr 1e-2 --val-every 4 --no-progress " + more;
+           " --steps 8 --max-tokens 128 --warmup 2 --lr 1e-2 --val-every 4 --dropout 0.1 --attn-dropout 0.1 "
+           "--no-progress " +
+           more;
   }
   fs::path d_;
 };

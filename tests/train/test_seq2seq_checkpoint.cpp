@@ -46,6 +46,7 @@ EncDecConfig own_tiny() {
   c.n_kv_heads = 2;
   c.d_ff = 20;
   c.max_seq = 24;
+  c.init_std = 0.05f;  // not the default: both config.json forms must carry it
   c.placement = NormPlacement::Pre;
   c.dropout = 0.0f;
   return c;
@@ -104,6 +105,7 @@ void round_trip(const EncDecConfig& cfg, bool expect_bart) {
   EXPECT_EQ(load_seq2seq_config(dir.string()).preset, cfg.preset);
   EXPECT_EQ(back->config().d_model, cfg.d_model);
   EXPECT_EQ(back->config().placement, cfg.placement);
+  EXPECT_EQ(back->config().init_std, cfg.init_std);
   EXPECT_EQ(back->config().shared_embeddings, cfg.shared_embeddings);
   EXPECT_EQ(back->params().read_f32(ctx), m.params().read_f32(ctx));
   EXPECT_EQ(back->forward(batch.view(), {.label_smoothing = 0.1f}), loss);  // bit for bit

@@ -40,7 +40,7 @@ void add_train_flags(Flags& a) {
   a.add("batch", "N", "sequences per micro-batch, on each rank under mpirun (default 8)");
   a.add("seq", "N", "tokens per sequence (default: the model's max_seq)");
   a.add("accum", "N", "micro-batches per step, gradient accumulation (default 1)");
-  a.add("lr", "X", "peak learning rate (default 3e-3)");
+  a.add("lr", "X", "peak learning rate (default 3e-3; 2e-3 for an encoder-decoder preset)");
   a.add("warmup", "N", "linear warm-up steps (default 20)");
   a.add("min-lr-ratio", "X", "final lr as a fraction of the peak, cosine decay (default 0.1)");
   a.add("weight-decay", "X", "AdamW weight decay on matrices and embeddings (default 0.1)");

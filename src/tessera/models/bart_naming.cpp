@@ -111,7 +111,7 @@ json bart_config_json(const EncDecConfig& c) {
           {"encoder_layerdrop", 0.0},
           {"decoder_layerdrop", 0.0},
           {"scale_embedding", c.scale_embedding},
-          {"init_std", 0.02},
+          {"init_std", c.init_std},
           {"pad_token_id", c.pad_id},
           {"bos_token_id", c.bos_id},
           {"eos_token_id", c.eos_id},
@@ -154,6 +154,7 @@ EncDecConfig encdec_config_from_bart_json(const json& j, const std::string& wher
   c.dropout = static_cast<float>(num_or("dropout", 0.1));
   c.attn_dropout = static_cast<float>(num_or("attention_dropout", 0.0));
   c.act_dropout = static_cast<float>(num_or("activation_dropout", 0.0));
+  c.init_std = static_cast<float>(num_or("init_std", 0.02));
   c.scale_embedding = j.contains("scale_embedding") && json_bool(j, "scale_embedding", where);
   c.pad_id = int_or("pad_token_id", 1);
   c.bos_id = int_or("bos_token_id", 0);

@@ -41,6 +41,7 @@ void EncDecConfig::validate() const {
        {std::pair{"pad_id", pad_id}, {"bos_id", bos_id}, {"eos_id", eos_id}, {"decoder_start_id", decoder_start_id}})
     TS_CHECK(id >= 0 && id < vocab && id < source_vocab(), "config: ", name, " ", id, " is outside the vocabulary");
   TS_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "config: norm_eps must be positive and finite, got ", norm_eps);
+  TS_CHECK(init_std > 0 && std::isfinite(init_std), "config: init_std must be positive and finite, got ", init_std);
 }
 
 EncDecConfig encdec_preset(std::string_view name) {
@@ -64,18 +65,17 @@ EncDecConfig encdec_preset(std::string_view name) {
     const bool tiny = name == "tiny";
     c.vocab = tiny ? 61 : 50265;
     c.enc_layers = c.dec_layers = tiny ? 2 : 6;
-    c.d_model = tiny ? 16 : 768;
+    c.d_model = tiny ? 64 : 768;
     c.n_heads = tiny ? 4 : 12;
-    c.d_ff = tiny ? 24 : 3072;
+    c.d_ff = tiny ? 256 : 3072;
     c.max_seq = tiny ? 32 : 1024;
     c.act = Activation::GeluErf;
     c.positions = PositionKind::Learned;
     c.pos_offset = 2;
     c.scale_embedding = false;
     c.layernorm_embedding = true;
-    c.dropout = 0.1f;
-    c.attn_dropout = 0.1f;
-    c.act_dropout = 0.1f;
+    c.dropout = c.attn_dropout = c.act_dropout = tiny ? 0.0f : 0.1f;
+    c.init_std = tiny ? 0.125f : 0.02f;  // d_model^-1/2
     return c;
   }
   std::string known;

@@ -34,6 +34,10 @@ struct EncDecConfig {
   float act_dropout = 0.0f;                           // after the MLP's activation
   int pad_id = 1, bos_id = 0, eos_id = 2, decoder_start_id = 2;
   float norm_eps = 1e-5f;
+  // The standard deviation of the normal draw of every weight matrix and unscaled embedding table at init
+  // (BartConfig's init_std). BART's 0.02 suits its width; a narrow model needs about d_model^-1/2, or its
+  // attention logits start so flat that the alignment a task needs is learned late.
+  float init_std = 0.02f;
 
   int head_dim() const { return d_model / n_heads; }
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
@@ -45,7 +49,8 @@ struct EncDecConfig {
 
 // "transformer-base" (6+6, 512, 8 heads, 2048: post-norm, ReLU, sinusoidal), "transformer-big" (6+6, 1024, 16,
 // 4096), "bart-base" (BartForConditionalGeneration's facebook/bart-base shape: 6+6, 768, 12, 3072, post-norm, GELU,
-// learned positions at offset 2, layernorm_embedding) and "tiny" (2+2, a BART-shaped model for tests).
+// learned positions at offset 2, layernorm_embedding) and "tiny" (2+2, 64 wide, 4 heads, 256, BART's form without
+// dropout: a model for tests that learns make-task reverse in a couple of CPU minutes).
 EncDecConfig encdec_preset(std::string_view name);
 std::vector<std::string> encdec_preset_names();
 

@@ -174,9 +174,10 @@ void EncoderDecoder::init_weights(uint64_t seed) {
     const bool is_gain = n.ends_with("ln1.w") || n.ends_with("ln2.w") || n.ends_with("ln3.w") || n.ends_with("lne.w") ||
                          n.ends_with("lnf.w");
     const bool is_bias = n.ends_with(".b");
-    // fairseq draws scaled token embeddings from N(0, C^-1/2), so that sqrt(C) e has unit scale.
+    // fairseq draws scaled token embeddings from N(0, C^-1/2), so that sqrt(C) e has unit scale; the rest is
+    // N(0, init_std), as BART draws every Linear and Embedding.
     const bool is_wte = n.ends_with("wte");
-    const double sd = is_wte && cfg_.scale_embedding ? 1.0 / std::sqrt(static_cast<double>(C)) : 0.02;
+    const double sd = is_wte && cfg_.scale_embedding ? 1.0 / std::sqrt(static_cast<double>(C)) : cfg_.init_std;
     float* dst = w.data() + seg.offset;
     for (size_t i = 0; i < seg.numel; ++i)
       dst[i] = is_gain ? 1.0f : is_bias ? 0.0f : static_cast<float>(sd * philox_normal(seed, s, i));

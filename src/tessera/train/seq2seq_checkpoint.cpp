@@ -48,7 +48,8 @@ json encdec_config_json(const EncDecConfig& c) {
           {"bos_id", c.bos_id},
           {"eos_id", c.eos_id},
           {"decoder_start_id", c.decoder_start_id},
-          {"norm_eps", c.norm_eps}};
+          {"norm_eps", c.norm_eps},
+          {"init_std", c.init_std}};
 }
 
 EncDecConfig encdec_config_from_tessera_json(const json& j, const std::string& where) {
@@ -88,6 +89,7 @@ EncDecConfig encdec_config_from_tessera_json(const json& j, const std::string& w
   c.eos_id = json_int(j, "eos_id", where);
   c.decoder_start_id = json_int(j, "decoder_start_id", where);
   c.norm_eps = static_cast<float>(json_number(j, "norm_eps", where));
+  if (j.contains("init_std")) c.init_std = static_cast<float>(json_number(j, "init_std", where));
   try {
     c.validate();
   } catch (const Error& e) {
