@@ -83,6 +83,36 @@ __device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t o
   else return make(base + off);
 }
 
+#if defined(TESSERA_FLASH_HOPPER_DEVICE)
+// The producer's one thread: Q once, then K_j and V_j of every tile into stage j % kStages as the consumers free it.
+template <int kD>
+__device__ __forceinline__ void forward_produce(const CUtensorMap* qkv_map, uint64_t& bar_q, uint64_t (&bar_k)[kStages],
+                                                uint64_t (&bar_v)[kStages], uint64_t (&bar_empty_k)[kStages],
+                                                uint64_t (&bar_empty_v)[kStages], uint32_t smem0, int n_kt, int H,
+                                                int h, int q0, int b) {
+  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>();
+  const uint32_t sQ = smem0;
+  auto sK = [&](int s) { return smem0 + kTile * (1 + s); };
+  auto sV = [&](int s) { return smem0 + kTile * (1 + kStages + s); };
+  mbar_arrive_expect_tx(&bar_q, kTile);
+  for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
+  for (int j = 0; j < n_kt; ++j) {
+    const int s = j % kStages;
+    // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
+    // parity): the pipelined consumers release K a tile before V.
+    if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
+    mbar_arrive_expect_tx(&bar_k[s], kTile);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_4d(sK(s) + bx * kBoxBytes, qkv_map, bx * kBoxCols, H + h, j * kBlockN, b, &bar_k[s]);
+    if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
+    mbar_arrive_expect_tx(&bar_v[s], kTile);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_4d(sV(s) + bx * kBoxBytes, qkv_map, bx * kBoxCols, 2 * H + h, j * kBlockN, b, &bar_v[s]);
+  }
+}
+
+#endif
+
 // kDropout: an instance of its own for attention dropout, so that the forward without dropout carries no draws:
 // behind a runtime branch in one instance they measured slower without dropout (the backward passes did not, and
 // keep one instance: bench/results/2026-12-01-attention-dropout-wgmma-h200.md).
@@ -122,23 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      mbar_arrive_expect_tx(&bar_q, kTile);
-      for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, &qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
-      for (int j = 0; j < n_kt; ++j) {
-        const int s = j % kStages;
-        // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
-        // parity): the pipelined consumers release K a tile before V.
-        if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(&bar_k[s], kTile);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_4d(sK(s) + bx * kBoxBytes, &qkv_map, bx * kBoxCols, H + h, j * kBlockN, b, &bar_k[s]);
-        if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(&bar_v[s], kTile);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_4d(sV(s) + bx * kBoxBytes, &qkv_map, bx * kBoxCols, 2 * H + h, j * kBlockN, b, &bar_v[s]);
-      }
-    }
+    if (threadIdx.x == 0)
+      forward_produce<kD>(&qkv_map, bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v, smem0, n_kt, H, h, q0, b);
     return;
   }
 
