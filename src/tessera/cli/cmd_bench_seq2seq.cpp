@@ -66,7 +66,10 @@ std::vector<int> parse_ints(const std::string& flag, const std::string& s) {
 
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -202,6 +205,13 @@ int cmd_bench_seq2seq(int argc, char** argv) {
 
   std::string md = header(c, ctx, precision, peer);
   for (const auto& n : r.notes) md += "- " + n + "\n";
+  if (a.has("peer"))
+    md +=
+        "- peer: Hugging Face BartForConditionalGeneration of the same shape (post-norm, ReLU; BART's learned "
+        "positions and layernorm_embedding where tessera's preset has sinusoidal positions and none), f32 "
+        "parameters" +
+        std::string(ctx.is_cuda() && precision == "bf16" ? " under autocast bf16" : "") +
+        ", torch.optim.AdamW (fused where the device has it); generate in " + precision + "\n";
   if (!peer_note.empty()) md += "- " + peer_note + "\n";
   for (const auto& [what, why] : peer.unsupported) md += "- peer " + what + ": unsupported (" + why + ")\n";
   for (const auto& e : peer.errors) md += "- peer error: " + e + "\n";
