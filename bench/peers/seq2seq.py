@@ -124,6 +124,8 @@ class Peer:
         rec = {"ms": ms, "tok/s": tokens / (ms / 1e3), "fused_adamw": fused, "autocast_bf16": bf16}
         if self.dev.type == "cuda":
             rec["MiB"] = torch.cuda.max_memory_allocated() / (1 << 20)
+        if mode == "compile":  # the compiled graph holds the model: let it go before the next size's peak
+            torch._dynamo.reset()
         return rec
 
     def translate(self, mode, batch, model):

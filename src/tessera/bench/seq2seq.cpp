@@ -190,9 +190,10 @@ void cross_kv_row(const Seq2SeqBenchConfig& c, Context& ctx, Seq2SeqBenchResult&
   const Tensor kv = kb.make(2 * L * S, dt, ctx), proj = kb.make(Nk * W, dt, ctx);
   const Tensor d_w = kb.make(W * C, dt, ctx), d_bias = kb.make(W, dt, ctx), d_m = kb.make(int64_t{Nk} * C, dt, ctx);
   const Tensor d_kv = kb.make(2 * L * S, dt, ctx), d_proj = kb.make(Nk * W, dt, ctx);
-  const CrossKvParams all{.Nk = Nk, .C = C, .L = L, .KV = KV};
+  // Exact f32 GEMMs for an f32 run, as the model's own projection runs them (ignored for 16-bit).
+  const CrossKvParams all{.Nk = Nk, .C = C, .L = L, .KV = KV, .allow_tf32 = false};
   // Layer l alone: the same op with L = 1 on its rows of W and b, writing its two slices of kv (stride S).
-  const CrossKvParams one{.Nk = Nk, .C = C, .L = 1, .KV = KV, .slice_stride = S};
+  const CrossKvParams one{.Nk = Nk, .C = C, .L = 1, .KV = KV, .slice_stride = S, .allow_tf32 = false};
   auto w_l = [&](const Tensor& t, int l) { return t.slice1d(2 * int64_t{l} * KV * C, 2 * int64_t{KV} * C); };
   auto b_l = [&](const Tensor& t, int l) { return t.slice1d(2 * int64_t{l} * KV, 2 * int64_t{KV}); };
   auto kv_l = [&](const Tensor& t, int l) { return t.slice1d(2 * int64_t{l} * S, 2 * S); };
