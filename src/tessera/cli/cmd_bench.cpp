@@ -42,6 +42,7 @@ int cmd_bench_tokenizer(int argc, char** argv);        // cmd_bench_tokenizer.cp
 int cmd_bench_tokenizer_train(int argc, char** argv);  // cmd_bench_tokenizer_train.cpp
 int cmd_bench_topk(int argc, char** argv);             // cmd_bench_topk.cpp
 int cmd_bench_decode(int argc, char** argv);           // cmd_bench_decode.cpp
+int cmd_bench_seq2seq(int argc, char** argv);          // cmd_bench_seq2seq.cpp
 
 namespace {
 
@@ -59,8 +60,8 @@ size_t same_size_copy_bytes(double bytes) {
 }
 
 const char* kBenchUsage =
-    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk|decode> "
-    "[flags]\n"
+    "usage: tessera bench <kernels|optimizer|attention|model|compare|allreduce|tokenizer|tokenizer-train|topk|decode|"
+    "seq2seq> [flags]\n"
     "\n"
     "  kernels    embedding, layernorm, residual, gelu, swiglu (fwd and bwd) and cross-entropy fwd+bwd\n"
     "  optimizer  one AdamW step over the flat buffers of gpt2-124m (--size small: tiny)\n"
@@ -73,6 +74,8 @@ const char* kBenchUsage =
     "  topk       the beam step's HARS top-k (32 x 4 beams x 50257, k 8) beside torch.topk, candidates per row\n"
     "  decode     the inference engine: greedy, batch 16, beams, 2.7B against the copy bandwidth, prefill, top-k,\n"
     "             time to first token, beside Hugging Face generate\n"
+    "  seq2seq    the encoder-decoder: a transformer-base training step, beam-4 translation, the batched\n"
+    "             cross-attention K/V projection, beside Hugging Face BART\n"
     "\n"
     "Run `tessera bench kernels --help` for the flags.\n";
 
@@ -115,8 +118,10 @@ int cmd_bench(int argc, char** argv) {
   if (which == "tokenizer-train") return cmd_bench_tokenizer_train(argc, argv);
   if (which == "topk") return cmd_bench_topk(argc, argv);
   if (which == "decode") return cmd_bench_decode(argc, argv);
+  if (which == "seq2seq") return cmd_bench_seq2seq(argc, argv);
   TS_CHECK(which == "kernels" || which == "optimizer", "bench: unknown benchmark '", which,
-           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train, topk or decode)");
+           "' (kernels, optimizer, attention, model, compare, allreduce, tokenizer, tokenizer-train, topk, decode or "
+           "seq2seq)");
   Flags a("bench " + which, which == "kernels" ? "Times tessera's memory-bound kernels: median ms, bytes moved, GB/s."
                                                : "Times one AdamW step over a model's flat parameter buffers.");
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
