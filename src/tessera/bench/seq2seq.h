@@ -75,7 +75,7 @@ struct Seq2SeqBenchResult {
 Seq2SeqBenchResult bench_seq2seq(const Seq2SeqBenchConfig& c, Context& ctx);
 
 // ---- the peer (bench/peers/seq2seq.py) ----
-// "train eager 4096 ms", "train compile 4096 tok/s", "train eager 4096 MiB", "translate static b64 sent/s", ...
+// "<row> <mode> <n> <unit>": e.g. row train, mode eager or compile, n the target tokens, unit one of the table's units
 std::string seq2seq_peer_key(const std::string& row, const std::string& mode, int n, const std::string& unit);
 
 struct Seq2SeqPeerFigures {
