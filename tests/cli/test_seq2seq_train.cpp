@@ -74,6 +74,34 @@ TEST_F(Seq2SeqTrain, LossFallsAndAResumedRunMatchesAnUninterruptedOne) {
   EXPECT_EQ(losses(d_ / "split"), expected);
 }
 
+TEST_F(Seq2SeqTrain, AResumeCutsTheMetricsBackToItsCheckpoint) {
+  // A record past the checkpoint's step (a run killed after writing step 5's record, before a checkpoint) is
+  // dropped on resume, as GPT's runs drop it (RunDir): the resumed run's records are the uninterrupted run's.
+  ASSERT_EQ(run(train("whole")).code, 0);
+  ASSERT_EQ(run(train("split", "--stop-after 4")).code, 128 + SIGTERM);
+  const std::string metrics = at("split/metrics.jsonl");
+  write_file_atomic(metrics, read_file_text(metrics) + "{\"step\":5,\"loss\":9.5}\n");
+  const test::CliRun rest = run("train --resume " + at("split/checkpoint") + " --no-progress");
+  ASSERT_EQ(rest.code, 0) << rest.err;
+  EXPECT_EQ(losses(d_ / "split"), losses(d_ / "whole"));
+}
+
+TEST_F(Seq2SeqTrain, AResumeRefusesTheFlagsItsCheckpointFixes) {
+  // As GPT's: --data (the same data or another) and the settings the checkpoint records are refused, not ignored.
+  ASSERT_EQ(run(train("r", "--stop-after 4")).code, 128 + SIGTERM);
+  const std::string resume = "train --resume " + at("r/checkpoint") + " --no-progress ";
+  expect_error(run(resume + "--data " + at("data")), "--data cannot be combined with --resume");
+  expect_error(run(resume + "--lr 1e-3"), "--lr cannot be combined with --resume");
+  expect_error(run(resume + "--max-tokens 64"), "--max-tokens cannot be combined with --resume");
+  expect_error(run(resume + "--d-model 64"), "--d-model cannot be combined with --resume");
+  EXPECT_EQ(losses(d_ / "r").size(), 4u);
+  // The help names both defaults where an encoder-decoder run's differ from GPT's.
+  const test::CliRun help = run("train --help");
+  for (const char* s : {"(default 20; 100 for an encoder-decoder preset)", "(default 0.1; 0.01 for an encoder-decoder",
+                        "(default 100; 250 for an encoder-decoder preset)"})
+    EXPECT_NE(help.out.find(s), std::string::npos) << s << "\n" << help.out;
+}
+
 TEST_F(Seq2SeqTrain, AStopSignalLeavesAWholeCheckpoint) {
   const test::CliRun r = test::run_after("TESSERA_FAULT_INJECT=seq2seq-stop-step-2 ", train("stopped"));
   EXPECT_EQ(r.code, 128 + SIGINT) << r.err;

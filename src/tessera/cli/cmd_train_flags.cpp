@@ -41,9 +41,10 @@ void add_train_flags(Flags& a) {
   a.add("seq", "N", "tokens per sequence (default: the model's max_seq)");
   a.add("accum", "N", "micro-batches per step, gradient accumulation (default 1)");
   a.add("lr", "X", "peak learning rate (default 3e-3; 2e-3 for an encoder-decoder preset)");
-  a.add("warmup", "N", "linear warm-up steps (default 20)");
+  a.add("warmup", "N", "linear warm-up steps (default 20; 100 for an encoder-decoder preset)");
   a.add("min-lr-ratio", "X", "final lr as a fraction of the peak, cosine decay (default 0.1)");
-  a.add("weight-decay", "X", "AdamW weight decay on matrices and embeddings (default 0.1)");
+  a.add("weight-decay", "X",
+        "AdamW weight decay on matrices and embeddings (default 0.1; 0.01 for an encoder-decoder preset)");
   a.add("grad-clip", "X", "clip the global gradient norm, 0 = off (default 1.0)");
   a.add("label-smoothing", "X", "cross-entropy label smoothing (default 0; 0.1 for an encoder-decoder preset)");
   a.add("max-tokens", "N",
@@ -65,10 +66,15 @@ void add_train_flags(Flags& a) {
   a.add("loss-scale-interval", "N",
         "--precision f16: steps without overflow before the loss scale doubles "
         "(default 2000)");
-  a.add("val-every", "N", "validation loss every N steps, 0 = at the end only (default 100)");
+  a.add("val-every", "N",
+        "validation loss every N steps, 0 = at the end only (default 100; 250 for an encoder-decoder preset)");
   a.add("val-batches", "N", "batches per validation, at most the whole val split, 0 = all of it (default 4)");
-  a.add("ckpt-every", "N", "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes)");
-  a.add("ckpt-minutes", "X", "without --ckpt-every, checkpoint every X minutes of wall time (default 10)");
+  a.add(
+      "ckpt-every", "N",
+      "checkpoint every N steps; 0 = at the end only (default: every --ckpt-minutes; 0 for an encoder-decoder preset)");
+  a.add(
+      "ckpt-minutes", "X",
+      "without --ckpt-every, checkpoint every X minutes of wall time (default 10; not for an encoder-decoder preset)");
   a.add("stop-after", "N",
         "stop with a checkpoint after step N, as if interrupted (resume later with --resume); 0: off");
   a.add("trace", "FILE.json",

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessera/cli/cmd_train.h"
+#include "tessera/cli/common.h"
 #include "tessera/core/error.h"
 #include "tessera/core/signals.h"
 #include "tessera/models/encdec_config.h"
@@ -41,7 +42,18 @@ void make_reverse_data(const std::string& dir, uint64_t seed, int max_positions)
 // GPT's flags that an encoder-decoder run has no use for: refused rather than ignored.
 constexpr const char* kGptOnlyFlags[] = {"batch",         "seq",    "accum",     "init-from",       "cuda-graph",
                                          "sample-tokens", "prompt", "trace",     "memory-timeline", "val-batches",
-                                         "ddp",           "zero",   "bucket-mb", "master-weights"};
+                                         "ddp",           "zero",   "bucket-mb", "master-weights",  "ckpt-minutes"};
+
+// A resumed run continues the saved run, as GPT's does (cmd_train_flags.cpp): a model or setting flag would be
+// silently ignored (the checkpoint's wins), so each is refused; --steps may extend the run, --out branch it.
+void refuse_on_resume(const Flags& a) {
+  for (const auto& f : model_flag_names())
+    TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint fixes the model)");
+  for (const char* f : {"data", "lr", "warmup", "min-lr-ratio", "weight-decay", "grad-clip", "label-smoothing", "seed",
+                        "val-every", "ckpt-every", "max-tokens"})
+    TS_CHECK(!a.has(f), "--", f, " cannot be combined with --resume (the checkpoint records the run's settings)");
+  TS_CHECK(!a.has("force"), "--force cannot be combined with --resume (a resumed run continues its directory)");
+}
 
 // The preset's shape as --d-model, --n-layers (each side), --n-heads, --n-kv-heads, --d-ff, --max-seq, --dropout and
 // --attn-dropout override it; the other GPT config flags have no encoder-decoder meaning and are refused.
@@ -79,6 +91,7 @@ int TrainCommand::run_seq2seq() {
   for (const char* f : kGptOnlyFlags) TS_CHECK(!a.has(f), "--", f, " does not apply to an encoder-decoder preset");
   Seq2SeqTrainOptions s;
   if (a.has("resume")) {
+    refuse_on_resume(a);
     s = seq2seq_options_from_checkpoint(a.str("resume"));
     s.o.resume = a.str("resume");
     const fs::path parent = resume_dir(s.o.resume).parent_path();
@@ -116,6 +129,11 @@ int TrainCommand::run_seq2seq() {
   s.o.checkpoints = !a.has("no-checkpoint");
   s.o.device = a.str("device", "");
   s.o.precision = a.str("precision", "");
+  // As GPT's: the loss scaler's flags apply to f16, which trains with dynamic loss scaling.
+  s.o.loss_scale_init = a.number("loss-scale-init", s.o.loss_scale_init);
+  s.o.loss_scale_interval = a.integer("loss-scale-interval", s.o.loss_scale_interval);
+  for (const char* f : {"loss-scale-init", "loss-scale-interval"})
+    TS_CHECK(!a.has(f) || s.o.precision == "f16", "--", f, " applies to --precision f16 (dynamic loss scaling)");
   if (s.o.resume.empty()) {
     if (s.o.data.empty()) {
       s.o.data = (fs::path(s.o.out) / "data").string();

@@ -262,14 +262,15 @@ std::pair<double, int64_t> trim_metrics(const std::string& path, int64_t keep_st
 
 }  // namespace
 
-RunDir::RunDir(const TrainOptions& o, TrainState& state, bool resuming, bool lead, DataParallel* dp)
+RunDir::RunDir(const TrainOptions& o, TrainState& state, bool resuming, bool lead, DataParallel* dp,
+               const json* options)
     : o_(o), resuming_(resuming), lead_(lead), metrics_path_((fs::path(o.out) / "metrics.jsonl").string()),
       ckpt_dir_((fs::path(o.out) / "checkpoint").string()), best_dir_((fs::path(o.out) / "best").string()) {
   if (resuming) {
     std::error_code ec;
     if (fs::equivalent(o.resume, ckpt_dir_, ec)) saved_step_ = state.step;
   }
-  state.options_json = train_options_to_json(o).dump();
+  state.options_json = (options ? *options : train_options_to_json(o)).dump();
   if (lead) {
     // The best so far of a resumed run is in its metrics (best/ was written at that step). Where they hold none
     // (metrics.jsonl deleted, or only damaged lines), best/ records its own loss: without it the first validation
@@ -319,20 +320,32 @@ RunDir::~RunDir() {
   if (metrics_) std::fclose(metrics_);
 }
 
-void RunDir::write(const std::string& dir, Model& model, Optimizer& optimizer, TrainState& state) {
-  // A checkpoint carries the moments as host vectors, read from the optimizer when one is written.
-  optimizer.read_state(model.params(), state.adam_m, state.adam_v);
-  if (lead_) save_checkpoint(dir, model, &state);
+CheckpointSource RunDir::gpt_source(Model& model, Optimizer& optimizer) {
+  return {.params = model.params(),
+          .optimizer = optimizer,
+          .write = [&model](const std::string& dir, const TrainState& state) { save_checkpoint(dir, model, &state); }};
 }
 
-void RunDir::save(Model& model, Optimizer& optimizer, TrainState& state) {
-  write(ckpt_dir_, model, optimizer, state);
+void RunDir::write(const std::string& dir, const CheckpointSource& from, TrainState& state) {
+  // A checkpoint carries the moments as host vectors, read from the optimizer when one is written.
+  from.optimizer.read_state(from.params, state.adam_m, state.adam_v);
+  if (lead_) from.write(dir, state);
+}
+
+void RunDir::save(Model& model, Optimizer& optimizer, TrainState& state) { save(gpt_source(model, optimizer), state); }
+
+void RunDir::save(const CheckpointSource& from, TrainState& state) {
+  write(ckpt_dir_, from, state);
   saved_step_ = state.step;
 }
 
 void RunDir::save_best(Model& model, Optimizer& optimizer, TrainState& state, double val_loss, int64_t step) {
+  save_best(gpt_source(model, optimizer), state, val_loss, step);
+}
+
+void RunDir::save_best(const CheckpointSource& from, TrainState& state, double val_loss, int64_t step) {
   state.val_loss = val_loss;  // recorded in best/ alone
-  write(best_dir_, model, optimizer, state);
+  write(best_dir_, from, state);
   state.val_loss = std::numeric_limits<double>::quiet_NaN();
   best_val_loss_ = val_loss;
   best_step_ = step;
@@ -340,6 +353,26 @@ void RunDir::save_best(Model& model, Optimizer& optimizer, TrainState& state, do
 
 void RunDir::start_best(Model& model, Optimizer& optimizer, TrainState& state) {
   save_best(model, optimizer, state, best_val_loss_, best_step_);
+}
+
+StepEnd RunDir::end_step(const nlohmann::ordered_json& rec, std::optional<double> val_loss, int64_t step,
+                         bool checkpoint, const CheckpointSource& from, TrainState& state) {
+  StepEnd e;
+  append(rec);
+  e.new_best = val_loss && (best_step_ == 0 || *val_loss < best_val_loss_);
+  if (e.new_best) {
+    if (o_.checkpoints) {
+      save_best(from, state, *val_loss, step);
+    } else {
+      best_val_loss_ = *val_loss;
+      best_step_ = step;
+    }
+  }
+  if (checkpoint && o_.checkpoints) {
+    save(from, state);
+    e.saved = true;
+  }
+  return e;
 }
 
 void RunDir::append(const nlohmann::ordered_json& rec) {

@@ -7,15 +7,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
+#include <tuple>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/json_fields.h"
+#include "tessera/train/loss_scaler.h"
 #include "tessera/train/optimizer.h"
 #include "tessera/train/pair_batch.h"
 #include "tessera/train/pair_data.h"
 #include "tessera/train/progress.h"
+#include "tessera/train/run_dir.h"
 #include "tessera/train/safetensors.h"
 #include "tessera/train/seq2seq_checkpoint.h"
 #include "tessera/train/trainer.h"
@@ -137,6 +140,7 @@ struct Run {
   std::unique_ptr<PairShard> train, val;
   TrainState state;
   bool resuming = false;
+  StepLossScaling scaling;  // on for f16 (or o.loss_scaling), as GPT's runs
 };
 
 void open_run(Run& r) {
@@ -145,6 +149,7 @@ void open_run(Run& r) {
     const std::string dir = resolve_checkpoint_dir(o.resume);
     TS_CHECK(fs::is_directory(dir), "--resume ", o.resume, " does not exist", unfinished_checkpoint_note(o.resume));
     TS_CHECK(is_seq2seq_checkpoint(dir), "--resume ", o.resume, " is not an encoder-decoder's checkpoint");
+    o.resume = dir;  // a checkpoint.old left by an interrupted swap: that one, as GPT's runs resume
   }
   check_pair_data_dir(o.data);
   r.train = std::make_unique<PairShard>(open_pair_split(o.data, "train"));
@@ -164,6 +169,9 @@ void open_run(Run& r) {
   else if (prec == "f16") r.dtype = DType::F16;
   else TS_THROW("--precision: unknown precision '", prec, "' (expected f32, bf16 or f16)");
   TS_CHECK(gpu || r.dtype == DType::F32, "--precision ", prec, " needs a GPU: the CPU reference trains in f32");
+  // f16's range (6e-8 to 65504) loses small gradients without a loss scale; bf16 has f32's range.
+  if (r.dtype == DType::F16) o.loss_scaling = true;
+  if (o.loss_scaling) r.scaling = StepLossScaling(train_loss_scaler_config(o));  // checks the flags too
   if (!o.resume.empty()) {
     r.model = load_seq2seq_checkpoint(o.resume, *r.ctx, r.dtype);
     r.state = load_seq2seq_train_state(o.resume, *r.model);
@@ -203,33 +211,6 @@ ValResult validate(EncoderDecoder& m, const PairShard& val, const PairBatchParam
   return {.loss = tokens > 0 ? nll / tokens : 0, .accuracy = tokens > 0 ? correct / tokens : 0};
 }
 
-// metrics.jsonl cut back to the records of steps <= `step` (a resume continues after its checkpoint's step).
-void cut_metrics(const std::string& path, int64_t step) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return;
-  std::istringstream in(read_file_text(path, "metrics"));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    try {
-      if (json::parse(line).value("step", int64_t{0}) > step) continue;
-    } catch (const json::exception&) {
-      continue;  // a record cut short by a crash
-    }
-    kept += line + "\n";
-  }
-  write_file_atomic(path, kept);
-}
-
-void save(const Run& r, Optimizer& opt, const std::string& dir, int64_t step, double val_loss) {
-  TrainState st = r.state;
-  st.step = step;
-  st.optimizer_step = opt.step_count();
-  st.val_loss = val_loss;
-  opt.read_state(r.model->params(), st.adam_m, st.adam_v);
-  save_seq2seq_checkpoint(dir, *r.model, &st);
-}
-
 }  // namespace
 
 Seq2SeqTrainOptions seq2seq_options_from_checkpoint(const std::string& dir) {
@@ -250,33 +231,49 @@ Seq2SeqTrainOptions seq2seq_options_from_checkpoint(const std::string& dir) {
 }
 
 namespace {
-// One step's record fields and the loop's bookkeeping.
+// The steps of a run, its directory GPT's (RunDir: metrics, best/, checkpoint/).
 struct Loop {
-  Loop(Run& run, Optimizer& optimizer, PairBatcher& pair_batches, const volatile std::sig_atomic_t* stop_flag)
-      : r(run), opt(optimizer), batches(pair_batches), stop(stop_flag) {}
+  Loop(Run& run, Optimizer& optimizer, PairBatcher& pair_batches, RunDir& run_dir)
+      : r(run), opt(optimizer), batches(pair_batches),
+        dir(run_dir), source{.params = r.model->params(),
+                             .optimizer = opt,
+                             .write = [m = r.model.get()](const std::string& to, const TrainState& st) {
+                               save_seq2seq_checkpoint(to, *m, &st);
+                             }} {}
   Run& r;
   Optimizer& opt;
   PairBatcher& batches;
-  const volatile std::sig_atomic_t* stop;
-  std::FILE* metrics = nullptr;
+  RunDir& dir;
+  CheckpointSource source;
   Seq2SeqTrainResult res;
-  std::string ckpt_dir, best_dir;
   PairBatchParams params;
 
-  double step(int64_t step, json& rec);
-  void validate_into(int64_t step, json& rec);
+  double step(int64_t step, nlohmann::ordered_json& rec);
+  // The step's validation (where due), its record, best/ and checkpoint/.
+  void finish(int64_t step, bool validate_now, bool checkpoint, nlohmann::ordered_json& rec);
 };
 
-double Loop::step(int64_t step, json& rec) {
+double Loop::step(int64_t step, nlohmann::ordered_json& rec) {
   EncoderDecoder& m = *r.model;
   const PairBatch b = batches.next();
   const TrainOptions& o = r.s.o;
   m.zero_grad();
   const double loss = m.forward(view(b), {.training = true, .label_smoothing = o.label_smoothing, .rng = &r.state.rng});
-  m.backward();
+  const double scale = r.scaling.scale();
+  m.backward(scale);
   const float lr = lr_at(step, o.steps, o);
-  opt.step(m.params(), lr);
-  (void)opt.read_step();
+  opt.step(m.params(), lr, r.scaling.grad_scaling());
+  const StepReport report = opt.read_step();
+  // A non-finite gradient that was not skipped (no loss scaling) has been applied: the parameters are NaN now.
+  TS_CHECK(report.skipped || std::isfinite(report.grad_norm), "training diverged: the gradient norm is ",
+           report.grad_norm, " at step ", step, " (try a lower --lr", dir.failure_note(r.state.step));
+  r.scaling.update(report, step);
+  if (r.scaling.on()) {
+    r.state.loss_scale = r.scaling.scale();
+    r.state.loss_scale_good_steps = r.scaling.scaler().good_steps();
+  }
+  r.state.step = step;
+  r.state.optimizer_step = opt.step_count();
   r.state.data_pos = (batches.epoch() << 32) | batches.batch_index();
   int64_t tokens = 0;
   for (int i = 0; i < b.B; ++i) tokens += b.target_len[i];
@@ -287,23 +284,30 @@ double Loop::step(int64_t step, json& rec) {
          {"pairs", b.B},
          {"target_tokens", tokens},
          {"padded_tokens", b.padded_tokens()}};
+  if (r.scaling.on()) {
+    rec["loss_scale"] = scale;  // the scale this step's backward used
+    rec["skipped"] = report.skipped;
+  }
   return loss;
 }
 
-void Loop::validate_into(int64_t step, json& rec) {
-  const ValResult v = validate(*r.model, *r.val, params);
-  rec["val_loss"] = v.loss;
-  rec["val_accuracy"] = v.accuracy;
-  res.last_val_loss = v.loss;
-  res.last_val_accuracy = v.accuracy;
-  if (res.best_step == 0 || v.loss < res.best_val_loss) {
-    res.best_val_loss = v.loss;
-    res.best_step = step;
-    if (r.s.o.checkpoints) {
-      save(r, opt, best_dir, step, v.loss);
-      res.best_checkpoint = best_dir;
-    }
+void Loop::finish(int64_t step, bool validate_now, bool checkpoint, nlohmann::ordered_json& rec) {
+  std::optional<double> val_loss;
+  if (validate_now) {
+    const ValResult v = validate(*r.model, *r.val, params);
+    rec["val_loss"] = v.loss;
+    rec["val_accuracy"] = v.accuracy;
+    res.last_val_loss = v.loss;
+    res.last_val_accuracy = v.accuracy;
+    val_loss = v.loss;
   }
+  const StepEnd e = dir.end_step(rec, val_loss, step, checkpoint, source, r.state);
+  if (e.new_best) {
+    res.best_val_loss = *val_loss;
+    res.best_step = step;
+    if (r.s.o.checkpoints) res.best_checkpoint = dir.best_dir();
+  }
+  if (e.saved) res.checkpoint = dir.checkpoint_dir();
 }
 }  // namespace
 
@@ -314,12 +318,19 @@ Seq2SeqTrainResult train_seq2seq(Seq2SeqTrainOptions opt_in, const volatile std:
   TrainOptions& o = r.s.o;
   TS_CHECK(!r.resuming || r.state.step <= o.steps, "--resume: the checkpoint is at step ", r.state.step,
            ", past --steps ", o.steps);
-  r.state.options_json = options_json(r.s).dump();
   AdamWConfig acfg{
       .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay, .grad_clip = o.grad_clip};
   AdamW adam(r.model->params(), acfg, *r.ctx);
   if (r.resuming)
     adam.load_state(r.state.adam_m, r.state.adam_v, r.state.optimizer_step < 0 ? r.state.step : r.state.optimizer_step);
+  r.state.optimizer_step = adam.step_count();
+  if (r.scaling.on() && r.resuming && r.state.loss_scale > 0)
+    r.scaling.scaler().set_state(r.state.loss_scale, r.state.loss_scale_good_steps);
+  if (!r.scaling.on()) r.state.loss_scale = 0;
+  if (r.scaling.on()) {  // a checkpoint before the first step carries the scale it starts from
+    r.state.loss_scale = r.scaling.scale();
+    r.state.loss_scale_good_steps = r.scaling.scaler().good_steps();
+  }
   r.state.adam_m.clear();
   r.state.adam_v.clear();
   r.state.tokenizer_json = read_dir_tokenizer(o.data);
@@ -329,51 +340,38 @@ Seq2SeqTrainResult train_seq2seq(Seq2SeqTrainOptions opt_in, const volatile std:
 
   ensure_writable_dir(o.out.empty() ? "." : o.out);
   fs::create_directories(o.out);
-  Loop L(r, adam, batches, stop);
+  const json options = options_json(r.s);
+  RunDir dir(o, r.state, r.resuming, /*lead=*/true, /*dp=*/nullptr, &options);
+  Loop L(r, adam, batches, dir);
   L.params = params;
-  L.ckpt_dir = (fs::path(o.out) / "checkpoint").string();
-  L.best_dir = (fs::path(o.out) / "best").string();
-  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
-  if (r.resuming) {
-    cut_metrics(metrics_path, r.state.step);
-    if (const auto best = best_record(L.best_dir)) std::tie(L.res.best_val_loss, L.res.best_step) = *best;
-  } else {
-    write_file_atomic(metrics_path, "");
-  }
-  L.metrics = std::fopen(metrics_path.c_str(), "a");
-  TS_CHECK(L.metrics, "cannot open ", metrics_path, " for appending");
+  if (dir.seeds_best()) dir.save_best(L.source, r.state, dir.best_val_loss(), dir.best_step());
+  std::tie(L.res.best_val_loss, L.res.best_step) = std::pair(dir.best_val_loss(), dir.best_step());
+  if (L.res.best_step > 0 && o.checkpoints) L.res.best_checkpoint = dir.best_dir();
   const int64_t first = r.state.step + 1;
   ProgressBar bar(o.steps, r.state.step, o.progress);
   const auto t0 = Clock::now();
   for (int64_t step = first; step <= o.steps; ++step) {
-    json rec;
+    nlohmann::ordered_json rec;
     const double loss = L.step(step, rec);
     if (step == first) L.res.first_loss = loss;
     L.res.last_loss = loss;
     L.res.steps++;
     L.res.last_step = step;
-    r.state.step = step;
     const bool last = step == o.steps;
     // Tests: a stop signal as if Ctrl-C came during step 2 (TESSERA_FAULT_INJECT=seq2seq-stop-step-2).
     if (step == 2 && fault_injected("seq2seq-stop-step-2")) std::raise(SIGINT);
     const bool stopping = (stop && *stop != 0) || (o.stop_after > 0 && step >= o.stop_after);
-    if (r.val && ((o.val_every > 0 && step % o.val_every == 0) || last)) L.validate_into(step, rec);
-    std::fprintf(L.metrics, "%s\n", rec.dump().c_str());
-    std::fflush(L.metrics);
+    const bool periodic = o.ckpt_every > 0 && step % o.ckpt_every == 0;
+    L.finish(step, r.val && ((o.val_every > 0 && step % o.val_every == 0) || last), last || stopping || periodic, rec);
     char fields[96];
     std::snprintf(fields, sizeof fields, "loss %.4f", loss);
     bar.update(step, fields);
-    if (o.checkpoints && (last || stopping || (o.ckpt_every > 0 && step % o.ckpt_every == 0))) {
-      save(r, adam, L.ckpt_dir, step, std::numeric_limits<double>::quiet_NaN());
-      L.res.checkpoint = L.ckpt_dir;
-    }
     if (stopping && !last) {
       L.res.interrupted = true;
       break;
     }
   }
   bar.finish();
-  std::fclose(L.metrics);
   L.res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return L.res;
 }

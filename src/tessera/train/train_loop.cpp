@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 
 #include "tessera/core/cuda_graph.h"
@@ -414,7 +415,7 @@ bool TrainLoop::finish_step(int64_t step, const StepOutcome& s) {
 
 void TrainLoop::validate_and_save(int64_t step, bool last, bool time_due, nlohmann::ordered_json& rec) {
   const bool end = step == o_.steps;  // an interrupt skips the end-of-run validation
-  bool new_best = false;
+  std::optional<double> val_loss;
   if (setup_.val_data && ((o_.val_every > 0 && step % o_.val_every == 0) || end)) {
     std::vector<double> v(2);
     std::tie(v[0], v[1]) =
@@ -422,18 +423,18 @@ void TrainLoop::validate_and_save(int64_t step, bool last, bool time_due, nlohma
     if (dp_) dp_->sum_host(v);
     result_.last_val_loss = v[0] / v[1];
     rec["val_loss"] = result_.last_val_loss;
-    new_best = result_.best_step == 0 || result_.last_val_loss < result_.best_val_loss;
+    val_loss = result_.last_val_loss;
   }
-  dir_->append(rec);
-  if (new_best && o_.checkpoints) {
-    dir_->save_best(*model_, *optimizer_, state_, result_.last_val_loss, step);
+  const bool periodic = (o_.ckpt_every > 0 && step % o_.ckpt_every == 0) || time_due;
+  const StepEnd e =
+      dir_->end_step(rec, val_loss, step, periodic || last, RunDir::gpt_source(*model_, *optimizer_), state_);
+  // Without checkpoints a run keeps no best/, and reports none.
+  if (e.new_best && o_.checkpoints) {
     result_.best_val_loss = result_.last_val_loss;
     result_.best_step = step;
     result_.best_checkpoint = dir_->best_dir();
   }
-  const bool periodic = (o_.ckpt_every > 0 && step % o_.ckpt_every == 0) || time_due;
-  if (o_.checkpoints && (periodic || last)) {
-    dir_->save(*model_, *optimizer_, state_);
+  if (e.saved) {
     last_ckpt_ = Clock::now();
     if (control_.on_checkpoint) control_.on_checkpoint(step);
   }
