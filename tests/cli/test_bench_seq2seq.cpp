@@ -72,7 +72,9 @@ TEST(BenchSeq2seq, PeerRunsWhatTheCpuCanAndNamesTheRest) {
   for (const auto& cells : lines(r.out)) {
     ASSERT_EQ(cells.size(), 7u) << r.out;
     figure[cells[1] + " | " + cells[4]] = cells[5];
-    if (cells[5] != "–") EXPECT_TRUE(positive_number(cells[6])) << cells[1] << ": " << cells[6];
+    if (cells[5] != "–") {
+      EXPECT_TRUE(positive_number(cells[6])) << cells[1] << ": " << cells[6];
+    }
   }
   // Eager training and eager generate run on any CPU torch; torch.compile and the static cache are either figures
   // or named as unsupported in one line.
