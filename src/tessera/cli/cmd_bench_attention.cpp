@@ -96,11 +96,7 @@ std::vector<int> parse_head_dims(const std::string& s, int max_dh, const std::st
   return dims;
 }
 
-}  // namespace
-
-int cmd_bench_attention(int argc, char** argv) {
-  Flags a("bench attention",
-          "Naive against flash attention (the CS336 table: ms and memory) and causal multi-head TFLOP/s.");
+void add_attention_flags(Flags& a) {
   a.add("device", "cpu|cuda|cuda:N", "where to run (default: the GPU when one is visible, else the CPU)");
   a.add("dtype", "f32|bf16|f16", "compute dtype (default bf16 on a GPU, f32 on the CPU)");
   a.add("size", "small|full",
@@ -120,6 +116,14 @@ int cmd_bench_attention(int argc, char** argv) {
   a.add_switch("peer",
                "run bench/peers/attention.py (PyTorch: plain attention, SDPA flash, SDPA cuDNN) in the "
                "same call and show its figures (GPU only)");
+}
+
+}  // namespace
+
+int cmd_bench_attention(int argc, char** argv) {
+  Flags a("bench attention",
+          "Naive against flash attention (the CS336 table: ms and memory) and causal multi-head TFLOP/s.");
+  add_attention_flags(a);
   if (!a.parse(argc, argv, 3)) return 0;
 
   const TimingOptions timing{.warmup = a.integer("warmup", 3), .iters = a.integer("iters", 10)};
