@@ -53,65 +53,7 @@ namespace tessera {
 namespace flash_hopper {
 namespace {
 
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kConsumerThreads = 256;
-constexpr int kBlockM = 128;  // queries per block, 64 per consumer warpgroup
-constexpr int kBlockN = 128;  // keys per K/V tile
-constexpr int kStages = 2;
-constexpr int kBoxBytes = kBlockN * kBoxCols * 2;  // one 128-row box (Q boxes have kBlockM = kBlockN rows)
-static_assert(kBlockM == kBlockN, "one tensor map box shape serves Q, K and V");
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-template <int kD>
-constexpr int tile_bytes() {
-  return (kD / kBoxCols) * kBoxBytes;
-}
-template <int kD>
-constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align the start to a swizzle atom
-  return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
-}
-
-// The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
-// base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
-// with the warpgroup index uniform in both, stepping measured faster at Dh 128 and slower at Dh 64
-// (bench/results/2026-12-01-wgmma-descriptors-h200.md).
-template <int kD, typename Make>
-__device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
-  if constexpr (kD == 128) return desc_plus(make(base), off);
-  else return make(base + off);
-}
-
-#if defined(TESSERA_FLASH_HOPPER_DEVICE)
-// The producer's one thread: Q once, then K_j and V_j of every tile into stage j % kStages as the consumers free it.
-template <int kD>
-__device__ __forceinline__ void forward_produce(const CUtensorMap* qkv_map, uint64_t& bar_q, uint64_t (&bar_k)[kStages],
-                                                uint64_t (&bar_v)[kStages], uint64_t (&bar_empty_k)[kStages],
-                                                uint64_t (&bar_empty_v)[kStages], uint32_t smem0, int n_kt, int H,
-                                                int h, int q0, int b) {
-  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>();
-  const uint32_t sQ = smem0;
-  auto sK = [&](int s) { return smem0 + kTile * (1 + s); };
-  auto sV = [&](int s) { return smem0 + kTile * (1 + kStages + s); };
-  mbar_arrive_expect_tx(&bar_q, kTile);
-  for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, qkv_map, bx * kBoxCols, h, q0, b, &bar_q);
-  for (int j = 0; j < n_kt; ++j) {
-    const int s = j % kStages;
-    // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
-    // parity): the pipelined consumers release K a tile before V.
-    if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
-    mbar_arrive_expect_tx(&bar_k[s], kTile);
-    for (int bx = 0; bx < kBoxes; ++bx)
-      tma_load_4d(sK(s) + bx * kBoxBytes, qkv_map, bx * kBoxCols, H + h, j * kBlockN, b, &bar_k[s]);
-    if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
-    mbar_arrive_expect_tx(&bar_v[s], kTile);
-    for (int bx = 0; bx < kBoxes; ++bx)
-      tma_load_4d(sV(s) + bx * kBoxBytes, qkv_map, bx * kBoxCols, 2 * H + h, j * kBlockN, b, &bar_v[s]);
-  }
-}
-
-#endif
+using namespace fwd;  // NOLINT(google-build-using-namespace): the shared forward pieces
 
 // kDropout: an instance of its own for attention dropout, so that the forward without dropout carries no draws:
 // behind a runtime branch in one instance they measured slower without dropout (the backward passes did not, and
@@ -123,13 +65,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_DEVICE)
   if constexpr (kDropout) attention_dropout_resolve(drop);
-  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
+  constexpr int kBoxes = kD / kBoxCols;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty_k[kStages], bar_empty_v[kStages];
   const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = smem0;
-  auto sK = [&](int s) { return smem0 + kTile * (1 + s); };
-  auto sV = [&](int s) { return smem0 + kTile * (1 + kStages + s); };
 
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q0 = q_tile * kBlockM;
@@ -139,21 +78,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     tma_prefetch_map(&qkv_map);
-    mbar_init(&bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_k[s], 1);
-      mbar_init(&bar_v[s], 1);
-      mbar_init(&bar_empty_k[s], kConsumerThreads);
-      mbar_init(&bar_empty_v[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    init_barriers(bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v);
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
     if (threadIdx.x == 0)
-      forward_produce<kD>(&qkv_map, bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v, smem0, n_kt, H, h, q0, b);
+      produce<kD>(&qkv_map, &qkv_map, &qkv_map, h, h, H, 2 * H, bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v, smem0,
+                  n_kt, q0, b);
     return;
   }
 
@@ -178,77 +111,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // turn, so no named barrier is left part-arrived at exit.
   if (cw == 1) turn_pass(cw);  // consumer 0 goes first
 
-  // S = Q K_jᵀ into sacc, one commit group.
-  auto issue_scores = [&](int j) {
-    const int s = j % kStages;
-    mbar_wait(&bar_k[s], (j / kStages) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t k_off = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      wgmma_ss_n128<T>(sacc, desc_at<kD>(desc_k_major, sQ + cw * 64 * 128, k_off),
-                       desc_at<kD>(desc_k_major, sK(s), k_off), /*scale_d=*/kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
-  // O += pa V_j, one commit group.
-  auto issue_pv = [&](int j) {
-    const int s = j % kStages;
-    mbar_wait(&bar_v[s], (j / kStages) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(o[bx], pa[kk], desc_at<kD>(desc_mn_major, sV(s), bx * kBoxBytes + kk * 16 * 128),
-                        /*scale_d=*/1);
-    wgmma_commit();
-  };
   // The online softmax of tile j's scores (in sacc, complete): sacc becomes P, l and m advance, and alpha is the
   // factor O must take before P V is added.
   auto softmax = [&](int j, float(&alpha)[2]) {
-    // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch). The scores stay unscaled: the row
-    // max of raw scores, scaled, is the max of the scaled ones (scale > 0), and each P is one FFMA and one MUFU.
+    // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch).
     const int k0 = j * kBlockN;
     if (k0 + kBlockN > seq_len || (causal && k0 + kBlockN - 1 > q_first))
       flash::mask_scores(sacc, k0, row_a, seq_len, causal);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(sacc[n][2 * half], sacc[n][2 * half + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx * scale_log2);    // log2 units
-      const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing valid yet keeps P = 0
-      alpha[half] = flash::exp2_approx(m[half] - shift);
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kN8; ++n)
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          sacc[n][e] = flash::exp2_approx(fmaf(sacc[n][e], scale_log2, -shift));
-          sum += sacc[n][e];
-        }
-      l[half] = l[half] * alpha[half] + sum;
-      m[half] = m_new;
-    }
+    online_softmax(sacc, m, l, alpha, scale_log2);
     if constexpr (kDropout)
       flash::for_each_draw_query_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, row_a, k0,
                                            [&](int n, int e, bool kept) {
                                              if (!kept) sacc[n][e] = 0.0f;
                                            });
-  };
-  auto rescale_o = [&](const float(&alpha)[2]) {
-#pragma unroll
-    for (int bx = 0; bx < kBoxes; ++bx)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        o[bx][n][0] *= alpha[0];
-        o[bx][n][1] *= alpha[0];
-        o[bx][n][2] *= alpha[1];
-        o[bx][n][3] *= alpha[1];
-      }
   };
 
   // Software-pipelined (FlashAttention-3's intra-warpgroup overlap): tile j's scores are issued before tile
@@ -256,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // released once S_j is read, V_j's once P_j V_j is.
   float alpha[2];
   turn_wait(cw);
-  issue_scores(0);
+  issue_scores<T, kD>(sacc, bar_k, smem0, cw, 0);
   turn_pass(cw);
   wgmma_wait<0>();
   fence_regs(sacc);
@@ -265,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   flash::c_to_a<T, kN8>(pa, sacc);
   for (int j = 1; j < n_kt; ++j) {
     turn_wait(cw);
-    issue_scores(j);
-    issue_pv(j - 1);
+    issue_scores<T, kD>(sacc, bar_k, smem0, cw, j);
+    issue_pv<T, kD>(o, pa, bar_v, smem0, j - 1);
     turn_pass(cw);
     wgmma_wait<1>();  // S_j (committed first) is complete; P_{j-1} V_{j-1} may still run
     fence_regs(sacc);
@@ -276,11 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx) fence_regs(o[bx]);
     mbar_arrive(&bar_empty_v[(j - 1) % kStages]);
-    rescale_o(alpha);
+    rescale_o(o, alpha);
     flash::c_to_a<T, kN8>(pa, sacc);
   }
   turn_wait(cw);
-  issue_pv(n_kt - 1);
+  issue_pv<T, kD>(o, pa, bar_v, smem0, n_kt - 1);
   if (cw == 0) turn_pass(cw);  // consumer 1's last turn; nobody waits for a hand-over after it
   wgmma_wait<0>();
 #pragma unroll

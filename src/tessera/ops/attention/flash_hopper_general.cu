@@ -22,29 +22,7 @@ namespace tessera {
 namespace flash_hopper {
 namespace {
 
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kConsumerThreads = 256;
-constexpr int kBlockM = 128;  // queries per block, 64 per consumer warpgroup
-constexpr int kBlockN = 128;  // keys per K/V tile
-constexpr int kStages = 2;
-constexpr int kBoxBytes = kBlockN * kBoxCols * 2;
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-template <int kD>
-constexpr int tile_bytes() {
-  return (kD / kBoxCols) * kBoxBytes;
-}
-template <int kD>
-constexpr size_t smem_bytes() {
-  return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
-}
-template <int kD, typename Make>
-__device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
-  if constexpr (kD == 128) return desc_plus(make(base), off);
-  else return make(base + off);
-}
+using namespace fwd;  // NOLINT(google-build-using-namespace): the shared forward pieces
 
 // Sizes and masks of the call (attention.h), as flash_general.cu's GShape.
 struct HShape {
@@ -98,13 +76,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 AttentionDropoutDraw drop) {
 #if defined(TESSERA_FLASH_HOPPER_GENERAL_DEVICE)
   if constexpr (kDropout) attention_dropout_resolve(drop);
-  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>(), kN8 = kBlockN / 8;
+  constexpr int kBoxes = kD / kBoxCols;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty_k[kStages], bar_empty_v[kStages];
   const uint32_t smem0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = smem0;
-  auto sK = [&](int s) { return smem0 + kTile * (1 + s); };
-  auto sV = [&](int s) { return smem0 + kTile * (1 + kStages + s); };
 
   const int q_tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / g.group;
   const int q0 = q_tile * kBlockM;
@@ -125,34 +100,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&q_map);
     tma_prefetch_map(&k_map);
     tma_prefetch_map(&v_map);
-    mbar_init(&bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_k[s], 1);
-      mbar_init(&bar_v[s], 1);
-      mbar_init(&bar_empty_k[s], kConsumerThreads);
-      mbar_init(&bar_empty_v[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    init_barriers(bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v);
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      mbar_arrive_expect_tx(&bar_q, kTile);
-      for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, &q_map, bx * kBoxCols, h, q0, b, &bar_q);
-      for (int j = 0; j < n_kt; ++j) {
-        const int s = j % kStages;
-        if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(&bar_k[s], kTile);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_4d(sK(s) + bx * kBoxBytes, &k_map, bx * kBoxCols, hk, j * kBlockN, b, &bar_k[s]);
-        if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(&bar_v[s], kTile);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_4d(sV(s) + bx * kBoxBytes, &v_map, bx * kBoxCols, hk, j * kBlockN, b, &bar_v[s]);
-      }
-    }
+    if (threadIdx.x == 0)
+      produce<kD>(&q_map, &k_map, &v_map, h, hk, 0, 0, bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v, smem0, n_kt, q0,
+                  b);
     return;
   }
 
@@ -173,74 +129,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (cw == 1) turn_pass(cw);
 
-  auto issue_scores = [&](int j) {
-    const int s = j % kStages;
-    mbar_wait(&bar_k[s], (j / kStages) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t k_off = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      wgmma_ss_n128<T>(sacc, desc_at<kD>(desc_k_major, sQ + cw * 64 * 128, k_off),
-                       desc_at<kD>(desc_k_major, sK(s), k_off), /*scale_d=*/kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int j) {
-    const int s = j % kStages;
-    mbar_wait(&bar_v[s], (j / kStages) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(o[bx], pa[kk], desc_at<kD>(desc_mn_major, sV(s), bx * kBoxBytes + kk * 16 * 128),
-                        /*scale_d=*/1);
-    wgmma_commit();
-  };
   auto softmax = [&](int j, float(&alpha)[2]) {
     // Masked: keys at or past kend and, causal, keys after query + q_offset (mask_scores' causal test on rows
     // shifted by q_offset).
     const int k0 = j * kBlockN;
     if (k0 + kBlockN > kend || (g.causal && k0 + kBlockN - 1 > q_first + g.q_offset))
       flash::mask_scores(sacc, k0, row_a + g.q_offset, kend, g.causal);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(sacc[n][2 * half], sacc[n][2 * half + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx * scale_log2);
-      const float shift = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[half] = flash::exp2_approx(m[half] - shift);
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kN8; ++n)
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          sacc[n][e] = flash::exp2_approx(fmaf(sacc[n][e], scale_log2, -shift));
-          sum += sacc[n][e];
-        }
-      l[half] = l[half] * alpha[half] + sum;
-      m[half] = m_new;
-    }
+    online_softmax(sacc, m, l, alpha, scale_log2);
     if constexpr (kDropout) drop_scores<kN8>(sacc, drop, static_cast<uint64_t>(b) * g.H + h, g.Tq, g.Tk, row_a, k0);
   };
-  auto rescale_o = [&](const float(&alpha)[2]) {
-#pragma unroll
-    for (int bx = 0; bx < kBoxes; ++bx)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        o[bx][n][0] *= alpha[0];
-        o[bx][n][1] *= alpha[0];
-        o[bx][n][2] *= alpha[1];
-        o[bx][n][3] *= alpha[1];
-      }
-  };
-
   float alpha[2];
   turn_wait(cw);
-  issue_scores(0);
+  issue_scores<T, kD>(sacc, bar_k, smem0, cw, 0);
   turn_pass(cw);
   wgmma_wait<0>();
   fence_regs(sacc);
@@ -249,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   flash::c_to_a<T, kN8>(pa, sacc);
   for (int j = 1; j < n_kt; ++j) {
     turn_wait(cw);
-    issue_scores(j);
-    issue_pv(j - 1);
+    issue_scores<T, kD>(sacc, bar_k, smem0, cw, j);
+    issue_pv<T, kD>(o, pa, bar_v, smem0, j - 1);
     turn_pass(cw);
     wgmma_wait<1>();
     fence_regs(sacc);
@@ -260,11 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx) fence_regs(o[bx]);
     mbar_arrive(&bar_empty_v[(j - 1) % kStages]);
-    rescale_o(alpha);
+    rescale_o(o, alpha);
     flash::c_to_a<T, kN8>(pa, sacc);
   }
   turn_wait(cw);
-  issue_pv(n_kt - 1);
+  issue_pv<T, kD>(o, pa, bar_v, smem0, n_kt - 1);
   if (cw == 0) turn_pass(cw);
   wgmma_wait<0>();
 #pragma unroll
@@ -328,7 +228,7 @@ bool flash_general_forward_hopper_cuda(const AttentionParams& p, DType dtype, co
   if (static_cast<int64_t>(p.B) * Tq == 0) return true;
   if (!cuda::aligned16(a.out.data) || a.out.st % 2 != 0) return false;  // store_rows' 4-byte pairs
   CUtensorMap maps[3];
-  const int box = flash_hopper::kBlockN;
+  const int box = flash_hopper::fwd::kBlockN;
   // A tensor map needs every dimension at least 1: an empty key sequence runs mma.sync.
   if (Tk == 0) return false;
   if (!flash_hopper::make_view_map(&maps[0], dtype, a.q.data, p.Dh, p.H, Tq, p.B, a.q.sb, a.q.st, a.q.sh, box) ||

@@ -1,8 +1,8 @@
-// tessera/ops/attention/flash_hopper_kernel.cuh — the sm_90a building blocks of the Hopper FlashAttention forward
-// (flash_hopper_forward.cu): warpgroup MMA (wgmma) with shared-memory matrix descriptors, TMA bulk tensor copies
-// (cp.async.bulk.tensor) completing on mbarriers, and the register-count hand-off between warpgroups
-// (setmaxnreg). Every asm here exists only on sm_90a; the callers compile it only under
-// __CUDA_ARCH_FEAT_SM90_ALL. CUDA sources only.
+// tessera/ops/attention/flash_hopper_kernel.cuh — the sm_90a building blocks of the Hopper FlashAttention kernels
+// (flash_hopper_forward.cu and the others): warpgroup MMA (wgmma) with shared-memory matrix descriptors, TMA bulk
+// tensor copies (cp.async.bulk.tensor) completing on mbarriers, and the register-count hand-off between warpgroups
+// (setmaxnreg); and, in namespace fwd, what the packed and the general forward share. Every asm here exists only on
+// sm_90a; the callers compile it only under __CUDA_ARCH_FEAT_SM90_ALL. CUDA sources only.
 //
 // Shared-memory tiles (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B, and the one wgmma's "128-byte
 // swizzle" descriptors read). A tile of R rows x kD columns of 16-bit values is stored as kD / 64 column boxes,
@@ -37,9 +37,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "tessera/core/dtype.h"
+#include "tessera/ops/attention/flash_kernel.cuh"
 
 namespace tessera::flash_hopper {
 
@@ -248,5 +251,176 @@ template <int kRegs>
 __device__ __forceinline__ void regs_claim() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
+
+// ---- the forward's pieces ----
+// What the two Hopper forwards share (flash_hopper_forward.cu, the packed call; flash_hopper_general.cu, the
+// general call): the block shape, the shared-memory layout (Q, then kStages K tiles, then kStages V tiles, each
+// kD / 64 boxes of 128 rows), the producer's TMA loop and the consumers' per-tile steps. flash_hopper_forward.cu's
+// header comment holds the schedule both follow.
+namespace fwd {
+
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kBlockM = 128;  // queries per block, 64 per consumer warpgroup
+constexpr int kBlockN = 128;  // keys per K/V tile
+constexpr int kStages = 2;
+constexpr int kBoxBytes = kBlockN * kBoxCols * 2;  // one 128-row box (Q boxes have kBlockM = kBlockN rows)
+static_assert(kBlockM == kBlockN, "one tensor map box shape serves Q, K and V");
+constexpr int kN8 = kBlockN / 8;                        // 8-key accumulator tiles of a score row
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kD>
+constexpr int tile_bytes() {
+  return (kD / kBoxCols) * kBoxBytes;
+}
+template <int kD>
+constexpr size_t smem_bytes() {  // Q, kStages x (K, V), and 1024 bytes to align the start to a swizzle atom
+  return static_cast<size_t>(tile_bytes<kD>()) * (1 + 2 * kStages) + 1024;
+}
+// Stage s's K and V tiles, after the Q tile at smem0 (1024-aligned).
+template <int kD>
+__device__ __forceinline__ uint32_t k_stage(uint32_t smem0, int s) {
+  return smem0 + tile_bytes<kD>() * (1 + s);
+}
+template <int kD>
+__device__ __forceinline__ uint32_t v_stage(uint32_t smem0, int s) {
+  return smem0 + tile_bytes<kD>() * (1 + kStages + s);
+}
+
+// The descriptor of the operand at base + off (make: desc_k_major or desc_mn_major). At Dh 128 it is stepped from
+// base's (desc_plus; the compiler makes base's once per tile), at Dh 64 made from the address at each k16 step:
+// with the warpgroup index uniform in both, stepping measured faster at Dh 128 and slower at Dh 64
+// (bench/results/2026-12-01-wgmma-descriptors-h200.md).
+template <int kD, typename Make>
+__device__ __forceinline__ uint64_t desc_at(Make make, uint32_t base, uint32_t off) {
+  if constexpr (kD == 128) return desc_plus(make(base), off);
+  else return make(base + off);
+}
+
+// Thread 0, before the __syncthreads that publishes them: the Q barrier (one arrival with the byte count), and
+// per stage the full barriers of K and V (the same) and their empty barriers (every consumer thread arrives).
+__device__ __forceinline__ void init_barriers(uint64_t& bar_q, uint64_t (&bar_k)[kStages], uint64_t (&bar_v)[kStages],
+                                              uint64_t (&bar_empty_k)[kStages], uint64_t (&bar_empty_v)[kStages]) {
+  mbar_init(&bar_q, 1);
+  for (int s = 0; s < kStages; ++s) {
+    mbar_init(&bar_k[s], 1);
+    mbar_init(&bar_v[s], 1);
+    mbar_init(&bar_empty_k[s], kConsumerThreads);
+    mbar_init(&bar_empty_v[s], kConsumerThreads);
+  }
+  mbar_fence_init();
+}
+
+// The producer's one thread: the Q tile (rows q0 .., head q_head of q_map) once, then K_j and V_j (rows 128 j .. of
+// heads k_off + kv_head of k_map and v_off + kv_head of v_map) of every tile j < n_kt into stage j % kStages as the
+// consumers free it. The packed call's one map holds query head h's Q, K and V as heads h, H + h and 2H + h.
+template <int kD>
+__device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                        int q_head, int kv_head, int k_off, int v_off, uint64_t& bar_q,
+                                        uint64_t (&bar_k)[kStages], uint64_t (&bar_v)[kStages],
+                                        uint64_t (&bar_empty_k)[kStages], uint64_t (&bar_empty_v)[kStages],
+                                        uint32_t smem0, int n_kt, int q0, int b) {
+  constexpr int kBoxes = kD / kBoxCols, kTile = tile_bytes<kD>();
+  const uint32_t sQ = smem0;
+  mbar_arrive_expect_tx(&bar_q, kTile);
+  for (int bx = 0; bx < kBoxes; ++bx) tma_load_4d(sQ + bx * kBoxBytes, q_map, bx * kBoxCols, q_head, q0, b, &bar_q);
+  for (int j = 0; j < n_kt; ++j) {
+    const int s = j % kStages;
+    // Tile j - kStages used this stage; wait for the consumers' release of its K, then of its V (that phase's
+    // parity): the pipelined consumers release K a tile before V.
+    if (j >= kStages) mbar_wait(&bar_empty_k[s], ((j / kStages) - 1) & 1);
+    mbar_arrive_expect_tx(&bar_k[s], kTile);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_4d(k_stage<kD>(smem0, s) + bx * kBoxBytes, k_map, bx * kBoxCols, k_off + kv_head, j * kBlockN, b,
+                  &bar_k[s]);
+    if (j >= kStages) mbar_wait(&bar_empty_v[s], ((j / kStages) - 1) & 1);
+    mbar_arrive_expect_tx(&bar_v[s], kTile);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_4d(v_stage<kD>(smem0, s) + bx * kBoxBytes, v_map, bx * kBoxCols, v_off + kv_head, j * kBlockN, b,
+                  &bar_v[s]);
+  }
+}
+
+// Consumer cw: S = Q K_jᵀ (its 64 query rows of the Q tile at smem0, tile j's 128 keys) into sacc, one commit group,
+// once K_j has landed.
+template <typename T, int kD>
+__device__ __forceinline__ void issue_scores(float (&sacc)[kN8][4], uint64_t (&bar_k)[kStages], uint32_t smem0, int cw,
+                                             int j) {
+  const int s = j % kStages;
+  mbar_wait(&bar_k[s], (j / kStages) & 1);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t k_off = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+    wgmma_ss_n128<T>(sacc, desc_at<kD>(desc_k_major, smem0 + cw * 64 * 128, k_off),
+                     desc_at<kD>(desc_k_major, k_stage<kD>(smem0, s), k_off), /*scale_d=*/kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V_j (P as A fragments in pa; O as kD / 64 accumulators of 64 columns), one commit group, once V_j has
+// landed.
+template <typename T, int kD>
+__device__ __forceinline__ void issue_pv(float (&o)[kD / kBoxCols][8][4], const uint32_t (&pa)[kN8 / 2][4],
+                                         uint64_t (&bar_v)[kStages], uint32_t smem0, int j) {
+  const int s = j % kStages;
+  mbar_wait(&bar_v[s], (j / kStages) & 1);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+    for (int bx = 0; bx < kD / kBoxCols; ++bx)
+      wgmma_rs_n64<T>(o[bx], pa[kk], desc_at<kD>(desc_mn_major, v_stage<kD>(smem0, s), bx * kBoxBytes + kk * 16 * 128),
+                      /*scale_d=*/1);
+  wgmma_commit();
+}
+
+// The online softmax over one tile of this lane's raw scores s (complete and masked; rows row_a, row_a + 8 as the
+// halves): per row, m' = max(m, rowmax s · scale_log2) (log2 units), P = exp2(s scale_log2 - m') in place of s,
+// l = l 2^(m - m') + rowsum P (this lane's part: the quad's sum waits for the end), alpha = 2^(m - m'), the factor
+// O must take before P V is added, and m = m'. The scores stay unscaled until here: the row max of raw scores,
+// scaled, is the max of the scaled ones (scale > 0), and each P is one FFMA and one MUFU.
+__device__ __forceinline__ void online_softmax(float (&s)[kN8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[half], mx * scale_log2);    // log2 units
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing valid yet keeps P = 0
+    alpha[half] = flash::exp2_approx(m[half] - shift);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kN8; ++n)
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s[n][e] = flash::exp2_approx(fmaf(s[n][e], scale_log2, -shift));
+        sum += s[n][e];
+      }
+    l[half] = l[half] * alpha[half] + sum;
+    m[half] = m_new;
+  }
+}
+
+// O = O alpha, per row half (the online softmax's rescale before P V is added).
+template <int kBoxes>
+__device__ __forceinline__ void rescale_o(float (&o)[kBoxes][8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int bx = 0; bx < kBoxes; ++bx)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      o[bx][n][0] *= alpha[0];
+      o[bx][n][1] *= alpha[0];
+      o[bx][n][2] *= alpha[1];
+      o[bx][n][3] *= alpha[1];
+    }
+}
+
+}  // namespace fwd
 
 }  // namespace tessera::flash_hopper
