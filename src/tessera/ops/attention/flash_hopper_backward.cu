@@ -71,7 +71,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   attention_dropout_resolve(drop);
   constexpr int kKeys = kDqKeys;
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kKvTile = kBlockTile;
-  constexpr int kKvBoxBytes = kKvTile / kBoxes;  // a column box of the K / V tile: kKeys rows x 128 bytes
   constexpr int kN8 = kKeys / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_full[kStages], bar_empty[kStages];
@@ -87,14 +86,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_kt = causal ? min((q0 + kBlockRows - 1) / kKeys + 1, n_kt_all) : n_kt_all;
 
   if (threadIdx.x == 0) {
-    tma_prefetch_map(&qkv_map);
-    tma_prefetch_map(&do_map);
-    mbar_init(&bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_full[s], 1);
-      mbar_init(&bar_empty[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    tma_prefetch_maps(&qkv_map, &do_map);
+    init_barriers(bar_q, bar_full, bar_empty, /*full_arrivals=*/1);
   }
   __syncthreads();
 
@@ -193,31 +186,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Only a tile on the diagonal or past T masks (a warpgroup-uniform branch); S = -inf there makes P = 0.
     if (k0 + kKeys > seq_len || (causal && k0 + kKeys - 1 > q_first))
       flash::mask_scores(sacc, k0, row_a, seq_len, causal);
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+    dq_probs(sacc, scale_log2, lse2);
     uint64_t keep = 0;  // drawn while dP is computed
     if (drop.threshold)
       keep = flash::keep_bits_query_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, row_a, k0);
     wgmma_wait<0>();
     flash_hopper::fence_regs(dpacc);
     if (drop.threshold) flash::apply_keep_bits<kN8>(dpacc, keep, drop.scale);  // dP = Z ∘ (dO Vᵀ)
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
+    dq_dscores(sacc, dpacc, Dr);                                               // dS, in place of P
     uint32_t dsa[kN8 / 2][4];
     flash::c_to_a<T, kN8>(dsa, sacc);
-    const uint64_t desc_k = desc_mn_major(sK(s));
     turn_wait(cw);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_plus(desc_k, bx * kKvBoxBytes + kk * 16 * 128), 1);
-    wgmma_commit();
+    issue_dq<T, kD>(dq, dsa, sK(s));
     if (cw == 0 || j + 1 < n_kt) turn_pass(cw);
     wgmma_wait<0>();
 #pragma unroll
@@ -248,9 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kQRows = dkdv_query_rows<kD>();
   static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
-  constexpr int kStep = dkdv_query_tile_bytes<kD>();  // a Q or dO tile
-  constexpr int kQBoxBytes = kStep / kBoxes;          // a column box of it: kQRows rows x 128 bytes
-  constexpr int kN8 = kQRows / 8;
+  constexpr int kStep = dkdv_query_tile_bytes<kD>(), kN8 = kQRows / 8;  // kStep: a Q or dO tile
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
   __shared__ float s_lse[kStages][kQRows], s_D[kStages][kQRows];  // per query of a stage: lse log2e, D
@@ -266,35 +244,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int i_begin = causal ? k0 / kQRows : 0;  // queries below k0 see none of these keys
 
   if (threadIdx.x == 0) {
-    tma_prefetch_map(&qkv_map);
-    tma_prefetch_map(&do_map);
-    mbar_init(&bar_kv, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_full[s], 1 + 32);  // the TMA thread's arrival (with the byte count) and warp 1's
-      mbar_init(&bar_empty[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    tma_prefetch_maps(&qkv_map, &do_map);
+    init_barriers(bar_kv, bar_full, bar_empty, /*full_arrivals=*/1 + 32);
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
-    if (threadIdx.x / 32 == 1) {
-      // Warp 1 stages each query tile's lse (log2 units; +inf past T, so P = 0) and D in shared memory, kQRows / 32
-      // queries a lane; its arrival on the stage's full barrier releases them to the consumers, which would
-      // otherwise stall on loading them from global memory, per accumulator column.
-      const int lane = threadIdx.x % 32;
+    if (threadIdx.x / 32 == 1) {  // lse and D of each query tile
       const int64_t stat_base = (static_cast<int64_t>(b) * H + h) * seq_len;
-      for (int t = 0; t < n_qt - i_begin; ++t) {
-        const int s = t % kStages;
-        if (t >= kStages) mbar_wait(&bar_empty[s], ((t / kStages) - 1) & 1);
-        for (int c = 0; c < kQRows / 32; ++c) {
-          const int ql = (kQRows / 32) * lane + c, q = (i_begin + t) * kQRows + ql;
-          s_lse[s][ql] = q < seq_len ? lse[stat_base + q] * kLog2e : INFINITY;
-          s_D[s][ql] = q < seq_len ? D[stat_base + q] : 0.0f;
-        }
-        mbar_arrive(&bar_full[s]);
-      }
+      stage_query_stats(
+          s_lse, s_D, bar_full, bar_empty, lse, D, seq_len, n_qt - i_begin, [&](int) { return stat_base; },
+          [&](int t) { return (i_begin + t) * kQRows; });
     }
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_kv, 2 * kBlockTile);
@@ -302,13 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_block_tile<kD>(sV, &qkv_map, 2 * H + h, k0, b, &bar_kv);
       produce_steps(n_qt - i_begin, 2 * kStep, bar_full, bar_empty, [&](int t, int s, uint64_t* bar) {
         const int q0 = (i_begin + t) * kQRows;
-        if constexpr (kQRows == 128) {
-          load_block_tile<kD>(sQ(s), &qkv_map, h, q0, b, bar);
-          load_block_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
-        } else {
-          load_step_tile<kD>(sQ(s), &qkv_map, h, q0, b, bar);
-          load_step_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
-        }
+        load_query_tile<kD, kQRows>(sQ(s), &qkv_map, h, q0, b, bar);
+        load_query_tile<kD, kQRows>(sdO(s), &do_map, h, q0, b, bar);
       });
     }
     return;
@@ -346,76 +302,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (key >= seq_len || (causal && key > q)) st[n][e] = -INFINITY;
         }
     }
-    // This lane's query columns are q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), with lse and D at
-    // ql = 8n + 2 (l % 4) + c of the stage.
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
-    uint64_t keep = 0;  // drawn while dPᵀ is computed
+    dkdv_probs(st, scale_log2, s_lse[s]);  // Pᵀ
+    uint64_t keep = 0;                     // drawn while dPᵀ is computed
     if (drop.threshold)
       keep = flash::keep_bits_key_rows<kN8>(drop, static_cast<uint64_t>(b) * H + h, seq_len, key_a, q0);
     wgmma_wait<0>();
     flash_hopper::fence_regs(dpt);
     if (drop.threshold) flash::apply_keep_bits<kN8>(dpt, keep, drop.scale);  // dPᵀ = Zᵀ ∘ (V dOᵀ)
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
-    if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);              // dV takes (P ∘ Z)ᵀ
+    dkdv_dscores(dpt, st, s_D[s]);                                           // dSᵀ, in place of dPᵀ
+    if (drop.threshold) flash::apply_keep_bits<kN8>(st, keep, drop.scale);   // dV takes (P ∘ Z)ᵀ
     flash::c_to_a<T, kN8>(pa, st);
     flash::c_to_a<T, kN8>(dsa, dpt);
   };
-  auto issue_dvdk = [&](int s) {  // one commit group
-    const uint64_t desc_do = desc_mn_major(sdO(s)), desc_q = desc_mn_major(sQ(s));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQRows / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx) {
-        wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(desc_do, bx * kQBoxBytes + kk * 16 * 128), 1);
-        wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(desc_q, bx * kQBoxBytes + kk * 16 * 128), 1);
-      }
-    wgmma_commit();
-  };
+  auto dvdk = [&](int s) { issue_dvdk<T, kD, kQRows>(dv, dk, pa, dsa, sdO(s), sQ(s)); };
 
   if constexpr (kQRows == 128) {
-    // Compiled width 64: tile t + 1's Sᵀ is queued on the tensor cores behind tile t's dV and dK, so that they do
-    // not wait for this consumer to come round the loop and issue it (measured faster at T 4k and 16k, level at
-    // 1k: bench/results/2026-12-03-dkdv-next-scores-queued-h200.md). A trip issues tile
-    // t's dPᵀ (tile t's Sᵀ complete), then tile t's dV, dK and tile t + 1's Sᵀ, and waits for all of them, so that
-    // no wgmma is in flight across the loop's back edge: ptxas serialized every wgmma of the loop (C7514) when
-    // tile t + 1's Sᵀ was left in flight into the next trip. Pᵀ, dSᵀ and the next Sᵀ fit beside dK and dV; with
-    // the next dPᵀ too they would not (C7512). No causal skip: every 128-query tile meets both consumers' keys.
-    const int n_t = n_qt - i_begin;
-    auto trip = [&](int t, auto last) {
-      const int s = t % kStages;
-      issue_one_score<T, kD, kQRows>(dpt, sVw, sdO(s));
-      tile_grads(s, (i_begin + t) * kQRows);
-      if constexpr (!decltype(last)::value) {
-        const int s1 = (t + 1) % kStages;
-        mbar_wait(&bar_full[s1], ((t + 1) / kStages) & 1);  // with no wgmma in flight
-        issue_dvdk(s);
-        issue_one_score<T, kD, kQRows>(st, sKw, sQ(s1));
-        wgmma_wait<1>();
-        mbar_arrive(&bar_empty[s]);
-        wgmma_wait<0>();
-        flash_hopper::fence_regs(st);
-      } else {
-        issue_dvdk(s);
-        wgmma_wait<0>();
-        mbar_arrive(&bar_empty[s]);
-      }
-    };
-    mbar_wait(&bar_full[0], 0);
-    issue_one_score<T, kD, kQRows>(st, sKw, sQ(0));
-    wgmma_wait<0>();
-    flash_hopper::fence_regs(st);
-    // The last trip peeled, so that no wgmma sits under a branch ptxas cannot prove uniform.
-    for (int t = 0; t + 1 < n_t; ++t) trip(t, std::false_type{});
-    trip(n_t - 1, std::true_type{});  // n_t >= 1: the block's first key is below T
+    // Compiled width 64: the next tile's Sᵀ queued behind this tile's dV and dK (dkdv_steps_queued). No causal
+    // skip: every 128-query tile meets both consumers' keys. n_qt - i_begin >= 1: the block's first key is below T.
+    dkdv_steps_queued<T, kD, kQRows>(
+        n_qt - i_begin, st, dpt, sKw, sVw, sQ, sdO, bar_full, bar_empty,
+        [&](int s, int t) { tile_grads(s, (i_begin + t) * kQRows); }, dvdk);
   } else {
     for (int i = i_begin; i < n_qt; ++i) {
       const int t = i - i_begin, s = t % kStages;
@@ -430,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();
         flash_hopper::fence_regs(st);
         tile_grads(s, q0);
-        issue_dvdk(s);
+        dvdk(s);
         wgmma_wait<0>();
       }
       mbar_arrive(&bar_empty[s]);

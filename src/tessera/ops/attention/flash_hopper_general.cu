@@ -97,9 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (threadIdx.x == 0) {
-    tma_prefetch_map(&q_map);
-    tma_prefetch_map(&k_map);
-    tma_prefetch_map(&v_map);
+    tma_prefetch_maps(&q_map, &k_map, &v_map);
     init_barriers(bar_q, bar_k, bar_v, bar_empty_k, bar_empty_v);
   }
   __syncthreads();

@@ -127,7 +127,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kDropout) attention_dropout_resolve(drop);
   constexpr int kKeys = kDqKeys;
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>(), kKvTile = kBlockTile;
-  constexpr int kKvBoxBytes = kKvTile / kBoxes;  // a column box of the K / V tile: kKeys rows x 128 bytes
   constexpr int kN8 = kKeys / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_full[kStages], bar_empty[kStages];
@@ -152,16 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (threadIdx.x == 0) {
-    tma_prefetch_map(&q_map);
-    tma_prefetch_map(&k_map);
-    tma_prefetch_map(&v_map);
-    tma_prefetch_map(&do_map);
-    mbar_init(&bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_full[s], 1);
-      mbar_init(&bar_empty[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    tma_prefetch_maps(&q_map, &k_map, &v_map, &do_map);
+    init_barriers(bar_q, bar_full, bar_empty, /*full_arrivals=*/1);
   }
   __syncthreads();
 
@@ -211,31 +202,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // warpgroup-uniform branch); S = -inf there makes P = 0.
     if (k0 + kKeys > kend || (g.causal && k0 + kKeys - 1 > q_first + g.q_offset))
       flash::mask_scores(sacc, k0, row_a + g.q_offset, kend, g.causal);
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[n][e] = flash::exp2_approx(sacc[n][e] * scale_log2 - lse2[e >> 1]);
+    dq_probs(sacc, scale_log2, lse2);
     uint64_t keep = 0;  // drawn while dP is computed
     if constexpr (kDropout)
       keep = general_keep_bits_query_rows<kN8>(drop, static_cast<uint64_t>(b) * g.H + h, g.Tq, g.Tk, row_a, k0);
     wgmma_wait<0>();
     flash_hopper::fence_regs(dpacc);
     if constexpr (kDropout) flash::apply_keep_bits<kN8>(dpacc, keep, drop.scale);  // dP = Z ∘ (dO Vᵀ)
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[n][e] *= dpacc[n][e] - Dr[e >> 1];  // dS, in place of P
+    dq_dscores(sacc, dpacc, Dr);                                                   // dS, in place of P
     uint32_t dsa[kN8 / 2][4];
     flash::c_to_a<T, kN8>(dsa, sacc);
-    const uint64_t desc_k = desc_mn_major(sK(s));
     turn_wait(cw);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        wgmma_rs_n64<T>(dq[bx], dsa[kk], desc_plus(desc_k, bx * kKvBoxBytes + kk * 16 * 128), 1);
-    wgmma_commit();
+    issue_dq<T, kD>(dq, dsa, sK(s));
     if (cw == 0 || j + 1 < n_kt) turn_pass(cw);
     wgmma_wait<0>();
 #pragma unroll
@@ -264,11 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The packed pass's query tiles, except with dropout at compiled width 64: 64 rows, as at 128, since the general
   // draws beside 128-row Sᵀ and dPᵀ do not fit the registers (ptxas spills).
   constexpr int kQRows = kDropout ? 64 : dkdv_query_rows<kD>();
-  static_assert(kQRows == 64 || kQRows == 128, "a query tile is one or two 64-row boxes");
   constexpr int kBoxes = kD / kBoxCols, kBlockTile = block_tile_bytes<kD>();
-  constexpr int kStep = kQRows == 128 ? block_tile_bytes<kD>() : step_tile_bytes<kD>();  // a Q or dO tile
+  constexpr int kStep = dkdv_query_tile_bytes<kD, kQRows>();  // a Q or dO tile
   static_assert(2 * kBlockTile + 2 * kStages * kStep + 1024 <= dkdv_smem_bytes<kD>(), "the launch's shared memory");
-  constexpr int kQBoxBytes = kStep / kBoxes;  // a column box of it: kQRows rows x 128 bytes
   constexpr int kN8 = kQRows / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bar_kv, bar_full[kStages], bar_empty[kStages];
@@ -299,51 +275,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (threadIdx.x == 0) {
-    tma_prefetch_map(&q_map);
-    tma_prefetch_map(&k_map);
-    tma_prefetch_map(&v_map);
-    tma_prefetch_map(&do_map);
-    mbar_init(&bar_kv, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar_full[s], 1 + 32);  // the TMA thread's arrival (with the byte count) and warp 1's
-      mbar_init(&bar_empty[s], kConsumerThreads);
-    }
-    mbar_fence_init();
+    tma_prefetch_maps(&q_map, &k_map, &v_map, &do_map);
+    init_barriers(bar_kv, bar_full, bar_empty, /*full_arrivals=*/1 + 32);
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // ---- producer warpgroup ----
     regs_release<kProducerRegs>();
-    if (threadIdx.x / 32 == 1) {
-      // Warp 1 stages each step's lse (log2 units; +inf past Tq, so P = 0) and D of the step's head in shared
-      // memory, kQRows / 32 queries a lane, and releases them to the consumers with its arrival on the full barrier.
-      const int lane = threadIdx.x % 32;
-      for (int t = 0; t < n_steps; ++t) {
-        const int s = t % kStages;
-        if (t >= kStages) mbar_wait(&bar_empty[s], ((t / kStages) - 1) & 1);
-        const int64_t stat_base = (static_cast<int64_t>(b) * g.H + step_head(t)) * g.Tq;
-        const int q0 = step_q0(t);
-        for (int c = 0; c < kQRows / 32; ++c) {
-          const int ql = (kQRows / 32) * lane + c, q = q0 + ql;
-          s_lse[s][ql] = q < g.Tq ? lse[stat_base + q] * kLog2e : INFINITY;
-          s_D[s][ql] = q < g.Tq ? D[stat_base + q] : 0.0f;
-        }
-        mbar_arrive(&bar_full[s]);
-      }
-    }
+    if (threadIdx.x / 32 == 1)  // lse and D of each step's query tile, of the step's head
+      stage_query_stats(
+          s_lse, s_D, bar_full, bar_empty, lse, D, g.Tq, n_steps,
+          [&](int t) { return (static_cast<int64_t>(b) * g.H + step_head(t)) * g.Tq; }, step_q0);
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar_kv, 2 * kBlockTile);
       load_block_tile<kD>(sK, &k_map, hk, k0, b, &bar_kv);
       load_block_tile<kD>(sV, &v_map, hk, k0, b, &bar_kv);
       produce_steps(n_steps, 2 * kStep, bar_full, bar_empty, [&](int t, int s, uint64_t* bar) {
         const int h = step_head(t), q0 = step_q0(t);
-        if constexpr (kQRows == 128) {
-          load_block_tile<kD>(sQ(s), &q_map, h, q0, b, bar);
-          load_block_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
-        } else {
-          load_step_tile<kD>(sQ(s), &q_map, h, q0, b, bar);
-          load_step_tile<kD>(sdO(s), &do_map, h, q0, b, bar);
-        }
+        load_query_tile<kD, kQRows>(sQ(s), &q_map, h, q0, b, bar);
+        load_query_tile<kD, kQRows>(sdO(s), &do_map, h, q0, b, bar);
       });
     }
     return;
@@ -382,71 +332,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (key >= kend || (g.causal && key > q + g.q_offset)) st[n][e] = -INFINITY;
         }
     }
-    // This lane's query columns are q0 + 8n + 2 (l % 4) + c (accumulators e = c and c + 2), with lse and D at
-    // ql = 8n + 2 (l % 4) + c of the stage.
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[n][e] = flash::exp2_approx(st[n][e] * scale_log2 - s_lse[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // Pᵀ
-    uint64_t keep = 0;  // drawn while dPᵀ is computed
+    dkdv_probs(st, scale_log2, s_lse[s]);  // Pᵀ
+    uint64_t keep = 0;                     // drawn while dPᵀ is computed
     if constexpr (kDropout)
       keep =
           general_keep_bits_key_rows<kN8>(drop, static_cast<uint64_t>(b) * g.H + step_head(t), g.Tq, g.Tk, key_a, q0);
     wgmma_wait<0>();
     flash_hopper::fence_regs(dpt);
     if constexpr (kDropout) flash::apply_keep_bits<kN8>(dpt, keep, drop.scale);  // dPᵀ = Zᵀ ∘ (V dOᵀ)
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[n][e] = st[n][e] * (dpt[n][e] - s_D[s][n * 8 + 2 * (lane & 3) + (e & 1)]);  // dSᵀ, in place of dPᵀ
-    if constexpr (kDropout) flash::apply_keep_bits<kN8>(st, keep, drop.scale);          // dV takes (P ∘ Z)ᵀ
+    dkdv_dscores(dpt, st, s_D[s]);                                               // dSᵀ, in place of dPᵀ
+    if constexpr (kDropout) flash::apply_keep_bits<kN8>(st, keep, drop.scale);   // dV takes (P ∘ Z)ᵀ
     flash::c_to_a<T, kN8>(pa, st);
     flash::c_to_a<T, kN8>(dsa, dpt);
   };
-  auto issue_dvdk = [&](int s) {  // one commit group
-    const uint64_t desc_do = desc_mn_major(sdO(s)), desc_q = desc_mn_major(sQ(s));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQRows / 16; ++kk)
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx) {
-        wgmma_rs_n64<T>(dv[bx], pa[kk], desc_plus(desc_do, bx * kQBoxBytes + kk * 16 * 128), 1);
-        wgmma_rs_n64<T>(dk[bx], dsa[kk], desc_plus(desc_q, bx * kQBoxBytes + kk * 16 * 128), 1);
-      }
-    wgmma_commit();
-  };
+  auto dvdk = [&](int s) { issue_dvdk<T, kD, kQRows>(dv, dk, pa, dsa, sdO(s), sQ(s)); };
 
   if constexpr (kQRows == 128) {
-    // Compiled width 64: the packed pass's pipeline (flash_hopper_backward.cu), over the steps of every head of
-    // the group: step t + 1's Sᵀ queued behind step t's dV and dK, no wgmma in flight across the loop's back edge,
-    // the last trip peeled. No skip: a tile some consumer's keys do not meet is masked whole.
-    auto trip = [&](int t, auto last) {
-      const int s = t % kStages;
-      issue_one_score<T, kD, kQRows>(dpt, sVw, sdO(s));
-      tile_grads(s, t);
-      if constexpr (!decltype(last)::value) {
-        const int s1 = (t + 1) % kStages;
-        mbar_wait(&bar_full[s1], ((t + 1) / kStages) & 1);  // with no wgmma in flight
-        issue_dvdk(s);
-        issue_one_score<T, kD, kQRows>(st, sKw, sQ(s1));
-        wgmma_wait<1>();
-        mbar_arrive(&bar_empty[s]);
-        wgmma_wait<0>();
-        flash_hopper::fence_regs(st);
-      } else {
-        issue_dvdk(s);
-        wgmma_wait<0>();
-        mbar_arrive(&bar_empty[s]);
-      }
-    };
-    mbar_wait(&bar_full[0], 0);
-    issue_one_score<T, kD, kQRows>(st, sKw, sQ(0));
-    wgmma_wait<0>();
-    flash_hopper::fence_regs(st);
-    for (int t = 0; t + 1 < n_steps; ++t) trip(t, std::false_type{});
-    trip(n_steps - 1, std::true_type{});  // n_steps >= 1
+    // Compiled width 64: the packed pass's pipeline (dkdv_steps_queued) over the steps of every head of the group.
+    // No skip: a tile some consumer's keys do not meet is masked whole. n_steps >= 1 here.
+    dkdv_steps_queued<T, kD, kQRows>(n_steps, st, dpt, sKw, sVw, sQ, sdO, bar_full, bar_empty, tile_grads, dvdk);
   } else {
     for (int t = 0; t < n_steps; ++t) {
       const int s = t % kStages;
@@ -459,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();
         flash_hopper::fence_regs(st);
         tile_grads(s, t);
-        issue_dvdk(s);
+        dvdk(s);
         wgmma_wait<0>();
       }
       mbar_arrive(&bar_empty[s]);

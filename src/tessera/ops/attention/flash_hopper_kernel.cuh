@@ -241,6 +241,11 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// Prefetches each map's descriptor, in argument order.
+template <typename... Maps>
+__device__ __forceinline__ void tma_prefetch_maps(const Maps*... maps) {
+  (tma_prefetch_map(maps), ...);
+}
 
 // ---- registers ----
 template <int kRegs>
