@@ -67,6 +67,16 @@ __device__ __forceinline__ void store_zero_rows(T* base, int64_t ld, int row_w, 
     flash::store_rows<T, 8>(base + bx * kBoxCols, ld, zeros, row_w, n_rows, Dh - bx * kBoxCols, one);
 }
 
+// dK = dV = 0 for one consumer thread's share of the block's keys k0 .. k0 + 127 of KV head hk (a block that no
+// query reaches).
+template <typename T, int kBoxes>
+__device__ __forceinline__ void store_zero_keys(const OutView<T>& dk_out, const OutView<T>& dv_out, int b, int hk,
+                                                int k0, int Tk, int Dh) {
+  const int tid = threadIdx.x - 128, row_w = k0 + (tid / 128) * 64 + ((tid % 128) / 32) * 16;
+  store_zero_rows<T, kBoxes>(dk_out.head(b, hk), dk_out.st, row_w, Tk, Dh);
+  store_zero_rows<T, kBoxes>(dv_out.head(b, hk), dv_out.st, row_w, Tk, Dh);
+}
+
 // Dropout's keep bits (attention_dropout.h), bit 4 n + e for element [n][e], with the general call's block index
 // (Tq queries, Tk keys): for a tile whose rows are queries as flash::for_each_draw_query_rows draws them, and for
 // one whose rows are keys as flash::for_each_draw_key_rows (every lane of the warp must call it: a shuffle). Inline:
@@ -266,11 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto step_q0 = [&](int t) { return (i_begin + t % per_head) * kQRows; };
 
   if (n_steps == 0) {  // keys at or past key_end, or seen by no query: dK = dV = 0, nothing loaded
-    if (threadIdx.x >= 128) {
-      const int tid = threadIdx.x - 128, row_w = k0 + (tid / 128) * 64 + ((tid % 128) / 32) * 16;
-      store_zero_rows<T, kBoxes>(dk_out.head(b, hk), dk_out.st, row_w, g.Tk, g.Dh);
-      store_zero_rows<T, kBoxes>(dv_out.head(b, hk), dv_out.st, row_w, g.Tk, g.Dh);
-    }
+    if (threadIdx.x >= 128) store_zero_keys<T, kBoxes>(dk_out, dv_out, b, hk, k0, g.Tk, g.Dh);
     return;
   }
 
