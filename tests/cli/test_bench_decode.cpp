@@ -91,7 +91,8 @@ TEST_F(BenchDecode, EveryRowHasPositiveFiguresAndOutHoldsTheTable) {
 }
 
 TEST_F(BenchDecode, RowsPicksTheRowsAndPeerOnTheCpuIsSkipped) {
-  const test::CliRun r = bench("--rows topk,greedy --new-tokens 2 --iters 1 --peer");
+  // --pdl off is taken on the CPU too (it changes only how GPU kernels launch).
+  const test::CliRun r = bench("--rows topk,greedy --new-tokens 2 --iters 1 --peer --pdl off");
   ASSERT_EQ(r.code, 0) << r.err;
   std::set<std::string> seen;
   for (const auto& cells : rows(r.out)) seen.insert(cells.at(0));
@@ -108,6 +109,7 @@ TEST_F(BenchDecode, BadInputIsOneLineWithExitTwo) {
   expect_one_line_error("--iters 0", "--iters must be >= 1");
   expect_one_line_error("--dtype bf16", "the CPU engine computes in f32");
   expect_one_line_error("--beams 0", "--beams must be 1 to 16");
+  expect_one_line_error("--pdl maybe", "--pdl must be on or off, got 'maybe'");
   expect_one_line_error("--model nope", "unknown preset 'nope'");
   expect_one_line_error("--out '" + (dir / "missing" / "x.md").string() + "'", "--out");
   if (!probe_gpu().available) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -90,6 +91,46 @@ TEST(BeamGenerateCuda, F32EqualsTheCpuEngine) {
     }
     EXPECT_EQ(eager.graph_replays(), 0);
   }
+}
+
+// PDL (EngineOptions::pdl) covers the engine's decode inside the beam step's graph, between the caller's reorder and
+// token feed and its beam step, which launch the ordinary way: in bf16, on and off give the same hypotheses and the
+// same scores, bit for bit, with 1 prompt of 4 beams (4 rows: the few-row products) and 2 prompts (8 rows: cuBLASLt
+// products between the PDL kernels).
+TEST(BeamGenerateCuda, PdlEqualsPlainBitForBit) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  for (const ModelConfig& cfg : {gpt2_cfg(), llama_cfg()}) {
+    Gpt cpu(cfg);
+    const std::vector<float> w = spread_weights(cpu, 23);
+    auto gpu = make_model(cfg, ctx, DType::BF16, MasterWeights::Off);
+    gpu->params().write_f32(w, ctx);
+    const std::vector<std::vector<int32_t>> all = {{5, 17, 3}, {40, 2, 9, 33, 8, 21}};
+    for (int batch : {1, 2}) {
+      const std::vector<std::vector<int32_t>> prompts(all.begin(), all.begin() + batch);
+      const BeamSearchOptions o{.beams = 4, .max_new_tokens = 12, .length_penalty = 1.0f, .num_return_sequences = 4};
+      Engine on(*gpu, {.batch = batch, .beams = 4, .max_prompt = 6, .pdl = true});
+      Engine off(*gpu, {.batch = batch, .beams = 4, .max_prompt = 6, .pdl = false});
+      const auto got = beam_generate(on, prompts, o);
+      const auto want = beam_generate(off, prompts, o);
+      const std::string what = std::string(cfg.positions == PositionKind::Rope ? "llama" : "gpt2") + " batch " +
+                               std::to_string(batch);
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t b = 0; b < want.size(); ++b) {
+        ASSERT_EQ(got[b].size(), want[b].size()) << what << " prompt " << b;
+        for (size_t i = 0; i < want[b].size(); ++i) {
+          EXPECT_EQ(got[b][i].tokens, want[b][i].tokens) << what << " prompt " << b << " hypothesis " << i;
+          EXPECT_EQ(got[b][i].score, want[b][i].score) << what << " prompt " << b << " hypothesis " << i;
+        }
+      }
+      if (cuda_graph_capture_supported()) {
+        for (const Engine* e : {&on, &off}) {
+          EXPECT_FALSE(e->graph_failed()) << what;
+          EXPECT_GT(e->graph_replays(), 0) << what;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(ctx.pdl()) << "the engine leaves the Context's PDL flag as it found it";
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -224,6 +226,72 @@ TEST(EngineCuda, Bf16GreedyAndGraphReplay) {
     }
     EXPECT_EQ(eager.graph_replays(), 0);
   }
+}
+
+// Bit for bit: logits as f32 (each bf16 value converts to exactly one f32), so -0 and 0 count as different.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// PDL (EngineOptions::pdl) changes only how the step's kernels launch. On one bf16 model, engines with PDL on
+// (graph-replayed, and eager) give the logits of an engine with PDL off (graph-replayed) bit for bit, and the same
+// greedy tokens, at the prefill and at every step: 10 greedy steps (one graph), then 4 steps of tokens set from the
+// host (another graph); batch 1 and batch 3 (prompts of 2, 5 and 8 tokens, padded), the GPT and the Llama layout
+// (a SwiGLU MLP: its activation kernel launches the ordinary way between PDL kernels).
+TEST(EngineCuda, PdlDecodeEqualsPlainBitForBit) {
+  TS_CUDA_CONTEXT_OR_SKIP(ctx);
+  std::mt19937_64 rng(test::test_seed());
+  for (const ModelConfig& cfg : {gpt2_cfg(), llama_cfg()}) {
+    Gpt cpu(cfg);
+    const std::vector<float> w = spread_weights(cpu, 41);
+    auto gpu = make_model(cfg, ctx, DType::BF16, MasterWeights::Off);
+    gpu->params().write_f32(w, ctx);
+    for (int batch : {1, 3}) {
+      std::vector<std::vector<int32_t>> prompts;
+      for (int b = 0; b < batch; ++b) prompts.push_back(test::randint(static_cast<size_t>(2 + 3 * b), cfg.vocab, rng));
+      Engine off(*gpu, {.batch = batch, .max_prompt = 8, .pdl = false});
+      Engine on(*gpu, {.batch = batch, .max_prompt = 8, .pdl = true});
+      Engine on_eager(*gpu, {.batch = batch, .max_prompt = 8, .cuda_graph = false, .pdl = true});
+      const std::string what = std::string(cfg.positions == PositionKind::Rope ? "llama" : "gpt2") + " batch " +
+                               std::to_string(batch);
+      const auto expect_same = [&](const std::string& when) {
+        for (int b = 0; b < batch; ++b) {
+          const auto want = off.read_logits_row(b);
+          EXPECT_TRUE(same_bits(on.read_logits_row(b), want)) << what << ", " << when << ", row " << b;
+          EXPECT_TRUE(same_bits(on_eager.read_logits_row(b), want)) << what << " (eager), " << when << ", row " << b;
+        }
+      };
+      for (Engine* e : {&off, &on, &on_eager}) e->prefill(prompts);
+      expect_same("prefill");
+      std::vector<int32_t> want = off.greedy_tokens();
+      EXPECT_EQ(on.greedy_tokens(), want) << what << ", prefill";
+      EXPECT_EQ(on_eager.greedy_tokens(), want) << what << ", prefill";
+      for (int step = 0; step < 14; ++step) {
+        const std::string when = "step " + std::to_string(step);
+        const bool greedy = step < 10;
+        if (!greedy) {
+          const auto next = test::randint(static_cast<size_t>(batch), cfg.vocab, rng);
+          for (Engine* e : {&off, &on, &on_eager}) e->set_tokens(next);
+        }
+        for (Engine* e : {&off, &on, &on_eager}) e->decode(greedy);
+        expect_same(when);
+        if (greedy) {
+          want = off.read_tokens();
+          EXPECT_EQ(on.read_tokens(), want) << what << ", " << when;
+          EXPECT_EQ(on_eager.read_tokens(), want) << what << ", " << when;
+        }
+      }
+      if (cuda_graph_capture_supported()) {
+        for (const Engine* e : {&off, &on}) {
+          EXPECT_FALSE(e->graph_failed()) << what;
+          EXPECT_EQ(e->graph_captures(), 2) << what;     // the greedy step's graph and the plain step's
+          EXPECT_EQ(e->graph_replays(), 9 + 3) << what;  // each kind's first step runs eagerly
+        }
+      }
+      EXPECT_EQ(on_eager.graph_replays(), 0) << what;
+    }
+  }
+  EXPECT_FALSE(ctx.pdl()) << "the engine leaves the Context's PDL flag as it found it";
 }
 
 // The slot table on the GPU: two rows aliased to one prompt decode as two separate engines.

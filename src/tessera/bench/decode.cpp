@@ -99,7 +99,7 @@ void greedy_generate(Engine& e, const std::vector<std::vector<int32_t>>& prompts
 void greedy_rows(const DecodeBenchConfig& c, Model& model, int batch, BenchHarness& h, DecodeBenchResult& r) {
   Context& ctx = h.context();
   const std::string row = batch == 1 ? "greedy" : "batch";
-  Engine e(model, {.batch = batch, .max_prompt = c.prompt});
+  Engine e(model, {.batch = batch, .max_prompt = c.prompt, .pdl = c.pdl});
   const auto prompts = random_prompts(batch, c.prompt, c.model.vocab, 1000 + static_cast<uint64_t>(batch));
   const Timing step = decode_step_timing(e, prompts, c.new_tokens, h);
   const Timing gen = wall_timing(ctx, c.timing, [&] { greedy_generate(e, prompts, c.new_tokens); });
@@ -130,7 +130,7 @@ void greedy_rows(const DecodeBenchConfig& c, Model& model, int batch, BenchHarne
 }
 
 void beams_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeBenchResult& r) {
-  Engine e(model, {.batch = 1, .beams = c.beams, .max_prompt = c.prompt});
+  Engine e(model, {.batch = 1, .beams = c.beams, .max_prompt = c.prompt, .pdl = c.pdl});
   const auto prompt = random_prompts(1, c.prompt, c.model.vocab, 77)[0];
   // No EOS: every hypothesis runs the new_tokens steps, as the peer's min_new_tokens = max_new_tokens makes HF's.
   const BeamSearchOptions o{.beams = c.beams, .max_new_tokens = c.new_tokens, .eos_id = -1};
@@ -149,7 +149,7 @@ void prefill_row(const DecodeBenchConfig& c, Model& model, Context& ctx, DecodeB
   const int T = c.prefill_tokens;
   double engine_ms = 0;
   {
-    Engine e(model, {.batch = 1, .max_prompt = T, .max_seq = T});
+    Engine e(model, {.batch = 1, .max_prompt = T, .max_seq = T, .pdl = c.pdl});
     const auto prompt = random_prompts(1, T, c.model.vocab, 5);
     engine_ms = wall_timing(ctx, c.timing, [&] { e.prefill(prompt); }).median_ms;
   }
@@ -263,7 +263,7 @@ void first_token_row(const DecodeBenchConfig& c, Context& ctx, DecodeBenchResult
 void bandwidth_row(const DecodeBenchConfig& c, BenchHarness& h, DecodeBenchResult& r) {
   Context& ctx = h.context();
   auto model = inference_model(c.large, c.dtype, ctx);
-  Engine e(*model, {.batch = 1, .max_prompt = c.prompt});
+  Engine e(*model, {.batch = 1, .max_prompt = c.prompt, .pdl = c.pdl});
   const Timing step = decode_step_timing(e, random_prompts(1, c.prompt, c.large.vocab, 9), c.new_tokens, h);
   const double bytes = decode_weight_bytes(*model);
   const double gbs = bytes / (step.median_ms * 1e-3) / 1e9;

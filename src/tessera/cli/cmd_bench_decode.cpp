@@ -93,6 +93,8 @@ int cmd_bench_decode(int argc, char** argv) {
   a.add("beams", "K", "beams of the beams row, and of the top-k row's rows per entry (default 4)");
   a.add("warmup", "N", "untimed runs of each generate, prefill and forward before timing (default 1)");
   a.add("iters", "N", "timed runs of each; the table shows their median (default 3)");
+  a.add("pdl", "on|off",
+        "programmatic dependent launch of the engine's decode-step and prefill kernels (GPU; default on)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add_switch("no-progress", "no line on stderr as each row starts");
   a.add_switch("peer",
@@ -106,6 +108,9 @@ int cmd_bench_decode(int argc, char** argv) {
   c.timing = {.warmup = a.integer("warmup", 1), .iters = a.integer("iters", 3)};
   TS_CHECK(c.timing.warmup >= 0, "--warmup must be >= 0, got ", c.timing.warmup);
   TS_CHECK(c.timing.iters >= 1, "--iters must be >= 1, got ", c.timing.iters);
+  const std::string pdl = a.str("pdl", "on");
+  TS_CHECK(pdl == "on" || pdl == "off", "--pdl must be on or off, got '", pdl, "'");
+  c.pdl = pdl == "on";
   const double peer_timeout = read_peer_timeout(a, "bench decode");
   Context ctx = a.has("device") ? Context::from_name(a.str("device")) : Context::best_available();
   const std::string dtype_name = a.str("dtype", ctx.is_cuda() ? "bf16" : "f32");
@@ -150,8 +155,8 @@ int cmd_bench_decode(int argc, char** argv) {
   }
 
   std::string md = "# tessera bench decode\n\n- date: " + utc_now() + "\n- commit: " + std::string(TESSERA_GIT_COMMIT) +
-                   "\n- device: " + device + ", " + dtype_name + "\n- model: " + c.model.preset + " (" +
-                   human_count(static_cast<double>(c.model.num_params())) +
+                   "\n- device: " + device + ", " + dtype_name + (ctx.is_cuda() ? ", PDL " + pdl : "") +
+                   "\n- model: " + c.model.preset + " (" + human_count(static_cast<double>(c.model.num_params())) +
                    " parameters), random weights; prompts of " + std::to_string(c.prompt) + " random tokens, " +
                    std::to_string(c.new_tokens) + " new tokens; medians of " + std::to_string(c.timing.iters) +
                    " runs (decode steps: of " + std::to_string(c.new_tokens) + " steps)\n";

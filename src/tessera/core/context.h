@@ -74,7 +74,7 @@ class Context {
   // counts its blocks' arrivals in them (the last block to arrive does the reduction, and sets its counter back to
   // 0), instead of launching a second kernel. Allocated with the Context, so CUDA graphs may bake the address in.
   // Kernels on the Context's one stream may use the same counters, one launch at a time (never two kernels that
-  // can overlap).
+  // can overlap; a programmatic dependent, see pdl(), touches them only after its wait, when the one before is done).
   static constexpr int kArrivalCounters = 1 << 16;
   uint32_t* arrival_counters() const;
   // Waits for all work queued on the stream (a no-op on the CPU).
@@ -98,12 +98,34 @@ class Context {
   const uint64_t* philox_stream_base() const { return philox_stream_base_; }
   void set_philox_stream_base(const uint64_t* device_base) { philox_stream_base_ = device_base; }
 
+  // Programmatic dependent launch (Hopper). While set, the kernels that launch through cuda::launch (cuda_util.cuh)
+  // ask to overlap the kernel before them on the stream: each may start while that one finishes, and waits for it
+  // on the device (cuda::wait_for_primary_grid) before it touches global memory. Off, the default: the plain
+  // launch. Read when a kernel is queued (a captured graph keeps what it was captured with); the inference engine
+  // sets it around its decode step and prefill (EngineOptions::pdl). No effect on the CPU.
+  bool pdl() const { return pdl_; }
+  void set_pdl(bool on) { pdl_ = on; }
+
  private:
   struct Cuda;
   Device device_;
   int gemm_sm_target_ = 0;
   const uint64_t* philox_stream_base_ = nullptr;
+  bool pdl_ = false;
   std::unique_ptr<Cuda> cuda_;
+};
+
+// Sets ctx.pdl() for a scope and puts back what it was on leaving it (also when an op in it throws).
+class PdlScope {
+ public:
+  PdlScope(Context& ctx, bool on) : ctx_(ctx), was_(ctx.pdl()) { ctx_.set_pdl(on); }
+  ~PdlScope() { ctx_.set_pdl(was_); }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  Context& ctx_;
+  bool was_;
 };
 
 }  // namespace tessera

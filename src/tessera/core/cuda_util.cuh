@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "tessera/core/context.h"
 #include "tessera/core/cuda_check.h"
 #include "tessera/core/dtype.h"
 
@@ -202,12 +203,20 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a
 // True when p is 16-byte aligned (vectorized paths check this before taking the fast route).
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Programmatic dependent launch (sm_90): a kernel launched by launch_dependent may start while the kernel before it
-// on the stream still runs, once every block of that one has called allow_dependent_launch (or exited); it must
-// call wait_for_primary_grid before it reads anything the first one wrote: that returns once the first kernel has
-// finished and its writes are visible. wait_for_primary_grid is a no-op in a kernel launched the ordinary way, and
-// allow_dependent_launch does nothing when no programmatic dependent follows. What it saves is the gap between the
-// two kernels and the second one's launch.
+// Programmatic dependent launch (sm_90). A kernel launched as a programmatic dependent (launch_dependent, or launch
+// under Context::pdl) may start while the kernel before it on the stream still runs, once every block of that one
+// has called allow_dependent_launch (or exited). Such a kernel keeps one invariant: every thread calls
+// wait_for_primary_grid before its first global read of anything an earlier kernel wrote AND before its first
+// global write (the kernel before it may still be reading that buffer), and before it exits. The wait returns once
+// the kernel before has completed and its writes are visible; that one waited in turn before it completed, so every
+// earlier kernel has completed too: the order is transitive along a chain of such kernels, and an ordinary launch
+// after one of them still sees all that came before. Ahead of the wait a kernel does only what no earlier kernel can
+// change: index math, shared-memory setup, L2 prefetches (a hint: no load returns other values for it).
+// wait_for_primary_grid is a no-op in a kernel launched the ordinary way, and allow_dependent_launch does nothing when
+// no programmatic dependent follows. Calling allow_dependent_launch right after the wait cannot deadlock: the
+// dependent grid launches only once every block of this one has called it or exited, so this grid's blocks are all
+// resident or done by then, and the dependent's blocks that wait hold no SM this grid still needs. What it saves is
+// the gap between the two kernels and the second one's launch.
 // Code built for an architecture below sm_90 has no griddepcontrol. On such a GPU the dependent launches do not
 // overlap, but the same code JIT-compiled for an sm_90 GPU would run them overlapped without their waits, reading
 // inputs before they are written: such a build is refused here rather than compiled with the waits dropped.
@@ -223,6 +232,12 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #if defined(__CUDA_ARCH__)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+// The prologue of a kernel that may be launched as a programmatic dependent (launch under Context::pdl): the wait,
+// then the early trigger that lets the next kernel launch while this one runs.
+__device__ __forceinline__ void dependent_prologue() {
+  wait_for_primary_grid();
+  allow_dependent_launch();
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the kernel before it on the stream
@@ -241,6 +256,15 @@ void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   TS_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, smem, ctx.stream()>>>(args...); while ctx.pdl() is set, as a programmatic dependent of the
+// kernel before it (launch_dependent), so the kernel must keep wait_for_primary_grid's invariant (its first
+// statement dependent_prologue() does). The caller checks the launch with TS_CHECK_LAUNCH, as after <<<>>>.
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, const Context& ctx, Args&&... args) {
+  if (ctx.pdl()) launch_dependent(kernel, grid, block, smem, ctx.stream(), std::forward<Args>(args)...);
+  else kernel<<<grid, block, smem, ctx.stream()>>>(std::forward<Args>(args)...);
 }
 
 }  // namespace tessera::cuda

@@ -1,5 +1,6 @@
 // The engine's small ops on the GPU (decode_ops.h): each a single launch with no host sync, so the decode step that
-// holds them is graph-capturable.
+// holds them is graph-capturable. Each kernel launches through cuda::launch (a programmatic dependent under
+// Context::pdl) and begins with the wait, before any global access.
 #include <cstdint>
 
 #include "tessera/core/cuda_check.h"
@@ -19,6 +20,7 @@ template <typename T>
 __global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__ out,
                                         const int32_t* __restrict__ tokens, const int32_t* __restrict__ pos,
                                         const T* __restrict__ wte, const T* __restrict__ wpe) {
+  cuda::dependent_prologue();
   const int b = blockIdx.x;
   const int32_t tok = tokens[b];
   T* o = out + static_cast<int64_t>(b) * p.C;
@@ -41,6 +43,7 @@ __global__ void decode_embedding_kernel(DecodeEmbeddingParams p, T* __restrict__
 constexpr int kArgmaxThreads = 1024;
 template <typename T>
 __global__ void greedy_argmax_kernel(int V, int64_t ld, const T* __restrict__ logits, int32_t* __restrict__ out) {
+  cuda::dependent_prologue();
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int si[kArgmaxThreads / 32];
   const T* row = logits + blockIdx.x * ld;
@@ -91,6 +94,7 @@ __global__ void greedy_argmax_kernel(int V, int64_t ld, const T* __restrict__ lo
 }
 
 __global__ void positions_advance_kernel(int n, int32_t* pos) {
+  cuda::dependent_prologue();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b < n) pos[b] += 1;
 }
@@ -99,6 +103,7 @@ __global__ void positions_advance_kernel(int n, int32_t* pos) {
 __global__ void slot_reorder_kernel(int S, int max_seq, const int32_t* __restrict__ parents,
                                     const int32_t* __restrict__ pos_in, const int32_t* __restrict__ slots_in,
                                     int32_t* __restrict__ pos_out, int32_t* __restrict__ slots_out) {
+  cuda::dependent_prologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(S) * max_seq) return;
   const int b = static_cast<int>(i / max_seq), t = static_cast<int>(i % max_seq);
@@ -116,9 +121,8 @@ void decode_embedding_cuda(const DecodeEmbeddingParams& p, DType dtype, void* ou
   cuda::dispatch_float(dtype, "decode_embedding", [&](auto t) {
     using T = decltype(t);
     const int threads = p.C >= 256 ? 256 : ((p.C + 31) / 32) * 32;
-    decode_embedding_kernel<T><<<p.B, threads, 0, ctx.stream()>>>(p, static_cast<T*>(out), tokens, pos,
-                                                                  static_cast<const T*>(wte),
-                                                                  static_cast<const T*>(wpe));
+    cuda::launch(decode_embedding_kernel<T>, dim3(p.B), dim3(threads), 0, ctx, p, static_cast<T*>(out), tokens, pos,
+                 static_cast<const T*>(wte), static_cast<const T*>(wpe));
   });
   TS_CHECK_LAUNCH();
 }
@@ -127,14 +131,15 @@ void greedy_argmax_cuda(int B, int V, int64_t ld, DType dtype, const void* logit
   if (B == 0) return;
   cuda::dispatch_float(dtype, "greedy_argmax", [&](auto t) {
     using T = decltype(t);
-    greedy_argmax_kernel<T><<<B, kArgmaxThreads, 0, ctx.stream()>>>(V, ld, static_cast<const T*>(logits), out);
+    cuda::launch(greedy_argmax_kernel<T>, dim3(B), dim3(kArgmaxThreads), 0, ctx, V, ld, static_cast<const T*>(logits),
+                 out);
   });
   TS_CHECK_LAUNCH();
 }
 
 void positions_advance_cuda(int n, int32_t* pos, Context& ctx) {
   if (n == 0) return;
-  positions_advance_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(n, pos);
+  cuda::launch(positions_advance_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx, n, pos);
   TS_CHECK_LAUNCH();
 }
 
@@ -142,8 +147,8 @@ void slot_reorder_cuda(int S, int max_seq, const int32_t* parents, const int32_t
                        int32_t* pos_out, int32_t* slots_out, Context& ctx) {
   const int64_t n = static_cast<int64_t>(S) * max_seq;
   if (n == 0) return;
-  slot_reorder_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream()>>>(S, max_seq, parents, pos_in, slots_in, pos_out,
-                                                                  slots_out);
+  cuda::launch(slot_reorder_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx, S, max_seq, parents, pos_in, slots_in,
+               pos_out, slots_out);
   TS_CHECK_LAUNCH();
 }
 

@@ -353,7 +353,10 @@ void Engine::prefill(const std::vector<std::vector<int32_t>>& prompts) {
   fill_bytes(cache_.pos(), 0, ctx_);
   cache_.reset_slots(ctx_);
   embedding_forward(ep, first_rows(a.x, N), flat(a.tokens, N), w_->wte, w_->wpe, ctx_);
-  run_layers(n, T, /*decode=*/false);
+  {
+    const PdlScope pdl(ctx_, opt_.pdl);
+    run_layers(n, T, /*decode=*/false);
+  }
   // Each sequence's last row only: the head runs on n rows, not n T.
   const size_t row_bytes = static_cast<size_t>(cfg_.d_model) * dtype_size(dtype_);
   for (int b = 0; b < n; ++b)
@@ -394,6 +397,8 @@ void Engine::enqueue_decode(bool greedy) {
                     .scale = cfg_.emb_scale,
                     .padding_id = cfg_.padding_id},
                    first_rows(a.x, S_), flat(a.next, S_), cache_.pos(), w_->wte, w_->wpe, ctx_);
+  // From here to the end of the step each kernel follows one of the step's own (engine.h: PDL).
+  const PdlScope pdl(ctx_, opt_.pdl);
   run_layers(S_, 1, /*decode=*/true);
   run_head(first_rows(a.x, S_), S_);  // every row is a last row
   if (greedy) greedy_argmax(S_, V_, ld_, flat(a.logits, (S_ - 1) * ld_ + V_), flat(a.next, S_), ctx_);

@@ -17,6 +17,11 @@
 // Decode: decode_embedding at pos[b] (read on the device); per layer the same with Tq = 1 and attention_decode;
 //   final norm and head: logits (S, V); greedy: the argmax of each row is the next step's input token; then
 //   pos += 1 on the device. The host reads the new tokens through pinned memory, one stream sync a step.
+// PDL (EngineOptions::pdl, on the GPU): from the first norm of the decode step to pos += 1, and over the prefill's
+//   layers, the Context's pdl flag is set, so the ops' own kernels launch as programmatic dependents (cuda_util.cuh)
+//   and overlap their launch with the kernel before; the library's (cuBLASLt) launch as always. decode_embedding
+//   and the head of a prefill launch the ordinary way: what comes before them is the caller's work or a copy.
+//   The results are the same bits either way.
 // Supported: learned positions (GPT-2) or RoPE (Llama), LayerNorm or RMSNorm, GELU / ReLU / SwiGLU, with or
 //   without biases, tied or not, grouped KV heads. Sinusoidal positions are refused (Engine::unsupported).
 #pragma once
@@ -42,6 +47,8 @@ struct EngineOptions {
   int max_seq = 0;          // cache positions per slot; 0: the model's max_seq (never more)
   bool slot_table = false;  // a slot table even with beams == 1 (tests alias rows through it)
   bool cuda_graph = true;   // capture the decode step on the GPU (falls back to eager where capture fails)
+  bool pdl = true;          // the GPU kernels of the decode step and the prefill's layers as programmatic
+                            // dependents (Context::pdl): each launches while the one before it finishes
 };
 
 // The bytes an engine holds beside nothing else: the weights (the model's parameters, read in place), the KV

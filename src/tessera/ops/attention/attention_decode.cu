@@ -14,6 +14,8 @@
 //   M = max_z m_z,  out = Σ_z e^(m_z - M) out_z / Σ_z e^(m_z - M) l_z.
 // Head dims run on padded widths 32, 64 or 128 (the narrowest that holds Dh); loops over d stop at the real Dh.
 // Nothing is read back on the host: pos and slots stay on the device, so a launch can be captured in a graph.
+// Both kernels launch through cuda::launch (programmatic dependents under Context::pdl) and wait before any global
+// access: under PDL the split kernel's arrival counters are then never touched by two kernels at once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
     kv_append_rotate_units(Shape g, T* __restrict__ cache_k, T* __restrict__ cache_v, Rows<T> q, Rows<const T> k_new,
                            Rows<const T> v_new, const int32_t* __restrict__ pos, const int32_t* __restrict__ slots,
                            const float2* __restrict__ rope, int heads, int units) {
+  cuda::dependent_prologue();
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<long>(g.B) * g.Tq * heads * units) return;
   const int j = static_cast<int>(idx % units);
@@ -229,6 +232,7 @@ __global__ void __launch_bounds__(kThreads)
                               const int32_t* __restrict__ slots, int splits, int min_per, int align, int n_chunks,
                               float scale, bool vec, float2* __restrict__ part_ml, float* __restrict__ part_o,
                               uint32_t* __restrict__ counters) {
+  cuda::dependent_prologue();
   constexpr int kKeys = decode_keys<T>(), kStride = decode_stride<T, kDp>(), kAcc = kRows * kDp / kThreads;
   static_assert(kRows * kDp % kThreads == 0, "every (row, column) of the block's output has one owner");
   __shared__ float qs[kRows * kDp];
@@ -399,11 +403,9 @@ void kv_append_cuda(const DecodeAttentionParams& p, DType dtype, void* cache_k, 
     const int units = vec ? half / kV : (p.Dh + 1) / 2;
     const long threads = static_cast<long>(p.B) * p.Tq * heads * units;
     auto launch = [&](auto kernel) {
-      kernel<<<ceil_div(threads, kThreads), kThreads, 0, ctx.stream()>>>(g, static_cast<T*>(cache_k),
-                                                                         static_cast<T*>(cache_v), rows_of<T>(q),
-                                                                         rows_of<const T>(k_new),
-                                                                         rows_of<const T>(v_new), pos, slots, rope,
-                                                                         heads, units);
+      cuda::launch(kernel, dim3(ceil_div(threads, kThreads)), dim3(kThreads), 0, ctx, g, static_cast<T*>(cache_k),
+                   static_cast<T*>(cache_v), rows_of<T>(q), rows_of<const T>(k_new), rows_of<const T>(v_new), pos,
+                   slots, rope, heads, units);
       TS_CHECK_LAUNCH();
     };
     if (vec) launch(kv_append_rotate_units<T, kV>);
@@ -444,9 +446,9 @@ void attention_decode_cuda(const DecodeAttentionParams& p, DType dtype, Attentio
     const int min_per = automatic ? kMinKeysPerSplit : 1, align = automatic ? decode_keys<T>() : 1;
     dispatch_decode_pad(p.Dh, [&](auto pad) {
       constexpr int kDp = decltype(pad)::value;
-      attention_decode_split_kv<T, kDp><<<dim3(splits, p.Hkv * n_chunks, p.B), kThreads, 0, ctx.stream()>>>(
-          g, rows_of<T>(out), rows_of<const T>(q), static_cast<const T*>(cache_k), static_cast<const T*>(cache_v), pos,
-          slots, splits, min_per, align, n_chunks, scale, vec, part_ml, part_o, counters);
+      cuda::launch(attention_decode_split_kv<T, kDp>, dim3(splits, p.Hkv * n_chunks, p.B), dim3(kThreads), 0, ctx, g,
+                   rows_of<T>(out), rows_of<const T>(q), static_cast<const T*>(cache_k), static_cast<const T*>(cache_v),
+                   pos, slots, splits, min_per, align, n_chunks, scale, vec, part_ml, part_o, counters);
       TS_CHECK_LAUNCH();
     });
   });

@@ -31,8 +31,20 @@ __device__ __forceinline__ Pack<T> load_kept(const T* p) {
   return q;
 }
 
+// The 128-byte lines of [p, p + n) into L2, spread over the block's threads (n > 0). A hint: whatever another kernel
+// writes there meanwhile, a later load returns that, since L2 is where every SM's accesses meet.
+template <typename T>
+__device__ __forceinline__ void prefetch_l2(const T* p, long n) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / 128, last = (reinterpret_cast<uintptr_t>(p + n) - 1) / 128;
+  for (uintptr_t line = first + threadIdx.x; line <= last; line += blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line * 128));
+}
+
 // Block: columns [n0, n0 + NC) for rows m < M <= MP. Warp w sums the packs [p0, p1) of K (a quarter of them);
 // lane j takes packs p0 + j, p0 + j + 32, ... act < 0: no activation.
+// Launched through cuda::launch: the block's weight rows (one contiguous span) are prefetched into L2 before the
+// programmatic wait, so that under PDL their first reads overlap the tail of the kernel before (a prefetch keeps the
+// wait's invariant: it changes no value a load returns).
 template <typename T, int MP, int NC>
 __global__ void __launch_bounds__(kThreads)
     gemv_rows(int M, int N, int K, long ldc, T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ w,
@@ -40,6 +52,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int V = Pack<T>::kVec;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * NC;
+  prefetch_l2(w + static_cast<long>(n0) * K, static_cast<long>(min(NC, N - n0)) * K);
+  cuda::dependent_prologue();
   const int packs = K / V, per = (packs + kWarps - 1) / kWarps;
   const int p0 = min(packs, warp * per), p1 = min(packs, p0 + per);
   float acc[MP][NC];
@@ -103,11 +117,9 @@ template <typename T, int MP>
 void launch_rows(const GemvParams& p, void* c, const void* a, const void* w, const void* bias, int act, Context& ctx) {
   // More columns per block when there are many rows: each pack of a is then used against NC weight rows.
   constexpr int NC = MP >= 8 ? 4 : 2;
-  gemv_rows<T, MP, NC>
-      <<<cuda::ceil_div(p.N, NC), kThreads, 0, ctx.stream()>>>(p.M, p.N, p.K, static_cast<long>(p.ld_c()),
-                                                               static_cast<T*>(c), static_cast<const T*>(a),
-                                                               static_cast<const T*>(w), static_cast<const T*>(bias),
-                                                               act);
+  cuda::launch(gemv_rows<T, MP, NC>, dim3(cuda::ceil_div(p.N, NC)), dim3(kThreads), 0, ctx, p.M, p.N, p.K,
+               static_cast<long>(p.ld_c()), static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(w),
+               static_cast<const T*>(bias), act);
   TS_CHECK_LAUNCH();
 }
 

@@ -95,11 +95,13 @@ struct ResidualHead {
 // group, at 3 blocks per SM, keeps as many bytes in flight as the norm alone with its row ahead (packed rows; the
 // scalar path would spill). The norm alone on packed rows is bounded to 4 blocks per SM (64 registers, no spill):
 // unbounded the compiler leaves room for 3, too few to hide the memory latency.
+// Launched through cuda::launch (a programmatic dependent under Context::pdl): it waits before any global access.
 template <typename T, bool kLayerNorm, int U, bool kRes>
 __global__ void __launch_bounds__(kThreads, U > 1 ? (kRes ? 3 : 4) : 1)
     norm_forward_row_groups(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
                             const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, int N, int C,
                             int G, float eps, ResidualHead<T> res) {
+  cuda::dependent_prologue();
   constexpr int K = kUnits<U>, KY = kRes ? K : 1;
   __shared__ float2 red[kThreads / 32];
   const int t = threadIdx.x % G, R = kThreads / G, units = C / U, stride = gridDim.x * R;
@@ -468,9 +470,9 @@ void norm_forward_launch(const NormParams& p, DType dtype, void* out, float* mea
                .seed = rp->seed,
                .stream = rp->stream,
                .stream_base = ctx.philox_stream_base()};
-      kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
-                                                    static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G,
-                                                    p.eps, res);
+      cuda::launch(kernel, dim3(blocks), dim3(kThreads), 0, ctx, static_cast<T*>(out), mean, rstd,
+                   static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), p.N, p.C, G, p.eps,
+                   res);
       TS_CHECK_LAUNCH();
     };
     const bool vec = rows_vectorizable<T>(p.C, {x, out, w, b, mid, residual, y, bias});

@@ -25,10 +25,12 @@ constexpr int tile_cols() {
 // out[i] = residual[i] + f_i * (x[i] + bias[i % C]),  f_i = dropout factor of element i (1 without dropout).
 // out, residual, x: (N, C) row-major; bias: (C) or null. One thread per W-element unit (W = 16-byte pack or 1),
 // grid-stride. out may alias residual or x: each element is read, then written, by the same thread.
+// Launched through cuda::launch (a programmatic dependent under Context::pdl): it waits before any global access.
 template <typename T, int W>
 __global__ void residual_forward_pack(T* out, const T* residual, const T* x, const T* __restrict__ bias, int64_t units,
                                       int C, float dropout, float keep_scale, uint64_t seed, uint64_t stream,
                                       const uint64_t* __restrict__ stream_base) {
+  cuda::dependent_prologue();
   if (stream_base && dropout > 0.0f) stream += *stream_base;  // Context::philox_stream_base (CUDA graphs)
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
        u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -145,10 +147,9 @@ void residual_forward_cuda(const ResidualParams& p, DType dtype, void* out, cons
       constexpr int W = decltype(w)::value;
       const int64_t units = NC / W;
       const unsigned grid = std::min<int64_t>(ceil_div(units, kThreads), 2147483647LL);
-      residual_forward_pack<T, W>
-          <<<grid, kThreads, 0, ctx.stream()>>>(static_cast<T*>(out), static_cast<const T*>(residual),
-                                                static_cast<const T*>(x), static_cast<const T*>(bias), units, p.C,
-                                                p.dropout, keep_scale, p.seed, p.stream, ctx.philox_stream_base());
+      cuda::launch(residual_forward_pack<T, W>, dim3(grid), dim3(kThreads), 0, ctx, static_cast<T*>(out),
+                   static_cast<const T*>(residual), static_cast<const T*>(x), static_cast<const T*>(bias), units, p.C,
+                   p.dropout, keep_scale, p.seed, p.stream, ctx.philox_stream_base());
       TS_CHECK_LAUNCH();
     };
     if (vector_ok(p.C, V, {out, residual, x, bias})) launch(std::integral_constant<int, V>{});
