@@ -4,11 +4,10 @@
 #include <cmath>
 
 #include "tessera/core/error.h"
+#include "tessera/infer/decode_linear.h"
 #include "tessera/infer/decode_ops.h"
-#include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
 #include "tessera/ops/attention/attention_decode.h"
-#include "tessera/ops/gemm/gemm.h"
 #include "tessera/ops/norm/norm.h"
 #include "tessera/ops/residual/residual.h"
 
@@ -44,10 +43,11 @@ struct Seq2SeqEngine::Weights {
   std::vector<Layer> layers;
 };
 
-// The shared buffers, S = batch x beams rows each. The residual stream is x; t holds a sum before its norm; h a
-// pre-norm sublayer's input.
+// The shared buffers, S = batch x beams rows each. The residual stream alternates between x and x2 (a fused add
+// and norm writes memory of its own); t holds a post-norm sum before its norm, or the embedding before
+// LayerNorm_emb; h a pre-norm sublayer's input (the stream's norm).
 struct Seq2SeqEngine::Acts {
-  Tensor x, t, h, y, qkv, q, att, fc_pre, fc_act, mean, rstd, lse, logits;
+  Tensor x, x2, t, h, y, qkv, q, att, fc_pre, fc_act, mean, rstd, lse, logits;
   Tensor tokens, parents;  // (S) int32
 
   static size_t layout(const EncDecConfig& c, DType dt, int S, int64_t ld, void* base, Device dev, Acts* a) {
@@ -60,7 +60,7 @@ struct Seq2SeqEngine::Acts {
     Acts& r = a ? *a : dummy;
     const int64_t C = c.d_model, HD = int64_t{c.n_heads} * c.head_dim();
     const int64_t W = HD + 2 * int64_t{c.kv_heads()} * c.head_dim();
-    for (Tensor* t : {&r.x, &r.t, &r.h, &r.y}) take(t, dt, S, C);
+    for (Tensor* t : {&r.x, &r.x2, &r.t, &r.h, &r.y}) take(t, dt, S, C);
     take(&r.qkv, dt, S, W);
     take(&r.q, dt, S, HD);
     take(&r.att, dt, S, HD);
@@ -210,12 +210,28 @@ void Seq2SeqEngine::encode(const std::vector<std::vector<int32_t>>& sources) {
   R_ = n * opt_.beams;
   Ts_ = Ts;
   pos_ = 0;
+  std::vector<uintptr_t> key{static_cast<uintptr_t>(n), static_cast<uintptr_t>(Ts),
+                             reinterpret_cast<uintptr_t>(model_.source_lens().data())};
+  for (int l = 0; l < cfg_.dec_layers; ++l)
+    for (const Tensor& t : {model_.cross_k(l), model_.cross_v(l)}) key.push_back(reinterpret_cast<uintptr_t>(t.data()));
+  drop_graphs(/*all=*/key != graph_key_);
+  graph_key_ = std::move(key);
   fill_bytes(cache_.pos(), 0, ctx_);
   if (cache_.slots().defined()) cache_.reset_slots(ctx_);
   std::vector<int32_t> ident(static_cast<size_t>(S_));
   for (int r = 0; r < S_; ++r) ident[static_cast<size_t>(r)] = r;
   copy_bytes(a_->parents.data(), ctx_.device(), ident.data(), Device::cpu(), ident.size() * sizeof(int32_t), ctx_);
   set_tokens(std::vector<int32_t>(static_cast<size_t>(R_), cfg_.decoder_start_id));
+}
+
+void Seq2SeqEngine::drop_graphs(bool all) {
+  // decode_with's graph holds the caller's tensors (one beam search's): it never outlives an encode. decode()'s goes
+  // when what it froze moved. An exec still in flight is freed when its launch completes (cudaGraphExecDestroy).
+  for (int k = all ? kStepPlain : kStepWith; k <= kStepWith; ++k) {
+    graph_[k].reset();
+    graph_scratch_[k] = -1;
+    eager_steps_[k] = 0;
+  }
 }
 
 void Seq2SeqEngine::set_tokens(const std::vector<int32_t>& tokens) {
@@ -243,44 +259,58 @@ void Seq2SeqEngine::embed() {
                                  .max_seq = cfg_.max_seq,
                                  .scale = cfg_.emb_scale(),
                                  .padding_id = cfg_.pad_id};
-  const Tensor x = first_rows(a.x, R_);
-  decode_embedding(ep, x, flat(a.tokens, R_), flat(cache_.pos(), R_), w_->wte, w_->wpe, ctx_);
-  if (w_->lne_w.defined()) {
-    const Tensor t = first_rows(a.t, R_);
-    copy_bytes(t.data(), ctx_.device(), x.data(), ctx_.device(), x.nbytes(), ctx_);
-    layernorm_forward({.N = R_, .C = cfg_.d_model, .eps = cfg_.norm_eps}, x, flat(a.mean, R_), flat(a.rstd, R_), t,
-                      w_->lne_w, w_->lne_b, ctx_);
+  const NormParams np{.N = R_, .C = cfg_.d_model, .eps = cfg_.norm_eps};
+  const Tensor x = first_rows(a.x, R_), mean = flat(a.mean, R_), rstd = flat(a.rstd, R_);
+  const bool lne = w_->lne_w.defined();
+  const Tensor e = lne ? first_rows(a.t, R_) : x;
+  decode_embedding(ep, e, flat(a.tokens, R_), flat(cache_.pos(), R_), w_->wte, w_->wpe, ctx_);
+  if (lne) layernorm_forward(np, x, mean, rstd, e, w_->lne_w, w_->lne_b, ctx_);
+  cur_ = 0;
+  // Pre-norm: layer 0's first sublayer reads LN1(x); every later norm is fused with the add before it.
+  if (cfg_.placement == NormPlacement::Pre) {
+    const Weights::Layer& l0 = w_->layers.front();
+    layernorm_forward(np, first_rows(a.h, R_), mean, rstd, x, l0.norm_w[0], l0.norm_b[0], ctx_);
   }
 }
 
-const Tensor& Seq2SeqEngine::sublayer_input(int l, int k) {
-  // Pre-norm: the sublayer reads norm_k(x), in h; post-norm: x itself.
-  if (cfg_.placement != NormPlacement::Pre) return a_->x;
-  const Weights::Layer& lw = w_->layers[static_cast<size_t>(l)];
-  layernorm_forward({.N = R_, .C = cfg_.d_model, .eps = cfg_.norm_eps}, first_rows(a_->h, R_), flat(a_->mean, R_),
-                    flat(a_->rstd, R_), first_rows(a_->x, R_), lw.norm_w[k], lw.norm_b[k], ctx_);
-  return a_->h;
-}
+const Tensor& Seq2SeqEngine::stream() const { return cur_ == 0 ? a_->x : a_->x2; }
+const Tensor& Seq2SeqEngine::stream_other() const { return cur_ == 0 ? a_->x2 : a_->x; }
 
-void Seq2SeqEngine::residual(int l, int k) {
+const Tensor& Seq2SeqEngine::sublayer_input() const { return cfg_.placement == NormPlacement::Pre ? a_->h : stream(); }
+
+void Seq2SeqEngine::add_norm(int l, int k) {
   const Acts& a = *a_;
   const int C = cfg_.d_model;
-  const Tensor x = first_rows(a.x, R_), t = first_rows(a.t, R_), y = first_rows(a.y, R_);
-  residual_forward({.N = R_, .C = C}, t, x, y, Tensor(), ctx_);
-  if (cfg_.placement == NormPlacement::Pre) {
-    copy_bytes(x.data(), ctx_.device(), t.data(), ctx_.device(), x.nbytes(), ctx_);
-    return;
-  }
+  const NormParams np{.N = R_, .C = C, .eps = cfg_.norm_eps};
+  const ResidualParams rp{.N = R_, .C = C};
+  const Tensor cur = first_rows(stream(), R_), next = first_rows(stream_other(), R_), y = first_rows(a.y, R_);
+  const Tensor mean = flat(a.mean, R_), rstd = flat(a.rstd, R_);
   const Weights::Layer& lw = w_->layers[static_cast<size_t>(l)];
-  layernorm_forward({.N = R_, .C = C, .eps = cfg_.norm_eps}, x, flat(a.mean, R_), flat(a.rstd, R_), t, lw.norm_w[k],
-                    lw.norm_b[k], ctx_);
+  if (cfg_.placement != NormPlacement::Pre) {
+    // The sum in t (read by nothing after), its norm the new stream.
+    norm_residual_forward(np, /*layernorm=*/true, rp, first_rows(a.t, R_), next, mean, rstd, cur, y, Tensor(),
+                          lw.norm_w[k], lw.norm_b[k], ctx_);
+  } else {
+    // The sum the new stream, its next norm in h: LN_{k+1} of this layer, LN_1 of the next, or LN_f after the last.
+    const Tensor* w = &w_->lnf_w;
+    const Tensor* b = &w_->lnf_b;
+    if (k < 2) {
+      w = &lw.norm_w[k + 1];
+      b = &lw.norm_b[k + 1];
+    } else if (l + 1 < cfg_.dec_layers) {
+      w = &w_->layers[static_cast<size_t>(l) + 1].norm_w[0];
+      b = &w_->layers[static_cast<size_t>(l) + 1].norm_b[0];
+    }
+    norm_residual_forward(np, /*layernorm=*/true, rp, next, first_rows(a.h, R_), mean, rstd, cur, y, Tensor(), *w, *b,
+                          ctx_);
+  }
+  cur_ ^= 1;
 }
 
 namespace {
-// y = x Wᵀ + b over the first M rows, exact f32 (no TF32) so that the GPU's f32 follows the CPU reference.
+// y = x Wᵀ + b over the first M rows (decode_linear: gemv for a few rows on the GPU, else exact-f32 GEMM).
 void linear(int M, int out, int in, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, Context& ctx) {
-  gemm({.M = M, .N = out, .K = in, .trans_b = true, .allow_tf32 = x.dtype() != DType::F32}, first_rows(y, M),
-       first_rows(x, M), w, b, ctx);
+  decode_linear({.M = M, .N = out, .K = in}, first_rows(y, M), first_rows(x, M), w, b, ctx);
 }
 }  // namespace
 
@@ -331,35 +361,70 @@ void Seq2SeqEngine::mlp(int l, const Tensor& in) {
   const Acts& a = *a_;
   const Weights::Layer& lw = w_->layers[static_cast<size_t>(l)];
   const int C = cfg_.d_model, F = cfg_.d_ff;
-  linear(R_, F, C, a.fc_pre, in, lw.fc_w, Tensor(), ctx_);
-  activation_forward({.N = R_, .d_ff = F, .kind = cfg_.act}, first_rows(a.fc_act, R_), first_rows(a.fc_pre, R_),
-                     lw.fc_b, ctx_);
+  // fc with its bias and activation: gemv's epilogue where it takes the call, else the GEMM into fc_pre, then
+  // activation_forward.
+  decode_linear_act({.M = R_, .N = F, .K = C, .act = cfg_.act}, first_rows(a.fc_act, R_), first_rows(a.fc_pre, R_),
+                    first_rows(in, R_), lw.fc_w, lw.fc_b, ctx_);
   linear(R_, C, F, a.y, a.fc_act, lw.fcp_w, lw.fcp_b, ctx_);
 }
 
-void Seq2SeqEngine::decode() {
-  TS_CHECK(R_ > 0, "seq2seq engine: decode before encode");
-  TS_CHECK(pos_ < max_tgt_, "seq2seq engine: the target reached the cache's ", max_tgt_, " positions");
+void Seq2SeqEngine::enqueue_step() {
   embed();
   for (int l = 0; l < cfg_.dec_layers; ++l) {
-    self_attention(l, sublayer_input(l, 0));
-    residual(l, 0);
-    cross_attention(l, sublayer_input(l, 1));
-    residual(l, 1);
-    mlp(l, sublayer_input(l, 2));
-    residual(l, 2);
+    self_attention(l, sublayer_input());
+    add_norm(l, 0);
+    cross_attention(l, sublayer_input());
+    add_norm(l, 1);
+    mlp(l, sublayer_input());
+    add_norm(l, 2);
   }
   const Acts& a = *a_;
-  const int C = cfg_.d_model;
-  Tensor head_in = a.x;
-  if (w_->lnf_w.defined()) {
-    layernorm_forward({.N = R_, .C = C, .eps = cfg_.norm_eps}, first_rows(a.h, R_), flat(a.mean, R_), flat(a.rstd, R_),
-                      first_rows(a.x, R_), w_->lnf_w, w_->lnf_b, ctx_);
-    head_in = a.h;
-  }
-  gemm({.M = R_, .N = V_, .K = C, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_},
-       flat(a.logits, (R_ - 1) * ld_ + V_), first_rows(head_in, R_), w_->lm, Tensor(), ctx_);
+  // Pre-norm: the last add wrote LN_f of the stream into h.
+  const Tensor& head_in = cfg_.placement == NormPlacement::Pre ? a.h : stream();
+  decode_linear({.M = R_, .N = V_, .K = cfg_.d_model, .ldc = ld_}, flat(a.logits, (R_ - 1) * ld_ + V_),
+                first_rows(head_in, R_), w_->lm, Tensor(), ctx_);
   positions_advance(flat(cache_.pos(), R_), ctx_);
+}
+
+void Seq2SeqEngine::decode() { run_step(kStepPlain, nullptr, nullptr); }
+
+void Seq2SeqEngine::decode_with(const std::function<void()>& before, const std::function<void()>& after) {
+  run_step(kStepWith, before, after);
+}
+
+void Seq2SeqEngine::run_step(int kind, const std::function<void()>& before, const std::function<void()>& after) {
+  TS_CHECK(R_ > 0, "seq2seq engine: decode before encode");
+  TS_CHECK(pos_ < max_tgt_, "seq2seq engine: the target reached the cache's ", max_tgt_, " positions");
+  auto enqueue = [&] {
+    if (before) before();
+    enqueue_step();
+    if (after) after();
+  };
+  bool replayed = false;
+  // On the GPU the first step of each kind after an encode that moved its inputs runs eagerly (what the ops set
+  // up once: the cuBLASLt workspace, the scratch); the next is captured, and every later one replays the graph.
+  // A capture that fails leaves the engine eager.
+  if (ctx_.is_cuda() && opt_.cuda_graph && !graph_failed_ && cuda_graph_capture_supported() && eager_steps_[kind] > 0) {
+    CudaGraph& g = graph_[kind];
+    if (!g.ready() || graph_scratch_[kind] != ctx_.scratch_generation()) {
+      try {
+        g.capture(ctx_, "the seq2seq decode step", enqueue);
+        graph_scratch_[kind] = ctx_.scratch_generation();
+        ++graph_captures_;
+      } catch (const CudaGraphCaptureError&) {
+        graph_failed_ = true;
+      }
+    }
+    if (g.ready() && !graph_failed_) {
+      g.launch(ctx_);
+      ++graph_replays_;
+      replayed = true;
+    }
+  }
+  if (!replayed) {
+    enqueue();
+    ++eager_steps_[kind];
+  }
   ++pos_;
 }
 

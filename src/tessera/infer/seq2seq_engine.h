@@ -14,16 +14,23 @@
 //   x = decode_embedding(token, pos) [LayerNorm_emb]; per decoder layer l:
 //     post-norm: x = LN1(x + SelfAttn(x)); x = LN2(x + CrossAttn(x, m)); x = LN3(x + MLP(x))
 //     pre-norm:  x = x + SelfAttn(LN1(x)); x = x + CrossAttn(LN2(x), m); x = x + MLP(LN3(x))
-//   SelfAttn: qkv GEMM, kv_append at pos, attention_decode over the cache (slot table with beams), proj GEMM.
+//   SelfAttn: qkv product, kv_append at pos, attention_decode over the cache (slot table with beams), proj product.
 //   logits = [LN_f] x Wᵀ, (R, logits_stride()); then pos += 1 on the device.
+// Its form on the GPU: every product through decode_linear (gemv up to kDecodeGemvRows rows, the fc's bias and
+//   activation in its epilogue; the GEMM above); each residual add fused with the norm that reads its sum
+//   (norm_residual_forward: post-norm, the sublayer's own norm; pre-norm, the next sublayer's norm or LN_f), the
+//   stream alternating between two buffers; and the whole step one CUDA graph (Seq2SeqEngineOptions::cuda_graph),
+//   with the caller's beam step inside it through decode_with. The CPU runs the same ops' references.
 // One set of activation buffers serves every layer; nothing is allocated per step. Learned positions (BART's offset
 // included) read the model's table; sinusoidal ones the engine's own copy of the same table.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "tessera/core/buffer.h"
+#include "tessera/core/cuda_graph.h"
 #include "tessera/infer/beam_search.h"
 #include "tessera/infer/kv_cache.h"
 #include "tessera/models/encoder_decoder.h"
@@ -31,10 +38,11 @@
 namespace tessera {
 
 struct Seq2SeqEngineOptions {
-  int batch = 1;    // sources per encode
-  int beams = 1;    // decode rows per source (beams > 1: the cache has a slot table)
-  int max_src = 0;  // the longest source; 0: the model's max_seq
-  int max_tgt = 0;  // decoder positions (cache length); 0: the model's max_seq (never more)
+  int batch = 1;           // sources per encode
+  int beams = 1;           // decode rows per source (beams > 1: the cache has a slot table)
+  int max_src = 0;         // the longest source; 0: the model's max_seq
+  int max_tgt = 0;         // decoder positions (cache length); 0: the model's max_seq (never more)
+  bool cuda_graph = true;  // replay the decode step as a CUDA graph on the GPU (eager where capture fails)
 };
 
 class Seq2SeqEngine {
@@ -68,21 +76,41 @@ class Seq2SeqEngine {
   void reorder(const Tensor& parents);
   // One decoder step over every row; logits (rows(), logits_stride()). Throws Error when position() == max_tgt().
   void decode();
+  // The same step with the caller's work queued on the stream before it (a beam step's reorder and token feed) and
+  // after it (the beam step over the new logits), all of which must be graph-capturable (no host copy or sync): on
+  // the GPU the whole is one CUDA graph, captured on the second call after an encode and replayed after. From one
+  // encode to the next, every call must queue the same work on the same tensors (an encode drops the graph).
+  void decode_with(const std::function<void()>& before, const std::function<void()>& after);
   Tensor logits() const;
   std::vector<float> read_logits_row(int row) const;
   // The argmax of each row of the last logits, read to the host; also set as the next step's input tokens.
   std::vector<int32_t> greedy_tokens();
+  // How many decode steps replayed a captured graph, and how many graphs were captured (tests).
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_captures() const { return graph_captures_; }
+  bool graph_failed() const { return graph_failed_; }
 
  private:
   struct Weights;
   struct Acts;
+  // The step kinds, each with its own graph: decode() and decode_with().
+  static constexpr int kStepPlain = 0, kStepWith = 1;
+  void run_step(int kind, const std::function<void()>& before, const std::function<void()>& after);
+  void enqueue_step();
   void embed();
   void self_attention(int l, const Tensor& in);
   void cross_attention(int l, const Tensor& in);
   void mlp(int l, const Tensor& in);
-  // x = norm(x + y) (post-norm) or x = x + y (pre-norm) after a sublayer of norm `k` (0-based) of layer l.
-  void residual(int l, int k);
-  const Tensor& sublayer_input(int l, int k);
+  // The residual stream (x or x2 of Acts) and the other half, which the next fused add writes.
+  const Tensor& stream() const;
+  const Tensor& stream_other() const;
+  // Sublayer k's input: the stream itself (post-norm) or its norm_k, which h holds (pre-norm).
+  const Tensor& sublayer_input() const;
+  // After sublayer k (0-based) of layer l, its output in y: post-norm, stream = LN_k(stream + y); pre-norm,
+  // stream += y and h = the next norm of the new stream (layer l's LN_{k+1}, layer l+1's LN_1, or LN_f). One
+  // norm_residual_forward into the other half of the stream, which becomes the stream.
+  void add_norm(int l, int k);
+  void drop_graphs(bool all);
 
   EncoderDecoder& model_;
   Context& ctx_;
@@ -96,6 +124,15 @@ class Seq2SeqEngine {
   KvCache cache_;
   Buffer acts_, sinusoid_;
   int n_ = 0, R_ = 0, Ts_ = 0, pos_ = 0;
+  int cur_ = 0;  // the stream's half: 0 x, 1 x2 (host state of the step as it is queued)
+  // What a decode() graph froze that an encode may change: n, Ts, and the addresses of every layer's cross K and V
+  // and of the source lengths. An encode that changes it drops that graph.
+  std::vector<uintptr_t> graph_key_;
+  CudaGraph graph_[2];  // [kind]
+  int64_t graph_scratch_[2] = {-1, -1};
+  int eager_steps_[2] = {0, 0};
+  bool graph_failed_ = false;
+  int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 
 // Greedy decoding of the sources (at most rows of the engine at once, in order): each output stops at EOS (not

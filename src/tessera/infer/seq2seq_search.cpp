@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "tessera/core/error.h"
+#include "tessera/infer/beam_generate.h"
 #include "tessera/infer/seq2seq_engine.h"
 
 namespace tessera {
@@ -60,14 +61,24 @@ std::vector<std::vector<BeamSequence>> seq2seq_beam(Seq2SeqEngine& engine,
   // Step 0: every beam of an entry reads decoder_start at position 0; only beam 0 expands (beam_search.h).
   engine.decode();
   bs.step(engine.logits(), engine.logits_stride(), ctx);
-  std::vector<int32_t> done(static_cast<size_t>(B));
-  for (int t = 1; t < o.max_new_tokens; ++t) {
-    copy_bytes(done.data(), Device::cpu(), bs.done().data(), bs.done().device(), done.size() * sizeof(int32_t), ctx);
-    if (std::all_of(done.begin(), done.end(), [](int32_t d) { return d != 0; })) break;
+  // Step t >= 1: the reorder and token feed from BeamSearch's device tensors, the decode, the beam step: the same
+  // work on the same tensors every step and nothing read on the host, so that on the GPU the whole step is one
+  // graph. The done flags are read outside it, every kBeamDonePollSteps steps on the GPU (a copy and a stream sync)
+  // and every step on the CPU: a step past an entry's end is a no-op for it (beam_generate.h), so a late stop
+  // changes only the time.
+  const auto feed = [&] {
     engine.reorder(bs.parents());
     engine.set_tokens(bs.next_tokens());
-    engine.decode();
-    bs.step(engine.logits(), engine.logits_stride(), ctx);
+  };
+  const auto rank = [&] { bs.step(engine.logits(), engine.logits_stride(), ctx); };
+  const int poll = ctx.is_cuda() ? kBeamDonePollSteps : 1;
+  std::vector<int32_t> done(static_cast<size_t>(B));
+  for (int t = 1; t < o.max_new_tokens; ++t) {
+    if (t % poll == 0) {
+      copy_bytes(done.data(), Device::cpu(), bs.done().data(), bs.done().device(), done.size() * sizeof(int32_t), ctx);
+      if (std::all_of(done.begin(), done.end(), [](int32_t d) { return d != 0; })) break;
+    }
+    engine.decode_with(feed, rank);
   }
   return bs.finish(ctx);
 }
