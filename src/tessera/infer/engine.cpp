@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/core/error.h"
+#include "tessera/infer/decode_linear.h"
 #include "tessera/infer/decode_ops.h"
 #include "tessera/ops/activation/activation.h"
 #include "tessera/ops/attention/attention.h"
@@ -198,18 +199,12 @@ Tensor flat(const Tensor& t, int64_t n) {
 }
 }  // namespace
 
-// The engine's products take gemv up to this many rows, cuBLASLt above: at 16 rows gemv re-reads each row of the
-// input once per pair of output columns and measured slower than cuBLASLt
-// (bench/results/2026-12-07-decode-gemv-flash-h200.md).
-constexpr int64_t kEngineGemvRows = 4;
-
 void Engine::run_layers(int n, int T, bool decode) {
   const Acts& a = *a_;
   const int64_t N = static_cast<int64_t>(n) * T;
   const int C = cfg_.d_model, H = cfg_.n_heads, Hkv = cfg_.kv_heads(), Dh = cfg_.head_dim(), F = cfg_.d_ff;
   const int64_t W = cfg_.qkv_width(), HD = int64_t{H} * Dh;
   const bool ln = cfg_.norm == NormKind::LayerNorm;
-  const bool f32 = dtype_ == DType::F32;  // exact f32 GEMMs (no TF32), so the GPU follows the CPU reference
   const NormParams np{.N = static_cast<int>(N), .C = C, .eps = cfg_.norm_eps};
   const Tensor x = first_rows(a.x, N), x2 = first_rows(a.x2, N), lnx = first_rows(a.ln, N);
   const Tensor qkv = first_rows(a.qkv, N);
@@ -225,15 +220,9 @@ void Engine::run_layers(int n, int T, bool decode) {
                           Tensor(), wt, ln ? b : Tensor(), ctx_);
     std::swap(cur, other);
   };
-  // c = in_t wtᵀ + bias: on the GPU the few-row kernel where it takes the call (a decode step's rows), else the
-  // GEMM. The CPU keeps the GEMM, the reference the GPU engine is tested against.
+  // c = in_t wtᵀ + bias: gemv or the GEMM, as decode_linear.h chooses (the CPU always takes the GEMM).
   auto mm = [&](int out, int in, const Tensor& c, const Tensor& in_t, const Tensor& wt, const Tensor& bias) {
-    const GemvParams gp{.M = static_cast<int>(N), .N = out, .K = in};
-    if (ctx_.is_cuda() && N <= kEngineGemvRows && gemv_supports(gp, dtype_, ctx_.device(), in_t.data(), wt.data())) {
-      gemv(gp, c, in_t, wt, bias, ctx_);
-      return;
-    }
-    gemm({.M = static_cast<int>(N), .N = out, .K = in, .trans_b = true, .allow_tf32 = !f32}, c, in_t, wt, bias, ctx_);
+    decode_linear({.M = static_cast<int>(N), .N = out, .K = in}, c, in_t, wt, bias, ctx_);
   };
   const DecodeAttentionParams dp{.B = n,
                                  .Tq = T,
@@ -281,8 +270,7 @@ void Engine::run_layers(int n, int T, bool decode) {
     mm(C, static_cast<int>(HD), y, att, lw.proj_w, lw.proj_b);
     add_then_norm(lw.ln2_w, lw.ln2_b);
     const GemvParams fc_gemv{.M = static_cast<int>(N), .N = F, .K = C, .act = cfg_.mlp};
-    if (cfg_.mlp != Activation::Swiglu && ctx_.is_cuda() && N <= kEngineGemvRows &&
-        gemv_supports(fc_gemv, dtype_, ctx_.device(), lnx.data(), lw.fc_w.data())) {
+    if (cfg_.mlp != Activation::Swiglu && decode_linear_uses_gemv(fc_gemv, lnx, lw.fc_w, ctx_)) {
       gemv(fc_gemv, fc_act, lnx, lw.fc_w, lw.fc_b, ctx_);
     } else if (fused_gelu) {
       gemm_gelu_forward({.M = static_cast<int>(N), .N = F, .K = C, .trans_b = true}, fc_act, fc_pre, lnx, lw.fc_w,
@@ -309,11 +297,7 @@ void Engine::run_head(const Tensor& last, int n) {
   else rmsnorm_forward(np, lnf, flat(a.rstd, n), last, w_->lnf_w, ctx_);
   const Tensor logits = flat(a.logits, (n - 1) * ld_ + V_);
   const GemvParams gp{.M = n, .N = V_, .K = cfg_.d_model, .ldc = ld_};
-  if (ctx_.is_cuda() && n <= kEngineGemvRows && gemv_supports(gp, dtype_, ctx_.device(), lnf.data(), w_->lm.data()))
-    gemv(gp, logits, lnf, w_->lm, Tensor(), ctx_);
-  else
-    gemm({.M = n, .N = V_, .K = cfg_.d_model, .trans_b = true, .allow_tf32 = dtype_ != DType::F32, .ldc = ld_}, logits,
-         lnf, w_->lm, Tensor(), ctx_);
+  decode_linear(gp, logits, lnf, w_->lm, Tensor(), ctx_);
   last_rows_ = n;
 }
 
