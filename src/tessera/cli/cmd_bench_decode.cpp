@@ -94,7 +94,7 @@ int cmd_bench_decode(int argc, char** argv) {
   a.add("warmup", "N", "untimed runs of each generate, prefill and forward before timing (default 1)");
   a.add("iters", "N", "timed runs of each; the table shows their median (default 3)");
   a.add("pdl", "on|off",
-        "programmatic dependent launch of the engine's decode-step and prefill kernels (GPU; default on)");
+        "programmatic dependent launch of the engine's decode-step and prefill kernels (GPU; default off)");
   a.add("out", "FILE", "also write the table as markdown to FILE");
   a.add_switch("no-progress", "no line on stderr as each row starts");
   a.add_switch("peer",
@@ -108,7 +108,7 @@ int cmd_bench_decode(int argc, char** argv) {
   c.timing = {.warmup = a.integer("warmup", 1), .iters = a.integer("iters", 3)};
   TS_CHECK(c.timing.warmup >= 0, "--warmup must be >= 0, got ", c.timing.warmup);
   TS_CHECK(c.timing.iters >= 1, "--iters must be >= 1, got ", c.timing.iters);
-  const std::string pdl = a.str("pdl", "on");
+  const std::string pdl = a.str("pdl", "off");
   TS_CHECK(pdl == "on" || pdl == "off", "--pdl must be on or off, got '", pdl, "'");
   c.pdl = pdl == "on";
   const double peer_timeout = read_peer_timeout(a, "bench decode");

@@ -38,11 +38,12 @@
 namespace tessera {
 
 struct Seq2SeqEngineOptions {
-  int batch = 1;           // sources per encode
-  int beams = 1;           // decode rows per source (beams > 1: the cache has a slot table)
-  int max_src = 0;         // the longest source; 0: the model's max_seq
-  int max_tgt = 0;         // decoder positions (cache length); 0: the model's max_seq (never more)
-  bool cuda_graph = true;  // replay the decode step as a CUDA graph on the GPU (eager where capture fails)
+  int batch = 1;            // sources per encode
+  int beams = 1;            // decode rows per source (beams > 1: the cache has a slot table)
+  int max_src = 0;          // the longest source; 0: the model's max_seq
+  int max_tgt = 0;          // decoder positions (cache length); 0: the model's max_seq (never more)
+  bool cuda_graph = false;  // replay the decode step as a CUDA graph on the GPU (eager where capture fails); off by
+                            // default until the graph tests of test_seq2seq_engine_cuda.cpp pass on a GPU
 };
 
 class Seq2SeqEngine {
