@@ -62,7 +62,7 @@ struct DecodeBenchConfig {
   int prefill_tokens = 1024;
   int topk_batch = 32;
   TimingOptions timing{.warmup = 1, .iters = 3};  // runs of each whole generate, prefill and first token
-  bool pdl = true;     // EngineOptions::pdl of the engines the rows make (first-token's child runs generate's default)
+  bool pdl = false;    // EngineOptions::pdl of the engines the rows make (first-token's child runs generate's default)
   std::string binary;  // the tessera binary for first-token
   std::function<void(const std::string& row)> on_row = {};
 };

@@ -98,10 +98,8 @@ void BeamSearch::step(const Tensor& logits, int64_t ld, Context& ctx) {
         beam_search_entries_cuda(shape_, B, cand_s_.as<float>(), cand_i_.as<int32_t>(), hyps, done_.as<int32_t>(),
                                  tokens_.as<int32_t>(), parents_.as<int32_t>(), scores_.as<float>(),
                                  hist_tokens_.as<int32_t>(), hist_parents_.as<int32_t>(), step_.as<int32_t>(), ctx);
-      })) {
-    ++host_steps_;
+      }))
     return;
-  }
   const int t = step_.as<int32_t>()[0];
   TS_CHECK(t < o_.max_new_tokens, "beam search: step ", t + 1, " exceeds --max-new-tokens ", o_.max_new_tokens);
   for (int b = 0; b < B; ++b)
@@ -111,7 +109,6 @@ void BeamSearch::step(const Tensor& logits, int64_t ld, Context& ctx) {
   std::memcpy(hist_tokens_.as<int32_t>() + t * S, tokens_.as<int32_t>(), S * sizeof(int32_t));
   std::memcpy(hist_parents_.as<int32_t>() + t * S, parents_.as<int32_t>(), S * sizeof(int32_t));
   step_.as<int32_t>()[0] = t + 1;
-  ++host_steps_;
 }
 
 std::vector<std::vector<BeamSequence>> BeamSearch::finish(Context& ctx) {

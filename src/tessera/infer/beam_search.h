@@ -69,7 +69,6 @@ class BeamSearch {
   Buffer mem_;  // every device array below, one allocation
   Tensor scores_, tokens_, parents_, done_, cand_s_, cand_i_, lse_, hist_tokens_, hist_parents_, step_;
   Tensor hyps_;  // (B) beam::Hyps, as bytes
-  int host_steps_ = 0;
 };
 
 // ---- CUDA (beam_search.cu): the per-entry step, one thread per entry; reads the step index at *step (and
